@@ -1,0 +1,25 @@
+"""The batch-inference flow: predictions from a registered model or a checkpoint folder."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+
+from tasks.infer import infer, resolve_checkpoint_task
+from trainflow.config import load_config
+
+
+@flow(name="batch-inference", log_prints=True)
+def batch_inference(config_path: str, overrides: dict[str, Any] | None = None, model: str | None = None) -> dict[str, Any]:
+    """Predict inference.input into inference.output with model (default: models:/<registered_model>@champion)."""
+    config = load_config(config_path, overrides)
+    config.require_inference()
+    model_uri = model or f"models:/{config.mlflow.registered_model}@champion"
+    checkpoint = resolve_checkpoint_task(model_uri, config.mlflow.tracking_uri)
+    predictions = infer(
+        checkpoint, config.inference.input, config.inference.output, config.data.id_column,
+        config.inference.batch_size, config.inference.num_actors,
+    )
+    return {"model": model_uri, "checkpoint": checkpoint, "predictions_path": predictions.path,
+            "input_rows": predictions.input_rows, "output_rows": predictions.output_rows}

@@ -1,0 +1,103 @@
+"""Task: batch inference over a table with Ray Data actors, written atomically as Parquet."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+import ray.data
+from ray.data import DataContext
+
+from preprocessors.tabular import SchemaDriftError, TabularPreprocessor
+from tasks.common import retry_unless_user_error
+from trainer.predict import BatchPredictor
+from trainflow.config import infer_format
+from trainflow.data import check_writable, read_table, write_parquet_atomic
+from trainflow.errors import CheckpointError, DataError
+from trainflow.runtime import ensure_ray
+
+
+@dataclass
+class Predictions:
+    path: str
+    input_rows: int
+    output_rows: int
+
+
+def resolve_checkpoint(model: str) -> str:
+    """A local checkpoint folder for a checkpoint path or an MLflow model URI (models:/name@alias, runs:/...)."""
+    if model.startswith(("models:/", "runs:/")):
+        import mlflow
+
+        try:
+            local = mlflow.artifacts.download_artifacts(artifact_uri=model, dst_path=tempfile.mkdtemp(prefix="trainflow-model-"))
+        except Exception as exc:  # noqa: BLE001 - MLflow raises MlflowException and REST errors alike
+            raise CheckpointError(f"cannot load model {model}: {exc}") from None
+        path = Path(local) / "artifacts" / "checkpoint"
+        if not path.is_dir():
+            raise CheckpointError(f"model {model} has no trainflow checkpoint artifact")
+        return str(path)
+    if not Path(model).is_dir():
+        raise CheckpointError(f"checkpoint folder not found: {model}")
+    return model
+
+
+@task(name="infer", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
+def infer(
+    checkpoint_path: str, input_path: str, output_path: str, id_column: str | None, batch_size: int = 4096,
+    num_actors: int = 1, use_gpu: bool = False,
+) -> Predictions:
+    """Predict every row of input_path with the checkpoint's own preprocessor; one output row per input row."""
+    ensure_ray()
+    log = get_run_logger()
+    check_writable(output_path)
+    prep = TabularPreprocessor.load(checkpoint_path)
+    ds, _, _ = read_table(input_path, infer_format(input_path))
+    schema = ds.schema(fetch_if_missing=True)
+    if schema is None:
+        raise DataError(f"{input_path}: the table is empty (no columns)")
+    try:
+        prep.check_schema(schema.base_schema if hasattr(schema, "base_schema") else schema, input_path)
+    except SchemaDriftError as exc:
+        raise DataError(str(exc)) from None
+    if id_column is not None and id_column not in schema.names:
+        raise DataError(f"{input_path}: id column {id_column!r} not found; columns are {list(schema.names)}")
+    # one output row per input row, in input order
+    DataContext.get_current().execution_options.preserve_order = True
+    ds = ds.materialize()
+    input_rows = ds.count()
+    if input_rows == 0:
+        raise DataError(f"{input_path}: the table has no rows")
+    cols = prep.feature_order + ([id_column] if id_column and id_column not in prep.feature_order else [])
+    preds = ds.select_columns(cols).map_batches(
+        BatchPredictor,
+        fn_constructor_kwargs={"checkpoint_path": checkpoint_path, "id_column": id_column, "use_gpu": use_gpu},
+        batch_size=batch_size,
+        batch_format="pyarrow",
+        compute=ray.data.ActorPoolStrategy(size=num_actors),
+        num_gpus=1 if use_gpu else 0,
+    )
+    try:
+        rows = write_parquet_atomic(preds, output_path, input_rows)
+    except Exception as exc:
+        cause = exc
+        while cause is not None and not isinstance(cause, SchemaDriftError):
+            cause = cause.__cause__ or (cause.cause if hasattr(cause, "cause") else None)
+        if isinstance(cause, SchemaDriftError) or "SchemaDriftError" in str(exc):
+            msg = str(cause) if cause is not None else str(exc).split("SchemaDriftError: ", 1)[-1].splitlines()[0]
+            raise DataError(f"{input_path}: {msg}") from None
+        raise
+    log.info("wrote %d predictions for %d input rows to %s", rows, input_rows, output_path)
+    return Predictions(path=output_path, input_rows=input_rows, output_rows=rows)
+
+
+@task(name="resolve-model", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
+def resolve_checkpoint_task(model: str, tracking_uri: str) -> str:
+    """Download (if needed) the checkpoint behind a model URI and return its local folder."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    return resolve_checkpoint(model)

@@ -1,0 +1,59 @@
+"""Task: read the table with Ray Data, check its columns and labels, fingerprint it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ray.data
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from tasks.common import retry_unless_user_error
+from trainflow.config import Config
+from trainflow.data import TableSpec, check_columns, count_rows_and_bad_labels, fingerprint, read_table
+from trainflow.errors import DataError
+from trainflow.runtime import ensure_ray
+
+
+@dataclass
+class Ingested:
+    dataset: ray.data.Dataset
+    spec: TableSpec
+
+
+@task(name="ingest", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
+def ingest(config: Config) -> Ingested:
+    """Read and check the training table; compute its content fingerprint."""
+    ensure_ray()
+    data = config.data
+    ds, files, fs = read_table(data.path, data.format)
+    schema = ds.schema(fetch_if_missing=True)
+    if schema is None:
+        raise DataError(f"{data.path}: the table is empty (no columns)")
+    schema = schema.base_schema if hasattr(schema, "base_schema") else schema
+    features, numeric, categorical = check_columns(schema, data, config.task, data.path)
+    ds = ds.materialize()
+    rows, bad = count_rows_and_bad_labels(ds, data.label)
+    if rows == 0:
+        raise DataError(f"{data.path}: the table has no rows")
+    if bad:
+        raise DataError(
+            f"{data.path}: label column {data.label!r} has {bad} missing, NaN or infinite value(s) out of {rows} rows; "
+            "drop or fix those rows"
+        )
+    spec = TableSpec(
+        path=data.path,
+        files=files,
+        label=data.label,
+        id_column=data.id_column,
+        numeric=numeric,
+        categorical=categorical,
+        rows=rows,
+        fingerprint=fingerprint(fs, files, schema),
+        feature_order=features,
+    )
+    get_run_logger().info(
+        "read %d rows from %d file(s): %d numeric, %d text feature(s); fingerprint %s",
+        rows, len(files), len(numeric), len(categorical), spec.fingerprint,
+    )
+    return Ingested(ds, spec)

@@ -1,0 +1,42 @@
+"""Task: fit the preprocessor on the training split only, then pack both splits into tensors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ray.data
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from preprocessors.tabular import TabularPreprocessor
+from tasks.common import retry_unless_user_error
+from tasks.ingest import Ingested
+from tasks.split import Split
+from trainflow.config import Config
+from trainflow.data import apply_preprocessor, fit_preprocessor, fits_in_object_store
+
+
+@dataclass
+class Prepared:
+    preprocessor: TabularPreprocessor
+    train: ray.data.Dataset
+    val: ray.data.Dataset
+    materialized: bool
+
+
+@task(name="preprocess", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
+def preprocess(ingested: Ingested, parts: Split, config: Config) -> Prepared:
+    """Fit on train, transform train and validation; materialize when the packed data fits in memory."""
+    prep = fit_preprocessor(parts.train, ingested.spec, config.task)
+    train = apply_preprocessor(parts.train, prep)
+    val = apply_preprocessor(parts.val, prep)
+    materialize = fits_in_object_store(parts.train_rows + parts.val_rows, prep.num_features)
+    if materialize:
+        train, val = train.materialize(), val.materialize()
+    get_run_logger().info(
+        "preprocessor: %d input columns -> %d features%s; training set %s",
+        len(prep.feature_order), prep.num_features,
+        f", classes {prep.classes}" if prep.classes is not None else "",
+        "materialized in the object store" if materialize else "streamed (larger than the object store budget)",
+    )
+    return Prepared(prep, train, val, materialize)

@@ -1,0 +1,59 @@
+"""Task: log the run to MLflow and register the selected checkpoint as a model version."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlflow
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from preprocessors.tabular import TabularPreprocessor
+from tasks.common import retry_unless_user_error
+from tasks.ingest import Ingested
+from tasks.select import Selected
+from tasks.train import TrainOutcome
+from trainflow.config import Config
+from trainflow.tracking import MODEL_CODE, flatten, setup_tracking, signature_for
+
+
+@dataclass
+class Registered:
+    run_id: str
+    model_name: str
+    model_version: str
+    model_uri: str
+
+
+@task(name="register", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
+def register(config: Config, ingested: Ingested, outcome: TrainOutcome, selected: Selected) -> Registered:
+    """An MLflow run with params, per-epoch metrics and the checkpoint; a new registered model version."""
+    exp_id = setup_tracking(config.mlflow.tracking_uri, config.mlflow.experiment)
+    prep = TabularPreprocessor.load(selected.path)
+    with mlflow.start_run(experiment_id=exp_id, run_name=outcome.run_name) as run:
+        mlflow.log_params({k: str(v)[:500] for k, v in flatten(config.to_dict()).items()})
+        mlflow.set_tags(
+            {
+                "trainflow.run_name": outcome.run_name,
+                "trainflow.data_fingerprint": ingested.spec.fingerprint,
+                "trainflow.ray_run_path": outcome.run_path,
+                "trainflow.best_epoch": str(selected.epoch),
+            }
+        )
+        for row in outcome.history:
+            step = int(row["epoch"])
+            mlflow.log_metrics({k: float(v) for k, v in row.items() if k != "epoch"}, step=step)
+        mlflow.log_metrics({f"best_{k}": float(v) for k, v in selected.metrics.items() if isinstance(v, (int, float))})
+        mlflow.log_artifacts(selected.path, artifact_path="checkpoint")
+        info = mlflow.pyfunc.log_model(
+            name="model",
+            python_model=MODEL_CODE,
+            artifacts={"checkpoint": selected.path},
+            signature=signature_for(prep),
+            pip_requirements=["torch==2.13.0", "pyarrow", "pandas", "numpy"],
+            registered_model_name=config.mlflow.registered_model,
+        )
+    version = str(info.registered_model_version)
+    uri = f"models:/{config.mlflow.registered_model}/{version}"
+    get_run_logger().info("MLflow run %s; registered %s", run.info.run_id, uri)
+    return Registered(run_id=run.info.run_id, model_name=config.mlflow.registered_model, model_version=version, model_uri=uri)

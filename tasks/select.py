@@ -1,0 +1,55 @@
+"""Task: pick the best checkpoint by the configured metric, proven loadable."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from tasks.train import TrainOutcome
+from trainer.checkpoint import load_servable, metric_value
+from trainflow.config import Config
+from trainflow.errors import CheckpointError
+
+
+@dataclass
+class Selected:
+    path: str
+    epoch: int
+    metrics: dict[str, Any]
+    skipped: list[dict[str, str]]
+
+
+def rank_checkpoints(checkpoints: list[dict[str, Any]], metric: str, mode: str) -> tuple[list[dict], list[dict]]:
+    """(candidates best first, skipped ones with the reason) by metric and mode."""
+    usable, skipped = [], []
+    for c in checkpoints:
+        if metric_value(c["metrics"], metric) is None:
+            skipped.append({"path": c["path"], "reason": f"metric {metric} is missing or not finite"})
+        else:
+            usable.append(c)
+    usable.sort(key=lambda c: metric_value(c["metrics"], metric), reverse=(mode == "max"))
+    return usable, skipped
+
+
+@task(name="select", cache_policy=NO_CACHE)
+def select(outcome: TrainOutcome, config: Config) -> Selected:
+    """The best checkpoint whose files load; worse ones are the fallback, with a warning for each skipped."""
+    log = get_run_logger()
+    metric, mode = config.checkpoint.metric, config.checkpoint.mode
+    candidates, skipped = rank_checkpoints(outcome.checkpoints, metric, mode)
+    for c in candidates:
+        try:
+            load_servable(c["path"])
+        except Exception as exc:  # noqa: BLE001 - a truncated file raises anything from EOFError to RuntimeError
+            skipped.append({"path": c["path"], "reason": f"cannot be loaded: {type(exc).__name__}: {exc}"})
+            log.warning("skipping checkpoint %s: cannot be loaded (%s)", c["path"], exc)
+            continue
+        for s in skipped:
+            log.warning("skipped checkpoint %s: %s", s["path"], s["reason"])
+        log.info("selected epoch %d: %s = %.5g (%s)", c["epoch"], metric, metric_value(c["metrics"], metric), c["path"])
+        return Selected(path=c["path"], epoch=c["epoch"], metrics=c["metrics"], skipped=skipped)
+    reasons = "; ".join(f"{s['path']}: {s['reason']}" for s in skipped) or "no checkpoints were kept"
+    raise CheckpointError(f"run {outcome.run_name} has no usable checkpoint by {metric}: {reasons}")

@@ -1,0 +1,39 @@
+"""Task: seeded train/validation split, stratified for classification."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ray.data
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from tasks.common import retry_unless_user_error
+from tasks.ingest import Ingested
+from trainflow.config import Config
+from trainflow.data import split_table
+from trainflow.errors import DataError
+
+
+@dataclass
+class Split:
+    train: ray.data.Dataset
+    val: ray.data.Dataset
+    train_rows: int
+    val_rows: int
+
+
+@task(name="split", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
+def split(ingested: Ingested, config: Config) -> Split:
+    """Split the table into training and validation parts."""
+    train, val = split_table(
+        ingested.dataset, config.task, config.data.label, config.split.validation_fraction, config.split.seed
+    )
+    n_train, n_val = train.count(), val.count()
+    if n_train == 0 or n_val == 0:
+        raise DataError(
+            f"{ingested.spec.path}: {ingested.spec.rows} rows are too few to split with "
+            f"validation_fraction={config.split.validation_fraction} ({n_train} train, {n_val} validation)"
+        )
+    get_run_logger().info("split: %d training rows, %d validation rows", n_train, n_val)
+    return Split(train, val, n_train, n_val)

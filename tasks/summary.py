@@ -1,0 +1,40 @@
+"""Task: the run's summary, printed and optionally written as JSON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tasks.infer import Predictions
+from tasks.ingest import Ingested
+from tasks.register import Registered
+from tasks.select import Selected
+from tasks.train import TrainOutcome
+
+
+@task(name="summarize", cache_policy=NO_CACHE)
+def summarize(
+    ingested: Ingested, outcome: TrainOutcome, selected: Selected, registered: Registered, predictions: Predictions | None
+) -> dict[str, Any]:
+    """Everything a person or a script needs to know about the run, as plain data."""
+    return {
+        "run_name": outcome.run_name,
+        "data_path": ingested.spec.path,
+        "data_fingerprint": ingested.spec.fingerprint,
+        "training_rows": ingested.spec.rows,
+        "ray_run_path": outcome.run_path,
+        "epochs_run": len(outcome.history),
+        "resumed_from_epoch": outcome.resumed_from_epoch,
+        "recoveries": outcome.recoveries,
+        "best_checkpoint": {"path": selected.path, "epoch": selected.epoch, "metrics": selected.metrics},
+        "skipped_checkpoints": selected.skipped,
+        "mlflow_run_id": registered.run_id,
+        "registered_model": registered.model_name,
+        "model_version": registered.model_version,
+        "model_uri": registered.model_uri,
+        "predictions_path": predictions.path if predictions else None,
+        "input_rows": predictions.input_rows if predictions else None,
+        "output_rows": predictions.output_rows if predictions else None,
+    }

@@ -1,0 +1,55 @@
+"""Task: run the distributed Ray Train fit and report every checkpoint it kept."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from tasks.common import retry_unless_user_error
+from tasks.preprocess import Prepared
+from trainer.checkpoint import read_metrics
+from trainer.loop import STOP_REASON
+from trainer.runner import build_trainer
+from trainflow.config import Config
+from trainflow.errors import TrainingError
+from trainflow.runtime import ensure_ray
+
+
+@dataclass
+class TrainOutcome:
+    run_name: str
+    run_path: str
+    checkpoints: list[dict[str, Any]]  # {"path", "epoch", "metrics"}, as kept by CheckpointConfig
+    history: list[dict[str, float]]
+    resumed_from_epoch: int | None = None
+    recoveries: list[dict[str, Any]] = field(default_factory=list)
+
+
+@task(name="train", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
+def train(prepared: Prepared, config: Config, run_name: str) -> TrainOutcome:
+    """Fit with TorchTrainer; a rerun with the same run_name resumes from its latest checkpoint."""
+    ensure_ray()
+    log = get_run_logger()
+    trainer = build_trainer(config.to_dict(), prepared.preprocessor, prepared.train, prepared.val, run_name)
+    log.info(
+        "training %s: %d worker(s), gpu=%s, %d epoch(s), storage %s",
+        run_name, config.scaling.num_workers, config.scaling.use_gpu, config.train.epochs, config.storage_path,
+    )
+    result = trainer.fit()
+    if result.metrics and result.metrics.get(STOP_REASON):
+        raise TrainingError(f"training stopped: {result.metrics[STOP_REASON]}; lower train.learning_rate or check the data")
+    checkpoints = []
+    for ckpt, metrics in result.best_checkpoints or []:
+        checkpoints.append({"path": ckpt.path, "epoch": int(metrics.get("epoch", -1)), "metrics": dict(metrics)})
+    history: list[dict[str, float]] = []
+    if result.checkpoint is not None:
+        with result.checkpoint.as_directory() as d:
+            history = read_metrics(d)["history"]
+    if not checkpoints:
+        raise TrainingError(f"run {run_name} finished without reporting a checkpoint")
+    last = history[-1] if history else {}
+    log.info("trained %d epoch(s); last epoch: %s", len(history), {k: round(v, 4) for k, v in last.items()})
+    return TrainOutcome(run_name=run_name, run_path=result.path, checkpoints=checkpoints, history=history)

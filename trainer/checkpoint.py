@@ -1,0 +1,104 @@
+"""Checkpoint layout: everything needed to resume training or to serve the model.
+
+    model.pt         weights (unwrapped from DDP), loaded with torch.load(weights_only=True)
+    train_state.pt   optimizer state, epoch, seed                        (weights_only too)
+    metrics.json     this epoch's metrics and the history of every epoch so far
+    preprocessor.json  the fitted preprocessor, as data
+    config.json      the resolved trainflow config
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from preprocessors.tabular import TabularPreprocessor
+from trainer.model import build_model
+
+MODEL_FILE = "model.pt"
+STATE_FILE = "train_state.pt"
+METRICS_FILE = "metrics.json"
+CONFIG_FILE = "config.json"
+
+
+def save_checkpoint(
+    directory: str | Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    epoch: int,
+    seed: int,
+    metrics: dict[str, float],
+    history: list[dict[str, float]],
+    preprocessor: dict[str, Any],
+    config: dict[str, Any],
+) -> None:
+    """Write a complete checkpoint into directory (rank 0 only)."""
+    d = Path(directory)
+    unwrapped = model.module if hasattr(model, "module") else model
+    torch.save(unwrapped.state_dict(), d / MODEL_FILE)
+    torch.save({"optimizer": optimizer.state_dict(), "epoch": epoch, "seed": seed}, d / STATE_FILE)
+    (d / METRICS_FILE).write_text(json.dumps({"epoch": epoch, "metrics": metrics, "history": history}, indent=1))
+    TabularPreprocessor.from_dict(preprocessor).save(d)
+    (d / CONFIG_FILE).write_text(json.dumps(config, indent=1))
+
+
+def load_train_state(directory: str | Path) -> dict[str, Any]:
+    """Optimizer state, epoch and seed of a checkpoint."""
+    return torch.load(Path(directory) / STATE_FILE, map_location="cpu", weights_only=True)
+
+
+def load_weights(directory: str | Path) -> dict[str, torch.Tensor]:
+    return torch.load(Path(directory) / MODEL_FILE, map_location="cpu", weights_only=True)
+
+
+def read_metrics(directory: str | Path) -> dict[str, Any]:
+    """{'epoch', 'metrics', 'history'} of a checkpoint."""
+    return json.loads((Path(directory) / METRICS_FILE).read_text())
+
+
+def read_config(directory: str | Path) -> dict[str, Any]:
+    return json.loads((Path(directory) / CONFIG_FILE).read_text())
+
+
+@dataclass
+class ServableModel:
+    """A checkpoint loaded for prediction: the network, its preprocessor and its config."""
+
+    model: nn.Module
+    preprocessor: TabularPreprocessor
+    config: dict[str, Any]
+    epoch: int
+    metrics: dict[str, float]
+
+
+def load_servable(directory: str | Path, device: str | torch.device = "cpu") -> ServableModel:
+    """Load and verify a checkpoint: every file parses and the weights fit the architecture."""
+    directory = Path(directory)
+    prep = TabularPreprocessor.load(directory)
+    config = read_config(directory)
+    meta = read_metrics(directory)
+    model = build_model(prep.num_features, prep.num_outputs, config["model"]["hidden_sizes"], config["model"]["dropout"])
+    model.load_state_dict(load_weights(directory))
+    for name, tensor in model.state_dict().items():
+        if not torch.isfinite(tensor).all():
+            raise ValueError(f"{directory / MODEL_FILE}: parameter {name} holds NaN or infinite values")
+    model.to(device).eval()
+    return ServableModel(model=model, preprocessor=prep, config=config, epoch=int(meta["epoch"]), metrics=meta["metrics"])
+
+
+def metric_value(metrics: dict[str, Any], name: str) -> float | None:
+    """The metric as a finite float, or None when it is missing or NaN/inf."""
+    v = metrics.get(name)
+    if v is None:
+        return None
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None

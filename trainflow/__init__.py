@@ -1,0 +1,1 @@
+"""trainflow: config, CLI and shared helpers of the retraining pipeline."""

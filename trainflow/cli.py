@@ -1,0 +1,140 @@
+"""The `trainflow` command: retrain, predict and sample, each a local Prefect flow run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any
+
+from trainflow.errors import TrainflowError
+
+
+def write_json_atomic(path: str, data: dict[str, Any]) -> None:
+    """Write JSON to a temp file beside path, then rename: readers never see half a file."""
+    target = Path(path).resolve()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, default=str)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    best = s.get("best_checkpoint") or {}
+    metrics = best.get("metrics") or {}
+    shown = {k: v for k, v in metrics.items() if k.startswith("val_") or k == "train_loss"}
+    lines = [
+        "",
+        "trainflow summary",
+        f"  run name          {s.get('run_name')}",
+        f"  data              {s.get('data_path')} ({s.get('training_rows')} rows, fingerprint {s.get('data_fingerprint')})",
+        f"  epochs run        {s.get('epochs_run')}"
+        + (f" (resumed from epoch {s['resumed_from_epoch']})" if s.get("resumed_from_epoch") is not None else ""),
+        f"  best checkpoint   epoch {best.get('epoch')}: {best.get('path')}",
+        "  validation        " + ", ".join(f"{k}={v:.4f}" for k, v in shown.items()),
+        f"  mlflow            run {s.get('mlflow_run_id')}, model {s.get('model_uri')}",
+    ]
+    if s.get("promotion"):
+        p = s["promotion"]
+        lines.append(f"  promotion         {p.get('decision')}: {p.get('reason')}")
+    if s.get("predictions_path"):
+        lines.append(f"  predictions       {s['predictions_path']} ({s.get('output_rows')} rows for {s.get('input_rows')} inputs)")
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="trainflow", description=__doc__)
+    p.add_argument("--debug", action="store_true", help="show full tracebacks")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("retrain", help="train, select, register and predict from a config")
+    r.add_argument("--config", required=True)
+    r.add_argument("--run-name", help="Ray Train run name; an existing name resumes that run")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key (YAML value)")
+    r.add_argument("--summary-json")
+
+    pr = sub.add_parser("predict", help="batch inference with a registered model or a checkpoint")
+    pr.add_argument("--config", required=True)
+    pr.add_argument("--model", help="models:/name@alias, models:/name/version, runs:/... or a checkpoint folder")
+    pr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    pr.add_argument("--summary-json")
+
+    s = sub.add_parser("sample", help="write the bundled synthetic sample tables")
+    s.add_argument("--out", default="data/sample")
+    s.add_argument("--rows", type=int, default=100_000)
+    s.add_argument("--score-rows", type=int, default=20_000)
+    s.add_argument("--seed", type=int, default=7)
+    s.add_argument("--force", action="store_true", help="rewrite even if the files exist")
+    return p
+
+
+def _overrides(items: list[str]) -> dict[str, Any]:
+    import yaml
+
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise TrainflowError(f"--set {item!r}: expected KEY=VALUE, e.g. train.epochs=5")
+        key, value = item.split("=", 1)
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def _run(args: argparse.Namespace) -> dict[str, Any] | None:
+    if args.command == "sample":
+        from trainflow.sample import write_sample
+
+        paths = write_sample(args.out, rows=args.rows, score_rows=args.score_rows, seed=args.seed, force=args.force)
+        for p in paths:
+            print(p)
+        return None
+    from trainflow.config import load_config
+
+    overrides = _overrides(args.set)
+    load_config(args.config, overrides)  # fail fast on a bad config, before Prefect and Ray start
+    if args.command == "retrain":
+        from flows.retrain import retrain
+
+        return retrain(config_path=str(Path(args.config).resolve()), overrides=overrides or None, run_name=args.run_name)
+    from flows.predict import batch_inference
+
+    return batch_inference(config_path=str(Path(args.config).resolve()), overrides=overrides or None, model=args.model)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        summary = _run(args)
+    except TrainflowError as exc:
+        print(f"trainflow: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("trainflow: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence
+        if args.debug:
+            traceback.print_exc()
+        print(f"trainflow: failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", file=sys.stderr)
+        print("trainflow: rerun with --debug for the traceback", file=sys.stderr)
+        return 1
+    if summary is not None:
+        if args.command == "retrain":
+            print(format_summary(summary))
+        else:
+            print(json.dumps(summary, indent=2, default=str))
+        if args.summary_json:
+            write_json_atomic(args.summary_json, summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""The one typed config: a YAML file plus dotted overrides, validated by pydantic."""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from trainflow.errors import ConfigError
+
+CLASSIFICATION_METRICS = {"val_loss": "min", "train_loss": "min", "val_accuracy": "max", "val_f1": "max", "val_roc_auc": "max"}
+REGRESSION_METRICS = {"val_loss": "min", "train_loss": "min", "val_rmse": "min", "val_mae": "min", "val_r2": "max"}
+
+
+def is_uri(path: str) -> bool:
+    """True for 's3://bucket/key'-style locations that pyarrow.fs resolves, False for local paths."""
+    return "://" in path and not path.startswith("file://")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataSection(_Section):
+    path: str
+    format: Literal["parquet", "csv"] | None = None
+    label: str
+    features: list[str] | None = None
+    id_column: str | None = None
+
+    @model_validator(mode="after")
+    def _infer_format(self) -> DataSection:
+        if self.format is None:
+            self.format = infer_format(self.path)
+        if self.features is not None:
+            if not self.features:
+                raise ValueError("features: give at least one column, or leave it out to use every column")
+            for bad in (self.label, self.id_column):
+                if bad is not None and bad in self.features:
+                    raise ValueError(f"features: {bad!r} is the label or id column and cannot be a feature")
+            if len(set(self.features)) != len(self.features):
+                raise ValueError("features: a column is listed twice")
+        if self.id_column is not None and self.id_column == self.label:
+            raise ValueError(f"id_column: {self.id_column!r} is also the label")
+        return self
+
+
+class SplitSection(_Section):
+    validation_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    seed: int = 42
+
+
+class ModelSection(_Section):
+    hidden_sizes: list[int] = Field(default_factory=lambda: [64, 32])
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+
+    @field_validator("hidden_sizes")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if any(h <= 0 for h in v):
+            raise ValueError("every hidden size must be a positive integer")
+        return v
+
+
+class TrainSection(_Section):
+    epochs: int = Field(10, ge=1)
+    batch_size: int = Field(256, ge=1)
+    learning_rate: float = Field(1e-3, gt=0.0)
+
+    @field_validator("learning_rate")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        return v
+
+
+class ScalingSection(_Section):
+    num_workers: int = Field(2, ge=0)
+    use_gpu: bool = False
+    resources_per_worker: dict[str, float] | None = None
+    accelerator_type: str | None = None
+
+    @model_validator(mode="after")
+    def _gpu_needs_use_gpu(self) -> ScalingSection:
+        res = self.resources_per_worker or {}
+        for key, val in res.items():
+            if val < 0:
+                raise ValueError(f"resources_per_worker.{key}: must be >= 0, got {val}")
+        if res.get("GPU", 0) > 0 and not self.use_gpu:
+            raise ValueError("resources_per_worker.GPU is set but use_gpu is false; set scaling.use_gpu: true")
+        return self
+
+
+class CheckpointSection(_Section):
+    num_to_keep: int | None = Field(3, ge=1)
+    metric: str = "val_loss"
+    mode: Literal["min", "max"] | None = None
+
+
+class FailureSection(_Section):
+    max_failures: int = Field(2, ge=-1)
+
+
+class MlflowSection(_Section):
+    tracking_uri: str | None = None
+    experiment: str = "trainflow"
+    registered_model: str = "trainflow-model"
+
+
+class InferenceSection(_Section):
+    input: str | None = None
+    output: str | None = None
+    batch_size: int = Field(4096, ge=1)
+    num_actors: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _both_or_neither(self) -> InferenceSection:
+        if (self.input is None) != (self.output is None):
+            raise ValueError("give both inference.input and inference.output, or neither")
+        return self
+
+
+class Config(_Section):
+    data: DataSection
+    task: Literal["classification", "regression"]
+    split: SplitSection = Field(default_factory=SplitSection)
+    model: ModelSection = Field(default_factory=ModelSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    scaling: ScalingSection = Field(default_factory=ScalingSection)
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    failure: FailureSection = Field(default_factory=FailureSection)
+    storage_path: str = "runs"
+    mlflow: MlflowSection = Field(default_factory=MlflowSection)
+    inference: InferenceSection = Field(default_factory=InferenceSection)
+
+    @model_validator(mode="after")
+    def _metric_fits_task(self) -> Config:
+        known = CLASSIFICATION_METRICS if self.task == "classification" else REGRESSION_METRICS
+        if self.checkpoint.metric not in known:
+            raise ValueError(
+                f"checkpoint.metric: {self.checkpoint.metric!r} is not reported for {self.task}; "
+                f"choose one of {sorted(known)}"
+            )
+        if self.checkpoint.mode is None:
+            self.checkpoint.mode = known[self.checkpoint.metric]
+        return self
+
+    def require_inference(self) -> None:
+        if not self.inference.input:
+            raise ConfigError("inference.input and inference.output must be set to run batch inference")
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def infer_format(path: str) -> Literal["parquet", "csv"]:
+    """Guess the table format from a path's extension; folders and globs default to parquet."""
+    lower = path.lower().rstrip("/")
+    for suffix in (".gz", ".bz2", ".zst"):
+        lower = lower.removesuffix(suffix)
+    return "csv" if lower.endswith(".csv") else "parquet"
+
+
+def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """Return a copy of raw with each dotted key (e.g. 'train.epochs') set to its value."""
+    out = copy.deepcopy(raw)
+    for dotted, value in (overrides or {}).items():
+        parts = str(dotted).split(".")
+        node = out
+        for part in parts[:-1]:
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"override {dotted!r}: {part!r} is not a section")
+            node = nxt
+        node[parts[-1]] = value
+    return out
+
+
+def _resolve(path: str | None, base: Path) -> str | None:
+    if path is None or is_uri(path):
+        return path
+    path = path.removeprefix("file://")
+    p = Path(os.path.expanduser(path))
+    return str(p if p.is_absolute() else (base / p).resolve())
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  {key}: unknown key")
+        elif e["type"] == "missing":
+            lines.append(f"  {key}: required key is missing")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(f"  {key}: {msg} (got {e.get('input')!r})" if "input" in e and not isinstance(e["input"], dict) else f"  {key}: {msg}")
+    return f"invalid config {source}:\n" + "\n".join(lines)
+
+
+def config_from_dict(raw: dict[str, Any], base_dir: str | Path = ".", source: str = "<dict>") -> Config:
+    """Validate a raw mapping and resolve its relative paths against base_dir."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"invalid config {source}: expected a mapping of sections, got {type(raw).__name__}")
+    try:
+        cfg = Config.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, source)) from None
+    base = Path(base_dir).resolve()
+    cfg.data.path = _resolve(cfg.data.path, base)
+    cfg.storage_path = _resolve(cfg.storage_path, base)
+    cfg.inference.input = _resolve(cfg.inference.input, base)
+    cfg.inference.output = _resolve(cfg.inference.output, base)
+    uri = cfg.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri is None:
+        uri = f"sqlite:///{Path(cfg.storage_path).parent / 'mlflow.db'}" if not is_uri(cfg.storage_path) else "sqlite:///mlflow.db"
+    elif uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        uri = "sqlite:///" + _resolve(uri.removeprefix("sqlite:///"), base)
+    elif "://" not in uri:
+        uri = _resolve(uri, base)
+    cfg.mlflow.tracking_uri = uri
+    return cfg
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
+    """Read a YAML config file, apply dotted overrides, validate, and resolve paths."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    raw = apply_overrides(raw or {}, overrides)
+    return config_from_dict(raw, base_dir=path.resolve().parent, source=str(path))

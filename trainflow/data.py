@@ -1,0 +1,273 @@
+"""Reading, checking, fingerprinting, splitting and preprocessing tables with Ray Data and pyarrow.fs."""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import ray
+import ray.data
+from ray.data.aggregate import Count, Mean, Std, ValueCounter
+
+from preprocessors.tabular import TabularPreprocessor, is_numeric_type, is_string_type
+from trainflow.config import DataSection, is_uri
+from trainflow.errors import DataError
+
+GLOB_CHARS = "*?["
+
+
+def filesystem_for(path: str) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow filesystem that serves path (local, s3://, gs://, hdfs://, ...) and the path inside it."""
+    if is_uri(path):
+        try:
+            return pafs.FileSystem.from_uri(path)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
+            raise DataError(f"cannot open {path}: {exc}") from None
+    return pafs.LocalFileSystem(), path.removeprefix("file://")
+
+
+def _with_scheme(original: str, inner: str) -> str:
+    if is_uri(original):
+        return original.split("://", 1)[0] + "://" + inner
+    return inner
+
+
+def list_files(path: str, fmt: str) -> tuple[pafs.FileSystem, list[str]]:
+    """Expand a file, folder or glob into the sorted data files it names; DataError if none."""
+    fs, inner = filesystem_for(path)
+    if any(ch in inner for ch in GLOB_CHARS):
+        base = inner[: min(inner.find(ch) for ch in GLOB_CHARS if ch in inner)].rsplit("/", 1)[0] or "/"
+        infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+        files = [i.path for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatch(i.path, inner)]
+        if not files:
+            raise DataError(f"data path {path}: the pattern matches no files")
+        return fs, sorted(files)
+    info = fs.get_file_info(inner)
+    if info.type == pafs.FileType.NotFound:
+        raise DataError(f"data path {path}: no such file or folder")
+    if info.type == pafs.FileType.File:
+        return fs, [inner]
+    infos = fs.get_file_info(pafs.FileSelector(inner, recursive=True))
+    files = sorted(
+        i.path
+        for i in infos
+        if i.type == pafs.FileType.File and not i.base_name.startswith((".", "_")) and fmt in i.base_name.lower()
+    )
+    if not files:
+        raise DataError(f"data path {path}: the folder holds no .{fmt} files")
+    return fs, files
+
+
+def read_table(path: str, fmt: str) -> tuple[ray.data.Dataset, list[str], pafs.FileSystem]:
+    """A lazy Ray Dataset over the table at path, with its files and filesystem."""
+    fs, files = list_files(path, fmt)
+    try:
+        if fmt == "csv":
+            ds = ray.data.read_csv(files, filesystem=fs)
+        else:
+            ds = ray.data.read_parquet(files, filesystem=fs)
+    except Exception as exc:  # noqa: BLE001 - Ray wraps pyarrow's errors in many types
+        raise DataError(f"cannot read {path} as {fmt}: {str(exc).splitlines()[0]}") from None
+    return ds, [_with_scheme(path, f) for f in files], fs
+
+
+def fingerprint(fs: pafs.FileSystem, files: list[str], schema: pa.Schema) -> str:
+    """A content hash of the input files and their schema: the same bytes give the same fingerprint."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(str(schema).encode())
+    for f in files:
+        inner = f.split("://", 1)[1] if is_uri(f) else f
+        h.update(inner.rsplit("/", 1)[-1].encode())
+        with fs.open_input_stream(inner) as stream:
+            while chunk := stream.read(8 << 20):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass
+class TableSpec:
+    """What ingest learned about a table: its columns by kind and its size."""
+
+    path: str
+    files: list[str]
+    label: str
+    id_column: str | None
+    numeric: list[str] = field(default_factory=list)
+    categorical: list[str] = field(default_factory=list)
+    rows: int = 0
+    fingerprint: str = ""
+    feature_order: list[str] = field(default_factory=list)
+
+
+def check_columns(schema: pa.Schema, data: DataSection, task: str, source: str) -> tuple[list[str], list[str], list[str]]:
+    """Check label/feature/id columns exist with usable types; return (features, numeric, categorical)."""
+    names = list(schema.names)
+    for role, col in (("label", data.label), ("id", data.id_column)):
+        if col is not None and col not in names:
+            raise DataError(f"{source}: {role} column {col!r} not found; columns are {names}")
+    features = data.features or [c for c in names if c not in (data.label, data.id_column)]
+    missing = [c for c in features if c not in names]
+    if missing:
+        raise DataError(f"{source}: feature column(s) {missing} not found; columns are {names}")
+    if not features:
+        raise DataError(f"{source}: no feature columns left besides the label and id")
+    numeric, categorical = [], []
+    for col in features:
+        t = schema.field(col).type
+        if is_numeric_type(t):
+            numeric.append(col)
+        elif is_string_type(t):
+            categorical.append(col)
+        else:
+            raise DataError(
+                f"{source}: feature column {col!r} has type {t}, which is neither numeric nor text; "
+                "list the usable columns under data.features"
+            )
+    lt = schema.field(data.label).type
+    if task == "regression" and not is_numeric_type(lt):
+        raise DataError(f"{source}: label column {data.label!r} has type {lt}; regression needs a numeric label")
+    if task == "classification" and not (is_numeric_type(lt) or is_string_type(lt)):
+        raise DataError(f"{source}: label column {data.label!r} has type {lt}; classification needs numbers or text")
+    return features, numeric, categorical
+
+
+def _bad_labels(batch: pa.Table, label: str) -> dict[str, np.ndarray]:
+    col = batch[label]
+    bad = col.null_count
+    if pa.types.is_floating(col.type):
+        vals = col.to_numpy(zero_copy_only=False)
+        bad = int((~np.isfinite(vals)).sum())
+    return {"bad": np.array([bad], dtype=np.int64), "rows": np.array([batch.num_rows], dtype=np.int64)}
+
+
+def count_rows_and_bad_labels(ds: ray.data.Dataset, label: str) -> tuple[int, int]:
+    """(rows, labels that are null, NaN or infinite) in one vectorised pass."""
+    out = ds.select_columns([label]).map_batches(_bad_labels, fn_kwargs={"label": label}, batch_format="pyarrow")
+    agg = out.sum(["rows", "bad"]) or {}
+    return int(agg.get("sum(rows)") or 0), int(agg.get("sum(bad)") or 0)
+
+
+def split_table(ds: ray.data.Dataset, task: str, label: str, fraction: float, seed: int):
+    """Seeded train/validation split; stratified by label for classification."""
+    shuffled = ds.random_shuffle(seed=seed)
+    if task != "classification":
+        return shuffled.train_test_split(test_size=fraction)
+    train, val = shuffled.train_test_split(test_size=fraction, stratify=label)
+    # the stratified split groups rows by class; reshuffle so SGD batches mix classes
+    return train.random_shuffle(seed=seed + 1).materialize(), val.materialize()
+
+
+def _cast_columns(batch: pa.Table, casts: dict[str, pa.DataType]) -> pa.Table:
+    # Ray's Std has no kernel for bool or decimal columns; aggregate every numeric column as float64
+    for name, typ in casts.items():
+        i = batch.schema.get_field_index(name)
+        batch = batch.set_column(i, name, batch[name].cast(typ))
+    return batch
+
+
+def fit_preprocessor(train: ray.data.Dataset, spec: TableSpec, task: str) -> TabularPreprocessor:
+    """Fit imputation, scaling and one-hot vocabularies on the training split with Ray Data aggregates."""
+    aggs = [Count()]
+    for col in spec.numeric:
+        aggs += [Mean(col, ignore_nulls=True, alias_name=f"mean:{col}"), Std(col, ddof=0, ignore_nulls=True, alias_name=f"std:{col}")]
+    for col in spec.categorical:
+        aggs.append(ValueCounter(col, alias_name=f"counts:{col}"))
+    if task == "classification":
+        aggs.append(ValueCounter(spec.label, alias_name="counts:__label__"))
+    else:
+        aggs += [Mean(spec.label, alias_name="mean:__label__"), Std(spec.label, ddof=0, alias_name="std:__label__")]
+    cols = spec.feature_order + [spec.label]
+    casts = {c: pa.float64() for c in spec.numeric}
+    if task == "regression":
+        casts[spec.label] = pa.float64()
+    projected = train.select_columns(cols).map_batches(_cast_columns, fn_kwargs={"casts": casts}, batch_format="pyarrow")
+    stats = projected.aggregate(*aggs)
+
+    def counts(key: str) -> dict:
+        vc = stats[key] or {"values": [], "counts": []}
+        return {v: int(c) for v, c in zip(vc["values"], vc["counts"]) if v is not None}
+
+    classes = None
+    if task == "classification":
+        label_counts = counts("counts:__label__")
+        classes = list(label_counts)
+        if len(classes) < 2:
+            raise DataError(
+                f"{spec.path}: label column {spec.label!r} has only one class ({classes}) in the training rows; "
+                "classification needs at least two"
+            )
+    return TabularPreprocessor.from_stats(
+        task=task,
+        label=spec.label,
+        feature_order=spec.feature_order,
+        numeric_stats={c: (stats[f"mean:{c}"], stats[f"std:{c}"]) for c in spec.numeric},
+        category_counts={c: {str(k): v for k, v in counts(f"counts:{c}").items()} for c in spec.categorical},
+        classes=classes,
+        label_stats=None if task == "classification" else (stats["mean:__label__"], stats["std:__label__"]),
+        train_rows=stats["count()"],
+    )
+
+
+def _transform(batch: pa.Table, prep: dict, strict: bool) -> dict[str, np.ndarray]:
+    return TabularPreprocessor.from_dict(prep).transform_batch(batch, strict=strict)
+
+
+def apply_preprocessor(ds: ray.data.Dataset, prep: TabularPreprocessor) -> ray.data.Dataset:
+    """Lazily transform a split into the packed {'features', 'label'} tensor columns."""
+    cols = prep.feature_order + [prep.label]
+    return ds.select_columns(cols).map_batches(
+        _transform, fn_kwargs={"prep": prep.to_dict(), "strict": False}, batch_format="pyarrow", batch_size=8192
+    )
+
+
+def fits_in_object_store(rows: int, width: int, fraction: float = 0.3) -> bool:
+    """Whether a packed float32 table of rows x width fits comfortably in the object store."""
+    store = ray.available_resources().get("object_store_memory", 0)
+    return rows * (width * 4 + 8) < fraction * store
+
+
+def check_writable(output: str) -> None:
+    """Fail before any work if output's parent cannot be created or written."""
+    fs, inner = filesystem_for(output)
+    parent = inner.rstrip("/").rsplit("/", 1)[0] or "/"
+    try:
+        fs.create_dir(parent, recursive=True)
+        probe = f"{parent}/.trainflow-write-probe-{uuid.uuid4().hex}"
+        with fs.open_output_stream(probe):
+            pass
+        fs.delete_file(probe)
+    except (OSError, pa.ArrowException) as exc:
+        raise DataError(f"inference output {output}: cannot write there ({exc})") from None
+
+
+def write_parquet_atomic(ds: ray.data.Dataset, output: str, expected_rows: int) -> int:
+    """Write ds as Parquet under a temporary sibling of output, check the row count, then swap it in.
+
+    A crash at any point leaves the previous output untouched (or absent, never half-written).
+    """
+    fs, inner = filesystem_for(output)
+    inner = inner.rstrip("/")
+    token = uuid.uuid4().hex[:12]
+    tmp, old = f"{inner}.tmp-{token}", f"{inner}.old-{token}"
+    try:
+        ds.write_parquet(_with_scheme(output, tmp), filesystem=fs)
+        files = [i.path for i in fs.get_file_info(pafs.FileSelector(tmp, allow_not_found=True)) if i.path.endswith(".parquet")]
+        written = sum(pq.ParquetFile(fs.open_input_file(f)).metadata.num_rows for f in files)
+        if written != expected_rows:
+            raise DataError(f"inference wrote {written} rows for {expected_rows} input rows; output left unchanged")
+        had_old = fs.get_file_info(inner).type != pafs.FileType.NotFound
+        if had_old:
+            fs.move(inner, old)
+        fs.move(tmp, inner)
+        if had_old:
+            fs.delete_dir(old) if fs.get_file_info(old).type == pafs.FileType.Directory else fs.delete_file(old)
+        return written
+    finally:
+        if fs.get_file_info(tmp).type != pafs.FileType.NotFound:
+            fs.delete_dir(tmp)

@@ -1,0 +1,21 @@
+"""Errors a user can act on: the CLI prints their message without a traceback."""
+
+
+class TrainflowError(Exception):
+    """A problem with the user's config, data or environment; never retried."""
+
+
+class ConfigError(TrainflowError):
+    """The config file or an override is invalid."""
+
+
+class DataError(TrainflowError):
+    """The input table is missing, empty or has unusable columns or values."""
+
+
+class TrainingError(TrainflowError):
+    """Training cannot go on for a reason retrying will not fix (e.g. NaN loss)."""
+
+
+class CheckpointError(TrainflowError):
+    """No usable checkpoint could be found or loaded."""

@@ -1,0 +1,28 @@
+"""MLflow "models from code" definition: the registered model is this file plus the checkpoint artifact.
+
+Nothing is pickled: MLflow copies this file, and the checkpoint holds weights (torch) and the
+preprocessor (JSON). Load with mlflow.pyfunc.load_model("models:/<name>@champion").
+"""
+
+from __future__ import annotations
+
+import mlflow
+import pandas as pd
+import pyarrow as pa
+from mlflow.pyfunc import PythonModel
+
+
+class TrainflowModel(PythonModel):
+    def load_context(self, context) -> None:
+        from trainer.checkpoint import load_servable
+
+        self.servable = load_servable(context.artifacts["checkpoint"])
+
+    def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
+        from trainer.predict import predict_table
+
+        table = pa.Table.from_pandas(pd.DataFrame(model_input), preserve_index=False)
+        return predict_table(self.servable, table).to_pandas()
+
+
+mlflow.models.set_model(TrainflowModel())
