@@ -36,7 +36,11 @@ def resolve_checkpoint(model: str) -> str:
             local = mlflow.artifacts.download_artifacts(artifact_uri=model, dst_path=tempfile.mkdtemp(prefix="trainflow-model-"))
         except Exception as exc:  # noqa: BLE001 - MLflow raises MlflowException and REST errors alike
             raise CheckpointError(f"cannot load model {model}: {exc}") from None
-        path = Path(local) / "artifacts" / "checkpoint"
+        try:
+            spec = mlflow.models.Model.load(local).flavors["python_function"]["artifacts"]["checkpoint"]
+        except (KeyError, OSError, mlflow.exceptions.MlflowException):
+            raise CheckpointError(f"model {model} is not a trainflow model (no checkpoint artifact)") from None
+        path = Path(local) / spec["path"]
         if not path.is_dir():
             raise CheckpointError(f"model {model} has no trainflow checkpoint artifact")
         return str(path)
@@ -97,7 +101,7 @@ def infer(
 @task(name="resolve-model", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
 def resolve_checkpoint_task(model: str, tracking_uri: str) -> str:
     """Download (if needed) the checkpoint behind a model URI and return its local folder."""
-    import mlflow
+    from trainflow.tracking import tracking
 
-    mlflow.set_tracking_uri(tracking_uri)
-    return resolve_checkpoint(model)
+    with tracking(tracking_uri):
+        return resolve_checkpoint(model)

@@ -10,7 +10,7 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.common import retry_unless_user_error
 from trainflow.config import Config
-from trainflow.data import TableSpec, check_columns, count_rows_and_bad_labels, fingerprint, read_table
+from trainflow.data import TableSpec, check_columns, count_rows_and_bad_labels, fingerprint, mlflow_type, read_table
 from trainflow.errors import DataError
 from trainflow.runtime import ensure_ray
 
@@ -51,6 +51,7 @@ def ingest(config: Config) -> Ingested:
         rows=rows,
         fingerprint=fingerprint(fs, files, schema),
         feature_order=features,
+        mlflow_types={c: mlflow_type(schema.field(c).type) for c in features},
     )
     get_run_logger().info(
         "read %d rows from %d file(s): %d numeric, %d text feature(s); fingerprint %s",

@@ -14,7 +14,7 @@ from tasks.ingest import Ingested
 from tasks.select import Selected
 from tasks.train import TrainOutcome
 from trainflow.config import Config
-from trainflow.tracking import MODEL_CODE, flatten, setup_tracking, signature_for
+from trainflow.tracking import MODEL_CODE, ensure_experiment, flatten, signature_for, tracking
 
 
 @dataclass
@@ -25,12 +25,16 @@ class Registered:
     model_uri: str
 
 
+def _run(config: Config, run_name: str):
+    exp_id = ensure_experiment(config.mlflow.tracking_uri, config.mlflow.experiment)
+    return mlflow.start_run(experiment_id=exp_id, run_name=run_name)
+
+
 @task(name="register", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
 def register(config: Config, ingested: Ingested, outcome: TrainOutcome, selected: Selected) -> Registered:
     """An MLflow run with params, per-epoch metrics and the checkpoint; a new registered model version."""
-    exp_id = setup_tracking(config.mlflow.tracking_uri, config.mlflow.experiment)
     prep = TabularPreprocessor.load(selected.path)
-    with mlflow.start_run(experiment_id=exp_id, run_name=outcome.run_name) as run:
+    with tracking(config.mlflow.tracking_uri), _run(config, outcome.run_name) as run:
         mlflow.log_params({k: str(v)[:500] for k, v in flatten(config.to_dict()).items()})
         mlflow.set_tags(
             {
@@ -49,7 +53,7 @@ def register(config: Config, ingested: Ingested, outcome: TrainOutcome, selected
             name="model",
             python_model=MODEL_CODE,
             artifacts={"checkpoint": selected.path},
-            signature=signature_for(prep),
+            signature=signature_for(prep, ingested.spec.mlflow_types),
             pip_requirements=["torch==2.13.0", "pyarrow", "pandas", "numpy"],
             registered_model_name=config.mlflow.registered_model,
         )

@@ -119,7 +119,7 @@ def compute_metrics(task: str, out: np.ndarray, y: np.ndarray, prep: TabularPrep
     return m
 
 
-def train_fn_per_worker(loop_config: dict[str, Any]) -> None:
+def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
     """Ray Train entry point: resume from get_checkpoint() if any, then train the remaining epochs."""
     cfg = loop_config["config"]
     prep = TabularPreprocessor.from_dict(loop_config["preprocessor"])
@@ -161,7 +161,7 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> None:
         if not math.isfinite(train_loss):
             # Reported, not raised: a raise would be retried by FailureConfig, and NaN does not heal.
             ray.train.report({**metrics, STOP_REASON: f"train loss became {train_loss} at epoch {epoch}"}, checkpoint=None)
-            return
+            return history
         metrics.update(validate_epoch(model, val_shard, loss_fn, task, prep, batch_size * 4, device))
         history.append(metrics)
         with tempfile.TemporaryDirectory() as tmp:
@@ -170,3 +170,4 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> None:
                 save_checkpoint(tmp, model, optimizer, epoch, seed, metrics, history, loop_config["preprocessor"], cfg)
                 ckpt = ray.train.Checkpoint.from_directory(tmp)
             ray.train.report(metrics, checkpoint=ckpt)
+    return history

@@ -103,6 +103,18 @@ class TableSpec:
     rows: int = 0
     fingerprint: str = ""
     feature_order: list[str] = field(default_factory=list)
+    mlflow_types: dict[str, str] = field(default_factory=dict)  # column -> MLflow ColSpec type
+
+
+def mlflow_type(t: pa.DataType) -> str:
+    """The MLflow signature type of an arrow column type."""
+    if pa.types.is_boolean(t):
+        return "boolean"
+    if pa.types.is_integer(t):
+        return "long"
+    if pa.types.is_floating(t) or pa.types.is_decimal(t):
+        return "double"
+    return "string"
 
 
 def check_columns(schema: pa.Schema, data: DataSection, task: str, source: str) -> tuple[list[str], list[str], list[str]]:

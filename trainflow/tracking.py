@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +18,28 @@ MODEL_CODE = str(Path(__file__).with_name("mlflow_model.py"))
 CHAMPION = "champion"
 
 
-def setup_tracking(tracking_uri: str, experiment: str) -> str:
-    """Point MLflow at tracking_uri and return the experiment id, creating it next to a SQLite DB."""
+@contextmanager
+def tracking(tracking_uri: str) -> Iterator[None]:
+    """Use tracking_uri inside the block only.
+
+    mlflow.set_tracking_uri also exports MLFLOW_TRACKING_URI, which would leak one config's store
+    into the next flow run of a long-lived process (trainflow serve, a worker, tests).
+    """
+    saved_env = os.environ.get("MLFLOW_TRACKING_URI")
+    saved_uri = mlflow.get_tracking_uri() if saved_env is not None else None
     mlflow.set_tracking_uri(tracking_uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(saved_uri)
+        if saved_env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = saved_env
+
+
+def ensure_experiment(tracking_uri: str, experiment: str) -> str:
+    """The experiment's id (call inside `tracking`), creating it with artifacts next to a SQLite DB."""
     found = mlflow.get_experiment_by_name(experiment)
     if found is not None:
         return found.experiment_id
@@ -28,9 +50,9 @@ def setup_tracking(tracking_uri: str, experiment: str) -> str:
     return mlflow.create_experiment(experiment, artifact_location=artifact_location)
 
 
-def signature_for(prep: TabularPreprocessor) -> ModelSignature:
-    """Input: the feature columns (double or string); output: prediction and class probabilities."""
-    inputs = [ColSpec("double" if c in prep.numeric else "string", c) for c in prep.feature_order]
+def signature_for(prep: TabularPreprocessor, column_types: dict[str, str]) -> ModelSignature:
+    """Input: the feature columns with their table types; output: prediction and class probabilities."""
+    inputs = [ColSpec(column_types[c], c, required=False) for c in prep.feature_order]
     if prep.task == "classification":
         kind = "string" if any(isinstance(c, str) for c in prep.classes) else "long"
         if any(isinstance(c, float) for c in prep.classes):

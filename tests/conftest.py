@@ -1,0 +1,96 @@
+"""Shared fixtures: one Prefect test server per session, a fixed-size local Ray per module."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.pop("MLFLOW_TRACKING_URI", None)
+os.environ.pop("RAY_ADDRESS", None)
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    from trainflow.runtime import quiet_ray_data
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    quiet_ray_data()
+    yield ray
+    ray.shutdown()
+
+
+def make_regression_table(rows: int, seed: int = 0, with_label: bool = True) -> pa.Table:
+    """y = 3*x1 - 2*x2^2 + a category offset + noise; names with spaces and punctuation."""
+    rng = np.random.default_rng(seed)
+    x1, x2 = rng.normal(size=rows), rng.normal(size=rows)
+    cat = rng.choice(["a", "b", "c"], rows)
+    y = 3 * x1 - 2 * x2**2 + np.select([cat == "a", cat == "b"], [1.0, -1.0], 0.0) + rng.normal(0, 0.1, rows)
+    cols = {"row id": np.arange(rows), "x 1 (m/s)": x1, "x-2": x2, "kind, class": cat}
+    if with_label:
+        cols["target y"] = y
+    return pa.table(cols)
+
+
+def write_parquet(table: pa.Table, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+    return path
+
+
+def write_config(directory: Path, raw: dict[str, Any], name: str = "config.yaml") -> Path:
+    path = directory / name
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def churn_config(tmp_path: Path, rows: int = 3000, **sections: Any) -> Path:
+    """A small classification config over the bundled sample generator, inside tmp_path."""
+    from trainflow.sample import make_churn_table
+
+    write_parquet(make_churn_table(rows, seed=1), tmp_path / "data" / "train.parquet")
+    write_parquet(make_churn_table(500, seed=2, with_label=False, id_offset=10_000), tmp_path / "data" / "score.parquet")
+    raw: dict[str, Any] = {
+        "data": {"path": "data/train.parquet", "label": "churned", "id_column": "customer_id"},
+        "task": "classification",
+        "train": {"epochs": 3, "batch_size": 128, "learning_rate": 0.005},
+        "scaling": {"num_workers": 2},
+        "checkpoint": {"num_to_keep": 3, "metric": "val_loss"},
+        "storage_path": "runs",
+        "mlflow": {"experiment": "test", "registered_model": "churn-test"},
+        "inference": {"input": "data/score.parquet", "output": "out/predictions"},
+    }
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(raw.get(key), dict):
+            raw[key].update(value)
+        else:
+            raw[key] = value
+    return write_config(tmp_path, raw)
+
+
+@pytest.fixture(autouse=True)
+def _no_tracking_uri_leak(monkeypatch):
+    """Each test's config decides its MLflow store; nothing inherited from an earlier test."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    yield
+    import mlflow
+
+    mlflow.set_tracking_uri(None)

@@ -1,0 +1,64 @@
+from pathlib import Path
+
+import pytest
+
+from trainflow.config import config_from_dict, load_config
+from trainflow.errors import ConfigError
+
+BASE = {"data": {"path": "t.parquet", "label": "y"}, "task": "classification"}
+
+
+def test_defaults_and_relative_paths_resolve_against_config_folder(tmp_path):
+    cfg = config_from_dict(dict(BASE), base_dir=tmp_path)
+    assert cfg.data.path == str(tmp_path / "t.parquet")
+    assert cfg.data.format == "parquet"
+    assert cfg.storage_path == str(tmp_path / "runs")
+    assert cfg.mlflow.tracking_uri == f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert cfg.checkpoint.mode == "min"  # inferred from val_loss
+
+
+def test_uri_paths_are_kept_and_format_is_inferred(tmp_path):
+    raw = {**BASE, "data": {"path": "s3://bucket/table.csv", "label": "y"}}
+    cfg = config_from_dict(raw, base_dir=tmp_path)
+    assert cfg.data.path == "s3://bucket/table.csv"
+    assert cfg.data.format == "csv"
+
+
+@pytest.mark.parametrize(
+    "raw, needle",
+    [
+        ({**BASE, "trian": {}}, "trian: unknown key"),
+        ({**BASE, "train": {"epochz": 3}}, "train.epochz: unknown key"),
+        ({**BASE, "train": {"epochs": 0}}, "train.epochs"),
+        ({**BASE, "split": {"validation_fraction": 1.5}}, "split.validation_fraction"),
+        ({**BASE, "task": "ranking"}, "task"),
+        ({"task": "regression"}, "data: required key is missing"),
+        ({**BASE, "checkpoint": {"metric": "val_rmse"}}, "val_rmse"),
+        ({**BASE, "scaling": {"resources_per_worker": {"GPU": 1}}}, "use_gpu"),
+        ({**BASE, "inference": {"input": "x.parquet"}}, "inference"),
+        ({**BASE, "data": {"path": "t", "label": "y", "features": ["y"]}}, "label or id"),
+    ],
+)
+def test_invalid_configs_name_the_key(raw, needle, tmp_path):
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(raw, base_dir=tmp_path)
+    assert needle in str(err.value)
+
+
+def test_load_config_applies_dotted_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("data: {path: t.parquet, label: y}\ntask: regression\ntrain: {epochs: 3}\n")
+    cfg = load_config(path, {"train.epochs": 7, "checkpoint.metric": "val_r2"})
+    assert cfg.train.epochs == 7
+    assert cfg.checkpoint.mode == "max"
+    with pytest.raises(ConfigError, match="train.epochs"):
+        load_config(path, {"train.epochs": "many"})
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = Path(tmp_path / "bad.yaml")
+    bad.write_text("data: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)

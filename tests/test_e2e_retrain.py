@@ -1,0 +1,100 @@
+"""End-to-end local flow runs of `retrain` and `batch-inference` with 2 Ray Train workers."""
+
+import json
+
+import mlflow
+import numpy as np
+import pyarrow.dataset as pads
+import pytest
+from mlflow import MlflowClient
+
+from tests.conftest import churn_config, make_regression_table, write_config, write_parquet
+from trainer.checkpoint import load_servable, read_metrics
+from trainer.predict import predict_table
+from trainflow.cli import main as cli_main
+from trainflow.tracking import tracking as tracking_uri
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_local")]
+
+
+def _check_common(summary, metric, mode, score_table, id_column):
+    hist = read_metrics(summary["best_checkpoint"]["path"])["history"]
+    # the loss falls
+    assert hist[-1]["val_loss"] < hist[0]["val_loss"]
+    # the selected checkpoint is the best by the metric among every epoch (num_to_keep >= epochs)
+    values = [h[metric] for h in hist]
+    best = min(values) if mode == "min" else max(values)
+    assert summary["best_checkpoint"]["metrics"][metric] == pytest.approx(best)
+    assert summary["best_checkpoint"]["epoch"] == values.index(best)
+    # one output row per input row, ids intact and in input order
+    out = pads.dataset(summary["predictions_path"]).to_table()
+    assert summary["input_rows"] == summary["output_rows"] == score_table.num_rows == out.num_rows
+    assert out[id_column].to_pylist() == score_table[id_column].to_pylist()
+    # the written predictions are what the checkpoint's own preprocessor + weights give
+    direct = predict_table(load_servable(summary["best_checkpoint"]["path"]), score_table, id_column)
+    np.testing.assert_allclose(
+        np.asarray(out["prediction"].to_pylist(), dtype=float), np.asarray(direct["prediction"].to_pylist(), dtype=float),
+        rtol=1e-5,
+    )
+    return out
+
+
+def _check_mlflow(summary, tracking_uri, model_name):
+    client = MlflowClient(tracking_uri=tracking_uri)
+    run = client.get_run(summary["mlflow_run_id"])
+    assert run.data.tags["trainflow.data_fingerprint"] == summary["data_fingerprint"]
+    assert len(client.get_metric_history(run.info.run_id, "val_loss")) == summary["epochs_run"]
+    version = client.get_model_version(model_name, summary["model_version"])
+    assert version.run_id == run.info.run_id
+
+
+def test_retrain_classification_end_to_end(tmp_path):
+    cfg_path = churn_config(tmp_path)
+    summary_path = tmp_path / "summary.json"
+    assert cli_main(["retrain", "--config", str(cfg_path), "--run-name", "clf-e2e", "--summary-json", str(summary_path)]) == 0
+    summary = json.loads(summary_path.read_text())
+    for key in ("run_name", "data_fingerprint", "best_checkpoint", "mlflow_run_id", "model_version",
+                "predictions_path", "input_rows", "output_rows"):
+        assert summary[key] is not None, key
+    assert summary["run_name"] == "clf-e2e"
+    score = pads.dataset(tmp_path / "data" / "score.parquet").to_table()
+    out = _check_common(summary, "val_loss", "min", score, "customer_id")
+    assert set(out.column_names) == {"customer_id", "prediction", "proba_0", "proba_1"}
+    np.testing.assert_allclose(out["proba_0"].to_numpy() + out["proba_1"].to_numpy(), 1.0, rtol=1e-6)
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    _check_mlflow(summary, tracking, "churn-test")
+
+    # the registered model serves through MLflow's pyfunc API with the same predictions
+    with tracking_uri(tracking):
+        pyfunc = mlflow.pyfunc.load_model(f"models:/churn-test/{summary['model_version']}")
+    got = pyfunc.predict(score.slice(0, 50).drop_columns(["customer_id"]).to_pandas())
+    assert got["prediction"].tolist() == out["prediction"].to_pylist()[:50]
+
+    # batch-inference from the registered model writes the same predictions elsewhere
+    out2 = tmp_path / "again"
+    rc = cli_main(["predict", "--config", str(cfg_path), "--model", summary["model_uri"],
+                   "--set", f"inference.output={out2}", "--summary-json", str(tmp_path / "p.json")])
+    assert rc == 0
+    again = pads.dataset(out2).to_table()
+    assert again["prediction"].to_pylist() == out["prediction"].to_pylist()
+
+
+def test_retrain_regression_end_to_end(tmp_path):
+    write_parquet(make_regression_table(3000, seed=1), tmp_path / "reg" / "train.parquet")
+    score = make_regression_table(400, seed=9, with_label=False)
+    write_parquet(score, tmp_path / "reg" / "score.parquet")
+    cfg_path = write_config(tmp_path, {
+        "data": {"path": "reg/train.parquet", "label": "target y", "id_column": "row id"},
+        "task": "regression",
+        "train": {"epochs": 3, "batch_size": 64, "learning_rate": 0.01},
+        "scaling": {"num_workers": 2},
+        "checkpoint": {"num_to_keep": 3, "metric": "val_r2"},
+        "mlflow": {"registered_model": "reg-test"},
+        "inference": {"input": "reg/score.parquet", "output": "out/reg"},
+    })
+    from flows.retrain import retrain
+
+    summary = retrain(config_path=str(cfg_path), run_name="reg-e2e")
+    assert summary["best_checkpoint"]["metrics"]["val_r2"] > 0.7
+    _check_common(summary, "val_r2", "max", score, "row id")
+    _check_mlflow(summary, f"sqlite:///{tmp_path / 'mlflow.db'}", "reg-test")

@@ -1,0 +1,109 @@
+"""Split and preprocessing on real Ray Data: fit on train only, vectorised transform, JSON round trip."""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import ray.data
+
+from preprocessors.tabular import SchemaDriftError, TabularPreprocessor
+from trainflow.config import DataSection
+from trainflow.data import TableSpec, apply_preprocessor, check_columns, fit_preprocessor, split_table
+from trainflow.errors import DataError
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+
+def _table(n=400, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(5.0, 2.0, n)
+    mask = np.zeros(n, bool)
+    mask[::10] = True
+    return pa.table(
+        {
+            "id": np.arange(n),
+            "x (cm)": pa.array(x, mask=mask),
+            "flag": pa.array(rng.random(n) < 0.3),
+            "colour": pa.array(rng.choice(["red", "green", "blue"], n).astype(object), mask=np.arange(n) % 7 == 0),
+            "y": np.where(rng.random(n) < 0.25, "yes", "no"),
+        }
+    )
+
+
+def _spec(table):
+    data = DataSection(path="mem", label="y", id_column="id")
+    features, numeric, categorical = check_columns(table.schema, data, "classification", "mem")
+    return TableSpec(path="mem", files=[], label="y", id_column="id", numeric=numeric, categorical=categorical,
+                     rows=table.num_rows, feature_order=features)
+
+
+def test_check_columns_classifies_and_rejects():
+    table = _table()
+    spec = _spec(table)
+    assert spec.numeric == ["x (cm)", "flag"] and spec.categorical == ["colour"]
+    with pytest.raises(DataError, match="label column 'nope' not found"):
+        check_columns(table.schema, DataSection(path="m", label="nope"), "classification", "m")
+    with pytest.raises(DataError, match="regression needs a numeric label"):
+        check_columns(table.schema, DataSection(path="m", label="y"), "regression", "m")
+    with_list = table.append_column("tags", pa.array([[1]] * table.num_rows))
+    with pytest.raises(DataError, match="'tags' has type list"):
+        check_columns(with_list.schema, DataSection(path="m", label="y"), "classification", "m")
+
+
+def test_stratified_split_is_seeded_and_keeps_class_ratio():
+    ds = ray.data.from_arrow(_table(1000))
+    train, val = split_table(ds, "classification", "y", 0.2, seed=3)
+    tv = val.to_arrow_refs()
+    val_ids = np.sort(np.concatenate([ray.get(r)["id"].to_numpy() for r in tv]))
+    train_ids = np.concatenate([b["id"] for b in train.iter_batches(batch_format="numpy")])
+    assert len(np.intersect1d(val_ids, train_ids)) == 0 and len(val_ids) + len(train_ids) == 1000
+    y = _table(1000)["y"].to_numpy(zero_copy_only=False)
+    assert abs((y[val_ids] == "yes").mean() - (y == "yes").mean()) < 0.02
+    _, val2 = split_table(ray.data.from_arrow(_table(1000)), "classification", "y", 0.2, seed=3)
+    assert np.array_equal(val_ids, np.sort(np.concatenate([b["id"] for b in val2.iter_batches(batch_format="numpy")])))
+
+
+def test_fit_uses_train_only_and_transform_matches_numpy():
+    table = _table()
+    spec = _spec(table)
+    train_part = table.slice(0, 300)
+    prep = fit_preprocessor(ray.data.from_arrow(train_part), spec, "classification")
+    x = train_part["x (cm)"].to_numpy(zero_copy_only=False)
+    assert prep.numeric["x (cm)"]["mean"] == pytest.approx(np.nanmean(x))
+    assert prep.numeric["x (cm)"]["std"] == pytest.approx(np.nanstd(x))
+    assert prep.classes == ["no", "yes"]
+    assert prep.categorical["colour"]["categories"] == ["blue", "green", "red"]
+    assert prep.num_features == 2 + 3
+
+    out = prep.transform_batch(table.slice(300, 100))
+    feats = out["features"]
+    assert feats.dtype == np.float32 and feats.shape == (100, 5)
+    xs = table.slice(300, 100)["x (cm)"].to_numpy(zero_copy_only=False)
+    expected = (np.where(np.isnan(xs), np.nanmean(x), xs) - np.nanmean(x)) / np.nanstd(x)
+    np.testing.assert_allclose(feats[:, 0], expected, rtol=1e-5)
+    assert np.allclose(feats[:, 2:].sum(axis=1), 1.0)  # one-hot, nulls imputed with the most frequent
+    assert set(out["label"]) <= {0, 1}
+
+
+def test_ray_transform_equals_inference_transform_after_json_round_trip(tmp_path):
+    table = _table()
+    spec = _spec(table)
+    prep = fit_preprocessor(ray.data.from_arrow(table), spec, "classification")
+    prep.save(tmp_path)
+    assert json.loads((tmp_path / "preprocessor.json").read_text())["task"] == "classification"
+    loaded = TabularPreprocessor.load(tmp_path)
+    packed = apply_preprocessor(ray.data.from_arrow(table), prep).take_batch(table.num_rows, batch_format="numpy")
+    np.testing.assert_array_equal(packed["features"], loaded.transform_features(table, strict=True))
+
+
+def test_schema_drift_is_named():
+    table = _table()
+    prep = fit_preprocessor(ray.data.from_arrow(table), _spec(table), "classification")
+    with pytest.raises(SchemaDriftError, match="'colour' has category 'purple'"):
+        prep.transform_features(table.set_column(3, "colour", pa.array(["purple"] * table.num_rows)), strict=True)
+    with pytest.raises(SchemaDriftError, match="column 'x \\(cm\\)' is missing"):
+        prep.transform_features(table.drop_columns(["x (cm)"]), strict=True)
+    # lenient mode (validation rows) encodes an unseen category as all zeros
+    lenient = prep.transform_features(table.set_column(3, "colour", pa.array(["purple"] * table.num_rows)), strict=False)
+    assert lenient[:, 2:].sum() == 0

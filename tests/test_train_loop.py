@@ -1,0 +1,67 @@
+"""The train loop in Ray Train local mode (num_workers=0): fast, in-process, real TorchTrainer."""
+
+import math
+
+import numpy as np
+import pytest
+import ray.data
+from ray.train import ScalingConfig
+from ray.train.torch import TorchTrainer
+
+from tests.conftest import make_regression_table
+from trainer.loop import train_fn_per_worker
+from trainflow.config import config_from_dict
+from trainflow.data import TableSpec, apply_preprocessor, check_columns, fit_preprocessor
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+
+def _local_fit(task, table, label, epochs=6, lr=0.01, tmp_path=None, **extra):
+    raw = {"data": {"path": "mem", "label": label, "id_column": "row id"}, "task": task,
+           "train": {"epochs": epochs, "batch_size": 64, "learning_rate": lr}, "scaling": {"num_workers": 1}, **extra}
+    cfg = config_from_dict(raw, base_dir=tmp_path)
+    features, numeric, categorical = check_columns(table.schema, cfg.data, task, "mem")
+    spec = TableSpec("mem", [], label, "row id", numeric, categorical, table.num_rows, "", features)
+    train_ds = ray.data.from_arrow(table.slice(0, int(table.num_rows * 0.8)))
+    val_ds = ray.data.from_arrow(table.slice(int(table.num_rows * 0.8)))
+    prep = fit_preprocessor(train_ds, spec, task)
+    trainer = TorchTrainer(
+        train_fn_per_worker,
+        train_loop_config={"config": cfg.to_dict(), "preprocessor": prep.to_dict()},
+        scaling_config=ScalingConfig(num_workers=0),
+        datasets={"train": apply_preprocessor(train_ds, prep).materialize(), "val": apply_preprocessor(val_ds, prep).materialize()},
+    )
+    return trainer.fit()
+
+
+def test_regression_loss_falls_and_metrics_are_reported(tmp_path):
+    result = _local_fit("regression", make_regression_table(2000), "target y", tmp_path=tmp_path)
+    history = result.return_value
+    assert [h["epoch"] for h in history] == list(range(6))
+    assert history[-1]["val_loss"] < 0.5 * history[0]["val_loss"]
+    assert history[-1]["train_loss"] < history[0]["train_loss"]
+    assert history[-1]["val_r2"] > 0.8
+    assert {"val_rmse", "val_mae", "val_r2"} <= set(history[-1])
+
+
+def test_classification_reports_accuracy_f1_auc(tmp_path):
+    from trainflow.sample import make_churn_table
+
+    table = make_churn_table(3000, seed=5).rename_columns(
+        ["row id" if c == "customer_id" else c for c in make_churn_table(1, 0).column_names]
+    )
+    result = _local_fit("classification", table, "churned", epochs=4, lr=0.005, tmp_path=tmp_path)
+    last = result.return_value[-1]
+    assert 0.6 < last["val_accuracy"] <= 1.0
+    assert 0.6 < last["val_roc_auc"] <= 1.0
+    assert 0.0 <= last["val_f1"] <= 1.0
+
+
+def test_nan_loss_stops_with_the_epoch_named(tmp_path):
+    table = make_regression_table(500)
+    y = table["target y"].to_numpy().copy()
+    y[:] = 1e30  # overflows float32 after standardisation -> inf loss at the first epoch
+    result = _local_fit("regression", table.set_column(4, "target y", [y * np.linspace(1, 1e9, len(y))]), "target y",
+                        epochs=3, lr=1e6, tmp_path=tmp_path)
+    assert "stop_reason" in result.metrics and "epoch 0" in result.metrics["stop_reason"]
+    assert not math.isfinite(result.metrics["train_loss"])
