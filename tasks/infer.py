@@ -15,7 +15,7 @@ from preprocessors.tabular import SchemaDriftError, TabularPreprocessor
 from tasks.common import retry_unless_user_error
 from trainer.predict import BatchPredictor
 from trainflow.config import infer_format
-from trainflow.data import check_writable, read_table, write_parquet_atomic
+from trainflow.data import arrow_schema, check_writable, read_table, write_parquet_atomic
 from trainflow.errors import CheckpointError, DataError
 from trainflow.runtime import ensure_ray
 
@@ -60,11 +60,9 @@ def infer(
     check_writable(output_path)
     prep = TabularPreprocessor.load(checkpoint_path)
     ds, _, _ = read_table(input_path, infer_format(input_path))
-    schema = ds.schema(fetch_if_missing=True)
-    if schema is None:
-        raise DataError(f"{input_path}: the table is empty (no columns)")
+    schema = arrow_schema(ds, input_path)
     try:
-        prep.check_schema(schema.base_schema if hasattr(schema, "base_schema") else schema, input_path)
+        prep.check_schema(schema, input_path)
     except SchemaDriftError as exc:
         raise DataError(str(exc)) from None
     if id_column is not None and id_column not in schema.names:

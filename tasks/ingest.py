@@ -10,7 +10,7 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.common import retry_unless_user_error
 from trainflow.config import Config
-from trainflow.data import TableSpec, check_columns, count_rows_and_bad_labels, fingerprint, mlflow_type, read_table
+from trainflow.data import TableSpec, arrow_schema, check_columns, count_rows_and_bad_labels, fingerprint, mlflow_type, read_table
 from trainflow.errors import DataError
 from trainflow.runtime import ensure_ray
 
@@ -27,10 +27,7 @@ def ingest(config: Config) -> Ingested:
     ensure_ray()
     data = config.data
     ds, files, fs = read_table(data.path, data.format)
-    schema = ds.schema(fetch_if_missing=True)
-    if schema is None:
-        raise DataError(f"{data.path}: the table is empty (no columns)")
-    schema = schema.base_schema if hasattr(schema, "base_schema") else schema
+    schema = arrow_schema(ds, data.path)
     features, numeric, categorical = check_columns(schema, data, config.task, data.path)
     ds = ds.materialize()
     rows, bad = count_rows_and_bad_labels(ds, data.label)

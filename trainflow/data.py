@@ -77,6 +77,14 @@ def read_table(path: str, fmt: str) -> tuple[ray.data.Dataset, list[str], pafs.F
     return ds, [_with_scheme(path, f) for f in files], fs
 
 
+def arrow_schema(ds: ray.data.Dataset, source: str) -> pa.Schema:
+    """The dataset's pyarrow schema; DataError when the table has no columns at all."""
+    schema = ds.schema(fetch_if_missing=True)
+    if schema is None or not schema.names:
+        raise DataError(f"{source}: the table is empty (no columns)")
+    return schema.base_schema if hasattr(schema, "base_schema") else schema
+
+
 def fingerprint(fs: pafs.FileSystem, files: list[str], schema: pa.Schema) -> str:
     """A content hash of the input files and their schema: the same bytes give the same fingerprint."""
     h = hashlib.blake2b(digest_size=16)
