@@ -9,8 +9,8 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from tasks.common import retry_unless_user_error
-from trainflow.config import Config
-from trainflow.data import TableSpec, arrow_schema, check_columns, count_rows_and_bad_labels, fingerprint, mlflow_type, read_table
+from trainflow.config import Config, infer_format
+from trainflow.data import TableSpec, arrow_schema, check_columns, check_numeric_text, check_writable, count_rows_and_bad_labels, fingerprint, mlflow_type, read_table
 from trainflow.errors import DataError
 from trainflow.runtime import ensure_ray
 
@@ -21,6 +21,17 @@ class Ingested:
     spec: TableSpec
 
 
+def preflight_inference(config: Config, features: list[str]) -> None:
+    """Before any training: the scoring table exists with every feature column, and the output is writable."""
+    inp = config.inference.input
+    ds, _, _ = read_table(inp, infer_format(inp))
+    names = arrow_schema(ds, inp).names
+    missing = [c for c in features + ([config.data.id_column] if config.data.id_column else []) if c not in names]
+    if missing:
+        raise DataError(f"inference input {inp}: column(s) {missing} not found; columns are {names}")
+    check_writable(config.inference.output)
+
+
 @task(name="ingest", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
 def ingest(config: Config) -> Ingested:
     """Read and check the training table; compute its content fingerprint."""
@@ -29,6 +40,9 @@ def ingest(config: Config) -> Ingested:
     ds, files, fs = read_table(data.path, data.format)
     schema = arrow_schema(ds, data.path)
     features, numeric, categorical = check_columns(schema, data, config.task, data.path)
+    check_numeric_text(ds, categorical, data.path)
+    if config.inference.input:
+        preflight_inference(config, features)
     ds = ds.materialize()
     rows, bad = count_rows_and_bad_labels(ds, data.label)
     if rows == 0:

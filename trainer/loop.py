@@ -19,6 +19,7 @@ from torch import nn
 from preprocessors.tabular import FEATURES, LABEL, TabularPreprocessor
 from trainer.checkpoint import load_train_state, load_weights, read_metrics, save_checkpoint
 from trainer.model import build_model
+from trainer.recovery import append_event
 
 STOP_REASON = "stop_reason"
 CHUNK_ROWS = 65_536
@@ -156,6 +157,8 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
             optimizer.load_state_dict(state["optimizer"])
             start_epoch = int(state["epoch"]) + 1
             history = read_metrics(d)["history"]
+        if rank == 0 and loop_config.get("run_dir"):
+            append_event(loop_config["run_dir"], {"event": "resume", "epoch": start_epoch})
     model = ray.train.torch.prepare_model(model)
     # optimizer state was loaded on CPU; move it next to the (possibly GPU) parameters
     for st in optimizer.state.values():

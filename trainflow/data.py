@@ -157,6 +157,26 @@ def check_columns(schema: pa.Schema, data: DataSection, task: str, source: str) 
     return features, numeric, categorical
 
 
+def check_numeric_text(ds: ray.data.Dataset, text_columns: list[str], source: str, sample: int = 2000) -> None:
+    """A text column whose values are nearly all numbers is a numeric column with stray text: say which value."""
+    if not text_columns:
+        return
+    rows = ds.select_columns(text_columns).take(sample)
+    for col in text_columns:
+        values = [r[col] for r in rows if r[col] is not None and str(r[col]).strip() != ""]
+        bad = []
+        for v in values:
+            try:
+                float(v)
+            except ValueError:
+                bad.append(v)
+        if values and len(bad) <= 0.05 * len(values) and bad:
+            raise DataError(
+                f"{source}: column {col!r} holds numbers but also the text {bad[0]!r}; "
+                "fix or blank those values"
+            )
+
+
 def _bad_labels(batch: pa.Table, label: str) -> dict[str, np.ndarray]:
     col = batch[label]
     bad = col.null_count

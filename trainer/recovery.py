@@ -1,0 +1,63 @@
+"""A run's recovery log: worker-group failures and resumes, as JSON lines in the run's folder.
+
+Ray Train's controller calls RecoveryLog.after_exception when a worker group fails; rank 0 of the
+next attempt appends a resume event when it starts from a checkpoint. Read back, each failure is
+paired with the epoch that the run resumed from.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from ray.train import UserCallback
+
+LOG_FILE = "trainflow_events.jsonl"
+
+
+def append_event(run_dir: str, event: dict[str, Any]) -> None:
+    path = Path(run_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    with open(path / LOG_FILE, "a") as f:
+        f.write(json.dumps({"time": time.time(), **event}) + "\n")
+
+
+def read_events(run_dir: str) -> list[dict[str, Any]]:
+    path = Path(run_dir) / LOG_FILE
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text().splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut short by a killed process
+            continue
+    return events
+
+
+def recoveries(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """[{error, resumed_from_epoch}] — one per resume; a resume with no error before it followed a killed process."""
+    out, pending = [], None
+    for e in events:
+        if e.get("event") == "error":
+            pending = e["error"] if pending is None else pending
+        elif e.get("event") == "resume":
+            out.append({"error": pending or "the previous attempt ended without reporting an error (process or node killed)",
+                        "resumed_from_epoch": e["epoch"]})
+            pending = None
+    return out
+
+
+class RecoveryLog(UserCallback):
+    """Records each worker-group failure that Ray Train handles (or gives up on)."""
+
+    def __init__(self, run_dir: str):
+        self.run_dir = run_dir
+
+    def after_exception(self, run_context, worker_exceptions: dict[int, Exception]) -> None:
+        rank, exc = sorted(worker_exceptions.items())[0]
+        msg = str(exc).strip().splitlines()
+        detail = next((ln for ln in reversed(msg) if ln.strip()), type(exc).__name__)
+        append_event(self.run_dir, {"event": "error", "error": f"worker {rank}: {type(exc).__name__}: {detail}"[:500]})
