@@ -91,5 +91,5 @@ def test_unwritable_output_fails_before_training(tmp_path, capsys):
     blocker.write_text("x")
     cfg = churn_config(tmp_path, inference={"output": str(blocker / "predictions")})
     rc, err = _run(capsys, cfg)
-    assert rc == 2 and "cannot write there" in err
+    assert rc == 2 and "is a file, not a folder" in err
     assert not (tmp_path / "runs").exists()

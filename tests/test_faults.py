@@ -2,6 +2,7 @@
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,7 @@ def _faulty(marker_dir: str, fault: str):
             first = {**loop_config, "config": {**loop_config["config"], "train": {**loop_config["config"]["train"], "epochs": FAIL_AT}}}
             train_fn_per_worker(first)
             if rank == 1:
+                time.sleep(3)  # some way into epoch FAIL_AT: the controller has registered epoch 1's checkpoint
                 if fault == "kill":
                     os.kill(os.getpid(), signal.SIGKILL)
                 raise RuntimeError("injected failure in epoch 2")

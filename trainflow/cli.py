@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -110,10 +112,32 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     return batch_inference(config_path=str(Path(args.config).resolve()), overrides=overrides or None, model=args.model)
 
 
+@contextlib.contextmanager
+def _short_failure_logs(enabled: bool):
+    """Prefect and Ray log each failure with its traceback; without --debug keep just the message."""
+    if not enabled:
+        yield
+        return
+    previous = logging.getLogRecordFactory()
+
+    def factory(*args, **kwargs):
+        record = previous(*args, **kwargs)
+        if record.exc_info and record.levelno >= logging.WARNING:
+            record.exc_info, record.exc_text = None, None
+        return record
+
+    logging.setLogRecordFactory(factory)
+    try:
+        yield
+    finally:
+        logging.setLogRecordFactory(previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        summary = _run(args)
+        with _short_failure_logs(not args.debug):
+            summary = _run(args)
     except TrainflowError as exc:
         print(f"trainflow: error: {exc}", file=sys.stderr)
         return 2

@@ -273,12 +273,18 @@ def fits_in_object_store(rows: int, width: int, fraction: float = 0.3) -> bool:
 
 
 def check_writable(output: str) -> None:
-    """Fail before any work if output's parent cannot be created or written."""
+    """Fail before any work if output cannot be written; creates nothing (probes the nearest existing folder)."""
     fs, inner = filesystem_for(output)
-    parent = inner.rstrip("/").rsplit("/", 1)[0] or "/"
+    parent = inner.rstrip("/")
+    while True:
+        parent = parent.rsplit("/", 1)[0] if "/" in parent else ""
+        info = fs.get_file_info(parent or "/")
+        if info.type == pafs.FileType.Directory or not parent:
+            break
+        if info.type == pafs.FileType.File:
+            raise DataError(f"inference output {output}: {parent} is a file, not a folder")
+    probe = f"{parent}/.trainflow-write-probe-{uuid.uuid4().hex}"
     try:
-        fs.create_dir(parent, recursive=True)
-        probe = f"{parent}/.trainflow-write-probe-{uuid.uuid4().hex}"
         with fs.open_output_stream(probe):
             pass
         fs.delete_file(probe)
