@@ -12,7 +12,7 @@ from tasks.common import retry_unless_user_error
 from tasks.preprocess import Prepared
 from trainer.checkpoint import read_metrics
 from trainer.loop import STOP_REASON
-from trainer.recovery import read_events, recoveries
+from trainer.recovery import read_events, recoveries, started_from
 from trainer.runner import build_trainer, latest_epoch, run_dir
 from trainflow.config import Config
 from trainflow.errors import TrainingError
@@ -40,10 +40,9 @@ def train(prepared: Prepared, config: Config, run_name: str) -> TrainOutcome:
         run_name, config.scaling.num_workers, config.scaling.use_gpu, config.train.epochs, config.storage_path,
     )
     path = run_dir(config.to_dict(), run_name)
-    last = latest_epoch(path)
-    resumed_from = None if last is None else last + 1
-    if resumed_from is not None:
-        log.info("run %s exists: resuming from epoch %d", run_name, resumed_from)
+    seen = len(read_events(path))
+    if latest_epoch(path) is not None:
+        log.info("run %s exists in %s: resuming from its latest checkpoint", run_name, config.storage_path)
     result = trainer.fit()
     if result.metrics and result.metrics.get(STOP_REASON):
         raise TrainingError(f"training stopped: {result.metrics[STOP_REASON]}; lower train.learning_rate or check the data")
@@ -56,9 +55,10 @@ def train(prepared: Prepared, config: Config, run_name: str) -> TrainOutcome:
             history = read_metrics(d)["history"]
     if not checkpoints:
         raise TrainingError(f"run {run_name} finished without reporting a checkpoint")
+    events = read_events(path)
     final = history[-1] if history else {}
     log.info("trained %d epoch(s); last epoch: %s", len(history), {k: round(v, 4) for k, v in final.items()})
     return TrainOutcome(
         run_name=run_name, run_path=result.path, checkpoints=checkpoints, history=history,
-        resumed_from_epoch=resumed_from, recoveries=recoveries(read_events(path)),
+        resumed_from_epoch=started_from(events[seen:]), recoveries=recoveries(events),
     )

@@ -4,6 +4,7 @@ import json
 
 import mlflow
 import numpy as np
+import pyarrow as pa
 import pyarrow.dataset as pads
 import pytest
 from mlflow import MlflowClient
@@ -48,7 +49,7 @@ def _check_mlflow(summary, tracking_uri, model_name):
     assert version.run_id == run.info.run_id
 
 
-def test_retrain_classification_end_to_end(tmp_path):
+def test_retrain_classification_end_to_end(tmp_path, capsys):
     cfg_path = churn_config(tmp_path)
     summary_path = tmp_path / "summary.json"
     assert cli_main(["retrain", "--config", str(cfg_path), "--run-name", "clf-e2e", "--summary-json", str(summary_path)]) == 0
@@ -77,6 +78,18 @@ def test_retrain_classification_end_to_end(tmp_path):
     assert rc == 0
     again = pads.dataset(out2).to_table()
     assert again["prediction"].to_pylist() == out["prediction"].to_pylist()
+
+    # schema drift at inference: an unseen category fails with its column and value; the old output is intact
+    before = sorted(p.name for p in out2.iterdir())
+    drift = score.set_column(score.schema.get_field_index("plan"), "plan", pa.array(["platinum"] * score.num_rows))
+    write_parquet(drift, tmp_path / "drift" / "score.parquet")
+    rc = cli_main(["predict", "--config", str(cfg_path), "--model", summary["model_uri"],
+                   "--set", f"inference.input={tmp_path / 'drift' / 'score.parquet'}", "--set", f"inference.output={out2}"])
+    assert rc == 2
+    assert "column 'plan' has category 'platinum'" in capsys.readouterr().err
+    assert sorted(p.name for p in out2.iterdir()) == before
+    assert pads.dataset(out2).to_table()["prediction"].to_pylist() == out["prediction"].to_pylist()
+    assert not [p for p in out2.parent.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
 
 
 def test_retrain_regression_end_to_end(tmp_path):

@@ -50,6 +50,16 @@ def recoveries(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def started_from(events: list[dict[str, Any]]) -> int | None:
+    """The epoch an invocation's first attempt resumed from (None if it started fresh), given its events."""
+    for e in events:
+        if e.get("event") == "error":
+            return None
+        if e.get("event") == "resume":
+            return e["epoch"]
+    return None
+
+
 class RecoveryLog(UserCallback):
     """Records each worker-group failure that Ray Train handles (or gives up on)."""
 
