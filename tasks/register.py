@@ -14,7 +14,7 @@ from tasks.ingest import Ingested
 from tasks.select import Selected
 from tasks.train import TrainOutcome
 from trainflow.config import Config
-from trainflow.tracking import MODEL_CODE, ensure_experiment, flatten, signature_for, tracking
+from trainflow.tracking import MODEL_CODE, claim_champion_if_vacant, ensure_experiment, flatten, signature_for, tracking
 
 
 @dataclass
@@ -57,7 +57,10 @@ def register(config: Config, ingested: Ingested, outcome: TrainOutcome, selected
             pip_requirements=["torch==2.13.0", "pyarrow", "pandas", "numpy"],
             registered_model_name=config.mlflow.registered_model,
         )
-    version = str(info.registered_model_version)
+        version = str(info.registered_model_version)
+        champion = claim_champion_if_vacant(config.mlflow.registered_model, version)
     uri = f"models:/{config.mlflow.registered_model}/{version}"
-    get_run_logger().info("MLflow run %s; registered %s", run.info.run_id, uri)
+    get_run_logger().info(
+        "MLflow run %s; registered %s%s", run.info.run_id, uri, " (first version: now @champion)" if champion else ""
+    )
     return Registered(run_id=run.info.run_id, model_name=config.mlflow.registered_model, model_version=version, model_uri=uri)

@@ -71,11 +71,12 @@ def test_retrain_classification_end_to_end(tmp_path, capsys):
     got = pyfunc.predict(score.slice(0, 50).drop_columns(["customer_id"]).to_pandas())
     assert got["prediction"].tolist() == out["prediction"].to_pylist()[:50]
 
-    # batch-inference from the registered model writes the same predictions elsewhere
+    # batch-inference from the registry's @champion (the first version claims it) writes the same predictions
     out2 = tmp_path / "again"
-    rc = cli_main(["predict", "--config", str(cfg_path), "--model", summary["model_uri"],
+    rc = cli_main(["predict", "--config", str(cfg_path),
                    "--set", f"inference.output={out2}", "--summary-json", str(tmp_path / "p.json")])
     assert rc == 0
+    assert json.loads((tmp_path / "p.json").read_text())["model"] == "models:/churn-test@champion"
     again = pads.dataset(out2).to_table()
     assert again["prediction"].to_pylist() == out["prediction"].to_pylist()
 
