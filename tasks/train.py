@@ -41,7 +41,8 @@ def train(prepared: Prepared, config: Config, run_name: str) -> TrainOutcome:
     )
     path = run_dir(config.to_dict(), run_name)
     seen = len(read_events(path))
-    if latest_epoch(path) is not None:
+    existed = latest_epoch(path) is not None
+    if existed:
         log.info("run %s exists in %s: resuming from its latest checkpoint", run_name, config.storage_path)
     result = trainer.fit()
     if result.metrics and result.metrics.get(STOP_REASON):
@@ -60,5 +61,5 @@ def train(prepared: Prepared, config: Config, run_name: str) -> TrainOutcome:
     log.info("trained %d epoch(s); last epoch: %s", len(history), {k: round(v, 4) for k, v in final.items()})
     return TrainOutcome(
         run_name=run_name, run_path=result.path, checkpoints=checkpoints, history=history,
-        resumed_from_epoch=started_from(events[seen:]), recoveries=recoveries(events),
+        resumed_from_epoch=started_from(events[seen:]) if existed else None, recoveries=recoveries(events),
     )

@@ -30,6 +30,7 @@ def test_rerun_with_same_name_resumes_after_sigkill(tmp_path):
             assert proc.poll() is None, "the flow ended before it could be killed"
             time.sleep(0.5)
         assert list(run.glob("checkpoint_*/metrics.json")), "no checkpoint within 300 s"
+        time.sleep(2)  # let Ray's controller register the checkpoint it just uploaded, as it would mid-epoch
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the flow process and the local Ray it started
         proc.wait()

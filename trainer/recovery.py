@@ -51,10 +51,8 @@ def recoveries(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def started_from(events: list[dict[str, Any]]) -> int | None:
-    """The epoch an invocation's first attempt resumed from (None if it started fresh), given its events."""
+    """The first epoch resumed from among an invocation's events (None if none resumed)."""
     for e in events:
-        if e.get("event") == "error":
-            return None
         if e.get("event") == "resume":
             return e["epoch"]
     return None
