@@ -15,7 +15,7 @@ from preprocessors.tabular import SchemaDriftError, TabularPreprocessor
 from tasks.common import retry_unless_user_error
 from trainer.predict import BatchPredictor
 from trainflow.config import infer_format
-from trainflow.data import arrow_schema, check_writable, read_table, write_parquet_atomic
+from trainflow.data import arrow_schema, check_categories, check_writable, read_table, write_parquet_atomic
 from trainflow.errors import CheckpointError, DataError
 from trainflow.runtime import ensure_ray
 
@@ -73,6 +73,7 @@ def infer(
     input_rows = ds.count()
     if input_rows == 0:
         raise DataError(f"{input_path}: the table has no rows")
+    check_categories(ds, prep, input_path)
     cols = prep.feature_order + ([id_column] if id_column and id_column not in prep.feature_order else [])
     preds = ds.select_columns(cols).map_batches(
         BatchPredictor,
@@ -82,16 +83,7 @@ def infer(
         compute=ray.data.ActorPoolStrategy(size=num_actors),
         num_gpus=1 if use_gpu else 0,
     )
-    try:
-        rows = write_parquet_atomic(preds, output_path, input_rows)
-    except Exception as exc:
-        cause = exc
-        while cause is not None and not isinstance(cause, SchemaDriftError):
-            cause = cause.__cause__ or (cause.cause if hasattr(cause, "cause") else None)
-        if isinstance(cause, SchemaDriftError) or "SchemaDriftError" in str(exc):
-            msg = str(cause) if cause is not None else str(exc).split("SchemaDriftError: ", 1)[-1].splitlines()[0]
-            raise DataError(f"{input_path}: {msg}") from None
-        raise
+    rows = write_parquet_atomic(preds, output_path, input_rows)
     log.info("wrote %d predictions for %d input rows to %s", rows, input_rows, output_path)
     return Predictions(path=output_path, input_rows=input_rows, output_rows=rows)
 

@@ -13,7 +13,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import ray
 import ray.data
-from ray.data.aggregate import Count, Mean, Std, ValueCounter
+from ray.data.aggregate import Count, Mean, Std, Unique, ValueCounter
 
 from preprocessors.tabular import TabularPreprocessor, is_numeric_type, is_string_type
 from trainflow.config import DataSection, is_uri
@@ -254,6 +254,22 @@ def fit_preprocessor(train: ray.data.Dataset, spec: TableSpec, task: str) -> Tab
     )
 
 
+def check_categories(ds: ray.data.Dataset, prep: TabularPreprocessor, source: str) -> None:
+    """Schema drift in values: a text column holding a category the model never saw (one Ray Data pass)."""
+    cols = list(prep.categorical)
+    if not cols:
+        return
+    stats = ds.aggregate(*[Unique(c, ignore_nulls=True, alias_name=c) for c in cols])
+    for col in cols:
+        known = prep.categorical[col]["categories"]
+        unseen = sorted({str(v) for v in stats[col] or []} - set(known))
+        if unseen:
+            raise DataError(
+                f"{source}: column {col!r} has category {unseen[0]!r} that the model never saw in training "
+                f"({len(unseen)} unseen value(s); known: {known[:10]}{' ...' if len(known) > 10 else ''})"
+            )
+
+
 def _transform(batch: pa.Table, prep: dict, strict: bool) -> dict[str, np.ndarray]:
     return TabularPreprocessor.from_dict(prep).transform_batch(batch, strict=strict)
 
@@ -311,8 +327,10 @@ def write_parquet_atomic(ds: ray.data.Dataset, output: str, expected_rows: int) 
         if had_old:
             fs.move(inner, old)
         fs.move(tmp, inner)
-        if had_old:
-            fs.delete_dir(old) if fs.get_file_info(old).type == pafs.FileType.Directory else fs.delete_file(old)
+        if had_old and fs.get_file_info(old).type == pafs.FileType.Directory:
+            fs.delete_dir(old)
+        elif had_old:
+            fs.delete_file(old)
         return written
     finally:
         if fs.get_file_info(tmp).type != pafs.FileType.NotFound:
