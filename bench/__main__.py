@@ -2,9 +2,15 @@
 
 import sys
 
-from bench import training_parity
+from bench import demo_e2e, inference_throughput, preprocess_throughput, training_parity, tune_parallelism
 
-BENCHES = {"training-parity": training_parity.main}
+BENCHES = {
+    "training-parity": training_parity.main,
+    "preprocess-throughput": preprocess_throughput.main,
+    "inference-throughput": inference_throughput.main,
+    "tune-parallelism": tune_parallelism.main,
+    "demo-e2e": demo_e2e.main,
+}
 
 
 def main(names: list[str]) -> int:

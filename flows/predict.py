@@ -17,9 +17,6 @@ def batch_inference(config_path: str, overrides: dict[str, Any] | None = None, m
     config.require_inference()
     model_uri = model or f"models:/{config.mlflow.registered_model}@champion"
     checkpoint = resolve_checkpoint_task(model_uri, config.mlflow.tracking_uri)
-    predictions = infer(
-        checkpoint, config.inference.input, config.inference.output, config.data.id_column,
-        config.inference.batch_size, config.inference.num_actors,
-    )
+    predictions = infer(checkpoint, config)
     return {"model": model_uri, "checkpoint": checkpoint, "predictions_path": predictions.path,
             "input_rows": predictions.input_rows, "output_rows": predictions.output_rows}

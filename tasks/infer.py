@@ -14,10 +14,11 @@ from ray.data import DataContext
 from preprocessors.tabular import SchemaDriftError, TabularPreprocessor
 from tasks.common import retry_unless_user_error
 from trainer.predict import BatchPredictor
-from trainflow.config import infer_format
+from trainflow.config import Config, infer_format
 from trainflow.data import arrow_schema, check_categories, check_writable, read_table, write_parquet_atomic
 from trainflow.errors import CheckpointError, DataError
 from trainflow.runtime import ensure_ray
+from trainer.resources import check_fits
 
 
 @dataclass
@@ -50,14 +51,16 @@ def resolve_checkpoint(model: str) -> str:
 
 
 @task(name="infer", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
-def infer(
-    checkpoint_path: str, input_path: str, output_path: str, id_column: str | None, batch_size: int = 4096,
-    num_actors: int = 1, use_gpu: bool = False,
-) -> Predictions:
-    """Predict every row of input_path with the checkpoint's own preprocessor; one output row per input row."""
-    ensure_ray()
+def infer(checkpoint_path: str, config: Config) -> Predictions:
+    """Predict every row of inference.input with the checkpoint's own preprocessor; one output row per input row."""
+    config.require_inference()
+    inf, id_column = config.inference, config.data.id_column
+    input_path, output_path = inf.input, inf.output
+    ensure_ray(config.ray.address, config.ray.runtime_env)
     log = get_run_logger()
     check_writable(output_path)
+    if inf.use_gpu:
+        check_fits({"num_workers": inf.num_actors, "resources_per_worker": {"GPU": 1}, "use_gpu": True}, "inference")
     prep = TabularPreprocessor.load(checkpoint_path)
     ds, _, _ = read_table(input_path, infer_format(input_path))
     schema = arrow_schema(ds, input_path)
@@ -77,11 +80,11 @@ def infer(
     cols = prep.feature_order + ([id_column] if id_column and id_column not in prep.feature_order else [])
     preds = ds.select_columns(cols).map_batches(
         BatchPredictor,
-        fn_constructor_kwargs={"checkpoint_path": checkpoint_path, "id_column": id_column, "use_gpu": use_gpu},
-        batch_size=batch_size,
+        fn_constructor_kwargs={"checkpoint_path": checkpoint_path, "id_column": id_column, "use_gpu": inf.use_gpu},
+        batch_size=inf.batch_size,
         batch_format="pyarrow",
-        compute=ray.data.ActorPoolStrategy(size=num_actors),
-        num_gpus=1 if use_gpu else 0,
+        compute=ray.data.ActorPoolStrategy(size=inf.num_actors),
+        num_gpus=1 if inf.use_gpu else 0,
     )
     rows = write_parquet_atomic(preds, output_path, input_rows)
     log.info("wrote %d predictions for %d input rows to %s", rows, input_rows, output_path)

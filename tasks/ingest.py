@@ -12,6 +12,7 @@ from tasks.common import retry_unless_user_error
 from trainflow.config import Config, infer_format
 from trainflow.data import TableSpec, arrow_schema, check_columns, check_numeric_text, check_writable, count_rows_and_bad_labels, fingerprint, mlflow_type, read_table
 from trainflow.errors import DataError
+from trainer.resources import check_fits
 from trainflow.runtime import ensure_ray
 
 
@@ -35,7 +36,9 @@ def preflight_inference(config: Config, features: list[str]) -> None:
 @task(name="ingest", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
 def ingest(config: Config) -> Ingested:
     """Read and check the training table; compute its content fingerprint."""
-    ensure_ray()
+    config.require_workers()
+    ensure_ray(config.ray.address, config.ray.runtime_env)
+    check_fits(config.scaling.model_dump())  # seconds, not a placement group that waits forever
     data = config.data
     ds, files, fs = read_table(data.path, data.format)
     schema = arrow_schema(ds, data.path)

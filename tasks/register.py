@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import mlflow
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
 
 from preprocessors.tabular import TabularPreprocessor
 from tasks.common import retry_unless_user_error
@@ -14,7 +15,7 @@ from tasks.ingest import Ingested
 from tasks.select import Selected
 from tasks.train import TrainOutcome
 from trainflow.config import Config
-from trainflow.tracking import MODEL_CODE, claim_champion_if_vacant, ensure_experiment, flatten, signature_for, tracking
+from trainflow.tracking import MODEL_CODE, ensure_experiment, flatten, signature_for, tracking
 
 
 @dataclass
@@ -34,16 +35,19 @@ def _run(config: Config, run_name: str):
 def register(config: Config, ingested: Ingested, outcome: TrainOutcome, selected: Selected) -> Registered:
     """An MLflow run with params, per-epoch metrics and the checkpoint; a new registered model version."""
     prep = TabularPreprocessor.load(selected.path)
+    lineage = {
+        "trainflow.data_path": ingested.spec.path,
+        "trainflow.data_fingerprint": ingested.spec.fingerprint,
+        "trainflow.run_name": outcome.run_name,
+        "trainflow.storage_path": config.storage_path,
+        "trainflow.ray_run_path": outcome.run_path,
+        "trainflow.checkpoint_path": selected.uri or selected.path,
+        "trainflow.best_epoch": str(selected.epoch),
+        "trainflow.prefect_flow_run_id": str(flow_run.get_id() or ""),
+    }
     with tracking(config.mlflow.tracking_uri), _run(config, outcome.run_name) as run:
         mlflow.log_params({k: str(v)[:500] for k, v in flatten(config.to_dict()).items()})
-        mlflow.set_tags(
-            {
-                "trainflow.run_name": outcome.run_name,
-                "trainflow.data_fingerprint": ingested.spec.fingerprint,
-                "trainflow.ray_run_path": outcome.run_path,
-                "trainflow.best_epoch": str(selected.epoch),
-            }
-        )
+        mlflow.set_tags(lineage)
         for row in outcome.history:
             step = int(row["epoch"])
             mlflow.log_metrics({k: float(v) for k, v in row.items() if k != "epoch"}, step=step)
@@ -58,9 +62,9 @@ def register(config: Config, ingested: Ingested, outcome: TrainOutcome, selected
             registered_model_name=config.mlflow.registered_model,
         )
         version = str(info.registered_model_version)
-        champion = claim_champion_if_vacant(config.mlflow.registered_model, version)
+        client = mlflow.MlflowClient()
+        for key, value in lineage.items():
+            client.set_model_version_tag(config.mlflow.registered_model, version, key, value)
     uri = f"models:/{config.mlflow.registered_model}/{version}"
-    get_run_logger().info(
-        "MLflow run %s; registered %s%s", run.info.run_id, uri, " (first version: now @champion)" if champion else ""
-    )
+    get_run_logger().info("MLflow run %s; registered %s", run.info.run_id, uri)
     return Registered(run_id=run.info.run_id, model_name=config.mlflow.registered_model, model_version=version, model_uri=uri)

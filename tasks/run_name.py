@@ -14,7 +14,7 @@ VALID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 @task(name="run-name", cache_policy=NO_CACHE)
-def resolve_run_name(requested: str | None) -> str:
+def resolve_run_name(requested: str | None, prefix: str = "retrain") -> str:
     """The requested name, or one derived from the flow run's id (the same on every retry of that run)."""
     if requested is not None:
         if not VALID.match(requested):
@@ -23,4 +23,4 @@ def resolve_run_name(requested: str | None) -> str:
     run_id = flow_run.get_id() or ""
     started = flow_run.get_scheduled_start_time()
     stamp = started.strftime("%Y%m%d-%H%M%S") if started else "local"
-    return f"retrain-{stamp}-{str(run_id)[:8]}"
+    return f"{prefix}-{stamp}-{str(run_id)[:8]}"

@@ -12,14 +12,16 @@ from tasks.train import TrainOutcome
 from trainer.checkpoint import load_servable, metric_value
 from trainflow.config import Config
 from trainflow.errors import CheckpointError
+from trainflow.storage import localize
 
 
 @dataclass
 class Selected:
-    path: str
+    path: str  # a local folder (a download when the run lives in remote storage)
     epoch: int
     metrics: dict[str, Any]
     skipped: list[dict[str, str]]
+    uri: str = ""  # where the checkpoint lives in storage_path
 
 
 def rank_checkpoints(checkpoints: list[dict[str, Any]], metric: str, mode: str) -> tuple[list[dict], list[dict]]:
@@ -42,7 +44,8 @@ def select(outcome: TrainOutcome, config: Config) -> Selected:
     candidates, skipped = rank_checkpoints(outcome.checkpoints, metric, mode)
     for c in candidates:
         try:
-            load_servable(c["path"])
+            local = localize(c["path"])
+            load_servable(local)
         except Exception as exc:  # noqa: BLE001 - a truncated file raises anything from EOFError to RuntimeError
             skipped.append({"path": c["path"], "reason": f"cannot be loaded: {type(exc).__name__}: {exc}"})
             log.warning("skipping checkpoint %s: cannot be loaded (%s)", c["path"], exc)
@@ -50,6 +53,6 @@ def select(outcome: TrainOutcome, config: Config) -> Selected:
         for s in skipped:
             log.warning("skipped checkpoint %s: %s", s["path"], s["reason"])
         log.info("selected epoch %d: %s = %.5g (%s)", c["epoch"], metric, metric_value(c["metrics"], metric), c["path"])
-        return Selected(path=c["path"], epoch=c["epoch"], metrics=c["metrics"], skipped=skipped)
+        return Selected(path=local, epoch=c["epoch"], metrics=c["metrics"], skipped=skipped, uri=c["path"])
     reasons = "; ".join(f"{s['path']}: {s['reason']}" for s in skipped) or "no checkpoints were kept"
     raise CheckpointError(f"run {outcome.run_name} has no usable checkpoint by {metric}: {reasons}")

@@ -9,14 +9,23 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.infer import Predictions
 from tasks.ingest import Ingested
+from tasks.promote import Promotion
 from tasks.register import Registered
 from tasks.select import Selected
+from tasks.split import Split
 from tasks.train import TrainOutcome
 
 
 @task(name="summarize", cache_policy=NO_CACHE)
 def summarize(
-    ingested: Ingested, outcome: TrainOutcome, selected: Selected, registered: Registered, predictions: Predictions | None
+    ingested: Ingested,
+    parts: Split,
+    outcome: TrainOutcome,
+    selected: Selected,
+    registered: Registered,
+    promotion: Promotion,
+    predictions: Predictions | None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything a person or a script needs to know about the run, as plain data."""
     return {
@@ -24,17 +33,22 @@ def summarize(
         "data_path": ingested.spec.path,
         "data_fingerprint": ingested.spec.fingerprint,
         "training_rows": ingested.spec.rows,
+        "train_rows": parts.train_rows,
+        "validation_rows": parts.val_rows,
         "ray_run_path": outcome.run_path,
         "epochs_run": len(outcome.history),
         "resumed_from_epoch": outcome.resumed_from_epoch,
         "recoveries": outcome.recoveries,
-        "best_checkpoint": {"path": selected.path, "epoch": selected.epoch, "metrics": selected.metrics},
+        "best_checkpoint": {"path": selected.path, "uri": selected.uri or selected.path, "epoch": selected.epoch, "metrics": selected.metrics},
         "skipped_checkpoints": selected.skipped,
         "mlflow_run_id": registered.run_id,
         "registered_model": registered.model_name,
         "model_version": registered.model_version,
         "model_uri": registered.model_uri,
+        "promotion": promotion.record(),
         "predictions_path": predictions.path if predictions else None,
         "input_rows": predictions.input_rows if predictions else None,
         "output_rows": predictions.output_rows if predictions else None,
+        "predictions_model_version": promotion.serving_version if predictions else None,
+        **(extra or {}),
     }

@@ -13,10 +13,12 @@ from tasks.preprocess import Prepared
 from trainer.checkpoint import read_metrics
 from trainer.loop import STOP_REASON
 from trainer.recovery import read_events, recoveries, started_from
+from trainer.resources import check_fits
 from trainer.runner import build_trainer, latest_epoch, run_dir
 from trainflow.config import Config
 from trainflow.errors import TrainingError
 from trainflow.runtime import ensure_ray
+from trainflow.storage import with_scheme
 
 
 @dataclass
@@ -32,7 +34,8 @@ class TrainOutcome:
 @task(name="train", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
 def train(prepared: Prepared, config: Config, run_name: str) -> TrainOutcome:
     """Fit with TorchTrainer; a rerun with the same run_name resumes from its latest checkpoint."""
-    ensure_ray()
+    ensure_ray(config.ray.address, config.ray.runtime_env)
+    check_fits(config.scaling.model_dump())
     log = get_run_logger()
     trainer = build_trainer(config.to_dict(), prepared.preprocessor, prepared.train, prepared.val, run_name)
     log.info(
@@ -49,7 +52,8 @@ def train(prepared: Prepared, config: Config, run_name: str) -> TrainOutcome:
         raise TrainingError(f"training stopped: {result.metrics[STOP_REASON]}; lower train.learning_rate or check the data")
     checkpoints = []
     for ckpt, metrics in result.best_checkpoints or []:
-        checkpoints.append({"path": ckpt.path, "epoch": int(metrics.get("epoch", -1)), "metrics": dict(metrics)})
+        uri = with_scheme(config.storage_path, ckpt.path)  # Ray gives paths inside the storage filesystem
+        checkpoints.append({"path": uri, "epoch": int(metrics.get("epoch", -1)), "metrics": dict(metrics)})
     history: list[dict[str, float]] = []
     if result.checkpoint is not None:
         with result.checkpoint.as_directory() as d:
@@ -60,6 +64,6 @@ def train(prepared: Prepared, config: Config, run_name: str) -> TrainOutcome:
     final = history[-1] if history else {}
     log.info("trained %d epoch(s); last epoch: %s", len(history), {k: round(v, 4) for k, v in final.items()})
     return TrainOutcome(
-        run_name=run_name, run_path=result.path, checkpoints=checkpoints, history=history,
+        run_name=run_name, run_path=path, checkpoints=checkpoints, history=history,
         resumed_from_epoch=started_from(events[seen:]) if existed else None, recoveries=recoveries(events),
     )

@@ -41,6 +41,9 @@ def _with_table(tmp_path, table):
         ("one_class", "only one class"),
         ("score_missing_column", "inference input"),
         ("bad_config_key", "train.epochz: unknown key"),
+        ("local_mode", "scaling.num_workers: the retrain pipeline needs at least 1 Ray Train worker"),
+        ("gpu_without_gpus", "asks for 2 worker(s) x (CPU 1, GPU 1) but this cluster can place only 0"),
+        ("too_many_workers", "asks for 5 worker(s) x (CPU 1) but this cluster can place only 2 (node 0: CPU 2)"),
     ],
 )
 def test_bad_training_input(tmp_path, capsys, case, needle):
@@ -64,6 +67,12 @@ def test_bad_training_input(tmp_path, capsys, case, needle):
     elif case == "score_missing_column":
         cfg = churn_config(tmp_path)
         write_parquet(make_churn_table(50, seed=3, with_label=False).drop_columns(["region"]), tmp_path / "data" / "score.parquet")
+    elif case == "gpu_without_gpus":
+        cfg = churn_config(tmp_path, scaling={"num_workers": 2, "use_gpu": True})
+    elif case == "too_many_workers":
+        cfg = churn_config(tmp_path, scaling={"num_workers": 5})
+    elif case == "local_mode":
+        cfg = churn_config(tmp_path, scaling={"num_workers": 0})
     else:
         cfg = churn_config(tmp_path, train={"epochz": 3})
     rc, err = _run(capsys, cfg)

@@ -1,6 +1,7 @@
 """End-to-end local flow runs of `retrain` and `batch-inference` with 2 Ray Train workers."""
 
 import json
+from pathlib import Path
 
 import mlflow
 import numpy as np
@@ -8,6 +9,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pytest
 from mlflow import MlflowClient
+from prefect.artifacts import Artifact
 
 from tests.conftest import churn_config, make_regression_table, write_config, write_parquet
 from trainer.checkpoint import load_servable, read_metrics
@@ -64,6 +66,10 @@ def test_retrain_classification_end_to_end(tmp_path, capsys):
     np.testing.assert_allclose(out["proba_0"].to_numpy() + out["proba_1"].to_numpy(), 1.0, rtol=1e-6)
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
     _check_mlflow(summary, tracking, "churn-test")
+    # the first model becomes champion; the gate's score on the holdout is the train loop's own val_loss
+    promo = summary["promotion"]
+    assert (promo["decision"], promo["champion_version"], promo["serving_version"]) == ("promoted", None, "1")
+    assert promo["challenger_score"] == pytest.approx(summary["best_checkpoint"]["metrics"]["val_loss"], rel=1e-4)
 
     # the registered model serves through MLflow's pyfunc API with the same predictions
     with tracking_uri(tracking):
@@ -111,4 +117,39 @@ def test_retrain_regression_end_to_end(tmp_path):
     summary = retrain(config_path=str(cfg_path), run_name="reg-e2e")
     assert summary["best_checkpoint"]["metrics"]["val_r2"] > 0.7
     _check_common(summary, "val_r2", "max", score, "row id")
-    _check_mlflow(summary, f"sqlite:///{tmp_path / 'mlflow.db'}", "reg-test")
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    _check_mlflow(summary, tracking, "reg-test")
+    first_predictions = pads.dataset(summary["predictions_path"]).to_table()
+    assert summary["promotion"]["decision"] == "promoted"
+
+    # a deliberately worse challenger (one epoch at a tiny learning rate) is registered but not promoted;
+    # @champion stays on version 1 and the flow's predictions still come from it
+    worse = retrain(config_path=str(cfg_path), run_name="reg-worse",
+                    overrides={"train.epochs": 1, "train.learning_rate": 1e-6})
+    promo = worse["promotion"]
+    assert worse["model_version"] == "2"
+    assert promo["decision"] == "not_promoted", promo
+    assert promo["champion_version"] == "1" and promo["serving_version"] == "1"
+    assert promo["challenger_score"] < promo["champion_score"]  # val_r2: higher is better
+    assert promo["champion_score"] == pytest.approx(summary["best_checkpoint"]["metrics"]["val_r2"], rel=1e-4)
+    assert worse["predictions_model_version"] == "1"
+    again = pads.dataset(worse["predictions_path"]).to_table()
+    assert again["prediction"].to_pylist() == pytest.approx(first_predictions["prediction"].to_pylist(), rel=1e-6)
+    client = MlflowClient(tracking_uri=tracking)
+    assert str(client.get_model_version_by_alias("reg-test", "champion").version) == "1"
+    v2 = client.get_model_version("reg-test", "2")
+    assert v2.tags["trainflow.promotion.decision"] == "not_promoted"
+    assert v2.tags["trainflow.data_fingerprint"] == worse["data_fingerprint"]
+    assert v2.tags["trainflow.run_name"] == "reg-worse"
+    assert v2.tags["trainflow.ray_run_path"] == worse["ray_run_path"]
+    assert v2.tags["trainflow.prefect_flow_run_id"]
+    run = client.get_run(worse["mlflow_run_id"])
+    assert run.data.tags["trainflow.promotion.reason"] == promo["reason"]
+    assert "loss_curve.png" in [a.path for a in client.list_artifacts(run.info.run_id)]
+    # what a person looks at in Prefect: the model card, the per-epoch metrics table and the loss curve
+    card = Artifact.get("reg-test-model-card")
+    assert "not_promoted" in card.data and worse["data_fingerprint"] in card.data and worse["ray_run_path"] in card.data
+    table = json.loads(Artifact.get("reg-test-epoch-metrics").data)
+    assert [row["epoch"] for row in table] == [0]
+    curve = Artifact.get("reg-test-loss-curve").data
+    assert curve.endswith("reg-worse/loss_curve.png") and Path(curve.removeprefix("file://")).stat().st_size > 1000

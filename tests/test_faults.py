@@ -1,79 +1,36 @@
-"""Real faults: a worker raises, a worker is SIGKILLed, a checkpoint file is truncated."""
+"""Real faults: a worker raises, is SIGKILLed, hangs; a checkpoint file is truncated."""
 
-import os
-import signal
-import time
 from pathlib import Path
 
 import pytest
-import ray.data
 import torch
 
-from tests.conftest import make_regression_table
+from tests.faults import EPOCHS, small_run, successive_faults
 from trainer.checkpoint import read_metrics, save_checkpoint
-from trainer.loop import train_fn_per_worker
 from trainer.model import build_model
 from trainer.recovery import read_events, recoveries
 from trainer.runner import build_trainer, run_dir
 from trainflow.config import config_from_dict
-from trainflow.data import TableSpec, apply_preprocessor, check_columns, fit_preprocessor
-
-EPOCHS, FAIL_AT = 4, 2
-
-
-def _setup(tmp_path):
-    table = make_regression_table(1200)
-    cfg = config_from_dict({
-        "data": {"path": "mem", "label": "target y", "id_column": "row id"}, "task": "regression",
-        "train": {"epochs": EPOCHS, "batch_size": 64, "learning_rate": 0.01},
-        "scaling": {"num_workers": 2}, "checkpoint": {"num_to_keep": 2}, "failure": {"max_failures": 2},
-        "storage_path": str(tmp_path / "runs"),
-    }, base_dir=tmp_path)
-    features, numeric, cat = check_columns(table.schema, cfg.data, "regression", "mem")
-    spec = TableSpec("mem", [], "target y", "row id", numeric, cat, table.num_rows, "", features)
-    train, val = ray.data.from_arrow(table.slice(0, 1000)), ray.data.from_arrow(table.slice(1000))
-    prep = fit_preprocessor(train, spec, "regression")
-    return cfg.to_dict(), prep, apply_preprocessor(train, prep).materialize(), apply_preprocessor(val, prep).materialize()
-
-
-def _faulty(marker_dir: str, fault: str):
-    def train_fn(loop_config):
-        rank = ray.train.get_context().get_world_rank()
-        marker = Path(marker_dir) / f"faulted-{rank}"
-        if not marker.exists():
-            marker.touch()
-            # train the first FAIL_AT epochs for real (checkpoints reported), then fail inside epoch FAIL_AT
-            first = {**loop_config, "config": {**loop_config["config"], "train": {**loop_config["config"]["train"], "epochs": FAIL_AT}}}
-            train_fn_per_worker(first)
-            if rank == 1:
-                time.sleep(3)  # some way into epoch FAIL_AT: the controller has registered epoch 1's checkpoint
-                if fault == "kill":
-                    os.kill(os.getpid(), signal.SIGKILL)
-                raise RuntimeError("injected failure in epoch 2")
-            ray.train.report({"epoch": FAIL_AT, "waiting": 1.0})  # blocks until the group is torn down
-        return train_fn_per_worker(loop_config)
-
-    return train_fn
 
 
 @pytest.mark.e2e
 @pytest.mark.usefixtures("ray_local")
-@pytest.mark.parametrize("fault", ["raise", "kill"])
-def test_worker_failure_resumes_at_the_failed_epoch(tmp_path, fault):
-    cfg, prep, train, val = _setup(tmp_path)
-    name = f"fault-{fault}"
-    trainer = build_trainer(cfg, prep, train, val, name, train_fn=_faulty(str(tmp_path), fault))
+def test_successive_worker_faults_each_resume_where_they_stopped(tmp_path):
+    # one run survives a worker that raises (epoch 1), one SIGKILLed (epoch 2) and one that hangs (epoch 3)
+    cfg, prep, train, val = small_run(tmp_path, hang_timeout_s=15.0, max_failures=3)
+    trainer = build_trainer(cfg, prep, train, val, "faults", train_fn=successive_faults(str(tmp_path)))
     result = trainer.fit()
     with result.checkpoint.as_directory() as d:
         history = read_metrics(d)["history"]
-    # every epoch ran exactly once: epochs 0-1 before the fault, 2-3 after the resume
+    # every epoch ran exactly once
     assert [h["epoch"] for h in history] == list(range(EPOCHS))
-    events = read_events(run_dir(cfg, name))
-    assert [e["epoch"] for e in events if e["event"] == "resume"] == [FAIL_AT]
-    rec = recoveries(events)
-    assert len(rec) == 1 and rec[0]["resumed_from_epoch"] == FAIL_AT
-    if fault == "raise":
-        assert "injected failure" in rec[0]["error"]
+    events = read_events(run_dir(cfg, "faults"))
+    assert [e["epoch"] for e in events if e["event"] == "resume"] == [1, 2, 3]
+    raised, killed, hung = recoveries(events)
+    assert (raised["resumed_from_epoch"], killed["resumed_from_epoch"], hung["resumed_from_epoch"]) == (1, 2, 3)
+    assert "injected failure in epoch 1" in raised["error"]
+    assert "died" in killed["error"] or "dead" in killed["error"]
+    assert "no progress for" in hung["error"] and "hang_timeout_s=15" in hung["error"]
 
 
 @pytest.mark.usefixtures("prefect_harness")

@@ -20,6 +20,7 @@ from preprocessors.tabular import FEATURES, LABEL, TabularPreprocessor
 from trainer.checkpoint import load_train_state, load_weights, read_metrics, save_checkpoint
 from trainer.model import build_model
 from trainer.recovery import append_event
+from trainer.watchdog import heartbeat
 
 STOP_REASON = "stop_reason"
 CHUNK_ROWS = 65_536
@@ -60,6 +61,7 @@ def iter_minibatches(shard, batch_size: int, device, chunk_rows: int = CHUNK_ROW
     """
     chunk = max(1, chunk_rows // batch_size) * batch_size
     for batch in shard.iter_torch_batches(batch_size=chunk, device=device, prefetch_batches=1):
+        heartbeat()
         x, y = batch[FEATURES], batch[LABEL]
         for i in range(0, len(y), batch_size):
             yield x[i : i + batch_size], y[i : i + batch_size]
@@ -159,6 +161,12 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
             history = read_metrics(d)["history"]
         if rank == 0 and loop_config.get("run_dir"):
             append_event(loop_config["run_dir"], {"event": "resume", "epoch": start_epoch})
+    if loop_config.get("run_dir"):
+        # which node each rank ran on, per attempt: where a run spread, and where it restarted after a failure
+        append_event(loop_config["run_dir"], {
+            "event": "worker_start", "rank": rank, "node_id": ray.get_runtime_context().get_node_id(),
+            "from_epoch": start_epoch,
+        })
     model = ray.train.torch.prepare_model(model)
     # optimizer state was loaded on CPU; move it next to the (possibly GPU) parameters
     for st in optimizer.state.values():
@@ -170,6 +178,7 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
     train_shard = ray.train.get_dataset_shard("train")
     val_shard = ray.train.get_dataset_shard("val")
     for epoch in range(start_epoch, epochs):
+        heartbeat(f"the start of epoch {epoch}")
         # Seeding per (seed, epoch, rank) makes dropout identical whether an epoch runs fresh or after a resume.
         torch.manual_seed(seed * 100_003 + epoch * 1009 + rank)
         t0 = time.perf_counter()
@@ -188,4 +197,5 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
                 save_checkpoint(tmp, model, optimizer, epoch, seed, metrics, history, loop_config["preprocessor"], cfg)
                 ckpt = ray.train.Checkpoint.from_directory(tmp)
             ray.train.report(metrics, checkpoint=ckpt)
+        heartbeat(f"the report of epoch {epoch}")
     return history

@@ -30,3 +30,21 @@ class BatchPredictor:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         return predict_table(self.servable, batch, self.id_column, self.device)
+
+
+def predict_dataset(
+    ds, checkpoint_path: str, id_column: str | None, feature_order: list[str], batch_size: int = 4096,
+    num_actors: int = 1, use_gpu: bool = False,
+):
+    """Lazily predict every row of a Ray Dataset with a pool of BatchPredictor actors (model loaded once each)."""
+    import ray.data
+
+    cols = feature_order + ([id_column] if id_column and id_column not in feature_order else [])
+    return ds.select_columns(cols).map_batches(
+        BatchPredictor,
+        fn_constructor_kwargs={"checkpoint_path": checkpoint_path, "id_column": id_column, "use_gpu": use_gpu},
+        batch_size=batch_size,
+        batch_format="pyarrow",
+        compute=ray.data.ActorPoolStrategy(size=num_actors),
+        num_gpus=1 if use_gpu else 0,
+    )

@@ -1,4 +1,4 @@
-"""A run's recovery log: worker-group failures and resumes, as JSON lines in the run's folder.
+"""A run's recovery log: worker-group failures, hangs and resumes, one small JSON file per event.
 
 Ray Train's controller calls RecoveryLog.after_exception when a worker group fails; rank 0 of the
 next attempt appends a resume event when it starts from a checkpoint. Read back, each failure is
@@ -9,30 +9,33 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
+import uuid
 from typing import Any
 
 from ray.train import UserCallback
 
-LOG_FILE = "trainflow_events.jsonl"
+from trainflow.storage import join, list_dir, read_text, write_text
+
+EVENTS_DIR = "trainflow_events"
 
 
 def append_event(run_dir: str, event: dict[str, Any]) -> None:
-    path = Path(run_dir)
-    path.mkdir(parents=True, exist_ok=True)
-    with open(path / LOG_FILE, "a") as f:
-        f.write(json.dumps({"time": time.time(), **event}) + "\n")
+    """Record an event under <run_dir>/trainflow_events/ (local or a storage URI; object stores cannot append)."""
+    now = time.time()
+    name = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json"
+    write_text(join(run_dir, EVENTS_DIR, name), json.dumps({"time": now, **event}))
 
 
 def read_events(run_dir: str) -> list[dict[str, Any]]:
-    path = Path(run_dir) / LOG_FILE
-    if not path.exists():
-        return []
+    """The run's events in the order they happened."""
+    folder = join(run_dir, EVENTS_DIR)
     events = []
-    for line in path.read_text().splitlines():
+    for name, is_dir in sorted(list_dir(folder)):
+        if is_dir or not name.endswith(".json"):
+            continue
         try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut short by a killed process
+            events.append(json.loads(read_text(join(folder, name))))
+        except (OSError, json.JSONDecodeError):  # a file cut short by a killed process
             continue
     return events
 
@@ -41,7 +44,8 @@ def recoveries(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """[{error, resumed_from_epoch}] — one per resume; a resume with no error before it followed a killed process."""
     out, pending = [], None
     for e in events:
-        if e.get("event") == "error":
+        if e.get("event") in ("error", "hang"):
+            # a hang is logged by the watchdog before Ray reports the killed worker; keep the first cause
             pending = e["error"] if pending is None else pending
         elif e.get("event") == "resume":
             out.append({"error": pending or "the previous attempt ended without reporting an error (process or node killed)",

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import json
 from typing import Any
 
 import ray.data
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-from ray.train.torch import TorchTrainer
+from ray.train.torch import TorchConfig, TorchTrainer
 
 from preprocessors.tabular import TabularPreprocessor
-from trainer.checkpoint import read_metrics
+from trainer.checkpoint import METRICS_FILE
 from trainer.loop import TrainValDataConfig, train_fn_per_worker
 from trainer.recovery import RecoveryLog
+from trainer.watchdog import Watched
+from trainflow.storage import join, list_dir, read_text
 
 
 def scaling_config(scaling: dict[str, Any]) -> ScalingConfig:
@@ -22,23 +24,38 @@ def scaling_config(scaling: dict[str, Any]) -> ScalingConfig:
         use_gpu=scaling["use_gpu"],
         resources_per_worker=scaling.get("resources_per_worker"),
         accelerator_type=scaling.get("accelerator_type"),
+        placement_strategy=scaling.get("placement_strategy", "PACK"),
     )
+
+
+def torch_config(scaling: dict[str, Any]) -> TorchConfig:
+    """The process-group backend: scaling.backend, else Ray's default (NCCL with GPUs, Gloo without)."""
+    return TorchConfig(backend=scaling.get("backend"))
 
 
 def run_dir(config: dict[str, Any], run_name: str) -> str:
     """Where Ray Train keeps this run: checkpoints, its state, and trainflow's recovery log."""
-    return config["storage_path"].rstrip("/") + "/" + run_name
+    return join(config["storage_path"], run_name)
+
+
+def checkpoints_on_disk(run_path: str) -> list[dict[str, Any]]:
+    """The run's readable checkpoints as {"path", "epoch", "metrics"}, oldest epoch first (local or URI)."""
+    found = []
+    for name, is_dir in list_dir(run_path):
+        if not (is_dir and name.startswith("checkpoint_")):
+            continue
+        path = join(run_path, name)
+        try:
+            meta = json.loads(read_text(join(path, METRICS_FILE)))
+            found.append({"path": path, "epoch": int(meta["epoch"]), "metrics": dict(meta["metrics"])})
+        except (OSError, ValueError, KeyError):
+            continue
+    return sorted(found, key=lambda c: c["epoch"])
 
 
 def latest_epoch(run_path: str) -> int | None:
     """The highest epoch among the run's readable checkpoints, or None for a new run."""
-    epochs = []
-    for d in Path(run_path).glob("checkpoint_*"):
-        try:
-            epochs.append(int(read_metrics(d)["epoch"]))
-        except (OSError, ValueError, KeyError):
-            continue
-    return max(epochs, default=None)
+    return max((c["epoch"] for c in checkpoints_on_disk(run_path)), default=None)
 
 
 def build_trainer(
@@ -49,13 +66,15 @@ def build_trainer(
     run_name: str,
     storage_filesystem=None,
     train_fn=train_fn_per_worker,
+    callbacks: list | None = None,
 ) -> TorchTrainer:
     """A TorchTrainer whose run resumes when built again with the same storage_path and run_name."""
     ckpt = config["checkpoint"]
     return TorchTrainer(
-        train_fn,
+        Watched(train_fn, config["failure"].get("hang_timeout_s")),
         train_loop_config={"config": config, "preprocessor": preprocessor.to_dict(), "run_dir": run_dir(config, run_name)},
         scaling_config=scaling_config(config["scaling"]),
+        torch_config=torch_config(config["scaling"]),
         datasets={"train": train_ds, "val": val_ds},
         dataset_config=TrainValDataConfig(),
         run_config=RunConfig(
@@ -68,6 +87,7 @@ def build_trainer(
                 checkpoint_score_order=ckpt["mode"],
             ),
             failure_config=FailureConfig(max_failures=config["failure"]["max_failures"]),
-            callbacks=[RecoveryLog(run_dir(config, run_name))],
+            callbacks=[RecoveryLog(run_dir(config, run_name)), *(callbacks or [])],
+            worker_runtime_env={"env_vars": dict(config["scaling"].get("env_vars") or {})},
         ),
     )

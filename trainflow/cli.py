@@ -45,11 +45,20 @@ def format_summary(s: dict[str, Any]) -> str:
         "  validation        " + ", ".join(f"{k}={v:.4f}" for k, v in shown.items()),
         f"  mlflow            run {s.get('mlflow_run_id')}, model {s.get('model_uri')}",
     ]
+    if s.get("trials"):
+        b = s.get("best_trial") or {}
+        lines.append(
+            f"  sweep             {len(s['trials'])} trials, {s.get('max_concurrent_trials')} at a time; "
+            f"best {b.get('trial_id')} {b.get('params')}"
+        )
     if s.get("promotion"):
         p = s["promotion"]
         lines.append(f"  promotion         {p.get('decision')}: {p.get('reason')}")
     if s.get("predictions_path"):
-        lines.append(f"  predictions       {s['predictions_path']} ({s.get('output_rows')} rows for {s.get('input_rows')} inputs)")
+        lines.append(
+            f"  predictions       {s['predictions_path']} ({s.get('output_rows')} rows for {s.get('input_rows')} inputs, "
+            f"model version {s.get('predictions_model_version')})"
+        )
     return "\n".join(lines)
 
 
@@ -64,11 +73,22 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key (YAML value)")
     r.add_argument("--summary-json")
 
+    t = sub.add_parser("tune", help="Ray Tune sweep over the config's tune.search_space, then register the best")
+    t.add_argument("--config", required=True)
+    t.add_argument("--run-name", help="sweep name; an existing name resumes that sweep")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    t.add_argument("--summary-json")
+
     pr = sub.add_parser("predict", help="batch inference with a registered model or a checkpoint")
     pr.add_argument("--config", required=True)
     pr.add_argument("--model", help="models:/name@alias, models:/name/version, runs:/... or a checkpoint folder")
     pr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     pr.add_argument("--summary-json")
+
+    sv = sub.add_parser("serve", help="serve deployments/prefect.yaml's deployments in this process (flow.serve)")
+    sv.add_argument("--config", help="config_path for every served deployment (default: each one's own)")
+    sv.add_argument("--prefect-file", help="deployment file (default: the checkout's deployments/prefect.yaml)")
+    sv.add_argument("--limit", type=int, help="at most this many flow runs at once")
 
     s = sub.add_parser("sample", help="write the bundled synthetic sample tables")
     s.add_argument("--out", default="data/sample")
@@ -101,12 +121,24 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
         return None
     from trainflow.config import load_config
 
+    if args.command == "serve":
+        from flows.serve import PREFECT_FILE, serve_all
+
+        if args.config:
+            load_config(args.config)
+        serve_all(args.prefect_file or PREFECT_FILE, args.config, args.limit)
+        return None
     overrides = _overrides(args.set)
     load_config(args.config, overrides)  # fail fast on a bad config, before Prefect and Ray start
     if args.command == "retrain":
         from flows.retrain import retrain
 
         return retrain(config_path=str(Path(args.config).resolve()), overrides=overrides or None, run_name=args.run_name)
+    if args.command == "tune":
+        from flows.tune import tune
+
+        load_config(args.config, overrides).require_tune()
+        return tune(config_path=str(Path(args.config).resolve()), overrides=overrides or None, run_name=args.run_name)
     from flows.predict import batch_inference
 
     return batch_inference(config_path=str(Path(args.config).resolve()), overrides=overrides or None, model=args.model)

@@ -12,14 +12,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainflow.errors import ConfigError
+from trainflow.storage import is_uri
 
 CLASSIFICATION_METRICS = {"val_loss": "min", "train_loss": "min", "val_accuracy": "max", "val_f1": "max", "val_roc_auc": "max"}
 REGRESSION_METRICS = {"val_loss": "min", "train_loss": "min", "val_rmse": "min", "val_mae": "min", "val_r2": "max"}
-
-
-def is_uri(path: str) -> bool:
-    """True for 's3://bucket/key'-style locations that pyarrow.fs resolves, False for local paths."""
-    return "://" in path and not path.startswith("file://")
 
 
 class _Section(BaseModel):
@@ -80,11 +76,31 @@ class TrainSection(_Section):
         return v
 
 
+DEPRECATED_SCALING = {
+    "trainer_resources": "Ray 2.60 (Train V2) runs the trainer's controller with 0 CPUs and rejects "
+    "trainer_resources; remove it and put what each worker needs in scaling.resources_per_worker",
+    "max_retries": "use failure.max_failures",
+}
+
+
 class ScalingSection(_Section):
     num_workers: int = Field(2, ge=0)
     use_gpu: bool = False
     resources_per_worker: dict[str, float] | None = None
     accelerator_type: str | None = None
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    backend: Literal["gloo", "nccl", "hccl"] | None = None
+    env_vars: dict[str, str] = Field(default_factory=dict)
+    wait_for_resources: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deprecated(cls, raw: Any) -> Any:
+        if isinstance(raw, dict):
+            for key, instead in DEPRECATED_SCALING.items():
+                if key in raw:
+                    raise ValueError(f"{key} is not supported: {instead}")
+        return raw
 
     @model_validator(mode="after")
     def _gpu_needs_use_gpu(self) -> ScalingSection:
@@ -94,7 +110,43 @@ class ScalingSection(_Section):
                 raise ValueError(f"resources_per_worker.{key}: must be >= 0, got {val}")
         if res.get("GPU", 0) > 0 and not self.use_gpu:
             raise ValueError("resources_per_worker.GPU is set but use_gpu is false; set scaling.use_gpu: true")
+        if self.backend == "nccl" and not self.use_gpu:
+            raise ValueError("backend: nccl needs GPUs; set scaling.use_gpu: true or use gloo")
         return self
+
+
+SEARCH_KINDS = {"loguniform": 2, "uniform": 2, "randint": 2, "choice": None, "grid": None}
+
+
+class TuneSection(_Section):
+    num_samples: int = Field(4, ge=1)
+    max_concurrent_trials: int | None = Field(None, ge=1)
+    metric: str | None = None
+    mode: Literal["min", "max"] | None = None
+    scheduler: Literal["asha", "fifo"] = "asha"
+    grace_period: int = Field(1, ge=1)
+    reduction_factor: float = Field(2.0, gt=1.0)
+    search_space: dict[str, dict[str, list[Any]]] = Field(default_factory=dict)
+
+    @field_validator("search_space")
+    @classmethod
+    def _known_kinds(cls, space: dict[str, dict[str, list[Any]]]) -> dict[str, dict[str, list[Any]]]:
+        for key, spec in space.items():
+            if len(spec) != 1 or next(iter(spec)) not in SEARCH_KINDS:
+                raise ValueError(f"{key}: give exactly one of {sorted(SEARCH_KINDS)}, e.g. {{loguniform: [0.0001, 0.01]}}")
+            kind, args = next(iter(spec.items()))
+            if not isinstance(args, list) or not args or (SEARCH_KINDS[kind] and len(args) != SEARCH_KINDS[kind]):
+                raise ValueError(f"{key}.{kind}: expected a list of {SEARCH_KINDS[kind] or 'one or more'} values, got {args!r}")
+            if kind in ("loguniform", "uniform", "randint") and not args[0] < args[1]:
+                raise ValueError(f"{key}.{kind}: the lower bound must be below the upper bound, got {args!r}")
+            if kind == "loguniform" and args[0] <= 0:
+                raise ValueError(f"{key}.loguniform: bounds must be positive, got {args!r}")
+        return space
+
+
+class RaySection(_Section):
+    address: str | None = None  # an existing cluster ("auto", "ray://host:10001", "host:6379"); default: start one
+    runtime_env: dict[str, Any] | None = None
 
 
 class CheckpointSection(_Section):
@@ -103,8 +155,25 @@ class CheckpointSection(_Section):
     mode: Literal["min", "max"] | None = None
 
 
+class PromotionSection(_Section):
+    metric: str | None = None
+    mode: Literal["min", "max"] | None = None
+    margin: float = Field(0.0, ge=0.0)
+
+    @field_validator("margin")
+    @classmethod
+    def _finite_margin(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        return v
+
+
 class FailureSection(_Section):
     max_failures: int = Field(2, ge=-1)
+    # a worker with no progress (no data chunk, no report) for this long is killed and the group restarted
+    hang_timeout_s: float | None = Field(600.0, gt=0)
+    task_retries: int = Field(2, ge=0)
+    retry_delay_s: float = Field(5.0, ge=0)
 
 
 class MlflowSection(_Section):
@@ -118,6 +187,7 @@ class InferenceSection(_Section):
     output: str | None = None
     batch_size: int = Field(4096, ge=1)
     num_actors: int = Field(1, ge=1)
+    use_gpu: bool = False
 
     @model_validator(mode="after")
     def _both_or_neither(self) -> InferenceSection:
@@ -135,8 +205,11 @@ class Config(_Section):
     scaling: ScalingSection = Field(default_factory=ScalingSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     failure: FailureSection = Field(default_factory=FailureSection)
+    promotion: PromotionSection = Field(default_factory=PromotionSection)
     storage_path: str = "runs"
     mlflow: MlflowSection = Field(default_factory=MlflowSection)
+    ray: RaySection = Field(default_factory=RaySection)
+    tune: TuneSection | None = None
     inference: InferenceSection = Field(default_factory=InferenceSection)
 
     @model_validator(mode="after")
@@ -149,7 +222,37 @@ class Config(_Section):
             )
         if self.checkpoint.mode is None:
             self.checkpoint.mode = known[self.checkpoint.metric]
+        if self.promotion.metric is None:
+            # the gate scores both models on held-out rows, so a training-loss checkpoint metric maps to val_loss
+            self.promotion.metric = "val_loss" if self.checkpoint.metric == "train_loss" else self.checkpoint.metric
+        if self.promotion.metric not in known or self.promotion.metric == "train_loss":
+            raise ValueError(
+                f"promotion.metric: {self.promotion.metric!r} is not a validation metric for {self.task}; "
+                f"choose one of {sorted(k for k in known if k.startswith('val_'))}"
+            )
+        if self.promotion.mode is None:
+            self.promotion.mode = known[self.promotion.metric]
+        if self.tune is not None:
+            if self.tune.metric is None:
+                self.tune.metric = self.checkpoint.metric
+            if self.tune.metric not in known:
+                raise ValueError(f"tune.metric: {self.tune.metric!r} is not reported for {self.task}; choose one of {sorted(known)}")
+            if self.tune.mode is None:
+                self.tune.mode = known[self.tune.metric]
         return self
+
+    def require_tune(self) -> TuneSection:
+        if self.tune is None or not self.tune.search_space:
+            raise ConfigError("tune: add a tune section with a search_space to run a sweep (see the README)")
+        return self.tune
+
+    def require_workers(self) -> None:
+        """The retrain pipeline keeps checkpoints, which Ray Train's local mode (num_workers=0) does not."""
+        if self.scaling.num_workers < 1:
+            raise ConfigError(
+                "scaling.num_workers: the retrain pipeline needs at least 1 Ray Train worker "
+                "(0 is Ray Train's local mode, which keeps no checkpoints to select, resume or register)"
+            )
 
     def require_inference(self) -> None:
         if not self.inference.input:
@@ -225,7 +328,49 @@ def config_from_dict(raw: dict[str, Any], base_dir: str | Path = ".", source: st
     elif "://" not in uri:
         uri = _resolve(uri, base)
     cfg.mlflow.tracking_uri = uri
+    cfg.ray.address = cfg.ray.address or os.environ.get("RAY_ADDRESS") or None
+    if cfg.tune is not None:
+        _check_search_space(cfg, source)
     return cfg
+
+
+def _check_search_space(cfg: Config, source: str) -> None:
+    """Every searched key is a config key that accepts each choice / bound the space can produce."""
+    base = cfg.to_dict()
+    for key, spec in cfg.tune.search_space.items():
+        if key.split(".")[0] in ("tune", "data", "task", "storage_path", "mlflow", "inference", "ray"):
+            raise ConfigError(f"invalid config {source}:\n  tune.search_space.{key}: this key cannot be tuned")
+        kind, args = next(iter(spec.items()))
+        for value in args:
+            try:
+                trial_config(base, {key: value})
+            except ConfigError as exc:
+                detail = str(exc).split("\n", 1)[-1].strip()
+                raise ConfigError(f"invalid config {source}:\n  tune.search_space.{key}.{kind}: {value!r} fails: {detail}") from None
+
+
+def trial_config(base: dict[str, Any], sampled: dict[str, Any]) -> Config:
+    """A resolved config (as a dict) with one trial's sampled values set at their dotted keys, validated."""
+    unknown = [k for k in sampled if not _has_key(Config, k.split("."))]
+    if unknown:
+        raise ConfigError(f"invalid trial config:\n  {unknown[0]}: unknown key")
+    try:
+        return Config.model_validate(apply_overrides(base, sampled))
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, "(trial)")) from None
+
+
+def _has_key(model: type[BaseModel], parts: list[str]) -> bool:
+    field = model.model_fields.get(parts[0])
+    if field is None:
+        return False
+    if len(parts) == 1:
+        return True
+    ann = field.annotation
+    sub = next((a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+    if sub is None:
+        return parts[0] in ("resources_per_worker", "env_vars") or isinstance(ann, type) and ann is dict
+    return _has_key(sub, parts[1:])
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:

@@ -18,24 +18,9 @@ from ray.data.aggregate import Count, Mean, Std, Unique, ValueCounter
 from preprocessors.tabular import TabularPreprocessor, is_numeric_type, is_string_type
 from trainflow.config import DataSection, is_uri
 from trainflow.errors import DataError
+from trainflow.storage import filesystem_for, with_scheme
 
 GLOB_CHARS = "*?["
-
-
-def filesystem_for(path: str) -> tuple[pafs.FileSystem, str]:
-    """The pyarrow filesystem that serves path (local, s3://, gs://, hdfs://, ...) and the path inside it."""
-    if is_uri(path):
-        try:
-            return pafs.FileSystem.from_uri(path)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
-            raise DataError(f"cannot open {path}: {exc}") from None
-    return pafs.LocalFileSystem(), path.removeprefix("file://")
-
-
-def _with_scheme(original: str, inner: str) -> str:
-    if is_uri(original):
-        return original.split("://", 1)[0] + "://" + inner
-    return inner
 
 
 def list_files(path: str, fmt: str) -> tuple[pafs.FileSystem, list[str]]:
@@ -74,7 +59,7 @@ def read_table(path: str, fmt: str) -> tuple[ray.data.Dataset, list[str], pafs.F
             ds = ray.data.read_parquet(files, filesystem=fs)
     except Exception as exc:  # noqa: BLE001 - Ray wraps pyarrow's errors in many types
         raise DataError(f"cannot read {path} as {fmt}: {str(exc).splitlines()[0]}") from None
-    return ds, [_with_scheme(path, f) for f in files], fs
+    return ds, [with_scheme(path, f) for f in files], fs
 
 
 def arrow_schema(ds: ray.data.Dataset, source: str) -> pa.Schema:
@@ -318,7 +303,7 @@ def write_parquet_atomic(ds: ray.data.Dataset, output: str, expected_rows: int) 
     token = uuid.uuid4().hex[:12]
     tmp, old = f"{inner}.tmp-{token}", f"{inner}.old-{token}"
     try:
-        ds.write_parquet(_with_scheme(output, tmp), filesystem=fs)
+        ds.write_parquet(with_scheme(output, tmp), filesystem=fs)
         files = [i.path for i in fs.get_file_info(pafs.FileSelector(tmp, allow_not_found=True)) if i.path.endswith(".parquet")]
         written = sum(pq.ParquetFile(fs.open_input_file(f)).metadata.num_rows for f in files)
         if written != expected_rows:

@@ -8,15 +8,21 @@ import os
 import ray
 
 
-def ensure_ray(address: str | None = None) -> None:
-    """Join RAY_ADDRESS/address if given, else start a local Ray; no-op when already connected."""
+def ensure_ray(address: str | None = None, runtime_env: dict | None = None) -> None:
+    """Join the cluster at address (ray.address / RAY_ADDRESS) if given, else start a local Ray.
+
+    A no-op when this process is already connected. On an existing cluster every node must be
+    able to import trainflow (installed there, or shipped with runtime_env={"working_dir": ...}).
+    """
     if ray.is_initialized():
         return
-    address = address or os.environ.get("RAY_ADDRESS")
-    # Workers must import trainflow's packages from wherever the driver runs.
     ray.init(
         address=address,
-        include_dashboard=False,
+        runtime_env=runtime_env,
+        # Ray Train's PlacementGroupCleaner frees a killed run's resources through the state API, which
+        # the dashboard serves: without it a Tune trial stopped early leaks its workers' placement group.
+        include_dashboard=True,
+        dashboard_host="127.0.0.1",
         log_to_driver=os.environ.get("TRAINFLOW_RAY_LOGS", "0") == "1",
         logging_level=logging.WARNING,
         configure_logging=True,

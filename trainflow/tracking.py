@@ -73,14 +73,3 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
-
-
-def claim_champion_if_vacant(model_name: str, version: str) -> bool:
-    """Give the @champion alias to version when the registered model has none yet (its first model)."""
-    client = mlflow.MlflowClient()
-    try:
-        client.get_model_version_by_alias(model_name, CHAMPION)
-        return False
-    except mlflow.exceptions.MlflowException:
-        client.set_registered_model_alias(model_name, CHAMPION, version)
-        return True

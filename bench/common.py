@@ -1,0 +1,44 @@
+"""What the benchmarks share: the 2M x 16 table, a local Ray of this machine's size, a line printer."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ROWS = int(os.environ.get("BENCH_ROWS", 2_000_000))
+COLS = 16
+OUT = Path(__file__).with_name("out")
+
+
+def make_table(path: Path | None = None, rows: int = ROWS) -> Path:
+    """A regression table: 16 float columns (with 1% missing in f0) and a label y; written once."""
+    path = path or OUT / f"bench-{rows}.parquet"
+    if path.exists():
+        return path
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(rows, COLS)).astype(np.float32)
+    y = (x[:, :4].sum(axis=1) + 0.5 * np.sin(x[:, 4]) + rng.normal(0, 0.1, rows)).astype(np.float32)
+    cols = {f"f{i}": pa.array(x[:, i]) for i in range(COLS)}
+    mask = rng.random(rows) < 0.01
+    cols["f0"] = pa.array(x[:, 0], mask=mask)
+    table = pa.table({"id": np.arange(rows), **cols, "y": y})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, row_group_size=250_000)
+    return path
+
+
+def start_ray() -> None:
+    import ray
+
+    from trainflow.runtime import quiet_ray_data
+
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    quiet_ray_data()
+
+
+def report(name: str, ours: float, baseline: float, unit: str, ratio: float, note: str) -> None:
+    print(f"{name}: trainflow {ours:.3g} {unit}, baseline {baseline:.3g} {unit}, ratio {ratio:.2f}  ({note})", flush=True)

@@ -1,0 +1,62 @@
+"""Serve the deployments declared in deployments/prefect.yaml from one process: no work pool, no worker."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prefect import serve
+from prefect.deployments.runner import RunnerDeployment
+from prefect.schedules import Cron, Interval, Schedule
+
+from trainflow.errors import ConfigError
+
+PREFECT_FILE = Path(__file__).resolve().parents[1] / "deployments" / "prefect.yaml"
+
+
+def _schedule(spec: dict[str, Any], where: str) -> Schedule:
+    if "cron" in spec:
+        return Cron(spec["cron"], timezone=spec.get("timezone"), active=spec.get("active", True))
+    if "interval" in spec:
+        return Interval(spec["interval"], timezone=spec.get("timezone"), active=spec.get("active", True))
+    raise ConfigError(f"{where}: only cron and interval schedules can be served, got {sorted(spec)}")
+
+
+def runner_deployments(prefect_file: str | Path = PREFECT_FILE, parameters: dict[str, Any] | None = None) -> list[RunnerDeployment]:
+    """The prefect.yaml deployments as in-process runner deployments, with parameters layered on top."""
+    prefect_file = Path(prefect_file).resolve()
+    root = prefect_file.parents[1]  # deployments/prefect.yaml sits one level under the repository root
+    try:
+        spec = yaml.safe_load(prefect_file.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"deployment file not found: {prefect_file}") from None
+    out = []
+    for dep in spec.get("deployments") or []:
+        where = f"{prefect_file}: deployment {dep.get('name')!r}"
+        module, _, attr = dep["entrypoint"].partition(":")
+        params = {**(dep.get("parameters") or {}), **(parameters or {})}
+        if params.get("config_path") and not Path(params["config_path"]).is_absolute():
+            params["config_path"] = str(root / params["config_path"])
+        # entrypoints are files relative to the repository root; the same files are installed as packages
+        flow_obj = getattr(importlib.import_module(module.removesuffix(".py").replace("/", ".")), attr)
+        out.append(
+            flow_obj.to_deployment(
+                name=dep["name"],
+                description=dep.get("description"),
+                parameters=params,
+                schedules=[_schedule(s, where) for s in dep.get("schedules") or []],
+                concurrency_limit=dep.get("concurrency_limit"),
+                tags=dep.get("tags"),
+            )
+        )
+    if not out:
+        raise ConfigError(f"{prefect_file}: no deployments declared")
+    return out
+
+
+def serve_all(prefect_file: str | Path = PREFECT_FILE, config_path: str | None = None, limit: int | None = None) -> None:
+    """Register and run the deployments until interrupted (Ctrl-C pauses their schedules)."""
+    params = {"config_path": str(Path(config_path).resolve())} if config_path else None
+    serve(*runner_deployments(prefect_file, params), limit=limit)

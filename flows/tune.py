@@ -1,0 +1,44 @@
+"""The tune flow: ingest -> split -> preprocess -> tune (Ray Tune over TorchTrainer) -> select -> register -> promote -> infer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+
+from tasks.infer import infer
+from tasks.ingest import ingest
+from tasks.preprocess import preprocess
+from tasks.promote import promote
+from tasks.register import register
+from tasks.report import report
+from tasks.run_name import resolve_run_name
+from tasks.select import select
+from tasks.split import split
+from tasks.summary import summarize
+from tasks.tune import tune_sweep
+from trainflow.config import load_config
+
+
+@flow(name="tune", log_prints=True)
+def tune(config_path: str, overrides: dict[str, Any] | None = None, run_name: str | None = None) -> dict[str, Any]:
+    """Sweep the config's tune.search_space; the best trial's best checkpoint is registered and gated."""
+    config = load_config(config_path, overrides)
+    config.require_tune()
+    sweep = resolve_run_name(run_name, prefix="tune")
+    ingested = ingest(config)
+    parts = split(ingested, config)
+    prepared = preprocess(ingested, parts, config)
+    swept = tune_sweep(prepared, config, sweep)
+    best = swept.best_config
+    selected = select(swept.outcome, best)
+    registered = register(best, ingested, swept.outcome, selected)
+    promotion = promote(best, parts.val, selected, registered)
+    predictions = infer(promotion.serving_checkpoint, best) if best.inference.input else None
+    summary = summarize(
+        ingested, parts, swept.outcome, selected, registered, promotion, predictions,
+        extra={"sweep": swept.sweep, "trials": swept.trials, "best_trial": swept.best_trial,
+               "max_concurrent_trials": swept.max_concurrent_trials},
+    )
+    report(best, swept.outcome.history, summary)
+    return summary

@@ -1,0 +1,120 @@
+"""Task: the champion/challenger gate; @champion moves only to a model that beats it on the same holdout."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import mlflow
+import ray.data
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from preprocessors.tabular import SchemaDriftError
+from tasks.common import retry_unless_user_error
+from tasks.infer import resolve_checkpoint
+from tasks.register import Registered
+from tasks.select import Selected
+from trainer.evaluate import evaluate_checkpoint
+from trainflow.config import Config
+from trainflow.tracking import CHAMPION, tracking
+
+PROMOTED, NOT_PROMOTED = "promoted", "not_promoted"
+
+
+@dataclass
+class Promotion:
+    decision: str
+    reason: str
+    metric: str
+    mode: str
+    margin: float
+    challenger_version: str
+    challenger_score: float | None
+    champion_version: str | None
+    champion_score: float | None
+    serving_version: str  # the @champion version after the gate
+    serving_checkpoint: str  # its local checkpoint folder, for the flow's inference step
+
+    def record(self) -> dict:
+        """The summary JSON's `promotion` entry."""
+        return {k: v for k, v in asdict(self).items() if k != "serving_checkpoint"}
+
+
+def decide(challenger: float | None, champion: float | None, mode: str, margin: float) -> tuple[bool, str]:
+    """(promote?, reason): promote when the challenger beats the champion by more than margin."""
+    if challenger is None or not math.isfinite(challenger):
+        return False, "the challenger's score is missing or not finite"
+    if champion is None or not math.isfinite(champion):
+        return True, "the champion's score is missing or not finite"
+    gain = challenger - champion if mode == "max" else champion - challenger
+    if gain > margin:
+        return True, f"improves on the champion by {gain:.6g} (> margin {margin:g})"
+    return False, f"does not improve on the champion by more than {margin:g} (change {gain:+.6g})"
+
+
+def _current_champion(client: mlflow.MlflowClient, name: str) -> str | None:
+    try:
+        return str(client.get_model_version_by_alias(name, CHAMPION).version)
+    except mlflow.exceptions.MlflowException:
+        return None
+
+
+@task(name="promote", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
+def promote(config: Config, holdout: ray.data.Dataset, selected: Selected, registered: Registered) -> Promotion:
+    """Score the new version and the current @champion on the same holdout; move the alias only on a win."""
+    log = get_run_logger()
+    metric, mode, margin = config.promotion.metric, config.promotion.mode, config.promotion.margin
+    name, version = registered.model_name, registered.model_version
+    challenger = evaluate_checkpoint(selected.path, holdout).get(metric)
+    with tracking(config.mlflow.tracking_uri):
+        client = mlflow.MlflowClient()
+        champion_version = _current_champion(client, name)
+        champion_score, champion_path = None, None
+        if champion_version is None:
+            promote_it, reason = True, "first model: there is no champion yet"
+        elif champion_version == version:
+            # a retry of this task after the alias moved
+            champion_score, champion_path = challenger, selected.path
+            promote_it, reason = True, "already the champion (task retried)"
+        else:
+            champion_path = resolve_checkpoint(f"models:/{name}/{champion_version}")
+            try:
+                champion_score = evaluate_checkpoint(champion_path, holdout).get(metric)
+            except SchemaDriftError as exc:
+                champion_score = None
+                log.warning("champion version %s cannot score this holdout: %s", champion_version, exc)
+            promote_it, reason = decide(challenger, champion_score, mode, margin)
+            if champion_score is None and promote_it:
+                reason = "the champion cannot score the current holdout (its schema or classes differ)"
+        if promote_it:
+            client.set_registered_model_alias(name, CHAMPION, version)
+        result = Promotion(
+            decision=PROMOTED if promote_it else NOT_PROMOTED,
+            reason=reason,
+            metric=metric,
+            mode=mode,
+            margin=margin,
+            challenger_version=version,
+            challenger_score=challenger,
+            champion_version=champion_version,
+            champion_score=champion_score,
+            serving_version=version if promote_it else champion_version,
+            serving_checkpoint=selected.path if promote_it else champion_path,
+        )
+        tags = {
+            "trainflow.promotion.decision": result.decision,
+            "trainflow.promotion.reason": reason,
+            "trainflow.promotion.metric": f"{metric} ({mode}, margin {margin:g})",
+            "trainflow.promotion.challenger_score": str(challenger),
+            "trainflow.promotion.champion_score": str(champion_score),
+            "trainflow.promotion.champion_version": str(champion_version),
+        }
+        for key, value in tags.items():
+            client.set_model_version_tag(name, version, key, value)
+            client.set_tag(registered.run_id, key, value)
+    log.info(
+        "promotion: %s v%s (%s %s=%s vs champion v%s %s): %s",
+        result.decision, version, metric, mode, challenger, champion_version, champion_score, reason,
+    )
+    return result

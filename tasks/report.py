@@ -1,0 +1,117 @@
+"""Task: what a person looks at after a retrain: Prefect artifacts and a loss curve in MLflow."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from typing import Any
+
+import mlflow
+from prefect import get_run_logger, task
+from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from trainflow.config import Config, is_uri
+from trainflow.storage import write_bytes
+from trainflow.tracking import tracking
+
+LOSS_CURVE = "loss_curve.png"
+
+
+def artifact_key(model_name: str, what: str) -> str:
+    """Prefect artifact keys allow lowercase letters, digits and dashes only."""
+    return re.sub(r"[^a-z0-9-]+", "-", f"{model_name}-{what}".lower()).strip("-")
+
+
+def loss_curve(history: list[dict[str, float]], title: str):
+    """Train and validation loss per epoch, as a matplotlib figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    epochs = [int(r["epoch"]) for r in history]
+    for key in ("train_loss", "val_loss"):
+        ax.plot(epochs, [r.get(key, float("nan")) for r in history], marker="o", label=key)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("loss")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+def model_card(config: Config, summary: dict[str, Any], curve_uri: str) -> str:
+    """Markdown: data, metrics, promotion decision, lineage and the resolved config."""
+    best = summary["best_checkpoint"]
+    promo = summary["promotion"]
+    metrics = "\n".join(f"| {k} | {_fmt(v)} |" for k, v in sorted(best["metrics"].items()))
+    return f"""# {summary['registered_model']} version {summary['model_version']}
+
+**Promotion: {promo['decision']}** on {promo['metric']} ({promo['mode']}, margin {promo['margin']:g}):
+challenger v{promo['challenger_version']} {_fmt(promo['challenger_score'])}, champion v{promo['champion_version']} {_fmt(promo['champion_score'])}.
+{promo['reason']}. `@champion` is now version {promo['serving_version']}.
+
+## Data
+- table: `{summary['data_path']}`
+- fingerprint: `{summary['data_fingerprint']}`
+- rows: {summary['training_rows']} ({summary['train_rows']} training, {summary['validation_rows']} validation)
+
+## Best checkpoint (epoch {best['epoch']} of {summary['epochs_run']} run this time)
+| metric | value |
+|---|---|
+{metrics}
+
+Loss curve: `{curve_uri}` (also the MLflow run's `{LOSS_CURVE}`).
+
+## Lineage
+data `{summary['data_fingerprint']}` → Ray Train run `{summary['ray_run_path']}` →
+MLflow run `{summary['mlflow_run_id']}`, model `{summary['model_uri']}` →
+predictions `{summary['predictions_path']}` (by version {summary.get('predictions_model_version')})
+
+## Config
+```json
+{json.dumps(config.to_dict(), indent=2)}
+```
+"""
+
+
+@task(name="report", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
+def report(config: Config, history: list[dict[str, float]], summary: dict[str, Any]) -> dict[str, str]:
+    """Per-epoch metrics table, model card and loss curve as Prefect artifacts; the curve also in MLflow."""
+    name = summary["registered_model"]
+    import matplotlib.pyplot as plt
+
+    fig = loss_curve(history, f"{summary['run_name']} (v{summary['model_version']})")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    curve = f"{summary['ray_run_path'].rstrip('/')}/{LOSS_CURVE}"
+    write_bytes(curve, buf.getvalue())
+    curve_uri = curve if is_uri(curve) else f"file://{curve}"
+    with tracking(config.mlflow.tracking_uri):
+        mlflow.MlflowClient().log_figure(summary["mlflow_run_id"], fig, artifact_file=LOSS_CURVE)
+    plt.close(fig)
+    ids = {
+        "metrics": create_table_artifact(
+            table=[{k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()} for row in history],
+            key=artifact_key(name, "epoch-metrics"),
+            description=f"Per-epoch metrics of Ray Train run {summary['run_name']}",
+        ),
+        "model_card": create_markdown_artifact(
+            markdown=model_card(config, summary, curve_uri),
+            key=artifact_key(name, "model-card"),
+            description=f"Model card of {name} version {summary['model_version']}",
+        ),
+        "loss_curve": create_image_artifact(
+            image_url=curve_uri, key=artifact_key(name, "loss-curve"), description=f"Loss curve of {summary['run_name']}"
+        ),
+    }
+    get_run_logger().info("artifacts: epoch metrics, model card, loss curve (%s)", curve_uri)
+    return {k: str(v) for k, v in ids.items()}
+

@@ -1,0 +1,85 @@
+"""Task: a Ray Tune sweep of TorchTrainer runs; the best trial's run goes on to select/register/promote."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from tasks.common import retry_unless_user_error
+from tasks.preprocess import Prepared
+from tasks.report import artifact_key
+from tasks.train import TrainOutcome
+from trainer.checkpoint import METRICS_FILE
+from trainer.recovery import read_events, recoveries
+from trainer.resources import check_fits, worker_bundle, workers_that_fit
+from trainer.runner import checkpoints_on_disk, run_dir
+from trainer.tune import best_trial, build_tuner, summarize_trials
+from trainflow.config import Config, trial_config
+from trainflow.errors import TrainingError
+from trainflow.runtime import ensure_ray
+from trainflow.storage import join, read_text
+
+
+@dataclass
+class Swept:
+    sweep: str
+    trials: list[dict[str, Any]]
+    best_trial: dict[str, Any]
+    best_config: Config
+    outcome: TrainOutcome  # the best trial's Train run
+    max_concurrent_trials: int
+
+
+def concurrency(config: Config, nodes: list[dict[str, float]] | None = None) -> int:
+    """Trials at once: as many worker groups as the cluster holds, capped by tune.max_concurrent_trials."""
+    import ray
+
+    scaling = config.scaling.model_dump()
+    if nodes is None:
+        nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    fit = max(1, workers_that_fit(worker_bundle(scaling), nodes) // max(1, scaling["num_workers"]))
+    cap = config.tune.max_concurrent_trials
+    return min(fit, cap) if cap else fit
+
+
+@task(name="tune", retries=1, retry_delay_seconds=5, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
+def tune_sweep(prepared: Prepared, config: Config, sweep: str) -> Swept:
+    """Run the sweep (restoring it when the sweep's folder exists) and pick the best trial."""
+    tune_cfg = config.require_tune()
+    ensure_ray(config.ray.address, config.ray.runtime_env)
+    check_fits(config.scaling.model_dump())
+    log = get_run_logger()
+    parallel = concurrency(config)
+    log.info(
+        "sweep %s: %d trial(s), %d at a time, %s on %s (%s)",
+        sweep, tune_cfg.num_samples, parallel, tune_cfg.scheduler, tune_cfg.metric, tune_cfg.mode,
+    )
+    tuner = build_tuner(config.to_dict(), prepared.preprocessor, prepared.train, prepared.val, sweep, parallel)
+    results = tuner.fit()
+    trials = summarize_trials(results, sweep, tune_cfg.metric, tune_cfg.mode)
+    best = best_trial(trials, tune_cfg.metric, tune_cfg.mode)
+    create_table_artifact(
+        table=[{**{k: v for k, v in t.items() if k != "params"}, **t["params"]} for t in trials],
+        key=artifact_key(config.mlflow.registered_model, "tune-trials"),
+        description=f"Trials of sweep {sweep}",
+    )
+    if best is None:
+        errors = "; ".join(f"{t['trial_id']}: {t['error']}" for t in trials if t["error"]) or "no trial reported the metric"
+        raise TrainingError(f"sweep {sweep}: no trial finished with a finite {tune_cfg.metric} ({errors})")
+    best_config = trial_config(config.to_dict(), best["params"])
+    path = run_dir(best_config.to_dict(), best["run_name"])
+    checkpoints = checkpoints_on_disk(path)
+    if not checkpoints:
+        raise TrainingError(f"sweep {sweep}: the best trial {best['trial_id']} kept no checkpoint in {path}")
+    history = json.loads(read_text(join(checkpoints[-1]["path"], METRICS_FILE)))["history"]
+    log.info("best trial %s: %s=%s with %s", best["trial_id"], tune_cfg.metric, best[tune_cfg.metric], best["params"])
+    outcome = TrainOutcome(
+        run_name=best["run_name"], run_path=path, checkpoints=checkpoints, history=history,
+        recoveries=recoveries(read_events(path)),
+    )
+    return Swept(sweep, trials, best, best_config, outcome, parallel)

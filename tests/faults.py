@@ -1,0 +1,92 @@
+"""Shared pieces of the fault-injection tests: a small run and a train function that fails once."""
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import ray.data
+
+from tests.conftest import make_regression_table
+from trainer.loop import train_fn_per_worker
+from trainflow.config import config_from_dict
+from trainflow.data import TableSpec, apply_preprocessor, check_columns, fit_preprocessor
+
+EPOCHS, FAIL_AT = 4, 2
+
+
+def small_run(tmp_path, hang_timeout_s=600.0, resources_per_worker=None, max_failures=2):
+    """A 2-worker regression run on 1200 rows: (config dict, preprocessor, train, val), datasets materialized."""
+    table = make_regression_table(1200)
+    cfg = config_from_dict({
+        "data": {"path": "mem", "label": "target y", "id_column": "row id"}, "task": "regression",
+        "train": {"epochs": EPOCHS, "batch_size": 64, "learning_rate": 0.01},
+        "scaling": {"num_workers": 2, "resources_per_worker": resources_per_worker},
+        "checkpoint": {"num_to_keep": 2}, "failure": {"max_failures": max_failures, "hang_timeout_s": hang_timeout_s},
+        "storage_path": str(tmp_path / "runs"),
+    }, base_dir=tmp_path)
+    features, numeric, cat = check_columns(table.schema, cfg.data, "regression", "mem")
+    spec = TableSpec("mem", [], "target y", "row id", numeric, cat, table.num_rows, "", features)
+    train, val = ray.data.from_arrow(table.slice(0, 1000)), ray.data.from_arrow(table.slice(1000))
+    prep = fit_preprocessor(train, spec, "regression")
+    return cfg.to_dict(), prep, apply_preprocessor(train, prep).materialize(), apply_preprocessor(val, prep).materialize()
+
+
+def faulty(marker_dir: str, fault: str):
+    """A train function whose first attempt trains FAIL_AT epochs, then fails in epoch FAIL_AT as `fault` says."""
+    def train_fn(loop_config):
+        rank = ray.train.get_context().get_world_rank()
+        node = ray.get_runtime_context().get_node_id()
+        marker = Path(marker_dir) / f"faulted-{rank}"
+        if not marker.exists():
+            marker.write_text(node)
+            # train the first FAIL_AT epochs for real (checkpoints reported), then fail inside epoch FAIL_AT
+            first = {**loop_config, "config": {**loop_config["config"], "train": {**loop_config["config"]["train"], "epochs": FAIL_AT}}}
+            train_fn_per_worker(first)
+            if fault == "node":
+                time.sleep(3600)  # until the test removes this node
+            if rank == 1:
+                time.sleep(3)  # some way into epoch FAIL_AT: the controller has registered epoch 1's checkpoint
+                if fault == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if fault == "hang":
+                    time.sleep(3600)  # stops reporting: only the hang watchdog can end this
+                raise RuntimeError("injected failure in epoch 2")
+            ray.train.report({"epoch": FAIL_AT, "waiting": 1.0})  # blocks until the group is torn down
+        (Path(marker_dir) / f"resumed-{rank}").write_text(node)
+        return train_fn_per_worker(loop_config)
+
+    return train_fn
+
+
+SUCCESSIVE = ("raise", "kill", "hang")
+
+
+def successive_faults(marker_dir: str):
+    """A train function whose attempt a (a < 3) trains epoch a, then fails inside epoch a+1 with SUCCESSIVE[a].
+
+    Attempt 0 raises in epoch 1, attempt 1 is SIGKILLed in epoch 2, attempt 2 hangs in epoch 3 (only
+    the watchdog ends it); attempt 3 finishes. Each attempt resumes from the previous one's checkpoint.
+    """
+
+    def train_fn(loop_config):
+        rank = ray.train.get_context().get_world_rank()
+        attempt = len(list(Path(marker_dir).glob(f"attempt-*-rank{rank}")))
+        (Path(marker_dir) / f"attempt-{attempt}-rank{rank}").touch()
+        if attempt >= len(SUCCESSIVE):
+            return train_fn_per_worker(loop_config)
+        train = loop_config["config"]["train"]
+        upto = {**loop_config, "config": {**loop_config["config"], "train": {**train, "epochs": attempt + 1}}}
+        train_fn_per_worker(upto)
+        if rank == 1:
+            time.sleep(3)  # the controller registers the checkpoint of epoch `attempt`
+            fault = SUCCESSIVE[attempt]
+            if fault == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if fault == "hang":
+                time.sleep(3600)
+            raise RuntimeError(f"injected failure in epoch {attempt + 1}")
+        ray.train.report({"epoch": attempt + 1, "waiting": 1.0})  # blocks until the group is torn down
+        return None
+
+    return train_fn

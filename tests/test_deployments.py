@@ -1,0 +1,204 @@
+"""The README's deployment commands against a real Prefect server on 127.0.0.1: deploy, worker, run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pyarrow.dataset as pads
+import pytest
+from mlflow import MlflowClient
+
+from tests.conftest import churn_config
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+POOL = "trainflow-process"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(args: list[str], env: dict[str, str], log: Path, cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        args, env=env, cwd=cwd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop a process and everything it started (a worker's flow-run processes, the server's children)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def prefect_server(tmp_path_factory):
+    """`prefect server start` on a free loopback port with its own PREFECT_HOME; the env to reach it."""
+    home = tmp_path_factory.mktemp("prefect-home")
+    port = _free_port()
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "RAY_ADDRESS"}
+    base.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_LOGGING_LEVEL="INFO")
+    server = _start(
+        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        base, home / "server.log", home,
+    )
+    url = f"http://127.0.0.1:{port}/api"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if server.poll() is not None or time.monotonic() > deadline:
+            _stop(server)
+            pytest.fail(f"prefect server did not start:\n{(home / 'server.log').read_text()[-3000:]}")
+        time.sleep(0.5)
+    env = {**base, "PREFECT_API_URL": url, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "5"}
+    yield env
+    _stop(server)
+
+
+def _prefect(env: dict[str, str], *args: str, timeout: float = 120, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [str(BIN / "prefect"), "--no-prompt", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, f"prefect {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def _deployment(env: dict[str, str], name: str) -> dict:
+    with urllib.request.urlopen(f"{env['PREFECT_API_URL']}/deployments/name/{name}", timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _flow_runs(env: dict[str, str], deployment_id: str) -> list[dict]:
+    body = json.dumps({"deployments": {"id": {"any_": [deployment_id]}}}).encode()
+    req = urllib.request.Request(
+        f"{env['PREFECT_API_URL']}/flow_runs/filter", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def test_deploy_worker_and_deployment_run(prefect_server, tmp_path):
+    env = prefect_server
+    # the README's commands, in order
+    _prefect(env, "work-pool", "create", POOL, "--type", "process")
+    _prefect(env, "deploy", "--prefect-file", "deployments/prefect.yaml", "--all")
+    cfg = churn_config(tmp_path, rows=2000)
+    # the worker runs somewhere else: the deployment's pull step must bring flows back to the checkout
+    worker = _start([str(BIN / "prefect"), "worker", "start", "--pool", POOL], env, tmp_path / "worker.log", tmp_path)
+    try:
+        _prefect(
+            env, "deployment", "run", "retrain/manual",
+            "--param", f"config_path={cfg}", "--param", 'overrides={"train.epochs": 2}',
+            "--watch", "--watch-timeout", "420", timeout=480,
+        )
+        scored = tmp_path / "by-champion"
+        _prefect(
+            env, "deployment", "run", "batch-inference/champion",
+            "--param", f"config_path={cfg}", "--param", json.dumps({"inference.output": str(scored)}).join(["overrides=", ""]),
+            "--watch", "--watch-timeout", "300", timeout=360,
+        )
+    except AssertionError:
+        print((tmp_path / "worker.log").read_text()[-6000:])
+        raise
+    finally:
+        _stop(worker)
+
+    for name in ("retrain/manual", "batch-inference/champion"):
+        runs = _flow_runs(env, _deployment(env, name)["id"])
+        assert [r["state"]["type"] for r in runs] == ["COMPLETED"], name
+    retrain_run = _flow_runs(env, _deployment(env, "retrain/manual")["id"])[0]
+    assert retrain_run["parameters"]["overrides"] == {"train.epochs": 2}
+
+    # the outputs: a registered model version that is @champion, with lineage back to this flow run
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    champion = client.get_model_version_by_alias("churn-test", "champion")
+    assert str(champion.version) == "1"
+    assert champion.tags["trainflow.prefect_flow_run_id"] == retrain_run["id"]
+    runs = client.search_runs([client.get_experiment_by_name("test").experiment_id])
+    assert [int(r.data.params["train.epochs"]) for r in runs] == [2]
+    # predictions from the retrain run and from batch-inference/champion: every scoring row, same values
+    first = pads.dataset(tmp_path / "out" / "predictions").to_table()
+    second = pads.dataset(scored).to_table()
+    assert first.num_rows == second.num_rows == 500
+    assert first["customer_id"].to_pylist() == second["customer_id"].to_pylist()
+    assert first["prediction"].to_pylist() == second["prediction"].to_pylist()
+
+
+def test_schedule_and_concurrency_registered_as_declared(prefect_server):
+    env = prefect_server
+    if _deployment_missing(env, "retrain/scheduled"):
+        _prefect(env, "work-pool", "create", POOL, "--type", "process", "--overwrite")
+        _prefect(env, "deploy", "--prefect-file", "deployments/prefect.yaml", "--all")
+    scheduled = _deployment(env, "retrain/scheduled")
+    [sched] = scheduled["schedules"]
+    assert sched["active"] is True
+    assert (sched["schedule"]["cron"], sched["schedule"]["timezone"]) == ("0 2 * * *", "UTC")
+    assert scheduled["work_pool_name"] == POOL
+    assert scheduled["parameters"] == {"config_path": "configs/demo.yaml"}
+    assert _deployment(env, "retrain/manual")["schedules"] == []
+    for name in ("retrain/scheduled", "retrain/manual"):
+        limit = _deployment(env, name)["global_concurrency_limit"]
+        assert limit["limit"] == 1, name
+    # a worker would run the scheduled flow from the checkout deploy ran in
+    steps = scheduled["pull_steps"]
+    assert steps == [{"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}]
+
+
+def _deployment_missing(env: dict[str, str], name: str) -> bool:
+    try:
+        _deployment(env, name)
+        return False
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return True
+        raise
+
+
+def test_trainflow_serve_registers_the_same_deployments(prefect_server, tmp_path):
+    env = prefect_server
+    serve = _start([str(BIN / "trainflow"), "serve", "--limit", "1"], env, tmp_path / "serve.log", tmp_path)
+    try:
+        demo = str(REPO / "configs" / "demo.yaml")
+        deadline = time.monotonic() + 120
+        # served deployments replace the deployed ones: no pull step, config_path resolved to the checkout
+        while not all(_served(env, name, demo) for name in ("retrain/scheduled", "retrain/manual", "batch-inference/champion")):
+            assert serve.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()[-3000:]
+            time.sleep(1)
+    finally:
+        _stop(serve)
+    dep = _deployment(env, "retrain/scheduled")
+    assert dep["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
+    assert dep["global_concurrency_limit"]["limit"] == 1
+    assert _deployment(env, "retrain/manual")["schedules"] == []
+
+
+def _served(env: dict[str, str], name: str, config_path: str) -> bool:
+    try:
+        dep = _deployment(env, name)
+    except urllib.error.HTTPError:
+        return False
+    return not dep["pull_steps"] and dep["parameters"] == {"config_path": config_path}

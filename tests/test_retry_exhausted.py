@@ -1,0 +1,112 @@
+"""Ray's retries exhausted: the Prefect task retry resumes the same run; all retries exhausted: Failed, nothing lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pyarrow.dataset as pads
+import pytest
+from mlflow import MlflowClient
+
+from tests.conftest import churn_config
+from trainer.checkpoint import read_metrics
+from trainflow.cli import main as cli_main
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_local")]
+
+
+def _train_workers() -> list[int]:
+    """PIDs of this machine's Ray Train worker processes (their process title names the actor)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if b"RayTrainWorker" in (proc / "cmdline").read_bytes():
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+class WorkerKiller(threading.Thread):
+    """SIGKILLs the Ray Train workers: once after the run's first checkpoint, or every time they start."""
+
+    def __init__(self, run: Path, always: bool):
+        super().__init__(daemon=True)
+        self.run_path, self.always, self.kills = run, always, 0
+        self.done = threading.Event()
+
+    def _checkpoint_registered(self) -> bool:
+        """Ray's controller has recorded a checkpoint (what a restarted run resumes from)."""
+        try:
+            snapshot = json.loads((self.run_path / "checkpoint_manager_snapshot.json").read_text())
+        except (OSError, ValueError):
+            return False
+        return bool(snapshot.get("checkpoint_results"))
+
+    def run(self) -> None:
+        while not self.done.wait(0.3):
+            if not self.always and not self._checkpoint_registered():
+                continue
+            pids = _train_workers()
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            if pids:
+                self.kills += 1
+                if not self.always:
+                    return
+
+
+def test_prefect_retry_resumes_then_exhausted_retries_fail_cleanly(tmp_path, capsys):
+    # max_failures=0: the first dead worker fails the Ray Train run, so only the Prefect retry can save it
+    cfg = churn_config(
+        tmp_path, rows=6000, train={"epochs": 4, "batch_size": 32},
+        failure={"max_failures": 0, "task_retries": 1, "retry_delay_s": 1},
+    )
+    run = tmp_path / "runs" / "retried"
+    killer = WorkerKiller(run, always=False)
+    killer.start()
+    try:
+        rc = cli_main(["retrain", "--config", str(cfg), "--run-name", "retried", "--summary-json", str(tmp_path / "s.json")])
+    finally:
+        killer.done.set()
+    assert rc == 0 and killer.kills == 1
+    summary = json.loads((tmp_path / "s.json").read_text())
+    # the retry resumed the same run from a checkpoint instead of starting over
+    assert summary["ray_run_path"] == str(run)
+    assert summary["resumed_from_epoch"] >= 1
+    [recovery] = summary["recoveries"]
+    assert recovery["resumed_from_epoch"] == summary["resumed_from_epoch"]
+    assert summary["epochs_run"] == 4  # epochs 0..3, the ones before the kill not repeated
+    history = read_metrics(summary["best_checkpoint"]["path"])["history"]
+    assert [h["epoch"] for h in history] == list(range(summary["best_checkpoint"]["epoch"] + 1))
+    predictions = Path(summary["predictions_path"])
+    before = {p.name: p.read_bytes() for p in predictions.iterdir()}
+
+    # every attempt loses its workers: Ray gives up, the Prefect retry gives up, the flow fails
+    killer = WorkerKiller(tmp_path / "runs" / "doomed", always=True)
+    killer.start()
+    capsys.readouterr()
+    try:
+        rc = cli_main(["retrain", "--config", str(cfg), "--run-name", "doomed"])
+    finally:
+        killer.done.set()
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "trainflow: failed:" in err and "Traceback" not in err
+    assert killer.kills >= 2  # the first attempt and the Prefect retry
+    # no model version for the failed run; the earlier predictions are byte-for-byte intact
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert [str(v.version) for v in client.search_model_versions("name='churn-test'")] == ["1"]
+    assert {p.name: p.read_bytes() for p in predictions.iterdir()} == before
+    assert pads.dataset(predictions).count_rows() == summary["output_rows"]
+    assert not [p for p in predictions.parent.iterdir() if ".tmp-" in p.name]

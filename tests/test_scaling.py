@@ -1,0 +1,90 @@
+"""Scaling knobs: config validation, the pre-start resource check, and what reaches Ray Train."""
+
+import pytest
+import ray.data
+
+from preprocessors.tabular import TabularPreprocessor
+from trainer.resources import check_fits, worker_bundle, workers_that_fit
+from trainer.runner import build_trainer
+from trainflow.config import config_from_dict
+from trainflow.errors import ConfigError
+
+LAPTOP = [{"CPU": 2.0, "memory": 8e9}]
+GPU_BOX = [{"CPU": 16.0, "GPU": 1.0, "accelerator_type:H100": 1.0}]
+CLUSTER = [{"CPU": 8.0, "GPU": 4.0, "accelerator_type:A100": 1.0}, {"CPU": 8.0, "GPU": 4.0, "accelerator_type:A100": 1.0}]
+
+
+def _cfg(**scaling):
+    return config_from_dict({"data": {"path": "t.parquet", "label": "y"}, "task": "regression", "scaling": scaling})
+
+
+def test_worker_bundle_follows_ray_train_defaults():
+    assert worker_bundle({"num_workers": 2}) == {"CPU": 1.0}
+    assert worker_bundle({"num_workers": 2, "use_gpu": True}) == {"CPU": 1.0, "GPU": 1.0}
+    assert worker_bundle({"use_gpu": True, "resources_per_worker": {"CPU": 2, "GPU": 0.5}}) == {"CPU": 2.0, "GPU": 0.5}
+    assert worker_bundle({"accelerator_type": "A100", "use_gpu": True})["accelerator_type:A100"] > 0
+
+
+@pytest.mark.parametrize(
+    ("scaling", "nodes", "fit"),
+    [
+        ({"num_workers": 2}, LAPTOP, 2),
+        ({"resources_per_worker": {"CPU": 2}}, LAPTOP, 1),
+        ({"use_gpu": True}, LAPTOP, 0),
+        ({"use_gpu": True, "resources_per_worker": {"CPU": 1, "GPU": 0.5}}, GPU_BOX, 2),  # two workers share one GPU
+        ({"use_gpu": True, "accelerator_type": "A100"}, GPU_BOX, 0),
+        ({"use_gpu": True, "accelerator_type": "A100"}, CLUSTER, 8),
+        ({"resources_per_worker": {"CPU": 1, "HPU": 1}}, CLUSTER, 0),
+    ],
+)
+def test_workers_that_fit(scaling, nodes, fit):
+    assert workers_that_fit(worker_bundle(scaling), nodes) == fit
+
+
+def test_check_fits_names_the_numbers():
+    with pytest.raises(ConfigError, match=r"asks for 4 worker\(s\) x \(CPU 1\) but this cluster can place only 2 \(node 0: CPU 2\)"):
+        check_fits({"num_workers": 4}, nodes=LAPTOP)
+    with pytest.raises(ConfigError, match="No node has a GPU"):
+        check_fits({"num_workers": 1, "use_gpu": True}, nodes=LAPTOP)
+    with pytest.raises(ConfigError, match=r"accelerator type 'A100' \(types present: \['H100'\]\)"):
+        check_fits({"num_workers": 1, "use_gpu": True, "accelerator_type": "A100"}, nodes=GPU_BOX)
+    check_fits({"num_workers": 2, "use_gpu": True, "resources_per_worker": {"GPU": 0.5}}, nodes=GPU_BOX)
+    check_fits({"num_workers": 64, "wait_for_resources": True}, nodes=LAPTOP)  # an autoscaler may add nodes
+    check_fits({"num_workers": 0}, nodes=LAPTOP)  # local mode asks for nothing
+
+
+@pytest.mark.parametrize(
+    ("scaling", "message"),
+    [
+        ({"trainer_resources": {"CPU": 1}}, "scaling: trainer_resources is not supported: Ray 2.60"),
+        ({"resources_per_worker": {"GPU": 1}}, "use_gpu is false"),
+        ({"backend": "nccl"}, "backend: nccl needs GPUs"),
+        ({"backend": "mpi"}, "scaling.backend"),
+        ({"placement_strategy": "ANYWHERE"}, "scaling.placement_strategy"),
+        ({"resources_per_worker": {"CPU": -1}}, "must be >= 0"),
+    ],
+)
+def test_scaling_config_errors(scaling, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        _cfg(**scaling)
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_every_knob_reaches_ray_train(tmp_path):
+    cfg = _cfg(
+        num_workers=2, use_gpu=True, resources_per_worker={"CPU": 2, "GPU": 0.5, "memory": 1e9},
+        accelerator_type="A100", placement_strategy="SPREAD", env_vars={"NCCL_SOCKET_IFNAME": "lo"},
+    ).to_dict()
+    cfg["storage_path"] = str(tmp_path)
+    prep = TabularPreprocessor(task="regression", label="y", numeric={"a": {"mean": 0.0, "std": 1.0}}, feature_order=["a"])
+    ds = ray.data.range(4)  # lazy: nothing runs
+    trainer = build_trainer(cfg, prep, ds, ds, "knobs")
+    sc = trainer.scaling_config
+    assert (sc.num_workers, sc.use_gpu, sc.accelerator_type, sc.placement_strategy) == (2, True, "A100", "SPREAD")
+    assert sc.resources_per_worker == {"CPU": 2, "GPU": 0.5, "memory": 1e9}
+    assert trainer.backend_config.backend == "nccl"  # Ray's default with GPUs
+    assert trainer.run_config.worker_runtime_env == {"env_vars": {"NCCL_SOCKET_IFNAME": "lo"}}
+    cfg["scaling"].update(use_gpu=False, resources_per_worker=None, backend="gloo", accelerator_type=None)
+    assert build_trainer(cfg, prep, ds, ds, "knobs").backend_config.backend == "gloo"
+    cfg["scaling"]["backend"] = None
+    assert build_trainer(cfg, prep, ds, ds, "knobs").backend_config.backend == "gloo"  # Ray's default without

@@ -1,0 +1,65 @@
+"""`trainflow tune`: a Ray Tune sweep of TorchTrainer runs with concurrent trials, then the retrain path."""
+
+import json
+from itertools import combinations
+
+import pyarrow.dataset as pads
+import pytest
+from mlflow import MlflowClient
+
+from tests.conftest import churn_config
+from trainflow.cli import main as cli_main
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_with_dashboard")]
+
+
+@pytest.fixture(scope="module")
+def ray_with_dashboard():
+    """Ray as trainflow starts it (ensure_ray): with the dashboard, whose state API lets Ray Train clean up
+    the placement groups of trials that Tune stops."""
+    import ray
+
+    from trainflow.runtime import ensure_ray
+
+    ensure_ray()
+    yield
+    ray.shutdown()
+
+
+def test_tune_sweep_end_to_end(tmp_path):
+    cfg = churn_config(
+        tmp_path, rows=2000,
+        train={"epochs": 2, "batch_size": 128},
+        scaling={"num_workers": 1},
+        tune={
+            "num_samples": 4, "max_concurrent_trials": 2, "metric": "val_loss", "mode": "min", "scheduler": "asha",
+            "search_space": {
+                "train.learning_rate": {"loguniform": [0.001, 0.02]},
+                "train.batch_size": {"choice": [64, 128]},
+            },
+        },
+    )
+    assert cli_main(["tune", "--config", str(cfg), "--run-name", "sweep", "--summary-json", str(tmp_path / "s.json")]) == 0
+    summary = json.loads((tmp_path / "s.json").read_text())
+    trials = summary["trials"]
+    assert len(trials) == 4 and summary["max_concurrent_trials"] == 2
+    assert all(t["status"] == "ok" and t["epochs_run"] >= 1 for t in trials)
+    # each trial is its own Train run named from the trial id; the sampled values are in range
+    assert len({t["run_name"] for t in trials}) == 4
+    assert all(t["run_name"] == f"sweep-{t['trial_id']}" for t in trials)
+    assert all(0.001 <= t["params"]["train.learning_rate"] <= 0.02 for t in trials)
+    assert {t["params"]["train.batch_size"] for t in trials} <= {64, 128}
+    # 2 CPUs, 1 CPU per trial: two trials ran at the same time
+    assert any(a["started_at"] < b["ended_at"] and b["started_at"] < a["ended_at"] for a, b in combinations(trials, 2))
+    # the best trial is the one with the lowest val_loss, and its run went on down the retrain path
+    best = summary["best_trial"]
+    assert best["val_loss"] == min(t["val_loss"] for t in trials)
+    assert summary["run_name"] == best["run_name"]
+    assert summary["best_checkpoint"]["metrics"]["val_loss"] == pytest.approx(best["val_loss"])
+    assert summary["best_checkpoint"]["path"].startswith(str(tmp_path / "runs" / best["run_name"]))
+    assert summary["promotion"]["decision"] == "promoted"
+    out = pads.dataset(summary["predictions_path"]).to_table()
+    assert out.num_rows == summary["input_rows"] == 500
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run = client.get_run(summary["mlflow_run_id"])
+    assert float(run.data.params["train.learning_rate"]) == pytest.approx(best["params"]["train.learning_rate"])

@@ -1,0 +1,116 @@
+"""Ray Tune over the TorchTrainer: one Train run per trial, launched from a driver function (Train V2 + Tune).
+
+Each trial's Train run is named <sweep name>-<trial id>, with no timestamp, so a restored sweep
+resumes every unfinished trial from its own latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import ray.data
+import ray.tune
+from ray.tune.integration.ray_train import TuneReportCallback
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+from preprocessors.tabular import TabularPreprocessor
+from trainer.runner import build_trainer, run_dir
+from trainflow.config import trial_config
+
+
+def search_space(space: dict[str, dict[str, list[Any]]]) -> dict[str, Any]:
+    """The config's search_space as Ray Tune sampling objects, keyed by dotted config key."""
+    make = {
+        "loguniform": lambda a: ray.tune.loguniform(*a),
+        "uniform": lambda a: ray.tune.uniform(*a),
+        "randint": lambda a: ray.tune.randint(*a),
+        "choice": lambda a: ray.tune.choice(a),
+        "grid": lambda a: ray.tune.grid_search(a),
+    }
+    return {key: make[kind](args) for key, spec in space.items() for kind, args in spec.items()}
+
+
+def trial_run_name(sweep: str, trial_id: str) -> str:
+    return f"{sweep}-{trial_id}"
+
+
+def train_driver_fn(
+    params: dict[str, Any], base_config: dict, preprocessor: dict, train_ds: ray.data.Dataset,
+    val_ds: ray.data.Dataset, sweep: str,
+) -> None:
+    """One trial: the base config with this trial's sampled values, trained by a TorchTrainer."""
+    cfg = trial_config(base_config, params["sampled"]).to_dict()
+    name = trial_run_name(sweep, ray.tune.get_context().get_trial_id())
+    trainer = build_trainer(
+        cfg, TabularPreprocessor.from_dict(preprocessor), train_ds, val_ds, name, callbacks=[TuneReportCallback()]
+    )
+    trainer.fit()
+
+
+def build_tuner(
+    config: dict[str, Any], preprocessor: TabularPreprocessor, train_ds: ray.data.Dataset, val_ds: ray.data.Dataset,
+    sweep: str, max_concurrent_trials: int,
+) -> ray.tune.Tuner:
+    """A Tuner for config['tune'] (new, or restored when the sweep's folder already exists)."""
+    tune_cfg = config["tune"]
+    trainable = ray.tune.with_parameters(
+        train_driver_fn, base_config=config, preprocessor=preprocessor.to_dict(),
+        train_ds=train_ds, val_ds=val_ds, sweep=sweep,
+    )
+    # The driver only waits on its TorchTrainer; the Train workers ask for their own resources. Tune
+    # refuses an empty request, and any CPU here would come out of the workers' budget: one byte of memory.
+    trainable = ray.tune.with_resources(trainable, {"memory": 1})
+    path = run_dir(config, sweep)
+    if ray.tune.Tuner.can_restore(path):
+        return ray.tune.Tuner.restore(path, trainable=trainable, resume_errored=True)
+    if tune_cfg["scheduler"] == "asha":
+        scheduler = ASHAScheduler(
+            time_attr="training_iteration", max_t=config["train"]["epochs"],
+            grace_period=min(tune_cfg["grace_period"], config["train"]["epochs"]),
+            reduction_factor=tune_cfg["reduction_factor"],
+        )
+    else:
+        scheduler = FIFOScheduler()
+    return ray.tune.Tuner(
+        trainable,
+        param_space={"sampled": search_space(tune_cfg["search_space"])},
+        tune_config=ray.tune.TuneConfig(
+            metric=tune_cfg["metric"], mode=tune_cfg["mode"], num_samples=tune_cfg["num_samples"],
+            max_concurrent_trials=max_concurrent_trials, scheduler=scheduler,
+        ),
+        run_config=ray.tune.RunConfig(name=sweep, storage_path=config["storage_path"], verbose=0),
+    )
+
+
+def summarize_trials(results: ray.tune.ResultGrid, sweep: str, metric: str, mode: str) -> list[dict[str, Any]]:
+    """One row per trial: id, Train run name, sampled values, best metric, epochs, time span, status."""
+    rows = []
+    for result in results:
+        df = result.metrics_dataframe
+        trial_id = (result.metrics or {}).get("trial_id") or result.path.rstrip("/").rsplit("/", 1)[-1]
+        values = [] if df is None or metric not in df else [float(v) for v in df[metric] if v == v]
+        best = (min(values) if mode == "min" else max(values)) if values else None
+        start = end = None
+        if df is not None and "timestamp" in df and len(df):
+            end = float(df["timestamp"].max())
+            start = float((df["timestamp"] - df.get("time_this_iter_s", 0)).min())
+        rows.append({
+            "trial_id": trial_id,
+            "run_name": trial_run_name(sweep, trial_id),
+            "params": dict(result.config["sampled"]),
+            metric: best,
+            "epochs_run": 0 if df is None else len(df),
+            "status": "error" if result.error else "ok",
+            "error": str(result.error).splitlines()[0][:300] if result.error else None,
+            "started_at": start,
+            "ended_at": end,
+        })
+    return rows
+
+
+def best_trial(rows: list[dict[str, Any]], metric: str, mode: str) -> dict[str, Any] | None:
+    scored = [r for r in rows if r[metric] is not None and math.isfinite(r[metric])]
+    if not scored:
+        return None
+    return (min if mode == "min" else max)(scored, key=lambda r: r[metric])
