@@ -19,7 +19,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness")]
 def test_rerun_with_same_name_resumes_after_sigkill(tmp_path):
     cfg = churn_config(tmp_path, rows=6000, train={"epochs": 4, "batch_size": 32})
     run = tmp_path / "runs" / "killed-run"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    from prefect.settings import PREFECT_API_URL
+
+    # the killed flow reports to the session's test server instead of starting a temporary one of its own
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PREFECT_API_URL": PREFECT_API_URL.value()}
     proc = subprocess.Popen(
         [sys.executable, "-m", "trainflow.cli", "retrain", "--config", str(cfg), "--run-name", "killed-run"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,

@@ -28,6 +28,14 @@ def scaling_config(scaling: dict[str, Any]) -> ScalingConfig:
     )
 
 
+def failure_config(max_failures: int) -> FailureConfig:
+    """Worker failures up to max_failures; worker-group start-up failures bounded too (Ray's default is
+    unlimited, so workers that die while starting would retry forever instead of reaching the Prefect retry)."""
+    return FailureConfig(
+        max_failures=max_failures, controller_failure_limit=-1 if max_failures < 0 else max_failures + 1
+    )
+
+
 def torch_config(scaling: dict[str, Any]) -> TorchConfig:
     """The process-group backend: scaling.backend, else Ray's default (NCCL with GPUs, Gloo without)."""
     return TorchConfig(backend=scaling.get("backend"))
@@ -86,7 +94,7 @@ def build_trainer(
                 checkpoint_score_attribute=ckpt["metric"],
                 checkpoint_score_order=ckpt["mode"],
             ),
-            failure_config=FailureConfig(max_failures=config["failure"]["max_failures"]),
+            failure_config=failure_config(config["failure"]["max_failures"]),
             callbacks=[RecoveryLog(run_dir(config, run_name)), *(callbacks or [])],
             worker_runtime_env={"env_vars": dict(config["scaling"].get("env_vars") or {})},
         ),

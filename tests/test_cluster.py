@@ -1,0 +1,80 @@
+"""The retrain flow on an existing multi-node cluster (`ray.address`), surviving the loss of a training node.
+
+A `ray.cluster_utils.Cluster` on loopback: a head that does the data work, and two nodes that
+carry only a custom `trainer` resource, so the 2 Train workers spread one per node. Once Ray has
+registered a checkpoint, the first training node is removed and a third joins: Ray Train restarts
+the worker group on the surviving and the new node and resumes from that checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+from tests.conftest import churn_config
+from trainer.recovery import read_events, recoveries
+from trainflow.cli import main as cli_main
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness")]
+
+TRAINER = {"trainer": 1}
+
+
+def _registered(run) -> bool:
+    try:
+        return bool(json.loads((run / "checkpoint_manager_snapshot.json").read_text()).get("checkpoint_results"))
+    except (OSError, ValueError):
+        return False
+
+
+def test_retrain_on_an_existing_cluster_survives_losing_a_node(tmp_path):
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    first = cluster.add_node(num_cpus=0, resources=TRAINER)
+    second = cluster.add_node(num_cpus=0, resources=TRAINER)
+    cluster.wait_for_nodes()
+    try:
+        cfg = churn_config(
+            tmp_path, rows=6000, train={"epochs": 4, "batch_size": 32},
+            scaling={"num_workers": 2, "placement_strategy": "SPREAD", "resources_per_worker": {"CPU": 0, **TRAINER}},
+            failure={"max_failures": 2}, ray={"address": cluster.address},
+        )
+        assert not ray.is_initialized()
+        outcome: dict = {}
+        args = ["retrain", "--config", str(cfg), "--run-name", "on-cluster", "--summary-json", str(tmp_path / "s.json")]
+        flow = threading.Thread(target=lambda: outcome.setdefault("rc", cli_main(args)), daemon=True)
+        flow.start()
+        run = tmp_path / "runs" / "on-cluster"
+        deadline = time.monotonic() + 300
+        while not _registered(run):
+            assert flow.is_alive() and time.monotonic() < deadline, "no checkpoint was registered"
+            time.sleep(0.3)
+        cluster.remove_node(first)
+        third = cluster.add_node(num_cpus=0, resources=TRAINER)
+        flow.join(timeout=600)
+        assert outcome.get("rc") == 0
+        # the flow joined this cluster instead of starting its own Ray
+        assert ray.get_runtime_context().gcs_address == cluster.address
+        summary = json.loads((tmp_path / "s.json").read_text())
+        events = read_events(summary["ray_run_path"])
+        starts = [e for e in events if e["event"] == "worker_start"]
+        fresh = {e["node_id"] for e in starts if e["from_epoch"] == 0}
+        resumed = {e["node_id"] for e in starts if e["from_epoch"] > 0}
+        # one worker per training node, before and after the loss; never on the head
+        assert fresh == {first.node_id, second.node_id}
+        assert resumed == {second.node_id, third.node_id}
+        assert summary["resumed_from_epoch"] is None  # the run was new; the resume happened inside Ray Train
+        [recovery] = recoveries(events)
+        assert recovery["resumed_from_epoch"] >= 1
+        assert [e["epoch"] for e in events if e["event"] == "resume"] == [recovery["resumed_from_epoch"]]
+        assert summary["epochs_run"] == 4
+        # checkpoints in the storage every node shares; predictions for every row
+        assert summary["best_checkpoint"]["path"].startswith(str(run))
+        assert summary["output_rows"] == summary["input_rows"] == 500
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
