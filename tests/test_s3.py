@@ -94,7 +94,10 @@ def test_read_checkpoint_resume_and_predict_in_s3(s3_endpoint, tmp_path):
     assert first["data_path"] == f"s3://{BUCKET}/data/train/"
     assert first["ray_run_path"] == f"s3://{BUCKET}/runs/s3-run"
     assert first["best_checkpoint"]["uri"].startswith(f"s3://{BUCKET}/runs/s3-run/checkpoint_")
-    kept = [i.base_name for i in fs.get_file_info(pafs.FileSelector(f"{BUCKET}/runs/s3-run")) if i.base_name.startswith("checkpoint_")]
+    kept = [
+        i.base_name for i in fs.get_file_info(pafs.FileSelector(f"{BUCKET}/runs/s3-run"))
+        if i.type == pafs.FileType.Directory and i.base_name.startswith("checkpoint_")
+    ]
     assert len(kept) == 2
     out = pads.dataset(f"{BUCKET}/predictions/churn", filesystem=fs).to_table()
     assert out.num_rows == first["output_rows"] == score.num_rows

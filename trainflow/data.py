@@ -293,6 +293,18 @@ def check_writable(output: str) -> None:
         raise DataError(f"inference output {output}: cannot write there ({exc})") from None
 
 
+def _move(fs: pafs.FileSystem, src: str, dst: str) -> None:
+    """Rename src to dst: one atomic rename on a local disk; object by object on object stores (S3 has no
+    folder rename), where a crash mid-way leaves the previous output complete under its .old- name."""
+    if isinstance(fs, pafs.LocalFileSystem) or fs.get_file_info(src).type != pafs.FileType.Directory:
+        fs.move(src, dst)
+        return
+    for info in fs.get_file_info(pafs.FileSelector(src, recursive=True)):
+        if info.type == pafs.FileType.File:
+            fs.move(info.path, dst + info.path[len(src):])
+    fs.delete_dir(src)
+
+
 def write_parquet_atomic(ds: ray.data.Dataset, output: str, expected_rows: int) -> int:
     """Write ds as Parquet under a temporary sibling of output, check the row count, then swap it in.
 
@@ -310,8 +322,8 @@ def write_parquet_atomic(ds: ray.data.Dataset, output: str, expected_rows: int) 
             raise DataError(f"inference wrote {written} rows for {expected_rows} input rows; output left unchanged")
         had_old = fs.get_file_info(inner).type != pafs.FileType.NotFound
         if had_old:
-            fs.move(inner, old)
-        fs.move(tmp, inner)
+            _move(fs, inner, old)
+        _move(fs, tmp, inner)
         if had_old and fs.get_file_info(old).type == pafs.FileType.Directory:
             fs.delete_dir(old)
         elif had_old:
