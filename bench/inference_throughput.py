@@ -74,6 +74,7 @@ def main() -> None:
     path = make_table()
     with tempfile.TemporaryDirectory() as tmp:
         start_ray()
+        os.makedirs(os.path.join(tmp, "ckpt"))
         checkpoint = make_checkpoint(path, os.path.join(tmp, "ckpt"))
         ours = run_trainflow(path, checkpoint, os.path.join(tmp, "ours"))
         ray.shutdown()
