@@ -107,3 +107,21 @@ def test_schema_drift_is_named():
     # lenient mode (validation rows) encodes an unseen category as all zeros
     lenient = prep.transform_features(table.set_column(3, "colour", pa.array(["purple"] * table.num_rows)), strict=False)
     assert lenient[:, 2:].sum() == 0
+
+
+def test_globs_and_csv_folders_read_every_matching_file(tmp_path):
+    import pyarrow.csv as pacsv
+
+    from trainflow.data import read_table
+
+    (tmp_path / "csv").mkdir()
+    for i in range(3):
+        pacsv.write_csv(pa.table({"x": [i, i + 10], "y": [0, 1]}), tmp_path / "csv" / f"part-{i}.csv")
+    (tmp_path / "csv" / "_SUCCESS").write_text("")  # markers are not data
+    ds, files, _ = read_table(str(tmp_path / "csv"), "csv")
+    assert [f.rsplit("/", 1)[-1] for f in files] == ["part-0.csv", "part-1.csv", "part-2.csv"]
+    assert sorted(r["x"] for r in ds.take_all()) == [0, 1, 2, 10, 11, 12]
+    ds, files, _ = read_table(str(tmp_path / "csv" / "part-[02].csv"), "csv")
+    assert len(files) == 2 and ds.count() == 4
+    with pytest.raises(DataError, match="the pattern matches no files"):
+        read_table(str(tmp_path / "csv" / "*.parquet"), "parquet")
