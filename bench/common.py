@@ -34,10 +34,10 @@ def make_table(path: Path | None = None, rows: int = ROWS) -> Path:
 def start_ray() -> None:
     import ray
 
-    from trainflow.runtime import quiet_ray_data
+    from trainflow.runtime import configure_ray_data
 
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
-    quiet_ray_data()
+    configure_ray_data()
 
 
 def report(name: str, ours: float, baseline: float, unit: str, ratio: float, note: str) -> None:

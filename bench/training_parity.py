@@ -42,10 +42,10 @@ def run_trainflow(path: Path, storage: str) -> tuple[list[float], float]:
     from trainer.runner import build_trainer
     from trainflow.config import config_from_dict
     from trainflow.data import TableSpec, apply_preprocessor, arrow_schema, check_columns, fit_preprocessor, read_table
-    from trainflow.runtime import quiet_ray_data
+    from trainflow.runtime import configure_ray_data
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    quiet_ray_data()
+    configure_ray_data()
     cfg = config_from_dict(
         {
             "data": {"path": str(path), "label": "y"},

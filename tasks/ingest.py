@@ -43,10 +43,10 @@ def ingest(config: Config) -> Ingested:
     ds, files, fs = read_table(data.path, data.format)
     schema = arrow_schema(ds, data.path)
     features, numeric, categorical = check_columns(schema, data, config.task, data.path)
-    check_numeric_text(ds, categorical, data.path)
     if config.inference.input:
         preflight_inference(config, features)
-    ds = ds.materialize()
+    ds = ds.materialize()  # read once; the checks below and the split reuse it
+    check_numeric_text(ds, categorical, data.path)
     rows, bad = count_rows_and_bad_labels(ds, data.label)
     if rows == 0:
         raise DataError(f"{data.path}: the table has no rows")

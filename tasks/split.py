@@ -26,10 +26,9 @@ class Split:
 @task(name="split", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
 def split(ingested: Ingested, config: Config) -> Split:
     """Split the table into training and validation parts."""
-    train, val = split_table(
+    train, val, n_train, n_val = split_table(
         ingested.dataset, config.task, config.data.label, config.split.validation_fraction, config.split.seed
     )
-    n_train, n_val = train.count(), val.count()
     if n_train == 0 or n_val == 0:
         raise DataError(
             f"{ingested.spec.path}: {ingested.spec.rows} rows are too few to split with "

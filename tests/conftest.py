@@ -30,10 +30,10 @@ def prefect_harness():
 def ray_local():
     import ray
 
-    from trainflow.runtime import quiet_ray_data
+    from trainflow.runtime import configure_ray_data
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    quiet_ray_data()
+    configure_ray_data()
     yield ray
     ray.shutdown()
 

@@ -23,10 +23,10 @@ pytestmark = [
 def ray_gpu():
     import ray
 
-    from trainflow.runtime import quiet_ray_data
+    from trainflow.runtime import configure_ray_data
 
     ray.init(num_cpus=4, num_gpus=1, include_dashboard=False, log_to_driver=False)
-    quiet_ray_data()
+    configure_ray_data()
     yield
     ray.shutdown()
 

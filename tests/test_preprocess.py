@@ -9,7 +9,7 @@ import ray.data
 
 from preprocessors.tabular import SchemaDriftError, TabularPreprocessor
 from trainflow.config import DataSection
-from trainflow.data import TableSpec, apply_preprocessor, check_columns, fit_preprocessor, split_table
+from trainflow.data import TableSpec, apply_preprocessor, check_columns, fit_preprocessor, split_table, SPLIT_KEY
 from trainflow.errors import DataError
 
 pytestmark = pytest.mark.usefixtures("ray_local")
@@ -51,17 +51,32 @@ def test_check_columns_classifies_and_rejects():
         check_columns(with_list.schema, DataSection(path="m", label="y"), "classification", "m")
 
 
-def test_stratified_split_is_seeded_and_keeps_class_ratio():
-    ds = ray.data.from_arrow(_table(1000))
-    train, val = split_table(ds, "classification", "y", 0.2, seed=3)
-    tv = val.to_arrow_refs()
-    val_ids = np.sort(np.concatenate([ray.get(r)["id"].to_numpy() for r in tv]))
-    train_ids = np.concatenate([b["id"] for b in train.iter_batches(batch_format="numpy")])
+def _ids(ds) -> np.ndarray:
+    return np.concatenate([b["id"] for b in ds.iter_batches(batch_format="numpy")])
+
+
+def test_stratified_split_is_seeded_exact_per_class_and_shuffles_train():
+    train, val, n_train, n_val = split_table(ray.data.from_arrow(_table(1000)), "classification", "y", 0.2, seed=3)
+    val_ids, train_ids = np.sort(_ids(val)), _ids(train)
     assert len(np.intersect1d(val_ids, train_ids)) == 0 and len(val_ids) + len(train_ids) == 1000
+    assert (len(train_ids), len(val_ids)) == (n_train, n_val)
+    # exactly int(n_class * 0.2) validation rows of each class, as Ray's stratified split counts them
     y = _table(1000)["y"].to_numpy(zero_copy_only=False)
-    assert abs((y[val_ids] == "yes").mean() - (y == "yes").mean()) < 0.02
-    _, val2 = split_table(ray.data.from_arrow(_table(1000)), "classification", "y", 0.2, seed=3)
-    assert np.array_equal(val_ids, np.sort(np.concatenate([b["id"] for b in val2.iter_batches(batch_format="numpy")])))
+    for cls in ("yes", "no"):
+        assert (y[val_ids] == cls).sum() == int((y == cls).sum() * 0.2)
+    # SGD sees the training rows in a shuffled order, not the file's
+    assert not np.array_equal(train_ids, np.sort(train_ids))
+    # the same seed gives the same split; another seed another one
+    _, val2, _, _ = split_table(ray.data.from_arrow(_table(1000)), "classification", "y", 0.2, seed=3)
+    assert np.array_equal(val_ids, np.sort(_ids(val2)))
+    _, val3, _, _ = split_table(ray.data.from_arrow(_table(1000)), "classification", "y", 0.2, seed=4)
+    assert not np.array_equal(val_ids, np.sort(_ids(val3)))
+
+
+def test_regression_split_holds_out_the_fraction():
+    train, val, n_train, n_val = split_table(ray.data.from_arrow(_table(1000)), "regression", "x (cm)", 0.25, seed=1)
+    assert (n_train, n_val) == (750, 250) == (train.count(), val.count())
+    assert SPLIT_KEY not in val.schema().names and set(_ids(train)) | set(_ids(val)) == set(range(1000))
 
 
 def test_fit_uses_train_only_and_transform_matches_numpy():

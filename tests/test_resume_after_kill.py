@@ -42,10 +42,10 @@ def test_rerun_with_same_name_resumes_after_sigkill(tmp_path):
 
     import ray
 
-    from trainflow.runtime import quiet_ray_data
+    from trainflow.runtime import configure_ray_data
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    quiet_ray_data()
+    configure_ray_data()
     try:
         summary_path = tmp_path / "summary.json"
         assert cli_main(["retrain", "--config", str(cfg), "--run-name", "killed-run", "--summary-json", str(summary_path)]) == 0

@@ -59,10 +59,10 @@ def ray_with_s3(s3_endpoint):
     """A local Ray started after the AWS settings exist, so every worker inherits them."""
     import ray
 
-    from trainflow.runtime import quiet_ray_data
+    from trainflow.runtime import configure_ray_data
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    quiet_ray_data()
+    configure_ray_data()
     yield
     ray.shutdown()
 

@@ -9,11 +9,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import ray
 import ray.data
 from ray.data.aggregate import Count, Mean, Std, Unique, ValueCounter
+from ray.data.expressions import random
 
 from preprocessors.tabular import TabularPreprocessor, is_numeric_type, is_string_type
 from trainflow.config import DataSection, is_uri
@@ -178,14 +180,47 @@ def count_rows_and_bad_labels(ds: ray.data.Dataset, label: str) -> tuple[int, in
     return int(agg.get("sum(rows)") or 0), int(agg.get("sum(bad)") or 0)
 
 
+SPLIT_KEY = "__trainflow_split_key"
+
+
+def _rows_of_split(batch: pa.Table, label: str | None, classes: pa.Array | None, thresholds: np.ndarray, val: bool) -> pa.Table:
+    # a row is in validation when its random key falls below its class's threshold
+    if classes is None:
+        limit = thresholds[0]
+    else:
+        limit = thresholds[pc.index_in(batch[label], value_set=classes).to_numpy(zero_copy_only=False)]
+    in_val = batch[SPLIT_KEY].to_numpy() < limit
+    return batch.filter(pa.array(in_val if val else ~in_val)).drop_columns([SPLIT_KEY])
+
+
 def split_table(ds: ray.data.Dataset, task: str, label: str, fraction: float, seed: int):
-    """Seeded train/validation split; stratified by label for classification."""
-    shuffled = ds.random_shuffle(seed=seed)
-    if task != "classification":
-        return shuffled.train_test_split(test_size=fraction)
-    train, val = shuffled.train_test_split(test_size=fraction, stratify=label)
-    # the stratified split groups rows by class; reshuffle so SGD batches mix classes
-    return train.random_shuffle(seed=seed + 1).materialize(), val.materialize()
+    """Seeded train/validation split, stratified by label for classification: (train, val, train_rows, val_rows).
+
+    Every row draws a seeded random key; per class (one class for regression) the int(n * fraction)
+    rows with the smallest keys form the validation part, as Ray's stratified train_test_split counts
+    them. Only the keys and labels travel to the driver, and the only all-to-all step is the shuffle of
+    the training part (SGD needs mixed batches; validation order does not matter). Both parts are
+    materialized, so the split is computed once.
+    """
+    keyed = ds.with_column(SPLIT_KEY, random(seed=seed, reseed_after_execution=False)).materialize()
+    cols = [label, SPLIT_KEY] if task == "classification" else [SPLIT_KEY]
+    pulled = pa.concat_tables(ray.get(keyed.select_columns(cols).to_arrow_refs()))
+    keys = pulled[SPLIT_KEY].to_numpy()
+    if task == "classification":
+        classes, codes = np.unique(pulled[label].to_numpy(zero_copy_only=False), return_inverse=True)
+        groups = [keys[codes == i] for i in range(len(classes))]
+        classes_arr = pa.array(classes.tolist(), type=pulled.schema.field(label).type)
+    else:
+        groups, classes_arr = [keys], None
+    thresholds = np.empty(len(groups))
+    for i, k in enumerate(groups):
+        n_val = int(len(k) * fraction)
+        thresholds[i] = np.partition(k, n_val)[n_val] if n_val < len(k) else np.inf
+    val_rows = sum(int(len(k) * fraction) for k in groups)
+    kwargs = {"label": label, "classes": classes_arr, "thresholds": thresholds}
+    train = keyed.map_batches(_rows_of_split, fn_kwargs={**kwargs, "val": False}, batch_format="pyarrow")
+    val = keyed.map_batches(_rows_of_split, fn_kwargs={**kwargs, "val": True}, batch_format="pyarrow")
+    return train.random_shuffle(seed=seed).materialize(), val.materialize(), len(keys) - val_rows, val_rows
 
 
 def _cast_columns(batch: pa.Table, casts: dict[str, pa.DataType]) -> pa.Table:

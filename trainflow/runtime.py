@@ -27,15 +27,23 @@ def ensure_ray(address: str | None = None, runtime_env: dict | None = None) -> N
         logging_level=logging.WARNING,
         configure_logging=True,
     )
-    quiet_ray_data()
+    configure_ray_data()
 
 
-def quiet_ray_data() -> None:
-    """Ray Data prints progress for every dataset; keep the driver's output readable."""
+def configure_ray_data() -> None:
+    """Ray Data settings for this driver: readable output, and task-based shuffles.
+
+    Ray 2.60 defaults to hash shuffles served by aggregator actors; on a small cluster their start-up
+    dominates (measured here: a first aggregate 3.3 s vs 0.9 s, a first random_shuffle 1.4 s vs 0.1 s
+    with the sort-based pull shuffle). Set RAY_DATA_DEFAULT_SHUFFLE_STRATEGY to choose another.
+    """
     from ray.data import DataContext
+    from ray.data.context import ShuffleStrategy
 
     ctx = DataContext.get_current()
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
+    if "RAY_DATA_DEFAULT_SHUFFLE_STRATEGY" not in os.environ:
+        ctx.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
     for name in ("ray.data", "ray.train", "ray.tune"):
         logging.getLogger(name).setLevel(logging.WARNING)
