@@ -32,12 +32,9 @@ def make_table(path: Path | None = None, rows: int = ROWS) -> Path:
 
 
 def start_ray() -> None:
-    import ray
+    from trainflow.runtime import ensure_ray
 
-    from trainflow.runtime import configure_ray_data
-
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
-    configure_ray_data()
+    ensure_ray(num_cpus=os.cpu_count())  # as trainflow starts it
 
 
 def report(name: str, ours: float, baseline: float, unit: str, ratio: float, note: str) -> None:

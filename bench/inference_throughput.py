@@ -23,12 +23,11 @@ def make_checkpoint(path, directory: str) -> str:
     from trainer.checkpoint import save_checkpoint
     from trainer.model import build_model
     from trainflow.config import config_from_dict
-    from trainflow.data import TableSpec, arrow_schema, check_columns, fit_preprocessor, read_table
+    from trainflow.data import arrow_schema, fit_preprocessor, read_table, table_spec
 
     cfg = config_from_dict({"data": {"path": str(path), "label": "y", "id_column": "id"}, "task": "regression"})
     ds, _, _ = read_table(cfg.data.path, "parquet")
-    features, numeric, cat = check_columns(arrow_schema(ds, str(path)), cfg.data, cfg.task, str(path))
-    prep = fit_preprocessor(ds, TableSpec(str(path), [], "y", "id", numeric, cat, ROWS, "", features), cfg.task)
+    prep = fit_preprocessor(ds, table_spec(arrow_schema(ds, str(path)), cfg.data, cfg.task, str(path)), cfg.task)
     model = build_model(prep.num_features, prep.num_outputs, cfg.model.hidden_sizes, cfg.model.dropout)
     save_checkpoint(directory, model, torch.optim.Adam(model.parameters()), 0, 0, {"epoch": 0}, [], prep.to_dict(), cfg.to_dict())
     return directory
@@ -42,6 +41,10 @@ def run_trainflow(path, checkpoint: str, out: str) -> float:
     prep = TabularPreprocessor.load(checkpoint)
     t0 = time.perf_counter()
     ds, _, _ = read_table(str(path), "parquet")
+    # as the infer task does: the table is materialized before the actors start, so the read tasks never
+    # wait for CPUs that the actor pool holds (with every CPU in actors, a lazy read would never be scheduled)
+    ds.context.execution_options.preserve_order = True
+    ds = ds.materialize()
     preds = predict_dataset(ds, checkpoint, "id", prep.feature_order, batch_size=65536, num_actors=os.cpu_count())
     rows = write_parquet_atomic(preds, out, ROWS)
     seconds = time.perf_counter() - t0

@@ -19,15 +19,14 @@ def run_trainflow(path) -> float:
     import ray
 
     from trainflow.config import config_from_dict
-    from trainflow.data import TableSpec, apply_preprocessor, arrow_schema, check_columns, fit_preprocessor, read_table
+    from trainflow.data import apply_preprocessor, arrow_schema, fit_preprocessor, read_table, table_spec
 
     start_ray()
     cfg = config_from_dict({"data": {"path": str(path), "label": "y", "id_column": "id"}, "task": "regression"})
     t0 = time.perf_counter()
     ds, _, _ = read_table(cfg.data.path, "parquet")
-    features, numeric, cat = check_columns(arrow_schema(ds, str(path)), cfg.data, cfg.task, str(path))
+    spec = table_spec(arrow_schema(ds, str(path)), cfg.data, cfg.task, str(path))
     ds = ds.materialize()
-    spec = TableSpec(str(path), [], "y", "id", numeric, cat, ROWS, "", features)
     prep = fit_preprocessor(ds, spec, cfg.task)
     packed = apply_preprocessor(ds, prep).materialize()
     rows = packed.count()

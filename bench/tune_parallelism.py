@@ -22,7 +22,7 @@ def sweep(storage: str, name: str, max_concurrent: int | None) -> tuple[float, i
     from tests.conftest import make_regression_table
     from trainer.tune import build_tuner
     from trainflow.config import config_from_dict
-    from trainflow.data import TableSpec, apply_preprocessor, check_columns, fit_preprocessor
+    from trainflow.data import fit_and_pack, table_spec
 
     table = make_regression_table(20_000)
     cfg = config_from_dict({
@@ -32,11 +32,8 @@ def sweep(storage: str, name: str, max_concurrent: int | None) -> tuple[float, i
         "tune": {"num_samples": TRIALS, "max_concurrent_trials": max_concurrent, "scheduler": "fifo",
                  "search_space": {"train.learning_rate": {"loguniform": [0.001, 0.01]}}},
     })
-    features, numeric, cat = check_columns(table.schema, cfg.data, "regression", "mem")
-    spec = TableSpec("mem", [], "target y", "row id", numeric, cat, table.num_rows, "", features)
     train, val = ray.data.from_arrow(table.slice(0, 16_000)), ray.data.from_arrow(table.slice(16_000))
-    prep = fit_preprocessor(train, spec, "regression")
-    train, val = apply_preprocessor(train, prep).materialize(), apply_preprocessor(val, prep).materialize()
+    prep, train, val = fit_and_pack(train, val, table_spec(table.schema, cfg.data, "regression", "mem"), "regression")
     parallel = concurrency(cfg)
     t0 = time.perf_counter()
     results = build_tuner(cfg.to_dict(), prep, train, val, name, parallel).fit()

@@ -9,19 +9,20 @@ from typing import Any
 import yaml
 from prefect import serve
 from prefect.deployments.runner import RunnerDeployment
-from prefect.schedules import Cron, Interval, Schedule
+from prefect.client.schemas.schedules import construct_schedule
 
 from trainflow.errors import ConfigError
 
 PREFECT_FILE = Path(__file__).resolve().parents[1] / "deployments" / "prefect.yaml"
 
 
-def _schedule(spec: dict[str, Any], where: str) -> Schedule:
-    if "cron" in spec:
-        return Cron(spec["cron"], timezone=spec.get("timezone"), active=spec.get("active", True))
-    if "interval" in spec:
-        return Interval(spec["interval"], timezone=spec.get("timezone"), active=spec.get("active", True))
-    raise ConfigError(f"{where}: only cron and interval schedules can be served, got {sorted(spec)}")
+def _schedule(spec: dict[str, Any], where: str) -> dict[str, Any]:
+    """A prefect.yaml schedule entry as `to_deployment` takes it, built by Prefect's own constructor."""
+    fields = {k: spec[k] for k in ("interval", "anchor_date", "cron", "rrule", "timezone") if k in spec}
+    try:
+        return {"schedule": construct_schedule(**fields), "active": spec.get("active", True)}
+    except ValueError as exc:
+        raise ConfigError(f"{where}: schedule {spec}: {exc}") from None
 
 
 def runner_deployments(prefect_file: str | Path = PREFECT_FILE, parameters: dict[str, Any] | None = None) -> list[RunnerDeployment]:

@@ -8,12 +8,10 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-import ray.data
-from ray.data import DataContext
 
 from preprocessors.tabular import SchemaDriftError, TabularPreprocessor
 from tasks.common import retry_unless_user_error
-from trainer.predict import BatchPredictor
+from trainer.predict import predict_dataset
 from trainflow.config import Config, infer_format
 from trainflow.data import arrow_schema, check_categories, check_writable, read_table, write_parquet_atomic
 from trainflow.errors import CheckpointError, DataError
@@ -70,21 +68,16 @@ def infer(checkpoint_path: str, config: Config) -> Predictions:
         raise DataError(str(exc)) from None
     if id_column is not None and id_column not in schema.names:
         raise DataError(f"{input_path}: id column {id_column!r} not found; columns are {list(schema.names)}")
-    # one output row per input row, in input order
-    DataContext.get_current().execution_options.preserve_order = True
+    # one output row per input row, in input order (set on this dataset's own context, inherited by its
+    # derived datasets, so no other dataset of the process is affected)
+    ds.context.execution_options.preserve_order = True
     ds = ds.materialize()
     input_rows = ds.count()
     if input_rows == 0:
         raise DataError(f"{input_path}: the table has no rows")
     check_categories(ds, prep, input_path)
-    cols = prep.feature_order + ([id_column] if id_column and id_column not in prep.feature_order else [])
-    preds = ds.select_columns(cols).map_batches(
-        BatchPredictor,
-        fn_constructor_kwargs={"checkpoint_path": checkpoint_path, "id_column": id_column, "use_gpu": inf.use_gpu},
-        batch_size=inf.batch_size,
-        batch_format="pyarrow",
-        compute=ray.data.ActorPoolStrategy(size=inf.num_actors),
-        num_gpus=1 if inf.use_gpu else 0,
+    preds = predict_dataset(
+        ds, checkpoint_path, id_column, prep.feature_order, inf.batch_size, inf.num_actors, inf.use_gpu
     )
     rows = write_parquet_atomic(preds, output_path, input_rows)
     log.info("wrote %d predictions for %d input rows to %s", rows, input_rows, output_path)

@@ -10,7 +10,7 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.common import retry_unless_user_error
 from trainflow.config import Config, infer_format
-from trainflow.data import TableSpec, arrow_schema, check_columns, check_numeric_text, check_writable, count_rows_and_bad_labels, fingerprint, mlflow_type, read_table
+from trainflow.data import TableSpec, arrow_schema, check_numeric_text, check_writable, count_rows_and_bad_labels, fingerprint, read_table, table_spec
 from trainflow.errors import DataError
 from trainer.resources import check_fits
 from trainflow.runtime import ensure_ray
@@ -42,11 +42,11 @@ def ingest(config: Config) -> Ingested:
     data = config.data
     ds, files, fs = read_table(data.path, data.format)
     schema = arrow_schema(ds, data.path)
-    features, numeric, categorical = check_columns(schema, data, config.task, data.path)
+    spec = table_spec(schema, data, config.task, data.path, files=files)
     if config.inference.input:
-        preflight_inference(config, features)
+        preflight_inference(config, spec.feature_order)
     ds = ds.materialize()  # read once; the checks below and the split reuse it
-    check_numeric_text(ds, categorical, data.path)
+    check_numeric_text(ds, spec.categorical, data.path)
     rows, bad = count_rows_and_bad_labels(ds, data.label)
     if rows == 0:
         raise DataError(f"{data.path}: the table has no rows")
@@ -55,20 +55,9 @@ def ingest(config: Config) -> Ingested:
             f"{data.path}: label column {data.label!r} has {bad} missing, NaN or infinite value(s) out of {rows} rows; "
             "drop or fix those rows"
         )
-    spec = TableSpec(
-        path=data.path,
-        files=files,
-        label=data.label,
-        id_column=data.id_column,
-        numeric=numeric,
-        categorical=categorical,
-        rows=rows,
-        fingerprint=fingerprint(fs, files, schema),
-        feature_order=features,
-        mlflow_types={c: mlflow_type(schema.field(c).type) for c in features},
-    )
+    spec.rows, spec.fingerprint = rows, fingerprint(fs, files, schema)
     get_run_logger().info(
         "read %d rows from %d file(s): %d numeric, %d text feature(s); fingerprint %s",
-        rows, len(files), len(numeric), len(categorical), spec.fingerprint,
+        rows, len(files), len(spec.numeric), len(spec.categorical), spec.fingerprint,
     )
     return Ingested(ds, spec)

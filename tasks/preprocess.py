@@ -13,7 +13,7 @@ from tasks.common import retry_unless_user_error
 from tasks.ingest import Ingested
 from tasks.split import Split
 from trainflow.config import Config
-from trainflow.data import apply_preprocessor, fit_preprocessor, fits_in_object_store
+from trainflow.data import fit_preprocessor, fits_in_object_store, pack
 
 
 @dataclass
@@ -28,11 +28,8 @@ class Prepared:
 def preprocess(ingested: Ingested, parts: Split, config: Config) -> Prepared:
     """Fit on train, transform train and validation; materialize when the packed data fits in memory."""
     prep = fit_preprocessor(parts.train, ingested.spec, config.task)
-    train = apply_preprocessor(parts.train, prep)
-    val = apply_preprocessor(parts.val, prep)
     materialize = fits_in_object_store(parts.train_rows + parts.val_rows, prep.num_features)
-    if materialize:
-        train, val = train.materialize(), val.materialize()
+    train, val = pack(parts.train, parts.val, prep, materialize)
     get_run_logger().info(
         "preprocessor: %d input columns -> %d features%s; training set %s",
         len(prep.feature_order), prep.num_features,

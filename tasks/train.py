@@ -35,14 +35,15 @@ class TrainOutcome:
 def train(prepared: Prepared, config: Config, run_name: str) -> TrainOutcome:
     """Fit with TorchTrainer; a rerun with the same run_name resumes from its latest checkpoint."""
     ensure_ray(config.ray.address, config.ray.runtime_env)
-    check_fits(config.scaling.model_dump())
+    check_fits(config.scaling.model_dump())  # again: a retry may find fewer nodes than ingest did
     log = get_run_logger()
-    trainer = build_trainer(config.to_dict(), prepared.preprocessor, prepared.train, prepared.val, run_name)
+    resolved = config.to_dict()
+    trainer = build_trainer(resolved, prepared.preprocessor, prepared.train, prepared.val, run_name)
     log.info(
         "training %s: %d worker(s), gpu=%s, %d epoch(s), storage %s",
         run_name, config.scaling.num_workers, config.scaling.use_gpu, config.train.epochs, config.storage_path,
     )
-    path = run_dir(config.to_dict(), run_name)
+    path = run_dir(resolved, run_name)
     seen = len(read_events(path))
     existed = latest_epoch(path) is not None
     if existed:

@@ -16,7 +16,7 @@ from tasks.report import artifact_key
 from tasks.train import TrainOutcome
 from trainer.checkpoint import METRICS_FILE
 from trainer.recovery import read_events, recoveries
-from trainer.resources import check_fits, worker_bundle, workers_that_fit
+from trainer.resources import alive_nodes, check_fits, worker_bundle, workers_that_fit
 from trainer.runner import checkpoints_on_disk, run_dir
 from trainer.tune import best_trial, build_tuner, summarize_trials
 from trainflow.config import Config, trial_config
@@ -37,11 +37,8 @@ class Swept:
 
 def concurrency(config: Config, nodes: list[dict[str, float]] | None = None) -> int:
     """Trials at once: as many worker groups as the cluster holds, capped by tune.max_concurrent_trials."""
-    import ray
-
     scaling = config.scaling.model_dump()
-    if nodes is None:
-        nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    nodes = alive_nodes() if nodes is None else nodes
     fit = max(1, workers_that_fit(worker_bundle(scaling), nodes) // max(1, scaling["num_workers"]))
     cap = config.tune.max_concurrent_trials
     return min(fit, cap) if cap else fit

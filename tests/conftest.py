@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +27,42 @@ def prefect_harness():
         yield
 
 
-@pytest.fixture(scope="module")
-def ray_local():
+@pytest.fixture(scope="session")
+def _ray_session():
+    yield
     import ray
 
-    from trainflow.runtime import configure_ray_data
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    configure_ray_data()
-    yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_local(_ray_session):
+    """One local Ray of 2 CPUs, started as trainflow starts it (ensure_ray, dashboard on), shared by every
+    module that asks for it: its start-up and warm workers are paid once. A module that needs another Ray
+    uses `own_ray`, which shuts this one down; the next module that asks for it starts it again."""
+    import ray
+
+    from trainflow.runtime import ensure_ray
+
+    ensure_ray(num_cpus=2)
+    yield ray
+
+
+@pytest.fixture(scope="module")
+def own_ray():
+    """For modules that start their own Ray (a Cluster, other settings): no shared Ray in the way, none left."""
+    import ray
+
+    ray.shutdown()
+    yield
+    ray.shutdown()
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1, for servers the tests start."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def make_regression_table(rows: int, seed: int = 0, with_label: bool = True) -> pa.Table:

@@ -1,5 +1,6 @@
 """Shared pieces of the fault-injection tests: a small run and a train function that fails once."""
 
+import json
 import os
 import signal
 import time
@@ -10,9 +11,17 @@ import ray.data
 from tests.conftest import make_regression_table
 from trainer.loop import train_fn_per_worker
 from trainflow.config import config_from_dict
-from trainflow.data import TableSpec, apply_preprocessor, check_columns, fit_preprocessor
+from trainflow.data import fit_and_pack, table_spec
 
 EPOCHS, FAIL_AT = 4, 2
+
+
+def checkpoint_registered(run: Path) -> bool:
+    """Ray's controller has recorded a checkpoint of this run (what a restarted run resumes from)."""
+    try:
+        return bool(json.loads((run / "checkpoint_manager_snapshot.json").read_text()).get("checkpoint_results"))
+    except (OSError, ValueError):
+        return False
 
 
 def small_run(tmp_path, hang_timeout_s=600.0, resources_per_worker=None, max_failures=2):
@@ -25,11 +34,8 @@ def small_run(tmp_path, hang_timeout_s=600.0, resources_per_worker=None, max_fai
         "checkpoint": {"num_to_keep": 2}, "failure": {"max_failures": max_failures, "hang_timeout_s": hang_timeout_s},
         "storage_path": str(tmp_path / "runs"),
     }, base_dir=tmp_path)
-    features, numeric, cat = check_columns(table.schema, cfg.data, "regression", "mem")
-    spec = TableSpec("mem", [], "target y", "row id", numeric, cat, table.num_rows, "", features)
     train, val = ray.data.from_arrow(table.slice(0, 1000)), ray.data.from_arrow(table.slice(1000))
-    prep = fit_preprocessor(train, spec, "regression")
-    return cfg.to_dict(), prep, apply_preprocessor(train, prep).materialize(), apply_preprocessor(val, prep).materialize()
+    return cfg.to_dict(), *fit_and_pack(train, val, table_spec(table.schema, cfg.data, "regression", "mem"), "regression")
 
 
 def faulty(marker_dir: str, fault: str):

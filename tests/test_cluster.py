@@ -17,19 +17,13 @@ import ray
 from ray.cluster_utils import Cluster
 
 from tests.conftest import churn_config
+from tests.faults import checkpoint_registered
 from trainer.recovery import read_events, recoveries
 from trainflow.cli import main as cli_main
 
-pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness")]
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "own_ray")]
 
 TRAINER = {"trainer": 1}
-
-
-def _registered(run) -> bool:
-    try:
-        return bool(json.loads((run / "checkpoint_manager_snapshot.json").read_text()).get("checkpoint_results"))
-    except (OSError, ValueError):
-        return False
 
 
 def test_retrain_on_an_existing_cluster_survives_losing_a_node(tmp_path):
@@ -50,7 +44,7 @@ def test_retrain_on_an_existing_cluster_survives_losing_a_node(tmp_path):
         flow.start()
         run = tmp_path / "runs" / "on-cluster"
         deadline = time.monotonic() + 300
-        while not _registered(run):
+        while not checkpoint_registered(run):
             assert flow.is_alive() and time.monotonic() < deadline, "no checkpoint was registered"
             time.sleep(0.3)
         cluster.remove_node(first)

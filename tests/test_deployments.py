@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,19 +16,13 @@ import pyarrow.dataset as pads
 import pytest
 from mlflow import MlflowClient
 
-from tests.conftest import churn_config
+from tests.conftest import churn_config, free_port
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 POOL = "trainflow-process"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _start(args: list[str], env: dict[str, str], log: Path, cwd: Path) -> subprocess.Popen:
@@ -53,7 +46,7 @@ def _stop(proc: subprocess.Popen) -> None:
 def prefect_server(tmp_path_factory):
     """`prefect server start` on a free loopback port with its own PREFECT_HOME; the env to reach it."""
     home = tmp_path_factory.mktemp("prefect-home")
-    port = _free_port()
+    port = free_port()
     base = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "RAY_ADDRESS"}
     base.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_LOGGING_LEVEL="INFO")
     server = _start(

@@ -20,15 +20,11 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def ray_gpu():
-    import ray
+def ray_gpu(own_ray):
+    from trainflow.runtime import ensure_ray
 
-    from trainflow.runtime import configure_ray_data
-
-    ray.init(num_cpus=4, num_gpus=1, include_dashboard=False, log_to_driver=False)
-    configure_ray_data()
+    ensure_ray(num_cpus=4)  # Ray detects the GPU
     yield
-    ray.shutdown()
 
 
 @pytest.mark.parametrize(

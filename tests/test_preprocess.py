@@ -9,7 +9,7 @@ import ray.data
 
 from preprocessors.tabular import SchemaDriftError, TabularPreprocessor
 from trainflow.config import DataSection
-from trainflow.data import TableSpec, apply_preprocessor, check_columns, fit_preprocessor, split_table, SPLIT_KEY
+from trainflow.data import SPLIT_KEY, apply_preprocessor, check_columns, fit_preprocessor, split_table, table_spec
 from trainflow.errors import DataError
 
 pytestmark = pytest.mark.usefixtures("ray_local")
@@ -33,9 +33,7 @@ def _table(n=400, seed=0):
 
 def _spec(table):
     data = DataSection(path="mem", label="y", id_column="id")
-    features, numeric, categorical = check_columns(table.schema, data, "classification", "mem")
-    return TableSpec(path="mem", files=[], label="y", id_column="id", numeric=numeric, categorical=categorical,
-                     rows=table.num_rows, feature_order=features)
+    return table_spec(table.schema, data, "classification", "mem", rows=table.num_rows)
 
 
 def test_check_columns_classifies_and_rejects():

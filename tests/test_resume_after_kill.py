@@ -11,9 +11,11 @@ import pytest
 
 from tests.conftest import churn_config
 from trainer.checkpoint import read_metrics
+from trainer.recovery import read_events
+from trainer.runner import checkpoints_on_disk
 from trainflow.cli import main as cli_main
 
-pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness")]
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_local")]
 
 
 def test_rerun_with_same_name_resumes_after_sigkill(tmp_path):
@@ -40,21 +42,16 @@ def test_rerun_with_same_name_resumes_after_sigkill(tmp_path):
     done_before = max(read_metrics(d)["epoch"] for d in run.glob("checkpoint_*") if (d / "metrics.json").exists())
     assert done_before < 3, "the whole run finished before the kill"
 
-    import ray
-
-    from trainflow.runtime import configure_ray_data
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    configure_ray_data()
-    try:
-        summary_path = tmp_path / "summary.json"
-        assert cli_main(["retrain", "--config", str(cfg), "--run-name", "killed-run", "--summary-json", str(summary_path)]) == 0
-    finally:
-        ray.shutdown()
+    summary_path = tmp_path / "summary.json"
+    assert cli_main(["retrain", "--config", str(cfg), "--run-name", "killed-run", "--summary-json", str(summary_path)]) == 0
     summary = json.loads(summary_path.read_text())
     assert summary["resumed_from_epoch"] >= 1
     # Ray resumes from the latest checkpoint its controller registered: the last one on disk, or the one before
     assert summary["resumed_from_epoch"] in (done_before, done_before + 1)
-    history = read_metrics(summary["best_checkpoint"]["path"])["history"]
-    assert [h["epoch"] for h in history][: summary["resumed_from_epoch"]] == list(range(summary["resumed_from_epoch"]))
+    # the rerun trained only the remaining epochs: every epoch once in the final history, and the rerun's
+    # workers started at the resumed epoch (the best checkpoint may be an earlier one, so read the last)
+    last = checkpoints_on_disk(summary["ray_run_path"])[-1]
+    assert [h["epoch"] for h in read_metrics(last["path"])["history"]] == [0, 1, 2, 3]
+    starts = [e["from_epoch"] for e in read_events(summary["ray_run_path"]) if e["event"] == "worker_start"]
+    assert sorted(starts) == [0, 0] + [summary["resumed_from_epoch"]] * 2
     assert any(r["resumed_from_epoch"] == summary["resumed_from_epoch"] for r in summary["recoveries"])

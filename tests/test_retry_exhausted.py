@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 
 import pyarrow.dataset as pads
@@ -14,6 +13,7 @@ import pytest
 from mlflow import MlflowClient
 
 from tests.conftest import churn_config
+from tests.faults import checkpoint_registered
 from trainer.checkpoint import read_metrics
 from trainflow.cli import main as cli_main
 
@@ -42,17 +42,9 @@ class WorkerKiller(threading.Thread):
         self.run_path, self.always, self.kills = run, always, 0
         self.done = threading.Event()
 
-    def _checkpoint_registered(self) -> bool:
-        """Ray's controller has recorded a checkpoint (what a restarted run resumes from)."""
-        try:
-            snapshot = json.loads((self.run_path / "checkpoint_manager_snapshot.json").read_text())
-        except (OSError, ValueError):
-            return False
-        return bool(snapshot.get("checkpoint_results"))
-
     def run(self) -> None:
         while not self.done.wait(0.3):
-            if not self.always and not self._checkpoint_registered():
+            if not self.always and not checkpoint_registered(self.run_path):
                 continue
             pids = _train_workers()
             for pid in pids:

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import write_config
+from tests.conftest import free_port, write_config
 from trainflow.cli import main as cli_main
 from trainflow.sample import make_churn_table
 from trainflow.storage import filesystem_for
@@ -30,9 +29,7 @@ def s3_endpoint():
     """moto's S3 server on a free loopback port; AWS settings point pyarrow (and the Ray workers) at it."""
     from moto.server import ThreadedMotoServer
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     server.start()
     saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
@@ -55,16 +52,12 @@ def s3_endpoint():
 
 
 @pytest.fixture(scope="module")
-def ray_with_s3(s3_endpoint):
+def ray_with_s3(s3_endpoint, own_ray):
     """A local Ray started after the AWS settings exist, so every worker inherits them."""
-    import ray
+    from trainflow.runtime import ensure_ray
 
-    from trainflow.runtime import configure_ray_data
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    configure_ray_data()
+    ensure_ray(num_cpus=2)
     yield
-    ray.shutdown()
 
 
 def _upload(fs: pafs.FileSystem, table, key: str) -> str:
@@ -76,7 +69,7 @@ def _upload(fs: pafs.FileSystem, table, key: str) -> str:
 @pytest.mark.usefixtures("prefect_harness", "ray_with_s3")
 def test_read_checkpoint_resume_and_predict_in_s3(s3_endpoint, tmp_path):
     fs = s3_endpoint
-    train_uri = _upload(fs, make_churn_table(2000, seed=1), "data/train/part-0.parquet")
+    _upload(fs, make_churn_table(2000, seed=1), "data/train/part-0.parquet")
     score = make_churn_table(300, seed=2, with_label=False, id_offset=10_000)
     score_uri = _upload(fs, score, "data/score.parquet")
     cfg = write_config(tmp_path, {

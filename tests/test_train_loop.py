@@ -11,7 +11,7 @@ from ray.train.torch import TorchTrainer
 from tests.conftest import make_regression_table
 from trainer.loop import train_fn_per_worker
 from trainflow.config import config_from_dict
-from trainflow.data import TableSpec, apply_preprocessor, check_columns, fit_preprocessor
+from trainflow.data import fit_and_pack, table_spec
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -20,16 +20,16 @@ def _local_fit(task, table, label, epochs=6, lr=0.01, tmp_path=None, **extra):
     raw = {"data": {"path": "mem", "label": label, "id_column": "row id"}, "task": task,
            "train": {"epochs": epochs, "batch_size": 64, "learning_rate": lr}, "scaling": {"num_workers": 1}, **extra}
     cfg = config_from_dict(raw, base_dir=tmp_path)
-    features, numeric, categorical = check_columns(table.schema, cfg.data, task, "mem")
-    spec = TableSpec("mem", [], label, "row id", numeric, categorical, table.num_rows, "", features)
-    train_ds = ray.data.from_arrow(table.slice(0, int(table.num_rows * 0.8)))
-    val_ds = ray.data.from_arrow(table.slice(int(table.num_rows * 0.8)))
-    prep = fit_preprocessor(train_ds, spec, task)
+    cut = int(table.num_rows * 0.8)
+    prep, train_ds, val_ds = fit_and_pack(
+        ray.data.from_arrow(table.slice(0, cut)), ray.data.from_arrow(table.slice(cut)),
+        table_spec(table.schema, cfg.data, task, "mem"), task,
+    )
     trainer = TorchTrainer(
         train_fn_per_worker,
         train_loop_config={"config": cfg.to_dict(), "preprocessor": prep.to_dict()},
         scaling_config=ScalingConfig(num_workers=0),
-        datasets={"train": apply_preprocessor(train_ds, prep).materialize(), "val": apply_preprocessor(val_ds, prep).materialize()},
+        datasets={"train": train_ds, "val": val_ds},
     )
     return trainer.fit()
 

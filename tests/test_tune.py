@@ -10,20 +10,7 @@ from mlflow import MlflowClient
 from tests.conftest import churn_config
 from trainflow.cli import main as cli_main
 
-pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_with_dashboard")]
-
-
-@pytest.fixture(scope="module")
-def ray_with_dashboard():
-    """Ray as trainflow starts it (ensure_ray): with the dashboard, whose state API lets Ray Train clean up
-    the placement groups of trials that Tune stops."""
-    import ray
-
-    from trainflow.runtime import ensure_ray
-
-    ensure_ray()
-    yield
-    ray.shutdown()
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_local")]  # ray_local has the dashboard, whose state API frees stopped trials' placement groups
 
 
 def test_tune_sweep_end_to_end(tmp_path):

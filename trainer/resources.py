@@ -23,6 +23,11 @@ def worker_bundle(scaling: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in res.items() if v}
 
 
+def alive_nodes() -> list[dict[str, float]]:
+    """The resources of each alive node of the connected cluster."""
+    return [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+
+
 def workers_that_fit(bundle: dict[str, float], nodes: list[dict[str, float]]) -> int:
     """How many bundles the nodes' total resources can hold, each bundle on one node."""
     total = 0
@@ -46,8 +51,7 @@ def check_fits(scaling: dict[str, Any], what: str = "training", nodes: list[dict
     """
     if scaling.get("wait_for_resources") or not scaling.get("num_workers"):
         return
-    if nodes is None:
-        nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    nodes = alive_nodes() if nodes is None else nodes
     bundle = worker_bundle(scaling)
     n, fit = int(scaling["num_workers"]), workers_that_fit(bundle, nodes)
     if fit >= n:

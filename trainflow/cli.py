@@ -129,7 +129,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
         serve_all(args.prefect_file or PREFECT_FILE, args.config, args.limit)
         return None
     overrides = _overrides(args.set)
-    load_config(args.config, overrides)  # fail fast on a bad config, before Prefect and Ray start
+    config = load_config(args.config, overrides)  # fail fast on a bad config, before Prefect and Ray start
     if args.command == "retrain":
         from flows.retrain import retrain
 
@@ -137,7 +137,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.command == "tune":
         from flows.tune import tune
 
-        load_config(args.config, overrides).require_tune()
+        config.require_tune()
         return tune(config_path=str(Path(args.config).resolve()), overrides=overrides or None, run_name=args.run_name)
     from flows.predict import batch_inference
 

@@ -351,26 +351,10 @@ def _check_search_space(cfg: Config, source: str) -> None:
 
 def trial_config(base: dict[str, Any], sampled: dict[str, Any]) -> Config:
     """A resolved config (as a dict) with one trial's sampled values set at their dotted keys, validated."""
-    unknown = [k for k in sampled if not _has_key(Config, k.split("."))]
-    if unknown:
-        raise ConfigError(f"invalid trial config:\n  {unknown[0]}: unknown key")
     try:
         return Config.model_validate(apply_overrides(base, sampled))
     except ValidationError as err:
         raise ConfigError(_format_errors(err, "(trial)")) from None
-
-
-def _has_key(model: type[BaseModel], parts: list[str]) -> bool:
-    field = model.model_fields.get(parts[0])
-    if field is None:
-        return False
-    if len(parts) == 1:
-        return True
-    ann = field.annotation
-    sub = next((a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)), None)
-    if sub is None:
-        return parts[0] in ("resources_per_worker", "env_vars") or isinstance(ann, type) and ann is dict
-    return _has_key(sub, parts[1:])
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:

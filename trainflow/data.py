@@ -18,9 +18,9 @@ from ray.data.aggregate import Count, Mean, Std, Unique, ValueCounter
 from ray.data.expressions import random
 
 from preprocessors.tabular import TabularPreprocessor, is_numeric_type, is_string_type
-from trainflow.config import DataSection, is_uri
+from trainflow.config import DataSection
 from trainflow.errors import DataError
-from trainflow.storage import filesystem_for, with_scheme
+from trainflow.storage import filesystem_for, is_uri, with_scheme
 
 GLOB_CHARS = "*?["
 
@@ -77,7 +77,7 @@ def fingerprint(fs: pafs.FileSystem, files: list[str], schema: pa.Schema) -> str
     h = hashlib.blake2b(digest_size=16)
     h.update(str(schema).encode())
     for f in files:
-        inner = f.split("://", 1)[1] if is_uri(f) else f
+        inner = f.split("://", 1)[1] if is_uri(f) else f  # the path inside fs, as list_files found it
         h.update(inner.rsplit("/", 1)[-1].encode())
         with fs.open_input_stream(inner) as stream:
             while chunk := stream.read(8 << 20):
@@ -142,6 +142,19 @@ def check_columns(schema: pa.Schema, data: DataSection, task: str, source: str) 
     if task == "classification" and not (is_numeric_type(lt) or is_string_type(lt)):
         raise DataError(f"{source}: label column {data.label!r} has type {lt}; classification needs numbers or text")
     return features, numeric, categorical
+
+
+def table_spec(
+    schema: pa.Schema, data: DataSection, task: str, source: str, rows: int = 0, fingerprint: str = "",
+    files: list[str] | None = None,
+) -> TableSpec:
+    """Check the table's columns (check_columns) and describe them: kinds, order and MLflow signature types."""
+    features, numeric, categorical = check_columns(schema, data, task, source)
+    return TableSpec(
+        path=source, files=files or [], label=data.label, id_column=data.id_column, numeric=numeric,
+        categorical=categorical, rows=rows, fingerprint=fingerprint, feature_order=features,
+        mlflow_types={c: mlflow_type(schema.field(c).type) for c in features},
+    )
 
 
 def check_numeric_text(ds: ray.data.Dataset, text_columns: list[str], source: str, sample: int = 2000) -> None:
@@ -298,8 +311,24 @@ def apply_preprocessor(ds: ray.data.Dataset, prep: TabularPreprocessor) -> ray.d
     """Lazily transform a split into the packed {'features', 'label'} tensor columns."""
     cols = prep.feature_order + [prep.label]
     return ds.select_columns(cols).map_batches(
-        _transform, fn_kwargs={"prep": prep.to_dict(), "strict": False}, batch_format="pyarrow", batch_size=8192
+        _transform, fn_kwargs={"prep": prep.to_dict(), "strict": False}, batch_format="pyarrow", batch_size=None
     )
+
+
+def pack(
+    train: ray.data.Dataset, val: ray.data.Dataset, prep: TabularPreprocessor, materialize: bool
+) -> tuple[ray.data.Dataset, ray.data.Dataset]:
+    """Both splits as packed tensor columns: materialized in the object store, or lazy to be streamed."""
+    train, val = apply_preprocessor(train, prep), apply_preprocessor(val, prep)
+    return (train.materialize(), val.materialize()) if materialize else (train, val)
+
+
+def fit_and_pack(
+    train: ray.data.Dataset, val: ray.data.Dataset, spec: TableSpec, task: str
+) -> tuple[TabularPreprocessor, ray.data.Dataset, ray.data.Dataset]:
+    """Fit the preprocessor on train only, then pack and materialize both splits."""
+    prep = fit_preprocessor(train, spec, task)
+    return (prep, *pack(train, val, prep, materialize=True))
 
 
 def fits_in_object_store(rows: int, width: int, fraction: float = 0.3) -> bool:

@@ -8,7 +8,13 @@ import os
 import ray
 
 
-def ensure_ray(address: str | None = None, runtime_env: dict | None = None) -> None:
+# Ray Train's controller polls its workers every 2 s by default, and reports, failures and the end of a run
+# wait for the next poll: at 0.5 s a TorchTrainer.fit of the demo took 22-24 s instead of 32-35 s (measured
+# here). The job's runtime_env carries it to the controller, locally and on an existing cluster.
+TRAIN_ENV_DEFAULTS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
+
+
+def ensure_ray(address: str | None = None, runtime_env: dict | None = None, num_cpus: int | None = None) -> None:
     """Join the cluster at address (ray.address / RAY_ADDRESS) if given, else start a local Ray.
 
     A no-op when this process is already connected. On an existing cluster every node must be
@@ -16,9 +22,12 @@ def ensure_ray(address: str | None = None, runtime_env: dict | None = None) -> N
     """
     if ray.is_initialized():
         return
+    runtime_env = dict(runtime_env or {})
+    runtime_env["env_vars"] = {**TRAIN_ENV_DEFAULTS, **(runtime_env.get("env_vars") or {})}
     ray.init(
         address=address,
         runtime_env=runtime_env,
+        num_cpus=num_cpus,
         # Ray Train's PlacementGroupCleaner frees a killed run's resources through the state API, which
         # the dashboard serves: without it a Tune trial stopped early leaks its workers' placement group.
         include_dashboard=True,

@@ -48,14 +48,11 @@ def read_text(uri: str) -> str:
 
 
 def write_text(uri: str, text: str) -> None:
-    """Write a small file whole (object stores have no append); parents are created as needed."""
-    fs, inner = filesystem_for(uri)
-    fs.create_dir(inner.rsplit("/", 1)[0], recursive=True)
-    with fs.open_output_stream(inner) as f:
-        f.write(text.encode())
+    write_bytes(uri, text.encode())
 
 
 def write_bytes(uri: str, data: bytes) -> None:
+    """Write a small file whole (object stores have no append); parents are created as needed."""
     fs, inner = filesystem_for(uri)
     fs.create_dir(inner.rsplit("/", 1)[0], recursive=True)
     with fs.open_output_stream(inner) as f:
