@@ -10,16 +10,18 @@ import time
 import pytest
 
 from tests.conftest import churn_config
+from tests.faults import checkpoint_registered
 from trainer.checkpoint import read_metrics
 from trainer.recovery import read_events
 from trainer.runner import checkpoints_on_disk
 from trainflow.cli import main as cli_main
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_local")]
+EPOCHS = 6  # long enough that the kill lands mid-run
 
 
 def test_rerun_with_same_name_resumes_after_sigkill(tmp_path):
-    cfg = churn_config(tmp_path, rows=6000, train={"epochs": 4, "batch_size": 32})
+    cfg = churn_config(tmp_path, rows=6000, train={"epochs": EPOCHS, "batch_size": 32})
     run = tmp_path / "runs" / "killed-run"
     from prefect.settings import PREFECT_API_URL
 
@@ -31,16 +33,16 @@ def test_rerun_with_same_name_resumes_after_sigkill(tmp_path):
     )
     try:
         deadline = time.time() + 300
-        while time.time() < deadline and not list(run.glob("checkpoint_*/metrics.json")):
+        # kill as soon as Ray's controller has registered a checkpoint (what a rerun resumes from): mid-run
+        while time.time() < deadline and not checkpoint_registered(run):
             assert proc.poll() is None, "the flow ended before it could be killed"
-            time.sleep(0.5)
-        assert list(run.glob("checkpoint_*/metrics.json")), "no checkpoint within 300 s"
-        time.sleep(2)  # let Ray's controller register the checkpoint it just uploaded, as it would mid-epoch
+            time.sleep(0.1)
+        assert checkpoint_registered(run), "no checkpoint registered within 300 s"
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the flow process and the local Ray it started
         proc.wait()
     done_before = max(read_metrics(d)["epoch"] for d in run.glob("checkpoint_*") if (d / "metrics.json").exists())
-    assert done_before < 3, "the whole run finished before the kill"
+    assert done_before < EPOCHS - 1, "the whole run finished before the kill"
 
     summary_path = tmp_path / "summary.json"
     assert cli_main(["retrain", "--config", str(cfg), "--run-name", "killed-run", "--summary-json", str(summary_path)]) == 0
@@ -51,7 +53,7 @@ def test_rerun_with_same_name_resumes_after_sigkill(tmp_path):
     # the rerun trained only the remaining epochs: every epoch once in the final history, and the rerun's
     # workers started at the resumed epoch (the best checkpoint may be an earlier one, so read the last)
     last = checkpoints_on_disk(summary["ray_run_path"])[-1]
-    assert [h["epoch"] for h in read_metrics(last["path"])["history"]] == [0, 1, 2, 3]
+    assert [h["epoch"] for h in read_metrics(last["path"])["history"]] == list(range(EPOCHS))
     starts = [e["from_epoch"] for e in read_events(summary["ray_run_path"]) if e["event"] == "worker_start"]
     assert sorted(starts) == [0, 0] + [summary["resumed_from_epoch"]] * 2
     assert any(r["resumed_from_epoch"] == summary["resumed_from_epoch"] for r in summary["recoveries"])

@@ -61,7 +61,7 @@ class WorkerKiller(threading.Thread):
 def test_prefect_retry_resumes_then_exhausted_retries_fail_cleanly(tmp_path, capsys):
     # max_failures=0: the first dead worker fails the Ray Train run, so only the Prefect retry can save it
     cfg = churn_config(
-        tmp_path, rows=6000, train={"epochs": 4, "batch_size": 32},
+        tmp_path, rows=6000, train={"epochs": 4, "batch_size": 64},
         failure={"max_failures": 0, "task_retries": 1, "retry_delay_s": 1},
     )
     run = tmp_path / "runs" / "retried"
