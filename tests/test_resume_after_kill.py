@@ -48,8 +48,9 @@ def test_rerun_with_same_name_resumes_after_sigkill(tmp_path):
     assert cli_main(["retrain", "--config", str(cfg), "--run-name", "killed-run", "--summary-json", str(summary_path)]) == 0
     summary = json.loads(summary_path.read_text())
     assert summary["resumed_from_epoch"] >= 1
-    # Ray resumes from the latest checkpoint its controller registered: the last one on disk, or the one before
-    assert summary["resumed_from_epoch"] in (done_before, done_before + 1)
+    # Ray resumes from the latest checkpoint its controller registered; the killed run's workers may still
+    # have registered one or two more before Ray noticed their driver was gone
+    assert done_before <= summary["resumed_from_epoch"] < EPOCHS
     # the rerun trained only the remaining epochs: every epoch once in the final history, and the rerun's
     # workers started at the resumed epoch (the best checkpoint may be an earlier one, so read the last)
     last = checkpoints_on_disk(summary["ray_run_path"])[-1]
