@@ -2,6 +2,8 @@
 
 Both read the same Parquet table, apply the checkpoint's own preprocessor, run the same MLP and
 write Parquet predictions with the id column. trainflow uses one BatchPredictor actor per core.
+Each side runs twice and the faster run counts (trainflow's actors start anew in both; its first run
+in a new Ray also waits for Ray's worker processes, printed too).
 """
 
 from __future__ import annotations
@@ -79,13 +81,14 @@ def main() -> None:
         start_ray()
         os.makedirs(os.path.join(tmp, "ckpt"))
         checkpoint = make_checkpoint(path, os.path.join(tmp, "ckpt"))
-        ours = run_trainflow(path, checkpoint, os.path.join(tmp, "ours"))
+        first = run_trainflow(path, checkpoint, os.path.join(tmp, "ours"))
+        ours = min(first, run_trainflow(path, checkpoint, os.path.join(tmp, "ours")))
         ray.shutdown()
-        base = run_baseline(path, checkpoint, os.path.join(tmp, "base.parquet"))
+        base = min(run_baseline(path, checkpoint, os.path.join(tmp, "base.parquet")) for _ in range(2))
     report(
         "inference-throughput", ROWS / ours / 1e6, ROWS / base / 1e6, "M rows/s", base / ours,
         f"{ROWS} rows x {COLS} cols, read -> preprocess -> MLP -> Parquet; {os.cpu_count()} actors vs 1 process (1 torch thread); "
-        f"trainflow {ours:.1f} s, baseline {base:.1f} s; target ratio >= 1.0",
+        f"trainflow {ours:.1f} s (first run in a new Ray {first:.1f} s), baseline {base:.1f} s; target ratio >= 1.0",
     )
 
 

@@ -2,6 +2,8 @@
 
 Both start from the same Parquet file and end with the packed float32 feature matrix in memory
 (trainflow: a materialized Ray Dataset, as the train task makes it; baseline: a numpy array).
+Each side runs twice in one process and the faster run counts: for trainflow the first run in a
+new Ray also pays for its worker processes starting (printed too), which is start-up, not throughput.
 """
 
 from __future__ import annotations
@@ -16,12 +18,9 @@ from bench.common import COLS, ROWS, make_table, report, start_ray
 
 
 def run_trainflow(path) -> float:
-    import ray
-
     from trainflow.config import config_from_dict
     from trainflow.data import apply_preprocessor, arrow_schema, fit_preprocessor, read_table, table_spec
 
-    start_ray()
     cfg = config_from_dict({"data": {"path": str(path), "label": "y", "id_column": "id"}, "task": "regression"})
     t0 = time.perf_counter()
     ds, _, _ = read_table(cfg.data.path, "parquet")
@@ -31,7 +30,6 @@ def run_trainflow(path) -> float:
     packed = apply_preprocessor(ds, prep).materialize()
     rows = packed.count()
     seconds = time.perf_counter() - t0
-    ray.shutdown()
     assert rows == ROWS
     return seconds
 
@@ -53,12 +51,17 @@ def run_baseline(path) -> float:
 
 
 def main() -> None:
+    import ray
+
     path = make_table()
-    base = run_baseline(path)
-    ours = run_trainflow(path)
+    base = min(run_baseline(path) for _ in range(2))
+    start_ray()
+    first, ours = run_trainflow(path), run_trainflow(path)
+    ray.shutdown()
     report(
         "preprocess-throughput", ROWS / ours / 1e6, ROWS / base / 1e6, "M rows/s", base / ours,
-        f"{ROWS} rows x {COLS} cols: read, fit mean/std, impute, scale, pack; trainflow {ours:.1f} s, baseline {base:.1f} s; target ratio >= 0.5",
+        f"{ROWS} rows x {COLS} cols: read, fit mean/std, impute, scale, pack; trainflow {ours:.1f} s "
+        f"(first run in a new Ray {first:.1f} s), baseline {base:.1f} s; target ratio >= 0.5",
     )
 
 

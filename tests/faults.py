@@ -1,4 +1,4 @@
-"""Shared pieces of the fault-injection tests: a small run and a train function that fails once."""
+"""Shared pieces of the fault-injection tests: a small run, a train function that fails on purpose."""
 
 import json
 import os
@@ -13,15 +13,25 @@ from trainer.loop import train_fn_per_worker
 from trainflow.config import config_from_dict
 from trainflow.data import fit_and_pack, table_spec
 
-EPOCHS, FAIL_AT = 4, 2
+EPOCHS = 4
 
 
-def checkpoint_registered(run: Path) -> bool:
-    """Ray's controller has recorded a checkpoint of this run (what a restarted run resumes from)."""
+def checkpoint_registered(run: Path, epoch: int = 0) -> bool:
+    """Ray's controller has recorded this run's checkpoint of `epoch` or a later one (what a restart resumes from)."""
     try:
-        return bool(json.loads((run / "checkpoint_manager_snapshot.json").read_text()).get("checkpoint_results"))
+        results = json.loads((Path(run) / "checkpoint_manager_snapshot.json").read_text()).get("checkpoint_results")
     except (OSError, ValueError):
         return False
+    return any(r.get("metrics", {}).get("epoch", -1) >= epoch for r in results or [])
+
+
+def wait_registered(run: str, epoch: int, timeout_s: float = 60.0) -> None:
+    """Block (inside a worker) until the controller has registered the checkpoint of `epoch`."""
+    deadline = time.monotonic() + timeout_s
+    while not checkpoint_registered(Path(run), epoch):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no checkpoint of epoch {epoch} registered under {run} after {timeout_s:g} s")
+        time.sleep(0.1)
 
 
 def small_run(tmp_path, hang_timeout_s=600.0, resources_per_worker=None, max_failures=2):
@@ -36,33 +46,6 @@ def small_run(tmp_path, hang_timeout_s=600.0, resources_per_worker=None, max_fai
     }, base_dir=tmp_path)
     train, val = ray.data.from_arrow(table.slice(0, 1000)), ray.data.from_arrow(table.slice(1000))
     return cfg.to_dict(), *fit_and_pack(train, val, table_spec(table.schema, cfg.data, "regression", "mem"), "regression")
-
-
-def faulty(marker_dir: str, fault: str):
-    """A train function whose first attempt trains FAIL_AT epochs, then fails in epoch FAIL_AT as `fault` says."""
-    def train_fn(loop_config):
-        rank = ray.train.get_context().get_world_rank()
-        node = ray.get_runtime_context().get_node_id()
-        marker = Path(marker_dir) / f"faulted-{rank}"
-        if not marker.exists():
-            marker.write_text(node)
-            # train the first FAIL_AT epochs for real (checkpoints reported), then fail inside epoch FAIL_AT
-            first = {**loop_config, "config": {**loop_config["config"], "train": {**loop_config["config"]["train"], "epochs": FAIL_AT}}}
-            train_fn_per_worker(first)
-            if fault == "node":
-                time.sleep(3600)  # until the test removes this node
-            if rank == 1:
-                time.sleep(3)  # some way into epoch FAIL_AT: the controller has registered epoch 1's checkpoint
-                if fault == "kill":
-                    os.kill(os.getpid(), signal.SIGKILL)
-                if fault == "hang":
-                    time.sleep(3600)  # stops reporting: only the hang watchdog can end this
-                raise RuntimeError("injected failure in epoch 2")
-            ray.train.report({"epoch": FAIL_AT, "waiting": 1.0})  # blocks until the group is torn down
-        (Path(marker_dir) / f"resumed-{rank}").write_text(node)
-        return train_fn_per_worker(loop_config)
-
-    return train_fn
 
 
 SUCCESSIVE = ("raise", "kill", "hang")
@@ -85,7 +68,7 @@ def successive_faults(marker_dir: str):
         upto = {**loop_config, "config": {**loop_config["config"], "train": {**train, "epochs": attempt + 1}}}
         train_fn_per_worker(upto)
         if rank == 1:
-            time.sleep(3)  # the controller registers the checkpoint of epoch `attempt`
+            wait_registered(loop_config["run_dir"], attempt)  # fail once the resume point is recorded
             fault = SUCCESSIVE[attempt]
             if fault == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
