@@ -93,8 +93,13 @@ def _flow_runs(env: dict[str, str], deployment_id: str) -> list[dict]:
         return json.loads(r.read())
 
 
-def test_deploy_worker_and_deployment_run(prefect_server, tmp_path):
-    env = prefect_server
+def test_deploy_worker_and_deployment_run(prefect_server, ray_local, tmp_path):
+    # the flow runs join the tests' running Ray through RAY_ADDRESS, as on an existing cluster (with the
+    # token authentication mode that ray.init set for this process; the token is in ~/.ray)
+    env = {
+        **prefect_server, "RAY_ADDRESS": ray_local.get_runtime_context().gcs_address,
+        **{k: v for k, v in os.environ.items() if k.startswith("RAY_AUTH_")},
+    }
     # the README's commands, in order
     _prefect(env, "work-pool", "create", POOL, "--type", "process")
     _prefect(env, "deploy", "--prefect-file", "deployments/prefect.yaml", "--all")
