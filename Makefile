@@ -13,6 +13,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[test]"
 	touch $(STAMP)
 
+# the demo's temporary Prefect server would otherwise try to send usage telemetry (an ERROR line offline)
+demo: export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 demo: $(STAMP)
 	$(BIN)/trainflow sample --out data/sample
 	$(BIN)/trainflow retrain --config configs/demo.yaml --summary-json runs/demo-summary.json
