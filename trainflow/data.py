@@ -225,11 +225,10 @@ def split_table(ds: ray.data.Dataset, task: str, label: str, fraction: float, se
         classes_arr = pa.array(classes.tolist(), type=pulled.schema.field(label).type)
     else:
         groups, classes_arr = [keys], None
-    thresholds = np.empty(len(groups))
-    for i, k in enumerate(groups):
-        n_val = int(len(k) * fraction)
-        thresholds[i] = np.partition(k, n_val)[n_val] if n_val < len(k) else np.inf
-    val_rows = sum(int(len(k) * fraction) for k in groups)
+    n_val = [int(len(k) * fraction) for k in groups]
+    thresholds = np.array([np.partition(k, n)[n] if n < len(k) else np.inf for k, n in zip(groups, n_val)])
+    val_rows = sum(n_val)
+    # each part filters the keyed table in its own map: cheaper than materializing a flagged copy of it
     kwargs = {"label": label, "classes": classes_arr, "thresholds": thresholds}
     train = keyed.map_batches(_rows_of_split, fn_kwargs={**kwargs, "val": False}, batch_format="pyarrow")
     val = keyed.map_batches(_rows_of_split, fn_kwargs={**kwargs, "val": True}, batch_format="pyarrow")
