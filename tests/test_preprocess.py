@@ -33,7 +33,7 @@ def _table(n=400, seed=0):
 
 def _spec(table):
     data = DataSection(path="mem", label="y", id_column="id")
-    return table_spec(table.schema, data, "classification", "mem", rows=table.num_rows)
+    return table_spec(table.schema, data, "classification", "mem")
 
 
 def test_check_columns_classifies_and_rejects():

@@ -144,15 +144,15 @@ def check_columns(schema: pa.Schema, data: DataSection, task: str, source: str) 
     return features, numeric, categorical
 
 
-def table_spec(
-    schema: pa.Schema, data: DataSection, task: str, source: str, rows: int = 0, fingerprint: str = "",
-    files: list[str] | None = None,
-) -> TableSpec:
-    """Check the table's columns (check_columns) and describe them: kinds, order and MLflow signature types."""
+def table_spec(schema: pa.Schema, data: DataSection, task: str, source: str, files: list[str] | None = None) -> TableSpec:
+    """Check the table's columns (check_columns) and describe them: kinds, order and MLflow signature types.
+
+    rows and fingerprint stay 0/"" until ingest has read the data.
+    """
     features, numeric, categorical = check_columns(schema, data, task, source)
     return TableSpec(
         path=source, files=files or [], label=data.label, id_column=data.id_column, numeric=numeric,
-        categorical=categorical, rows=rows, fingerprint=fingerprint, feature_order=features,
+        categorical=categorical, feature_order=features,
         mlflow_types={c: mlflow_type(schema.field(c).type) for c in features},
     )
 
