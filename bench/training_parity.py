@@ -112,9 +112,9 @@ def main() -> None:
         ours, wall = run_trainflow(path, storage)
     plain += run_plain(path)  # before and after: this 2-core machine's speed drifts between runs
     # the fastest steady-state epoch of each (epochs after the first, 6 of each): the least disturbed by other load
-    steady_ours = min(ours[1:])
-    steady_plain = min(plain[1:EPOCHS] + plain[EPOCHS + 1 :])
-    median_ratio = float(np.median(ours[1:]) / np.median(plain[1:EPOCHS] + plain[EPOCHS + 1 :]))
+    ours_steady, plain_steady = ours[1:], plain[1:EPOCHS] + plain[EPOCHS + 1 :]
+    steady_ours, steady_plain = min(ours_steady), min(plain_steady)
+    median_ratio = float(np.median(ours_steady) / np.median(plain_steady))
     print(
         f"training-parity: trainflow {steady_ours:.2f} s/epoch, baseline {steady_plain:.2f} s/epoch, "
         f"ratio {steady_ours / steady_plain:.2f}  ({ROWS} rows x {COLS} cols, batch {BATCH}, fastest epoch after the first; "

@@ -5,6 +5,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Callable
 
 import ray.data
 
@@ -25,10 +26,13 @@ def checkpoint_registered(run: Path, epoch: int = 0) -> bool:
     return any(r.get("metrics", {}).get("epoch", -1) >= epoch for r in results or [])
 
 
-def wait_registered(run: str, epoch: int, timeout_s: float = 60.0) -> None:
-    """Block (inside a worker) until the controller has registered the checkpoint of `epoch`."""
+def wait_registered(run: str | Path, epoch: int = 0, timeout_s: float = 60.0, alive: Callable[[], bool] | None = None) -> None:
+    """Block until the controller has registered the checkpoint of `epoch` (in a worker, or in a test
+    watching a run, where `alive` says whether the run is still going)."""
     deadline = time.monotonic() + timeout_s
     while not checkpoint_registered(Path(run), epoch):
+        if alive is not None and not alive():
+            raise AssertionError(f"the run ended before a checkpoint of epoch {epoch} was registered under {run}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"no checkpoint of epoch {epoch} registered under {run} after {timeout_s:g} s")
         time.sleep(0.1)

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import pytest
 import ray
 from ray.cluster_utils import Cluster
 
 from tests.conftest import churn_config
-from tests.faults import checkpoint_registered
+from tests.faults import wait_registered
 from trainer.recovery import read_events, recoveries
 from trainflow.cli import main as cli_main
 
@@ -43,10 +42,7 @@ def test_retrain_on_an_existing_cluster_survives_losing_a_node(tmp_path):
         flow = threading.Thread(target=lambda: outcome.setdefault("rc", cli_main(args)), daemon=True)
         flow.start()
         run = tmp_path / "runs" / "on-cluster"
-        deadline = time.monotonic() + 300
-        while not checkpoint_registered(run):
-            assert flow.is_alive() and time.monotonic() < deadline, "no checkpoint was registered"
-            time.sleep(0.3)
+        wait_registered(run, timeout_s=300, alive=flow.is_alive)
         cluster.remove_node(first)
         third = cluster.add_node(num_cpus=0, resources=TRAINER)
         flow.join(timeout=600)

@@ -5,12 +5,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from tests.conftest import churn_config
-from tests.faults import checkpoint_registered
+from tests.faults import checkpoint_registered, wait_registered
 from trainer.checkpoint import read_metrics
 from trainer.recovery import read_events
 from trainer.runner import checkpoints_on_disk
@@ -32,11 +31,8 @@ def test_rerun_with_same_name_resumes_after_sigkill(tmp_path):
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     try:
-        deadline = time.time() + 300
         # kill as soon as Ray's controller has registered a checkpoint (what a rerun resumes from): mid-run
-        while time.time() < deadline and not checkpoint_registered(run):
-            assert proc.poll() is None, "the flow ended before it could be killed"
-            time.sleep(0.1)
+        wait_registered(run, timeout_s=300, alive=lambda: proc.poll() is None)
         assert checkpoint_registered(run), "no checkpoint registered within 300 s"
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the flow process and the local Ray it started
