@@ -3,13 +3,16 @@
 import math
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import ray.data
+from ray.data.extensions import ArrowTensorArray
 from ray.train import ScalingConfig
 from ray.train.torch import TorchTrainer
 
+from preprocessors.tabular import FEATURES, LABEL
 from tests.conftest import make_regression_table
-from trainer.loop import train_fn_per_worker
+from trainer.loop import iter_minibatches, train_fn_per_worker
 from trainflow.config import config_from_dict
 from trainflow.data import fit_and_pack, table_spec
 
@@ -65,3 +68,20 @@ def test_nan_loss_stops_with_the_epoch_named(tmp_path):
                         epochs=3, lr=1e6, tmp_path=tmp_path)
     assert "stop_reason" in result.metrics and "epoch 0" in result.metrics["stop_reason"]
     assert not math.isfinite(result.metrics["train_loss"])
+
+
+@pytest.mark.parametrize("block_rows", [[1000], [300, 7, 500, 193], [5] * 200])
+def test_minibatches_from_uneven_blocks_are_the_plain_slices(block_rows):
+    # whole blocks in, batch_size slices out: the same mini-batches as slicing one in-memory array,
+    # including those that straddle blocks and blocks smaller than a mini-batch
+    n = sum(block_rows)
+    x = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
+    y = np.arange(n, dtype=np.float32)
+    bounds = np.cumsum([0] + block_rows)
+    ds = ray.data.from_arrow([
+        pa.table({FEATURES: ArrowTensorArray.from_numpy(x[a:b]), LABEL: y[a:b]}) for a, b in zip(bounds, bounds[1:])
+    ])
+    got = list(iter_minibatches(ds, 64, "cpu"))
+    assert [len(yb) for _, yb in got] == [64] * (n // 64) + ([n % 64] if n % 64 else [])
+    assert np.array_equal(np.concatenate([xb.numpy() for xb, _ in got]), x)
+    assert np.array_equal(np.concatenate([yb.numpy() for _, yb in got]), y)

@@ -23,7 +23,6 @@ from trainer.recovery import append_event
 from trainer.watchdog import heartbeat
 
 STOP_REASON = "stop_reason"
-CHUNK_BYTES = 16 << 20
 
 
 class TrainValDataConfig(DataConfig):
@@ -52,28 +51,44 @@ def _loss_fn(task: str) -> nn.Module:
     return nn.CrossEntropyLoss() if task == "classification" else nn.MSELoss()
 
 
-def iter_minibatches(shard, batch_size: int, device, num_features: int, chunk_bytes: int = CHUNK_BYTES):
-    """Mini-batches of batch_size rows, fetched from Ray Data in chunks of whole mini-batches.
+def iter_minibatches(shard, batch_size: int, device):
+    """Mini-batches of batch_size rows (the last one may be smaller), in the shard's order.
 
-    Ray Data's per-batch cost is fixed, so asking it for chunks of ~16 MB and slicing views of them
-    on the device yields exactly the same mini-batches as iter_torch_batches(batch_size) at a
-    fraction of the overhead (measured by bench/training_parity.py: 64k-row chunks gave 1.50 x the
-    plain loop's epoch time, 256k-row chunks 1.25 x).
+    Ray Data hands over whole blocks (batch_size=None: zero-copy views of the object store, no
+    re-batching), and the mini-batches are slices of them; only a mini-batch that straddles two
+    blocks is copied together. Ray Data's own re-batching into 16 MB chunks cost 1.08-1.12 x the
+    plain loop's epoch time (bench/training_parity.py); whole blocks: see the README's figures.
     """
-    row_bytes = 4 * num_features + 8  # float32 features + an int64/float32 label
-    chunk = max(1, chunk_bytes // (row_bytes * batch_size)) * batch_size
-    for batch in shard.iter_torch_batches(batch_size=chunk, device=device, prefetch_batches=1):
+    held_x: list[torch.Tensor] = []  # the rows left over from earlier blocks, fewer than batch_size
+    held_y: list[torch.Tensor] = []
+    held = 0
+    for batch in shard.iter_torch_batches(batch_size=None, device=device, prefetch_batches=1):
         heartbeat()
         x, y = batch[FEATURES], batch[LABEL]
-        for i in range(0, len(y), batch_size):
+        start = 0
+        if held:
+            start = min(batch_size - held, len(y))
+            held_x.append(x[:start])
+            held_y.append(y[:start])
+            held += start
+            if held < batch_size:
+                continue
+            yield torch.cat(held_x), torch.cat(held_y)
+            held_x, held_y, held = [], [], 0
+        end = start + (len(y) - start) // batch_size * batch_size
+        for i in range(start, end, batch_size):
             yield x[i : i + batch_size], y[i : i + batch_size]
+        if end < len(y):
+            held_x, held_y, held = [x[end:]], [y[end:]], len(y) - end
+    if held:
+        yield torch.cat(held_x), torch.cat(held_y)
 
 
-def train_epoch(model, shard, optimizer, loss_fn, batch_size: int, device, num_features: int) -> float:
+def train_epoch(model, shard, optimizer, loss_fn, batch_size: int, device) -> float:
     """One pass over this worker's shard; returns the mean loss over every rank's rows."""
     model.train()
     losses, sizes = [], []
-    for xb, yb in iter_minibatches(shard, batch_size, device, num_features):
+    for xb, yb in iter_minibatches(shard, batch_size, device):
         optimizer.zero_grad(set_to_none=True)
         out = model(xb)
         loss = loss_fn(out.squeeze(-1) if yb.dtype.is_floating_point else out, yb)
@@ -105,7 +120,7 @@ def validate_epoch(model, shard, loss_fn, task: str, prep: TabularPreprocessor, 
     """Metrics over the whole validation set: every rank evaluates its shard, then all gather."""
     model.eval()
     outs, labels = [], []
-    for xb, yb in iter_minibatches(shard, batch_size, device, prep.num_features):
+    for xb, yb in iter_minibatches(shard, batch_size, device):
         outs.append(model(xb).float().cpu().numpy())
         labels.append(yb.cpu().numpy())
     width = prep.num_outputs
@@ -189,7 +204,7 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
         # Seeding per (seed, epoch, rank) makes dropout identical whether an epoch runs fresh or after a resume.
         torch.manual_seed(seed * 100_003 + epoch * 1009 + rank)
         t0 = time.perf_counter()
-        train_loss = train_epoch(model, train_shard, optimizer, loss_fn, batch_size, device, prep.num_features)
+        train_loss = train_epoch(model, train_shard, optimizer, loss_fn, batch_size, device)
         epoch_time = time.perf_counter() - t0
         metrics = {"epoch": epoch, "train_loss": train_loss, "epoch_time_s": epoch_time}
         if not math.isfinite(train_loss):

@@ -235,8 +235,12 @@ def split_table(ds: ray.data.Dataset, task: str, label: str, fraction: float, se
     return train.random_shuffle(seed=seed).materialize(), val.materialize(), len(keys) - val_rows, val_rows
 
 
+def _has_aggregate_kernels(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t)
+
+
 def _cast_columns(batch: pa.Table, casts: dict[str, pa.DataType]) -> pa.Table:
-    # Ray's Std has no kernel for bool or decimal columns; aggregate every numeric column as float64
+    # Ray's Std has no kernel for bool or decimal columns; those are aggregated as float64
     for name, typ in casts.items():
         i = batch.schema.get_field_index(name)
         batch = batch.set_column(i, name, batch[name].cast(typ))
@@ -255,10 +259,14 @@ def fit_preprocessor(train: ray.data.Dataset, spec: TableSpec, task: str) -> Tab
     else:
         aggs += [Mean(spec.label, alias_name="mean:__label__"), Std(spec.label, ddof=0, alias_name="std:__label__")]
     cols = spec.feature_order + [spec.label]
-    casts = {c: pa.float64() for c in spec.numeric}
-    if task == "regression":
-        casts[spec.label] = pa.float64()
-    projected = train.select_columns(cols).map_batches(_cast_columns, fn_kwargs={"casts": casts}, batch_format="pyarrow")
+    # only the columns Ray's aggregates cannot take as they are: casting every column to float64 doubled the
+    # fit's time on 2M x 16 float32 (1.0-1.1 s vs 0.5-0.6 s, measured here) for no change in the result
+    schema = train.schema(fetch_if_missing=True).base_schema
+    numeric = spec.numeric + ([spec.label] if task == "regression" else [])
+    casts = {c: pa.float64() for c in numeric if not _has_aggregate_kernels(schema.field(c).type)}
+    projected = train.select_columns(cols)
+    if casts:
+        projected = projected.map_batches(_cast_columns, fn_kwargs={"casts": casts}, batch_format="pyarrow")
     stats = projected.aggregate(*aggs)
 
     def counts(key: str) -> dict:
