@@ -130,6 +130,9 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
         return None
     overrides = _overrides(args.set)
     config = load_config(args.config, overrides)  # fail fast on a bad config, before Prefect and Ray start
+    from trainflow.runtime import start_ray_in_background
+
+    start_ray_in_background(config.ray.address, config.ray.runtime_env)
     if args.command == "retrain":
         from flows.retrain import retrain
 
