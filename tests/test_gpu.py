@@ -1,4 +1,5 @@
-"""GPU paths: NCCL training (1 worker; 2 workers sharing one GPU) and GPU batch inference. Skipped without CUDA."""
+"""GPU paths: NCCL training (1 worker), 2 workers sharing one GPU (Gloo: NCCL refuses two ranks on one
+device) and GPU batch inference. Skipped without CUDA."""
 
 import json
 
@@ -30,7 +31,7 @@ def ray_gpu(own_ray):
 @pytest.mark.parametrize(
     ("workers", "per_worker"),
     [(1, {"CPU": 1, "GPU": 1}), (2, {"CPU": 1, "GPU": 0.5})],
-    ids=["nccl-1-worker", "nccl-2-workers-half-gpu"],
+    ids=["nccl-1-worker", "gloo-2-workers-half-gpu"],
 )
 def test_gpu_training_and_inference(ray_gpu, tmp_path, workers, per_worker):
     cfg = churn_config(

@@ -59,6 +59,10 @@ def test_check_fits_names_the_numbers():
         ({"trainer_resources": {"CPU": 1}}, "scaling: trainer_resources is not supported: Ray 2.60"),
         ({"resources_per_worker": {"GPU": 1}}, "use_gpu is false"),
         ({"backend": "nccl"}, "backend: nccl needs GPUs"),
+        (
+            {"backend": "nccl", "use_gpu": True, "num_workers": 2, "resources_per_worker": {"GPU": 0.5}},
+            "NCCL refuses two ranks on one device",
+        ),
         ({"backend": "mpi"}, "scaling.backend"),
         ({"placement_strategy": "ANYWHERE"}, "scaling.placement_strategy"),
         ({"resources_per_worker": {"CPU": -1}}, "must be >= 0"),
@@ -82,8 +86,11 @@ def test_every_knob_reaches_ray_train(tmp_path):
     sc = trainer.scaling_config
     assert (sc.num_workers, sc.use_gpu, sc.accelerator_type, sc.placement_strategy) == (2, True, "A100", "SPREAD")
     assert sc.resources_per_worker == {"CPU": 2, "GPU": 0.5, "memory": 1e9}
-    assert trainer.backend_config.backend == "nccl"  # Ray's default with GPUs
+    # two workers at half a GPU share one device, which NCCL refuses: Gloo instead of Ray's default
+    assert trainer.backend_config.backend == "gloo"
     assert trainer.run_config.worker_runtime_env == {"env_vars": {"NCCL_SOCKET_IFNAME": "lo"}}
+    cfg["scaling"]["resources_per_worker"] = {"CPU": 2, "GPU": 1}
+    assert build_trainer(cfg, prep, ds, ds, "knobs").backend_config.backend == "nccl"  # Ray's default with GPUs
     cfg["scaling"].update(use_gpu=False, resources_per_worker=None, backend="gloo", accelerator_type=None)
     assert build_trainer(cfg, prep, ds, ds, "knobs").backend_config.backend == "gloo"
     cfg["scaling"]["backend"] = None

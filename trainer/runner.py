@@ -14,6 +14,7 @@ from trainer.checkpoint import METRICS_FILE
 from trainer.loop import TrainValDataConfig, train_fn_per_worker
 from trainer.recovery import RecoveryLog
 from trainer.watchdog import Watched
+from trainflow.config import workers_share_gpus
 from trainflow.storage import join, list_dir, read_text
 
 
@@ -37,8 +38,13 @@ def failure_config(max_failures: int) -> FailureConfig:
 
 
 def torch_config(scaling: dict[str, Any]) -> TorchConfig:
-    """The process-group backend: scaling.backend, else Ray's default (NCCL with GPUs, Gloo without)."""
-    return TorchConfig(backend=scaling.get("backend"))
+    """The process-group backend: scaling.backend, else Ray's default (NCCL with GPUs, Gloo without),
+    except for workers that share a GPU (a fraction of one each), which get Gloo: NCCL refuses two
+    ranks on one device ("Duplicate GPU detected"), Gloo all-reduces CUDA tensors through the host."""
+    backend = scaling.get("backend")
+    if backend is None and workers_share_gpus(scaling["num_workers"], scaling["use_gpu"], scaling.get("resources_per_worker")):
+        backend = "gloo"
+    return TorchConfig(backend=backend)
 
 
 def run_dir(config: dict[str, Any], run_name: str) -> str:

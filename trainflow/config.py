@@ -83,6 +83,12 @@ DEPRECATED_SCALING = {
 }
 
 
+def workers_share_gpus(num_workers: int, use_gpu: bool, resources_per_worker: dict[str, float] | None) -> bool:
+    """Several workers with a fraction of a GPU each: Ray packs them onto the same device."""
+    gpu = (resources_per_worker or {}).get("GPU", 0)
+    return bool(use_gpu) and num_workers > 1 and 0 < gpu < 1
+
+
 class ScalingSection(_Section):
     num_workers: int = Field(2, ge=0)
     use_gpu: bool = False
@@ -112,6 +118,13 @@ class ScalingSection(_Section):
             raise ValueError("resources_per_worker.GPU is set but use_gpu is false; set scaling.use_gpu: true")
         if self.backend == "nccl" and not self.use_gpu:
             raise ValueError("backend: nccl needs GPUs; set scaling.use_gpu: true or use gloo")
+        if self.backend == "nccl" and workers_share_gpus(self.num_workers, self.use_gpu, res):
+            raise ValueError(
+                f"backend: nccl cannot train {self.num_workers} workers at resources_per_worker.GPU "
+                f"{res['GPU']:g}: Ray places such workers on the same GPU and NCCL refuses two ranks on one "
+                "device ('Duplicate GPU detected'); leave backend unset (trainflow then uses gloo) or give "
+                "each worker a whole GPU"
+            )
         return self
 
 
