@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 
 import mlflow
 import ray.data
+from mlflow.entities import RunTag
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
@@ -112,7 +113,7 @@ def promote(config: Config, holdout: ray.data.Dataset, selected: Selected, regis
         }
         for key, value in tags.items():
             client.set_model_version_tag(name, version, key, value)
-            client.set_tag(registered.run_id, key, value)
+        client.log_batch(registered.run_id, tags=[RunTag(key, value) for key, value in tags.items()])
     log.info(
         "promotion: %s v%s (%s %s=%s vs champion v%s %s): %s",
         result.decision, version, metric, mode, challenger, champion_version, champion_score, reason,

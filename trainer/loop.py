@@ -57,7 +57,7 @@ def iter_minibatches(shard, batch_size: int, device):
     Ray Data hands over whole blocks (batch_size=None: zero-copy views of the object store, no
     re-batching), and the mini-batches are slices of them; only a mini-batch that straddles two
     blocks is copied together. Ray Data's own re-batching into 16 MB chunks cost 1.08-1.12 x the
-    plain loop's epoch time (bench/training_parity.py); whole blocks: see the README's figures.
+    plain loop's epoch time (bench/training_parity.py), whole blocks 1.06-1.10.
     """
     held_x: list[torch.Tensor] = []  # the rows left over from earlier blocks, fewer than batch_size
     held_y: list[torch.Tensor] = []
@@ -77,6 +77,7 @@ def iter_minibatches(shard, batch_size: int, device):
             held_x, held_y, held = [], [], 0
         end = start + (len(y) - start) // batch_size * batch_size
         for i in range(start, end, batch_size):
+            heartbeat()  # per mini-batch too: one block can hold minutes of steps on a slow device
             yield x[i : i + batch_size], y[i : i + batch_size]
         if end < len(y):
             held_x, held_y, held = [x[end:]], [y[end:]], len(y) - end

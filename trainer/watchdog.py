@@ -20,7 +20,7 @@ _current: Watchdog | None = None
 
 
 def heartbeat(where: str | None = None) -> None:
-    """Mark progress (a data block arrived, a report returned); a no-op outside a watched worker."""
+    """Mark progress (a block or mini-batch arrived, a report returned); a no-op outside a watched worker."""
     if _current is not None:
         _current.beat(where)
 

@@ -183,7 +183,7 @@ class PromotionSection(_Section):
 
 class FailureSection(_Section):
     max_failures: int = Field(2, ge=-1)
-    # a worker with no progress (no data block, no report) for this long is killed and the group restarted
+    # a worker with no progress (no mini-batch, no report) for this long is killed and the group restarted
     hang_timeout_s: float | None = Field(600.0, gt=0)
     task_retries: int = Field(2, ge=0)
     retry_delay_s: float = Field(5.0, ge=0)
