@@ -38,7 +38,8 @@ def tune(config_path: str, overrides: dict[str, Any] | None = None, run_name: st
     summary = summarize(
         ingested, parts, swept.outcome, selected, registered, promotion, predictions,
         extra={"sweep": swept.sweep, "trials": swept.trials, "best_trial": swept.best_trial,
-               "max_concurrent_trials": swept.max_concurrent_trials},
+               "max_concurrent_trials": swept.max_concurrent_trials,
+               "tune_metric": config.tune.metric, "tune_mode": config.tune.mode},
     )
     report(best, swept.outcome.history, summary)
     return summary

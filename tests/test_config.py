@@ -62,3 +62,13 @@ def test_missing_and_malformed_files(tmp_path):
     bad.write_text("data: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
+
+
+def test_shipped_configs_validate_and_share_the_sample():
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    demo, sweep = load_config(configs / "demo.yaml"), load_config(configs / "tune.yaml")
+    assert demo.data.path == sweep.data.path and demo.inference.input == sweep.inference.input
+    assert demo.inference.output != sweep.inference.output  # a sweep never overwrites the demo's predictions
+    tune = sweep.require_tune()
+    assert (tune.metric, tune.mode, tune.scheduler) == ("val_roc_auc", "max", "asha")
+    assert set(tune.search_space) == {"train.learning_rate", "train.batch_size"}

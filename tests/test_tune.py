@@ -13,7 +13,7 @@ from trainflow.cli import main as cli_main
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_local")]  # ray_local has the dashboard, whose state API frees stopped trials' placement groups
 
 
-def test_tune_sweep_end_to_end(tmp_path):
+def test_tune_sweep_end_to_end(tmp_path, capsys):
     cfg = churn_config(
         tmp_path, rows=2000,
         train={"epochs": 2, "batch_size": 128},
@@ -28,6 +28,11 @@ def test_tune_sweep_end_to_end(tmp_path):
     )
     assert cli_main(["tune", "--config", str(cfg), "--run-name", "sweep", "--summary-json", str(tmp_path / "s.json")]) == 0
     summary = json.loads((tmp_path / "s.json").read_text())
+    assert (summary["tune_metric"], summary["tune_mode"]) == ("val_loss", "min")
+    # the printed summary lists every trial with its sampled values and score
+    printed = capsys.readouterr().out
+    assert f"sweep             4 trials, 2 at a time; best {summary['best_trial']['trial_id']} by val_loss (min)" in printed
+    assert all(f"    {t['trial_id']}  train.learning_rate=" in printed for t in summary["trials"])
     trials = summary["trials"]
     assert len(trials) == 4 and summary["max_concurrent_trials"] == 2
     assert all(t["status"] == "ok" and t["epochs_run"] >= 1 for t in trials)

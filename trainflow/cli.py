@@ -46,11 +46,18 @@ def format_summary(s: dict[str, Any]) -> str:
         f"  mlflow            run {s.get('mlflow_run_id')}, model {s.get('model_uri')}",
     ]
     if s.get("trials"):
-        b = s.get("best_trial") or {}
+        b, metric = s.get("best_trial") or {}, s.get("tune_metric")
         lines.append(
             f"  sweep             {len(s['trials'])} trials, {s.get('max_concurrent_trials')} at a time; "
-            f"best {b.get('trial_id')} {b.get('params')}"
+            f"best {b.get('trial_id')} by {metric} ({s.get('tune_mode')})"
         )
+        for t in s["trials"]:
+            score = t.get(metric)
+            params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in (t.get("params") or {}).items())
+            lines.append(
+                f"    {t.get('trial_id')}  {params}  {metric}={'-' if score is None else f'{score:.4f}'}"
+                f" after {t.get('epochs_run')} epoch(s), {t.get('status')}"
+            )
     if s.get("promotion"):
         p = s["promotion"]
         lines.append(f"  promotion         {p.get('decision')}: {p.get('reason')}")
@@ -186,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         print("trainflow: rerun with --debug for the traceback", file=sys.stderr)
         return 1
     if summary is not None:
-        if args.command == "retrain":
+        if args.command in ("retrain", "tune"):
             print(format_summary(summary))
         else:
             print(json.dumps(summary, indent=2, default=str))
