@@ -15,7 +15,7 @@ from tasks.ingest import Ingested
 from tasks.select import Selected
 from tasks.train import TrainOutcome
 from trainflow.config import Config
-from trainflow.tracking import MODEL_CODE, ensure_experiment, flatten, signature_for, tracking
+from trainflow.tracking import MODEL_CODE, ensure_experiment, example_input, flatten, signature_for, tracking
 
 
 @dataclass
@@ -58,6 +58,7 @@ def register(config: Config, ingested: Ingested, outcome: TrainOutcome, selected
             python_model=MODEL_CODE,
             artifacts={"checkpoint": selected.path},
             signature=signature_for(prep, ingested.spec.mlflow_types),
+            input_example=example_input(prep, ingested.spec.mlflow_types),
             pip_requirements=["torch==2.13.0", "pyarrow", "pandas", "numpy"],
             registered_model_name=config.mlflow.registered_model,
         )

@@ -75,6 +75,9 @@ def test_retrain_classification_end_to_end(tmp_path, capsys):
     with tracking_uri(tracking):
         pyfunc = mlflow.pyfunc.load_model(f"models:/churn-test/{summary['model_version']}")
     got = pyfunc.predict(score.slice(0, 50).drop_columns(["customer_id"]).to_pandas())
+    # its input example is one typical row (built from the fitted preprocessor), which it predicts
+    assert list(pyfunc.input_example.columns) == load_servable(summary["best_checkpoint"]["path"]).preprocessor.feature_order
+    assert len(pyfunc.predict(pyfunc.input_example)) == 1
     assert got["prediction"].tolist() == out["prediction"].to_pylist()[:50]
 
     # batch-inference from the registry's @champion (the first version claims it) writes the same predictions

@@ -138,3 +138,19 @@ def test_globs_and_csv_folders_read_every_matching_file(tmp_path):
     assert len(files) == 2 and ds.count() == 4
     with pytest.raises(DataError, match="the pattern matches no files"):
         read_table(str(tmp_path / "csv" / "*.parquet"), "parquet")
+
+
+def test_input_example_is_a_typical_row_from_the_fitted_state():
+    from trainflow.tracking import example_input
+
+    table = _table().append_column("visits", pa.array(np.arange(400) % 5))
+    spec = _spec(table)
+    prep = fit_preprocessor(ray.data.from_arrow(table), spec, "classification")
+    example = example_input(prep, spec.mlflow_types)
+    assert list(example.columns) == prep.feature_order and len(example) == 1
+    row = example.iloc[0]
+    assert row["x (cm)"] == pytest.approx(prep.numeric["x (cm)"]["mean"])
+    assert row["visits"] == 2 and row["flag"] == False  # noqa: E712 - a numpy bool
+    assert row["colour"] == prep.categorical["colour"]["fill"]
+    # the model's own transform takes it like any scoring row
+    assert prep.transform_features(pa.Table.from_pandas(example, preserve_index=False), strict=True).shape == (1, prep.num_features)

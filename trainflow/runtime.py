@@ -116,3 +116,5 @@ def configure_ray_data() -> None:
         ctx.read_op_min_num_blocks = 1
     for name in ("ray.data", "ray.train", "ray.tune"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # this module's one warning says the progress bars are off, which is set above on purpose
+    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)

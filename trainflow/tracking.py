@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
+import pandas as pd
 from mlflow.models import ModelSignature
 from mlflow.types import ColSpec, Schema
 
@@ -61,6 +62,24 @@ def signature_for(prep: TabularPreprocessor, column_types: dict[str, str]) -> Mo
     else:
         outputs = [ColSpec("double", "prediction")]
     return ModelSignature(inputs=Schema(inputs), outputs=Schema(outputs))
+
+
+def example_input(prep: TabularPreprocessor, column_types: dict[str, str]) -> pd.DataFrame:
+    """One typical input row for the registered model's input example, built from the fitted state
+    (each number at its training mean, each text column at its most frequent value): no row of the
+    training data is copied into the registry."""
+    row: dict[str, Any] = {}
+    for col in prep.feature_order:
+        kind = column_types[col]
+        if col in prep.categorical:
+            row[col] = prep.categorical[col]["fill"]
+        elif kind == "boolean":
+            row[col] = prep.numeric[col]["mean"] >= 0.5
+        elif kind == "long":
+            row[col] = int(round(prep.numeric[col]["mean"]))
+        else:
+            row[col] = prep.numeric[col]["mean"]
+    return pd.DataFrame([row])
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
