@@ -49,6 +49,8 @@ def test_retrain_on_an_existing_cluster_survives_losing_a_node(tmp_path):
         assert outcome.get("rc") == 0
         # the flow joined this cluster instead of starting its own Ray
         assert ray.get_runtime_context().gcs_address == cluster.address
+        # on a cluster it joins, Ray Train's preemption watcher keeps Ray's default (on)
+        assert "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER" not in ray.get_runtime_context().runtime_env.get("env_vars", {})
         summary = json.loads((tmp_path / "s.json").read_text())
         events = read_events(summary["ray_run_path"])
         starts = [e for e in events if e["event"] == "worker_start"]

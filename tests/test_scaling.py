@@ -95,3 +95,7 @@ def test_every_knob_reaches_ray_train(tmp_path):
     assert build_trainer(cfg, prep, ds, ds, "knobs").backend_config.backend == "gloo"
     cfg["scaling"]["backend"] = None
     assert build_trainer(cfg, prep, ds, ds, "knobs").backend_config.backend == "gloo"  # Ray's default without
+    # the Ray trainflow started itself carries its Train settings; the preemption watcher is off there
+    job_env = ray.get_runtime_context().runtime_env.get("env_vars", {})
+    assert job_env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "0.5"
+    assert job_env["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "0"

@@ -18,6 +18,11 @@ _START_LOCK = threading.Lock()  # one ray.init at a time: the background start a
 # wait for the next poll: at 0.5 s a TorchTrainer.fit of the demo took 22-24 s instead of 32-35 s (measured
 # here). The job's runtime_env carries it to the controller, locally and on an existing cluster.
 TRAIN_ENV_DEFAULTS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
+# Only for a Ray this process starts itself: its one node is never drained by an autoscaler, so Ray
+# Train's preemption watcher (an extra actor process in every fit, polling Ray's drain state) has
+# nothing to watch. Measured here: a 2-worker fit 15.2 s without it vs 16.2 s with it (8 fits each).
+# On an existing cluster (ray.address or RAY_ADDRESS) Ray's default, on, is kept.
+LOCAL_TRAIN_ENV_DEFAULTS = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
 
 
 def ensure_ray(address: str | None = None, runtime_env: dict | None = None, num_cpus: int | None = None) -> None:
@@ -33,7 +38,10 @@ def ensure_ray(address: str | None = None, runtime_env: dict | None = None, num_
 
 def _init(address: str | None, runtime_env: dict | None, num_cpus: int | None) -> None:
     runtime_env = dict(runtime_env or {})
-    runtime_env["env_vars"] = {**TRAIN_ENV_DEFAULTS, **(runtime_env.get("env_vars") or {})}
+    defaults = dict(TRAIN_ENV_DEFAULTS)
+    if address is None and not os.environ.get("RAY_ADDRESS"):
+        defaults.update(LOCAL_TRAIN_ENV_DEFAULTS)
+    runtime_env["env_vars"] = {**defaults, **(runtime_env.get("env_vars") or {})}
     ray.init(
         address=address,
         runtime_env=runtime_env,
