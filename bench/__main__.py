@@ -2,9 +2,10 @@
 
 import sys
 
-from bench import demo_e2e, inference_throughput, preprocess_throughput, training_parity, tune_parallelism
+from bench import demo_e2e, inference_throughput, model_quality, preprocess_throughput, training_parity, tune_parallelism
 
 BENCHES = {
+    "model-quality": model_quality.main,
     "training-parity": training_parity.main,
     "preprocess-throughput": preprocess_throughput.main,
     "inference-throughput": inference_throughput.main,

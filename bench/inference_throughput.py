@@ -35,7 +35,7 @@ def make_checkpoint(path, directory: str) -> str:
     ds, _, _ = read_table(cfg.data.path, "parquet")
     prep = fit_preprocessor(ds, table_spec(arrow_schema(ds, str(path)), cfg.data, cfg.task, str(path)), cfg.task)
     model = build_model(prep.num_features, prep.num_outputs, cfg.model.hidden_sizes, cfg.model.dropout)
-    save_checkpoint(directory, model, torch.optim.Adam(model.parameters()), 0, 0, {"epoch": 0}, [], prep.to_dict(), cfg.to_dict())
+    save_checkpoint(directory, model.state_dict(), {"epoch": 0}, {"epoch": 0}, [], prep.to_dict(), cfg.to_dict())
     return directory
 
 

@@ -62,6 +62,7 @@ class TabularPreprocessor:
     label_mean: float = 0.0
     label_std: float = 1.0
     train_rows: int = 0
+    class_counts: dict[str, int] = field(default_factory=dict)  # training rows per class, keyed by str(class)
 
     # ---------- fitting ----------
     @classmethod
@@ -75,6 +76,7 @@ class TabularPreprocessor:
         classes: list[Any] | None,
         label_stats: tuple[float, float] | None,
         train_rows: int,
+        class_counts: dict[Any, int] | None = None,
     ) -> TabularPreprocessor:
         """Build the fitted state from aggregates computed over the training split."""
         numeric = {}
@@ -98,6 +100,7 @@ class TabularPreprocessor:
             label_mean=float(mean),
             label_std=float(std) if std and std > 1e-12 else 1.0,
             train_rows=int(train_rows),
+            class_counts={str(k): int(v) for k, v in (class_counts or {}).items()},
         )
 
     # ---------- shape ----------

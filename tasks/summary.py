@@ -37,6 +37,7 @@ def summarize(
         "validation_rows": parts.val_rows,
         "ray_run_path": outcome.run_path,
         "epochs_run": len(outcome.history),
+        "training_budget": outcome.budget,
         "resumed_from_epoch": outcome.resumed_from_epoch,
         "recoveries": outcome.recoveries,
         "best_checkpoint": {"path": selected.path, "uri": selected.uri or selected.path, "epoch": selected.epoch, "metrics": selected.metrics},

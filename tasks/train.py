@@ -10,6 +10,7 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.common import retry_unless_user_error
 from tasks.preprocess import Prepared
+from trainer.budget import resolve_budget
 from trainer.checkpoint import read_metrics
 from trainer.loop import STOP_REASON
 from trainer.recovery import read_events, recoveries, started_from
@@ -29,6 +30,7 @@ class TrainOutcome:
     history: list[dict[str, float]]
     resumed_from_epoch: int | None = None
     recoveries: list[dict[str, Any]] = field(default_factory=list)
+    budget: dict[str, Any] = field(default_factory=dict)  # the resolved batch size, epochs and patience
 
 
 @task(name="train", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
@@ -38,10 +40,14 @@ def train(prepared: Prepared, config: Config, run_name: str) -> TrainOutcome:
     check_fits(config.scaling.model_dump())  # again: a retry may find fewer nodes than ingest did
     log = get_run_logger()
     resolved = config.to_dict()
-    trainer = build_trainer(resolved, prepared.preprocessor, prepared.train, prepared.val, run_name)
+    trainer = build_trainer(
+        resolved, prepared.preprocessor, prepared.train, prepared.val, run_name, cache_shards=prepared.materialized
+    )
+    budget = resolve_budget(resolved["train"], prepared.preprocessor.train_rows, config.scaling.num_workers)
     log.info(
-        "training %s: %d worker(s), gpu=%s, %d epoch(s), storage %s",
-        run_name, config.scaling.num_workers, config.scaling.use_gpu, config.train.epochs, config.storage_path,
+        "training %s: %d worker(s), gpu=%s, up to %d epoch(s) of batch %d per worker (early-stopping patience %s), "
+        "storage %s", run_name, config.scaling.num_workers, config.scaling.use_gpu, budget.epochs, budget.batch_size,
+        budget.patience, config.storage_path,
     )
     path = run_dir(resolved, run_name)
     seen = len(read_events(path))
@@ -67,4 +73,5 @@ def train(prepared: Prepared, config: Config, run_name: str) -> TrainOutcome:
     return TrainOutcome(
         run_name=run_name, run_path=path, checkpoints=checkpoints, history=history,
         resumed_from_epoch=started_from(events[seen:]) if existed else None, recoveries=recoveries(events),
+        budget=budget.to_dict(),
     )

@@ -56,7 +56,10 @@ def tune_sweep(prepared: Prepared, config: Config, sweep: str) -> Swept:
         "sweep %s: %d trial(s), %d at a time, %s on %s (%s)",
         sweep, tune_cfg.num_samples, parallel, tune_cfg.scheduler, tune_cfg.metric, tune_cfg.mode,
     )
-    tuner = build_tuner(config.to_dict(), prepared.preprocessor, prepared.train, prepared.val, sweep, parallel)
+    tuner = build_tuner(
+        config.to_dict(), prepared.preprocessor, prepared.train, prepared.val, sweep, parallel,
+        cache_shards=prepared.materialized,
+    )
     results = tuner.fit()
     trials = summarize_trials(results, sweep, tune_cfg.metric, tune_cfg.mode)
     best = best_trial(trials, tune_cfg.metric, tune_cfg.mode)

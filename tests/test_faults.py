@@ -49,7 +49,7 @@ def test_select_skips_a_truncated_checkpoint(tmp_path):
         d = tmp_path / f"checkpoint_{epoch}"
         d.mkdir()
         m = {"epoch": epoch, "val_loss": loss}
-        save_checkpoint(d, model, opt, epoch, 0, m, [m], prep.to_dict(), cfg.to_dict())
+        save_checkpoint(d, model.state_dict(), {"optimizer": opt.state_dict(), "epoch": epoch}, m, [m], prep.to_dict(), cfg.to_dict())
         ckpts.append({"path": str(d), "epoch": epoch, "metrics": m})
     ckpts.append({"path": str(tmp_path / "nan"), "epoch": 3, "metrics": {"epoch": 3, "val_loss": float("nan")}})
     best = tmp_path / "checkpoint_1" / "model.pt"

@@ -1,7 +1,7 @@
 """Checkpoint layout: everything needed to resume training or to serve the model.
 
     model.pt         weights (unwrapped from DDP), loaded with torch.load(weights_only=True)
-    train_state.pt   optimizer state, epoch, seed                        (weights_only too)
+    train_state.pt   optimizer and LR-schedule state, epoch, seed, early-stopping state (weights_only too)
     metrics.json     this epoch's metrics and the history of every epoch so far
     preprocessor.json  the fitted preprocessor, as data
     config.json      the resolved trainflow config
@@ -29,20 +29,18 @@ CONFIG_FILE = "config.json"
 
 def save_checkpoint(
     directory: str | Path,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    epoch: int,
-    seed: int,
+    model_state: dict[str, torch.Tensor],
+    train_state: dict[str, Any],
     metrics: dict[str, float],
     history: list[dict[str, float]],
     preprocessor: dict[str, Any],
     config: dict[str, Any],
 ) -> None:
-    """Write a complete checkpoint into directory (rank 0 only)."""
+    """Write a complete checkpoint into directory (rank 0 only); train_state holds at least 'epoch'."""
     d = Path(directory)
-    unwrapped = model.module if hasattr(model, "module") else model
-    torch.save(unwrapped.state_dict(), d / MODEL_FILE)
-    torch.save({"optimizer": optimizer.state_dict(), "epoch": epoch, "seed": seed}, d / STATE_FILE)
+    torch.save(model_state, d / MODEL_FILE)
+    torch.save(train_state, d / STATE_FILE)
+    epoch = int(train_state["epoch"])
     (d / METRICS_FILE).write_text(json.dumps({"epoch": epoch, "metrics": metrics, "history": history}, indent=1))
     TabularPreprocessor.from_dict(preprocessor).save(d)
     (d / CONFIG_FILE).write_text(json.dumps(config, indent=1))

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import math
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,6 +20,7 @@ from sklearn import metrics as skm
 from torch import nn
 
 from preprocessors.tabular import FEATURES, LABEL, TabularPreprocessor
+from trainer.budget import EarlyStopping, lr_factor, resolve_budget
 from trainer.checkpoint import load_train_state, load_weights, read_metrics, save_checkpoint
 from trainer.model import build_model
 from trainer.recovery import append_event
@@ -85,16 +89,50 @@ def iter_minibatches(shard, batch_size: int, device):
         yield torch.cat(held_x), torch.cat(held_y)
 
 
-def train_epoch(model, shard, optimizer, loss_fn, batch_size: int, device) -> float:
+class CachedShard:
+    """A worker's whole shard held as two tensors after its first pass, for tables that fit in memory.
+
+    Small tables train for hundreds of short epochs; re-reading them through Ray Data costs more per
+    epoch than the epoch itself. Each epoch then visits the rows in a fresh seeded order.
+    """
+
+    def __init__(self, shard, device) -> None:
+        xs, ys = [], []
+        for xb, yb in iter_minibatches(shard, 1 << 30, device):
+            xs.append(xb)
+            ys.append(yb)
+        self.x = torch.cat(xs) if xs else torch.zeros((0, 0), device=device)
+        self.y = torch.cat(ys) if ys else torch.zeros((0,), device=device)
+
+    def minibatches(self, batch_size: int, generator: torch.Generator | None = None):
+        order = torch.randperm(len(self.y), generator=generator).to(self.y.device) if generator is not None else None
+        for i in range(0, len(self.y), batch_size):
+            heartbeat()
+            if order is None:
+                yield self.x[i : i + batch_size], self.y[i : i + batch_size]
+            else:
+                idx = order[i : i + batch_size]
+                yield self.x[idx], self.y[idx]
+
+
+def _batches(source, batch_size: int, device, generator: torch.Generator | None = None):
+    if isinstance(source, CachedShard):
+        return source.minibatches(batch_size, generator)
+    return iter_minibatches(source, batch_size, device)
+
+
+def train_epoch(model, shard, optimizer, loss_fn, batch_size: int, device, scheduler=None, generator=None) -> float:
     """One pass over this worker's shard; returns the mean loss over every rank's rows."""
     model.train()
     losses, sizes = [], []
-    for xb, yb in iter_minibatches(shard, batch_size, device):
+    for xb, yb in _batches(shard, batch_size, device, generator):
         optimizer.zero_grad(set_to_none=True)
         out = model(xb)
         loss = loss_fn(out.squeeze(-1) if yb.dtype.is_floating_point else out, yb)
         loss.backward()
         optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
         # note: .item() here would be a sync point every step; keep the losses on the device instead
         losses.append(loss.detach())
         sizes.append(len(yb))
@@ -121,7 +159,7 @@ def validate_epoch(model, shard, loss_fn, task: str, prep: TabularPreprocessor, 
     """Metrics over the whole validation set: every rank evaluates its shard, then all gather."""
     model.eval()
     outs, labels = [], []
-    for xb, yb in iter_minibatches(shard, batch_size, device):
+    for xb, yb in _batches(shard, batch_size, device):
         outs.append(model(xb).float().cpu().numpy())
         labels.append(yb.cpu().numpy())
     width = prep.num_outputs
@@ -160,19 +198,84 @@ def compute_metrics(task: str, out: np.ndarray, y: np.ndarray, prep: TabularPrep
     return m
 
 
+def class_weights(train: dict[str, Any], prep: TabularPreprocessor) -> torch.Tensor | None:
+    """Per-class loss weights: 'balanced' is n / (k * count), as scikit-learn's class_weight='balanced'."""
+    spec = train.get("class_weight")
+    if spec is None or prep.task != "classification":
+        return None
+    if spec == "balanced":
+        counts = np.array([prep.class_counts.get(str(c), 0) for c in prep.classes], dtype=np.float64)
+        weights = counts.sum() / (len(counts) * np.maximum(counts, 1))
+    else:
+        unknown = sorted(set(spec) - {str(c) for c in prep.classes})
+        if unknown:
+            raise ValueError(f"train.class_weight: {unknown} are not classes of the label; classes are {prep.classes}")
+        weights = np.array([spec.get(str(c), 1.0) for c in prep.classes], dtype=np.float64)
+    return torch.tensor(weights, dtype=torch.float32)
+
+
+@dataclass
+class EpochState:
+    """Everything a checkpoint of one epoch holds besides the preprocessor and config (CPU copies)."""
+
+    epoch: int
+    metrics: dict[str, float]
+    history: list[dict[str, float]]
+    model: dict[str, torch.Tensor]
+    train_state: dict[str, Any]
+
+
+def _snapshot(model, optimizer, scheduler, stopper: EarlyStopping, epoch, seed, metrics, history) -> EpochState:
+    unwrapped = model.module if hasattr(model, "module") else model
+    return EpochState(
+        epoch=epoch, metrics=dict(metrics), history=list(history),
+        model={k: v.detach().to("cpu", copy=True) for k, v in unwrapped.state_dict().items()},
+        train_state=copy.deepcopy({
+            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "epoch": epoch, "seed": seed,
+            "early_stopping": stopper.state(),
+        }),
+    )
+
+
+def _report(state: EpochState, rank: int, loop_config: dict[str, Any]) -> None:
+    """One Ray Train report with its checkpoint, written by rank 0."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = None
+        if rank == 0:
+            save_checkpoint(tmp, state.model, state.train_state, state.metrics, state.history,
+                            loop_config["preprocessor"], loop_config["config"])
+            ckpt = ray.train.Checkpoint.from_directory(tmp)
+        ray.train.report(state.metrics, checkpoint=ckpt)
+    heartbeat(f"the report of epoch {state.epoch}")
+
+
+def _agree(flag: bool, device) -> bool:
+    """Rank 0's decision on every rank: each rank must make the same ray.train.report calls."""
+    if not _distributed():
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.broadcast(t, src=0)
+    return bool(t.item())
+
+
 def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
-    """Ray Train entry point: resume from get_checkpoint() if any, then train the remaining epochs."""
+    """Ray Train entry point: resume from get_checkpoint() if any, then train until the budget or early stopping ends."""
     cfg = loop_config["config"]
     prep = TabularPreprocessor.from_dict(loop_config["preprocessor"])
-    task, seed = cfg["task"], int(cfg["split"]["seed"])
-    epochs, batch_size, lr = cfg["train"]["epochs"], cfg["train"]["batch_size"], cfg["train"]["learning_rate"]
+    task, seed, train_cfg = cfg["task"], int(cfg["split"]["seed"]), cfg["train"]
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()
     device = ray.train.torch.get_device()
+    budget = resolve_budget(train_cfg, prep.train_rows, ctx.get_world_size())
+    batch_size, epochs = budget.batch_size, budget.epochs
 
     torch.manual_seed(seed)
     model = build_model(prep.num_features, prep.num_outputs, cfg["model"]["hidden_sizes"], cfg["model"]["dropout"])
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=train_cfg["learning_rate"], weight_decay=train_cfg["weight_decay"])
+    total_steps = epochs * budget.steps_per_epoch
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(
+        lr_factor, total_steps=total_steps, warmup_fraction=train_cfg["warmup_fraction"], schedule=train_cfg["schedule"]))
+    stopper = EarlyStopping(cfg["checkpoint"]["mode"], budget.patience, train_cfg["early_stopping"]["min_delta"])
     start_epoch, history = 0, []
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
@@ -180,6 +283,10 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
             model.load_state_dict(load_weights(d))
             state = load_train_state(d)
             optimizer.load_state_dict(state["optimizer"])
+            if "scheduler" in state:
+                scheduler.load_state_dict(state["scheduler"])
+            if "early_stopping" in state:
+                stopper.load(state["early_stopping"])
             start_epoch = int(state["epoch"]) + 1
             history = read_metrics(d)["history"]
         if rank == 0 and loop_config.get("run_dir"):
@@ -190,6 +297,8 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
             "event": "worker_start", "rank": rank, "node_id": ray.get_runtime_context().get_node_id(),
             "from_epoch": start_epoch,
         })
+    if rank == 0 and start_epoch == 0:
+        print(f"trainflow budget: {budget.to_dict()} over {prep.train_rows} training rows and {ctx.get_world_size()} worker(s)")
     model = ray.train.torch.prepare_model(model)
     # optimizer state was loaded on CPU; move it next to the (possibly GPU) parameters
     for st in optimizer.state.values():
@@ -197,28 +306,54 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
             if torch.is_tensor(v) and k != "step":
                 st[k] = v.to(device)
 
-    loss_fn = _loss_fn(task)
+    weights = class_weights(train_cfg, prep)
+    loss_fn = nn.CrossEntropyLoss(weight=None if weights is None else weights.to(device)) if task == "classification" else _loss_fn(task)
     train_shard = ray.train.get_dataset_shard("train")
     val_shard = ray.train.get_dataset_shard("val")
+    cache = loop_config.get("cache_shards", False)
+    metric = cfg["checkpoint"]["metric"]
+    min_interval = float(cfg["checkpoint"].get("min_interval_s", 0.0))
+    last_report, pending_best = time.monotonic(), None
+    if stopper.should_stop:
+        return history
     for epoch in range(start_epoch, epochs):
         heartbeat(f"the start of epoch {epoch}")
         # Seeding per (seed, epoch, rank) makes dropout identical whether an epoch runs fresh or after a resume.
         torch.manual_seed(seed * 100_003 + epoch * 1009 + rank)
+        generator = torch.Generator().manual_seed(seed * 100_003 + epoch * 1009 + rank)
         t0 = time.perf_counter()
-        train_loss = train_epoch(model, train_shard, optimizer, loss_fn, batch_size, device)
+        if cache and not isinstance(train_shard, CachedShard):
+            train_shard, val_shard = CachedShard(train_shard, device), CachedShard(val_shard, device)
+        train_loss = train_epoch(
+            model, train_shard, optimizer, loss_fn, batch_size, device, scheduler,
+            generator if isinstance(train_shard, CachedShard) else None,
+        )
         epoch_time = time.perf_counter() - t0
-        metrics = {"epoch": epoch, "train_loss": train_loss, "epoch_time_s": epoch_time}
+        metrics = {"epoch": epoch, "train_loss": train_loss, "epoch_time_s": epoch_time,
+                   "learning_rate": optimizer.param_groups[0]["lr"]}
         if not math.isfinite(train_loss):
             # Reported, not raised: a raise would be retried by FailureConfig, and NaN does not heal.
+            if pending_best is not None:
+                _report(pending_best, rank, loop_config)
             ray.train.report({**metrics, STOP_REASON: f"train loss became {train_loss} at epoch {epoch}"}, checkpoint=None)
             return history
-        metrics.update(validate_epoch(model, val_shard, loss_fn, task, prep, batch_size * 4, device))
+        metrics.update(validate_epoch(model, val_shard, _loss_fn(task), task, prep, max(batch_size * 4, 1024), device))
         history.append(metrics)
-        with tempfile.TemporaryDirectory() as tmp:
-            ckpt = None
+        improved = stopper.update(metrics.get(metric, float("nan")), epoch)
+        last = epoch == epochs - 1 or stopper.should_stop
+        due = _agree(last or time.monotonic() - last_report >= min_interval, device)
+        if not due:
+            if improved:  # kept until the group's report: the best epoch always gets its own checkpoint
+                pending_best = _snapshot(model, optimizer, scheduler, stopper, epoch, seed, metrics, history)
+            continue
+        if pending_best is not None and not improved:
+            _report(pending_best, rank, loop_config)
+        pending_best = None
+        _report(_snapshot(model, optimizer, scheduler, stopper, epoch, seed, metrics, history), rank, loop_config)
+        last_report = time.monotonic()
+        if stopper.should_stop:
             if rank == 0:
-                save_checkpoint(tmp, model, optimizer, epoch, seed, metrics, history, loop_config["preprocessor"], cfg)
-                ckpt = ray.train.Checkpoint.from_directory(tmp)
-            ray.train.report(metrics, checkpoint=ckpt)
-        heartbeat(f"the report of epoch {epoch}")
+                print(f"trainflow early stopping at epoch {epoch}: {metric} has not improved for {stopper.bad_epochs} "
+                      f"epoch(s); best {stopper.best:.6g} at epoch {stopper.best_epoch}")
+            break
     return history

@@ -81,12 +81,19 @@ def build_trainer(
     storage_filesystem=None,
     train_fn=train_fn_per_worker,
     callbacks: list | None = None,
+    cache_shards: bool = False,
 ) -> TorchTrainer:
-    """A TorchTrainer whose run resumes when built again with the same storage_path and run_name."""
+    """A TorchTrainer whose run resumes when built again with the same storage_path and run_name.
+
+    cache_shards: each worker keeps its shard in memory after the first epoch (for materialized data).
+    """
     ckpt = config["checkpoint"]
     return TorchTrainer(
         Watched(train_fn, config["failure"].get("hang_timeout_s")),
-        train_loop_config={"config": config, "preprocessor": preprocessor.to_dict(), "run_dir": run_dir(config, run_name)},
+        train_loop_config={
+            "config": config, "preprocessor": preprocessor.to_dict(), "run_dir": run_dir(config, run_name),
+            "cache_shards": cache_shards,
+        },
         scaling_config=scaling_config(config["scaling"]),
         torch_config=torch_config(config["scaling"]),
         datasets={"train": train_ds, "val": val_ds},

@@ -15,6 +15,7 @@ from ray.tune.integration.ray_train import TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from preprocessors.tabular import TabularPreprocessor
+from trainer.budget import MAX_AUTO_EPOCHS
 from trainer.runner import build_trainer, run_dir
 from trainflow.config import trial_config
 
@@ -37,26 +38,27 @@ def trial_run_name(sweep: str, trial_id: str) -> str:
 
 def train_driver_fn(
     params: dict[str, Any], base_config: dict, preprocessor: dict, train_ds: ray.data.Dataset,
-    val_ds: ray.data.Dataset, sweep: str,
+    val_ds: ray.data.Dataset, sweep: str, cache_shards: bool = False,
 ) -> None:
     """One trial: the base config with this trial's sampled values, trained by a TorchTrainer."""
     cfg = trial_config(base_config, params["sampled"]).to_dict()
     name = trial_run_name(sweep, ray.tune.get_context().get_trial_id())
     trainer = build_trainer(
-        cfg, TabularPreprocessor.from_dict(preprocessor), train_ds, val_ds, name, callbacks=[TuneReportCallback()]
+        cfg, TabularPreprocessor.from_dict(preprocessor), train_ds, val_ds, name, callbacks=[TuneReportCallback()],
+        cache_shards=cache_shards,
     )
     trainer.fit()
 
 
 def build_tuner(
     config: dict[str, Any], preprocessor: TabularPreprocessor, train_ds: ray.data.Dataset, val_ds: ray.data.Dataset,
-    sweep: str, max_concurrent_trials: int,
+    sweep: str, max_concurrent_trials: int, cache_shards: bool = False,
 ) -> ray.tune.Tuner:
     """A Tuner for config['tune'] (new, or restored when the sweep's folder already exists)."""
     tune_cfg = config["tune"]
     trainable = ray.tune.with_parameters(
         train_driver_fn, base_config=config, preprocessor=preprocessor.to_dict(),
-        train_ds=train_ds, val_ds=val_ds, sweep=sweep,
+        train_ds=train_ds, val_ds=val_ds, sweep=sweep, cache_shards=cache_shards,
     )
     # The driver only waits on its TorchTrainer; the Train workers ask for their own resources. Tune
     # refuses an empty request, and any CPU here would come out of the workers' budget: one byte of memory.
@@ -65,9 +67,11 @@ def build_tuner(
     if ray.tune.Tuner.can_restore(path):
         return ray.tune.Tuner.restore(path, trainable=trainable, resume_errored=True)
     if tune_cfg["scheduler"] == "asha":
+        # rungs by epoch, not by report: short epochs are grouped into one report (checkpoint.min_interval_s)
+        max_t = config["train"]["epochs"] if config["train"]["epochs"] != "auto" else MAX_AUTO_EPOCHS
         scheduler = ASHAScheduler(
-            time_attr="training_iteration", max_t=config["train"]["epochs"],
-            grace_period=min(tune_cfg["grace_period"], config["train"]["epochs"]),
+            time_attr="epoch", max_t=max_t,
+            grace_period=min(tune_cfg["grace_period"], max_t),
             reduction_factor=tune_cfg["reduction_factor"],
         )
     else:
@@ -100,7 +104,8 @@ def summarize_trials(results: ray.tune.ResultGrid, sweep: str, metric: str, mode
             "run_name": trial_run_name(sweep, trial_id),
             "params": dict(result.config["sampled"]),
             metric: best,
-            "epochs_run": 0 if df is None else len(df),
+            # reports group short epochs; the last reported epoch (0-based) counts the epochs run
+            "epochs_run": 0 if df is None or "epoch" not in df or not len(df) else int(df["epoch"].max()) + 1,
             "status": "error" if result.error else "ok",
             "error": str(result.error).splitlines()[0][:300] if result.error else None,
             "started_at": start,

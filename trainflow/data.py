@@ -273,7 +273,7 @@ def fit_preprocessor(train: ray.data.Dataset, spec: TableSpec, task: str) -> Tab
         vc = stats[key] or {"values": [], "counts": []}
         return {v: int(c) for v, c in zip(vc["values"], vc["counts"]) if v is not None}
 
-    classes = None
+    classes, label_counts = None, None
     if task == "classification":
         label_counts = counts("counts:__label__")
         classes = list(label_counts)
@@ -291,6 +291,7 @@ def fit_preprocessor(train: ray.data.Dataset, spec: TableSpec, task: str) -> Tab
         classes=classes,
         label_stats=None if task == "classification" else (stats["mean:__label__"], stats["std:__label__"]),
         train_rows=stats["count()"],
+        class_counts=label_counts,
     )
 
 

