@@ -27,14 +27,14 @@ ACTORS = max(1, (os.cpu_count() or 1) - 1)
 def make_checkpoint(path, directory: str) -> str:
     """A checkpoint with a preprocessor fitted on the table and an (untrained) MLP: same work per row."""
     from trainer.checkpoint import save_checkpoint
-    from trainer.model import build_model
+    from trainer.model import model_for
     from trainflow.config import config_from_dict
     from trainflow.data import arrow_schema, fit_preprocessor, read_table, table_spec
 
     cfg = config_from_dict({"data": {"path": str(path), "label": "y", "id_column": "id"}, "task": "regression"})
     ds, _, _ = read_table(cfg.data.path, "parquet")
     prep = fit_preprocessor(ds, table_spec(arrow_schema(ds, str(path)), cfg.data, cfg.task, str(path)), cfg.task)
-    model = build_model(prep.num_features, prep.num_outputs, cfg.model.hidden_sizes, cfg.model.dropout)
+    model = model_for(prep, cfg.to_dict()["model"])
     save_checkpoint(directory, model.state_dict(), {"epoch": 0}, {"epoch": 0}, [], prep.to_dict(), cfg.to_dict())
     return directory
 

@@ -1,4 +1,5 @@
-"""Fit-on-train tabular preprocessing: impute, scale, one-hot, pack into one float32 tensor.
+"""Fit-on-train tabular preprocessing: impute (with missing indicators), scale, expand dates, one-hot or
+embed text, and pack into one float32 tensor.
 
 The fitted state is plain data (JSON) so a checkpoint never needs pickle to be served.
 The transform is vectorised over a pyarrow batch; it runs in Ray Data `map_batches`
@@ -16,6 +17,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from preprocessors.dates import date_parts, is_temporal_type
 
 FEATURES = "features"
 LABEL = "label"
@@ -49,20 +52,43 @@ def _as_string(col: pa.ChunkedArray | pa.Array) -> pa.Array:
     return pc.cast(col, pa.string())
 
 
+NULL_CATEGORY = "<missing>"  # a missing text value is a category of its own
+UNKNOWN_CODE = 0  # embedding code of values never seen in training, or too rare to learn
+
+
+def embedding_dim(num_codes: int) -> int:
+    """fastai's rule of thumb for an entity embedding's width."""
+    return int(min(600, round(1.6 * num_codes**0.56)))
+
+
+def _stats(mean: float | None, std: float | None) -> dict[str, float]:
+    mean = 0.0 if mean is None or not math.isfinite(mean) else float(mean)
+    std = 1.0 if std is None or not math.isfinite(std) or std <= 1e-12 else float(std)
+    return {"mean": mean, "std": std}
+
+
 @dataclass
 class TabularPreprocessor:
-    """Fitted state of the tabular transform; every field is JSON-serialisable."""
+    """Fitted state of the tabular transform; every field is JSON-serialisable.
+
+    Packed layout, column by column in feature_order: a number is one standardized value (plus a
+    0/1 missing indicator when training had missing values); a date is its standardized parts (plus
+    the indicator); a low-cardinality text column is one-hot; a high-cardinality one is one integer
+    code (0 = unknown) that the model looks up in an embedding table.
+    """
 
     task: str
     label: str
-    numeric: dict[str, dict[str, float]] = field(default_factory=dict)
-    categorical: dict[str, dict[str, Any]] = field(default_factory=dict)
+    numeric: dict[str, dict[str, Any]] = field(default_factory=dict)  # col -> mean, std, na
+    categorical: dict[str, dict[str, Any]] = field(default_factory=dict)  # one-hot: col -> categories, fill
     feature_order: list[str] = field(default_factory=list)
     classes: list[Any] | None = None
     label_mean: float = 0.0
     label_std: float = 1.0
     train_rows: int = 0
     class_counts: dict[str, int] = field(default_factory=dict)  # training rows per class, keyed by str(class)
+    embedded: dict[str, dict[str, Any]] = field(default_factory=dict)  # col -> categories (code = 1 + index), dim
+    dates: dict[str, dict[str, Any]] = field(default_factory=dict)  # col -> parts, stats per part, na
 
     # ---------- fitting ----------
     @classmethod
@@ -72,29 +98,48 @@ class TabularPreprocessor:
         label: str,
         feature_order: list[str],
         numeric_stats: dict[str, tuple[float | None, float | None]],
-        category_counts: dict[str, dict[str, int]],
+        category_counts: dict[str, dict[str | None, int]],
         classes: list[Any] | None,
         label_stats: tuple[float, float] | None,
         train_rows: int,
         class_counts: dict[Any, int] | None = None,
+        missing: dict[str, int] | None = None,
+        date_stats: dict[str, dict[str, tuple[float | None, float | None]]] | None = None,
+        max_onehot: int = 16,
+        min_frequency: int = 5,
+        max_categories: int = 100_000,
     ) -> TabularPreprocessor:
-        """Build the fitted state from aggregates computed over the training split."""
-        numeric = {}
-        for col, (mean, std) in numeric_stats.items():
-            mean = 0.0 if mean is None or not math.isfinite(mean) else float(mean)
-            std = 1.0 if std is None or not math.isfinite(std) or std <= 1e-12 else float(std)
-            numeric[col] = {"mean": mean, "std": std}
-        categorical = {}
+        """Build the fitted state from aggregates computed over the training split.
+
+        category_counts may count missing values under None; missing counts missing values of the
+        numeric and date columns. Text columns with more than max_onehot values are embedded: values
+        seen fewer than min_frequency times share the unknown code, and at most max_categories are kept.
+        """
+        missing = missing or {}
+        numeric = {col: {**_stats(m, s), "na": missing.get(col, 0) > 0} for col, (m, s) in numeric_stats.items()}
+        dates = {
+            col: {"parts": list(parts), "stats": {p: _stats(*v) for p, v in parts.items()}, "na": missing.get(col, 0) > 0}
+            for col, parts in (date_stats or {}).items()
+        }
+        categorical, embedded = {}, {}
         for col, counts in category_counts.items():
-            cats = sorted(counts)
-            fill = max(cats, key=lambda c: (counts[c], c)) if cats else None
-            categorical[col] = {"categories": cats, "fill": fill}
+            counts = {NULL_CATEGORY if k is None else str(k): int(v) for k, v in counts.items()}
+            # the most frequent present value: the registered model's input example
+            mode = min((v for v in counts if v != NULL_CATEGORY), key=lambda v: (-counts[v], v), default=None)
+            if len(counts) <= max_onehot:
+                categorical[col] = {"categories": sorted(counts), "fill": None, "mode": mode}
+                continue
+            frequent = sorted((v for v in counts if counts[v] >= min_frequency), key=lambda v: (-counts[v], v))
+            vocab = sorted(frequent[:max_categories])
+            embedded[col] = {"categories": vocab, "dim": embedding_dim(len(vocab) + 1), "mode": mode}
         mean, std = label_stats if label_stats else (0.0, 1.0)
         return cls(
             task=task,
             label=label,
             numeric=numeric,
             categorical=categorical,
+            embedded=embedded,
+            dates=dates,
             feature_order=list(feature_order),
             classes=sorted(classes) if classes is not None else None,
             label_mean=float(mean),
@@ -104,22 +149,49 @@ class TabularPreprocessor:
         )
 
     # ---------- shape ----------
+    def _width(self, col: str) -> int:
+        if col in self.numeric:
+            return 1 + bool(self.numeric[col].get("na"))
+        if col in self.dates:
+            return len(self.dates[col]["parts"]) + bool(self.dates[col]["na"])
+        if col in self.embedded:
+            return 1
+        return len(self.categorical[col]["categories"])
+
     @property
     def num_features(self) -> int:
-        return sum(1 if c in self.numeric else len(self.categorical[c]["categories"]) for c in self.feature_order)
+        return sum(self._width(c) for c in self.feature_order)
 
     @property
     def num_outputs(self) -> int:
         return len(self.classes) if self.task == "classification" else 1
 
+    def embedding_slots(self) -> list[tuple[int, int, int]]:
+        """(position in the packed row, number of codes incl. unknown, embedding width) per embedded column."""
+        slots, pos = [], 0
+        for col in self.feature_order:
+            if col in self.embedded:
+                spec = self.embedded[col]
+                slots.append((pos, len(spec["categories"]) + 1, int(spec["dim"])))
+            pos += self._width(col)
+        return slots
+
     def feature_names(self) -> list[str]:
         names = []
         for col in self.feature_order:
             if col in self.numeric:
-                names.append(col)
+                names += [col] + ([f"{col}_na"] if self.numeric[col].get("na") else [])
+            elif col in self.dates:
+                names += [f"{col}_{p}" for p in self.dates[col]["parts"]] + ([f"{col}_na"] if self.dates[col]["na"] else [])
+            elif col in self.embedded:
+                names.append(f"{col}#code")
             else:
                 names.extend(f"{col}={cat}" for cat in self.categorical[col]["categories"])
         return names
+
+    def text_columns(self) -> dict[str, list[str]]:
+        """The vocabulary of every text column, one-hot or embedded."""
+        return {c: spec["categories"] for c, spec in {**self.categorical, **self.embedded}.items()}
 
     # ---------- transform ----------
     def check_schema(self, schema: pa.Schema, source: str = "input") -> None:
@@ -130,50 +202,75 @@ class TabularPreprocessor:
                 problems.append(f"column {col!r} is missing")
                 continue
             t = schema.field(col).type
-            if col in self.numeric and not is_numeric_type(t) and not pa.types.is_null(t):
+            if pa.types.is_null(t):
+                continue
+            if col in self.numeric and not is_numeric_type(t):
                 problems.append(f"column {col!r} was numeric in training but is {t} here")
-            if col in self.categorical and not is_string_type(t) and not pa.types.is_null(t):
+            if col in self.text_columns() and not is_string_type(t):
                 problems.append(f"column {col!r} was text in training but is {t} here")
+            if col in self.dates and not (is_temporal_type(t) or is_string_type(t)):
+                problems.append(f"column {col!r} was a date in training but is {t} here")
         if problems:
             raise SchemaDriftError(f"{source} does not match the model's preprocessor: " + "; ".join(problems))
 
-    def transform_features(self, table: pa.Table, strict: bool) -> np.ndarray:
+    def _text_values(self, col: str, table: pa.Table) -> pa.Array:
+        values = _as_string(table[col])
+        fill = self.categorical.get(col, {}).get("fill")  # checkpoints written before missing was a category
+        return pc.fill_null(values, fill if fill is not None else NULL_CATEGORY)
+
+    def unseen_mask(self, col: str, table: pa.Table) -> np.ndarray:
+        """Rows of a text column whose value is outside the model's vocabulary (mapped to unknown)."""
+        values = self._text_values(col, table)
+        known = pa.array(self.text_columns()[col], pa.string())
+        return ~pc.is_in(values, value_set=known).to_numpy(zero_copy_only=False)
+
+    def transform_features(self, table: pa.Table, strict: bool = False) -> np.ndarray:
         """Pack the feature columns of a batch into one float32 matrix.
 
-        strict=True raises SchemaDriftError on a category not seen in training (inference);
-        strict=False encodes it as all zeros (validation rows of a rare category).
+        A text value outside the vocabulary is encoded as unknown (all zeros one-hot, code 0 embedded);
+        strict=True raises SchemaDriftError for it instead.
         """
         self.check_schema(table.schema, "batch")
         n = table.num_rows
         out = np.zeros((n, self.num_features), dtype=np.float32)
         pos = 0
         for col in self.feature_order:
-            if col in self.numeric:
-                stats = self.numeric[col]
-                x = _as_float(table[col])
-                x = np.where(np.isnan(x), stats["mean"], x)
-                out[:, pos] = (x - stats["mean"]) / stats["std"]
-                pos += 1
+            if col in self.numeric or col in self.dates:
+                if col in self.numeric:
+                    stats, na = {col: self.numeric[col]}, self.numeric[col].get("na")
+                    raw = {col: _as_float(table[col])}
+                else:
+                    stats, na = self.dates[col]["stats"], self.dates[col]["na"]
+                    raw = date_parts(table[col], self.dates[col]["parts"])
+                missing = np.zeros(n, dtype=bool)
+                for key, x in raw.items():
+                    st = stats[key]
+                    isnan = np.isnan(x)
+                    missing |= isnan
+                    out[:, pos] = (np.where(isnan, st["mean"], x) - st["mean"]) / st["std"]
+                    pos += 1
+                if na:
+                    out[:, pos] = missing
+                    pos += 1
                 continue
-            spec = self.categorical[col]
-            cats = spec["categories"]
-            values = _as_string(table[col])
-            if spec["fill"] is not None:
-                values = pc.fill_null(values, spec["fill"])
+            values = self._text_values(col, table)
+            cats = self.text_columns()[col]
             idx = pc.index_in(values, value_set=pa.array(cats, pa.string())).to_numpy(zero_copy_only=False)
-            if idx.dtype.kind == "f":  # nulls (unseen categories) came back as NaN
-                unseen = np.isnan(idx)
-                if strict and unseen.any():
-                    bad = values[int(np.flatnonzero(unseen)[0])].as_py()
-                    raise SchemaDriftError(
-                        f"column {col!r} has category {bad!r} that the model never saw in training "
-                        f"(known: {cats[:10]}{' ...' if len(cats) > 10 else ''})"
-                    )
-                rows = np.flatnonzero(~unseen)
-                out[rows, pos + idx[rows].astype(np.int64)] = 1.0
+            unseen = np.isnan(idx) if idx.dtype.kind == "f" else np.zeros(n, dtype=bool)
+            if strict and unseen.any():
+                bad = values[int(np.flatnonzero(unseen)[0])].as_py()
+                raise SchemaDriftError(
+                    f"column {col!r} has category {bad!r} that the model never saw in training "
+                    f"(known: {cats[:10]}{' ...' if len(cats) > 10 else ''})"
+                )
+            rows = np.flatnonzero(~unseen)
+            codes = idx[rows].astype(np.int64)
+            if col in self.embedded:
+                out[rows, pos] = codes + 1  # exact in float32 below 2**24 codes
+                pos += 1
             else:
-                out[np.arange(n), pos + idx.astype(np.int64)] = 1.0
-            pos += len(cats)
+                out[rows, pos + codes] = 1.0
+                pos += len(cats)
         return out
 
     def transform_label(self, table: pa.Table) -> np.ndarray:
@@ -213,7 +310,7 @@ class TabularPreprocessor:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TabularPreprocessor:
-        return cls(**d)
+        return cls(**d)  # fields added later default, so older checkpoints still load
 
     def save(self, directory: str | Path) -> Path:
         path = Path(directory) / PREPROCESSOR_FILE

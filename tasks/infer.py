@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from prefect import get_run_logger, task
@@ -13,7 +13,7 @@ from preprocessors.tabular import SchemaDriftError, TabularPreprocessor
 from tasks.common import retry_unless_user_error
 from trainer.predict import predict_dataset
 from trainflow.config import Config, infer_format
-from trainflow.data import arrow_schema, check_categories, check_writable, read_table, write_parquet_atomic
+from trainflow.data import arrow_schema, check_unseen, check_writable, count_unseen, read_table, write_parquet_atomic
 from trainflow.errors import CheckpointError, DataError
 from trainflow.runtime import ensure_ray
 from trainer.resources import check_fits
@@ -24,6 +24,7 @@ class Predictions:
     path: str
     input_rows: int
     output_rows: int
+    unseen: dict[str, int] = field(default_factory=dict)  # text column -> rows with a value never seen in training
 
 
 def resolve_checkpoint(model: str) -> str:
@@ -75,13 +76,22 @@ def infer(checkpoint_path: str, config: Config) -> Predictions:
     input_rows = ds.count()
     if input_rows == 0:
         raise DataError(f"{input_path}: the table has no rows")
-    check_categories(ds, prep, input_path)
+    unseen = count_unseen(ds, prep)
+    if config.inference.on_unseen == "error":
+        check_unseen(unseen, prep, input_path)
+    for col, found in unseen.items():
+        log.warning(
+            "%s: column %r has %d row(s) with values never seen in training (e.g. %r); predicted with the unknown code",
+            input_path, col, found["rows"], found["example"],
+        )
     preds = predict_dataset(
         ds, checkpoint_path, id_column, prep.feature_order, inf.batch_size, inf.num_actors, inf.use_gpu
     )
     rows = write_parquet_atomic(preds, output_path, input_rows)
     log.info("wrote %d predictions for %d input rows to %s", rows, input_rows, output_path)
-    return Predictions(path=output_path, input_rows=input_rows, output_rows=rows)
+    return Predictions(
+        path=output_path, input_rows=input_rows, output_rows=rows, unseen={c: f["rows"] for c, f in unseen.items()}
+    )
 
 
 @task(name="resolve-model", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)

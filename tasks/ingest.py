@@ -10,7 +10,7 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.common import retry_unless_user_error
 from trainflow.config import Config, infer_format
-from trainflow.data import TableSpec, arrow_schema, check_numeric_text, check_writable, count_rows_and_bad_labels, fingerprint, read_table, table_spec
+from trainflow.data import TableSpec, arrow_schema, check_text_columns, check_writable, count_rows_and_bad_labels, fingerprint, read_table, table_spec
 from trainflow.errors import DataError
 from trainer.resources import check_fits
 from trainflow.runtime import ensure_ray
@@ -46,7 +46,7 @@ def ingest(config: Config) -> Ingested:
     if config.inference.input:
         preflight_inference(config, spec.feature_order)
     ds = ds.materialize()  # read once; the checks below and the split reuse it
-    check_numeric_text(ds, spec.categorical, data.path)
+    check_text_columns(ds, spec, config.preprocess.parse_dates, data.path)
     rows, bad = count_rows_and_bad_labels(ds, data.label)
     if rows == 0:
         raise DataError(f"{data.path}: the table has no rows")
@@ -57,7 +57,7 @@ def ingest(config: Config) -> Ingested:
         )
     spec.rows, spec.fingerprint = rows, fingerprint(fs, files, schema)
     get_run_logger().info(
-        "read %d rows from %d file(s): %d numeric, %d text feature(s); fingerprint %s",
-        rows, len(files), len(spec.numeric), len(spec.categorical), spec.fingerprint,
+        "read %d rows from %d file(s): %d numeric, %d text, %d date feature(s); fingerprint %s",
+        rows, len(files), len(spec.numeric), len(spec.categorical), len(spec.dates), spec.fingerprint,
     )
     return Ingested(ds, spec)

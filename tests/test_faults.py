@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.faults import EPOCHS, small_run, successive_faults
-from trainer.checkpoint import read_metrics, save_checkpoint
+from trainer.checkpoint import load_train_state, read_metrics, save_checkpoint
 from trainer.model import build_model
 from trainer.recovery import read_events, recoveries
 from trainer.runner import build_trainer, run_dir
@@ -22,8 +22,12 @@ def test_successive_worker_faults_each_resume_where_they_stopped(tmp_path):
     result = trainer.fit()
     with result.checkpoint.as_directory() as d:
         history = read_metrics(d)["history"]
+        stopper = load_train_state(d)["early_stopping"]
     # every epoch ran exactly once
     assert [h["epoch"] for h in history] == list(range(EPOCHS))
+    # the early-stopping state crossed the three resumes: its best is the best of every attempt's epochs
+    losses = [h["val_loss"] for h in history]
+    assert stopper["best"] == pytest.approx(min(losses)) and stopper["best_epoch"] == losses.index(min(losses))
     events = read_events(run_dir(cfg, "faults"))
     assert [e["epoch"] for e in events if e["event"] == "resume"] == [1, 2, 3]
     raised, killed, hung = recoveries(events)

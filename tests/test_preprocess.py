@@ -86,16 +86,21 @@ def test_fit_uses_train_only_and_transform_matches_numpy():
     assert prep.numeric["x (cm)"]["mean"] == pytest.approx(np.nanmean(x))
     assert prep.numeric["x (cm)"]["std"] == pytest.approx(np.nanstd(x))
     assert prep.classes == ["no", "yes"]
-    assert prep.categorical["colour"]["categories"] == ["blue", "green", "red"]
-    assert prep.num_features == 2 + 3
+    # a missing text value is a category of its own; x had missing values, so it gets an indicator
+    assert prep.categorical["colour"]["categories"] == ["<missing>", "blue", "green", "red"]
+    assert prep.numeric["x (cm)"]["na"] and not prep.numeric["flag"]["na"]
+    assert prep.feature_names() == ["x (cm)", "x (cm)_na", "flag", "colour=<missing>", "colour=blue", "colour=green", "colour=red"]
 
-    out = prep.transform_batch(table.slice(300, 100))
+    batch = table.slice(300, 100)
+    out = prep.transform_batch(batch)
     feats = out["features"]
-    assert feats.dtype == np.float32 and feats.shape == (100, 5)
-    xs = table.slice(300, 100)["x (cm)"].to_numpy(zero_copy_only=False)
+    assert feats.dtype == np.float32 and feats.shape == (100, 7)
+    xs = batch["x (cm)"].to_numpy(zero_copy_only=False)
     expected = (np.where(np.isnan(xs), np.nanmean(x), xs) - np.nanmean(x)) / np.nanstd(x)
     np.testing.assert_allclose(feats[:, 0], expected, rtol=1e-5)
-    assert np.allclose(feats[:, 2:].sum(axis=1), 1.0)  # one-hot, nulls imputed with the most frequent
+    np.testing.assert_array_equal(feats[:, 1], np.isnan(xs))
+    assert np.allclose(feats[:, 3:].sum(axis=1), 1.0)
+    np.testing.assert_array_equal(feats[:, 3], batch["colour"].is_null().to_numpy(zero_copy_only=False))
     assert set(out["label"]) <= {0, 1}
 
 
@@ -119,7 +124,7 @@ def test_schema_drift_is_named():
         prep.transform_features(table.drop_columns(["x (cm)"]), strict=True)
     # lenient mode (validation rows) encodes an unseen category as all zeros
     lenient = prep.transform_features(table.set_column(3, "colour", pa.array(["purple"] * table.num_rows)), strict=False)
-    assert lenient[:, 2:].sum() == 0
+    assert lenient[:, 3:].sum() == 0
 
 
 def test_globs_and_csv_folders_read_every_matching_file(tmp_path):
@@ -151,6 +156,89 @@ def test_input_example_is_a_typical_row_from_the_fitted_state():
     row = example.iloc[0]
     assert row["x (cm)"] == pytest.approx(prep.numeric["x (cm)"]["mean"])
     assert row["visits"] == 2 and row["flag"] == False  # noqa: E712 - a numpy bool
-    assert row["colour"] == prep.categorical["colour"]["fill"]
+    assert row["colour"] == prep.categorical["colour"]["mode"] == "green"
     # the model's own transform takes it like any scoring row
     assert prep.transform_features(pa.Table.from_pandas(example, preserve_index=False), strict=True).shape == (1, prep.num_features)
+
+
+def _wide_table(n=3000, seed=0):
+    """A 1,000-value product code (a few values rare), a 3-value region, and a numeric column."""
+    rng = np.random.default_rng(seed)
+    codes = np.array([f"P{i:04d}" for i in range(1000)], dtype=object)
+    product = codes[rng.integers(0, 1000, n)]
+    product[0] = "RARE-ONCE"  # seen in training fewer than min_frequency times
+    return pa.table({
+        "id": np.arange(n), "product": pa.array(product), "region": pa.array(rng.choice(["n", "s", "e"], n).astype(object)),
+        "amount": rng.normal(size=n), "y": (rng.random(n) < 0.5).astype(np.int64),
+    })
+
+
+def test_wide_text_is_embedded_with_rare_values_and_unseen_values_on_the_unknown_code():
+    from trainflow.config import PreprocessSection
+    from trainflow.data import check_unseen, count_unseen
+
+    table = _wide_table()
+    spec = table_spec(table.schema, DataSection(path="mem", label="y", id_column="id"), "classification", "mem")
+    prep = fit_preprocessor(ray.data.from_arrow(table), spec, "classification", PreprocessSection(min_frequency=2))
+    assert set(prep.embedded) == {"product"} and set(prep.categorical) == {"region"}
+    vocab = prep.embedded["product"]["categories"]
+    counts = {v: c for v, c in zip(*np.unique(table["product"].to_numpy(zero_copy_only=False), return_counts=True))}
+    assert vocab == sorted(v for v, c in counts.items() if c >= 2) and "RARE-ONCE" not in vocab and len(vocab) > 700
+    # fastai's rule: min(600, round(1.6 * n ** 0.56)) over the vocabulary plus the unknown code
+    assert prep.embedded["product"]["dim"] == round(1.6 * (len(vocab) + 1) ** 0.56)
+    # the packed width does not grow with the cardinality: one code column for 1,000 values
+    assert prep.num_features == 1 + 3 + 1 and prep.embedding_slots() == [(0, len(vocab) + 1, prep.embedded["product"]["dim"])]
+    packed = prep.transform_features(table)
+    rare = np.array([counts[v] < 2 for v in table["product"].to_pylist()])
+    assert rare[0] and (packed[rare, 0] == 0).all()  # rare values share the unknown code
+    assert packed[~rare, 0].min() >= 1 and packed[:, 0].max() == len(vocab)
+
+    scoring = table.slice(0, 50).set_column(1, "product", pa.array(["NEW-1"] * 10 + [vocab[1]] * 40))
+    x = prep.transform_features(scoring)
+    assert (x[:10, 0] == 0).all() and (x[10:, 0] == 2).all()
+    # JSON round trip keeps the vocabularies, and the network takes the packed rows
+    from trainer.model import model_for
+
+    loaded = TabularPreprocessor.from_dict(json.loads(json.dumps(prep.to_dict())))
+    net = model_for(loaded, {"hidden_sizes": [8], "dropout": 0.0})
+    import torch
+
+    assert net(torch.from_numpy(x)).shape == (50, 2)
+    # counted per column, and a clear error when the user asked for strict inference
+    unseen = count_unseen(ray.data.from_arrow(scoring), prep)
+    assert unseen == {"product": {"rows": 10, "example": "NEW-1"}}
+    with pytest.raises(DataError, match="column 'product' has category 'NEW-1'.*10 row"):
+        check_unseen(unseen, prep, "score.parquet")
+
+
+def test_dates_and_iso_text_become_numeric_parts():
+    import datetime
+
+    from trainflow.data import check_text_columns
+
+    n = 200
+    base = datetime.datetime(2013, 1, 1, 5, 0)
+    stamps = [base + datetime.timedelta(hours=7 * i) for i in range(n)]
+    table = pa.table({
+        "when": pa.array(stamps, pa.timestamp("us")),
+        "when_text": pa.array([None if i % 10 == 0 else s.strftime("%Y-%m-%d %H:%M:%S") for i, s in enumerate(stamps)]),
+        "y": np.arange(n, dtype=np.float64),
+    })
+    spec = table_spec(table.schema, DataSection(path="mem", label="y"), "regression", "mem")
+    assert spec.dates == ["when"] and spec.categorical == ["when_text"]
+    check_text_columns(ray.data.from_arrow(table), spec, parse_dates=True, source="mem")
+    assert spec.dates == ["when", "when_text"] and spec.categorical == []
+    prep = fit_preprocessor(ray.data.from_arrow(table), spec, "regression")
+    names = prep.feature_names()
+    assert names[:8] == [f"when_{p}" for p in ("year", "month", "day", "dayofweek", "dayofyear", "elapsed", "hour", "minute")]
+    assert names[-1] == "when_text_na" and "when_na" not in names
+    x = prep.transform_features(table)
+    year = prep.dates["when"]["stats"]["year"]
+    np.testing.assert_allclose(x[:, 0] * year["std"] + year["mean"], [s.year for s in stamps], rtol=1e-5)
+    hour = prep.dates["when"]["stats"]["hour"]
+    np.testing.assert_allclose(x[:, 6] * hour["std"] + hour["mean"], [s.hour for s in stamps], atol=1e-4)
+    # the text column gives the same parts where present, and its missing indicator where not
+    present = np.arange(n) % 10 != 0
+    hour_t = prep.dates["when_text"]["stats"]["hour"]
+    np.testing.assert_allclose((x[:, 14] * hour_t["std"] + hour_t["mean"])[present], np.array([s.hour for s in stamps])[present], atol=1e-4)
+    np.testing.assert_array_equal(x[:, -1], [i % 10 == 0 for i in range(n)])

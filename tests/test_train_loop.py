@@ -85,3 +85,39 @@ def test_minibatches_from_uneven_blocks_are_the_plain_slices(block_rows):
     assert [len(yb) for _, yb in got] == [64] * (n // 64) + ([n % 64] if n % 64 else [])
     assert np.array_equal(np.concatenate([xb.numpy() for xb, _ in got]), x)
     assert np.array_equal(np.concatenate([yb.numpy() for _, yb in got]), y)
+
+
+def test_early_stopping_ends_a_run_whose_metric_stopped_improving(tmp_path):
+    # a label of pure noise: validation loss stops improving within a few epochs of the 60 allowed
+    table = make_regression_table(1000)
+    noise = np.random.default_rng(0).normal(size=table.num_rows)
+    table = table.set_column(table.column_names.index("target y"), "target y", pa.array(noise))
+    result = _local_fit("regression", table, "target y", epochs=60, lr=0.01, tmp_path=tmp_path,
+                        checkpoint={"min_interval_s": 0})
+    history = result.return_value
+    losses = [h["val_loss"] for h in history]
+    best = int(np.argmin(losses))
+    assert len(history) < 60
+    # it stopped exactly `patience` (auto: 10) epochs after the last improvement of more than min_delta
+    assert len(history) - 1 - best <= 10 and all(v > min(losses) - 1e-4 for v in losses[best + 1:])
+
+
+def test_budget_gives_small_tables_steps_and_large_tables_full_batches():
+    from trainer.budget import EarlyStopping, resolve_budget
+
+    train = {"epochs": "auto", "batch_size": "auto", "early_stopping": {"patience": "auto", "min_delta": 1e-4}}
+    small, large = resolve_budget(train, 120, 2), resolve_budget(train, 5_000_000, 2)
+    assert small.batch_size == 16 and small.epochs == 300 and small.epochs * small.steps_per_epoch >= 1000
+    assert large.batch_size == 512 and large.epochs == 10 and large.patience == 10
+    # an explicit value always wins
+    fixed = resolve_budget({**train, "epochs": 7, "batch_size": 64, "early_stopping": {"patience": "off", "min_delta": 0}}, 120, 2)
+    assert (fixed.batch_size, fixed.epochs, fixed.patience) == (64, 7, None)
+    # the early-stopping state is plain data that a resumed run loads and keeps counting from
+    stopper = EarlyStopping("min", patience=2, min_delta=0.0)
+    for epoch, value in enumerate([1.0, 0.5, 0.6]):
+        stopper.update(value, epoch)
+    resumed = EarlyStopping("min", patience=2, min_delta=0.0)
+    resumed.load(stopper.state())
+    assert not resumed.should_stop and (resumed.best, resumed.best_epoch, resumed.bad_epochs) == (0.5, 1, 1)
+    resumed.update(0.7, 3)
+    assert resumed.should_stop

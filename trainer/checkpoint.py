@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from preprocessors.tabular import TabularPreprocessor
-from trainer.model import build_model
+from trainer.model import model_for
 
 MODEL_FILE = "model.pt"
 STATE_FILE = "train_state.pt"
@@ -81,7 +81,7 @@ def load_servable(directory: str | Path, device: str | torch.device = "cpu") -> 
     prep = TabularPreprocessor.load(directory)
     config = read_config(directory)
     meta = read_metrics(directory)
-    model = build_model(prep.num_features, prep.num_outputs, config["model"]["hidden_sizes"], config["model"]["dropout"])
+    model = model_for(prep, config["model"])
     model.load_state_dict(load_weights(directory))
     for name, tensor in model.state_dict().items():
         if not torch.isfinite(tensor).all():

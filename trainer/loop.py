@@ -22,7 +22,7 @@ from torch import nn
 from preprocessors.tabular import FEATURES, LABEL, TabularPreprocessor
 from trainer.budget import EarlyStopping, lr_factor, resolve_budget
 from trainer.checkpoint import load_train_state, load_weights, read_metrics, save_checkpoint
-from trainer.model import build_model
+from trainer.model import model_for
 from trainer.recovery import append_event
 from trainer.watchdog import heartbeat
 
@@ -270,7 +270,7 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
     batch_size, epochs = budget.batch_size, budget.epochs
 
     torch.manual_seed(seed)
-    model = build_model(prep.num_features, prep.num_outputs, cfg["model"]["hidden_sizes"], cfg["model"]["dropout"])
+    model = model_for(prep, cfg["model"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=train_cfg["learning_rate"], weight_decay=train_cfg["weight_decay"])
     total_steps = epochs * budget.steps_per_epoch
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(

@@ -10,7 +10,7 @@ from trainer.checkpoint import ServableModel, load_servable
 
 def predict_table(servable: ServableModel, table: pa.Table, id_column: str | None = None, device: str = "cpu") -> pa.Table:
     """Predictions for every row of table: [id], prediction, and proba_<class> for classification."""
-    x = servable.preprocessor.transform_features(table, strict=True)
+    x = servable.preprocessor.transform_features(table)  # unseen text values: the unknown code
     with torch.inference_mode():
         out = servable.model(torch.from_numpy(x).to(device)).float().cpu().numpy()
     cols = {}

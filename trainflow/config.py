@@ -46,6 +46,18 @@ class DataSection(_Section):
         return self
 
 
+class PreprocessSection(_Section):
+    """How text and date columns become features."""
+
+    # text columns with at most this many distinct values are one-hot; wider ones get a learned embedding
+    max_onehot: int = Field(16, ge=1)
+    # embedded columns: values seen fewer times than this share the "unknown" code with unseen ones
+    min_frequency: int = Field(5, ge=1)
+    max_categories: int = Field(100_000, ge=1)  # embedded columns keep at most this many (most frequent) values
+    # text columns whose values parse as ISO-8601 dates/timestamps become date parts
+    parse_dates: bool = True
+
+
 class SplitSection(_Section):
     validation_fraction: float = Field(0.2, gt=0.0, lt=1.0)
     seed: int = 42
@@ -238,6 +250,8 @@ class MlflowSection(_Section):
 
 class InferenceSection(_Section):
     input: str | None = None
+    # a text value the model never saw: predict with the "unknown" code and count it, or fail the run
+    on_unseen: Literal["unknown", "error"] = "unknown"
     output: str | None = None
     batch_size: int = Field(4096, ge=1)
     num_actors: int = Field(1, ge=1)
@@ -254,6 +268,7 @@ class Config(_Section):
     data: DataSection
     task: Literal["classification", "regression"]
     split: SplitSection = Field(default_factory=SplitSection)
+    preprocess: PreprocessSection = Field(default_factory=PreprocessSection)
     model: ModelSection = Field(default_factory=ModelSection)
     train: TrainSection = Field(default_factory=TrainSection)
     scaling: ScalingSection = Field(default_factory=ScalingSection)

@@ -14,11 +14,12 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import ray
 import ray.data
-from ray.data.aggregate import Count, Mean, Std, Unique, ValueCounter
+from ray.data.aggregate import Count, Mean, Std, ValueCounter
 from ray.data.expressions import random
 
+from preprocessors.dates import date_parts, is_temporal_type, looks_like_dates, parts_for
 from preprocessors.tabular import TabularPreprocessor, is_numeric_type, is_string_type
-from trainflow.config import DataSection
+from trainflow.config import DataSection, PreprocessSection
 from trainflow.errors import DataError
 from trainflow.storage import filesystem_for, is_uri, with_scheme
 
@@ -95,6 +96,7 @@ class TableSpec:
     id_column: str | None
     numeric: list[str] = field(default_factory=list)
     categorical: list[str] = field(default_factory=list)
+    dates: list[str] = field(default_factory=list)
     rows: int = 0
     fingerprint: str = ""
     feature_order: list[str] = field(default_factory=list)
@@ -109,11 +111,15 @@ def mlflow_type(t: pa.DataType) -> str:
         return "long"
     if pa.types.is_floating(t) or pa.types.is_decimal(t):
         return "double"
+    if is_temporal_type(t):
+        return "datetime"
     return "string"
 
 
-def check_columns(schema: pa.Schema, data: DataSection, task: str, source: str) -> tuple[list[str], list[str], list[str]]:
-    """Check label/feature/id columns exist with usable types; return (features, numeric, categorical)."""
+def check_columns(
+    schema: pa.Schema, data: DataSection, task: str, source: str
+) -> tuple[list[str], list[str], list[str], list[str]]:
+    """Check label/feature/id columns exist with usable types; return (features, numeric, categorical, dates)."""
     names = list(schema.names)
     for role, col in (("label", data.label), ("id", data.id_column)):
         if col is not None and col not in names:
@@ -124,16 +130,18 @@ def check_columns(schema: pa.Schema, data: DataSection, task: str, source: str) 
         raise DataError(f"{source}: feature column(s) {missing} not found; columns are {names}")
     if not features:
         raise DataError(f"{source}: no feature columns left besides the label and id")
-    numeric, categorical = [], []
+    numeric, categorical, dates = [], [], []
     for col in features:
         t = schema.field(col).type
         if is_numeric_type(t):
             numeric.append(col)
         elif is_string_type(t):
             categorical.append(col)
+        elif is_temporal_type(t):
+            dates.append(col)
         else:
             raise DataError(
-                f"{source}: feature column {col!r} has type {t}, which is neither numeric nor text; "
+                f"{source}: feature column {col!r} has type {t}, which is neither numeric, text nor a date; "
                 "list the usable columns under data.features"
             )
     lt = schema.field(data.label).type
@@ -141,7 +149,7 @@ def check_columns(schema: pa.Schema, data: DataSection, task: str, source: str) 
         raise DataError(f"{source}: label column {data.label!r} has type {lt}; regression needs a numeric label")
     if task == "classification" and not (is_numeric_type(lt) or is_string_type(lt)):
         raise DataError(f"{source}: label column {data.label!r} has type {lt}; classification needs numbers or text")
-    return features, numeric, categorical
+    return features, numeric, categorical, dates
 
 
 def table_spec(schema: pa.Schema, data: DataSection, task: str, source: str, files: list[str] | None = None) -> TableSpec:
@@ -149,21 +157,27 @@ def table_spec(schema: pa.Schema, data: DataSection, task: str, source: str, fil
 
     rows and fingerprint stay 0/"" until ingest has read the data.
     """
-    features, numeric, categorical = check_columns(schema, data, task, source)
+    features, numeric, categorical, dates = check_columns(schema, data, task, source)
     return TableSpec(
         path=source, files=files or [], label=data.label, id_column=data.id_column, numeric=numeric,
-        categorical=categorical, feature_order=features,
+        categorical=categorical, dates=dates, feature_order=features,
         mlflow_types={c: mlflow_type(schema.field(c).type) for c in features},
     )
 
 
-def check_numeric_text(ds: ray.data.Dataset, text_columns: list[str], source: str, sample: int = 2000) -> None:
-    """A text column whose values are nearly all numbers is a numeric column with stray text: say which value."""
+def check_text_columns(ds: ray.data.Dataset, spec: TableSpec, parse_dates: bool, source: str, sample: int = 2000) -> None:
+    """Look at a sample of each text column: ISO-8601 dates move to spec.dates (when parse_dates), and a
+    column of nearly all numbers with stray text is an error naming the value."""
+    text_columns = list(spec.categorical)
     if not text_columns:
         return
     rows = ds.select_columns(text_columns).take(sample)
     for col in text_columns:
         values = [r[col] for r in rows if r[col] is not None and str(r[col]).strip() != ""]
+        if parse_dates and looks_like_dates(values):
+            spec.categorical.remove(col)
+            spec.dates.append(col)
+            continue
         bad = []
         for v in values:
             try:
@@ -247,11 +261,32 @@ def _cast_columns(batch: pa.Table, casts: dict[str, pa.DataType]) -> pa.Table:
     return batch
 
 
-def fit_preprocessor(train: ray.data.Dataset, spec: TableSpec, task: str) -> TabularPreprocessor:
-    """Fit imputation, scaling and one-hot vocabularies on the training split with Ray Data aggregates."""
+DATE_PART_SEP = "\x1f"  # joins a date column and a part name in the fit's expanded table
+
+
+def _expand_dates(batch: pa.Table, dates: dict[str, list[str]]) -> pa.Table:
+    # each date column becomes its numeric parts, so Ray's Mean/Std/Count aggregate them like numbers
+    for col, parts in dates.items():
+        values = date_parts(batch[col], parts)
+        batch = batch.drop_columns([col])
+        for part, arr in values.items():
+            batch = batch.append_column(f"{col}{DATE_PART_SEP}{part}", pa.array(arr, mask=np.isnan(arr)))
+    return batch
+
+
+def fit_preprocessor(
+    train: ray.data.Dataset, spec: TableSpec, task: str, options: PreprocessSection | None = None
+) -> TabularPreprocessor:
+    """Fit imputation, missing indicators, scaling, date parts and text vocabularies on the training split
+    with Ray Data aggregates (one pass)."""
+    options = options or PreprocessSection()
+    schema = arrow_schema(train, spec.path)
+    dates = {c: parts_for(schema.field(c).type) for c in spec.dates}
+    date_cols = {c: [f"{c}{DATE_PART_SEP}{p}" for p in parts] for c, parts in dates.items()}
     aggs = [Count()]
-    for col in spec.numeric:
-        aggs += [Mean(col, ignore_nulls=True, alias_name=f"mean:{col}"), Std(col, ddof=0, ignore_nulls=True, alias_name=f"std:{col}")]
+    for col in spec.numeric + [p for parts in date_cols.values() for p in parts]:
+        aggs += [Mean(col, ignore_nulls=True, alias_name=f"mean:{col}"), Std(col, ddof=0, ignore_nulls=True, alias_name=f"std:{col}"),
+                 Count(col, ignore_nulls=True, alias_name=f"present:{col}")]
     for col in spec.categorical:
         aggs.append(ValueCounter(col, alias_name=f"counts:{col}"))
     if task == "classification":
@@ -261,17 +296,22 @@ def fit_preprocessor(train: ray.data.Dataset, spec: TableSpec, task: str) -> Tab
     cols = spec.feature_order + [spec.label]
     # only the columns Ray's aggregates cannot take as they are: casting every column to float64 doubled the
     # fit's time on 2M x 16 float32 (1.0-1.1 s vs 0.5-0.6 s, measured here) for no change in the result
-    schema = arrow_schema(train, spec.path)
     numeric = spec.numeric + ([spec.label] if task == "regression" else [])
     casts = {c: pa.float64() for c in numeric if not _has_aggregate_kernels(schema.field(c).type)}
     projected = train.select_columns(cols)
     if casts:
         projected = projected.map_batches(_cast_columns, fn_kwargs={"casts": casts}, batch_format="pyarrow")
+    if dates:
+        projected = projected.map_batches(_expand_dates, fn_kwargs={"dates": dates}, batch_format="pyarrow")
     stats = projected.aggregate(*aggs)
+    rows = stats["count()"]
 
-    def counts(key: str) -> dict:
+    def counts(key: str, with_null: bool = False) -> dict:
         vc = stats[key] or {"values": [], "counts": []}
-        return {v: int(c) for v, c in zip(vc["values"], vc["counts"]) if v is not None}
+        return {v: int(c) for v, c in zip(vc["values"], vc["counts"]) if with_null or v is not None}
+
+    def missing(col: str) -> int:
+        return rows - int(stats[f"present:{col}"] or 0)
 
     classes, label_counts = None, None
     if task == "classification":
@@ -287,28 +327,56 @@ def fit_preprocessor(train: ray.data.Dataset, spec: TableSpec, task: str) -> Tab
         label=spec.label,
         feature_order=spec.feature_order,
         numeric_stats={c: (stats[f"mean:{c}"], stats[f"std:{c}"]) for c in spec.numeric},
-        category_counts={c: {str(k): v for k, v in counts(f"counts:{c}").items()} for c in spec.categorical},
+        category_counts={c: {None if k is None else str(k): v for k, v in counts(f"counts:{c}", True).items()} for c in spec.categorical},
         classes=classes,
         label_stats=None if task == "classification" else (stats["mean:__label__"], stats["std:__label__"]),
-        train_rows=stats["count()"],
+        train_rows=rows,
         class_counts=label_counts,
+        missing={**{c: missing(c) for c in spec.numeric}, **{c: missing(ps[-1]) for c, ps in date_cols.items()}},
+        date_stats={
+            c: {p: (stats[f"mean:{name}"], stats[f"std:{name}"]) for p, name in zip(dates[c], date_cols[c])} for c in dates
+        },
+        max_onehot=options.max_onehot,
+        min_frequency=options.min_frequency,
+        max_categories=options.max_categories,
     )
 
 
-def check_categories(ds: ray.data.Dataset, prep: TabularPreprocessor, source: str) -> None:
-    """Schema drift in values: a text column holding a category the model never saw (one Ray Data pass)."""
-    cols = list(prep.categorical)
+def _unseen_in_batch(batch: pa.Table, prep: dict) -> pa.Table:
+    p = TabularPreprocessor.from_dict(prep)
+    out = {}
+    for col in p.text_columns():
+        mask = p.unseen_mask(col, batch)
+        out[col] = [int(mask.sum())]
+        out[f"{col}\x1fexample"] = [str(batch[col][int(np.flatnonzero(mask)[0])].as_py()) if mask.any() else None]
+    return pa.table(out)
+
+
+def count_unseen(ds: ray.data.Dataset, prep: TabularPreprocessor) -> dict[str, dict]:
+    """Per text column, the rows whose value is outside the model's vocabulary, and one such value (one pass)."""
+    cols = list(prep.text_columns())
     if not cols:
-        return
-    stats = ds.aggregate(*[Unique(c, ignore_nulls=True, alias_name=c) for c in cols])
+        return {}
+    per_batch = ds.select_columns(cols).map_batches(
+        _unseen_in_batch, fn_kwargs={"prep": prep.to_dict()}, batch_format="pyarrow", batch_size=None
+    ).take_all()
+    out = {}
     for col in cols:
-        known = prep.categorical[col]["categories"]
-        unseen = sorted({str(v) for v in stats[col] or []} - set(known))
-        if unseen:
-            raise DataError(
-                f"{source}: column {col!r} has category {unseen[0]!r} that the model never saw in training "
-                f"({len(unseen)} unseen value(s); known: {known[:10]}{' ...' if len(known) > 10 else ''})"
-            )
+        rows = sum(r[col] for r in per_batch)
+        if rows:
+            out[col] = {"rows": rows, "example": next(r[f"{col}\x1fexample"] for r in per_batch if r[col])}
+    return out
+
+
+def check_unseen(unseen: dict[str, dict], prep: TabularPreprocessor, source: str) -> None:
+    """inference.on_unseen: error — fail on the first column holding a value the model never saw."""
+    for col, found in unseen.items():
+        known = prep.text_columns()[col]
+        raise DataError(
+            f"{source}: column {col!r} has category {found['example']!r} that the model never saw in training "
+            f"({found['rows']} row(s) with unseen values; known: {known[:10]}{' ...' if len(known) > 10 else ''}); "
+            "set inference.on_unseen: unknown to predict such rows with the model's unknown code"
+        )
 
 
 def _transform(batch: pa.Table, prep: dict, strict: bool) -> dict[str, np.ndarray]:
@@ -332,10 +400,10 @@ def pack(
 
 
 def fit_and_pack(
-    train: ray.data.Dataset, val: ray.data.Dataset, spec: TableSpec, task: str
+    train: ray.data.Dataset, val: ray.data.Dataset, spec: TableSpec, task: str, options: PreprocessSection | None = None
 ) -> tuple[TabularPreprocessor, ray.data.Dataset, ray.data.Dataset]:
     """Fit the preprocessor on train only, then pack and materialize both splits."""
-    prep = fit_preprocessor(train, spec, task)
+    prep = fit_preprocessor(train, spec, task, options)
     return (prep, *pack(train, val, prep, materialize=True))
 
 

@@ -66,13 +66,19 @@ def signature_for(prep: TabularPreprocessor, column_types: dict[str, str]) -> Mo
 
 def example_input(prep: TabularPreprocessor, column_types: dict[str, str]) -> pd.DataFrame:
     """One typical input row for the registered model's input example, built from the fitted state
-    (each number at its training mean, each text column at its most frequent value): no row of the
+    (each number at its training mean, each date at its mean instant, each text column at its most
+    frequent value): no row of the
     training data is copied into the registry."""
     row: dict[str, Any] = {}
+    text = prep.text_columns()
     for col in prep.feature_order:
         kind = column_types[col]
-        if col in prep.categorical:
-            row[col] = prep.categorical[col]["fill"]
+        if col in text:
+            spec = prep.categorical.get(col) or prep.embedded[col]
+            row[col] = spec.get("mode") or spec.get("fill") or (text[col][0] if text[col] else "")
+        elif col in prep.dates:
+            instant = pd.Timestamp(prep.dates[col]["stats"]["elapsed"]["mean"] * 86400, unit="s").floor("s")
+            row[col] = instant if kind == "datetime" else instant.isoformat(sep=" ")
         elif kind == "boolean":
             row[col] = prep.numeric[col]["mean"] >= 0.5
         elif kind == "long":
