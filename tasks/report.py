@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import io
 import json
+import time
 import re
 from typing import Any
 
 import mlflow
+from mlflow.entities import Metric, Param
 from prefect import get_run_logger, task
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
@@ -47,6 +49,26 @@ def _fmt(v: Any) -> str:
     return f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
+def _budget_line(budget: dict[str, Any]) -> str:
+    if not budget:
+        return "- not recorded"
+    patience = budget.get("patience")
+    return (f"- batch size {budget['batch_size']} per worker, up to {budget['epochs']} epoch(s) "
+            f"({budget['steps_per_epoch']} step(s) each); early stopping "
+            + (f"after {patience} epoch(s) without improvement" if patience else "off"))
+
+
+def _predictions_line(summary: dict[str, Any]) -> str:
+    if not summary.get("predictions_path"):
+        return "- no batch inference in this run"
+    line = f"- {summary['output_rows']} predictions for {summary['input_rows']} input rows: `{summary['predictions_path']}`"
+    unseen = summary.get("unseen_categories") or {}
+    if unseen:
+        line += "\n- values never seen in training (predicted with the unknown code): " + ", ".join(
+            f"`{c}` {n} row(s)" for c, n in sorted(unseen.items()))
+    return line
+
+
 def model_card(config: Config, summary: dict[str, Any], curve_uri: str) -> str:
     """Markdown: data, metrics, promotion decision, lineage and the resolved config."""
     best = summary["best_checkpoint"]
@@ -69,6 +91,12 @@ challenger v{promo['challenger_version']} {_fmt(promo['challenger_score'])}, cha
 {metrics}
 
 Loss curve: `{curve_uri}` (also the MLflow run's `{LOSS_CURVE}`).
+
+## Training budget
+{_budget_line(summary.get('training_budget') or {})}
+
+## Predictions
+{_predictions_line(summary)}
 
 ## Lineage
 data `{summary['data_fingerprint']}` → Ray Train run `{summary['ray_run_path']}` →
@@ -95,7 +123,15 @@ def report(config: Config, history: list[dict[str, float]], summary: dict[str, A
     write_bytes(curve, buf.getvalue())
     curve_uri = curve if is_uri(curve) else f"file://{curve}"
     with tracking(config.mlflow.tracking_uri):
-        mlflow.MlflowClient().log_figure(summary["mlflow_run_id"], fig, artifact_file=LOSS_CURVE)
+        client = mlflow.MlflowClient()
+        client.log_figure(summary["mlflow_run_id"], fig, artifact_file=LOSS_CURVE)
+        # what `auto` resolved to, and the scoring rows whose text values the model never saw
+        client.log_batch(
+            summary["mlflow_run_id"],
+            params=[Param(f"budget.{k}", str(v)) for k, v in (summary.get("training_budget") or {}).items()],
+            metrics=[Metric(f"unseen_rows.{c}", float(n), int(time.time() * 1000), 0)
+                     for c, n in (summary.get("unseen_categories") or {}).items()],
+        )
     plt.close(fig)
     ids = {
         "metrics": create_table_artifact(

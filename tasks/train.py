@@ -18,6 +18,7 @@ from trainer.resources import check_fits
 from trainer.runner import build_trainer, latest_epoch, run_dir
 from trainflow.config import Config
 from trainflow.errors import TrainingError
+from trainflow.memory import is_out_of_memory, out_of_memory_error
 from trainflow.runtime import ensure_ray
 from trainflow.storage import with_scheme
 
@@ -54,7 +55,12 @@ def train(prepared: Prepared, config: Config, run_name: str) -> TrainOutcome:
     existed = latest_epoch(path) is not None
     if existed:
         log.info("run %s exists in %s: resuming from its latest checkpoint", run_name, config.storage_path)
-    result = trainer.fit()
+    try:
+        result = trainer.fit()
+    except Exception as exc:
+        if is_out_of_memory(exc):  # Ray's memory monitor killed a worker: a retry would only be killed again
+            raise out_of_memory_error("training", config.scaling.num_workers) from None
+        raise
     if result.metrics and result.metrics.get(STOP_REASON):
         raise TrainingError(f"training stopped: {result.metrics[STOP_REASON]}; lower train.learning_rate or check the data")
     checkpoints = []

@@ -242,3 +242,30 @@ def test_dates_and_iso_text_become_numeric_parts():
     hour_t = prep.dates["when_text"]["stats"]["hour"]
     np.testing.assert_allclose((x[:, 14] * hour_t["std"] + hour_t["mean"])[present], np.array([s.hour for s in stamps])[present], atol=1e-4)
     np.testing.assert_array_equal(x[:, -1], [i % 10 == 0 for i in range(n)])
+
+
+def test_a_packed_row_too_wide_for_memory_fails_naming_the_column_and_an_oom_is_recognised():
+    from ray.exceptions import OutOfMemoryError
+
+    from trainflow.config import PreprocessSection
+    from trainflow.memory import check_packed_size, is_out_of_memory
+
+    table = _wide_table()
+    spec = table_spec(table.schema, DataSection(path="mem", label="y", id_column="id"), "classification", "mem")
+    # every value one-hot (a user's max_onehot far above the column's 1,000 values)
+    wide = fit_preprocessor(ray.data.from_arrow(table), spec, "classification", PreprocessSection(max_onehot=5000))
+    assert wide.num_features > 900
+    with pytest.raises(DataError, match="'product' \\([0-9]+ one-hot features\\).*preprocess.max_onehot"):
+        check_packed_size(wide, 10**6, batch_rows=512, num_workers=2, memory_bytes=16 * 2**20, source="t.parquet")
+    # with the default the column is embedded and the same budget holds
+    narrow = fit_preprocessor(ray.data.from_arrow(table), spec, "classification")
+    est = check_packed_size(narrow, 10**6, batch_rows=512, num_workers=2, memory_bytes=16 * 2**20, source="t.parquet")
+    assert est["bytes_per_row"] == narrow.num_features * 4 + 8
+    try:
+        try:
+            raise OutOfMemoryError("Task was killed due to the node running low on memory.")
+        except OutOfMemoryError as inner:
+            raise RuntimeError("Training failed") from inner
+    except RuntimeError as exc:
+        assert is_out_of_memory(exc)
+    assert not is_out_of_memory(RuntimeError("worker 1: injected failure in epoch 1"))
