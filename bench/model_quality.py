@@ -4,7 +4,8 @@ Each table is split once (seeded; stratified for classification): 75% of rows ar
 training table, 25% are held out as its scoring table (without the label). trainflow runs
 `trainflow retrain` with only data/task/storage/mlflow/inference set, every `train`/`model` key at
 its default, and predicts the held-out rows; HistGradientBoosting at its defaults is fitted on the
-same 75% (text columns as its native categoricals) and predicts the same rows. Printed per table:
+same 75% (text columns as its native categoricals, or as ordinal codes past its 255-value limit)
+and predicts the same rows. Printed per table:
 accuracy (higher is better) or RMSE (lower is better) and the ratio trainflow / baseline.
 
 Tables: scikit-learn's bundled iris, wine, breast cancer, digits and diabetes; with the `bench`
@@ -94,7 +95,10 @@ def baseline(train: pd.DataFrame, test: pd.DataFrame, label: str, task: str) -> 
         x = df.drop(columns=[label, ID])
         for col in x.columns:
             if x[col].dtype == object or pd.api.types.is_string_dtype(x[col]):
-                x[col] = pd.Categorical(x[col], categories=sorted(train[col].dropna().astype(str).unique()))
+                cats = sorted(train[col].dropna().astype(str).unique())
+                x[col] = pd.Categorical(x[col], categories=cats)
+                if len(cats) > 255:  # beyond HistGradientBoosting's native categorical limit: ordinal codes
+                    x[col] = x[col].cat.codes.astype(float).where(x[col].notna())
         return x
 
     model = HistGradientBoostingClassifier() if task == "classification" else HistGradientBoostingRegressor()

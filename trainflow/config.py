@@ -64,10 +64,9 @@ class SplitSection(_Section):
 
 
 class ModelSection(_Section):
-    # measured on scikit-learn's real tables (bench/model_quality.py): wider than the old [64, 32] / 0.1
-    # closed most of the gap to HistGradientBoosting on digits with no loss on the small tables
+    # chosen on real tables against HistGradientBoosting (docs/performance.md, "Model quality")
     hidden_sizes: list[int] = Field(default_factory=lambda: [256, 128])
-    dropout: float = Field(0.2, ge=0.0, lt=1.0)
+    dropout: float = Field(0.3, ge=0.0, lt=1.0)
 
     @field_validator("hidden_sizes")
     @classmethod
@@ -95,7 +94,7 @@ class TrainSection(_Section):
     # auto: from the training rows and the number of workers (trainer/budget.py); an explicit value wins
     epochs: int | Literal["auto"] = "auto"
     batch_size: int | Literal["auto"] = "auto"
-    learning_rate: float = Field(2e-3, gt=0.0)
+    learning_rate: float = Field(1e-3, gt=0.0)
     weight_decay: float = Field(0.01, ge=0.0)  # AdamW's decoupled weight decay
     schedule: Literal["cosine", "constant"] = "cosine"  # per step, after a linear warm-up
     warmup_fraction: float = Field(0.05, ge=0.0, lt=1.0)
