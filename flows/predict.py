@@ -19,4 +19,5 @@ def batch_inference(config_path: str, overrides: dict[str, Any] | None = None, m
     checkpoint = resolve_checkpoint_task(model_uri, config.mlflow.tracking_uri)
     predictions = infer(checkpoint, config)
     return {"model": model_uri, "checkpoint": checkpoint, "predictions_path": predictions.path,
-            "input_rows": predictions.input_rows, "output_rows": predictions.output_rows}
+            "input_rows": predictions.input_rows, "output_rows": predictions.output_rows,
+            "unseen_categories": predictions.unseen}

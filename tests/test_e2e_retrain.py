@@ -89,17 +89,24 @@ def test_retrain_classification_end_to_end(tmp_path, capsys):
     again = pads.dataset(out2).to_table()
     assert again["prediction"].to_pylist() == out["prediction"].to_pylist()
 
-    # schema drift at inference: an unseen category fails with its column and value; the old output is intact
+    # a category never seen in training: with inference.on_unseen=error the run fails naming the column and
+    # value and the old output is intact; by default every row is predicted and the rows are counted
     before = sorted(p.name for p in out2.iterdir())
-    drift = score.set_column(score.schema.get_field_index("plan"), "plan", pa.array(["platinum"] * score.num_rows))
+    plans = score["plan"].to_pylist()
+    drift = score.set_column(score.schema.get_field_index("plan"), "plan", pa.array(["platinum"] * 7 + plans[7:]))
     write_parquet(drift, tmp_path / "drift" / "score.parquet")
-    rc = cli_main(["predict", "--config", str(cfg_path), "--model", summary["model_uri"],
-                   "--set", f"inference.input={tmp_path / 'drift' / 'score.parquet'}", "--set", f"inference.output={out2}"])
-    assert rc == 2
+    drift_args = ["predict", "--config", str(cfg_path), "--model", summary["model_uri"],
+                  "--set", f"inference.input={tmp_path / 'drift' / 'score.parquet'}", "--set", f"inference.output={out2}"]
+    assert cli_main([*drift_args, "--set", "inference.on_unseen=error"]) == 2
     assert "column 'plan' has category 'platinum'" in capsys.readouterr().err
     assert sorted(p.name for p in out2.iterdir()) == before
     assert pads.dataset(out2).to_table()["prediction"].to_pylist() == out["prediction"].to_pylist()
     assert not [p for p in out2.parent.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
+    assert cli_main([*drift_args, "--summary-json", str(tmp_path / "drift.json")]) == 0
+    assert json.loads((tmp_path / "drift.json").read_text())["unseen_categories"] == {"plan": 7}
+    drifted = pads.dataset(out2).to_table()
+    assert drifted.num_rows == score.num_rows
+    assert drifted["prediction"].to_pylist()[7:] == out["prediction"].to_pylist()[7:]
 
 
 def test_retrain_regression_end_to_end(tmp_path):

@@ -40,6 +40,8 @@ def format_summary(s: dict[str, Any]) -> str:
         f"  run name          {s.get('run_name')}",
         f"  data              {s.get('data_path')} ({s.get('training_rows')} rows, fingerprint {s.get('data_fingerprint')})",
         f"  epochs run        {s.get('epochs_run')}"
+        + (f" of at most {s['training_budget']['epochs']}, batch {s['training_budget']['batch_size']} per worker"
+           if s.get("training_budget") else "")
         + (f" (resumed from epoch {s['resumed_from_epoch']})" if s.get("resumed_from_epoch") is not None else ""),
         f"  best checkpoint   epoch {best.get('epoch')}: {best.get('path')}",
         "  validation        " + ", ".join(f"{k}={v:.4f}" for k, v in shown.items()),
@@ -66,6 +68,9 @@ def format_summary(s: dict[str, Any]) -> str:
             f"  predictions       {s['predictions_path']} ({s.get('output_rows')} rows for {s.get('input_rows')} inputs, "
             f"model version {s.get('predictions_model_version')})"
         )
+    if s.get("unseen_categories"):
+        lines.append("  unseen values     " + ", ".join(f"{c}: {n} row(s)" for c, n in s["unseen_categories"].items())
+                     + " (predicted with the unknown code)")
     return "\n".join(lines)
 
 
