@@ -14,6 +14,7 @@ from tasks.common import retry_unless_user_error
 from tasks.ingest import Ingested
 from tasks.split import Split
 from trainflow.config import Config
+from trainflow.errors import ConfigError
 from trainer.budget import resolve_budget
 from trainflow.data import fit_preprocessor, fits_in_object_store, pack
 from trainflow.memory import check_packed_size, is_out_of_memory, out_of_memory_error
@@ -31,6 +32,9 @@ class Prepared:
 def preprocess(ingested: Ingested, parts: Split, config: Config) -> Prepared:
     """Fit on train, transform train and validation; materialize when the packed data fits in memory."""
     prep = fit_preprocessor(parts.train, ingested.spec, config.task, config.preprocess)
+    weights = config.train.class_weight
+    if isinstance(weights, dict) and (unknown := sorted(set(weights) - {str(c) for c in prep.classes or []})):
+        raise ConfigError(f"train.class_weight: {unknown} are not classes of label {prep.label!r}; classes are {prep.classes}")
     rows = parts.train_rows + parts.val_rows
     budget = resolve_budget(config.train.model_dump(), prep.train_rows, config.scaling.num_workers)
     estimate = check_packed_size(

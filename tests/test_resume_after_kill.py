@@ -20,7 +20,8 @@ EPOCHS = 6  # long enough that the kill lands mid-run
 
 
 def test_rerun_with_same_name_resumes_after_sigkill(tmp_path):
-    cfg = churn_config(tmp_path, rows=6000, train={"epochs": EPOCHS, "batch_size": 32})
+    cfg = churn_config(tmp_path, rows=6000, train={"epochs": EPOCHS, "batch_size": 32},
+                       checkpoint={"min_interval_s": 0})  # a checkpoint per epoch, however fast the epochs
     run = tmp_path / "runs" / "killed-run"
     from prefect.settings import PREFECT_API_URL
 

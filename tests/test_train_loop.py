@@ -121,3 +121,21 @@ def test_budget_gives_small_tables_steps_and_large_tables_full_batches():
     assert not resumed.should_stop and (resumed.best, resumed.best_epoch, resumed.bad_epochs) == (0.5, 1, 1)
     resumed.update(0.7, 3)
     assert resumed.should_stop
+
+
+def test_class_weights_balanced_like_sklearn_and_explicit():
+    from sklearn.utils.class_weight import compute_class_weight
+
+    from preprocessors.tabular import TabularPreprocessor
+    from trainer.loop import class_weights
+    from trainflow.config import config_from_dict
+
+    prep = TabularPreprocessor(task="classification", label="y", classes=[0, 1, 2], class_counts={"0": 80, "1": 15, "2": 5})
+    y = np.repeat([0, 1, 2], [80, 15, 5])
+    expected = compute_class_weight("balanced", classes=np.array([0, 1, 2]), y=y)
+    np.testing.assert_allclose(class_weights({"class_weight": "balanced"}, prep).numpy(), expected, rtol=1e-6)
+    # YAML's integer keys name the classes too; a class left out weighs 1
+    cfg = config_from_dict({"data": {"path": "t.parquet", "label": "y"}, "task": "classification",
+                            "train": {"class_weight": {2: 4.0}}})
+    assert class_weights(cfg.train.model_dump(), prep).tolist() == [1.0, 1.0, 4.0]
+    assert class_weights({"class_weight": None}, prep) is None

@@ -115,6 +115,12 @@ class TrainSection(_Section):
             raise ValueError("must be a finite number")
         return v
 
+    @field_validator("class_weight", mode="before")
+    @classmethod
+    def _class_names_as_text(cls, v: Any) -> Any:
+        # YAML reads `{0: 1, 1: 5}` with integer keys; classes are matched by their text form
+        return {str(k): w for k, w in v.items()} if isinstance(v, dict) else v
+
     @field_validator("class_weight")
     @classmethod
     def _weights_positive(cls, v: Any) -> Any:
