@@ -109,9 +109,23 @@ def test_retrain_classification_end_to_end(tmp_path, capsys):
     assert drifted["prediction"].to_pylist()[7:] == out["prediction"].to_pylist()[7:]
 
 
+def _with_store_and_visit(table: pa.Table, seed: int, codes: int) -> pa.Table:
+    """Adds a text column of up to `codes` store codes and an ISO-8601 timestamp column written as text."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, codes, table.num_rows)
+    ids[: min(codes, table.num_rows)] = rng.permutation(codes)[: table.num_rows]  # every code appears
+    stores = [f"S{i:05d}" for i in ids]
+    base = np.datetime64("2024-01-01T00:00:00")
+    visits = (base + rng.integers(0, 365 * 86400, table.num_rows).astype("timedelta64[s]")).astype(str)
+    return table.append_column("store", pa.array(stores)).append_column("visited at", pa.array(visits.tolist()))
+
+
 def test_retrain_regression_end_to_end(tmp_path):
-    write_parquet(make_regression_table(3000, seed=1), tmp_path / "reg" / "train.parquet")
-    score = make_regression_table(400, seed=9, with_label=False)
+    # a 5,000-value text column (embedded) and a timestamp written as text (date parts); the scoring table
+    # holds store codes never seen in training, and every one of its rows is still predicted
+    train_table = _with_store_and_visit(make_regression_table(6000, seed=1), seed=1, codes=5000)
+    write_parquet(train_table, tmp_path / "reg" / "train.parquet")
+    score = _with_store_and_visit(make_regression_table(400, seed=9, with_label=False), seed=9, codes=20000)
     write_parquet(score, tmp_path / "reg" / "score.parquet")
     cfg_path = write_config(tmp_path, {
         "data": {"path": "reg/train.parquet", "label": "target y", "id_column": "row id"},
@@ -127,6 +141,11 @@ def test_retrain_regression_end_to_end(tmp_path):
     summary = retrain(config_path=str(cfg_path), run_name="reg-e2e")
     assert summary["best_checkpoint"]["metrics"]["val_r2"] > 0.7
     _check_common(summary, "val_r2", "max", score, "row id")
+    prep = load_servable(summary["best_checkpoint"]["path"]).preprocessor
+    assert len(set(train_table["store"].to_pylist())) == 5000 and set(prep.embedded) == {"store"}
+    assert list(prep.dates) == ["visited at"] and "kind, class" in prep.categorical
+    known = set(prep.embedded["store"]["categories"])
+    assert summary["unseen_categories"] == {"store": sum(v not in known for v in score["store"].to_pylist())}
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
     _check_mlflow(summary, tracking, "reg-test")
     first_predictions = pads.dataset(summary["predictions_path"]).to_table()
