@@ -8,11 +8,14 @@ numpy, trains the same MLP for the same epochs with torch, and writes the predic
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample"
@@ -68,13 +71,20 @@ def main() -> None:
         subprocess.run(
             [sys.executable, "-m", "trainflow.cli", "retrain", "--config", str(REPO / "configs" / "demo.yaml"),
              "--set", f"storage_path={tmp}/runs", "--set", f"inference.output={tmp}/predictions",
-             "--set", f"mlflow.tracking_uri=sqlite:///{tmp}/mlflow.db"],
+             "--set", f"mlflow.tracking_uri=sqlite:///{tmp}/mlflow.db",
+             "--summary-json", f"{tmp}/summary.json"],
             check=True, cwd=REPO, stdout=subprocess.DEVNULL,
         )
         ours = time.perf_counter() - t0
+        # the baseline trains the same network for the epochs trainflow ran, at its global batch size
+        summary = json.loads(Path(f"{tmp}/summary.json").read_text())
+        resolved = json.loads((Path(summary["best_checkpoint"]["path"]) / "config.json").read_text())
+        resolved["train"]["epochs"] = summary["epochs_run"]
+        resolved["train"]["batch_size"] = summary["training_budget"]["batch_size"] * resolved["scaling"]["num_workers"]
+        Path(f"{tmp}/baseline.yaml").write_text(yaml.safe_dump(resolved))
         t0 = time.perf_counter()
         subprocess.run(
-            [sys.executable, "-c", BASELINE, str(REPO / "configs" / "demo.yaml"), str(SAMPLE / "train.parquet"),
+            [sys.executable, "-c", BASELINE, f"{tmp}/baseline.yaml", str(SAMPLE / "train.parquet"),
              str(SAMPLE / "score.parquet"), f"{tmp}/baseline.parquet"],
             check=True, cwd=REPO,
         )
