@@ -51,8 +51,8 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _loss_fn(task: str) -> nn.Module:
-    return nn.CrossEntropyLoss() if task == "classification" else nn.MSELoss()
+def _loss_fn(task: str, class_weight: torch.Tensor | None = None) -> nn.Module:
+    return nn.CrossEntropyLoss(weight=class_weight) if task == "classification" else nn.MSELoss()
 
 
 def iter_minibatches(shard, batch_size: int, device):
@@ -307,7 +307,7 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
                 st[k] = v.to(device)
 
     weights = class_weights(train_cfg, prep)
-    loss_fn = nn.CrossEntropyLoss(weight=None if weights is None else weights.to(device)) if task == "classification" else _loss_fn(task)
+    loss_fn = _loss_fn(task, None if weights is None else weights.to(device))  # validation metrics stay unweighted
     train_shard = ray.train.get_dataset_shard("train")
     val_shard = ray.train.get_dataset_shard("val")
     cache = loop_config.get("cache_shards", False)
