@@ -16,6 +16,7 @@ from tasks.split import Split
 from trainflow.config import Config
 from trainflow.errors import ConfigError
 from trainer.budget import resolve_budget
+from trainer.model import check_model
 from trainflow.data import fit_preprocessor, fits_in_object_store, pack
 from trainflow.memory import check_packed_size, is_out_of_memory, out_of_memory_error
 
@@ -32,6 +33,10 @@ class Prepared:
 def preprocess(ingested: Ingested, parts: Split, config: Config) -> Prepared:
     """Fit on train, transform train and validation; materialize when the packed data fits in memory."""
     prep = fit_preprocessor(parts.train, ingested.spec, config.task, config.preprocess)
+    try:
+        check_model(prep, config.model.model_dump())  # a user's module fails here, before any training
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     weights = config.train.class_weight
     if isinstance(weights, dict) and (unknown := sorted(set(weights) - {str(c) for c in prep.classes or []})):
         raise ConfigError(f"train.class_weight: {unknown} are not classes of label {prep.label!r}; classes are {prep.classes}")

@@ -52,7 +52,10 @@ def _check_mlflow(summary, tracking_uri, model_name):
 
 
 def test_retrain_classification_end_to_end(tmp_path, capsys):
-    cfg_path = churn_config(tmp_path)
+    # the network is the user's own module (the shipped example), imported by its path on every worker,
+    # and rebuilt from the checkpoint's config by the gate, `predict` and MLflow's pyfunc
+    user_model = {"type": "torch", "class_path": "examples.tabular_resnet:TabularResNet", "init_args": {"width": 32}}
+    cfg_path = churn_config(tmp_path, model=user_model)
     summary_path = tmp_path / "summary.json"
     assert cli_main(["retrain", "--config", str(cfg_path), "--run-name", "clf-e2e", "--summary-json", str(summary_path)]) == 0
     summary = json.loads(summary_path.read_text())
@@ -60,6 +63,8 @@ def test_retrain_classification_end_to_end(tmp_path, capsys):
                 "predictions_path", "input_rows", "output_rows"):
         assert summary[key] is not None, key
     assert summary["run_name"] == "clf-e2e"
+    served = load_servable(summary["best_checkpoint"]["path"])
+    assert type(served.model).__name__ == "TabularResNet" and served.config["model"] == {**served.config["model"], **user_model}
     score = pads.dataset(tmp_path / "data" / "score.parquet").to_table()
     out = _check_common(summary, "val_loss", "min", score, "customer_id")
     assert set(out.column_names) == {"customer_id", "prediction", "proba_0", "proba_1"}

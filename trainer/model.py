@@ -1,7 +1,10 @@
-"""The model: an MLP over the packed feature tensor, with entity embeddings for high-cardinality text columns."""
+"""The model: an MLP over the packed feature tensor, with entity embeddings for high-cardinality text columns,
+or a user's own nn.Module found by its import path."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
 from collections.abc import Sequence
 
 import torch
@@ -51,7 +54,61 @@ def build_model(
     return EmbeddingMLP(input_dim, output_dim, hidden_sizes, dropout, embeddings)
 
 
+def import_class(class_path: str) -> type:
+    """'package.module:ClassName' (or 'package.module.ClassName') -> the class; ValueError naming what failed."""
+    module_name, sep, name = class_path.partition(":")
+    if not sep:
+        module_name, _, name = class_path.rpartition(".")
+    if not module_name or not name:
+        raise ValueError(f"model.class_path {class_path!r}: expected 'package.module:ClassName'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"model.class_path {class_path!r}: cannot import module {module_name!r} ({exc})") from None
+    cls = getattr(module, name, None)
+    if not (inspect.isclass(cls) and issubclass(cls, nn.Module)):
+        raise ValueError(f"model.class_path {class_path!r}: {module_name} has no torch.nn.Module subclass named {name!r}")
+    return cls
+
+
 def model_for(prep, model_cfg: dict) -> nn.Module:
-    """The network for a fitted preprocessor (its packed width, outputs and embedded columns) and the model config."""
+    """The network for a fitted preprocessor (its packed width, outputs and embedded columns) and the model config.
+
+    A user's module (model.type torch) is built as Class(in_features, out_features, **init_args), plus
+    embeddings=[(position, codes, width), ...] when its constructor takes that argument.
+    """
+    if model_cfg.get("type", "mlp") == "torch":
+        cls = import_class(model_cfg["class_path"])
+        kwargs = dict(model_cfg.get("init_args") or {})
+        if "embeddings" in inspect.signature(cls).parameters:
+            kwargs["embeddings"] = prep.embedding_slots()
+        return cls(prep.num_features, prep.num_outputs, **kwargs)
     return build_model(prep.num_features, prep.num_outputs, model_cfg["hidden_sizes"], model_cfg["dropout"],
                        prep.embedding_slots())
+
+
+def check_model(prep, model_cfg: dict) -> None:
+    """Before any training: the model builds with the fitted widths and maps a batch to [rows, outputs].
+
+    Raises ValueError naming the class path and what is wrong.
+    """
+    where = model_cfg.get("class_path") or "trainflow's MLP"
+    if model_cfg.get("type", "mlp") == "torch":
+        import_class(model_cfg["class_path"])  # an import problem is named as such
+    try:
+        model = model_for(prep, model_cfg)
+    except Exception as exc:  # noqa: BLE001 - a user's constructor can raise anything
+        raise ValueError(f"model {where}: cannot be built with in_features={prep.num_features}, "
+                         f"out_features={prep.num_outputs} and init_args {model_cfg.get('init_args') or {}}: "
+                         f"{type(exc).__name__}: {exc}") from None
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(torch.zeros(2, prep.num_features))
+    except Exception as exc:  # noqa: BLE001
+        raise ValueError(f"model {where}: forward on a batch of shape (2, {prep.num_features}) failed: "
+                         f"{type(exc).__name__}: {exc}") from None
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, prep.num_outputs):
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"model {where}: a batch of 2 rows gave output {shape}; expected (2, {prep.num_outputs}) "
+                         f"({'one logit per class' if prep.task == 'classification' else 'one value per row'})")

@@ -64,9 +64,23 @@ class SplitSection(_Section):
 
 
 class ModelSection(_Section):
-    # chosen on real tables against HistGradientBoosting (docs/performance.md, "Model quality")
+    """`mlp`: trainflow's network; `torch`: a user's nn.Module imported from class_path (LightningCLI style)."""
+
+    type: Literal["mlp", "torch"] = "mlp"
+    # mlp: chosen on real tables against HistGradientBoosting (docs/performance.md, "Model quality")
     hidden_sizes: list[int] = Field(default_factory=lambda: [256, 128])
     dropout: float = Field(0.3, ge=0.0, lt=1.0)
+    # torch: "package.module:ClassName", built as ClassName(in_features, out_features, **init_args)
+    class_path: str | None = None
+    init_args: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _family_keys(self) -> ModelSection:
+        if self.type == "torch" and not self.class_path:
+            raise ValueError("model.type torch needs model.class_path, e.g. 'examples.tabular_resnet:TabularResNet'")
+        if self.type != "torch" and (self.class_path or self.init_args):
+            raise ValueError("model.class_path and model.init_args are for model.type: torch")
+        return self
 
     @field_validator("hidden_sizes")
     @classmethod

@@ -1,0 +1,1 @@
+"""Example user models for `model.type: torch` (see README, "Your own PyTorch module")."""
