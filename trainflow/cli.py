@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 import tempfile
 import traceback
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trainflow.errors import TrainflowError
+from trainflow.runtime import stop_ray, stop_requested
 
 
 def write_json_atomic(path: str, data: dict[str, Any]) -> None:
@@ -185,13 +187,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with _short_failure_logs(not args.debug):
             summary = _run(args)
-    except TrainflowError as exc:
-        print(f"trainflow: error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("trainflow: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence
+    except BaseException as exc:  # noqa: BLE001 - the CLI's last line of defence
+        if stop_requested(exc):
+            # what the stop made fail (a Ray call interrupted by the signal) is no error of the run's to report
+            print("trainflow: stopped by SIGTERM; rerun with the same --run-name to resume from the latest checkpoint",
+                  file=sys.stderr)
+            stop_ray()
+            return 128 + signal.SIGTERM
+        if isinstance(exc, TrainflowError):
+            print(f"trainflow: error: {exc}", file=sys.stderr)
+            return 2
         if args.debug:
             traceback.print_exc()
         print(f"trainflow: failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", file=sys.stderr)

@@ -57,6 +57,93 @@ def _init(address: str | None, runtime_env: dict | None, num_cpus: int | None) -
     configure_ray_data()
 
 
+# Prefect cancels a flow run with SIGTERM. Raising from a handler (Ray's sys.exit, Prefect's
+# TerminationSignal) lands inside whatever C call the main thread is in: measured, a training run turned
+# it into `SystemError(... returned a result with an exception set)`, which the train task's retry
+# caught, and training went on (resumed) instead of stopping.
+STOP_GRACE_S = 20.0
+_stop_requested = threading.Event()
+
+
+def stop_requested(exc: BaseException | None = None) -> bool:
+    """Whether this process was asked to stop (SIGTERM), so nothing should be retried any more.
+
+    During a flow run Prefect's own SIGTERM handler raises TerminationSignal wherever the main thread
+    is; inside a Ray call that surfaces as another exception with the signal in its chain, so exc's
+    chain is searched too.
+    """
+    if _stop_requested.is_set():
+        return True
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, SystemExit) or type(exc).__name__ == "TerminationSignal":
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    if _stop_requested.is_set():
+        return
+    _stop_requested.set()
+    threading.Thread(target=_stop, name="trainflow-stop", daemon=True).start()
+
+
+_watching = False
+
+
+def watch_for_sigterm() -> None:
+    """React to SIGTERM at once, even while the main thread is blocked inside a Ray call.
+
+    A Python signal handler runs only when the main thread returns to the interpreter, which a
+    stalled or long `TorchTrainer.fit` never does (measured: SIGTERM was handled 13.7 s later, when
+    the fit ended). The C-level handler writes every signal to the wakeup fd at once, so a thread
+    reading it stops Ray, the blocked call fails, and the flow ends. Main thread only.
+    """
+    global _watching
+    if _watching:  # once per process (the tests call the CLI in-process many times)
+        return
+    _watching = True
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    signal.signal(signal.SIGTERM, _on_sigterm)  # a Python handler must be set for the wakeup write
+
+    def watch() -> None:
+        while True:
+            for signum in os.read(read_fd, 64):
+                if signum == signal.SIGTERM:
+                    _on_sigterm(signum, None)
+
+    threading.Thread(target=watch, name="trainflow-sigterm-watch", daemon=True).start()
+
+
+_shutdown_lock = threading.Lock()
+
+
+def stop_ray() -> None:
+    """Shut Ray down now: Ray Train's controller and workers go with their driver (best effort).
+    One shutdown at a time: the stop thread and the CLI's exit path may both call this."""
+    with _shutdown_lock:
+        if not ray.is_initialized():
+            return
+        try:
+            ray.shutdown()
+        except Exception as exc:  # noqa: BLE001 - best effort on the way out
+            log.debug("ray.shutdown on stop failed: %s", exc)
+
+
+def _stop() -> None:
+    """Shut Ray down so every pending Ray call in the flow fails now (Ray Train's controller and workers
+    go with their driver; checkpoints already reported stay, so a rerun with the same run name resumes),
+    then, should the flow still be running after STOP_GRACE_S, end the process."""
+    log.warning("SIGTERM: stopping; rerun with the same --run-name to resume from the latest checkpoint")
+    stop_ray()
+    threading.Event().wait(STOP_GRACE_S)
+    os._exit(128 + signal.SIGTERM)
+
+
 class _NoThreadSigtermWarning(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return "SIGTERM handler is not set" not in record.getMessage()
@@ -73,10 +160,11 @@ def start_ray_in_background(address: str | None = None, runtime_env: dict | None
     The tasks still call ensure_ray, which waits for this start (one lock) and is a no-op after it.
     Best effort: if this start fails, the error is logged at debug level and the first task's
     ensure_ray tries again and raises it where Prefect reports it. ray.init installs its SIGTERM
-    handler (exit, so Ray shuts down cleanly) only from the main thread, so it is installed here.
+    handler only from the main thread, so trainflow's own (`_on_sigterm`: stop Ray, retry nothing, end
+    the run) is installed here.
     """
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
+        watch_for_sigterm()
         logging.getLogger("ray._private.worker").addFilter(_NO_THREAD_SIGTERM_WARNING)  # added once: addFilter skips a filter already there
 
     def start() -> None:
