@@ -15,7 +15,8 @@ from tasks.ingest import Ingested
 from tasks.split import Split
 from trainflow.config import Config
 from trainflow.errors import ConfigError
-from trainer.budget import resolve_budget
+from trainer.budget import Budget, resolve_budget
+from trainer.loop import class_weights
 from trainer.model import check_model
 from trainflow.data import fit_preprocessor, fits_in_object_store, pack
 from trainflow.memory import check_packed_size, is_out_of_memory, out_of_memory_error
@@ -27,6 +28,7 @@ class Prepared:
     train: ray.data.Dataset
     val: ray.data.Dataset
     materialized: bool
+    budget: Budget  # batch size, epochs and patience resolved from the training rows
 
 
 @task(name="preprocess", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
@@ -37,9 +39,10 @@ def preprocess(ingested: Ingested, parts: Split, config: Config) -> Prepared:
         check_model(prep, config.model.model_dump())  # a user's module fails here, before any training
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    weights = config.train.class_weight
-    if isinstance(weights, dict) and (unknown := sorted(set(weights) - {str(c) for c in prep.classes or []})):
-        raise ConfigError(f"train.class_weight: {unknown} are not classes of label {prep.label!r}; classes are {prep.classes}")
+    try:
+        class_weights(config.train.model_dump(), prep)  # the loop's own check, before any worker starts
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     rows = parts.train_rows + parts.val_rows
     budget = resolve_budget(config.train.model_dump(), prep.train_rows, config.scaling.num_workers)
     estimate = check_packed_size(
@@ -63,4 +66,4 @@ def preprocess(ingested: Ingested, parts: Split, config: Config) -> Prepared:
     get_run_logger().info(
         "packed size: %d bytes per row, %.1f MiB for %d rows", estimate["bytes_per_row"], estimate["table_bytes"] / 2**20, rows
     )
-    return Prepared(prep, train, val, materialize)
+    return Prepared(prep, train, val, materialize, budget)

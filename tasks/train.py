@@ -10,7 +10,6 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.common import retry_unless_user_error
 from tasks.preprocess import Prepared
-from trainer.budget import resolve_budget
 from trainer.checkpoint import read_metrics
 from trainer.loop import STOP_REASON
 from trainer.recovery import read_events, recoveries, started_from
@@ -44,7 +43,7 @@ def train(prepared: Prepared, config: Config, run_name: str) -> TrainOutcome:
     trainer = build_trainer(
         resolved, prepared.preprocessor, prepared.train, prepared.val, run_name, cache_shards=prepared.materialized
     )
-    budget = resolve_budget(resolved["train"], prepared.preprocessor.train_rows, config.scaling.num_workers)
+    budget = prepared.budget
     log.info(
         "training %s: %d worker(s), gpu=%s, up to %d epoch(s) of batch %d per worker (early-stopping patience %s), "
         "storage %s", run_name, config.scaling.num_workers, config.scaling.use_gpu, budget.epochs, budget.batch_size,

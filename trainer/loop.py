@@ -209,7 +209,7 @@ def class_weights(train: dict[str, Any], prep: TabularPreprocessor) -> torch.Ten
     else:
         unknown = sorted(set(spec) - {str(c) for c in prep.classes})
         if unknown:
-            raise ValueError(f"train.class_weight: {unknown} are not classes of the label; classes are {prep.classes}")
+            raise ValueError(f"train.class_weight: {unknown} are not classes of label {prep.label!r}; classes are {prep.classes}")
         weights = np.array([spec.get(str(c), 1.0) for c in prep.classes], dtype=np.float64)
     return torch.tensor(weights, dtype=torch.float32)
 

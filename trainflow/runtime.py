@@ -83,10 +83,15 @@ def stop_requested(exc: BaseException | None = None) -> bool:
     return False
 
 
+_stop_lock = threading.RLock()  # a second SIGTERM may arrive inside the handler itself
+
+
 def _on_sigterm(signum: int, frame: object) -> None:
-    if _stop_requested.is_set():
-        return
-    _stop_requested.set()
+    # called by the watcher thread and by the Python handler for the same signal: one stop only
+    with _stop_lock:
+        if _stop_requested.is_set():
+            return
+        _stop_requested.set()
     threading.Thread(target=_stop, name="trainflow-stop", daemon=True).start()
 
 
