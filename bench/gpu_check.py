@@ -57,7 +57,7 @@ for name, workers, per in [c for c in CASES if c[0] in os.environ.get("CASES", "
     history = json.load(open(f"{ckpt_path}/metrics.json"))["history"]
     gpu = load_servable(ckpt_path, "cuda")
     dev = next(gpu.model.parameters()).device
-    out_gpu = predict_table(gpu, score, "id", "cuda")
+    out_gpu = predict_table(gpu, score, "id")
     out_cpu = predict_table(load_servable(ckpt_path), score, "id")
     diff = float(np.abs(out_gpu["proba_1"].to_numpy() - out_cpu["proba_1"].to_numpy()).max())
     actors = predict_dataset(ray.data.from_arrow(score), ckpt_path, "id", prep.feature_order, num_actors=1, use_gpu=True).to_arrow_refs()

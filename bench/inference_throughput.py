@@ -71,7 +71,7 @@ def run_baseline(path, checkpoint: str, out: str) -> float:
         chunk = pa.Table.from_pandas(frame.iloc[start : start + 65536], preserve_index=False)
         x = prep.transform_features(chunk, strict=True)
         with torch.inference_mode():
-            y = servable.model(torch.from_numpy(x)).numpy().reshape(-1)
+            y = servable.predict.model(torch.from_numpy(x)).numpy().reshape(-1)
         parts.append(pd.DataFrame({"id": chunk["id"].to_numpy(), "prediction": y * prep.label_std + prep.label_mean}))
     pq.write_table(pa.Table.from_pandas(pd.concat(parts), preserve_index=False), out)
     return time.perf_counter() - t0

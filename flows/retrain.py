@@ -1,4 +1,5 @@
-"""The retrain flow: ingest -> split -> preprocess -> train -> select -> register -> promote -> infer -> summary."""
+"""The retrain flow: ingest -> split -> preprocess -> train (one run per model family, fanned out) -> select
+-> [compare families] -> register -> promote -> infer -> summary."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import Any
 
 from prefect import flow
 
+from tasks.candidates import compare, run_names
 from tasks.infer import infer
 from tasks.ingest import ingest
 from tasks.preprocess import preprocess
@@ -17,6 +19,7 @@ from tasks.select import select
 from tasks.split import split
 from tasks.summary import summarize
 from tasks.train import train
+from trainer.resources import concurrent_runs
 from trainflow.config import load_config
 
 
@@ -28,16 +31,26 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
     ingested = ingest(config)
     parts = split(ingested, config)
     prepared = preprocess(ingested, parts, config)
-    outcome = train.with_options(
-        retries=config.failure.task_retries, retry_delay_seconds=config.failure.retry_delay_s
-    )(prepared, config, name)
-    selected = select(outcome, config)
+    trainer = train.with_options(retries=config.failure.task_retries, retry_delay_seconds=config.failure.retry_delay_s)
+    runs = run_names(config, name)
+    outcomes = {}
+    # one task run per family, as many at once as the cluster holds worker groups
+    at_once = concurrent_runs(config.scaling.model_dump())
+    families = list(runs)
+    for wave in (families[i : i + at_once] for i in range(0, len(families), at_once)):
+        futures = {f: trainer.with_options(task_run_name=f"train-{f}").submit(prepared, config, runs[f], f) for f in wave}
+        outcomes.update({f: future.result() for f, future in futures.items()})
+    selections = {f: select(outcome, config) for f, outcome in outcomes.items()}
+    candidates = compare(config, outcomes, selections) if len(runs) > 1 else None
+    family = candidates.winner if candidates else next(iter(runs))
+    outcome, selected = outcomes[family], selections[family]
     registered = register(config, ingested, outcome, selected)
     promotion = promote(config, parts.val, selected, registered)
     predictions = None
     if config.inference.input:
         # predictions always come from the champion after the gate: a rejected challenger never serves
         predictions = infer(promotion.serving_checkpoint, config)
-    summary = summarize(ingested, parts, outcome, selected, registered, promotion, predictions)
+    summary = summarize(ingested, parts, outcome, selected, registered, promotion, predictions,
+                        extra={"candidates": candidates.record() if candidates else None})
     report(config, outcome.history, summary)
     return summary

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import ray
 import ray.data
@@ -15,11 +16,10 @@ from tasks.ingest import Ingested
 from tasks.split import Split
 from trainflow.config import Config
 from trainflow.errors import ConfigError
-from trainer.budget import Budget, resolve_budget
+from trainer.families import family_for
 from trainer.loop import class_weights
-from trainer.model import check_model
 from trainflow.data import fit_preprocessor, fits_in_object_store, pack
-from trainflow.memory import check_packed_size, is_out_of_memory, out_of_memory_error
+from trainflow.memory import check_booster_matrix, check_packed_size, is_out_of_memory, out_of_memory_error
 
 
 @dataclass
@@ -28,27 +28,32 @@ class Prepared:
     train: ray.data.Dataset
     val: ray.data.Dataset
     materialized: bool
-    budget: Budget  # batch size, epochs and patience resolved from the training rows
+    budgets: dict[str, Any]  # per model family: its budget (batch size, epochs, patience; or boosting rounds)
 
 
 @task(name="preprocess", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
 def preprocess(ingested: Ingested, parts: Split, config: Config) -> Prepared:
     """Fit on train, transform train and validation; materialize when the packed data fits in memory."""
     prep = fit_preprocessor(parts.train, ingested.spec, config.task, config.preprocess)
-    try:
-        check_model(prep, config.model.model_dump())  # a user's module fails here, before any training
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    try:
-        class_weights(config.train.model_dump(), prep)  # the loop's own check, before any worker starts
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    memory = ray.cluster_resources().get("memory", 0)
+    workers = config.scaling.num_workers
+    budgets, estimate = {}, None
+    for name in config.model.families:
+        resolved = {**config.to_dict(), "model": config.model.for_family(name)}
+        family = family_for(resolved["model"])
+        try:
+            family.check(prep, resolved["model"])  # a user's module fails here, before any training
+            class_weights(config.train.model_dump(), prep)  # the loop's own check, before any worker starts
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        budgets[name] = family.budget(resolved, prep.train_rows, workers)
+        if family.uses_minibatches:
+            estimate = check_packed_size(prep, parts.train_rows + parts.val_rows, budgets[name].batch_size,
+                                         max(1, workers), memory, ingested.spec.path)
+        else:
+            estimate = check_booster_matrix(prep, parts.train_rows, parts.val_rows, max(1, workers), memory,
+                                            ingested.spec.path)
     rows = parts.train_rows + parts.val_rows
-    budget = resolve_budget(config.train.model_dump(), prep.train_rows, config.scaling.num_workers)
-    estimate = check_packed_size(
-        prep, rows, budget.batch_size, max(1, config.scaling.num_workers), ray.cluster_resources().get("memory", 0),
-        ingested.spec.path,
-    )
     materialize = fits_in_object_store(rows, prep.num_features)
     try:
         train, val = pack(parts.train, parts.val, prep, materialize)
@@ -66,4 +71,4 @@ def preprocess(ingested: Ingested, parts: Split, config: Config) -> Prepared:
     get_run_logger().info(
         "packed size: %d bytes per row, %.1f MiB for %d rows", estimate["bytes_per_row"], estimate["table_bytes"] / 2**20, rows
     )
-    return Prepared(prep, train, val, materialize, budget)
+    return Prepared(prep, train, val, materialize, budgets)

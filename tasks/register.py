@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import mlflow
+from mlflow.entities import Metric
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
@@ -26,6 +28,20 @@ class Registered:
     model_uri: str
 
 
+def requirements(family: str) -> list[str]:
+    """What the registered model needs to load: torch (trainflow's checkpoint code) and the family's library."""
+    reqs = ["torch==2.13.0", "pyarrow", "pandas", "numpy", "scikit-learn"]
+    if family == "xgboost":
+        import xgboost
+
+        reqs.append(f"xgboost-cpu=={xgboost.__version__}")
+    elif family == "lightgbm":
+        import lightgbm
+
+        reqs.append(f"lightgbm=={lightgbm.__version__}")
+    return reqs
+
+
 def _run(config: Config, run_name: str):
     exp_id = ensure_experiment(config.mlflow.tracking_uri, config.mlflow.experiment)
     return mlflow.start_run(experiment_id=exp_id, run_name=run_name)
@@ -39,6 +55,7 @@ def register(config: Config, ingested: Ingested, outcome: TrainOutcome, selected
         "trainflow.data_path": ingested.spec.path,
         "trainflow.data_fingerprint": ingested.spec.fingerprint,
         "trainflow.run_name": outcome.run_name,
+        "trainflow.model_family": outcome.family,
         "trainflow.storage_path": config.storage_path,
         "trainflow.ray_run_path": outcome.run_path,
         "trainflow.checkpoint_path": selected.uri or selected.path,
@@ -46,11 +63,14 @@ def register(config: Config, ingested: Ingested, outcome: TrainOutcome, selected
         "trainflow.prefect_flow_run_id": str(flow_run.get_id() or ""),
     }
     with tracking(config.mlflow.tracking_uri), _run(config, outcome.run_name) as run:
-        mlflow.log_params({k: str(v)[:500] for k, v in flatten(config.to_dict()).items()})
+        resolved = {**config.to_dict(), "model": config.model.for_family(outcome.family)}
+        mlflow.log_params({k: str(v)[:500] for k, v in flatten(resolved).items()})
         mlflow.set_tags(lineage)
-        for row in outcome.history:
-            step = int(row["epoch"])
-            mlflow.log_metrics({k: float(v) for k, v in row.items() if k != "epoch"}, step=step)
+        # per epoch (boosting round), in batches: a booster's hundreds of rounds as one request each would take seconds
+        now = int(time.time() * 1000)
+        series = [Metric(k, float(v), now, int(row["epoch"])) for row in outcome.history for k, v in row.items() if k != "epoch"]
+        for i in range(0, len(series), 1000):  # MLflow's limit per batch
+            mlflow.MlflowClient().log_batch(run.info.run_id, metrics=series[i : i + 1000])
         mlflow.log_metrics({f"best_{k}": float(v) for k, v in selected.metrics.items() if isinstance(v, (int, float))})
         mlflow.log_artifacts(selected.path, artifact_path="checkpoint")
         info = mlflow.pyfunc.log_model(
@@ -59,7 +79,7 @@ def register(config: Config, ingested: Ingested, outcome: TrainOutcome, selected
             artifacts={"checkpoint": selected.path},
             signature=signature_for(prep, ingested.spec.mlflow_types),
             input_example=example_input(prep, ingested.spec.mlflow_types),
-            pip_requirements=["torch==2.13.0", "pyarrow", "pandas", "numpy"],
+            pip_requirements=requirements(outcome.family),
             registered_model_name=config.mlflow.registered_model,
         )
         version = str(info.registered_model_version)

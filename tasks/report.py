@@ -52,10 +52,34 @@ def _fmt(v: Any) -> str:
 def _budget_line(budget: dict[str, Any]) -> str:
     if not budget:
         return "- not recorded"
+    if "num_boost_round" in budget:
+        rounds = budget.get("early_stopping_rounds")
+        return (f"- up to {budget['num_boost_round']} boosting round(s); early stopping "
+                + (f"after {rounds} round(s) without a lower validation loss" if rounds else "off"))
     patience = budget.get("patience")
     return (f"- batch size {budget['batch_size']} per worker, up to {budget['epochs']} epoch(s) "
             f"({budget['steps_per_epoch']} step(s) each); early stopping "
             + (f"after {patience} epoch(s) without improvement" if patience else "off"))
+
+
+def _family_line(config: Config, family: str) -> str:
+    model = config.model.for_family(family)
+    if family in ("xgboost", "lightgbm"):
+        detail = f"parameters {config.model.params.for_family(family)}"
+    elif family == "torch":
+        detail = f"`{model['class_path']}` with init_args {model['init_args']}"
+    else:
+        detail = f"hidden sizes {model['hidden_sizes']}, dropout {model['dropout']}"
+    return f"- family `{family}`: {detail}"
+
+
+def _candidates_lines(summary: dict[str, Any], metric: str) -> str:
+    rows = summary.get("candidates")
+    if not rows:
+        return ""
+    lines = "\n".join(f"| {r['family']} | {_fmt(r[metric])} | {r['epoch']} | `{r['run_name']}` |" for r in rows)
+    return (f"\n\nCandidates trained in this run, best first by {metric} on the validation split:\n\n"
+            f"| family | {metric} | best epoch | Ray Train run |\n|---|---|---|---|\n{lines}")
 
 
 def _predictions_line(summary: dict[str, Any]) -> str:
@@ -91,6 +115,9 @@ challenger v{promo['challenger_version']} {_fmt(promo['challenger_score'])}, cha
 {metrics}
 
 Loss curve: `{curve_uri}` (also the MLflow run's `{LOSS_CURVE}`).
+
+## Model
+{_family_line(config, summary.get('model_family') or config.model.families[0])}{_candidates_lines(summary, promo['metric'])}
 
 ## Training budget
 {_budget_line(summary.get('training_budget') or {})}

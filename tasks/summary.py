@@ -30,6 +30,7 @@ def summarize(
     """Everything a person or a script needs to know about the run, as plain data."""
     return {
         "run_name": outcome.run_name,
+        "model_family": outcome.family,
         "data_path": ingested.spec.path,
         "data_fingerprint": ingested.spec.fingerprint,
         "training_rows": ingested.spec.rows,

@@ -25,6 +25,7 @@ from trainflow.storage import with_scheme
 @dataclass
 class TrainOutcome:
     run_name: str
+    family: str  # the model.type this run trained
     run_path: str
     checkpoints: list[dict[str, Any]]  # {"path", "epoch", "metrics"}, as kept by CheckpointConfig
     history: list[dict[str, float]]
@@ -34,20 +35,21 @@ class TrainOutcome:
 
 
 @task(name="train", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
-def train(prepared: Prepared, config: Config, run_name: str) -> TrainOutcome:
-    """Fit with TorchTrainer; a rerun with the same run_name resumes from its latest checkpoint."""
+def train(prepared: Prepared, config: Config, run_name: str, family: str | None = None) -> TrainOutcome:
+    """Fit one model family (default: the first of model.type) with its Ray Train trainer; a rerun with the
+    same run_name resumes from its latest checkpoint."""
     ensure_ray(config.ray.address, config.ray.runtime_env)
     check_fits(config.scaling.model_dump())  # again: a retry may find fewer nodes than ingest did
     log = get_run_logger()
-    resolved = config.to_dict()
+    family = family or config.model.families[0]
+    resolved = {**config.to_dict(), "model": config.model.for_family(family)}
     trainer = build_trainer(
         resolved, prepared.preprocessor, prepared.train, prepared.val, run_name, cache_shards=prepared.materialized
     )
-    budget = prepared.budget
+    budget = prepared.budgets[family]
     log.info(
-        "training %s: %d worker(s), gpu=%s, up to %d epoch(s) of batch %d per worker (early-stopping patience %s), "
-        "storage %s", run_name, config.scaling.num_workers, config.scaling.use_gpu, budget.epochs, budget.batch_size,
-        budget.patience, config.storage_path,
+        "training %s (%s): %d worker(s), gpu=%s, budget %s, storage %s", run_name, family,
+        config.scaling.num_workers, config.scaling.use_gpu, budget.to_dict(), config.storage_path,
     )
     path = run_dir(resolved, run_name)
     seen = len(read_events(path))
@@ -76,7 +78,7 @@ def train(prepared: Prepared, config: Config, run_name: str) -> TrainOutcome:
     final = history[-1] if history else {}
     log.info("trained %d epoch(s); last epoch: %s", len(history), {k: round(v, 4) for k, v in final.items()})
     return TrainOutcome(
-        run_name=run_name, run_path=path, checkpoints=checkpoints, history=history,
+        run_name=run_name, family=family, run_path=path, checkpoints=checkpoints, history=history,
         resumed_from_epoch=started_from(events[seen:]) if existed else None, recoveries=recoveries(events),
         budget=budget.to_dict(),
     )

@@ -1,4 +1,4 @@
-"""Task: a Ray Tune sweep of TorchTrainer runs; the best trial's run goes on to select/register/promote."""
+"""Task: a Ray Tune sweep of Ray Train runs (any model family); the best trial's run goes on to select/register/promote."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from tasks.report import artifact_key
 from tasks.train import TrainOutcome
 from trainer.checkpoint import METRICS_FILE
 from trainer.recovery import read_events, recoveries
-from trainer.resources import alive_nodes, check_fits, worker_bundle, workers_that_fit
+from trainer.resources import check_fits, concurrent_runs
 from trainer.runner import checkpoints_on_disk, run_dir
 from trainer.tune import best_trial, build_tuner, summarize_trials
 from trainflow.config import Config, trial_config
@@ -37,9 +37,7 @@ class Swept:
 
 def concurrency(config: Config, nodes: list[dict[str, float]] | None = None) -> int:
     """Trials at once: as many worker groups as the cluster holds, capped by tune.max_concurrent_trials."""
-    scaling = config.scaling.model_dump()
-    nodes = alive_nodes() if nodes is None else nodes
-    fit = max(1, workers_that_fit(worker_bundle(scaling), nodes) // max(1, scaling["num_workers"]))
+    fit = concurrent_runs(config.scaling.model_dump(), nodes)
     cap = config.tune.max_concurrent_trials
     return min(fit, cap) if cap else fit
 
@@ -79,7 +77,7 @@ def tune_sweep(prepared: Prepared, config: Config, sweep: str) -> Swept:
     history = json.loads(read_text(join(checkpoints[-1]["path"], METRICS_FILE)))["history"]
     log.info("best trial %s: %s=%s with %s", best["trial_id"], tune_cfg.metric, best[tune_cfg.metric], best["params"])
     outcome = TrainOutcome(
-        run_name=best["run_name"], run_path=path, checkpoints=checkpoints, history=history,
+        run_name=best["run_name"], family=best_config.model.families[0], run_path=path, checkpoints=checkpoints, history=history,
         recoveries=recoveries(read_events(path)),
     )
     return Swept(sweep, trials, best, best_config, outcome, parallel)

@@ -58,7 +58,7 @@ def test_select_skips_a_truncated_checkpoint(tmp_path):
     ckpts.append({"path": str(tmp_path / "nan"), "epoch": 3, "metrics": {"epoch": 3, "val_loss": float("nan")}})
     best = tmp_path / "checkpoint_1" / "model.pt"
     best.write_bytes(best.read_bytes()[: best.stat().st_size // 2])
-    outcome = TrainOutcome(run_name="r", run_path=str(tmp_path), checkpoints=ckpts, history=[])
+    outcome = TrainOutcome(run_name="r", family="mlp", run_path=str(tmp_path), checkpoints=ckpts, history=[])
     chosen = select(outcome, cfg)
     assert chosen.epoch == 2  # epoch 1 was best but is truncated; epoch 2 is the next best
     reasons = {Path(s["path"]).name: s["reason"] for s in chosen.skipped}

@@ -1,10 +1,15 @@
 """Checkpoint layout: everything needed to resume training or to serve the model.
 
+Every family writes
+    metrics.json     this epoch's (boosting round's) metrics and the history of every one so far
+    preprocessor.json  the fitted preprocessor, as data
+    config.json      the resolved trainflow config; its model.type names the family that reads the rest
+torch families (mlp, torch)
     model.pt         weights (unwrapped from DDP), loaded with torch.load(weights_only=True)
     train_state.pt   optimizer and LR-schedule state, epoch, seed, early-stopping state (weights_only too)
-    metrics.json     this epoch's metrics and the history of every epoch so far
-    preprocessor.json  the fitted preprocessor, as data
-    config.json      the resolved trainflow config
+boosted trees
+    model.ubj (xgboost) or model.txt (lightgbm), the library's own model format, cut at the round
+    train_state.json round, seed, early-stopping state
 """
 
 from __future__ import annotations
@@ -13,8 +18,9 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -36,11 +42,19 @@ def save_checkpoint(
     preprocessor: dict[str, Any],
     config: dict[str, Any],
 ) -> None:
-    """Write a complete checkpoint into directory (rank 0 only); train_state holds at least 'epoch'."""
+    """Write a complete torch checkpoint into directory (rank 0 only); train_state holds at least 'epoch'."""
     d = Path(directory)
     torch.save(model_state, d / MODEL_FILE)
     torch.save(train_state, d / STATE_FILE)
-    epoch = int(train_state["epoch"])
+    write_common(d, int(train_state["epoch"]), metrics, history, preprocessor, config)
+
+
+def write_common(
+    directory: str | Path, epoch: int, metrics: dict[str, Any], history: list[dict[str, float]],
+    preprocessor: dict[str, Any], config: dict[str, Any],
+) -> None:
+    """The files every family's checkpoint holds: metrics and history, the preprocessor, the config."""
+    d = Path(directory)
     (d / METRICS_FILE).write_text(json.dumps({"epoch": epoch, "metrics": metrics, "history": history}, indent=1))
     TabularPreprocessor.from_dict(preprocessor).save(d)
     (d / CONFIG_FILE).write_text(json.dumps(config, indent=1))
@@ -66,28 +80,55 @@ def read_config(directory: str | Path) -> dict[str, Any]:
 
 @dataclass
 class ServableModel:
-    """A checkpoint loaded for prediction: the network, its preprocessor and its config."""
+    """A checkpoint loaded for prediction: predict maps packed features to model outputs (logits or
+    log-probabilities per class, or the standardized value), whatever the family."""
 
-    model: nn.Module
+    predict: Callable[[np.ndarray], np.ndarray]
     preprocessor: TabularPreprocessor
     config: dict[str, Any]
     epoch: int
     metrics: dict[str, float]
 
+    @property
+    def family(self) -> str:
+        return self.config["model"].get("type", "mlp")
+
+
+class TorchPredictor:
+    """A torch family's network from model.pt, checked for non-finite weights."""
+
+    def __init__(self, directory: Path, prep: TabularPreprocessor, config: dict[str, Any], device="cpu"):
+        self.model = model_for(prep, config["model"])
+        self.model.load_state_dict(load_weights(directory))
+        for name, tensor in self.model.state_dict().items():
+            if not torch.isfinite(tensor).all():
+                raise ValueError(f"{directory / MODEL_FILE}: parameter {name} holds NaN or infinite values")
+        self.device = device
+        self.model.to(device).eval()
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return self.model(torch.from_numpy(x).to(self.device)).float().cpu().numpy()
+
 
 def load_servable(directory: str | Path, device: str | torch.device = "cpu") -> ServableModel:
-    """Load and verify a checkpoint: every file parses and the weights fit the architecture."""
+    """Load and verify a checkpoint of any family: every file parses and the model fits the preprocessor."""
     directory = Path(directory)
     prep = TabularPreprocessor.load(directory)
     config = read_config(directory)
     meta = read_metrics(directory)
-    model = model_for(prep, config["model"])
-    model.load_state_dict(load_weights(directory))
-    for name, tensor in model.state_dict().items():
-        if not torch.isfinite(tensor).all():
-            raise ValueError(f"{directory / MODEL_FILE}: parameter {name} holds NaN or infinite values")
-    model.to(device).eval()
-    return ServableModel(model=model, preprocessor=prep, config=config, epoch=int(meta["epoch"]), metrics=meta["metrics"])
+    family = config["model"].get("type", "mlp")
+    if family == "xgboost":
+        from trainer.boosting import XGBoostPredictor
+
+        predict = XGBoostPredictor(directory, prep, str(device))
+    elif family == "lightgbm":
+        from trainer.boosting import LightGBMPredictor
+
+        predict = LightGBMPredictor(directory, prep, str(device))
+    else:
+        predict = TorchPredictor(directory, prep, config, device)
+    return ServableModel(predict=predict, preprocessor=prep, config=config, epoch=int(meta["epoch"]), metrics=meta["metrics"])
 
 
 def metric_value(metrics: dict[str, Any], name: str) -> float | None:

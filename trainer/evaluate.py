@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import ray.data
-import torch
 
 from trainer.checkpoint import load_servable
 from trainer.loop import compute_metrics
@@ -24,8 +23,7 @@ def evaluate_checkpoint(checkpoint_path: str, ds: ray.data.Dataset, batch_size: 
     for batch in ds.select_columns(cols).iter_batches(batch_size=batch_size, batch_format="pyarrow"):
         x = prep.transform_features(batch, strict=False)
         labels.append(prep.transform_label(batch))
-        with torch.inference_mode():
-            outs.append(servable.model(torch.from_numpy(x)).float().numpy())
+        outs.append(servable.predict(x))
     if not outs:
         return {"val_loss": float("nan")}
     return compute_metrics(prep.task, np.concatenate(outs), np.concatenate(labels), prep)

@@ -8,11 +8,10 @@ import torch
 from trainer.checkpoint import ServableModel, load_servable
 
 
-def predict_table(servable: ServableModel, table: pa.Table, id_column: str | None = None, device: str = "cpu") -> pa.Table:
+def predict_table(servable: ServableModel, table: pa.Table, id_column: str | None = None) -> pa.Table:
     """Predictions for every row of table: [id], prediction, and proba_<class> for classification."""
     x = servable.preprocessor.transform_features(table)  # unseen text values: the unknown code
-    with torch.inference_mode():
-        out = servable.model(torch.from_numpy(x).to(device)).float().cpu().numpy()
+    out = servable.predict(x)
     cols = {}
     if id_column is not None:
         cols[id_column] = table[id_column]
@@ -29,7 +28,7 @@ class BatchPredictor:
         self.id_column = id_column
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        return predict_table(self.servable, batch, self.id_column, self.device)
+        return predict_table(self.servable, batch, self.id_column)
 
 
 def predict_dataset(

@@ -70,3 +70,9 @@ def check_fits(scaling: dict[str, Any], what: str = "training", nodes: list[dict
         "Lower scaling.num_workers or the per-worker resources, or set scaling.wait_for_resources: true "
         "to wait for an autoscaler."
     )
+
+
+def concurrent_runs(scaling: dict[str, Any], nodes: list[dict[str, float]] | None = None) -> int:
+    """How many training runs of num_workers workers each the cluster holds at once (at least 1)."""
+    nodes = alive_nodes() if nodes is None else nodes
+    return max(1, workers_that_fit(worker_bundle(scaling), nodes) // max(1, int(scaling.get("num_workers") or 1)))

@@ -1,4 +1,4 @@
-"""Build the TorchTrainer from the config: scaling, checkpointing, failure handling, storage."""
+"""Build the family's Ray Train trainer from the config: scaling, checkpointing, failure handling, storage."""
 
 from __future__ import annotations
 
@@ -7,14 +7,12 @@ from typing import Any
 
 import ray.data
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-from ray.train.torch import TorchConfig, TorchTrainer
 
 from preprocessors.tabular import TabularPreprocessor
 from trainer.checkpoint import METRICS_FILE
-from trainer.loop import TrainValDataConfig, train_fn_per_worker
+from trainer.families import family_for
 from trainer.recovery import RecoveryLog
 from trainer.watchdog import Watched
-from trainflow.config import workers_share_gpus
 from trainflow.storage import join, list_dir, read_text
 
 
@@ -35,16 +33,6 @@ def failure_config(max_failures: int) -> FailureConfig:
     return FailureConfig(
         max_failures=max_failures, controller_failure_limit=-1 if max_failures < 0 else max_failures + 1
     )
-
-
-def torch_config(scaling: dict[str, Any]) -> TorchConfig:
-    """The process-group backend: scaling.backend, else Ray's default (NCCL with GPUs, Gloo without),
-    except for workers that share a GPU (a fraction of one each), which get Gloo: NCCL refuses two
-    ranks on one device ("Duplicate GPU detected"), Gloo all-reduces CUDA tensors through the host."""
-    backend = scaling.get("backend")
-    if backend is None and workers_share_gpus(scaling["num_workers"], scaling["use_gpu"], scaling.get("resources_per_worker")):
-        backend = "gloo"
-    return TorchConfig(backend=backend)
 
 
 def run_dir(config: dict[str, Any], run_name: str) -> str:
@@ -79,25 +67,28 @@ def build_trainer(
     val_ds: ray.data.Dataset,
     run_name: str,
     storage_filesystem=None,
-    train_fn=train_fn_per_worker,
+    train_fn=None,
     callbacks: list | None = None,
     cache_shards: bool = False,
-) -> TorchTrainer:
-    """A TorchTrainer whose run resumes when built again with the same storage_path and run_name.
+):
+    """The model family's trainer (TorchTrainer, XGBoostTrainer, LightGBMTrainer); its run resumes when
+    built again with the same storage_path and run_name.
 
-    cache_shards: each worker keeps its shard in memory after the first epoch (for materialized data).
+    config["model"]["type"] is one family; train_fn replaces the family's per-worker loop (fault tests);
+    cache_shards: torch workers keep their shard in memory after the first epoch (materialized data).
     """
     ckpt = config["checkpoint"]
-    return TorchTrainer(
-        Watched(train_fn, config["failure"].get("hang_timeout_s")),
+    family = family_for(config["model"])
+    return family.make_trainer(
+        Watched(train_fn or family.train_fn, config["failure"].get("hang_timeout_s")),
+        config["scaling"],
         train_loop_config={
             "config": config, "preprocessor": preprocessor.to_dict(), "run_dir": run_dir(config, run_name),
             "cache_shards": cache_shards,
         },
         scaling_config=scaling_config(config["scaling"]),
-        torch_config=torch_config(config["scaling"]),
         datasets={"train": train_ds, "val": val_ds},
-        dataset_config=TrainValDataConfig(),
+        dataset_config=family.data_config(),
         run_config=RunConfig(
             name=run_name,
             storage_path=config["storage_path"],

@@ -1,4 +1,4 @@
-"""Ray Tune over the TorchTrainer: one Train run per trial, launched from a driver function (Train V2 + Tune).
+"""Ray Tune over Ray Train runs of any model family (model.type may itself be searched): one Train run per trial, launched from a driver function (Train V2 + Tune).
 
 Each trial's Train run is named <sweep name>-<trial id>, with no timestamp, so a restored sweep
 resumes every unfinished trial from its own latest checkpoint.
@@ -32,6 +32,11 @@ def search_space(space: dict[str, dict[str, list[Any]]]) -> dict[str, Any]:
     return {key: make[kind](args) for key, spec in space.items() for kind, args in spec.items()}
 
 
+def _searched_families(config: dict[str, Any]) -> list[str]:
+    spec = config["tune"]["search_space"].get("model.type")
+    return [config["model"]["type"]] if spec is None else list(next(iter(spec.values())))
+
+
 def trial_run_name(sweep: str, trial_id: str) -> str:
     return f"{sweep}-{trial_id}"
 
@@ -40,7 +45,7 @@ def train_driver_fn(
     params: dict[str, Any], base_config: dict, preprocessor: dict, train_ds: ray.data.Dataset,
     val_ds: ray.data.Dataset, sweep: str, cache_shards: bool = False,
 ) -> None:
-    """One trial: the base config with this trial's sampled values, trained by a TorchTrainer."""
+    """One trial: the base config with this trial's sampled values, trained by its family's Ray Train trainer."""
     cfg = trial_config(base_config, params["sampled"]).to_dict()
     name = trial_run_name(sweep, ray.tune.get_context().get_trial_id())
     trainer = build_trainer(
@@ -68,7 +73,10 @@ def build_tuner(
         return ray.tune.Tuner.restore(path, trainable=trainable, resume_errored=True)
     if tune_cfg["scheduler"] == "asha":
         # rungs by epoch, not by report: short epochs are grouped into one report (checkpoint.min_interval_s)
+        # (boosted trees report their round as the epoch)
         max_t = config["train"]["epochs"] if config["train"]["epochs"] != "auto" else MAX_AUTO_EPOCHS
+        if set(_searched_families(config)) & {"xgboost", "lightgbm"}:
+            max_t = max(max_t, int(config["model"]["params"]["num_boost_round"]))
         scheduler = ASHAScheduler(
             time_attr="epoch", max_t=max_t,
             grace_period=min(tune_cfg["grace_period"], max_t),

@@ -32,6 +32,18 @@ def write_json_atomic(path: str, data: dict[str, Any]) -> None:
         raise
 
 
+def _progress_line(s: dict[str, Any]) -> str:
+    budget = s.get("training_budget") or {}
+    if "num_boost_round" in budget:  # boosted trees: a round is the epoch
+        line = f"  rounds run        {s.get('epochs_run')} of at most {budget['num_boost_round']}"
+    else:
+        line = f"  epochs run        {s.get('epochs_run')}" + (
+            f" of at most {budget['epochs']}, batch {budget['batch_size']} per worker" if budget else "")
+    if s.get("resumed_from_epoch") is not None:
+        line += f" (resumed from epoch {s['resumed_from_epoch']})"
+    return line
+
+
 def format_summary(s: dict[str, Any]) -> str:
     best = s.get("best_checkpoint") or {}
     metrics = best.get("metrics") or {}
@@ -41,10 +53,8 @@ def format_summary(s: dict[str, Any]) -> str:
         "trainflow summary",
         f"  run name          {s.get('run_name')}",
         f"  data              {s.get('data_path')} ({s.get('training_rows')} rows, fingerprint {s.get('data_fingerprint')})",
-        f"  epochs run        {s.get('epochs_run')}"
-        + (f" of at most {s['training_budget']['epochs']}, batch {s['training_budget']['batch_size']} per worker"
-           if s.get("training_budget") else "")
-        + (f" (resumed from epoch {s['resumed_from_epoch']})" if s.get("resumed_from_epoch") is not None else ""),
+        f"  model family      {s.get('model_family')}",
+        _progress_line(s),
         f"  best checkpoint   epoch {best.get('epoch')}: {best.get('path')}",
         "  validation        " + ", ".join(f"{k}={v:.4f}" for k, v in shown.items()),
         f"  mlflow            run {s.get('mlflow_run_id')}, model {s.get('model_uri')}",
@@ -62,6 +72,13 @@ def format_summary(s: dict[str, Any]) -> str:
                 f"    {t.get('trial_id')}  {params}  {metric}={'-' if score is None else f'{score:.4f}'}"
                 f" after {t.get('epochs_run')} epoch(s), {t.get('status')}"
             )
+    if s.get("candidates"):
+        metric = (s.get("promotion") or {}).get("metric")
+        lines.append(f"  candidates        by {metric} on the validation split, best first:")
+        for c in s["candidates"]:
+            score = c.get(metric)
+            lines.append(f"    {c['family']:<10} {metric}={'-' if score is None else f'{score:.4f}'} "
+                         f"(epoch {c['epoch']} of {c['epochs_run']}, run {c['run_name']})")
     if s.get("promotion"):
         p = s["promotion"]
         lines.append(f"  promotion         {p.get('decision')}: {p.get('reason')}")

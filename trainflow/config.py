@@ -63,23 +63,96 @@ class SplitSection(_Section):
     seed: int = 42
 
 
-class ModelSection(_Section):
-    """`mlp`: trainflow's network; `torch`: a user's nn.Module imported from class_path (LightningCLI style)."""
+FAMILIES = ("mlp", "torch", "xgboost", "lightgbm")
+FamilyName = Literal["mlp", "torch", "xgboost", "lightgbm"]
+BOOSTERS = ("xgboost", "lightgbm")
+_BOTH, _XGB, _LGB = BOOSTERS, ("xgboost",), ("lightgbm",)
+# which booster library takes each model.params key (trainflow passes the ones a family takes to it)
+BOOSTER_KEYS: dict[str, tuple[str, ...]] = {
+    "num_boost_round": _BOTH, "early_stopping_rounds": _BOTH, "learning_rate": _BOTH, "max_depth": _BOTH,
+    "min_child_weight": _BOTH, "subsample": _BOTH, "colsample_bytree": _BOTH, "reg_lambda": _BOTH,
+    "reg_alpha": _BOTH, "max_bin": _BOTH,
+    "gamma": _XGB, "tree_method": _XGB, "max_leaves": _XGB, "grow_policy": _XGB, "max_cat_to_onehot": _XGB,
+    "num_leaves": _LGB, "min_data_in_leaf": _LGB, "min_split_gain": _LGB, "cat_smooth": _LGB,
+}
 
-    type: Literal["mlp", "torch"] = "mlp"
+
+class BoosterParams(_Section):
+    """Gradient-boosted trees (model.type xgboost / lightgbm); unset keys keep each library's default."""
+
+    num_boost_round: int = Field(1000, ge=1)  # an upper bound: early stopping ends most runs well before it
+    early_stopping_rounds: int | Literal["off"] = 50  # rounds without a better validation loss
+    learning_rate: float = Field(0.1, gt=0.0)  # HistGradientBoosting's and LightGBM's default; XGBoost's is 0.3
+    max_depth: int | None = Field(None, ge=-1)
+    min_child_weight: float | None = Field(None, ge=0.0)
+    subsample: float | None = Field(None, gt=0.0, le=1.0)
+    colsample_bytree: float | None = Field(None, gt=0.0, le=1.0)
+    reg_lambda: float | None = Field(None, ge=0.0)
+    reg_alpha: float | None = Field(None, ge=0.0)
+    max_bin: int | None = Field(None, ge=2)
+    gamma: float | None = Field(None, ge=0.0)
+    tree_method: Literal["hist", "approx", "exact"] | None = None
+    max_leaves: int | None = Field(None, ge=0)
+    grow_policy: Literal["depthwise", "lossguide"] | None = None
+    max_cat_to_onehot: int | None = Field(None, ge=1)
+    num_leaves: int | None = Field(None, ge=2)
+    min_data_in_leaf: int | None = Field(None, ge=0)
+    min_split_gain: float | None = Field(None, ge=0.0)
+    cat_smooth: float | None = Field(None, ge=0.0)
+
+    @field_validator("early_stopping_rounds")
+    @classmethod
+    def _positive(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("must be at least 1, or 'off'")
+        return v
+
+    def for_family(self, family: str) -> dict[str, Any]:
+        """The keys this family takes, without the unset ones."""
+        return {k: v for k, v in self.model_dump().items() if v is not None and family in BOOSTER_KEYS[k]}
+
+
+class ModelSection(_Section):
+    """The model family: `mlp` (trainflow's network), `torch` (a user's nn.Module imported from class_path,
+    LightningCLI style), `xgboost` or `lightgbm` (gradient-boosted trees); a list trains each and keeps the best."""
+
+    type: FamilyName | list[FamilyName] = "mlp"
     # mlp: chosen on real tables against HistGradientBoosting (docs/performance.md, "Model quality")
     hidden_sizes: list[int] = Field(default_factory=lambda: [256, 128])
     dropout: float = Field(0.3, ge=0.0, lt=1.0)
     # torch: "package.module:ClassName", built as ClassName(in_features, out_features, **init_args)
     class_path: str | None = None
     init_args: dict[str, Any] = Field(default_factory=dict)
+    # xgboost / lightgbm
+    params: BoosterParams = Field(default_factory=BoosterParams)
+
+    @property
+    def families(self) -> list[str]:
+        return [self.type] if isinstance(self.type, str) else list(self.type)
+
+    def for_family(self, family: str) -> dict[str, Any]:
+        """This section as one family's config (model.type a single name)."""
+        return {**self.model_dump(mode="json"), "type": family}
 
     @model_validator(mode="after")
     def _family_keys(self) -> ModelSection:
-        if self.type == "torch" and not self.class_path:
+        families = self.families
+        if not families:
+            raise ValueError(f"model.type: give a family or a list of them, from {list(FAMILIES)}")
+        if len(set(families)) != len(families):
+            raise ValueError(f"model.type: {families} names a family more than once")
+        if "torch" in families and not self.class_path:
             raise ValueError("model.type torch needs model.class_path, e.g. 'examples.tabular_resnet:TabularResNet'")
-        if self.type != "torch" and (self.class_path or self.init_args):
+        if "torch" not in families and (self.class_path or self.init_args):
             raise ValueError("model.class_path and model.init_args are for model.type: torch")
+        boosters = [f for f in families if f in BOOSTERS]
+        for key, value in self.params.model_dump().items():
+            if value is None or key not in self.params.model_fields_set:
+                continue
+            takers = [f for f in BOOSTER_KEYS[key] if f in boosters]
+            if not takers:
+                raise ValueError(f"model.params.{key}: applies to {' and '.join(BOOSTER_KEYS[key])}, "
+                                 f"which model.type {families} does not train")
         return self
 
     @field_validator("hidden_sizes")
@@ -334,6 +407,9 @@ class Config(_Section):
     def require_tune(self) -> TuneSection:
         if self.tune is None or not self.tune.search_space:
             raise ConfigError("tune: add a tune section with a search_space to run a sweep (see the README)")
+        if len(self.model.families) > 1:
+            raise ConfigError(f"model.type: a sweep trains one family per trial; instead of the list "
+                              f"{self.model.families}, search it: tune.search_space.model.type: {{choice: {self.model.families}}}")
         return self.tune
 
     def require_workers(self) -> None:

@@ -68,3 +68,28 @@ def out_of_memory_error(stage: str, num_workers: int) -> TrainingError:
         f"Use fewer workers (scaling.num_workers is {num_workers}), a smaller train.batch_size, give Ray more "
         "memory (a larger machine or object store), or narrow the table (data.features, preprocess.max_onehot)"
     )
+
+
+def check_booster_matrix(
+    prep: TabularPreprocessor, train_rows: int, val_rows: int, num_workers: int, memory_bytes: float, source: str
+) -> dict[str, Any]:
+    """Fail fast when a booster worker's matrices would not fit its share of memory.
+
+    Each worker holds its share of the training rows and the whole validation split as float32 arrays,
+    and the library copies them once more into its own matrix (XGBoost's DMatrix, LightGBM's Dataset),
+    so about twice the packed bytes of those rows.
+    """
+    per_row = packed_bytes_per_row(prep)
+    per_worker = memory_bytes / max(1, num_workers)
+    rows = train_rows / max(1, num_workers) + val_rows
+    need = 2 * per_row * rows
+    if need > 0.5 * per_worker:
+        raise DataError(
+            f"{source}: a boosted-trees worker holds its {int(train_rows / max(1, num_workers)):,} training rows and "
+            f"the {val_rows:,} validation rows as matrices, about {need / 2**30:.1f} GiB of the "
+            f"{per_worker / 2**30:.1f} GiB each of {num_workers} worker(s) has. Use more workers across more "
+            "machines (scaling.num_workers), a smaller split.validation_fraction, fewer columns (data.features), or "
+            "model.type mlp, which streams its mini-batches"
+        )
+    return {"bytes_per_row": per_row, "table_bytes": per_row * (train_rows + val_rows), "features": prep.num_features,
+            "worker_matrix_bytes": int(need)}

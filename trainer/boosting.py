@@ -1,0 +1,371 @@
+"""Gradient-boosted trees across Ray Train workers: XGBoost (XGBoostTrainer) and LightGBM (LightGBMTrainer).
+
+Each worker reads its Ray Data shard of the packed training rows into a matrix and the whole validation
+split (every rank then computes the same validation loss, so all stop at the same round); the libraries'
+own distributed training (XGBoost's collective, LightGBM's network from get_network_params) builds one
+model. A round is trainflow's "epoch": checkpoints, resume, history and selection work as for the torch
+families. Embedded text columns reach the trees as native categorical features (their integer codes).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import ray.train
+
+from preprocessors.tabular import FEATURES, LABEL, TabularPreprocessor
+from trainer.budget import EarlyStopping
+from trainer.checkpoint import read_metrics, write_common
+from trainer.metrics import compute_metrics
+from trainer.recovery import append_event
+from trainer.watchdog import heartbeat
+
+STATE_JSON = "train_state.json"
+DECISION_S = 0.25  # how often (in training time) ranks agree whether a report is due
+EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class BoostBudget:
+    num_boost_round: int
+    early_stopping_rounds: int | None
+
+    @property
+    def epochs(self) -> int:
+        return self.num_boost_round
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def boost_budget(model_cfg: dict[str, Any]) -> BoostBudget:
+    params = model_cfg["params"]
+    patience = params["early_stopping_rounds"]
+    return BoostBudget(int(params["num_boost_round"]), None if patience == "off" else int(patience))
+
+
+def worker_threads(scaling: dict[str, Any]) -> int:
+    """One library thread per CPU the worker holds (Ray's default: 1)."""
+    return max(1, int((scaling.get("resources_per_worker") or {}).get("CPU", 1)))
+
+
+def library_params(family: str, prep: TabularPreprocessor, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The booster's parameters: objective and loss for the task, model.params, seed, threads, device."""
+    model, scaling = cfg["model"], cfg["scaling"]
+    chosen = {k: v for k, v in model["params"].items() if v is not None}
+    from trainflow.config import BOOSTER_KEYS
+
+    chosen = {k: v for k, v in chosen.items() if family in BOOSTER_KEYS.get(k, ())}
+    chosen.pop("num_boost_round", None)
+    chosen.pop("early_stopping_rounds", None)
+    classes = prep.num_outputs if prep.task == "classification" else 0
+    seed, threads = int(cfg["split"]["seed"]), worker_threads(scaling)
+    if family == "xgboost":
+        if prep.task == "regression":
+            objective, metric = {"objective": "reg:squarederror"}, "rmse"
+        elif classes == 2:
+            objective, metric = {"objective": "binary:logistic"}, "logloss"
+        else:
+            objective, metric = {"objective": "multi:softprob", "num_class": classes}, "mlogloss"
+        params = {"tree_method": "hist", **objective, "eval_metric": metric, "seed": seed, "nthread": threads, **chosen}
+        if scaling.get("use_gpu"):
+            params["device"] = "cuda"
+        return params
+    if prep.task == "regression":
+        objective = {"objective": "regression", "metric": "l2"}
+    elif classes == 2:
+        objective = {"objective": "binary", "metric": "binary_logloss"}
+    else:
+        objective = {"objective": "multiclass", "num_class": classes, "metric": "multi_logloss"}
+    params = {**objective, "seed": seed, "num_threads": threads, "verbosity": -1, "deterministic": True, **chosen}
+    if chosen.get("subsample", 1.0) < 1.0:
+        params["subsample_freq"] = 1  # LightGBM bags rows only with a bagging frequency
+    if scaling.get("use_gpu"):
+        params["device_type"] = "gpu"
+    return params
+
+
+def shard_arrays(shard) -> tuple[np.ndarray, np.ndarray]:
+    """A worker's Ray Data shard of packed rows as (features, labels) arrays."""
+    xs, ys = [], []
+    for batch in shard.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=1):
+        heartbeat()
+        xs.append(np.asarray(batch[FEATURES], dtype=np.float32))
+        ys.append(np.asarray(batch[LABEL]))
+    if not xs:
+        return np.zeros((0, 0), np.float32), np.zeros((0,), np.float32)
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def outputs_from(task: str, num_outputs: int, pred: np.ndarray) -> np.ndarray:
+    """The library's predictions as trainflow's model outputs: log-probabilities (a softmax gives the
+    probabilities back) for classification, the standardized value for regression."""
+    pred = np.asarray(pred, dtype=np.float64)
+    if task == "regression":
+        return pred.reshape(-1, 1).astype(np.float32)
+    if num_outputs == 2 and pred.ndim == 1:
+        pred = np.stack([1.0 - pred, pred], axis=1)
+    return np.log(np.clip(pred.reshape(len(pred), num_outputs), EPS, 1.0)).astype(np.float32)
+
+
+def val_loss_from(family: str, task: str, value: float) -> float:
+    """The library's validation metric as trainflow's val_loss (cross-entropy, or MSE on the standardized label)."""
+    return value * value if (family == "xgboost" and task == "regression") else value
+
+
+class RoundReporter:
+    """Per boosting round: the history, early stopping on the validation loss, and Ray Train reports.
+
+    A report (rank 0 writes the checkpoint) is due at most every checkpoint.min_interval_s, as in the torch
+    loop; the best round since the last report is reported first with its own checkpoint (the model cut at
+    that round). Every rank must make the same report calls, so rank 0 decides and broadcasts, about every
+    DECISION_S of training rather than every round.
+    """
+
+    def __init__(self, loop_config: dict[str, Any], family: str, prep: TabularPreprocessor, budget: BoostBudget,
+                 start_round: int, history: list[dict[str, float]], stopper: EarlyStopping,
+                 y_val: np.ndarray, save: Callable[[Any, int, Path], None],
+                 predict: Callable[[Any, int], np.ndarray]):
+        self.loop_config, self.family, self.prep, self.budget = loop_config, family, prep, budget
+        self.cfg = loop_config["config"]
+        self.history, self.stopper = history, stopper
+        self.y_val, self.save, self.predict = y_val, save, predict
+        ctx = ray.train.get_context()
+        self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
+        self.min_interval = float(self.cfg["checkpoint"].get("min_interval_s", 0.0))
+        self.reported = start_round - 1
+        self.last_report = self.last_decision = time.monotonic()
+        self.next_decision, self.round_start = start_round, time.perf_counter()
+
+    def after_round(self, model: Any, rnd: int, train_loss: float, val_loss: float) -> bool:
+        """Record round rnd; report when due; True when training should stop."""
+        heartbeat(f"boosting round {rnd}")
+        now = time.perf_counter()
+        self.history.append({"epoch": rnd, "train_loss": float(train_loss), "val_loss": float(val_loss),
+                             "epoch_time_s": now - self.round_start})
+        self.round_start = now
+        self.stopper.update(val_loss, rnd)
+        if rnd >= self.budget.num_boost_round - 1 or self.stopper.should_stop or not math.isfinite(val_loss):
+            self._report_up_to(model, rnd)
+            if self.rank == 0 and self.stopper.should_stop:
+                print(f"trainflow early stopping at round {rnd}: validation loss has not improved for "
+                      f"{self.stopper.bad_epochs} round(s); best {self.stopper.best:.6g} at round {self.stopper.best_epoch}")
+            return True
+        if rnd < self.next_decision:
+            return False
+        due, stride = self._decide(rnd)
+        self.next_decision = rnd + stride
+        if due:
+            self._report_up_to(model, rnd)
+        return False
+
+    def _decide(self, rnd: int) -> tuple[bool, int]:
+        mono = time.monotonic()
+        per_round = (mono - self.last_decision) / max(1, rnd - self.next_decision + 1)
+        decision = (mono - self.last_report >= self.min_interval, max(1, int(DECISION_S / max(per_round, 1e-6))))
+        self.last_decision = mono
+        if self.world > 1:
+            from ray.train.collective import broadcast_from_rank_zero
+
+            decision = tuple(broadcast_from_rank_zero(list(decision)))
+        return bool(decision[0]), int(decision[1])
+
+    def _report_up_to(self, model: Any, rnd: int) -> None:
+        best = self.stopper.best_epoch
+        if best is not None and self.reported < best < rnd:
+            self._report(model, best)
+        self._report(model, rnd)
+        self.reported, self.last_report = rnd, time.monotonic()
+
+    def _report(self, model: Any, rnd: int) -> None:
+        """One Ray Train report of the model cut at round rnd, with its checkpoint from rank 0."""
+        history = [h for h in self.history if h["epoch"] <= rnd]
+        metrics: dict[str, Any] = {"epoch": rnd}
+        with tempfile.TemporaryDirectory() as tmp:
+            ckpt = None
+            if self.rank == 0:
+                out = self.predict(model, rnd)
+                metrics.update(compute_metrics(self.prep.task, out, self.y_val, self.prep))
+                metrics["train_loss"] = float(history[-1]["train_loss"])
+                self.save(model, rnd, Path(tmp))
+                state = {"epoch": rnd, "seed": int(self.cfg["split"]["seed"]), "early_stopping": self.stopper.state(),
+                         "family": self.family}
+                (Path(tmp) / STATE_JSON).write_text(json.dumps(state))
+                write_common(tmp, rnd, metrics, history, self.loop_config["preprocessor"], self.cfg)
+                ckpt = ray.train.Checkpoint.from_directory(tmp)
+            ray.train.report(metrics, checkpoint=ckpt)
+        heartbeat(f"the report of round {rnd}")
+
+
+def _resume_state(loop_config: dict[str, Any], budget: BoostBudget, mode: str, min_delta: float,
+                  load_model: Callable[[Path], Any]):
+    """(model or None, first round, history, early stopping) from ray.train.get_checkpoint()."""
+    stopper = EarlyStopping(mode, budget.early_stopping_rounds, min_delta)
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return None, 0, [], stopper
+    with checkpoint.as_directory() as d:
+        model = load_model(Path(d))
+        state = json.loads((Path(d) / STATE_JSON).read_text())
+        stopper.load(state["early_stopping"])
+        history = read_metrics(d)["history"]
+    start = int(state["epoch"]) + 1
+    if ray.train.get_context().get_world_rank() == 0 and loop_config.get("run_dir"):
+        append_event(loop_config["run_dir"], {"event": "resume", "epoch": start})
+    return model, start, history, stopper
+
+
+def _start_event(loop_config: dict[str, Any], start: int) -> None:
+    if loop_config.get("run_dir"):
+        append_event(loop_config["run_dir"], {
+            "event": "worker_start", "rank": ray.train.get_context().get_world_rank(),
+            "node_id": ray.get_runtime_context().get_node_id(), "from_epoch": start,
+        })
+
+
+def _data(loop_config: dict[str, Any]):
+    prep = TabularPreprocessor.from_dict(loop_config["preprocessor"])
+    x, y = shard_arrays(ray.train.get_dataset_shard("train"))
+    x_val, y_val = shard_arrays(ray.train.get_dataset_shard("val"))
+    if x_val.shape[1:] != x.shape[1:] and len(x_val):
+        raise ValueError(f"validation width {x_val.shape[1:]} differs from training width {x.shape[1:]}")
+    return prep, x, y, x_val, y_val
+
+
+def categorical_positions(prep: TabularPreprocessor) -> list[int]:
+    return [pos for pos, _, _ in prep.embedding_slots()]
+
+
+# ---------------------------------------------------------------- XGBoost
+
+XGB_MODEL = "model.ubj"
+
+
+def xgb_matrix(prep: TabularPreprocessor, x: np.ndarray, y: np.ndarray | None = None):
+    import xgboost as xgb
+
+    cats = set(categorical_positions(prep))
+    types = ["c" if i in cats else "q" for i in range(prep.num_features)]
+    return xgb.DMatrix(x, label=y, feature_types=types, enable_categorical=bool(cats), nthread=-1)
+
+
+def _xgb_load(path: Path):
+    import xgboost as xgb
+
+    booster = xgb.Booster()
+    booster.load_model(str(path / XGB_MODEL))
+    return booster
+
+
+def xgboost_train_fn(loop_config: dict[str, Any]) -> None:
+    """XGBoostTrainer's per-worker loop: resume from the latest checkpoint's round, boost, report."""
+    import xgboost as xgb
+
+    cfg = loop_config["config"]
+    prep, x, y, x_val, y_val = _data(loop_config)
+    budget = boost_budget(cfg["model"])
+    booster, start, history, stopper = _resume_state(loop_config, budget, "min", cfg["train"]["early_stopping"]["min_delta"], _xgb_load)
+    _start_event(loop_config, start)
+    if stopper.should_stop or start >= budget.num_boost_round:
+        return
+    params = library_params("xgboost", prep, cfg)
+    dtrain, dval = xgb_matrix(prep, x, y), xgb_matrix(prep, x_val, y_val)
+    metric = params["eval_metric"]
+
+    def save(model, rnd: int, d: Path) -> None:
+        model[: rnd + 1].save_model(str(d / XGB_MODEL))
+
+    def predict(model, rnd: int) -> np.ndarray:
+        # on the DMatrix every rank built: building one on rank 0 alone is a collective call the others
+        # never join, which kills the worker group
+        return outputs_from(prep.task, prep.num_outputs, model.predict(dval, iteration_range=(0, rnd + 1)))
+
+    reporter = RoundReporter(loop_config, "xgboost", prep, budget, start, history, stopper, y_val, save, predict)
+
+    class Report(xgb.callback.TrainingCallback):
+        def after_iteration(self, model, epoch: int, evals_log) -> bool:
+            train_loss = val_loss_from("xgboost", prep.task, evals_log["train"][metric][-1])
+            val_loss = val_loss_from("xgboost", prep.task, evals_log["val"][metric][-1])
+            return reporter.after_round(model, epoch, train_loss, val_loss)
+
+    if start == 0 and ray.train.get_context().get_world_rank() == 0:
+        print(f"trainflow budget: {budget.to_dict()} over {prep.train_rows} training rows")
+    xgb.train(params, dtrain, num_boost_round=budget.num_boost_round - start, evals=[(dtrain, "train"), (dval, "val")],
+              xgb_model=booster, callbacks=[Report()], verbose_eval=False)
+
+
+class XGBoostPredictor:
+    def __init__(self, directory: Path, prep: TabularPreprocessor, device: str = "cpu"):
+        self.booster, self.prep = _xgb_load(Path(directory)), prep
+        if str(device).startswith("cuda"):
+            self.booster.set_param({"device": "cuda"})
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return outputs_from(self.prep.task, self.prep.num_outputs, self.booster.predict(xgb_matrix(self.prep, x)))
+
+
+# ---------------------------------------------------------------- LightGBM
+
+LGB_MODEL = "model.txt"
+
+
+def _lgb_load(path: Path):
+    import lightgbm as lgb
+
+    return lgb.Booster(model_file=str(path / LGB_MODEL))
+
+
+def lightgbm_train_fn(loop_config: dict[str, Any]) -> None:
+    """LightGBMTrainer's per-worker loop: resume from the latest checkpoint's round, boost, report."""
+    import lightgbm as lgb
+
+    cfg = loop_config["config"]
+    prep, x, y, x_val, y_val = _data(loop_config)
+    budget = boost_budget(cfg["model"])
+    booster, start, history, stopper = _resume_state(loop_config, budget, "min", cfg["train"]["early_stopping"]["min_delta"], _lgb_load)
+    _start_event(loop_config, start)
+    if stopper.should_stop or start >= budget.num_boost_round:
+        return
+    params = library_params("lightgbm", prep, cfg)
+    if ray.train.get_context().get_world_size() > 1:
+        from ray.train.lightgbm import get_network_params
+
+        params.update({"tree_learner": "data_parallel", "pre_partition": True, **get_network_params()})
+    cats = categorical_positions(prep) or "auto"
+    train_set = lgb.Dataset(x, label=y, categorical_feature=cats, free_raw_data=False)
+    val_set = lgb.Dataset(x_val, label=y_val, categorical_feature=cats, reference=train_set, free_raw_data=False)
+
+    def save(model, rnd: int, d: Path) -> None:
+        model.save_model(str(d / LGB_MODEL), num_iteration=rnd + 1)
+
+    def predict(model, rnd: int) -> np.ndarray:
+        return outputs_from(prep.task, prep.num_outputs, model.predict(x_val, num_iteration=rnd + 1))
+
+    reporter = RoundReporter(loop_config, "lightgbm", prep, budget, start, history, stopper, y_val, save, predict)
+
+    def report(env) -> None:
+        losses = {name: value for name, _, value, _ in env.evaluation_result_list}
+        if reporter.after_round(env.model, env.iteration, losses["train"], losses["val"]):
+            raise lgb.callback.EarlyStopException(env.iteration, env.evaluation_result_list)
+
+    report.order = 30  # after LightGBM's own callbacks
+
+    if start == 0 and ray.train.get_context().get_world_rank() == 0:
+        print(f"trainflow budget: {budget.to_dict()} over {prep.train_rows} training rows")
+    lgb.train(params, train_set, num_boost_round=budget.num_boost_round - start, valid_sets=[train_set, val_set],
+              valid_names=["train", "val"], init_model=booster, callbacks=[report])
+
+
+class LightGBMPredictor:
+    def __init__(self, directory: Path, prep: TabularPreprocessor, device: str = "cpu"):
+        self.booster, self.prep = _lgb_load(Path(directory)), prep
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return outputs_from(self.prep.task, self.prep.num_outputs, self.booster.predict(x))

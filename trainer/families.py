@@ -1,0 +1,102 @@
+"""Model families behind one interface: how each fits across Ray Train workers, what it needs before
+training, and its budget. Checkpoints name their family (config.json's model.type) and
+trainer/checkpoint.py's load_servable reads any of them, so everything after training is family-blind."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ray.train import DataConfig
+from ray.train.torch import TorchConfig, TorchTrainer
+
+from preprocessors.tabular import TabularPreprocessor
+from trainer.budget import resolve_budget
+from trainer.loop import TrainValDataConfig, train_fn_per_worker
+from trainer.model import check_model
+from trainflow.config import workers_share_gpus
+
+
+def torch_config(scaling: dict[str, Any]) -> TorchConfig:
+    """The process-group backend: scaling.backend, else Ray's default (NCCL with GPUs, Gloo without),
+    except for workers that share a GPU (a fraction of one each), which get Gloo: NCCL refuses two
+    ranks on one device ("Duplicate GPU detected"), Gloo all-reduces CUDA tensors through the host."""
+    backend = scaling.get("backend")
+    if backend is None and workers_share_gpus(scaling["num_workers"], scaling["use_gpu"], scaling.get("resources_per_worker")):
+        backend = "gloo"
+    return TorchConfig(backend=backend)
+
+
+def _torch_trainer(train_fn: Callable, scaling: dict[str, Any], **kwargs: Any):
+    return TorchTrainer(train_fn, torch_config=torch_config(scaling), **kwargs)
+
+
+def _xgboost_trainer(train_fn: Callable, scaling: dict[str, Any], **kwargs: Any):
+    from ray.train.xgboost import XGBoostConfig, XGBoostTrainer
+
+    return XGBoostTrainer(train_fn, xgboost_config=XGBoostConfig(), **kwargs)
+
+
+def _lightgbm_trainer(train_fn: Callable, scaling: dict[str, Any], **kwargs: Any):
+    from ray.train.lightgbm import LightGBMConfig, LightGBMTrainer
+
+    return LightGBMTrainer(train_fn, lightgbm_config=LightGBMConfig(), **kwargs)
+
+
+def _xgboost_fn(loop_config: dict[str, Any]) -> None:
+    from trainer.boosting import xgboost_train_fn
+
+    xgboost_train_fn(loop_config)
+
+
+def _lightgbm_fn(loop_config: dict[str, Any]) -> None:
+    from trainer.boosting import lightgbm_train_fn
+
+    lightgbm_train_fn(loop_config)
+
+
+def _torch_budget(config: dict[str, Any], train_rows: int, num_workers: int):
+    return resolve_budget(config["train"], train_rows, num_workers)
+
+
+def _boost_budget(config: dict[str, Any], train_rows: int, num_workers: int):
+    from trainer.boosting import boost_budget
+
+    return boost_budget(config["model"])
+
+
+def _no_check(prep: TabularPreprocessor, model_cfg: dict[str, Any]) -> None:
+    """Boosters take any packed width; their parameters were validated with the config."""
+
+
+def _trees_data_config() -> DataConfig:
+    # each worker boosts on its share of the training rows and evaluates the whole validation split,
+    # so every rank computes the same validation loss and stops at the same round
+    return DataConfig(datasets_to_split=["train"])
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    make_trainer: Callable[..., Any]  # (train_fn, scaling, **trainer kwargs) -> a Ray Train DataParallelTrainer
+    train_fn: Callable[[dict[str, Any]], Any]  # the per-worker loop
+    data_config: Callable[[], DataConfig]
+    budget: Callable[[dict[str, Any], int, int], Any]  # (resolved config, training rows, workers) -> its budget
+    check: Callable[[TabularPreprocessor, dict[str, Any]], None]  # before training: raises ValueError
+    uses_minibatches: bool  # the torch loop's mini-batch memory check applies
+
+
+FAMILIES: dict[str, Family] = {
+    "mlp": Family("mlp", _torch_trainer, train_fn_per_worker, TrainValDataConfig, _torch_budget, check_model, True),
+    "torch": Family("torch", _torch_trainer, train_fn_per_worker, TrainValDataConfig, _torch_budget, check_model, True),
+    "xgboost": Family("xgboost", _xgboost_trainer, _xgboost_fn, _trees_data_config, _boost_budget, _no_check, False),
+    "lightgbm": Family("lightgbm", _lightgbm_trainer, _lightgbm_fn, _trees_data_config, _boost_budget, _no_check, False),
+}
+
+
+def family_for(model_cfg: dict[str, Any]) -> Family:
+    """The family of a single-family model config (see ModelSection.for_family)."""
+    name = model_cfg.get("type", "mlp")
+    if not isinstance(name, str):
+        raise ValueError(f"model.type {name!r}: pick one family per training run (ModelSection.for_family)")
+    return FAMILIES[name]
