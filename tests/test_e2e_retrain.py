@@ -64,7 +64,7 @@ def test_retrain_classification_end_to_end(tmp_path, capsys):
         assert summary[key] is not None, key
     assert summary["run_name"] == "clf-e2e"
     served = load_servable(summary["best_checkpoint"]["path"])
-    assert type(served.model).__name__ == "TabularResNet" and served.config["model"] == {**served.config["model"], **user_model}
+    assert type(served.predict.model).__name__ == "TabularResNet" and served.config["model"] == {**served.config["model"], **user_model}
     score = pads.dataset(tmp_path / "data" / "score.parquet").to_table()
     out = _check_common(summary, "val_loss", "min", score, "customer_id")
     assert set(out.column_names) == {"customer_id", "prediction", "proba_0", "proba_1"}

@@ -293,7 +293,8 @@ def xgboost_train_fn(loop_config: dict[str, Any]) -> None:
         def after_iteration(self, model, epoch: int, evals_log) -> bool:
             train_loss = val_loss_from("xgboost", prep.task, evals_log["train"][metric][-1])
             val_loss = val_loss_from("xgboost", prep.task, evals_log["val"][metric][-1])
-            return reporter.after_round(model, epoch, train_loss, val_loss)
+            # the callback's epoch counts from 0 again on a continued model; the booster's count is global
+            return reporter.after_round(model, model.num_boosted_rounds() - 1, train_loss, val_loss)
 
     if start == 0 and ray.train.get_context().get_world_rank() == 0:
         print(f"trainflow budget: {budget.to_dict()} over {prep.train_rows} training rows")

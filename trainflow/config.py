@@ -147,7 +147,8 @@ class ModelSection(_Section):
             raise ValueError("model.class_path and model.init_args are for model.type: torch")
         boosters = [f for f in families if f in BOOSTERS]
         for key, value in self.params.model_dump().items():
-            if value is None or key not in self.params.model_fields_set:
+            # a default written back by model_dump (a tune trial's config) is not the user's choice
+            if value is None or key not in self.params.model_fields_set or value == BoosterParams.model_fields[key].default:
                 continue
             takers = [f for f in BOOSTER_KEYS[key] if f in boosters]
             if not takers:

@@ -1,0 +1,140 @@
+"""Model families: gradient-boosted trees (XGBoost, LightGBM) through Ray Train, several families in one run,
+a killed booster worker resuming at a later round, and a better family replacing the champion."""
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pyarrow.dataset as pads
+import pytest
+import ray.train
+from mlflow import MlflowClient
+
+from tests.conftest import churn_config
+from tests.faults import small_run, wait_registered
+from trainer.checkpoint import load_servable, read_metrics
+from trainer.predict import predict_table
+from trainer.recovery import read_events, recoveries
+from trainer.runner import build_trainer, run_dir
+from trainflow.cli import main as cli_main
+from trainflow.config import config_from_dict
+from trainflow.errors import ConfigError
+from trainflow.tracking import tracking
+
+
+def _cfg(model):
+    return config_from_dict({"data": {"path": "x.parquet", "label": "y"}, "task": "classification", "model": model})
+
+
+def test_model_type_and_params_are_validated_with_their_dotted_names():
+    cfg = _cfg({"type": ["mlp", "lightgbm"], "params": {"num_leaves": 15, "max_depth": 4}})
+    assert cfg.model.families == ["mlp", "lightgbm"]
+    assert cfg.model.params.for_family("lightgbm")["num_leaves"] == 15
+    assert "num_leaves" not in cfg.model.params.for_family("xgboost")
+    assert cfg.model.for_family("lightgbm")["type"] == "lightgbm"
+    for model, message in [
+        ({"type": "xgboost", "params": {"num_leaves": 15}}, "model.params.num_leaves: applies to lightgbm"),
+        ({"type": "xgboost", "params": {"max_dept": 3}}, "model.params.max_dept: unknown key"),
+        ({"type": "lightgbm", "params": {"learning_rate": -1}}, "model.params.learning_rate"),
+        ({"type": "mlp", "params": {"max_depth": 3}}, "model.params.max_depth: applies to xgboost and lightgbm"),
+        ({"type": ["xgboost", "xgboost"]}, "names a family more than once"),
+        ({"type": "catboost"}, "model.type"),
+    ]:
+        with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+            _cfg(model)
+
+
+def _round_trip(family: str):
+    """A train function whose first attempt boosts 12 rounds, then (rank 1) is SIGKILLed once that
+    checkpoint is registered; the next attempt resumes with the whole budget."""
+
+    def train_fn(loop_config):
+        from trainer.families import FAMILIES
+
+        rank = ray.train.get_context().get_world_rank()
+        marker = Path(loop_config["run_dir"]).parent / f"attempt-{rank}"
+        if marker.exists():
+            return FAMILIES[family].train_fn(loop_config)
+        marker.touch()
+        cfg = loop_config["config"]
+        first = {**cfg, "model": {**cfg["model"], "params": {**cfg["model"]["params"], "num_boost_round": 12}}}
+        FAMILIES[family].train_fn({**loop_config, "config": first})
+        if rank == 1:
+            wait_registered(loop_config["run_dir"], 11)
+            os.kill(os.getpid(), signal.SIGKILL)
+        ray.train.report({"epoch": 11, "waiting": 1.0})  # blocks until the group is torn down
+
+    return train_fn
+
+
+@pytest.mark.e2e
+@pytest.mark.usefixtures("ray_local")
+@pytest.mark.parametrize("family", ["xgboost", "lightgbm"])
+def test_a_killed_booster_worker_resumes_at_a_later_round(tmp_path, family):
+    cfg, prep, train, val = small_run(tmp_path, hang_timeout_s=60.0)
+    cfg["model"] = {**cfg["model"], "type": family,
+                    "params": {**cfg["model"]["params"], "num_boost_round": 30, "early_stopping_rounds": "off"}}
+    cfg["checkpoint"]["min_interval_s"] = 0.0
+    result = build_trainer(cfg, prep, train, val, "boost-kill", train_fn=_round_trip(family)).fit()
+    with result.checkpoint.as_directory() as d:
+        history = read_metrics(d)["history"]
+        served = load_servable(d)
+    # every round ran exactly once: the second attempt started at round 12, not 0
+    assert [h["epoch"] for h in history] == list(range(30))
+    events = read_events(run_dir(cfg, "boost-kill"))
+    assert [e["epoch"] for e in events if e["event"] == "resume"] == [12]
+    (killed,) = recoveries(events)
+    assert killed["resumed_from_epoch"] == 12 and ("died" in killed["error"] or "dead" in killed["error"])
+    booster = served.predict.booster
+    assert (booster.num_boosted_rounds() if family == "xgboost" else booster.current_iteration()) == 30
+    assert history[-1]["val_loss"] < history[0]["val_loss"]
+    # the trees learned y = 3*x1 - 2*x2^2 + offset (the metrics are on the label's own scale)
+    assert served.family == family and result.metrics["val_r2"] > 0.8
+
+
+@pytest.mark.e2e
+@pytest.mark.usefixtures("prefect_harness", "ray_local")
+def test_families_in_one_run_and_a_better_family_replaces_the_champion(tmp_path):
+    # the champion: an MLP trained for one epoch at a tiny learning rate
+    cfg_path = churn_config(tmp_path, checkpoint={"num_to_keep": 3, "metric": "val_roc_auc"},
+                            train={"epochs": 1, "batch_size": 128, "learning_rate": 1e-5})
+    assert cli_main(["retrain", "--config", str(cfg_path), "--run-name", "weak"]) == 0
+    # both boosters train (a fan-out of train task runs, each its own Ray Train run); the better one is gated
+    summary_path = tmp_path / "summary.json"
+    rc = cli_main(["retrain", "--config", str(cfg_path), "--run-name", "trees", "--set", "model.type=[xgboost, lightgbm]",
+                   "--set", "model.params.learning_rate=0.2", "--summary-json", str(summary_path)])
+    assert rc == 0
+    summary = json.loads(summary_path.read_text())
+    candidates = summary["candidates"]
+    assert sorted(c["family"] for c in candidates) == ["lightgbm", "xgboost"]
+    assert candidates[0]["val_roc_auc"] >= candidates[1]["val_roc_auc"]
+    winner = candidates[0]["family"]
+    assert summary["model_family"] == winner and summary["run_name"] == f"trees-{winner}"
+    for c in candidates:  # each family's run kept its own checkpoints
+        assert load_servable(c["checkpoint"]).family == c["family"]
+    promo = summary["promotion"]
+    assert (promo["decision"], promo["champion_version"], promo["serving_version"]) == ("promoted", "1", "2")
+    assert promo["challenger_score"] > promo["champion_score"]
+    # the booster's selected round is the best reported one, and its gate score is its validation score
+    hist = read_metrics(summary["best_checkpoint"]["path"])["history"]
+    assert summary["best_checkpoint"]["epoch"] < len(hist) and hist[-1]["val_loss"] < hist[0]["val_loss"]
+    assert promo["challenger_score"] == pytest.approx(summary["best_checkpoint"]["metrics"]["val_roc_auc"], rel=1e-6)
+    # every row predicted by the new champion, as its own checkpoint predicts them
+    score = pads.dataset(tmp_path / "data" / "score.parquet").to_table()
+    out = pads.dataset(summary["predictions_path"]).to_table()
+    assert out["customer_id"].to_pylist() == score["customer_id"].to_pylist()
+    direct = predict_table(load_servable(summary["best_checkpoint"]["path"]), score, "customer_id")
+    np.testing.assert_allclose(out["proba_1"].to_numpy(), direct["proba_1"].to_numpy(), rtol=1e-6)
+    # registered as a pyfunc model like every family: MLflow serves the same predictions
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(summary["mlflow_run_id"])
+    assert run.data.tags["trainflow.model_family"] == winner and run.data.params["model.type"] == winner
+    assert len(client.get_metric_history(run.info.run_id, "val_loss")) == summary["epochs_run"]
+    with tracking(uri):
+        pyfunc = mlflow.pyfunc.load_model("models:/churn-test@champion")
+    got = pyfunc.predict(score.slice(0, 40).drop_columns(["customer_id"]).to_pandas())
+    np.testing.assert_allclose(got["proba_1"].to_numpy(), direct["proba_1"].to_numpy()[:40], rtol=1e-6)
