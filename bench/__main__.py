@@ -2,11 +2,12 @@
 
 import sys
 
-from bench import demo_e2e, inference_throughput, model_quality, preprocess_throughput, training_parity, tune_parallelism
+from bench import demo_e2e, gbdt_parity, inference_throughput, model_quality, preprocess_throughput, training_parity, tune_parallelism
 
 BENCHES = {
     "model-quality": model_quality.main,
     "training-parity": training_parity.main,
+    "gbdt-parity": gbdt_parity.main,
     "preprocess-throughput": preprocess_throughput.main,
     "inference-throughput": inference_throughput.main,
     "tune-parallelism": tune_parallelism.main,

@@ -2,8 +2,8 @@
 
 Each table is split once (seeded; stratified for classification): 75% of rows are trainflow's
 training table, 25% are held out as its scoring table (without the label). trainflow runs
-`trainflow retrain` with only data/task/storage/mlflow/inference set, every `train`/`model` key at
-its default, and predicts the held-out rows; HistGradientBoosting at its defaults is fitted on the
+`trainflow retrain` with only data/task/storage/mlflow/inference (and model.type per family) set, every
+other `train`/`model` key at its default, and predicts the held-out rows, once per model family; HistGradientBoosting at its defaults is fitted on the
 same 75% (text columns as its native categoricals, or as ordinal codes past its 255-value limit)
 and predicts the same rows. Printed per table:
 accuracy (higher is better) or RMSE (lower is better) and the ratio trainflow / baseline.
@@ -68,6 +68,7 @@ def _flights() -> tuple[pd.DataFrame, str, str]:
     return frame[keep].reset_index(drop=True), "late", "classification"
 
 
+FAMILIES = ("mlp", "xgboost", "lightgbm")  # MODEL_QUALITY_FAMILIES=xgboost picks some
 TABLES: dict[str, Callable[[], tuple[pd.DataFrame, str, str]]] = {
     "iris": _sklearn("iris"),
     "wine": _sklearn("wine"),
@@ -112,7 +113,8 @@ def score(task: str, truth: np.ndarray, pred: np.ndarray) -> float:
     return float(math.sqrt(np.mean((np.asarray(truth, float) - np.asarray(pred, float)) ** 2)))
 
 
-def run_trainflow(train: pd.DataFrame, test: pd.DataFrame, label: str, task: str, work: Path) -> tuple[np.ndarray, dict]:
+def run_trainflow(train: pd.DataFrame, test: pd.DataFrame, label: str, task: str, work: Path,
+                  family: str = "mlp") -> tuple[np.ndarray, dict]:
     from trainflow.cli import main as cli_main
 
     pq.write_table(pa.Table.from_pandas(train, preserve_index=False), work / "train.parquet")
@@ -124,6 +126,8 @@ def run_trainflow(train: pd.DataFrame, test: pd.DataFrame, label: str, task: str
         "mlflow": {"experiment": "model-quality", "registered_model": f"quality-{work.name}"},
         "inference": {"input": "score.parquet", "output": "predictions"},
     }
+    if family != "mlp":
+        config["model"] = {"type": family}  # the family's own defaults, nothing tuned
     (work / "config.yaml").write_text(yaml.safe_dump(config))
     rc = cli_main(["retrain", "--config", str(work / "config.yaml"), "--summary-json", str(work / "summary.json")])
     if rc != 0:
@@ -134,6 +138,7 @@ def run_trainflow(train: pd.DataFrame, test: pd.DataFrame, label: str, task: str
 
 def main() -> None:
     names = [n for n in os.environ.get("MODEL_QUALITY_TABLES", ",".join(TABLES)).split(",") if n]
+    families = [f for f in os.environ.get("MODEL_QUALITY_FAMILIES", ",".join(FAMILIES)).split(",") if f]
     with tempfile.TemporaryDirectory(prefix="trainflow-quality-") as tmp:
         for name in names:
             try:
@@ -142,16 +147,21 @@ def main() -> None:
                 print(f"model-quality-{name}: skipped ({exc.name} is not installed: pip install -e '.[bench]')", flush=True)
                 continue
             train, test = holdout(frame, label, task)
-            work = Path(tmp) / name
-            work.mkdir()
-            ours, summary = run_trainflow(train, test, label, task, work)
             base = baseline(train, test, label, task)
-            a, b = score(task, test[label], ours), score(task, test[label], base)
+            b = score(task, test[label], base)
             unit = "accuracy" if task == "classification" else "RMSE"
-            budget = summary.get("training_budget", {})
-            report(f"model-quality-{name}", a, b, unit, a / b if b else float("nan"),
-                   f"{len(frame)} rows, {unit} on {len(test)} held-out rows; {summary['epochs_run']} epochs of "
-                   f"batch {budget.get('batch_size')} (max {budget.get('epochs')})")
+            for family in families:
+                work = Path(tmp) / f"{name}-{family}"
+                work.mkdir()
+                ours, summary = run_trainflow(train, test, label, task, work, family)
+                a = score(task, test[label], ours)
+                budget = summary.get("training_budget", {})
+                if "num_boost_round" in budget:
+                    ran = f"{summary['epochs_run']} boosting rounds (max {budget['num_boost_round']})"
+                else:
+                    ran = f"{summary['epochs_run']} epochs of batch {budget.get('batch_size')} (max {budget.get('epochs')})"
+                report(f"model-quality-{name}-{family}", a, b, unit, a / b if b else float("nan"),
+                       f"{len(frame)} rows, {unit} on {len(test)} held-out rows; {ran}")
 
 
 if __name__ == "__main__":

@@ -204,39 +204,58 @@ class RoundReporter:
         heartbeat(f"the report of round {rnd}")
 
 
-def _resume_state(loop_config: dict[str, Any], budget: BoostBudget, mode: str, min_delta: float,
-                  load_model: Callable[[Path], Any]):
-    """(model or None, first round, history, early stopping) from ray.train.get_checkpoint()."""
-    stopper = EarlyStopping(mode, budget.early_stopping_rounds, min_delta)
+@dataclass
+class BoostRun:
+    """What a booster worker starts from: its data, budget, and the latest checkpoint's model and state."""
+
+    loop_config: dict[str, Any]
+    prep: TabularPreprocessor
+    x: np.ndarray
+    y: np.ndarray
+    x_val: np.ndarray
+    y_val: np.ndarray
+    budget: BoostBudget
+    model: Any  # the checkpoint's booster to continue from, or None
+    start: int  # the first round to boost
+    history: list[dict[str, float]]
+    stopper: EarlyStopping
+
+    def reporter(self, family: str, save: Callable[[Any, int, Path], None],
+                 predict: Callable[[Any, int], np.ndarray]) -> RoundReporter:
+        return RoundReporter(self.loop_config, family, self.prep, self.budget, self.start, self.history, self.stopper,
+                             self.y_val, save, predict)
+
+
+def _prepare(loop_config: dict[str, Any], load_model: Callable[[Path], Any]) -> BoostRun | None:
+    """Read this worker's data and resume from ray.train.get_checkpoint(); None when nothing is left to boost."""
+    cfg = loop_config["config"]
+    ctx = ray.train.get_context()
+    budget = boost_budget(cfg["model"])
+    stopper = EarlyStopping("min", budget.early_stopping_rounds, cfg["train"]["early_stopping"]["min_delta"])
+    model, start, history = None, 0, []
     checkpoint = ray.train.get_checkpoint()
-    if checkpoint is None:
-        return None, 0, [], stopper
-    with checkpoint.as_directory() as d:
-        model = load_model(Path(d))
-        state = json.loads((Path(d) / STATE_JSON).read_text())
-        stopper.load(state["early_stopping"])
-        history = read_metrics(d)["history"]
-    start = int(state["epoch"]) + 1
-    if ray.train.get_context().get_world_rank() == 0 and loop_config.get("run_dir"):
-        append_event(loop_config["run_dir"], {"event": "resume", "epoch": start})
-    return model, start, history, stopper
-
-
-def _start_event(loop_config: dict[str, Any], start: int) -> None:
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            model = load_model(Path(d))
+            state = json.loads((Path(d) / STATE_JSON).read_text())
+            stopper.load(state["early_stopping"])
+            history = read_metrics(d)["history"]
+        start = int(state["epoch"]) + 1
+        if ctx.get_world_rank() == 0 and loop_config.get("run_dir"):
+            append_event(loop_config["run_dir"], {"event": "resume", "epoch": start})
     if loop_config.get("run_dir"):
         append_event(loop_config["run_dir"], {
-            "event": "worker_start", "rank": ray.train.get_context().get_world_rank(),
-            "node_id": ray.get_runtime_context().get_node_id(), "from_epoch": start,
+            "event": "worker_start", "rank": ctx.get_world_rank(), "node_id": ray.get_runtime_context().get_node_id(),
+            "from_epoch": start,
         })
-
-
-def _data(loop_config: dict[str, Any]):
+    if stopper.should_stop or start >= budget.num_boost_round:
+        return None
     prep = TabularPreprocessor.from_dict(loop_config["preprocessor"])
     x, y = shard_arrays(ray.train.get_dataset_shard("train"))
     x_val, y_val = shard_arrays(ray.train.get_dataset_shard("val"))
-    if x_val.shape[1:] != x.shape[1:] and len(x_val):
-        raise ValueError(f"validation width {x_val.shape[1:]} differs from training width {x.shape[1:]}")
-    return prep, x, y, x_val, y_val
+    if start == 0 and ctx.get_world_rank() == 0:
+        print(f"trainflow budget: {budget.to_dict()} over {prep.train_rows} training rows")
+    return BoostRun(loop_config, prep, x, y, x_val, y_val, budget, model, start, history, stopper)
 
 
 def categorical_positions(prep: TabularPreprocessor) -> list[int]:
@@ -268,15 +287,12 @@ def xgboost_train_fn(loop_config: dict[str, Any]) -> None:
     """XGBoostTrainer's per-worker loop: resume from the latest checkpoint's round, boost, report."""
     import xgboost as xgb
 
-    cfg = loop_config["config"]
-    prep, x, y, x_val, y_val = _data(loop_config)
-    budget = boost_budget(cfg["model"])
-    booster, start, history, stopper = _resume_state(loop_config, budget, "min", cfg["train"]["early_stopping"]["min_delta"], _xgb_load)
-    _start_event(loop_config, start)
-    if stopper.should_stop or start >= budget.num_boost_round:
+    run = _prepare(loop_config, _xgb_load)
+    if run is None:
         return
-    params = library_params("xgboost", prep, cfg)
-    dtrain, dval = xgb_matrix(prep, x, y), xgb_matrix(prep, x_val, y_val)
+    prep = run.prep
+    params = library_params("xgboost", prep, loop_config["config"])
+    dtrain, dval = xgb_matrix(prep, run.x, run.y), xgb_matrix(prep, run.x_val, run.y_val)
     metric = params["eval_metric"]
 
     def save(model, rnd: int, d: Path) -> None:
@@ -287,7 +303,7 @@ def xgboost_train_fn(loop_config: dict[str, Any]) -> None:
         # never join, which kills the worker group
         return outputs_from(prep.task, prep.num_outputs, model.predict(dval, iteration_range=(0, rnd + 1)))
 
-    reporter = RoundReporter(loop_config, "xgboost", prep, budget, start, history, stopper, y_val, save, predict)
+    reporter = run.reporter("xgboost", save, predict)
 
     class Report(xgb.callback.TrainingCallback):
         def after_iteration(self, model, epoch: int, evals_log) -> bool:
@@ -296,10 +312,8 @@ def xgboost_train_fn(loop_config: dict[str, Any]) -> None:
             # the callback's epoch counts from 0 again on a continued model; the booster's count is global
             return reporter.after_round(model, model.num_boosted_rounds() - 1, train_loss, val_loss)
 
-    if start == 0 and ray.train.get_context().get_world_rank() == 0:
-        print(f"trainflow budget: {budget.to_dict()} over {prep.train_rows} training rows")
-    xgb.train(params, dtrain, num_boost_round=budget.num_boost_round - start, evals=[(dtrain, "train"), (dval, "val")],
-              xgb_model=booster, callbacks=[Report()], verbose_eval=False)
+    xgb.train(params, dtrain, num_boost_round=run.budget.num_boost_round - run.start,
+              evals=[(dtrain, "train"), (dval, "val")], xgb_model=run.model, callbacks=[Report()], verbose_eval=False)
 
 
 class XGBoostPredictor:
@@ -327,29 +341,26 @@ def lightgbm_train_fn(loop_config: dict[str, Any]) -> None:
     """LightGBMTrainer's per-worker loop: resume from the latest checkpoint's round, boost, report."""
     import lightgbm as lgb
 
-    cfg = loop_config["config"]
-    prep, x, y, x_val, y_val = _data(loop_config)
-    budget = boost_budget(cfg["model"])
-    booster, start, history, stopper = _resume_state(loop_config, budget, "min", cfg["train"]["early_stopping"]["min_delta"], _lgb_load)
-    _start_event(loop_config, start)
-    if stopper.should_stop or start >= budget.num_boost_round:
+    run = _prepare(loop_config, _lgb_load)
+    if run is None:
         return
-    params = library_params("lightgbm", prep, cfg)
+    prep = run.prep
+    params = library_params("lightgbm", prep, loop_config["config"])
     if ray.train.get_context().get_world_size() > 1:
         from ray.train.lightgbm import get_network_params
 
         params.update({"tree_learner": "data_parallel", "pre_partition": True, **get_network_params()})
     cats = categorical_positions(prep) or "auto"
-    train_set = lgb.Dataset(x, label=y, categorical_feature=cats, free_raw_data=False)
-    val_set = lgb.Dataset(x_val, label=y_val, categorical_feature=cats, reference=train_set, free_raw_data=False)
+    train_set = lgb.Dataset(run.x, label=run.y, categorical_feature=cats, free_raw_data=False)
+    val_set = lgb.Dataset(run.x_val, label=run.y_val, categorical_feature=cats, reference=train_set, free_raw_data=False)
 
     def save(model, rnd: int, d: Path) -> None:
         model.save_model(str(d / LGB_MODEL), num_iteration=rnd + 1)
 
     def predict(model, rnd: int) -> np.ndarray:
-        return outputs_from(prep.task, prep.num_outputs, model.predict(x_val, num_iteration=rnd + 1))
+        return outputs_from(prep.task, prep.num_outputs, model.predict(run.x_val, num_iteration=rnd + 1))
 
-    reporter = RoundReporter(loop_config, "lightgbm", prep, budget, start, history, stopper, y_val, save, predict)
+    reporter = run.reporter("lightgbm", save, predict)
 
     def report(env) -> None:
         losses = {name: value for name, _, value, _ in env.evaluation_result_list}
@@ -358,10 +369,8 @@ def lightgbm_train_fn(loop_config: dict[str, Any]) -> None:
 
     report.order = 30  # after LightGBM's own callbacks
 
-    if start == 0 and ray.train.get_context().get_world_rank() == 0:
-        print(f"trainflow budget: {budget.to_dict()} over {prep.train_rows} training rows")
-    lgb.train(params, train_set, num_boost_round=budget.num_boost_round - start, valid_sets=[train_set, val_set],
-              valid_names=["train", "val"], init_model=booster, callbacks=[report])
+    lgb.train(params, train_set, num_boost_round=run.budget.num_boost_round - run.start, valid_sets=[train_set, val_set],
+              valid_names=["train", "val"], init_model=run.model, callbacks=[report])
 
 
 class LightGBMPredictor:

@@ -22,7 +22,6 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from torch import nn
 
 from preprocessors.tabular import TabularPreprocessor
 from trainer.model import model_for
