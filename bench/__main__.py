@@ -2,7 +2,7 @@
 
 import sys
 
-from bench import demo_e2e, gbdt_parity, inference_throughput, model_quality, preprocess_throughput, training_parity, tune_parallelism
+from bench import beyond_memory, demo_e2e, gbdt_parity, inference_throughput, model_quality, preprocess_throughput, training_parity, tune_parallelism
 
 BENCHES = {
     "model-quality": model_quality.main,
@@ -12,6 +12,7 @@ BENCHES = {
     "inference-throughput": inference_throughput.main,
     "tune-parallelism": tune_parallelism.main,
     "demo-e2e": demo_e2e.main,
+    "beyond-memory": beyond_memory.main,  # also prints scale-linearity
 }
 
 

@@ -13,7 +13,10 @@ from preprocessors.tabular import SchemaDriftError, TabularPreprocessor
 from tasks.common import retry_unless_user_error
 from trainer.predict import predict_dataset
 from trainflow.config import Config, infer_format
-from trainflow.data import arrow_schema, check_unseen, check_writable, count_unseen, read_table, write_parquet_atomic
+from trainflow.data import (
+    arrow_schema, check_unseen, check_writable, count_unseen, in_memory_bytes, read_table, should_materialize,
+    write_parquet_atomic,
+)
 from trainflow.errors import CheckpointError, DataError
 from trainflow.runtime import ensure_ray
 from trainer.resources import check_fits
@@ -61,7 +64,8 @@ def infer(checkpoint_path: str, config: Config) -> Predictions:
     if inf.use_gpu:
         check_fits({"num_workers": inf.num_actors, "resources_per_worker": {"GPU": 1}, "use_gpu": True}, "inference")
     prep = TabularPreprocessor.load(checkpoint_path)
-    ds, _, _ = read_table(input_path, infer_format(input_path))
+    fmt = infer_format(input_path)
+    ds, files, fs = read_table(input_path, fmt)
     schema = arrow_schema(ds, input_path)
     try:
         prep.check_schema(schema, input_path)
@@ -72,7 +76,10 @@ def infer(checkpoint_path: str, config: Config) -> Predictions:
     # one output row per input row, in input order (set on this dataset's own context, inherited by its
     # derived datasets, so no other dataset of the process is affected)
     ds.context.execution_options.preserve_order = True
-    ds = ds.materialize()
+    materialize, why = should_materialize(config.data.materialize, in_memory_bytes(fs, files, fmt))
+    log.info("scoring table %s: %s", "materialized" if materialize else "streamed", why)
+    if materialize:
+        ds = ds.materialize()  # read once for the count, the unseen-value pass and the predictions
     input_rows = ds.count()
     if input_rows == 0:
         raise DataError(f"{input_path}: the table has no rows")

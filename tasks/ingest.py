@@ -10,7 +10,10 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.common import retry_unless_user_error
 from trainflow.config import Config, infer_format
-from trainflow.data import TableSpec, arrow_schema, check_text_columns, check_writable, count_rows_and_bad_labels, fingerprint, read_table, table_spec
+from trainflow.data import (
+    TableSpec, arrow_schema, check_text_columns, check_writable, count_rows_and_bad_labels, fingerprint, in_memory_bytes,
+    read_table, should_materialize, table_spec,
+)
 from trainflow.errors import DataError
 from trainer.resources import check_fits
 from trainflow.runtime import ensure_ray
@@ -20,6 +23,8 @@ from trainflow.runtime import ensure_ray
 class Ingested:
     dataset: ray.data.Dataset
     spec: TableSpec
+    materialized: bool = True  # kept in the object store; else streamed from the files each time it is read
+    table_bytes: int = 0  # in-memory size, from the files' metadata
 
 
 def preflight_inference(config: Config, features: list[str]) -> None:
@@ -45,7 +50,11 @@ def ingest(config: Config) -> Ingested:
     spec = table_spec(schema, data, config.task, data.path, files=files)
     if config.inference.input:
         preflight_inference(config, spec.feature_order)
-    ds = ds.materialize()  # read once; the checks below and the split reuse it
+    table_bytes = in_memory_bytes(fs, files, data.format)
+    materialize, why = should_materialize(data.materialize, table_bytes)
+    if materialize:
+        ds = ds.materialize()  # read once; the checks below and the split reuse it
+    get_run_logger().info("table %s: %s", "materialized" if materialize else "streamed", why)
     check_text_columns(ds, spec, config.preprocess.parse_dates, data.path)
     rows, bad = count_rows_and_bad_labels(ds, data.label)
     if rows == 0:
@@ -60,4 +69,4 @@ def ingest(config: Config) -> Ingested:
         "read %d rows from %d file(s): %d numeric, %d text, %d date feature(s); fingerprint %s",
         rows, len(files), len(spec.numeric), len(spec.categorical), len(spec.dates), spec.fingerprint,
     )
-    return Ingested(ds, spec)
+    return Ingested(ds, spec, materialize, table_bytes)

@@ -18,7 +18,7 @@ from trainflow.config import Config
 from trainflow.errors import ConfigError
 from trainer.families import family_for
 from trainer.loop import class_weights
-from trainflow.data import fit_preprocessor, fits_in_object_store, pack
+from trainflow.data import fit_preprocessor, pack
 from trainflow.memory import check_booster_matrix, check_packed_size, is_out_of_memory, out_of_memory_error
 
 
@@ -54,9 +54,9 @@ def preprocess(ingested: Ingested, parts: Split, config: Config) -> Prepared:
             estimate = check_booster_matrix(prep, parts.train_rows, parts.val_rows, max(1, workers), memory,
                                             ingested.spec.path)
     rows = parts.train_rows + parts.val_rows
-    materialize = fits_in_object_store(rows, prep.num_features)
+    materialize = parts.materialized
     try:
-        train, val = pack(parts.train, parts.val, prep, materialize)
+        train, val = pack(parts.train, parts.val, prep, materialize, seed=config.split.seed)
     except Exception as exc:
         if is_out_of_memory(exc):
             raise out_of_memory_error("preprocessing", config.scaling.num_workers) from None
@@ -66,7 +66,7 @@ def preprocess(ingested: Ingested, parts: Split, config: Config) -> Prepared:
         len(prep.feature_order), prep.num_features, len(prep.categorical), len(prep.embedded),
         {c: f"{len(s['categories'])} values, dim {s['dim']}" for c, s in prep.embedded.items()}, len(prep.dates),
         f", classes {prep.classes}" if prep.classes is not None else "",
-        "materialized in the object store" if materialize else "streamed (larger than the object store budget)",
+        "materialized in the object store" if materialize else "streamed from the files each epoch",
     )
     get_run_logger().info(
         "packed size: %d bytes per row, %.1f MiB for %d rows", estimate["bytes_per_row"], estimate["table_bytes"] / 2**20, rows

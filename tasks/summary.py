@@ -34,6 +34,7 @@ def summarize(
         "data_path": ingested.spec.path,
         "data_fingerprint": ingested.spec.fingerprint,
         "training_rows": ingested.spec.rows,
+        "data_materialized": parts.materialized,
         "train_rows": parts.train_rows,
         "validation_rows": parts.val_rows,
         "ray_run_path": outcome.run_path,

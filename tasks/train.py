@@ -14,10 +14,9 @@ from trainer.checkpoint import read_metrics
 from trainer.loop import STOP_REASON
 from trainer.recovery import read_events, recoveries, started_from
 from trainer.resources import check_fits
-from trainer.runner import build_trainer, latest_epoch, run_dir
+from trainer.runner import build_trainer, fit_run, latest_epoch, run_dir
 from trainflow.config import Config
 from trainflow.errors import TrainingError
-from trainflow.memory import is_out_of_memory, out_of_memory_error
 from trainflow.runtime import ensure_ray
 from trainflow.storage import with_scheme
 
@@ -44,7 +43,8 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
     family = family or config.model.families[0]
     resolved = {**config.to_dict(), "model": config.model.for_family(family)}
     trainer = build_trainer(
-        resolved, prepared.preprocessor, prepared.train, prepared.val, run_name, cache_shards=prepared.materialized
+        resolved, prepared.preprocessor, prepared.train, prepared.val, run_name, cache_shards=prepared.materialized,
+        streamed=not prepared.materialized,
     )
     budget = prepared.budgets[family]
     log.info(
@@ -56,12 +56,7 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
     existed = latest_epoch(path) is not None
     if existed:
         log.info("run %s exists in %s: resuming from its latest checkpoint", run_name, config.storage_path)
-    try:
-        result = trainer.fit()
-    except Exception as exc:
-        if is_out_of_memory(exc):  # Ray's memory monitor killed a worker: a retry would only be killed again
-            raise out_of_memory_error("training", config.scaling.num_workers) from None
-        raise
+    result = fit_run(trainer, path, config.scaling.num_workers, config.data.materialize)
     if result.metrics and result.metrics.get(STOP_REASON):
         raise TrainingError(f"training stopped: {result.metrics[STOP_REASON]}; lower train.learning_rate or check the data")
     checkpoints = []

@@ -115,17 +115,34 @@ class CachedShard:
                 yield self.x[idx], self.y[idx]
 
 
-def _batches(source, batch_size: int, device, generator: torch.Generator | None = None):
+def shuffled_minibatches(shard, batch_size: int, device, seed: int):
+    """Mini-batches of a streamed shard through Ray Data's local shuffle buffer (the blocks already come in a
+    seeded random order): the shuffle Ray recommends for data that does not fit in memory."""
+    for batch in shard.iter_torch_batches(
+        batch_size=batch_size, device=device, prefetch_batches=1,
+        local_shuffle_buffer_size=max(SHUFFLE_BUFFER_ROWS, 16 * batch_size), local_shuffle_seed=seed,
+    ):
+        heartbeat()
+        yield batch[FEATURES], batch[LABEL]
+
+
+SHUFFLE_BUFFER_ROWS = 16_384
+
+
+def _batches(source, batch_size: int, device, generator: torch.Generator | None = None, streamed: bool = False):
     if isinstance(source, CachedShard):
         return source.minibatches(batch_size, generator)
+    if streamed and generator is not None:
+        return shuffled_minibatches(source, batch_size, device, generator.initial_seed() % 2**31)
     return iter_minibatches(source, batch_size, device)
 
 
-def train_epoch(model, shard, optimizer, loss_fn, batch_size: int, device, scheduler=None, generator=None) -> float:
+def train_epoch(model, shard, optimizer, loss_fn, batch_size: int, device, scheduler=None, generator=None,
+                streamed: bool = False) -> float:
     """One pass over this worker's shard; returns the mean loss over every rank's rows."""
     model.train()
     losses, sizes = [], []
-    for xb, yb in _batches(shard, batch_size, device, generator):
+    for xb, yb in _batches(shard, batch_size, device, generator, streamed):
         optimizer.zero_grad(set_to_none=True)
         out = model(xb)
         loss = loss_fn(out.squeeze(-1) if yb.dtype.is_floating_point else out, yb)
@@ -294,9 +311,10 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
         t0 = time.perf_counter()
         if cache and not isinstance(train_shard, CachedShard):
             train_shard, val_shard = CachedShard(train_shard, device), CachedShard(val_shard, device)
+        streamed = loop_config.get("streamed", False)
         train_loss = train_epoch(
             model, train_shard, optimizer, loss_fn, batch_size, device, scheduler,
-            generator if isinstance(train_shard, CachedShard) else None,
+            generator if isinstance(train_shard, CachedShard) or streamed else None, streamed,
         )
         epoch_time = time.perf_counter() - t0
         metrics = {"epoch": epoch, "train_loss": train_loss, "epoch_time_s": epoch_time,

@@ -11,8 +11,10 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from preprocessors.tabular import TabularPreprocessor
 from trainer.checkpoint import METRICS_FILE
 from trainer.families import family_for
-from trainer.recovery import RecoveryLog
+from trainer.recovery import RecoveryLog, read_events
 from trainer.watchdog import Watched
+from trainflow.errors import TrainingError
+from trainflow.memory import is_out_of_memory, out_of_memory_error
 from trainflow.storage import join, list_dir, read_text
 
 
@@ -70,12 +72,14 @@ def build_trainer(
     train_fn=None,
     callbacks: list | None = None,
     cache_shards: bool = False,
+    streamed: bool = False,
 ):
     """The model family's trainer (TorchTrainer, XGBoostTrainer, LightGBMTrainer); its run resumes when
     built again with the same storage_path and run_name.
 
     config["model"]["type"] is one family; train_fn replaces the family's per-worker loop (fault tests);
-    cache_shards: torch workers keep their shard in memory after the first epoch (materialized data).
+    cache_shards: torch workers keep their shard in memory after the first epoch (materialized data);
+    streamed: the data is re-read from its files each epoch and mixed by a local shuffle buffer.
     """
     ckpt = config["checkpoint"]
     family = family_for(config["model"])
@@ -84,7 +88,7 @@ def build_trainer(
         config["scaling"],
         train_loop_config={
             "config": config, "preprocessor": preprocessor.to_dict(), "run_dir": run_dir(config, run_name),
-            "cache_shards": cache_shards,
+            "cache_shards": cache_shards, "streamed": streamed,
         },
         scaling_config=scaling_config(config["scaling"]),
         datasets={"train": train_ds, "val": val_ds},
@@ -103,3 +107,29 @@ def build_trainer(
             worker_runtime_env={"env_vars": dict(config["scaling"].get("env_vars") or {})},
         ),
     )
+
+
+def stalled_error(last: str, count: int, num_workers: int, materialize: str) -> TrainingError:
+    """A run whose workers stopped making progress: what ran out and what to change."""
+    return TrainingError(
+        f"training made no progress and was stopped after {count} stalled attempt(s); the last: {last}. A full "
+        "object store or a starved Ray Data pipeline stalls workers without an error. Stream the table from its "
+        f"files (data.materialize: never; now {materialize}), use fewer workers (scaling.num_workers: {num_workers}), "
+        "or give Ray a larger object store (ray start --object-store-memory) or more memory; "
+        "failure.hang_timeout_s sets how long a worker may go without progress"
+    )
+
+
+def fit_run(trainer, run_path: str, num_workers: int, materialize: str = "auto"):
+    """trainer.fit(), with the failures a retry cannot fix turned into TrainingErrors that say what to change:
+    a worker killed for memory, and a run whose every attempt stalled (the hang watchdog's events)."""
+    seen = len(read_events(run_path))
+    try:
+        return trainer.fit()
+    except Exception as exc:
+        if is_out_of_memory(exc):  # Ray's memory monitor killed a worker: a retry would only be killed again
+            raise out_of_memory_error("training", num_workers) from None
+        hangs = [e for e in read_events(run_path)[seen:] if e.get("event") == "hang"]
+        if hangs:  # every attempt Ray Train made stalled: a retry would stall the same way
+            raise stalled_error(hangs[-1]["error"], len(hangs), num_workers, materialize) from None
+        raise

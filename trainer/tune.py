@@ -50,7 +50,7 @@ def train_driver_fn(
     name = trial_run_name(sweep, ray.tune.get_context().get_trial_id())
     trainer = build_trainer(
         cfg, TabularPreprocessor.from_dict(preprocessor), train_ds, val_ds, name, callbacks=[TuneReportCallback()],
-        cache_shards=cache_shards,
+        cache_shards=cache_shards, streamed=not cache_shards,
     )
     trainer.fit()
 

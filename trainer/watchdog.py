@@ -25,15 +25,33 @@ def heartbeat(where: str | None = None) -> None:
         _current.beat(where)
 
 
+AUTO_FIRST_S = 120.0  # auto: before the first progress mark (start-up, the first block of a large table)
+AUTO_MIN_S = 60.0  # auto: never shorter than this
+AUTO_FACTOR = 20.0  # auto: this many times the longest gap between progress marks seen so far
+
+
 class Watchdog:
-    def __init__(self, timeout_s: float, run_dir: str | None, rank: int):
-        self.timeout_s, self.run_dir, self.rank = timeout_s, run_dir, rank
+    """timeout_s: seconds, or "auto" (measured: AUTO_FACTOR x the longest gap between progress marks so far,
+    at least AUTO_MIN_S; AUTO_FIRST_S until the first mark)."""
+
+    def __init__(self, timeout_s: float | str, run_dir: str | None, rank: int):
+        self.auto = timeout_s == "auto"
+        self.timeout_s = AUTO_FIRST_S if self.auto else float(timeout_s)
+        self.run_dir, self.rank = run_dir, rank
         self.last, self.where = time.monotonic(), "start"
+        self.longest_gap: float | None = None
+        self.started = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="trainflow-watchdog", daemon=True)
 
     def beat(self, where: str | None = None) -> None:
-        self.last = time.monotonic()
+        now = time.monotonic()
+        if self.auto and self.started:  # the wait for the first mark is start-up, not a step
+            gap = now - self.last
+            self.longest_gap = gap if self.longest_gap is None else max(self.longest_gap, gap)
+            self.timeout_s = max(AUTO_MIN_S, AUTO_FACTOR * self.longest_gap)
+        self.started = True
+        self.last = now
         if where is not None:
             self.where = where
 
@@ -42,10 +60,12 @@ class Watchdog:
             idle = time.monotonic() - self.last
             if idle > self.timeout_s:
                 if self.run_dir:
+                    measured = (f"; auto: {AUTO_FACTOR:g} x the longest gap so far, "
+                                f"{self.longest_gap or 0:.1f} s, at least {AUTO_MIN_S:g} s") if self.auto else ""
                     append_event(self.run_dir, {
                         "event": "hang", "rank": self.rank,
-                        "error": f"worker {self.rank}: no progress for {idle:.0f} s (hang_timeout_s={self.timeout_s:g}) "
-                                 f"after {self.where}; killed so that Ray Train restarts the worker group",
+                        "error": f"worker {self.rank}: no progress for {idle:.0f} s (hang_timeout_s={self.timeout_s:g}"
+                                 f"{measured}) after {self.where}; killed so that Ray Train restarts the worker group",
                     })
                 os.kill(os.getpid(), signal.SIGKILL)
 
@@ -64,7 +84,7 @@ class Watchdog:
 class Watched:
     """A train function run under a Watchdog (picklable, so Ray can ship it to the workers)."""
 
-    def __init__(self, train_fn: Callable[[dict[str, Any]], Any], timeout_s: float | None):
+    def __init__(self, train_fn: Callable[[dict[str, Any]], Any], timeout_s: float | str | None):
         self.train_fn, self.timeout_s = train_fn, timeout_s
 
     def __call__(self, loop_config: dict[str, Any]) -> Any:

@@ -28,6 +28,9 @@ class DataSection(_Section):
     label: str
     features: list[str] | None = None
     id_column: str | None = None
+    # auto: keep the table in Ray's object store when its in-memory size (from the files' metadata) is
+    # under a quarter of the store, else stream it from the files every epoch; always / never force it
+    materialize: Literal["auto", "always", "never"] = "auto"
 
     @model_validator(mode="after")
     def _infer_format(self) -> DataSection:
@@ -329,10 +332,19 @@ class PromotionSection(_Section):
 
 class FailureSection(_Section):
     max_failures: int = Field(2, ge=-1)
-    # a worker with no progress (no mini-batch, no report) for this long is killed and the group restarted
-    hang_timeout_s: float | None = Field(600.0, gt=0)
+    # a worker with no progress (no mini-batch, no report) for this long is killed and the group restarted;
+    # auto: 20x the longest gap between progress marks measured so far in this attempt, at least 60 s
+    # (120 s until the first mark: start-up and the first block)
+    hang_timeout_s: float | Literal["auto"] | None = "auto"
     task_retries: int = Field(2, ge=0)
     retry_delay_s: float = Field(5.0, ge=0)
+
+    @field_validator("hang_timeout_s")
+    @classmethod
+    def _positive_timeout(cls, v: float | str | None) -> float | str | None:
+        if isinstance(v, (int, float)) and v <= 0:
+            raise ValueError("must be a positive number of seconds, 'auto', or null to disable the watchdog")
+        return v
 
 
 class MlflowSection(_Section):

@@ -15,7 +15,6 @@ import pyarrow.parquet as pq
 import ray
 import ray.data
 from ray.data.aggregate import Count, Mean, Std, ValueCounter
-from ray.data.expressions import random
 
 from preprocessors.dates import date_parts, is_temporal_type, looks_like_dates, parts_for
 from preprocessors.tabular import TabularPreprocessor, is_numeric_type, is_string_type
@@ -63,6 +62,37 @@ def read_table(path: str, fmt: str) -> tuple[ray.data.Dataset, list[str], pafs.F
     except Exception as exc:  # noqa: BLE001 - Ray wraps pyarrow's errors in many types
         raise DataError(f"cannot read {path} as {fmt}: {str(exc).splitlines()[0]}") from None
     return ds, [with_scheme(path, f) for f in files], fs
+
+
+def in_memory_bytes(fs: pafs.FileSystem, files: list[str], fmt: str) -> int:
+    """The table's size once decoded, from file metadata only: Parquet row groups' uncompressed sizes,
+    CSV files' sizes (text takes at least as much room as the values it encodes)."""
+    total = 0
+    for f in files:
+        inner = f.split("://", 1)[1] if is_uri(f) else f
+        if fmt == "parquet":
+            meta = pq.ParquetFile(fs.open_input_file(inner)).metadata
+            total += sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        else:
+            total += fs.get_file_info(inner).size or 0
+    return total
+
+
+def should_materialize(mode: str, table_bytes: int, fraction: float = 0.25) -> tuple[bool, str]:
+    """(materialize?, why) for data.materialize and the table's in-memory size against Ray's object store.
+
+    The materialized path holds the table, then its split parts and their packed copies: about four
+    times the table, hence a quarter of the store.
+    """
+    store = ray.cluster_resources().get("object_store_memory", 0)
+    sizes = f"{table_bytes / 2**20:,.0f} MiB in memory, object store {store / 2**20:,.0f} MiB"
+    if mode == "always":
+        return True, f"data.materialize: always ({sizes})"
+    if mode == "never":
+        return False, f"data.materialize: never ({sizes})"
+    if table_bytes < fraction * store:
+        return True, f"{sizes}: under a quarter of the store"
+    return False, f"{sizes}: over a quarter of the store, streamed from the files each epoch"
 
 
 def arrow_schema(ds: ray.data.Dataset, source: str) -> pa.Schema:
@@ -207,46 +237,80 @@ def count_rows_and_bad_labels(ds: ray.data.Dataset, label: str) -> tuple[int, in
     return int(agg.get("sum(rows)") or 0), int(agg.get("sum(bad)") or 0)
 
 
-SPLIT_KEY = "__trainflow_split_key"
+def split_fraction_keys(batch: pa.Table, columns: list[str], seed: int) -> np.ndarray:
+    """A number in [0, 1) per row from a seeded hash of its values in columns: the same row gets the same
+    number in every run, on every worker and in either data path (materialized or streamed)."""
+    import pandas as pd
+
+    hash_key = hashlib.blake2b(str(seed).encode(), digest_size=8).hexdigest()  # pandas wants 16 characters
+    hashed = pd.util.hash_pandas_object(batch.select(columns).to_pandas(), index=False, hash_key=hash_key)
+    return (hashed.to_numpy(dtype=np.uint64) >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
-def _rows_of_split(batch: pa.Table, label: str | None, classes: pa.Array | None, thresholds: np.ndarray, val: bool) -> pa.Table:
-    # a row is in validation when its random key falls below its class's threshold
-    if classes is None:
-        limit = thresholds[0]
-    else:
-        limit = thresholds[pc.index_in(batch[label], value_set=classes).to_numpy(zero_copy_only=False)]
-    in_val = batch[SPLIT_KEY].to_numpy() < limit
-    return batch.filter(pa.array(in_val if val else ~in_val)).drop_columns([SPLIT_KEY])
+def _in_validation(batch: pa.Table, columns: list[str], seed: int, fraction: float, label: str | None,
+                   eligible: list | None) -> np.ndarray:
+    below = split_fraction_keys(batch, columns, seed) < fraction
+    if eligible is not None:  # a class too small to give a validation row keeps all its rows for training
+        below &= pc.is_in(batch[label], value_set=pa.array(eligible, type=batch.schema.field(label).type)).to_numpy(
+            zero_copy_only=False)
+    return below
 
 
-def split_table(ds: ray.data.Dataset, task: str, label: str, fraction: float, seed: int):
-    """Seeded train/validation split, stratified by label for classification: (train, val, train_rows, val_rows).
+def _split_counts(batch: pa.Table, columns: list[str], seed: int, fraction: float, label: str | None) -> pa.Table:
+    below = split_fraction_keys(batch, columns, seed) < fraction
+    if label is None:
+        return pa.table({"below": [int(below.sum())], "rows": [batch.num_rows]})
+    labels = batch[label].to_numpy(zero_copy_only=False)
+    values, inverse = np.unique(labels, return_inverse=True)
+    return pa.table({"value": pa.array(values.tolist(), type=batch.schema.field(label).type).cast(pa.string()),
+                     "below": np.bincount(inverse, weights=below, minlength=len(values)).astype(np.int64),
+                     "rows": np.bincount(inverse, minlength=len(values)).astype(np.int64)})
 
-    Every row draws a seeded random key; per class (one class for regression) the int(n * fraction)
-    rows with the smallest keys form the validation part, as Ray's stratified train_test_split counts
-    them. Only the keys and labels travel to the driver, and the only all-to-all step is the shuffle of
-    the training part (SGD needs mixed batches; validation order does not matter). Both parts are
-    materialized, so the split is computed once.
+
+def _part(batch: pa.Table, val: bool, **kwargs) -> pa.Table:
+    in_val = _in_validation(batch, **kwargs)
+    return batch.filter(pa.array(in_val if val else ~in_val))
+
+
+def split_table(ds: ray.data.Dataset, task: str, label: str, fraction: float, seed: int, key_columns: list[str],
+                materialize: bool):
+    """Seeded, reproducible train/validation split: (train, val, train_rows, val_rows).
+
+    A row goes to validation when a seeded hash of its key columns (the id column, else every column)
+    falls below `fraction`, so no materialized copy or driver-side key list is needed and the same rows
+    land on the same side whether the table is materialized or streamed from its files. One counting pass
+    gives the rows per class (stratification: every class with enough rows gets about `fraction` of them in
+    validation; a class with fewer than 1/fraction rows keeps them all for training) and the part sizes.
+    materialize: shuffle the training part once and keep both parts in the object store; otherwise both
+    stay lazy (re-read from the files each time they are iterated).
     """
-    keyed = ds.with_column(SPLIT_KEY, random(seed=seed, reseed_after_execution=False)).materialize()
-    cols = [label, SPLIT_KEY] if task == "classification" else [SPLIT_KEY]
-    pulled = pa.concat_tables(ray.get(keyed.select_columns(cols).to_arrow_refs()))
-    keys = pulled[SPLIT_KEY].to_numpy()
-    if task == "classification":
-        classes, codes = np.unique(pulled[label].to_numpy(zero_copy_only=False), return_inverse=True)
-        groups = [keys[codes == i] for i in range(len(classes))]
-        classes_arr = pa.array(classes.tolist(), type=pulled.schema.field(label).type)
+    by_label = label if task == "classification" else None
+    counts = ds.select_columns(list(dict.fromkeys([*key_columns, label]))).map_batches(
+        _split_counts, fn_kwargs={"columns": key_columns, "seed": seed, "fraction": fraction, "label": by_label},
+        batch_format="pyarrow", batch_size=None,
+    ).take_all()
+    eligible = None
+    if by_label is None:
+        rows, val_rows = sum(r["rows"] for r in counts), sum(r["below"] for r in counts)
     else:
-        groups, classes_arr = [keys], None
-    n_val = [int(len(k) * fraction) for k in groups]
-    thresholds = np.array([np.partition(k, n)[n] if n < len(k) else np.inf for k, n in zip(groups, n_val)])
-    val_rows = sum(n_val)
-    # each part filters the keyed table in its own map: cheaper than materializing a flagged copy of it
-    kwargs = {"label": label, "classes": classes_arr, "thresholds": thresholds}
-    train = keyed.map_batches(_rows_of_split, fn_kwargs={**kwargs, "val": False}, batch_format="pyarrow")
-    val = keyed.map_batches(_rows_of_split, fn_kwargs={**kwargs, "val": True}, batch_format="pyarrow")
-    return train.random_shuffle(seed=seed).materialize(), val.materialize(), len(keys) - val_rows, val_rows
+        per_class: dict[str, list[int]] = {}
+        for r in counts:
+            tot = per_class.setdefault(r["value"], [0, 0])
+            tot[0] += r["rows"]
+            tot[1] += r["below"]
+        rows = sum(t[0] for t in per_class.values())
+        eligible_text = [v for v, (n, _) in per_class.items() if n * fraction >= 1]
+        val_rows = sum(per_class[v][1] for v in eligible_text)
+        label_type = arrow_schema(ds, "split").field(label).type
+        eligible = pa.array(eligible_text, type=pa.string()).cast(label_type).to_pylist()
+    kwargs = {"columns": key_columns, "seed": seed, "fraction": fraction, "label": by_label, "eligible": eligible}
+    train = ds.map_batches(_part, fn_kwargs={**kwargs, "val": False}, batch_format="pyarrow")
+    val = ds.map_batches(_part, fn_kwargs={**kwargs, "val": True}, batch_format="pyarrow")
+    if materialize:
+        # SGD needs mixed batches; a table that fits is shuffled once. Streamed tables are mixed per epoch
+        # by block order and a local shuffle buffer instead (what Ray recommends for data that does not fit).
+        train, val = train.random_shuffle(seed=seed).materialize(), val.materialize()
+    return train, val, rows - val_rows, val_rows
 
 
 def _has_aggregate_kernels(t: pa.DataType) -> bool:
@@ -392,11 +456,14 @@ def apply_preprocessor(ds: ray.data.Dataset, prep: TabularPreprocessor) -> ray.d
 
 
 def pack(
-    train: ray.data.Dataset, val: ray.data.Dataset, prep: TabularPreprocessor, materialize: bool
+    train: ray.data.Dataset, val: ray.data.Dataset, prep: TabularPreprocessor, materialize: bool, seed: int = 0
 ) -> tuple[ray.data.Dataset, ray.data.Dataset]:
-    """Both splits as packed tensor columns: materialized in the object store, or lazy to be streamed."""
+    """Both splits as packed tensor columns: materialized in the object store, or lazy to be streamed (the
+    training part's blocks then come in a seeded random order; the workers add a local shuffle buffer)."""
     train, val = apply_preprocessor(train, prep), apply_preprocessor(val, prep)
-    return (train.materialize(), val.materialize()) if materialize else (train, val)
+    if materialize:
+        return train.materialize(), val.materialize()
+    return train.randomize_block_order(seed=seed), val
 
 
 def fit_and_pack(
@@ -405,12 +472,6 @@ def fit_and_pack(
     """Fit the preprocessor on train only, then pack and materialize both splits."""
     prep = fit_preprocessor(train, spec, task, options)
     return (prep, *pack(train, val, prep, materialize=True))
-
-
-def fits_in_object_store(rows: int, width: int, fraction: float = 0.3) -> bool:
-    """Whether a packed float32 table of rows x width fits comfortably in the object store."""
-    store = ray.available_resources().get("object_store_memory", 0)
-    return rows * (width * 4 + 8) < fraction * store
 
 
 def check_writable(output: str) -> None:

@@ -25,18 +25,20 @@ TRAIN_ENV_DEFAULTS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
 LOCAL_TRAIN_ENV_DEFAULTS = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
 
 
-def ensure_ray(address: str | None = None, runtime_env: dict | None = None, num_cpus: int | None = None) -> None:
-    """Join the cluster at address (ray.address / RAY_ADDRESS) if given, else start a local Ray.
+def ensure_ray(address: str | None = None, runtime_env: dict | None = None, num_cpus: int | None = None,
+               object_store_memory: int | None = None) -> None:
+    """Join the cluster at address (ray.address / RAY_ADDRESS) if given, else start a local Ray (of num_cpus
+    CPUs and an object store of object_store_memory bytes, when given: benchmarks and tests).
 
     A no-op when this process is already connected. On an existing cluster every node must be
     able to import trainflow (installed there, or shipped with runtime_env={"working_dir": ...}).
     """
     with _START_LOCK:
         if not ray.is_initialized():
-            _init(address, runtime_env, num_cpus)
+            _init(address, runtime_env, num_cpus, object_store_memory)
 
 
-def _init(address: str | None, runtime_env: dict | None, num_cpus: int | None) -> None:
+def _init(address: str | None, runtime_env: dict | None, num_cpus: int | None, object_store_memory: int | None = None) -> None:
     runtime_env = dict(runtime_env or {})
     defaults = dict(TRAIN_ENV_DEFAULTS)
     if address is None and not os.environ.get("RAY_ADDRESS"):
@@ -46,6 +48,7 @@ def _init(address: str | None, runtime_env: dict | None, num_cpus: int | None) -
         address=address,
         runtime_env=runtime_env,
         num_cpus=num_cpus,
+        object_store_memory=object_store_memory,
         # Ray Train's PlacementGroupCleaner frees a killed run's resources through the state API, which
         # the dashboard serves: without it a Tune trial stopped early leaks its workers' placement group.
         include_dashboard=True,
