@@ -54,6 +54,8 @@ def ingest(config: Config) -> Ingested:
     materialize, why = should_materialize(data.materialize, table_bytes)
     if materialize:
         ds = ds.materialize()  # read once; the checks below and the split reuse it
+    else:
+        ds, _, _ = read_table(data.path, data.format, streamed=True)
     get_run_logger().info("table %s: %s", "materialized" if materialize else "streamed", why)
     check_text_columns(ds, spec, config.preprocess.parse_dates, data.path)
     rows, bad = count_rows_and_bad_labels(ds, data.label)

@@ -83,3 +83,12 @@ def successive_faults(marker_dir: str):
         return None
 
     return train_fn
+
+
+def stall_after_first_block(batch: dict, marker: str) -> dict:
+    """A Ray Data map that passes its first block, then never returns: a pipeline that stops producing
+    blocks, as a streaming executor starved of object-store memory does."""
+    if Path(marker).exists():
+        time.sleep(3600)
+    Path(marker).touch()
+    return batch

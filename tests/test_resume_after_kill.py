@@ -1,5 +1,5 @@
-"""The flow's own process is SIGKILLed, or sent SIGTERM (a cancel), after its first checkpoint; a rerun with the
-same name resumes."""
+"""The flow's own process is sent SIGTERM (a cancel), then SIGKILLed, each after a checkpoint; a rerun with the
+same name resumes each time."""
 
 import json
 import os
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tests.conftest import churn_config
-from tests.faults import checkpoint_registered, wait_registered
+from tests.faults import wait_registered
 from trainer.checkpoint import read_metrics
 from trainer.recovery import read_events
 from trainer.runner import checkpoints_on_disk
@@ -20,48 +20,59 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_l
 EPOCHS = 6  # long enough that the kill lands mid-run
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
-def test_rerun_with_same_name_resumes_after_sigkill(tmp_path, sig):
+def _start(cfg, env):
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainflow.cli", "retrain", "--config", str(cfg), "--run-name", "killed-run"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+
+
+def _done(run) -> int:
+    return max(read_metrics(d)["epoch"] for d in run.glob("checkpoint_*") if (d / "metrics.json").exists())
+
+
+def test_rerun_with_same_name_resumes_after_sigterm_then_sigkill(tmp_path):
+    # one run stopped twice: a cancel (SIGTERM) after its first checkpoint, then its rerun SIGKILLed after a
+    # later one; the third start finishes, each start resuming where the one before stopped
     cfg = churn_config(tmp_path, rows=6000, train={"epochs": EPOCHS, "batch_size": 32},
                        checkpoint={"min_interval_s": 0})  # a checkpoint per epoch, however fast the epochs
     run = tmp_path / "runs" / "killed-run"
     from prefect.settings import PREFECT_API_URL
 
-    # the killed flow reports to the session's test server instead of starting a temporary one of its own
+    # the killed flows report to the session's test server instead of starting a temporary one of their own
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PREFECT_API_URL": PREFECT_API_URL.value()}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "trainflow.cli", "retrain", "--config", str(cfg), "--run-name", "killed-run"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
-    try:
-        # kill as soon as Ray's controller has registered a checkpoint (what a rerun resumes from): mid-run
-        wait_registered(run, timeout_s=300, alive=lambda: proc.poll() is None)
-        assert checkpoint_registered(run), "no checkpoint registered within 300 s"
-        if sig == signal.SIGTERM:
-            # what Prefect sends to cancel: the CLI stops Ray at once, even with its main thread inside the fit,
-            # and retries nothing (before, the signal surfaced as a SystemError that the train task retried).
-            # Its exit status is 143 from a shell with Prefect's temporary server; under this test's external
-            # Prefect API the process ends with SIGABRT after printing its stop message (Ray's C-level SIGTERM
-            # handler, not resolved), so only the end of the process is asserted here.
-            os.kill(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=120)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the flow process and the local Ray it started (SIGKILL case)
-        proc.wait()
-    done_before = max(read_metrics(d)["epoch"] for d in run.glob("checkpoint_*") if (d / "metrics.json").exists())
-    assert done_before < EPOCHS - 1, "the whole run finished before the kill"
+    stops = []
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        after = _done(run) + 1 if stops else 0
+        proc = _start(cfg, env)
+        try:
+            # stop as soon as Ray's controller has registered a new checkpoint (what a rerun resumes from)
+            wait_registered(run, after, timeout_s=300, alive=lambda: proc.poll() is None)
+            if sig == signal.SIGTERM:
+                # what Prefect sends to cancel: the CLI stops Ray at once, even with its main thread inside the
+                # fit, and retries nothing (before, the signal surfaced as a SystemError that the train task
+                # retried). Its exit status is 143 from a shell with Prefect's temporary server; under this
+                # test's external Prefect API the process ends with SIGABRT after printing its stop message
+                # (Ray's C-level SIGTERM handler, not resolved), so only the end of the process is asserted.
+                os.kill(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=120)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)  # the flow process and the local Ray it started (SIGKILL case)
+            proc.wait()
+        stops.append(_done(run))
+    assert stops[0] < stops[1] < EPOCHS - 1, f"checkpoints at the stops: {stops}"
 
     summary_path = tmp_path / "summary.json"
     assert cli_main(["retrain", "--config", str(cfg), "--run-name", "killed-run", "--summary-json", str(summary_path)]) == 0
     summary = json.loads(summary_path.read_text())
-    assert summary["resumed_from_epoch"] >= 1
-    # Ray resumes from the latest checkpoint its controller registered; the killed run's workers may still
+    # Ray resumes from the latest checkpoint its controller registered; the stopped run's workers may still
     # have registered one or two more before Ray noticed their driver was gone
-    assert done_before <= summary["resumed_from_epoch"] < EPOCHS
-    # the rerun trained only the remaining epochs: every epoch once in the final history, and the rerun's
-    # workers started at the resumed epoch (the best checkpoint may be an earlier one, so read the last)
+    assert stops[1] <= summary["resumed_from_epoch"] < EPOCHS
+    # the reruns trained only the remaining epochs: every epoch once in the final history, and each start's
+    # workers began at the epoch it resumed from (the best checkpoint may be an earlier one, so read the last)
     last = checkpoints_on_disk(summary["ray_run_path"])[-1]
     assert [h["epoch"] for h in read_metrics(last["path"])["history"]] == list(range(EPOCHS))
-    starts = [e["from_epoch"] for e in read_events(summary["ray_run_path"]) if e["event"] == "worker_start"]
-    assert sorted(starts) == [0, 0] + [summary["resumed_from_epoch"]] * 2
+    starts = sorted(e["from_epoch"] for e in read_events(summary["ray_run_path"]) if e["event"] == "worker_start")
+    assert starts[:2] == [0, 0] and starts[-2:] == [summary["resumed_from_epoch"]] * 2 and len(starts) == 6
+    assert 1 <= starts[2] == starts[3] <= stops[1]
     assert any(r["resumed_from_epoch"] == summary["resumed_from_epoch"] for r in summary["recoveries"])

@@ -112,7 +112,7 @@ def build_trainer(
 def stalled_error(last: str, count: int, num_workers: int, materialize: str) -> TrainingError:
     """A run whose workers stopped making progress: what ran out and what to change."""
     return TrainingError(
-        f"training made no progress and was stopped after {count} stalled attempt(s); the last: {last}. A full "
+        f"training made no progress ({count} stalled worker(s) over its attempts); the last: {last}. A full "
         "object store or a starved Ray Data pipeline stalls workers without an error. Stream the table from its "
         f"files (data.materialize: never; now {materialize}), use fewer workers (scaling.num_workers: {num_workers}), "
         "or give Ray a larger object store (ray start --object-store-memory) or more memory; "

@@ -51,16 +51,39 @@ def list_files(path: str, fmt: str) -> tuple[pafs.FileSystem, list[str]]:
     return fs, files
 
 
-def read_table(path: str, fmt: str) -> tuple[ray.data.Dataset, list[str], pafs.FileSystem]:
-    """A lazy Ray Dataset over the table at path, with its files and filesystem."""
+def streamed_task_args() -> dict:
+    """Ray Data task arguments for a pipeline read while Ray Train's workers run (a streamed table).
+
+    The workers hold the CPUs (1 each by default); a read or map task asking for a CPU then never gets
+    scheduled and every worker waits for its first block forever: the stall measured with 2 workers on
+    2 CPUs. The tasks ask for none, at most one per CPU at a time.
+    """
+    return {"num_cpus": 0, "concurrency": max(1, int(ray.cluster_resources().get("CPU", 1)))}
+
+
+def read_table(path: str, fmt: str, streamed: bool = False) -> tuple[ray.data.Dataset, list[str], pafs.FileSystem]:
+    """A lazy Ray Dataset over the table at path, with its files and filesystem.
+
+    streamed: read beside running training workers (streamed_task_args), the files in a random order
+    per read (Ray's file shuffle: the streaming half of a large table's shuffle)."""
     fs, files = list_files(path, fmt)
+    extra = {}
+    if streamed:
+        args = streamed_task_args()
+        extra = {"ray_remote_args": {"num_cpus": args["num_cpus"]}, "concurrency": args["concurrency"],
+                 "shuffle": "files"}
     try:
         if fmt == "csv":
-            ds = ray.data.read_csv(files, filesystem=fs)
+            ds = ray.data.read_csv(files, filesystem=fs, **extra)
         else:
-            ds = ray.data.read_parquet(files, filesystem=fs)
+            ds = ray.data.read_parquet(files, filesystem=fs, **extra)
     except Exception as exc:  # noqa: BLE001 - Ray wraps pyarrow's errors in many types
         raise DataError(f"cannot read {path} as {fmt}: {str(exc).splitlines()[0]}") from None
+    if streamed:
+        # blocks small against the store (Ray's default is up to 128 MiB): a 3M-row file read as 33 MiB blocks
+        # into a 100 MiB store left the next operator a budget of 1 byte, and the workers waited forever
+        store = ray.cluster_resources().get("object_store_memory", 0)
+        ds.context.target_max_block_size = int(min(128 * 2**20, max(2**20, store / 32)))
     return ds, [with_scheme(path, f) for f in files], fs
 
 
@@ -242,9 +265,14 @@ def split_fraction_keys(batch: pa.Table, columns: list[str], seed: int) -> np.nd
     number in every run, on every worker and in either data path (materialized or streamed)."""
     import pandas as pd
 
-    hash_key = hashlib.blake2b(str(seed).encode(), digest_size=8).hexdigest()  # pandas wants 16 characters
-    hashed = pd.util.hash_pandas_object(batch.select(columns).to_pandas(), index=False, hash_key=hash_key)
-    return (hashed.to_numpy(dtype=np.uint64) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    hashed = pd.util.hash_pandas_object(batch.select(columns).to_pandas(), index=False).to_numpy(dtype=np.uint64)
+    # pandas' hash_key only salts text columns: mix the seed in with splitmix64's finalizer instead
+    salt = np.uint64(int.from_bytes(hashlib.blake2b(str(seed).encode(), digest_size=8).digest(), "little"))
+    z = hashed + salt
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
 def _in_validation(batch: pa.Table, columns: list[str], seed: int, fraction: float, label: str | None,
@@ -304,8 +332,9 @@ def split_table(ds: ray.data.Dataset, task: str, label: str, fraction: float, se
         label_type = arrow_schema(ds, "split").field(label).type
         eligible = pa.array(eligible_text, type=pa.string()).cast(label_type).to_pylist()
     kwargs = {"columns": key_columns, "seed": seed, "fraction": fraction, "label": by_label, "eligible": eligible}
-    train = ds.map_batches(_part, fn_kwargs={**kwargs, "val": False}, batch_format="pyarrow")
-    val = ds.map_batches(_part, fn_kwargs={**kwargs, "val": True}, batch_format="pyarrow")
+    task_args = {} if materialize else streamed_task_args()
+    train = ds.map_batches(_part, fn_kwargs={**kwargs, "val": False}, batch_format="pyarrow", **task_args)
+    val = ds.map_batches(_part, fn_kwargs={**kwargs, "val": True}, batch_format="pyarrow", **task_args)
     if materialize:
         # SGD needs mixed batches; a table that fits is shuffled once. Streamed tables are mixed per epoch
         # by block order and a local shuffle buffer instead (what Ray recommends for data that does not fit).
@@ -447,8 +476,11 @@ def _transform(batch: pa.Table, prep: dict, strict: bool) -> dict[str, np.ndarra
     return TabularPreprocessor.from_dict(prep).transform_batch(batch, strict=strict)
 
 
-def apply_preprocessor(ds: ray.data.Dataset, prep: TabularPreprocessor) -> ray.data.Dataset:
+def apply_preprocessor(ds: ray.data.Dataset, prep: TabularPreprocessor, streamed: bool = False) -> ray.data.Dataset:
     """Lazily transform a split into the packed {'features', 'label'} tensor columns."""
+    if streamed:  # no select_columns: its own task asks for a CPU (the transform reads only its columns anyway)
+        return ds.map_batches(_transform, fn_kwargs={"prep": prep.to_dict(), "strict": False}, batch_format="pyarrow",
+                              batch_size=None, **streamed_task_args())
     cols = prep.feature_order + [prep.label]
     return ds.select_columns(cols).map_batches(
         _transform, fn_kwargs={"prep": prep.to_dict(), "strict": False}, batch_format="pyarrow", batch_size=None
@@ -459,11 +491,12 @@ def pack(
     train: ray.data.Dataset, val: ray.data.Dataset, prep: TabularPreprocessor, materialize: bool, seed: int = 0
 ) -> tuple[ray.data.Dataset, ray.data.Dataset]:
     """Both splits as packed tensor columns: materialized in the object store, or lazy to be streamed (the
-    training part's blocks then come in a seeded random order; the workers add a local shuffle buffer)."""
-    train, val = apply_preprocessor(train, prep), apply_preprocessor(val, prep)
+    files are read in a random order and the workers add a local shuffle buffer)."""
+    train, val = apply_preprocessor(train, prep, not materialize), apply_preprocessor(val, prep, not materialize)
     if materialize:
         return train.materialize(), val.materialize()
-    return train.randomize_block_order(seed=seed), val
+    # no randomize_block_order: it is an all-to-all step that holds every block in the object store
+    return train, val
 
 
 def fit_and_pack(
