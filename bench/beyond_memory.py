@@ -78,8 +78,10 @@ def child(store: int, train: str, score: str, work: str) -> None:
     spilled = re.search(r"Spilled (\d+) MiB", memory_summary(stats_only=True))
     summary = json.loads((Path(work) / "summary.json").read_text()) if rc == 0 else {}
     from trainer.checkpoint import read_metrics
+    from trainer.runner import checkpoints_on_disk
 
-    history = read_metrics(summary["best_checkpoint"]["path"])["history"] if summary else []
+    # every epoch is in the last checkpoint's history (the best one's stops at its own epoch)
+    history = read_metrics(checkpoints_on_disk(summary["ray_run_path"])[-1]["path"])["history"] if summary else []
     print("RESULT " + json.dumps({
         "rc": rc, "wall": wall, "spilled_mib": int(spilled.group(1)) if spilled else 0,
         "materialized": summary.get("data_materialized"), "train_rows": summary.get("train_rows"),

@@ -138,3 +138,21 @@ def test_families_in_one_run_and_a_better_family_replaces_the_champion(tmp_path)
         pyfunc = mlflow.pyfunc.load_model("models:/churn-test@champion")
     got = pyfunc.predict(score.slice(0, 40).drop_columns(["customer_id"]).to_pandas())
     np.testing.assert_allclose(got["proba_1"].to_numpy(), direct["proba_1"].to_numpy()[:40], rtol=1e-6)
+
+
+def test_a_sweep_can_search_family_keys_and_the_family_itself():
+    base = {"data": {"path": "x.parquet", "label": "y"}, "task": "classification", "tune": {"num_samples": 2}}
+    cfg = config_from_dict({**base, "model": {"type": "xgboost"},
+                            "tune": {"search_space": {"model.params.max_depth": {"randint": [3, 10]}}}})
+    assert cfg.tune.search_space["model.params.max_depth"] == {"randint": [3, 10]}
+    cfg = config_from_dict({**base, "tune": {"search_space": {"model.type": {"choice": ["mlp", "lightgbm"]}}}})
+    from trainflow.config import trial_config
+
+    assert trial_config(cfg.to_dict(), {"model.type": "lightgbm"}).model.families == ["lightgbm"]
+    with pytest.raises(ConfigError, match="model.params.num_leaves: applies to lightgbm"):
+        config_from_dict({**base, "model": {"type": "xgboost"},
+                          "tune": {"search_space": {"model.params.num_leaves": {"choice": [15, 31]}}}})
+    listed = config_from_dict({**base, "model": {"type": ["mlp", "xgboost"]},
+                               "tune": {"search_space": {"train.learning_rate": {"choice": [0.001]}}}})
+    with pytest.raises(ConfigError, match="search it: tune.search_space.model.type"):
+        listed.require_tune()
