@@ -99,7 +99,7 @@ def test_a_killed_booster_worker_resumes_at_a_later_round(tmp_path, family):
 @pytest.mark.usefixtures("prefect_harness", "ray_local")
 def test_families_in_one_run_and_a_better_family_replaces_the_champion(tmp_path):
     # the champion: an MLP trained for one epoch at a tiny learning rate
-    cfg_path = churn_config(tmp_path, checkpoint={"num_to_keep": 3, "metric": "val_roc_auc"},
+    cfg_path = churn_config(tmp_path, rows=2000, checkpoint={"num_to_keep": 3, "metric": "val_roc_auc"},
                             train={"epochs": 1, "batch_size": 128, "learning_rate": 1e-5})
     assert cli_main(["retrain", "--config", str(cfg_path), "--run-name", "weak"]) == 0
     # both boosters train (a fan-out of train task runs, each its own Ray Train run); the better one is gated

@@ -75,7 +75,7 @@ BOOSTER_KEYS: dict[str, tuple[str, ...]] = {
     "num_boost_round": _BOTH, "early_stopping_rounds": _BOTH, "learning_rate": _BOTH, "max_depth": _BOTH,
     "min_child_weight": _BOTH, "subsample": _BOTH, "colsample_bytree": _BOTH, "reg_lambda": _BOTH,
     "reg_alpha": _BOTH, "max_bin": _BOTH,
-    "gamma": _XGB, "tree_method": _XGB, "max_leaves": _XGB, "grow_policy": _XGB, "max_cat_to_onehot": _XGB,
+    "gamma": _XGB, "colsample_bynode": _XGB, "tree_method": _XGB, "max_leaves": _XGB, "grow_policy": _XGB, "max_cat_to_onehot": _XGB,
     "num_leaves": _LGB, "min_data_in_leaf": _LGB, "min_split_gain": _LGB, "cat_smooth": _LGB,
 }
 
@@ -94,6 +94,7 @@ class BoosterParams(_Section):
     reg_alpha: float | None = Field(None, ge=0.0)
     max_bin: int | None = Field(None, ge=2)
     gamma: float | None = Field(None, ge=0.0)
+    colsample_bynode: float | None = Field(None, gt=0.0, le=1.0)  # trainflow's xgboost default: 0.5
     tree_method: Literal["hist", "approx", "exact"] | None = None
     max_leaves: int | None = Field(None, ge=0)
     grow_policy: Literal["depthwise", "lossguide"] | None = None
