@@ -5,7 +5,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pytest
-import ray
 
 from tests.conftest import write_config, write_parquet
 from tests.faults import small_run, stall_after_first_block
