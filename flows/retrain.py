@@ -51,6 +51,6 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
         # predictions always come from the champion after the gate: a rejected challenger never serves
         predictions = infer(promotion.serving_checkpoint, config)
     summary = summarize(ingested, parts, outcome, selected, registered, promotion, predictions,
-                        extra={"candidates": candidates.record() if candidates else None})
+                        extra={"candidates": candidates.scores if candidates else None})
     report(config, outcome.history, summary)
     return summary

@@ -22,9 +22,6 @@ class Candidates:
     mode: str
     scores: list[dict[str, Any]]  # per family, best first: family, run_name, score, epoch, checkpoint
 
-    def record(self) -> list[dict[str, Any]]:
-        return self.scores
-
 
 def run_names(config: Config, run_name: str) -> dict[str, str]:
     """Each family's Ray Train run name: the run name itself for one family, <run>-<family> for several,

@@ -39,7 +39,7 @@ def preprocess(ingested: Ingested, parts: Split, config: Config) -> Prepared:
     workers = config.scaling.num_workers
     budgets, estimate = {}, None
     for name in config.model.families:
-        resolved = {**config.to_dict(), "model": config.model.for_family(name)}
+        resolved = config.for_family(name)
         family = family_for(resolved["model"])
         try:
             family.check(prep, resolved["model"])  # a user's module fails here, before any training

@@ -63,8 +63,7 @@ def register(config: Config, ingested: Ingested, outcome: TrainOutcome, selected
         "trainflow.prefect_flow_run_id": str(flow_run.get_id() or ""),
     }
     with tracking(config.mlflow.tracking_uri), _run(config, outcome.run_name) as run:
-        resolved = {**config.to_dict(), "model": config.model.for_family(outcome.family)}
-        mlflow.log_params({k: str(v)[:500] for k, v in flatten(resolved).items()})
+        mlflow.log_params({k: str(v)[:500] for k, v in flatten(config.for_family(outcome.family)).items()})
         mlflow.set_tags(lineage)
         # per epoch (boosting round), in batches: a booster's hundreds of rounds as one request each would take seconds
         now = int(time.time() * 1000)

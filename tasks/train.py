@@ -41,7 +41,7 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
     check_fits(config.scaling.model_dump())  # again: a retry may find fewer nodes than ingest did
     log = get_run_logger()
     family = family or config.model.families[0]
-    resolved = {**config.to_dict(), "model": config.model.for_family(family)}
+    resolved = config.for_family(family)
     trainer = build_trainer(
         resolved, prepared.preprocessor, prepared.train, prepared.val, run_name, cache_shards=prepared.materialized,
         streamed=not prepared.materialized,

@@ -37,10 +37,6 @@ class BoostBudget:
     num_boost_round: int
     early_stopping_rounds: int | None
 
-    @property
-    def epochs(self) -> int:
-        return self.num_boost_round
-
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -59,10 +55,9 @@ def worker_threads(scaling: dict[str, Any]) -> int:
 def library_params(family: str, prep: TabularPreprocessor, cfg: dict[str, Any]) -> dict[str, Any]:
     """The booster's parameters: objective and loss for the task, model.params, seed, threads, device."""
     model, scaling = cfg["model"], cfg["scaling"]
-    chosen = {k: v for k, v in model["params"].items() if v is not None}
-    from trainflow.config import BOOSTER_KEYS
+    from trainflow.config import BoosterParams
 
-    chosen = {k: v for k, v in chosen.items() if family in BOOSTER_KEYS.get(k, ())}
+    chosen = BoosterParams.model_validate(model["params"]).for_family(family)
     chosen.pop("num_boost_round", None)
     chosen.pop("early_stopping_rounds", None)
     classes = prep.num_outputs if prep.task == "classification" else 0

@@ -441,6 +441,10 @@ class Config(_Section):
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
+    def for_family(self, family: str) -> dict[str, Any]:
+        """The resolved config as one family's training run sees it (model.type that family)."""
+        return {**self.to_dict(), "model": self.model.for_family(family)}
+
 
 def infer_format(path: str) -> Literal["parquet", "csv"]:
     """Guess the table format from a path's extension; folders and globs default to parquet."""
