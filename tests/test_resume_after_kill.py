@@ -17,7 +17,7 @@ from trainer.runner import checkpoints_on_disk
 from trainflow.cli import main as cli_main
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_local")]
-EPOCHS = 6  # long enough that the kill lands mid-run
+EPOCHS = 8  # long enough that both stops land mid-run, even when the killed workers run on a while
 
 
 def _start(cfg, env):
