@@ -61,10 +61,13 @@ def embedding_dim(num_codes: int) -> int:
     return int(min(600, round(1.6 * num_codes**0.56)))
 
 
-def _stats(mean: float | None, std: float | None) -> dict[str, float]:
+def _stats(mean: float | None, std: float | None, low: float | None = None, high: float | None = None) -> dict[str, float]:
     mean = 0.0 if mean is None or not math.isfinite(mean) else float(mean)
     std = 1.0 if std is None or not math.isfinite(std) or std <= 1e-12 else float(std)
-    return {"mean": mean, "std": std}
+    out = {"mean": mean, "std": std}
+    if low is not None and high is not None and math.isfinite(low) and math.isfinite(high):
+        out |= {"min": float(low), "max": float(high)}
+    return out
 
 
 @dataclass
@@ -72,14 +75,16 @@ class TabularPreprocessor:
     """Fitted state of the tabular transform; every field is JSON-serialisable.
 
     Packed layout, column by column in feature_order: a number is one standardized value (plus a
-    0/1 missing indicator when training had missing values); a date is its standardized parts (plus
+    0/1 missing indicator when training had missing values), clipped first to the range seen in training (a
+    network extrapolates wildly from a value far outside it: diamonds' y = 58.9 mm sits 48 standard deviations
+    out, and the validation rows holding such values decided early stopping); a date is its standardized parts (plus
     the indicator); a low-cardinality text column is one-hot; a high-cardinality one is one integer
     code (0 = unknown) that the model looks up in an embedding table.
     """
 
     task: str
     label: str
-    numeric: dict[str, dict[str, Any]] = field(default_factory=dict)  # col -> mean, std, na
+    numeric: dict[str, dict[str, Any]] = field(default_factory=dict)  # col -> mean, std, min, max, na
     categorical: dict[str, dict[str, Any]] = field(default_factory=dict)  # one-hot: col -> categories, fill
     feature_order: list[str] = field(default_factory=list)
     classes: list[Any] | None = None
@@ -97,7 +102,7 @@ class TabularPreprocessor:
         task: str,
         label: str,
         feature_order: list[str],
-        numeric_stats: dict[str, tuple[float | None, float | None]],
+        numeric_stats: dict[str, tuple[float | None, ...]],
         category_counts: dict[str, dict[str | None, int]],
         classes: list[Any] | None,
         label_stats: tuple[float, float] | None,
@@ -114,9 +119,11 @@ class TabularPreprocessor:
         category_counts may count missing values under None; missing counts missing values of the
         numeric and date columns. Text columns with more than max_onehot values are embedded: values
         seen fewer than min_frequency times share the unknown code, and at most max_categories are kept.
+        numeric_stats are (mean, std) or (mean, std, min, max) per column: with the training range, values
+        outside it are clipped to it before scaling.
         """
         missing = missing or {}
-        numeric = {col: {**_stats(m, s), "na": missing.get(col, 0) > 0} for col, (m, s) in numeric_stats.items()}
+        numeric = {col: {**_stats(*st), "na": missing.get(col, 0) > 0} for col, st in numeric_stats.items()}
         dates = {
             col: {"parts": list(parts), "stats": {p: _stats(*v) for p, v in parts.items()}, "na": missing.get(col, 0) > 0}
             for col, parts in (date_stats or {}).items()
@@ -247,6 +254,8 @@ class TabularPreprocessor:
                     st = stats[key]
                     isnan = np.isnan(x)
                     missing |= isnan
+                    if "min" in st:  # fitted before the range was stored: not clipped
+                        x = np.clip(x, st["min"], st["max"])
                     out[:, pos] = (np.where(isnan, st["mean"], x) - st["mean"]) / st["std"]
                     pos += 1
                 if na:

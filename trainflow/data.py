@@ -14,7 +14,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import ray
 import ray.data
-from ray.data.aggregate import Count, Mean, Std, ValueCounter
+from ray.data.aggregate import Count, Max, Mean, Min, Std, ValueCounter
 
 from preprocessors.dates import date_parts, is_temporal_type, looks_like_dates, parts_for
 from preprocessors.tabular import TabularPreprocessor, is_numeric_type, is_string_type
@@ -380,6 +380,8 @@ def fit_preprocessor(
     for col in spec.numeric + [p for parts in date_cols.values() for p in parts]:
         aggs += [Mean(col, ignore_nulls=True, alias_name=f"mean:{col}"), Std(col, ddof=0, ignore_nulls=True, alias_name=f"std:{col}"),
                  Count(col, ignore_nulls=True, alias_name=f"present:{col}")]
+    for col in spec.numeric:
+        aggs += [Min(col, ignore_nulls=True, alias_name=f"min:{col}"), Max(col, ignore_nulls=True, alias_name=f"max:{col}")]
     for col in spec.categorical:
         aggs.append(ValueCounter(col, alias_name=f"counts:{col}"))
     if task == "classification":
@@ -419,7 +421,7 @@ def fit_preprocessor(
         task=task,
         label=spec.label,
         feature_order=spec.feature_order,
-        numeric_stats={c: (stats[f"mean:{c}"], stats[f"std:{c}"]) for c in spec.numeric},
+        numeric_stats={c: tuple(stats[f"{k}:{c}"] for k in ("mean", "std", "min", "max")) for c in spec.numeric},
         category_counts={c: {None if k is None else str(k): v for k, v in counts(f"counts:{c}", True).items()} for c in spec.categorical},
         classes=classes,
         label_stats=None if task == "classification" else (stats["mean:__label__"], stats["std:__label__"]),
