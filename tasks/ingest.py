@@ -12,7 +12,7 @@ from tasks.common import retry_unless_user_error
 from trainflow.config import Config, infer_format
 from trainflow.data import (
     TableSpec, arrow_schema, check_text_columns, check_writable, count_rows_and_bad_labels, fingerprint, in_memory_bytes,
-    read_table, should_materialize, table_spec,
+    list_files, read_table, should_materialize, table_spec,
 )
 from trainflow.errors import DataError
 from trainer.resources import check_fits
@@ -45,7 +45,8 @@ def ingest(config: Config) -> Ingested:
     ensure_ray(config.ray.address, config.ray.runtime_env)
     check_fits(config.scaling.model_dump())  # seconds, not a placement group that waits forever
     data = config.data
-    ds, files, fs = read_table(data.path, data.format)
+    listed = list_files(data.path, data.format)  # once: a remote folder's listing is a request per page
+    ds, files, fs = read_table(data.path, data.format, listed=listed)
     schema = arrow_schema(ds, data.path)
     spec = table_spec(schema, data, config.task, data.path, files=files)
     if config.inference.input:
@@ -55,7 +56,7 @@ def ingest(config: Config) -> Ingested:
     if materialize:
         ds = ds.materialize()  # read once; the checks below and the split reuse it
     else:
-        ds, _, _ = read_table(data.path, data.format, streamed=True)
+        ds, _, _ = read_table(data.path, data.format, streamed=True, listed=listed)
     get_run_logger().info("table %s: %s", "materialized" if materialize else "streamed", why)
     check_text_columns(ds, spec, config.preprocess.parse_dates, data.path)
     rows, bad = count_rows_and_bad_labels(ds, data.label)
@@ -66,7 +67,7 @@ def ingest(config: Config) -> Ingested:
             f"{data.path}: label column {data.label!r} has {bad} missing, NaN or infinite value(s) out of {rows} rows; "
             "drop or fix those rows"
         )
-    spec.rows, spec.fingerprint = rows, fingerprint(fs, files, schema)
+    spec.rows, spec.fingerprint = rows, fingerprint(fs, files, schema, content=materialize, fmt=data.format)
     get_run_logger().info(
         "read %d rows from %d file(s): %d numeric, %d text, %d date feature(s); fingerprint %s",
         rows, len(files), len(spec.numeric), len(spec.categorical), len(spec.dates), spec.fingerprint,

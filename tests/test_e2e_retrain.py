@@ -46,6 +46,7 @@ def _check_mlflow(summary, tracking_uri, model_name):
     client = MlflowClient(tracking_uri=tracking_uri)
     run = client.get_run(summary["mlflow_run_id"])
     assert run.data.tags["trainflow.data_fingerprint"] == summary["data_fingerprint"]
+    assert summary["data_fingerprint"].startswith("content:")
     assert len(client.get_metric_history(run.info.run_id, "val_loss")) == summary["epochs_run"]
     version = client.get_model_version(model_name, summary["model_version"])
     assert version.run_id == run.info.run_id

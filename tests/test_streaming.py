@@ -45,6 +45,7 @@ def test_a_table_larger_than_the_object_store_streams_from_its_files(tmp_path):
     summary = json.loads(summary_path.read_text())
     # chosen from the files' metadata against the object store: nothing of the table was materialized
     assert summary["data_materialized"] is False
+    assert summary["data_fingerprint"].startswith("metadata:")  # not a second full read of the table
     assert summary["train_rows"] + summary["validation_rows"] == 1_500_000
     assert abs(summary["validation_rows"] / 1_500_000 - 0.2) < 0.01
     assert summary["epochs_run"] == 1 and summary["best_checkpoint"]["metrics"]["val_r2"] > 0.9

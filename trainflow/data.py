@@ -61,12 +61,15 @@ def streamed_task_args() -> dict:
     return {"num_cpus": 0, "concurrency": max(1, int(ray.cluster_resources().get("CPU", 1)))}
 
 
-def read_table(path: str, fmt: str, streamed: bool = False) -> tuple[ray.data.Dataset, list[str], pafs.FileSystem]:
+def read_table(
+    path: str, fmt: str, streamed: bool = False, listed: tuple[pafs.FileSystem, list[str]] | None = None
+) -> tuple[ray.data.Dataset, list[str], pafs.FileSystem]:
     """A lazy Ray Dataset over the table at path, with its files and filesystem.
 
     streamed: read beside running training workers (streamed_task_args), the files in a random order
-    per read (Ray's file shuffle: the streaming half of a large table's shuffle)."""
-    fs, files = list_files(path, fmt)
+    per read (Ray's file shuffle: the streaming half of a large table's shuffle). listed: list_files'
+    answer for path when the caller has it already."""
+    fs, files = listed or list_files(path, fmt)
     extra = {}
     if streamed:
         args = streamed_task_args()
@@ -126,17 +129,30 @@ def arrow_schema(ds: ray.data.Dataset, source: str) -> pa.Schema:
     return schema.base_schema if hasattr(schema, "base_schema") else schema
 
 
-def fingerprint(fs: pafs.FileSystem, files: list[str], schema: pa.Schema) -> str:
-    """A content hash of the input files and their schema: the same bytes give the same fingerprint."""
+def fingerprint(fs: pafs.FileSystem, files: list[str], schema: pa.Schema, content: bool = True, fmt: str = "parquet") -> str:
+    """A hash of the input files and their schema, prefixed by what it covers.
+
+    content=True ("content:"): every byte of every file, so the same bytes give the same fingerprint.
+    content=False ("metadata:"), for a table streamed because it is larger than the object store: each file's
+    name, size and modification time, and a Parquet file's footer (row groups, sizes, column statistics), so a
+    table of many GiB, or one on a remote filesystem, is not read once more in full just to name it.
+    """
     h = hashlib.blake2b(digest_size=16)
     h.update(str(schema).encode())
     for f in files:
         inner = f.split("://", 1)[1] if is_uri(f) else f  # the path inside fs, as list_files found it
         h.update(inner.rsplit("/", 1)[-1].encode())
+        if not content:
+            info = fs.get_file_info(inner)
+            h.update(f"{info.size}:{info.mtime_ns}".encode())
+            if fmt == "parquet":
+                with fs.open_input_file(inner) as source:
+                    h.update(repr(pq.ParquetFile(source).metadata.to_dict()).encode())
+            continue
         with fs.open_input_stream(inner) as stream:
             while chunk := stream.read(8 << 20):
                 h.update(chunk)
-    return h.hexdigest()
+    return ("content:" if content else "metadata:") + h.hexdigest()
 
 
 @dataclass
@@ -337,7 +353,7 @@ def split_table(ds: ray.data.Dataset, task: str, label: str, fraction: float, se
     val = ds.map_batches(_part, fn_kwargs={**kwargs, "val": True}, batch_format="pyarrow", **task_args)
     if materialize:
         # SGD needs mixed batches; a table that fits is shuffled once. Streamed tables are mixed per epoch
-        # by block order and a local shuffle buffer instead (what Ray recommends for data that does not fit).
+        # by the files' order and a fresh permutation of each block's rows on the workers instead.
         train, val = train.random_shuffle(seed=seed).materialize(), val.materialize()
     return train, val, rows - val_rows, val_rows
 
