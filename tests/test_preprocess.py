@@ -93,6 +93,7 @@ def test_fit_uses_train_only_and_transform_matches_numpy():
     x = train_part["x (cm)"].to_numpy(zero_copy_only=False)
     assert prep.numeric["x (cm)"]["mean"] == pytest.approx(np.nanmean(x))
     assert prep.numeric["x (cm)"]["std"] == pytest.approx(np.nanstd(x))
+    assert (prep.numeric["x (cm)"]["min"], prep.numeric["x (cm)"]["max"]) == pytest.approx((np.nanmin(x), np.nanmax(x)))
     assert prep.classes == ["no", "yes"]
     # a missing text value is a category of its own; x had missing values, so it gets an indicator
     assert prep.categorical["colour"]["categories"] == ["<missing>", "blue", "green", "red"]
@@ -104,8 +105,10 @@ def test_fit_uses_train_only_and_transform_matches_numpy():
     feats = out["features"]
     assert feats.dtype == np.float32 and feats.shape == (100, 7)
     xs = batch["x (cm)"].to_numpy(zero_copy_only=False)
-    expected = (np.where(np.isnan(xs), np.nanmean(x), xs) - np.nanmean(x)) / np.nanstd(x)
-    np.testing.assert_allclose(feats[:, 0], expected, rtol=1e-5)
+    # values outside the training range are clipped to it before scaling
+    clipped = np.clip(np.where(np.isnan(xs), np.nanmean(x), xs), np.nanmin(x), np.nanmax(x))
+    assert (clipped != np.where(np.isnan(xs), np.nanmean(x), xs)).any()  # the check below covers clipping
+    np.testing.assert_allclose(feats[:, 0], (clipped - np.nanmean(x)) / np.nanstd(x), rtol=1e-5)
     np.testing.assert_array_equal(feats[:, 1], np.isnan(xs))
     assert np.allclose(feats[:, 3:].sum(axis=1), 1.0)
     np.testing.assert_array_equal(feats[:, 3], batch["colour"].is_null().to_numpy(zero_copy_only=False))

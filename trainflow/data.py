@@ -6,6 +6,7 @@ import fnmatch
 import hashlib
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -383,6 +384,29 @@ def _expand_dates(batch: pa.Table, dates: dict[str, list[str]]) -> pa.Table:
     return batch
 
 
+def _partial_aggregates(batch: pa.Table, aggs: list) -> dict[str, np.ndarray]:
+    out = np.empty(1, dtype=object)
+    out[0] = [agg.accumulate_block(agg.init(None), batch) for agg in aggs]
+    return {"partial": out}
+
+
+def aggregate_streaming(ds: ray.data.Dataset, aggs: list) -> dict[str, Any]:
+    """Ray Data aggregates (Count, Mean, Std, ValueCounter ...) over ds as a streaming map-reduce: each block's
+    partial accumulators in a map task, merged here as they arrive, then finalized; the aggregate functions'
+    own accumulate/merge/finalize do the arithmetic.
+
+    `Dataset.aggregate` is an all-to-all operator that holds every input block before it starts: on the
+    12M-row beyond-memory table (a 200 MiB object store) it spilled 678 MiB, the whole spill of the run; this
+    keeps one block at a time per map task.
+    """
+    merged = [agg.init(None) for agg in aggs]
+    partials = ds.map_batches(_partial_aggregates, fn_kwargs={"aggs": aggs}, batch_format="pyarrow", batch_size=None)
+    for batch in partials.iter_batches(batch_size=None, batch_format="numpy"):
+        for accs in batch["partial"]:
+            merged = [agg.merge(m, a) for agg, m, a in zip(aggs, merged, accs)]
+    return {agg.name: agg.finalize(m) for agg, m in zip(aggs, merged)}
+
+
 def fit_preprocessor(
     train: ray.data.Dataset, spec: TableSpec, task: str, options: PreprocessSection | None = None
 ) -> TabularPreprocessor:
@@ -414,7 +438,7 @@ def fit_preprocessor(
         projected = projected.map_batches(_cast_columns, fn_kwargs={"casts": casts}, batch_format="pyarrow")
     if dates:
         projected = projected.map_batches(_expand_dates, fn_kwargs={"dates": dates}, batch_format="pyarrow")
-    stats = projected.aggregate(*aggs)
+    stats = aggregate_streaming(projected, aggs)
     rows = stats["count()"]
 
     def counts(key: str, with_null: bool = False) -> dict:
