@@ -20,6 +20,7 @@ from ray.data.aggregate import Count, Max, Mean, Min, Std, ValueCounter
 from preprocessors.dates import date_parts, is_temporal_type, looks_like_dates, parts_for
 from preprocessors.tabular import TabularPreprocessor, is_numeric_type, is_string_type
 from trainflow.config import DataSection, PreprocessSection
+from trainflow import pacing
 from trainflow.errors import DataError
 from trainflow.storage import filesystem_for, is_uri, with_scheme
 
@@ -538,7 +539,7 @@ def pack(
     if materialize:
         return train.materialize(), val.materialize()
     # no randomize_block_order: it is an all-to-all step that holds every block in the object store
-    return train, val
+    return pacing.pace(train), pacing.pace(val)
 
 
 def fit_and_pack(

@@ -10,6 +10,8 @@ import threading
 
 import ray
 
+from trainflow import pacing
+
 log = logging.getLogger(__name__)
 _START_LOCK = threading.Lock()  # one ray.init at a time: the background start and a task's ensure_ray may race
 
@@ -44,6 +46,8 @@ def _init(address: str | None, runtime_env: dict | None, num_cpus: int | None, o
     if address is None and not os.environ.get("RAY_ADDRESS"):
         defaults.update(LOCAL_TRAIN_ENV_DEFAULTS)
     runtime_env["env_vars"] = {**defaults, **(runtime_env.get("env_vars") or {})}
+    # a hook of the user's own wins; then streamed pipelines run Ray's unpaced loop (trainflow/pacing.py)
+    runtime_env.setdefault("worker_process_setup_hook", pacing.HOOK)
     ray.init(
         address=address,
         runtime_env=runtime_env,
