@@ -105,7 +105,8 @@ def test_families_in_one_run_and_a_better_family_replaces_the_champion(tmp_path)
     # both boosters train (a fan-out of train task runs, each its own Ray Train run); the better one is gated
     summary_path = tmp_path / "summary.json"
     rc = cli_main(["retrain", "--config", str(cfg_path), "--run-name", "trees", "--set", "model.type=[xgboost, lightgbm]",
-                   "--set", "model.params.learning_rate=0.2", "--summary-json", str(summary_path)])
+                   "--set", "model.params.learning_rate=0.2", "--set", "model.params.num_boost_round=100",
+                   "--set", "model.params.early_stopping_rounds=10", "--summary-json", str(summary_path)])
     assert rc == 0
     summary = json.loads(summary_path.read_text())
     candidates = summary["candidates"]

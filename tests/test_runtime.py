@@ -19,6 +19,13 @@ SCRIPT = textwrap.dedent(
     thread.join(timeout=1)
     assert thread.is_alive(), "the thread that started Ray has ended"
     print("answer", ray.get(ray.remote(lambda: 41 + 1).remote(), timeout=60))
+
+    @ray.remote
+    def paced():  # the job's worker_process_setup_hook ran in this worker (trainflow/pacing.py)
+        from ray.data._internal.execution.streaming_executor import StreamingExecutor
+        return getattr(StreamingExecutor._scheduling_loop_step, "_trainflow_paced", False)
+
+    print("paced", ray.get(paced.remote(), timeout=60))
     ray.shutdown()
     """
 )
@@ -30,4 +37,5 @@ def test_ray_started_in_the_background_keeps_working():
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "answer 42" in proc.stdout
+    assert "paced True" in proc.stdout
     assert "SIGTERM handler is not set" not in proc.stderr  # the CLI installs it from the main thread

@@ -19,7 +19,7 @@ def test_tune_sweep_end_to_end(tmp_path, capsys):
         train={"epochs": 2, "batch_size": 128},
         scaling={"num_workers": 1},
         tune={
-            "num_samples": 4, "max_concurrent_trials": 2, "metric": "val_loss", "mode": "min", "scheduler": "asha",
+            "num_samples": 2, "max_concurrent_trials": 2, "metric": "val_loss", "mode": "min", "scheduler": "asha",
             "search_space": {
                 "train.learning_rate": {"loguniform": [0.001, 0.02]},
                 "train.batch_size": {"choice": [64, 128]},
@@ -31,13 +31,13 @@ def test_tune_sweep_end_to_end(tmp_path, capsys):
     assert (summary["tune_metric"], summary["tune_mode"]) == ("val_loss", "min")
     # the printed summary lists every trial with its sampled values and score
     printed = capsys.readouterr().out
-    assert f"sweep             4 trials, 2 at a time; best {summary['best_trial']['trial_id']} by val_loss (min)" in printed
+    assert f"sweep             2 trials, 2 at a time; best {summary['best_trial']['trial_id']} by val_loss (min)" in printed
     assert all(f"    {t['trial_id']}  train.learning_rate=" in printed for t in summary["trials"])
     trials = summary["trials"]
-    assert len(trials) == 4 and summary["max_concurrent_trials"] == 2
+    assert len(trials) == 2 and summary["max_concurrent_trials"] == 2
     assert all(t["status"] == "ok" and t["epochs_run"] >= 1 for t in trials)
     # each trial is its own Train run named from the trial id; the sampled values are in range
-    assert len({t["run_name"] for t in trials}) == 4
+    assert len({t["run_name"] for t in trials}) == 2
     assert all(t["run_name"] == f"sweep-{t['trial_id']}" for t in trials)
     assert all(0.001 <= t["params"]["train.learning_rate"] <= 0.02 for t in trials)
     assert {t["params"]["train.batch_size"] for t in trials} <= {64, 128}
