@@ -46,7 +46,8 @@ def setup() -> None:
     def step(self, topology):
         started = time.perf_counter()
         more = original(self, topology)
-        seconds = self._data_context.get_config(CONFIG_KEY, 0.0)
+        context = getattr(self, "_data_context", None)
+        seconds = context.get_config(CONFIG_KEY, 0.0) if context is not None else 0.0
         if more and seconds and time.perf_counter() - started < seconds:
             time.sleep(seconds)
         return more
