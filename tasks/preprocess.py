@@ -56,7 +56,7 @@ def preprocess(ingested: Ingested, parts: Split, config: Config) -> Prepared:
     rows = parts.train_rows + parts.val_rows
     materialize = parts.materialized
     try:
-        train, val = pack(parts.train, parts.val, prep, materialize, seed=config.split.seed)
+        train, val = pack(parts.train, parts.val, prep, materialize)
     except Exception as exc:
         if is_out_of_memory(exc):
             raise out_of_memory_error("preprocessing", config.scaling.num_workers) from None

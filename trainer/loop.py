@@ -125,6 +125,8 @@ class CachedShard:
 
 
 def _batches(source, batch_size: int, device, generator: torch.Generator | None = None, streamed: bool = False):
+    """A cached shard or a streamed one visits its rows in the generator's order; a materialized one (already
+    shuffled once by the split) in its own."""
     if isinstance(source, CachedShard):
         return source.minibatches(batch_size, generator)
     return iter_minibatches(source, batch_size, device, generator if streamed else None)
@@ -307,7 +309,7 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
         streamed = loop_config.get("streamed", False)
         train_loss = train_epoch(
             model, train_shard, optimizer, loss_fn, batch_size, device, scheduler,
-            generator if isinstance(train_shard, CachedShard) or streamed else None, streamed,
+            generator, streamed,
         )
         epoch_time = time.perf_counter() - t0
         metrics = {"epoch": epoch, "train_loss": train_loss, "epoch_time_s": epoch_time,

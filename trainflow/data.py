@@ -531,10 +531,10 @@ def apply_preprocessor(ds: ray.data.Dataset, prep: TabularPreprocessor, streamed
 
 
 def pack(
-    train: ray.data.Dataset, val: ray.data.Dataset, prep: TabularPreprocessor, materialize: bool, seed: int = 0
+    train: ray.data.Dataset, val: ray.data.Dataset, prep: TabularPreprocessor, materialize: bool
 ) -> tuple[ray.data.Dataset, ray.data.Dataset]:
     """Both splits as packed tensor columns: materialized in the object store, or lazy to be streamed (the
-    files are read in a random order and the workers add a local shuffle buffer)."""
+    files are read in a random order and the workers permute each block's rows)."""
     train, val = apply_preprocessor(train, prep, not materialize), apply_preprocessor(val, prep, not materialize)
     if materialize:
         return train.materialize(), val.materialize()
