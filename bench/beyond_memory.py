@@ -10,6 +10,12 @@ materializes it there). Printed: the streamed steady-state epoch's rows/s agains
 scale-linearity: the streamed path's steady-state epoch on a tenth of the rows against the full table, on
 the same small store (target: 10x the rows costs <= 11x the time).
 
+beyond-memory-xgboost: the same streamed table (small store) trained by XGBoost with 2 workers for
+BEYOND_MEMORY_ROUNDS (30) rounds, early stopping off, once on external-memory matrices
+(model.params.external_memory: always) and once in memory (never). Printed: seconds per round of each
+(ratio), the largest resident memory of a Ray Train worker process in each (sampled every 0.2 s), and
+both validation RMSEs (the same trees: equal).
+
 Each run is its own process with its own Ray, so the object store size is what the run sees.
 """
 
@@ -32,6 +38,7 @@ import yaml
 ROWS = int(os.environ.get("BEYOND_MEMORY_ROWS", 12_000_000))
 SMALL_STORE = int(os.environ.get("BEYOND_MEMORY_STORE_MB", 200)) * 2**20
 COLS = 16
+ROUNDS = int(os.environ.get("BEYOND_MEMORY_ROUNDS", 30))
 OUT = Path(__file__).with_name("out")
 
 
@@ -56,8 +63,34 @@ def make_table(path: Path, rows: int, seed: int, label: bool = True) -> Path:
     return path
 
 
-def child(store: int, train: str, score: str, work: str) -> None:
-    """One retrain in this process, on a Ray with an object store of `store` bytes; prints a JSON line."""
+class PeakWorkerMemory:
+    """The largest resident set of any Ray Train worker process, sampled every 0.2 s in a thread."""
+
+    def __init__(self):
+        import threading
+
+        self.peak, self.done = 0, threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        import psutil
+
+        while not self.done.wait(0.2):
+            for proc in psutil.process_iter(["name", "cmdline", "memory_info"]):
+                title = " ".join(proc.info["cmdline"] or []) + (proc.info["name"] or "")
+                if "RayTrainWorker" in title and proc.info["memory_info"] is not None:
+                    self.peak = max(self.peak, proc.info["memory_info"].rss)
+
+    def stop(self) -> int:
+        self.done.set()
+        self.thread.join()
+        return self.peak
+
+
+def child(store: int, train: str, score: str, work: str, model: dict | None = None) -> None:
+    """One retrain in this process, on a Ray with an object store of `store` bytes; prints a JSON line.
+    model: the config's model section (default: trainflow's mlp)."""
     from ray._private.internal_api import memory_summary
 
     from trainflow.cli import main as cli_main
@@ -69,12 +102,13 @@ def child(store: int, train: str, score: str, work: str) -> None:
         "data": {"path": train, "label": "y", "id_column": "id"}, "task": "regression",
         "train": {"epochs": 2, "batch_size": 1024}, "scaling": {"num_workers": 2},
         "checkpoint": {"metric": "val_rmse", "min_interval_s": 0}, "storage_path": str(Path(work) / "runs"),
+        **({"model": model} if model else {}),
         "mlflow": {"experiment": "beyond-memory", "registered_model": f"beyond-{Path(work).name}"},
         "inference": {"input": score, "output": str(Path(work) / "predictions"), "batch_size": 65536},
     }))
-    t0 = time.perf_counter()
+    t0, memory = time.perf_counter(), PeakWorkerMemory()
     rc = cli_main(["retrain", "--config", str(cfg), "--summary-json", str(Path(work) / "summary.json")])
-    wall = time.perf_counter() - t0
+    wall, peak = time.perf_counter() - t0, memory.stop()
     spilled = re.search(r"Spilled (\d+) MiB", memory_summary(stats_only=True))
     summary = json.loads((Path(work) / "summary.json").read_text()) if rc == 0 else {}
     from trainer.checkpoint import read_metrics
@@ -86,15 +120,16 @@ def child(store: int, train: str, score: str, work: str) -> None:
         "rc": rc, "wall": wall, "spilled_mib": int(spilled.group(1)) if spilled else 0,
         "materialized": summary.get("data_materialized"), "train_rows": summary.get("train_rows"),
         "epoch_times": [h["epoch_time_s"] for h in history], "output_rows": summary.get("output_rows"),
-        "input_rows": summary.get("input_rows"),
+        "input_rows": summary.get("input_rows"), "peak_worker_rss_mib": peak / 2**20,
+        "val_rmse": (summary.get("best_checkpoint") or {}).get("metrics", {}).get("val_rmse"),
     }), flush=True)
 
 
-def run(store: int, train: Path, score: Path, work: Path) -> dict:
+def run(store: int, train: Path, score: Path, work: Path, model: dict | None = None) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    proc = subprocess.run([sys.executable, "-m", "bench.beyond_memory", "--child", str(store), str(train), str(score), str(work)],
-                          capture_output=True, text=True, env=env, timeout=3600)
+    proc = subprocess.run([sys.executable, "-m", "bench.beyond_memory", "--child", str(store), str(train), str(score), str(work),
+                           json.dumps(model or {})], capture_output=True, text=True, env=env, timeout=3600)
     found = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if not found:
         raise RuntimeError(f"beyond-memory child failed ({proc.returncode}): {(proc.stdout + proc.stderr)[-3000:]}")
@@ -111,6 +146,9 @@ def main() -> None:
         streamed = run(SMALL_STORE, train, score, Path(tmp) / "streamed")
         tenth = run(SMALL_STORE, small, score, Path(tmp) / "tenth")
         held = run(int(table_mib * 2**20 * 5), train, score, Path(tmp) / "in-memory")
+        trees = {mode: run(SMALL_STORE, train, score, Path(tmp) / f"xgboost-{mode}", {"type": "xgboost", "params": {
+            "num_boost_round": ROUNDS, "early_stopping_rounds": "off", "external_memory": mode}})
+            for mode in ("always", "never")}
     rate = lambda r: r["train_rows"] / r["epoch_times"][-1]  # noqa: E731 - the steady-state (second) epoch
     print(
         f"beyond-memory: trainflow {rate(streamed) / 1e6:.3f} M rows/s, baseline {rate(held) / 1e6:.3f} M rows/s, "
@@ -123,10 +161,19 @@ def main() -> None:
     a, b = streamed["epoch_times"][-1], tenth["epoch_times"][-1]
     print(f"scale-linearity: trainflow {a:.1f} s, baseline {b:.1f} s, ratio {a / b:.2f}  (steady-state streamed epoch "
           f"of {ROWS} rows vs {ROWS // 10} rows on a {SMALL_STORE / 2**20:.0f} MiB object store; target <= 11)", flush=True)
+    # a booster's "epoch" is a round; its first holds the matrices' construction, so the rest are compared
+    per_round = {m: sum(r["epoch_times"][1:]) / max(1, len(r["epoch_times"]) - 1) for m, r in trees.items()}
+    ext, mem = trees["always"], trees["never"]
+    print(f"beyond-memory-xgboost: trainflow {per_round['always']:.2f} s/round, baseline {per_round['never']:.2f} s/round, "
+          f"ratio {per_round['always'] / per_round['never']:.2f}  (external-memory vs in-memory matrices, {ROWS} rows "
+          f"streamed on a {SMALL_STORE / 2**20:.0f} MiB object store, 2 workers, rounds 2-{ROUNDS}; largest worker "
+          f"RSS {ext['peak_worker_rss_mib']:.0f} MiB vs {mem['peak_worker_rss_mib']:.0f} MiB; val_rmse {ext['val_rmse']:.4f} "
+          f"vs {mem['val_rmse']:.4f}; wall {ext['wall']:.0f} s vs {mem['wall']:.0f} s incl. "
+          f"{ext['output_rows']} predictions)", flush=True)
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        child(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5])
+        child(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], json.loads(sys.argv[6]) or None)
     else:
         main()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
@@ -51,8 +51,16 @@ def preprocess(ingested: Ingested, parts: Split, config: Config) -> Prepared:
             estimate = check_packed_size(prep, parts.train_rows + parts.val_rows, budgets[name].batch_size,
                                          max(1, workers), memory, ingested.spec.path)
         else:
+            params = resolved["model"]["params"]
             estimate = check_booster_matrix(prep, parts.train_rows, parts.val_rows, max(1, workers), memory,
-                                            ingested.spec.path)
+                                            ingested.spec.path, params["external_memory"] if name == "xgboost" else None)
+            budgets[name] = replace(budgets[name], external_memory=estimate["external_memory"])
+            if estimate["external_memory"]:
+                get_run_logger().info(
+                    "%s: external-memory matrices (model.params.external_memory %s; in memory a worker would hold "
+                    "about %.1f GiB of its %.1f GiB share): each worker writes its shard to local disk a batch at a time",
+                    name, params["external_memory"], estimate["worker_matrix_bytes"] / 2**30,
+                    memory / max(1, workers) / 2**30)
     rows = parts.train_rows + parts.val_rows
     materialize = parts.materialized
     try:

@@ -42,11 +42,11 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
     log = get_run_logger()
     family = family or config.model.families[0]
     resolved = config.for_family(family)
+    budget = prepared.budgets[family]
     trainer = build_trainer(
         resolved, prepared.preprocessor, prepared.train, prepared.val, run_name, cache_shards=prepared.materialized,
-        streamed=not prepared.materialized,
+        streamed=not prepared.materialized, external_memory=getattr(budget, "external_memory", False),
     )
-    budget = prepared.budgets[family]
     log.info(
         "training %s (%s): %d worker(s), gpu=%s, budget %s, storage %s", run_name, family,
         config.scaling.num_workers, config.scaling.use_gpu, budget.to_dict(), config.storage_path,

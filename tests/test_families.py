@@ -20,7 +20,8 @@ from trainer.predict import predict_table
 from trainer.recovery import read_events, recoveries
 from trainer.runner import build_trainer, run_dir
 from trainflow.cli import main as cli_main
-from trainflow.config import config_from_dict
+from trainflow.config import DataSection, config_from_dict
+from trainflow.data import fit_preprocessor, table_spec
 from trainflow.errors import ConfigError
 from trainflow.tracking import tracking
 
@@ -41,10 +42,62 @@ def test_model_type_and_params_are_validated_with_their_dotted_names():
         ({"type": "lightgbm", "params": {"learning_rate": -1}}, "model.params.learning_rate"),
         ({"type": "mlp", "params": {"max_depth": 3}}, "model.params.max_depth: applies to xgboost and lightgbm"),
         ({"type": ["xgboost", "xgboost"]}, "names a family more than once"),
+        ({"type": "xgboost", "params": {"external_memory": "always", "tree_method": "exact"}}, "needs tree_method 'hist'"),
+        ({"type": "lightgbm", "params": {"external_memory": "always"}}, "external_memory: applies to xgboost"),
         ({"type": "catboost"}, "model.type"),
     ]:
         with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
             _cfg(model)
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_external_memory_matrices_grow_the_same_trees_and_are_chosen_when_memory_is_short(tmp_path, monkeypatch):
+    import xgboost as xgb
+
+    from preprocessors.tabular import FEATURES, LABEL
+    from trainer import extmem
+    from trainer.boosting import shard_arrays
+    from trainflow.errors import DataError
+    from trainflow.memory import check_booster_matrix
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(6000, 5)).astype(np.float32)
+    x[:, 4] = rng.integers(0, 6, size=6000)  # a categorical code
+    y = ((x[:, 0] - x[:, 1] ** 2 + (x[:, 4] == 2) + rng.normal(scale=0.3, size=6000)) > 0).astype(np.int64)
+
+    def dataset(lo, hi):
+        return ray.data.range(hi - lo, override_num_blocks=6).map_batches(
+            lambda b: {FEATURES: x[lo + b["id"]], LABEL: y[lo + b["id"]]}).materialize()
+
+    train, val = dataset(0, 5000), dataset(5000, 6000)
+    types = ["q"] * 4 + ["c"]
+    params = {"tree_method": "hist", "objective": "binary:logistic", "eval_metric": "logloss", "nthread": 2, "seed": 0,
+              "colsample_bynode": 0.5}
+    monkeypatch.setattr(extmem, "PAGE_BYTES", 20_000)  # about 1,000 rows a page: several pages per matrix
+    dtrain, dval, labels = extmem.extmem_matrices(train.iterator(), val.iterator(), types, tmp_path, params)
+    assert not list(tmp_path.glob("*/x-*.npy"))  # the spooled pages are gone once XGBoost has its cache
+    external = xgb.train(params, dtrain, 20)
+    (xt, yt), (xv, yv) = shard_arrays(train.iterator()), shard_arrays(val.iterator())
+    in_memory = xgb.train(params, xgb.DMatrix(xt, yt, feature_types=types, enable_categorical=True), 20)
+    np.testing.assert_array_equal(labels, yv)  # in the validation matrix's row order
+    assert external.get_dump() == in_memory.get_dump()
+    np.testing.assert_allclose(external.predict(dval),
+                               in_memory.predict(xgb.DMatrix(xv, feature_types=types, enable_categorical=True)), rtol=1e-6)
+
+    # the choice: in memory while a worker's matrices fit its share; external memory (auto) or a clear error past it
+    from tests.test_preprocess import _wide_table
+
+    table = _wide_table()
+    spec = table_spec(table.schema, DataSection(path="mem", label="y", id_column="id"), "classification", "mem")
+    prep = fit_preprocessor(ray.data.from_arrow(table), spec, "classification")
+    args = (prep, 10**7, 10**6, 2)
+    assert not check_booster_matrix(*args, 64 * 2**30, "t.parquet", "auto")["external_memory"]
+    assert check_booster_matrix(*args, 2**30, "t.parquet", "auto")["external_memory"]
+    assert check_booster_matrix(*args, 64 * 2**30, "t.parquet", "always")["external_memory"]
+    with pytest.raises(DataError, match=r"t.parquet: .*model.params.external_memory: auto \(now never\)"):
+        check_booster_matrix(*args, 2**30, "t.parquet", "never")
+    with pytest.raises(DataError, match="t.parquet: .*model.type xgboost, whose external-memory matrix"):
+        check_booster_matrix(*args, 2**30, "t.parquet", None)
 
 
 def _round_trip(family: str):
@@ -74,11 +127,14 @@ def _round_trip(family: str):
 @pytest.mark.usefixtures("ray_local")
 @pytest.mark.parametrize("family", ["xgboost"])  # LightGBM's resume passed the same test (22 s); not kept for time
 def test_a_killed_booster_worker_resumes_at_a_later_round(tmp_path, family):
+    """On XGBoost's external-memory matrices (the families flow test trains the in-memory ones)."""
     cfg, prep, train, val = small_run(tmp_path, hang_timeout_s=60.0)
     cfg["model"] = {**cfg["model"], "type": family,
                     "params": {**cfg["model"]["params"], "num_boost_round": 30, "early_stopping_rounds": "off"}}
     cfg["checkpoint"]["min_interval_s"] = 0.0
-    result = build_trainer(cfg, prep, train, val, "boost-kill", train_fn=_round_trip(family)).fit()
+    external = family == "xgboost"
+    result = build_trainer(cfg, prep, train, val, "boost-kill", train_fn=_round_trip(family),
+                           external_memory=external).fit()
     with result.checkpoint.as_directory() as d:
         history = read_metrics(d)["history"]
         served = load_servable(d)
@@ -86,6 +142,8 @@ def test_a_killed_booster_worker_resumes_at_a_later_round(tmp_path, family):
     assert [h["epoch"] for h in history] == list(range(30))
     events = read_events(run_dir(cfg, "boost-kill"))
     assert [e["epoch"] for e in events if e["event"] == "resume"] == [12]
+    starts = [e for e in events if e["event"] == "worker_start"]
+    assert len(starts) == 4 and all(e["external_memory"] is external for e in starts)
     (killed,) = recoveries(events)
     assert killed["resumed_from_epoch"] == 12 and ("died" in killed["error"] or "dead" in killed["error"])
     booster = served.predict.booster

@@ -13,7 +13,8 @@ import json
 import math
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,6 +37,7 @@ EPS = 1e-12
 class BoostBudget:
     num_boost_round: int
     early_stopping_rounds: int | None
+    external_memory: bool = False  # XGBoost reads its shard into an ExtMemQuantileDMatrix (trainer/extmem.py)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -58,8 +60,6 @@ def library_params(family: str, prep: TabularPreprocessor, cfg: dict[str, Any]) 
     from trainflow.config import BoosterParams
 
     chosen = BoosterParams.model_validate(model["params"]).for_family(family)
-    chosen.pop("num_boost_round", None)
-    chosen.pop("early_stopping_rounds", None)
     classes = prep.num_outputs if prep.task == "classification" else 0
     seed, threads = int(cfg["split"]["seed"]), worker_threads(scaling)
     if family == "xgboost":
@@ -208,10 +208,10 @@ class BoostRun:
 
     loop_config: dict[str, Any]
     prep: TabularPreprocessor
-    x: np.ndarray
-    y: np.ndarray
-    x_val: np.ndarray
-    y_val: np.ndarray
+    x: np.ndarray | None  # None: the family reads its shards itself (XGBoost's external memory)
+    y: np.ndarray | None
+    x_val: np.ndarray | None
+    y_val: np.ndarray | None
     budget: BoostBudget
     model: Any  # the checkpoint's booster to continue from, or None
     start: int  # the first round to boost
@@ -225,10 +225,11 @@ class BoostRun:
 
 
 def _prepare(loop_config: dict[str, Any], load_model: Callable[[Path], Any]) -> BoostRun | None:
-    """Read this worker's data and resume from ray.train.get_checkpoint(); None when nothing is left to boost."""
+    """Read this worker's data (unless the budget says external memory) and resume from
+    ray.train.get_checkpoint(); None when nothing is left to boost."""
     cfg = loop_config["config"]
     ctx = ray.train.get_context()
-    budget = boost_budget(cfg["model"])
+    budget = replace(boost_budget(cfg["model"]), external_memory=bool(loop_config.get("external_memory")))
     stopper = EarlyStopping("min", budget.early_stopping_rounds, cfg["train"]["early_stopping"]["min_delta"])
     model, start, history = None, 0, []
     checkpoint = ray.train.get_checkpoint()
@@ -244,13 +245,15 @@ def _prepare(loop_config: dict[str, Any], load_model: Callable[[Path], Any]) -> 
     if loop_config.get("run_dir"):
         append_event(loop_config["run_dir"], {
             "event": "worker_start", "rank": ctx.get_world_rank(), "node_id": ray.get_runtime_context().get_node_id(),
-            "from_epoch": start,
+            "from_epoch": start, "external_memory": budget.external_memory,
         })
     if stopper.should_stop or start >= budget.num_boost_round:
         return None
     prep = TabularPreprocessor.from_dict(loop_config["preprocessor"])
-    x, y = shard_arrays(ray.train.get_dataset_shard("train"))
-    x_val, y_val = shard_arrays(ray.train.get_dataset_shard("val"))
+    x = y = x_val = y_val = None
+    if not budget.external_memory:
+        x, y = shard_arrays(ray.train.get_dataset_shard("train"))
+        x_val, y_val = shard_arrays(ray.train.get_dataset_shard("val"))
     if start == 0 and ctx.get_world_rank() == 0:
         print(f"trainflow budget: {budget.to_dict()} over {prep.train_rows} training rows")
     return BoostRun(loop_config, prep, x, y, x_val, y_val, budget, model, start, history, stopper)
@@ -265,12 +268,16 @@ def categorical_positions(prep: TabularPreprocessor) -> list[int]:
 XGB_MODEL = "model.ubj"
 
 
+def xgb_feature_types(prep: TabularPreprocessor) -> list[str]:
+    cats = set(categorical_positions(prep))
+    return ["c" if i in cats else "q" for i in range(prep.num_features)]
+
+
 def xgb_matrix(prep: TabularPreprocessor, x: np.ndarray, y: np.ndarray | None = None):
     import xgboost as xgb
 
-    cats = set(categorical_positions(prep))
-    types = ["c" if i in cats else "q" for i in range(prep.num_features)]
-    return xgb.DMatrix(x, label=y, feature_types=types, enable_categorical=bool(cats), nthread=-1)
+    types = xgb_feature_types(prep)
+    return xgb.DMatrix(x, label=y, feature_types=types, enable_categorical="c" in types, nthread=-1)
 
 
 def _xgb_load(path: Path):
@@ -283,15 +290,28 @@ def _xgb_load(path: Path):
 
 def xgboost_train_fn(loop_config: dict[str, Any]) -> None:
     """XGBoostTrainer's per-worker loop: resume from the latest checkpoint's round, boost, report."""
-    import xgboost as xgb
-
     run = _prepare(loop_config, _xgb_load)
     if run is None:
         return
     prep = run.prep
     params = library_params("xgboost", prep, loop_config["config"])
-    dtrain, dval = xgb_matrix(prep, run.x, run.y), xgb_matrix(prep, run.x_val, run.y_val)
-    metric = params["eval_metric"]
+    with ExitStack() as cleanup:
+        if run.budget.external_memory:
+            from trainer.extmem import extmem_matrices
+
+            cache = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="trainflow-xgboost-")))
+            dtrain, dval, run.y_val = extmem_matrices(ray.train.get_dataset_shard("train"),
+                                                      ray.train.get_dataset_shard("val"), xgb_feature_types(prep), cache,
+                                                      params)
+        else:
+            dtrain, dval = xgb_matrix(prep, run.x, run.y), xgb_matrix(prep, run.x_val, run.y_val)
+        _xgb_boost(run, params, dtrain, dval)
+
+
+def _xgb_boost(run: BoostRun, params: dict[str, Any], dtrain, dval) -> None:
+    import xgboost as xgb
+
+    prep, metric = run.prep, params["eval_metric"]
 
     def save(model, rnd: int, d: Path) -> None:
         model[: rnd + 1].save_model(str(d / XGB_MODEL))

@@ -73,13 +73,15 @@ def build_trainer(
     callbacks: list | None = None,
     cache_shards: bool = False,
     streamed: bool = False,
+    external_memory: bool = False,
 ):
     """The model family's trainer (TorchTrainer, XGBoostTrainer, LightGBMTrainer); its run resumes when
     built again with the same storage_path and run_name.
 
     config["model"]["type"] is one family; train_fn replaces the family's per-worker loop (fault tests);
     cache_shards: torch workers keep their shard in memory after the first epoch (materialized data);
-    streamed: the data is re-read from its files each epoch and mixed by a local shuffle buffer.
+    streamed: the data is re-read from its files each epoch and each block's rows permuted on the workers;
+    external_memory: XGBoost workers build external-memory matrices (trainer/extmem.py).
     """
     ckpt = config["checkpoint"]
     family = family_for(config["model"])
@@ -88,7 +90,7 @@ def build_trainer(
         config["scaling"],
         train_loop_config={
             "config": config, "preprocessor": preprocessor.to_dict(), "run_dir": run_dir(config, run_name),
-            "cache_shards": cache_shards, "streamed": streamed,
+            "cache_shards": cache_shards, "streamed": streamed, "external_memory": external_memory,
         },
         scaling_config=scaling_config(config["scaling"]),
         datasets={"train": train_ds, "val": val_ds},

@@ -76,8 +76,12 @@ BOOSTER_KEYS: dict[str, tuple[str, ...]] = {
     "min_child_weight": _BOTH, "subsample": _BOTH, "colsample_bytree": _BOTH, "reg_lambda": _BOTH,
     "reg_alpha": _BOTH, "max_bin": _BOTH,
     "gamma": _XGB, "colsample_bynode": _XGB, "tree_method": _XGB, "max_leaves": _XGB, "grow_policy": _XGB, "max_cat_to_onehot": _XGB,
+    "external_memory": _XGB,
     "num_leaves": _LGB, "min_data_in_leaf": _LGB, "min_split_gain": _LGB, "cat_smooth": _LGB,
 }
+
+
+TRAINFLOW_KEYS = ("num_boost_round", "early_stopping_rounds", "external_memory")  # read by trainflow, not the library
 
 
 class BoosterParams(_Section):
@@ -103,6 +107,9 @@ class BoosterParams(_Section):
     min_data_in_leaf: int | None = Field(None, ge=0)
     min_split_gain: float | None = Field(None, ge=0.0)
     cat_smooth: float | None = Field(None, ge=0.0)
+    # trainflow's, not the library's: read the shard into XGBoost's external-memory matrix (ExtMemQuantileDMatrix,
+    # pages on the worker's disk) instead of an in-memory one; auto: when the in-memory matrices would not fit
+    external_memory: Literal["auto", "always", "never"] = "auto"
 
     @field_validator("early_stopping_rounds")
     @classmethod
@@ -111,9 +118,17 @@ class BoosterParams(_Section):
             raise ValueError("must be at least 1, or 'off'")
         return v
 
+    @model_validator(mode="after")
+    def _external_memory_hist(self) -> BoosterParams:
+        if self.external_memory == "always" and self.tree_method not in (None, "hist"):
+            raise ValueError(f"model.params.external_memory 'always' needs tree_method 'hist' (XGBoost's external-memory "
+                             f"matrix is built for it), not {self.tree_method!r}")
+        return self
+
     def for_family(self, family: str) -> dict[str, Any]:
-        """The keys this family takes, without the unset ones."""
-        return {k: v for k, v in self.model_dump().items() if v is not None and family in BOOSTER_KEYS[k]}
+        """The library keys this family takes, without the unset ones (trainflow's own keys are not passed on)."""
+        return {k: v for k, v in self.model_dump().items()
+                if v is not None and family in BOOSTER_KEYS[k] and k not in TRAINFLOW_KEYS}
 
 
 class ModelSection(_Section):

@@ -71,25 +71,36 @@ def out_of_memory_error(stage: str, num_workers: int) -> TrainingError:
 
 
 def check_booster_matrix(
-    prep: TabularPreprocessor, train_rows: int, val_rows: int, num_workers: int, memory_bytes: float, source: str
+    prep: TabularPreprocessor, train_rows: int, val_rows: int, num_workers: int, memory_bytes: float, source: str,
+    external_memory: str | None = None,
 ) -> dict[str, Any]:
-    """Fail fast when a booster worker's matrices would not fit its share of memory.
+    """Whether a booster worker's matrices fit its share of memory; fail fast when they would not and the family
+    cannot do without them.
 
-    Each worker holds its share of the training rows and the whole validation split as float32 arrays,
-    and the library copies them once more into its own matrix (XGBoost's DMatrix, LightGBM's Dataset),
-    so about twice the packed bytes of those rows.
+    In memory, each worker holds its share of the training rows and the whole validation split as float32
+    arrays, and the library copies them once more into its own matrix (XGBoost's DMatrix, LightGBM's Dataset),
+    so about twice the packed bytes of those rows. external_memory (XGBoost's model.params.external_memory;
+    None for a family without it): "always" or "auto" over the limit -> the estimate says
+    external_memory True (the worker builds an ExtMemQuantileDMatrix from its shard, a batch at a time).
     """
     per_row = packed_bytes_per_row(prep)
     per_worker = memory_bytes / max(1, num_workers)
     rows = train_rows / max(1, num_workers) + val_rows
     need = 2 * per_row * rows
-    if need > 0.5 * per_worker:
+    estimate = {"bytes_per_row": per_row, "table_bytes": per_row * (train_rows + val_rows), "features": prep.num_features,
+                "worker_matrix_bytes": int(need), "external_memory": external_memory == "always"}
+    over = need > 0.5 * per_worker
+    if over and external_memory == "auto":
+        estimate["external_memory"] = True
+    if over and not estimate["external_memory"]:
+        way_out = ("model.params.external_memory: auto (now never), which reads the shard into XGBoost's "
+                   "external-memory matrix" if external_memory == "never" else
+                   "model.type xgboost, whose external-memory matrix reads the shard a batch at a time")
         raise DataError(
             f"{source}: a boosted-trees worker holds its {int(train_rows / max(1, num_workers)):,} training rows and "
             f"the {val_rows:,} validation rows as matrices, about {need / 2**30:.1f} GiB of the "
-            f"{per_worker / 2**30:.1f} GiB each of {num_workers} worker(s) has. Use more workers across more "
-            "machines (scaling.num_workers), a smaller split.validation_fraction, fewer columns (data.features), or "
-            "model.type mlp, which streams its mini-batches"
+            f"{per_worker / 2**30:.1f} GiB each of {num_workers} worker(s) has. Use {way_out}; more workers across "
+            "more machines (scaling.num_workers), a smaller split.validation_fraction, fewer columns (data.features), "
+            "or model.type mlp, which streams its mini-batches"
         )
-    return {"bytes_per_row": per_row, "table_bytes": per_row * (train_rows + val_rows), "features": prep.num_features,
-            "worker_matrix_bytes": int(need)}
+    return estimate
