@@ -10,9 +10,8 @@ timestamp column (date parts) is split, preprocessed and trained with `use_gpu`,
 checkpoint predicts 2,000 rows (100 with an unseen value) on the GPU, directly and through Ray Data
 actors, and both are compared with the CPU predictions. WORKER_ENV (JSON) adds worker env vars.
 """
-import sys, time, json, tempfile
+import time, json, tempfile
 import numpy as np, pyarrow as pa, torch, ray, ray.data
-from trainflow.runtime import ensure_ray
 from trainflow.config import config_from_dict
 from trainflow.data import table_spec, check_text_columns, split_table, fit_and_pack
 from trainer.runner import build_trainer

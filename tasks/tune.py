@@ -57,6 +57,7 @@ def tune_sweep(prepared: Prepared, config: Config, sweep: str) -> Swept:
     tuner = build_tuner(
         config.to_dict(), prepared.preprocessor, prepared.train, prepared.val, sweep, parallel,
         cache_shards=prepared.materialized,
+        external_memory={name: getattr(b, "external_memory", False) for name, b in prepared.budgets.items()},
     )
     results = tuner.fit()
     trials = summarize_trials(results, sweep, tune_cfg.metric, tune_cfg.mode)

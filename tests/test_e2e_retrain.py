@@ -1,7 +1,6 @@
 """End-to-end local flow runs of `retrain` and `batch-inference` with 2 Ray Train workers."""
 
 import json
-from pathlib import Path
 
 import mlflow
 import numpy as np
@@ -9,7 +8,6 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pytest
 from mlflow import MlflowClient
-from prefect.artifacts import Artifact
 
 from tests.conftest import churn_config, make_regression_table, write_config, write_parquet
 from trainer.checkpoint import load_servable, read_metrics
@@ -154,37 +152,6 @@ def test_retrain_regression_end_to_end(tmp_path):
     assert summary["unseen_categories"] == {"store": sum(v not in known for v in score["store"].to_pylist())}
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
     _check_mlflow(summary, tracking, "reg-test")
-    first_predictions = pads.dataset(summary["predictions_path"]).to_table()
     assert summary["promotion"]["decision"] == "promoted"
-
-    # a deliberately worse challenger (one epoch at a tiny learning rate) is registered but not promoted;
-    # @champion stays on version 1 and the flow's predictions still come from it
-    worse = retrain(config_path=str(cfg_path), run_name="reg-worse",
-                    overrides={"train.epochs": 1, "train.learning_rate": 1e-6})
-    promo = worse["promotion"]
-    assert worse["model_version"] == "2"
-    assert promo["decision"] == "not_promoted", promo
-    assert promo["champion_version"] == "1" and promo["serving_version"] == "1"
-    assert promo["challenger_score"] < promo["champion_score"]  # val_r2: higher is better
-    assert promo["champion_score"] == pytest.approx(summary["best_checkpoint"]["metrics"]["val_r2"], rel=1e-4)
-    assert worse["predictions_model_version"] == "1"
-    again = pads.dataset(worse["predictions_path"]).to_table()
-    assert again["prediction"].to_pylist() == pytest.approx(first_predictions["prediction"].to_pylist(), rel=1e-6)
-    client = MlflowClient(tracking_uri=tracking)
-    assert str(client.get_model_version_by_alias("reg-test", "champion").version) == "1"
-    v2 = client.get_model_version("reg-test", "2")
-    assert v2.tags["trainflow.promotion.decision"] == "not_promoted"
-    assert v2.tags["trainflow.data_fingerprint"] == worse["data_fingerprint"]
-    assert v2.tags["trainflow.run_name"] == "reg-worse"
-    assert v2.tags["trainflow.ray_run_path"] == worse["ray_run_path"]
-    assert v2.tags["trainflow.prefect_flow_run_id"]
-    run = client.get_run(worse["mlflow_run_id"])
-    assert run.data.tags["trainflow.promotion.reason"] == promo["reason"]
-    assert "loss_curve.png" in [a.path for a in client.list_artifacts(run.info.run_id)]
-    # what a person looks at in Prefect: the model card, the per-epoch metrics table and the loss curve
-    card = Artifact.get("reg-test-model-card")
-    assert "not_promoted" in card.data and worse["data_fingerprint"] in card.data and worse["ray_run_path"] in card.data
-    table = json.loads(Artifact.get("reg-test-epoch-metrics").data)
-    assert [row["epoch"] for row in table] == [0]
-    curve = Artifact.get("reg-test-loss-curve").data
-    assert curve.endswith("reg-worse/loss_curve.png") and Path(curve.removeprefix("file://")).stat().st_size > 1000
+    # a registered challenger that is not promoted (champion kept, predictions from it, the artifacts that say
+    # so): tests/test_s3.py's resumed rerun, which makes no fit of its own for it

@@ -1,4 +1,4 @@
-"""Real faults: a worker raises, is SIGKILLed, hangs; a checkpoint file is truncated."""
+"""Real faults: a worker raises, hangs (and is killed by its watchdog); a checkpoint file is truncated."""
 
 from pathlib import Path
 
@@ -16,8 +16,8 @@ from trainflow.config import config_from_dict
 @pytest.mark.e2e
 @pytest.mark.usefixtures("ray_local")
 def test_successive_worker_faults_each_resume_where_they_stopped(tmp_path):
-    # one run survives a worker that raises (epoch 1), one SIGKILLed (epoch 2) and one that hangs (epoch 3)
-    cfg, prep, train, val = small_run(tmp_path, hang_timeout_s=15.0, max_failures=3)
+    # one run survives a worker that raises (epoch 1) and one that hangs (epoch 2: the watchdog SIGKILLs it)
+    cfg, prep, train, val = small_run(tmp_path, hang_timeout_s=10.0, max_failures=2)
     trainer = build_trainer(cfg, prep, train, val, "faults", train_fn=successive_faults(str(tmp_path)))
     result = trainer.fit()
     with result.checkpoint.as_directory() as d:
@@ -25,16 +25,15 @@ def test_successive_worker_faults_each_resume_where_they_stopped(tmp_path):
         stopper = load_train_state(d)["early_stopping"]
     # every epoch ran exactly once
     assert [h["epoch"] for h in history] == list(range(EPOCHS))
-    # the early-stopping state crossed the three resumes: its best is the best of every attempt's epochs
+    # the early-stopping state crossed the resumes: its best is the best of every attempt's epochs
     losses = [h["val_loss"] for h in history]
     assert stopper["best"] == pytest.approx(min(losses)) and stopper["best_epoch"] == losses.index(min(losses))
     events = read_events(run_dir(cfg, "faults"))
-    assert [e["epoch"] for e in events if e["event"] == "resume"] == [1, 2, 3]
-    raised, killed, hung = recoveries(events)
-    assert (raised["resumed_from_epoch"], killed["resumed_from_epoch"], hung["resumed_from_epoch"]) == (1, 2, 3)
+    assert [e["epoch"] for e in events if e["event"] == "resume"] == [1, 2]
+    raised, hung = recoveries(events)
+    assert (raised["resumed_from_epoch"], hung["resumed_from_epoch"]) == (1, 2)
     assert "injected failure in epoch 1" in raised["error"]
-    assert "died" in killed["error"] or "dead" in killed["error"]
-    assert "no progress for" in hung["error"] and "hang_timeout_s=15" in hung["error"]
+    assert "no progress for" in hung["error"] and "hang_timeout_s=10" in hung["error"]
 
 
 @pytest.mark.usefixtures("prefect_harness")

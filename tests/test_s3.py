@@ -13,6 +13,8 @@ import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
+from mlflow import MlflowClient
+from prefect.artifacts import Artifact
 
 from tests.conftest import free_port, write_config
 from trainflow.cli import main as cli_main
@@ -60,6 +62,29 @@ def ray_with_s3(s3_endpoint, own_ray):
     yield
 
 
+def _check_not_promoted(summary: dict, promo: dict, tmp_path, fs: pafs.FileSystem) -> None:
+    """The registry, MLflow and Prefect say what the gate decided and where the model came from."""
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert str(client.get_model_version_by_alias("s3-test", "champion").version) == "1"
+    v2 = client.get_model_version("s3-test", "2")
+    assert v2.tags["trainflow.promotion.decision"] == "not_promoted"
+    assert v2.tags["trainflow.data_fingerprint"] == summary["data_fingerprint"]
+    assert v2.tags["trainflow.run_name"] == "s3-run"
+    assert v2.tags["trainflow.ray_run_path"] == summary["ray_run_path"]
+    assert v2.tags["trainflow.prefect_flow_run_id"]
+    run = client.get_run(summary["mlflow_run_id"])
+    assert run.data.tags["trainflow.promotion.reason"] == promo["reason"]
+    assert "loss_curve.png" in [a.path for a in client.list_artifacts(run.info.run_id)]
+    # what a person looks at in Prefect: the model card, the per-epoch metrics table and the loss curve
+    card = Artifact.get("s3-test-model-card")
+    assert "not_promoted" in card.data and summary["data_fingerprint"] in card.data and summary["ray_run_path"] in card.data
+    table = json.loads(Artifact.get("s3-test-epoch-metrics").data)
+    assert [row["epoch"] for row in table] == [0, 1, 2]
+    curve = Artifact.get("s3-test-loss-curve").data
+    assert curve == f"{summary['ray_run_path']}/loss_curve.png"
+    assert fs.get_file_info(curve.removeprefix("s3://")).size > 1000
+
+
 def _upload(fs: pafs.FileSystem, table, key: str) -> str:
     with fs.open_output_stream(f"{BUCKET}/{key}") as f:
         pq.write_table(table, f)
@@ -96,13 +121,21 @@ def test_read_checkpoint_resume_and_predict_in_s3(s3_endpoint, tmp_path):
     assert out.num_rows == first["output_rows"] == score.num_rows
     assert sorted(out["customer_id"].to_pylist()) == sorted(score["customer_id"].to_pylist())
 
-    # the same run name with more epochs resumes from the checkpoint in S3: only the new epochs run
+    # the same run name with more epochs resumes from the checkpoint in S3: only the new epochs run. Held to a
+    # margin it cannot beat, its model is registered as version 2 but not promoted: @champion stays on version 1
+    # and the predictions, written again, still come from it
     assert cli_main(["retrain", "--config", str(cfg), "--run-name", "s3-run", "--set", "train.epochs=3",
-                     "--summary-json", str(summary_path)]) == 0
+                     "--set", "promotion.margin=1000", "--summary-json", str(summary_path)]) == 0
     second = json.loads(summary_path.read_text())
     assert second["resumed_from_epoch"] == 2
     assert second["epochs_run"] == 3 and second["best_checkpoint"]["uri"].startswith(f"s3://{BUCKET}/runs/s3-run/")
-    out = pads.dataset(f"{BUCKET}/predictions/churn", filesystem=fs).to_table()
-    assert out.num_rows == score.num_rows
+    promo = second["promotion"]
+    assert second["model_version"] == "2" and promo["decision"] == "not_promoted", promo
+    assert (promo["champion_version"], promo["serving_version"], second["predictions_model_version"]) == ("1", "1", "1")
+    again = pads.dataset(f"{BUCKET}/predictions/churn", filesystem=fs).to_table()
+    assert again["customer_id"].to_pylist() == out["customer_id"].to_pylist()
+    for name in again.column_names:
+        assert again[name].to_pylist() == pytest.approx(out[name].to_pylist(), rel=1e-6), name
+    _check_not_promoted(second, promo, tmp_path, fs)
     leftovers = [i.base_name for i in fs.get_file_info(pafs.FileSelector(f"{BUCKET}/predictions")) if i.base_name != "churn"]
     assert leftovers == []

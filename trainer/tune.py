@@ -43,27 +43,31 @@ def trial_run_name(sweep: str, trial_id: str) -> str:
 
 def train_driver_fn(
     params: dict[str, Any], base_config: dict, preprocessor: dict, train_ds: ray.data.Dataset,
-    val_ds: ray.data.Dataset, sweep: str, cache_shards: bool = False,
+    val_ds: ray.data.Dataset, sweep: str, cache_shards: bool = False, external_memory: dict[str, bool] | None = None,
 ) -> None:
-    """One trial: the base config with this trial's sampled values, trained by its family's Ray Train trainer."""
+    """One trial: the base config with this trial's sampled values, trained by its family's Ray Train trainer.
+    external_memory: per family, the preprocess task's auto choice (in memory for a family it did not check)."""
     cfg = trial_config(base_config, params["sampled"]).to_dict()
     name = trial_run_name(sweep, ray.tune.get_context().get_trial_id())
+    family = cfg["model"]["type"]
+    mode = cfg["model"]["params"].get("external_memory", "auto")
+    external = mode == "always" or (mode == "auto" and (external_memory or {}).get(family, False))
     trainer = build_trainer(
         cfg, TabularPreprocessor.from_dict(preprocessor), train_ds, val_ds, name, callbacks=[TuneReportCallback()],
-        cache_shards=cache_shards, streamed=not cache_shards,
+        cache_shards=cache_shards, streamed=not cache_shards, external_memory=external and family == "xgboost",
     )
     trainer.fit()
 
 
 def build_tuner(
     config: dict[str, Any], preprocessor: TabularPreprocessor, train_ds: ray.data.Dataset, val_ds: ray.data.Dataset,
-    sweep: str, max_concurrent_trials: int, cache_shards: bool = False,
+    sweep: str, max_concurrent_trials: int, cache_shards: bool = False, external_memory: dict[str, bool] | None = None,
 ) -> ray.tune.Tuner:
     """A Tuner for config['tune'] (new, or restored when the sweep's folder already exists)."""
     tune_cfg = config["tune"]
     trainable = ray.tune.with_parameters(
         train_driver_fn, base_config=config, preprocessor=preprocessor.to_dict(),
-        train_ds=train_ds, val_ds=val_ds, sweep=sweep, cache_shards=cache_shards,
+        train_ds=train_ds, val_ds=val_ds, sweep=sweep, cache_shards=cache_shards, external_memory=external_memory,
     )
     # The driver only waits on its TorchTrainer; the Train workers ask for their own resources. Tune
     # refuses an empty request, and any CPU here would come out of the workers' budget: one byte of memory.
