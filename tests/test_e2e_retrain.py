@@ -50,11 +50,13 @@ def _check_mlflow(summary, tracking_uri, model_name):
     assert version.run_id == run.info.run_id
 
 
-def test_retrain_classification_end_to_end(tmp_path, capsys):
+def test_retrain_classification_end_to_end_then_boosters_replace_the_champion(tmp_path, capsys):
     # the network is the user's own module (the shipped example), imported by its path on every worker,
-    # and rebuilt from the checkpoint's config by the gate, `predict` and MLflow's pyfunc
+    # and rebuilt from the checkpoint's config by the gate, `predict` and MLflow's pyfunc. Trained briefly at a
+    # low learning rate it is a weak champion, which the boosters of the second run replace.
     user_model = {"type": "torch", "class_path": "examples.tabular_resnet:TabularResNet", "init_args": {"width": 32}}
-    cfg_path = churn_config(tmp_path, model=user_model)
+    cfg_path = churn_config(tmp_path, model=user_model, train={"epochs": 2, "learning_rate": 1e-4},
+                            checkpoint={"metric": "val_roc_auc"})
     summary_path = tmp_path / "summary.json"
     assert cli_main(["retrain", "--config", str(cfg_path), "--run-name", "clf-e2e", "--summary-json", str(summary_path)]) == 0
     summary = json.loads(summary_path.read_text())
@@ -65,15 +67,15 @@ def test_retrain_classification_end_to_end(tmp_path, capsys):
     served = load_servable(summary["best_checkpoint"]["path"])
     assert type(served.predict.model).__name__ == "TabularResNet" and served.config["model"] == {**served.config["model"], **user_model}
     score = pads.dataset(tmp_path / "data" / "score.parquet").to_table()
-    out = _check_common(summary, "val_loss", "min", score, "customer_id")
+    out = _check_common(summary, "val_roc_auc", "max", score, "customer_id")
     assert set(out.column_names) == {"customer_id", "prediction", "proba_0", "proba_1"}
     np.testing.assert_allclose(out["proba_0"].to_numpy() + out["proba_1"].to_numpy(), 1.0, rtol=1e-6)
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
     _check_mlflow(summary, tracking, "churn-test")
-    # the first model becomes champion; the gate's score on the holdout is the train loop's own val_loss
+    # the first model becomes champion; the gate's score on the holdout is the train loop's own val_roc_auc
     promo = summary["promotion"]
     assert (promo["decision"], promo["champion_version"], promo["serving_version"]) == ("promoted", None, "1")
-    assert promo["challenger_score"] == pytest.approx(summary["best_checkpoint"]["metrics"]["val_loss"], rel=1e-4)
+    assert promo["challenger_score"] == pytest.approx(summary["best_checkpoint"]["metrics"]["val_roc_auc"], rel=1e-4)
 
     # the registered model serves through MLflow's pyfunc API with the same predictions
     with tracking_uri(tracking):
@@ -111,6 +113,48 @@ def test_retrain_classification_end_to_end(tmp_path, capsys):
     drifted = pads.dataset(out2).to_table()
     assert drifted.num_rows == score.num_rows
     assert drifted["prediction"].to_pylist()[7:] == out["prediction"].to_pylist()[7:]
+
+    _boosters_replace_the_champion(tmp_path, cfg_path, score, tracking)
+
+
+def _boosters_replace_the_champion(tmp_path, cfg_path, score, tracking):
+    """Both boosters train (a fan-out of train task runs, each its own Ray Train run); the better one is gated
+    against the weak network champion and replaces it."""
+    summary_path = tmp_path / "trees.json"
+    rc = cli_main(["retrain", "--config", str(cfg_path), "--run-name", "trees", "--set", "model.type=[xgboost, lightgbm]",
+                   "--set", "model.class_path=null", "--set", "model.init_args={}",
+                   "--set", "model.params.learning_rate=0.2", "--set", "model.params.num_boost_round=100",
+                   "--set", "model.params.early_stopping_rounds=10", "--summary-json", str(summary_path)])
+    assert rc == 0
+    summary = json.loads(summary_path.read_text())
+    candidates = summary["candidates"]
+    assert sorted(c["family"] for c in candidates) == ["lightgbm", "xgboost"]
+    assert candidates[0]["val_roc_auc"] >= candidates[1]["val_roc_auc"]
+    winner = candidates[0]["family"]
+    assert summary["model_family"] == winner and summary["run_name"] == f"trees-{winner}"
+    for c in candidates:  # each family's run kept its own checkpoints
+        assert load_servable(c["checkpoint"]).family == c["family"]
+    promo = summary["promotion"]
+    assert (promo["decision"], promo["champion_version"], promo["serving_version"]) == ("promoted", "1", "2")
+    assert promo["challenger_score"] > promo["champion_score"]
+    # the booster's selected round is the best reported one, and its gate score is its validation score
+    hist = read_metrics(summary["best_checkpoint"]["path"])["history"]
+    assert summary["best_checkpoint"]["epoch"] < len(hist) and hist[-1]["val_loss"] < hist[0]["val_loss"]
+    assert promo["challenger_score"] == pytest.approx(summary["best_checkpoint"]["metrics"]["val_roc_auc"], rel=1e-6)
+    # every row predicted by the new champion, as its own checkpoint predicts them
+    out = pads.dataset(summary["predictions_path"]).to_table()
+    assert out["customer_id"].to_pylist() == score["customer_id"].to_pylist()
+    direct = predict_table(load_servable(summary["best_checkpoint"]["path"]), score, "customer_id")
+    np.testing.assert_allclose(out["proba_1"].to_numpy(), direct["proba_1"].to_numpy(), rtol=1e-6)
+    # registered as a pyfunc model like every family: MLflow serves the same predictions
+    client = MlflowClient(tracking_uri=tracking)
+    run = client.get_run(summary["mlflow_run_id"])
+    assert run.data.tags["trainflow.model_family"] == winner and run.data.params["model.type"] == winner
+    assert len(client.get_metric_history(run.info.run_id, "val_loss")) == summary["epochs_run"]
+    with tracking_uri(tracking):
+        pyfunc = mlflow.pyfunc.load_model("models:/churn-test@champion")
+    got = pyfunc.predict(score.slice(0, 40).drop_columns(["customer_id"]).to_pandas())
+    np.testing.assert_allclose(got["proba_1"].to_numpy(), direct["proba_1"].to_numpy()[:40], rtol=1e-6)
 
 
 def _with_store_and_visit(table: pa.Table, seed: int, codes: int) -> pa.Table:

@@ -1,29 +1,22 @@
-"""Model families: gradient-boosted trees (XGBoost, LightGBM) through Ray Train, several families in one run,
-a killed booster worker resuming at a later round, and a better family replacing the champion."""
+"""Model families: gradient-boosted trees (XGBoost, LightGBM) through Ray Train on in-memory and external-memory
+matrices, and a killed booster worker resuming at a later round. Several families in one run replacing the
+champion: tests/test_e2e_retrain.py."""
 
-import json
 import os
 import signal
 from pathlib import Path
 
-import mlflow
 import numpy as np
-import pyarrow.dataset as pads
 import pytest
 import ray.train
-from mlflow import MlflowClient
 
-from tests.conftest import churn_config
 from tests.faults import small_run, wait_registered
 from trainer.checkpoint import load_servable, read_metrics
-from trainer.predict import predict_table
 from trainer.recovery import read_events, recoveries
 from trainer.runner import build_trainer, run_dir
-from trainflow.cli import main as cli_main
 from trainflow.config import DataSection, config_from_dict
 from trainflow.data import fit_preprocessor, table_spec
 from trainflow.errors import ConfigError
-from trainflow.tracking import tracking
 
 
 def _cfg(model):
@@ -153,50 +146,8 @@ def test_a_killed_booster_worker_resumes_at_a_later_round(tmp_path, family):
     assert served.family == family and result.metrics["val_r2"] > 0.8
 
 
-@pytest.mark.e2e
-@pytest.mark.usefixtures("prefect_harness", "ray_local")
-def test_families_in_one_run_and_a_better_family_replaces_the_champion(tmp_path):
-    # the champion: an MLP trained for one epoch at a tiny learning rate
-    cfg_path = churn_config(tmp_path, rows=2000, checkpoint={"num_to_keep": 3, "metric": "val_roc_auc"},
-                            train={"epochs": 1, "batch_size": 128, "learning_rate": 1e-5})
-    assert cli_main(["retrain", "--config", str(cfg_path), "--run-name", "weak"]) == 0
-    # both boosters train (a fan-out of train task runs, each its own Ray Train run); the better one is gated
-    summary_path = tmp_path / "summary.json"
-    rc = cli_main(["retrain", "--config", str(cfg_path), "--run-name", "trees", "--set", "model.type=[xgboost, lightgbm]",
-                   "--set", "model.params.learning_rate=0.2", "--set", "model.params.num_boost_round=100",
-                   "--set", "model.params.early_stopping_rounds=10", "--summary-json", str(summary_path)])
-    assert rc == 0
-    summary = json.loads(summary_path.read_text())
-    candidates = summary["candidates"]
-    assert sorted(c["family"] for c in candidates) == ["lightgbm", "xgboost"]
-    assert candidates[0]["val_roc_auc"] >= candidates[1]["val_roc_auc"]
-    winner = candidates[0]["family"]
-    assert summary["model_family"] == winner and summary["run_name"] == f"trees-{winner}"
-    for c in candidates:  # each family's run kept its own checkpoints
-        assert load_servable(c["checkpoint"]).family == c["family"]
-    promo = summary["promotion"]
-    assert (promo["decision"], promo["champion_version"], promo["serving_version"]) == ("promoted", "1", "2")
-    assert promo["challenger_score"] > promo["champion_score"]
-    # the booster's selected round is the best reported one, and its gate score is its validation score
-    hist = read_metrics(summary["best_checkpoint"]["path"])["history"]
-    assert summary["best_checkpoint"]["epoch"] < len(hist) and hist[-1]["val_loss"] < hist[0]["val_loss"]
-    assert promo["challenger_score"] == pytest.approx(summary["best_checkpoint"]["metrics"]["val_roc_auc"], rel=1e-6)
-    # every row predicted by the new champion, as its own checkpoint predicts them
-    score = pads.dataset(tmp_path / "data" / "score.parquet").to_table()
-    out = pads.dataset(summary["predictions_path"]).to_table()
-    assert out["customer_id"].to_pylist() == score["customer_id"].to_pylist()
-    direct = predict_table(load_servable(summary["best_checkpoint"]["path"]), score, "customer_id")
-    np.testing.assert_allclose(out["proba_1"].to_numpy(), direct["proba_1"].to_numpy(), rtol=1e-6)
-    # registered as a pyfunc model like every family: MLflow serves the same predictions
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = MlflowClient(tracking_uri=uri)
-    run = client.get_run(summary["mlflow_run_id"])
-    assert run.data.tags["trainflow.model_family"] == winner and run.data.params["model.type"] == winner
-    assert len(client.get_metric_history(run.info.run_id, "val_loss")) == summary["epochs_run"]
-    with tracking(uri):
-        pyfunc = mlflow.pyfunc.load_model("models:/churn-test@champion")
-    got = pyfunc.predict(score.slice(0, 40).drop_columns(["customer_id"]).to_pandas())
-    np.testing.assert_allclose(got["proba_1"].to_numpy(), direct["proba_1"].to_numpy()[:40], rtol=1e-6)
+# several families in one run replacing a champion of another family: the second half of
+# tests/test_e2e_retrain.py's classification test (its weak network is the champion)
 
 
 def test_a_sweep_can_search_family_keys_and_the_family_itself():
