@@ -88,17 +88,17 @@ def extmem_matrices(train_shard: Any, val_shard: Any, feature_types: list[str], 
     validation matrix's row order. The validation matrix shares the training one's bins (ref); once built, both
     live in XGBoost's cache under directory and the spooled pages are deleted."""
     categorical = "c" in feature_types
-    matrices = []
-    for name, shard, ref in (("train", train_shard, None), ("val", val_shard, True)):
+    matrices: list[xgb.DMatrix] = []
+    for name, shard in (("train", train_shard), ("val", val_shard)):
         pages = spool(shard, directory / name)
         if not pages:
             raise DataError(f"XGBoost external memory: this worker's {name} shard has no rows; use fewer workers")
-        matrix = xgb.ExtMemQuantileDMatrix(
+        matrices.append(xgb.ExtMemQuantileDMatrix(
             PageIter(pages, feature_types, str(directory / f"{name}-cache")), nthread=params.get("nthread"),
-            max_bin=params.get("max_bin"), ref=matrices[0] if ref else None, enable_categorical=categorical,
-        )
-        matrices.append(matrix)
-        labels = np.concatenate([np.load(y) for _, y in pages])
+            max_bin=params.get("max_bin"), ref=matrices[0] if matrices else None, enable_categorical=categorical,
+        ))
+        if name == "val":  # the metrics' labels; the training labels are in XGBoost's matrix
+            labels = np.concatenate([np.load(y) for _, y in pages])
         for x_path, y_path in pages:  # XGBoost reads its own cache from here on: half the disk back
             x_path.unlink()
             y_path.unlink()
