@@ -42,7 +42,8 @@ def make_checkpoint(path, directory: str) -> str:
 def run_trainflow(path, checkpoint: str, out: str) -> float:
     from preprocessors.tabular import TabularPreprocessor
     from trainer.predict import predict_dataset
-    from trainflow.data import read_table, write_parquet_atomic
+    from trainflow.data import read_table
+    from trainflow.outputs import write_output
 
     prep = TabularPreprocessor.load(checkpoint)
     t0 = time.perf_counter()
@@ -52,7 +53,7 @@ def run_trainflow(path, checkpoint: str, out: str) -> float:
     ds.context.execution_options.preserve_order = True
     ds = ds.materialize()
     preds = predict_dataset(ds, checkpoint, "id", prep.feature_order, batch_size=65536, num_actors=ACTORS)
-    rows = write_parquet_atomic(preds, out, ROWS)
+    rows = write_output(preds, out, ROWS, {"model": checkpoint})
     seconds = time.perf_counter() - t0
     assert rows == ROWS
     return seconds

@@ -16,8 +16,8 @@ def batch_inference(config_path: str, overrides: dict[str, Any] | None = None, m
     config = load_config(config_path, overrides)
     config.require_inference()
     model_uri = model or f"models:/{config.mlflow.registered_model}@champion"
-    checkpoint = resolve_checkpoint_task(model_uri, config.mlflow.tracking_uri)
-    predictions = infer(checkpoint, config)
+    checkpoint = resolve_checkpoint_task(model_uri, config)
+    predictions = infer(checkpoint, config, model_uri)
     return {"model": model_uri, "checkpoint": checkpoint, "predictions_path": predictions.path,
             "input_rows": predictions.input_rows, "output_rows": predictions.output_rows,
             "unseen_categories": predictions.unseen}

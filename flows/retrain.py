@@ -18,7 +18,7 @@ from tasks.run_name import resolve_run_name
 from tasks.select import select
 from tasks.split import split
 from tasks.summary import summarize
-from tasks.train import train
+from tasks.train import check_resume, train
 from trainer.resources import concurrent_runs
 from trainflow.config import load_config
 
@@ -29,10 +29,11 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
     config = load_config(config_path, overrides)
     name = resolve_run_name(run_name)
     ingested = ingest(config)
+    runs = run_names(config, name)
+    check_resume(config, ingested.spec.fingerprint, runs)
     parts = split(ingested, config)
     prepared = preprocess(ingested, parts, config)
     trainer = train.with_options(retries=config.failure.task_retries, retry_delay_seconds=config.failure.retry_delay_s)
-    runs = run_names(config, name)
     outcomes = {}
     # one task run per family, as many at once as the cluster holds worker groups
     at_once = concurrent_runs(config.scaling.model_dump())
@@ -49,7 +50,7 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
     predictions = None
     if config.inference.input:
         # predictions always come from the champion after the gate: a rejected challenger never serves
-        predictions = infer(promotion.serving_checkpoint, config)
+        predictions = infer(promotion.serving_checkpoint, config, f"models:/{promotion.model_name}/{promotion.serving_version}")
     summary = summarize(ingested, parts, outcome, selected, registered, promotion, predictions,
                         extra={"candidates": candidates.scores if candidates else None})
     report(config, outcome.history, summary)

@@ -21,20 +21,23 @@ from trainflow.config import load_config
 
 
 @flow(name="tune", log_prints=True)
-def tune(config_path: str, overrides: dict[str, Any] | None = None, run_name: str | None = None) -> dict[str, Any]:
-    """Sweep the config's tune.search_space; the best trial's best checkpoint is registered and gated."""
+def tune(config_path: str, overrides: dict[str, Any] | None = None, run_name: str | None = None,
+         resume: bool = False) -> dict[str, Any]:
+    """Sweep the config's tune.search_space; the best trial's best checkpoint is registered and gated.
+    resume: restore the sweep named run_name from its folder (which unpickles Ray Tune's state: your own only)."""
     config = load_config(config_path, overrides)
     config.require_tune()
     sweep = resolve_run_name(run_name, prefix="tune")
     ingested = ingest(config)
     parts = split(ingested, config)
     prepared = preprocess(ingested, parts, config)
-    swept = tune_sweep(prepared, config, sweep)
+    swept = tune_sweep(prepared, config, sweep, resume)
     best = swept.best_config
     selected = select(swept.outcome, best)
     registered = register(best, ingested, swept.outcome, selected)
     promotion = promote(best, parts.val, selected, registered)
-    predictions = infer(promotion.serving_checkpoint, best) if best.inference.input else None
+    predictions = (infer(promotion.serving_checkpoint, best, f"models:/{promotion.model_name}/{promotion.serving_version}")
+                   if best.inference.input else None)
     summary = summarize(
         ingested, parts, swept.outcome, selected, registered, promotion, predictions,
         extra={"sweep": swept.sweep, "trials": swept.trials, "best_trial": swept.best_trial,

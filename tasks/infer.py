@@ -11,13 +11,14 @@ from prefect.cache_policies import NO_CACHE
 
 from preprocessors.tabular import SchemaDriftError, TabularPreprocessor
 from tasks.common import retry_unless_user_error
+from trainer.checkpoint import read_config
 from trainer.predict import predict_dataset
 from trainflow.config import Config, infer_format
 from trainflow.data import (
     arrow_schema, check_unseen, check_writable, count_unseen, in_memory_bytes, read_table, should_materialize,
-    write_parquet_atomic,
 )
-from trainflow.errors import CheckpointError, DataError
+from trainflow.outputs import guard_output, write_output
+from trainflow.errors import CheckpointError, DataError, InfrastructureError
 from trainflow.runtime import ensure_ray
 from trainer.resources import check_fits
 
@@ -30,37 +31,75 @@ class Predictions:
     unseen: dict[str, int] = field(default_factory=dict)  # text column -> rows with a value never seen in training
 
 
-def resolve_checkpoint(model: str) -> str:
-    """A local checkpoint folder for a checkpoint path or an MLflow model URI (models:/name@alias, runs:/...)."""
+def allowed_class_paths(config: Config) -> set[str]:
+    """The user module class paths a stored checkpoint may import: the config's own and model.allowed_class_paths."""
+    return {p for p in [config.model.class_path, *config.model.allowed_class_paths] if p}
+
+
+def check_class_path(checkpoint: str, allowed: set[str], source: str) -> None:
+    """CheckpointError when the checkpoint's config names a user module outside allowed: its code is never imported."""
+    try:
+        model_cfg = read_config(checkpoint)["model"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise CheckpointError(f"{source}: the checkpoint has no readable config.json") from None
+    class_path = model_cfg.get("class_path")
+    if model_cfg.get("type") == "torch" and class_path not in allowed:
+        raise CheckpointError(
+            f"{source}: its checkpoint asks to import the module class {class_path!r}, which this config does not "
+            f"name (model.class_path {sorted(allowed) or 'unset'}); trainflow imports no code a stored model names. "
+            "If you trust it, list it under model.allowed_class_paths"
+        )
+
+
+def resolve_checkpoint(model: str, allowed: set[str] | None = None) -> str:
+    """A local checkpoint folder for a checkpoint path or an MLflow model URI (models:/name@alias, runs:/...).
+
+    allowed: the user module class paths the checkpoint may import (None: not checked, the caller vouches).
+    A registry error other than "no such model" is an InfrastructureError (retried); a missing model or a
+    folder that is not a trainflow checkpoint is the user's CheckpointError."""
     if model.startswith(("models:/", "runs:/")):
         import mlflow
 
+        dst = Path(tempfile.mkdtemp(prefix="trainflow-model-")).resolve()
         try:
-            local = mlflow.artifacts.download_artifacts(artifact_uri=model, dst_path=tempfile.mkdtemp(prefix="trainflow-model-"))
-        except Exception as exc:  # noqa: BLE001 - MLflow raises MlflowException and REST errors alike
-            raise CheckpointError(f"cannot load model {model}: {exc}") from None
+            local = mlflow.artifacts.download_artifacts(artifact_uri=model, dst_path=str(dst))
+        except mlflow.exceptions.MlflowException as exc:
+            if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                raise CheckpointError(f"cannot load model {model}: {exc.message}") from None
+            raise InfrastructureError(f"cannot load model {model} from the registry: {exc.message}") from None
+        except OSError as exc:
+            raise InfrastructureError(f"cannot download model {model}: {exc}") from None
         try:
             spec = mlflow.models.Model.load(local).flavors["python_function"]["artifacts"]["checkpoint"]
         except (KeyError, OSError, mlflow.exceptions.MlflowException):
             raise CheckpointError(f"model {model} is not a trainflow model (no checkpoint artifact)") from None
-        path = Path(local) / spec["path"]
+        path = (Path(local) / spec["path"]).resolve()
+        if not path.is_relative_to(dst):
+            raise CheckpointError(f"model {model}: its checkpoint artifact path {spec['path']!r} points outside the "
+                                  "model's download folder; refused")
         if not path.is_dir():
             raise CheckpointError(f"model {model} has no trainflow checkpoint artifact")
-        return str(path)
-    if not Path(model).is_dir():
+        path = str(path)
+    elif not Path(model).is_dir():
         raise CheckpointError(f"checkpoint folder not found: {model}")
-    return model
+    else:
+        path = model
+    if allowed is not None:
+        check_class_path(path, allowed, model)
+    return path
 
 
 @task(name="infer", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
-def infer(checkpoint_path: str, config: Config) -> Predictions:
-    """Predict every row of inference.input with the checkpoint's own preprocessor; one output row per input row."""
+def infer(checkpoint_path: str, config: Config, model: str = "") -> Predictions:
+    """Predict every row of inference.input with the checkpoint's own preprocessor; one output row per input row.
+    model: what the manifest names as the predictions' model (a registry URI or version)."""
     config.require_inference()
     inf, id_column = config.inference, config.data.id_column
     input_path, output_path = inf.input, inf.output
+    guard_output(output_path, config)
+    check_writable(output_path)
     ensure_ray(config.ray.address, config.ray.runtime_env)
     log = get_run_logger()
-    check_writable(output_path)
     if inf.use_gpu:
         check_fits({"num_workers": inf.num_actors, "resources_per_worker": {"GPU": 1}, "use_gpu": True}, "inference")
     prep = TabularPreprocessor.load(checkpoint_path)
@@ -94,7 +133,7 @@ def infer(checkpoint_path: str, config: Config) -> Predictions:
     preds = predict_dataset(
         ds, checkpoint_path, id_column, prep.feature_order, inf.batch_size, inf.num_actors, inf.use_gpu
     )
-    rows = write_parquet_atomic(preds, output_path, input_rows)
+    rows = write_output(preds, output_path, input_rows, {"model": model, "input": input_path}, config)
     log.info("wrote %d predictions for %d input rows to %s", rows, input_rows, output_path)
     return Predictions(
         path=output_path, input_rows=input_rows, output_rows=rows, unseen={c: f["rows"] for c, f in unseen.items()}
@@ -102,9 +141,9 @@ def infer(checkpoint_path: str, config: Config) -> Predictions:
 
 
 @task(name="resolve-model", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
-def resolve_checkpoint_task(model: str, tracking_uri: str) -> str:
+def resolve_checkpoint_task(model: str, config: Config) -> str:
     """Download (if needed) the checkpoint behind a model URI and return its local folder."""
     from trainflow.tracking import tracking
 
-    with tracking(tracking_uri):
-        return resolve_checkpoint(model)
+    with tracking(config.mlflow.tracking_uri):
+        return resolve_checkpoint(model, allowed_class_paths(config))

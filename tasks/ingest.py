@@ -15,6 +15,7 @@ from trainflow.data import (
     list_files, read_table, should_materialize, table_spec,
 )
 from trainflow.errors import DataError
+from trainflow.outputs import guard_output
 from trainer.resources import check_fits
 from trainflow.runtime import ensure_ray
 
@@ -35,6 +36,7 @@ def preflight_inference(config: Config, features: list[str]) -> None:
     missing = [c for c in features + ([config.data.id_column] if config.data.id_column else []) if c not in names]
     if missing:
         raise DataError(f"inference input {inp}: column(s) {missing} not found; columns are {names}")
+    guard_output(config.inference.output, config)
     check_writable(config.inference.output)
 
 

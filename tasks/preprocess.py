@@ -29,6 +29,7 @@ class Prepared:
     val: ray.data.Dataset
     materialized: bool
     budgets: dict[str, Any]  # per model family: its budget (batch size, epochs, patience; or boosting rounds)
+    fingerprint: str = ""  # the training table's, recorded in every checkpoint
 
 
 @task(name="preprocess", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
@@ -79,4 +80,4 @@ def preprocess(ingested: Ingested, parts: Split, config: Config) -> Prepared:
     get_run_logger().info(
         "packed size: %d bytes per row, %.1f MiB for %d rows", estimate["bytes_per_row"], estimate["table_bytes"] / 2**20, rows
     )
-    return Prepared(prep, train, val, materialize, budgets)
+    return Prepared(prep, train, val, materialize, budgets, ingested.spec.fingerprint)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import asdict, dataclass
 
@@ -9,15 +10,18 @@ import mlflow
 import ray.data
 from mlflow.entities import RunTag
 from prefect import get_run_logger, task
+from prefect.exceptions import MissingContextError
 from prefect.cache_policies import NO_CACHE
 
 from preprocessors.tabular import SchemaDriftError
 from tasks.common import retry_unless_user_error
-from tasks.infer import resolve_checkpoint
+from tasks.infer import allowed_class_paths, resolve_checkpoint
 from tasks.register import Registered
 from tasks.select import Selected
 from trainer.evaluate import evaluate_checkpoint
 from trainflow.config import Config
+from trainflow.errors import InfrastructureError
+from trainflow.locks import exclusive
 from trainflow.tracking import CHAMPION, tracking
 
 PROMOTED, NOT_PROMOTED = "promoted", "not_promoted"
@@ -30,6 +34,7 @@ class Promotion:
     metric: str
     mode: str
     margin: float
+    model_name: str
     challenger_version: str
     challenger_score: float | None
     champion_version: str | None
@@ -54,54 +59,89 @@ def decide(challenger: float | None, champion: float | None, mode: str, margin: 
     return False, f"does not improve on the champion by more than {margin:g} (change {gain:+.6g})"
 
 
-def _current_champion(client: mlflow.MlflowClient, name: str) -> str | None:
+def current_champion(client: mlflow.MlflowClient, name: str) -> str | None:
+    """The @champion version; None only when the registry says the alias (or the model) does not exist."""
     try:
         return str(client.get_model_version_by_alias(name, CHAMPION).version)
-    except mlflow.exceptions.MlflowException:
+    except mlflow.exceptions.MlflowException as exc:
+        if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return None
+        raise InfrastructureError(f"cannot read {name}@{CHAMPION} from the registry: {exc.message}") from None
+
+
+def _logger():
+    """The task run's logger; a plain one when the gate runs outside a Prefect task (tests, the Python API)."""
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger("trainflow.promote")
+
+
+def _before_alias_move(version: str) -> None:
+    """Test hook: called under the lock, after both models are scored and before the alias is re-read and moved."""
+
+
+def _score(path: str, holdout: ray.data.Dataset, metric: str) -> float | None:
+    try:
+        return evaluate_checkpoint(path, holdout).get(metric)
+    except SchemaDriftError as exc:
+        _logger().warning("model %s cannot score this holdout: %s", path, exc)
         return None
 
 
-@task(name="promote", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
-def promote(config: Config, holdout: ray.data.Dataset, selected: Selected, registered: Registered) -> Promotion:
-    """Score the new version and the current @champion on the same holdout; move the alias only on a win."""
-    log = get_run_logger()
+def gate(config: Config, holdout: ray.data.Dataset, challenger_path: str, registered: Registered) -> Promotion:
+    """Score the challenger and the current @champion on the same holdout and move the alias on a win, as one
+    compare-and-set: under a lock per registered model (CLI, deployments and tune all take it), and the alias
+    is read again right before it moves; a champion that changed meanwhile is scored in its turn."""
+    log = _logger()
     metric, mode, margin = config.promotion.metric, config.promotion.mode, config.promotion.margin
     name, version = registered.model_name, registered.model_version
-    challenger = evaluate_checkpoint(selected.path, holdout).get(metric)
-    with tracking(config.mlflow.tracking_uri):
+    challenger = evaluate_checkpoint(challenger_path, holdout).get(metric)
+    scored: dict[str, tuple[float | None, str]] = {}
+    with tracking(config.mlflow.tracking_uri), exclusive("champion", name, config.mlflow.tracking_uri):
         client = mlflow.MlflowClient()
-        champion_version = _current_champion(client, name)
-        champion_score, champion_path = None, None
-        if champion_version is None:
-            promote_it, reason = True, "first model: there is no champion yet"
-        elif champion_version == version:
-            # a retry of this task after the alias moved
-            champion_score, champion_path = challenger, selected.path
-            promote_it, reason = True, "already the champion (task retried)"
+        champion_version = current_champion(client, name)
+        for _ in range(5):  # a champion moved by a run outside the lock: score the new one
+            champion_score, champion_path = None, None
+            if champion_version is None:
+                promote_it, reason = True, "first model: there is no champion yet"
+            elif champion_version == version:  # a retry of this task after the alias moved
+                champion_score, champion_path = challenger, challenger_path
+                promote_it, reason = True, "already the champion (task retried)"
+            else:
+                if champion_version not in scored:
+                    path = resolve_checkpoint(f"models:/{name}/{champion_version}", allowed_class_paths(config))
+                    scored[champion_version] = (_score(path, holdout, metric), path)
+                champion_score, champion_path = scored[champion_version]
+                promote_it, reason = decide(challenger, champion_score, mode, margin)
+                if champion_score is None and promote_it:
+                    reason = "the champion cannot score the current holdout (its schema or classes differ)"
+            if not promote_it:
+                break
+            _before_alias_move(version)
+            now = current_champion(client, name)
+            if now != champion_version:
+                log.warning("@%s moved from v%s to v%s during the gate: comparing again", CHAMPION, champion_version, now)
+                champion_version = now
+                continue
+            if champion_version != version:
+                client.set_registered_model_alias(name, CHAMPION, version)
+            break
         else:
-            champion_path = resolve_checkpoint(f"models:/{name}/{champion_version}")
-            try:
-                champion_score = evaluate_checkpoint(champion_path, holdout).get(metric)
-            except SchemaDriftError as exc:
-                champion_score = None
-                log.warning("champion version %s cannot score this holdout: %s", champion_version, exc)
-            promote_it, reason = decide(challenger, champion_score, mode, margin)
-            if champion_score is None and promote_it:
-                reason = "the champion cannot score the current holdout (its schema or classes differ)"
-        if promote_it:
-            client.set_registered_model_alias(name, CHAMPION, version)
+            raise InfrastructureError(f"{name}@{CHAMPION} kept moving during the gate; the alias was left as it is")
         result = Promotion(
             decision=PROMOTED if promote_it else NOT_PROMOTED,
             reason=reason,
             metric=metric,
             mode=mode,
             margin=margin,
+            model_name=name,
             challenger_version=version,
             challenger_score=challenger,
             champion_version=champion_version,
             champion_score=champion_score,
             serving_version=version if promote_it else champion_version,
-            serving_checkpoint=selected.path if promote_it else champion_path,
+            serving_checkpoint=challenger_path if promote_it else champion_path,
         )
         tags = {
             "trainflow.promotion.decision": result.decision,
@@ -119,3 +159,9 @@ def promote(config: Config, holdout: ray.data.Dataset, selected: Selected, regis
         result.decision, version, metric, mode, challenger, champion_version, champion_score, reason,
     )
     return result
+
+
+@task(name="promote", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
+def promote(config: Config, holdout: ray.data.Dataset, selected: Selected, registered: Registered) -> Promotion:
+    """Score the new version and the current @champion on the same holdout; move the alias only on a win."""
+    return gate(config, holdout, selected.path, registered)

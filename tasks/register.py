@@ -17,6 +17,7 @@ from tasks.ingest import Ingested
 from tasks.select import Selected
 from tasks.train import TrainOutcome
 from trainflow.config import Config
+from trainflow.redact import redact_config, redact_value
 from trainflow.tracking import MODEL_CODE, ensure_experiment, example_input, flatten, signature_for, tracking
 
 
@@ -42,9 +43,19 @@ def requirements(family: str) -> list[str]:
     return reqs
 
 
-def _run(config: Config, run_name: str):
-    exp_id = ensure_experiment(config.mlflow.tracking_uri, config.mlflow.experiment)
-    return mlflow.start_run(experiment_id=exp_id, run_name=run_name)
+REGISTER_KEY = "trainflow.register_key"
+
+
+def _earlier_attempt(exp_id: str, key: str) -> tuple[str | None, str | None]:
+    """(MLflow run id, model version) an earlier attempt of this register step left, if any."""
+    if not key:
+        return None, None
+    runs = mlflow.MlflowClient().search_runs([exp_id], filter_string=f"tags.`{REGISTER_KEY}` = '{key}'", max_results=1)
+    if not runs:
+        return None, None
+    run_id = runs[0].info.run_id
+    versions = mlflow.MlflowClient().search_model_versions(f"run_id = '{run_id}'")
+    return run_id, (str(versions[0].version) if versions else None)
 
 
 @task(name="register", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
@@ -62,14 +73,41 @@ def register(config: Config, ingested: Ingested, outcome: TrainOutcome, selected
         "trainflow.best_epoch": str(selected.epoch),
         "trainflow.prefect_flow_run_id": str(flow_run.get_id() or ""),
     }
-    with tracking(config.mlflow.tracking_uri), _run(config, outcome.run_name) as run:
-        mlflow.log_params({k: str(v)[:500] for k, v in flatten(config.for_family(outcome.family)).items()})
+    lineage = redact_value(lineage)
+    # one MLflow run and one version per training run: a retried task (or flow run) finds its earlier attempt
+    flow_run_id = str(flow_run.get_id() or "")
+    key = f"{flow_run_id}:{outcome.run_name}:{outcome.family}" if flow_run_id else ""
+    with tracking(config.mlflow.tracking_uri):
+        exp_id = ensure_experiment(config.mlflow.tracking_uri, config.mlflow.experiment)
+        run_id, version = _earlier_attempt(exp_id, key)
+        if version is None:
+            run_id, version = _log_and_register(config, ingested, outcome, selected, prep, lineage, exp_id, run_id, key)
+        else:
+            get_run_logger().info("register: this training run is already version %s (run %s)", version, run_id)
+        client = mlflow.MlflowClient()
+        for k, value in lineage.items():
+            client.set_model_version_tag(config.mlflow.registered_model, version, k, value)
+    uri = f"models:/{config.mlflow.registered_model}/{version}"
+    get_run_logger().info("MLflow run %s; registered %s", run_id, uri)
+    return Registered(run_id=run_id, model_name=config.mlflow.registered_model, model_version=version, model_uri=uri)
+
+
+def _log_and_register(config: Config, ingested: Ingested, outcome: TrainOutcome, selected: Selected,
+                      prep: TabularPreprocessor, lineage: dict[str, str], exp_id: str, run_id: str | None,
+                      key: str) -> tuple[str, str]:
+    """Log params, metrics and the checkpoint into the run (a new one, or the earlier attempt's) and register it."""
+    with mlflow.start_run(run_id=run_id, experiment_id=None if run_id else exp_id,
+                          run_name=None if run_id else outcome.run_name,
+                          tags={REGISTER_KEY: key} if key and not run_id else None) as run:
+        client = mlflow.MlflowClient()
+        if run_id is None:  # an earlier attempt logged these already
+            mlflow.log_params({k: str(v)[:500] for k, v in flatten(redact_config(config.for_family(outcome.family))).items()})
+            # per epoch (boosting round), in batches: a booster's hundreds of rounds as one request each would take seconds
+            now = int(time.time() * 1000)
+            series = [Metric(k, float(v), now, int(row["epoch"])) for row in outcome.history for k, v in row.items() if k != "epoch"]
+            for i in range(0, len(series), 1000):  # MLflow's limit per batch
+                client.log_batch(run.info.run_id, metrics=series[i : i + 1000])
         mlflow.set_tags(lineage)
-        # per epoch (boosting round), in batches: a booster's hundreds of rounds as one request each would take seconds
-        now = int(time.time() * 1000)
-        series = [Metric(k, float(v), now, int(row["epoch"])) for row in outcome.history for k, v in row.items() if k != "epoch"]
-        for i in range(0, len(series), 1000):  # MLflow's limit per batch
-            mlflow.MlflowClient().log_batch(run.info.run_id, metrics=series[i : i + 1000])
         mlflow.log_metrics({f"best_{k}": float(v) for k, v in selected.metrics.items() if isinstance(v, (int, float))})
         mlflow.log_artifacts(selected.path, artifact_path="checkpoint")
         info = mlflow.pyfunc.log_model(
@@ -81,10 +119,4 @@ def register(config: Config, ingested: Ingested, outcome: TrainOutcome, selected
             pip_requirements=requirements(outcome.family),
             registered_model_name=config.mlflow.registered_model,
         )
-        version = str(info.registered_model_version)
-        client = mlflow.MlflowClient()
-        for key, value in lineage.items():
-            client.set_model_version_tag(config.mlflow.registered_model, version, key, value)
-    uri = f"models:/{config.mlflow.registered_model}/{version}"
-    get_run_logger().info("MLflow run %s; registered %s", run.info.run_id, uri)
-    return Registered(run_id=run.info.run_id, model_name=config.mlflow.registered_model, model_version=version, model_uri=uri)
+        return run.info.run_id, str(info.registered_model_version)

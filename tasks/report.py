@@ -15,7 +15,8 @@ from prefect.artifacts import create_image_artifact, create_markdown_artifact, c
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.config import Config, is_uri
-from trainflow.storage import write_bytes
+from trainflow.redact import redact_config, redact_text
+from trainflow.storage import join, write_bytes
 from trainflow.tracking import tracking
 
 LOSS_CURVE = "loss_curve.png"
@@ -132,7 +133,7 @@ predictions `{summary['predictions_path']}` (by version {summary.get('prediction
 
 ## Config
 ```json
-{json.dumps(config.to_dict(), indent=2)}
+{json.dumps(redact_config(config.to_dict()), indent=2)}
 ```
 """
 
@@ -146,9 +147,9 @@ def report(config: Config, history: list[dict[str, float]], summary: dict[str, A
     fig = loss_curve(history, f"{summary['run_name']} (v{summary['model_version']})")
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
-    curve = f"{summary['ray_run_path'].rstrip('/')}/{LOSS_CURVE}"
+    curve = join(config.storage_path, summary["run_name"], LOSS_CURVE)  # the summary's paths are redacted
     write_bytes(curve, buf.getvalue())
-    curve_uri = curve if is_uri(curve) else f"file://{curve}"
+    curve_uri = redact_text(curve if is_uri(curve) else f"file://{curve}")
     with tracking(config.mlflow.tracking_uri):
         client = mlflow.MlflowClient()
         client.log_figure(summary["mlflow_run_id"], fig, artifact_file=LOSS_CURVE)

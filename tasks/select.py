@@ -8,6 +8,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from tasks.infer import allowed_class_paths, check_class_path
 from tasks.train import TrainOutcome
 from trainer.checkpoint import load_servable, metric_value
 from trainflow.config import Config
@@ -45,6 +46,7 @@ def select(outcome: TrainOutcome, config: Config) -> Selected:
     for c in candidates:
         try:
             local = localize(c["path"])
+            check_class_path(local, allowed_class_paths(config), c["path"])
             load_servable(local)
         except Exception as exc:  # noqa: BLE001 - a truncated file raises anything from EOFError to RuntimeError
             skipped.append({"path": c["path"], "reason": f"cannot be loaded: {type(exc).__name__}: {exc}"})

@@ -14,6 +14,7 @@ from tasks.register import Registered
 from tasks.select import Selected
 from tasks.split import Split
 from tasks.train import TrainOutcome
+from trainflow.redact import redact_value
 
 
 @task(name="summarize", cache_policy=NO_CACHE)
@@ -27,8 +28,8 @@ def summarize(
     predictions: Predictions | None,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Everything a person or a script needs to know about the run, as plain data."""
-    return {
+    """Everything a person or a script needs to know about the run, as plain data (no secrets: redact_value)."""
+    return redact_value({
         "run_name": outcome.run_name,
         "model_family": outcome.family,
         "data_path": ingested.spec.path,
@@ -55,4 +56,4 @@ def summarize(
         "unseen_categories": predictions.unseen if predictions else None,
         "predictions_model_version": promotion.serving_version if predictions else None,
         **(extra or {}),
-    }
+    })

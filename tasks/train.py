@@ -14,9 +14,9 @@ from trainer.checkpoint import read_metrics
 from trainer.loop import STOP_REASON
 from trainer.recovery import read_events, recoveries, started_from
 from trainer.resources import check_fits
-from trainer.runner import build_trainer, fit_run, latest_epoch, run_dir
+from trainer.runner import build_trainer, fit_run, latest_epoch, latest_lineage, run_dir
 from trainflow.config import Config
-from trainflow.errors import TrainingError
+from trainflow.errors import ConfigError, TrainingError
 from trainflow.runtime import ensure_ray
 from trainflow.storage import with_scheme
 
@@ -33,6 +33,32 @@ class TrainOutcome:
     budget: dict[str, Any] = field(default_factory=dict)  # the resolved batch size, epochs and patience
 
 
+def lineage_for(config: Config, fingerprint: str, family: str) -> dict[str, str]:
+    """What a checkpoint records of its training: the data fingerprint and the training-relevant config's hash."""
+    return {"data_fingerprint": fingerprint, "config_hash": config.training_hash(family)}
+
+
+@task(name="check-resume", cache_policy=NO_CACHE)
+def check_resume(config: Config, fingerprint: str, runs: dict[str, str]) -> None:
+    """Before any training: a run name that already has checkpoints resumes only onto the same data and
+    training config (ConfigError naming both fingerprints otherwise)."""
+    for family, run_name in runs.items():
+        path = run_dir(config.for_family(family), run_name)
+        before = latest_lineage(path)
+        if before is None:
+            continue
+        now = lineage_for(config, fingerprint, family)
+        changed = [k for k in ("data_fingerprint", "config_hash") if before.get(k) != now[k]]
+        if changed:
+            what = " and ".join({"data_fingerprint": "the data", "config_hash": "the training config"}[k] for k in changed)
+            raise ConfigError(
+                f"run {run_name} ({path}) exists and was trained on data {before.get('data_fingerprint')} with "
+                f"{before.get('config_hash')}; this run has data {now['data_fingerprint']} with {now['config_hash']}: "
+                f"{what} changed, so its checkpoints cannot be resumed. Start a new run with another --run-name "
+                "(or restore the data and config that run used)"
+            )
+
+
 @task(name="train", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
 def train(prepared: Prepared, config: Config, run_name: str, family: str | None = None) -> TrainOutcome:
     """Fit one model family (default: the first of model.type) with its Ray Train trainer; a rerun with the
@@ -46,6 +72,7 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
     trainer = build_trainer(
         resolved, prepared.preprocessor, prepared.train, prepared.val, run_name, cache_shards=prepared.materialized,
         streamed=not prepared.materialized, external_memory=getattr(budget, "external_memory", False),
+        lineage=lineage_for(config, prepared.fingerprint, family),
     )
     log.info(
         "training %s (%s): %d worker(s), gpu=%s, budget %s, storage %s", run_name, family,

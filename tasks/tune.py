@@ -43,8 +43,8 @@ def concurrency(config: Config, nodes: list[dict[str, float]] | None = None) -> 
 
 
 @task(name="tune", retries=1, retry_delay_seconds=5, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
-def tune_sweep(prepared: Prepared, config: Config, sweep: str) -> Swept:
-    """Run the sweep (restoring it when the sweep's folder exists) and pick the best trial."""
+def tune_sweep(prepared: Prepared, config: Config, sweep: str, resume: bool = False) -> Swept:
+    """Run the sweep (restoring it only when resume is asked for) and pick the best trial."""
     tune_cfg = config.require_tune()
     ensure_ray(config.ray.address, config.ray.runtime_env)
     check_fits(config.scaling.model_dump())
@@ -58,6 +58,7 @@ def tune_sweep(prepared: Prepared, config: Config, sweep: str) -> Swept:
         config.to_dict(), prepared.preprocessor, prepared.train, prepared.val, sweep, parallel,
         cache_shards=prepared.materialized,
         external_memory={name: getattr(b, "external_memory", False) for name, b in prepared.budgets.items()},
+        resume=resume,
     )
     results = tuner.fit()
     trials = summarize_trials(results, sweep, tune_cfg.metric, tune_cfg.mode)
@@ -71,6 +72,7 @@ def tune_sweep(prepared: Prepared, config: Config, sweep: str) -> Swept:
         errors = "; ".join(f"{t['trial_id']}: {t['error']}" for t in trials if t["error"]) or "no trial reported the metric"
         raise TrainingError(f"sweep {sweep}: no trial finished with a finite {tune_cfg.metric} ({errors})")
     best_config = trial_config(config.to_dict(), best["params"])
+    best_config._source_dir = config.source_dir
     path = run_dir(best_config.to_dict(), best["run_name"])
     checkpoints = checkpoints_on_disk(path)
     if not checkpoints:

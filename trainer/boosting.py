@@ -196,7 +196,8 @@ class RoundReporter:
                 state = {"epoch": rnd, "seed": int(self.cfg["split"]["seed"]), "early_stopping": self.stopper.state(),
                          "family": self.family}
                 (Path(tmp) / STATE_JSON).write_text(json.dumps(state))
-                write_common(tmp, rnd, metrics, history, self.loop_config["preprocessor"], self.cfg)
+                write_common(tmp, rnd, metrics, history, self.loop_config["preprocessor"], self.cfg,
+                             self.loop_config.get("lineage"))
                 ckpt = ray.train.Checkpoint.from_directory(tmp)
             ray.train.report(metrics, checkpoint=ckpt)
         heartbeat(f"the report of round {rnd}")

@@ -3,7 +3,8 @@
 Every family writes
     metrics.json     this epoch's (boosting round's) metrics and the history of every one so far
     preprocessor.json  the fitted preprocessor, as data
-    config.json      the resolved trainflow config; its model.type names the family that reads the rest
+    config.json      the resolved trainflow config (secrets masked); its model.type names the family that reads the rest
+    lineage.json     the training data's fingerprint and the hash of the training-relevant config (a resume checks them)
 torch families (mlp, torch)
     model.pt         weights (unwrapped from DDP), loaded with torch.load(weights_only=True)
     train_state.pt   optimizer and LR-schedule state, epoch, seed, early-stopping state (weights_only too)
@@ -25,11 +26,13 @@ import torch
 
 from preprocessors.tabular import TabularPreprocessor
 from trainer.model import model_for
+from trainflow.redact import redact_config
 
 MODEL_FILE = "model.pt"
 STATE_FILE = "train_state.pt"
 METRICS_FILE = "metrics.json"
 CONFIG_FILE = "config.json"
+LINEAGE_FILE = "lineage.json"
 
 
 def save_checkpoint(
@@ -40,23 +43,26 @@ def save_checkpoint(
     history: list[dict[str, float]],
     preprocessor: dict[str, Any],
     config: dict[str, Any],
+    lineage: dict[str, str] | None = None,
 ) -> None:
     """Write a complete torch checkpoint into directory (rank 0 only); train_state holds at least 'epoch'."""
     d = Path(directory)
     torch.save(model_state, d / MODEL_FILE)
     torch.save(train_state, d / STATE_FILE)
-    write_common(d, int(train_state["epoch"]), metrics, history, preprocessor, config)
+    write_common(d, int(train_state["epoch"]), metrics, history, preprocessor, config, lineage)
 
 
 def write_common(
     directory: str | Path, epoch: int, metrics: dict[str, Any], history: list[dict[str, float]],
-    preprocessor: dict[str, Any], config: dict[str, Any],
+    preprocessor: dict[str, Any], config: dict[str, Any], lineage: dict[str, str] | None = None,
 ) -> None:
-    """The files every family's checkpoint holds: metrics and history, the preprocessor, the config."""
+    """The files every family's checkpoint holds: metrics and history, the preprocessor, the config, the lineage."""
     d = Path(directory)
+    if lineage:
+        (d / LINEAGE_FILE).write_text(json.dumps(lineage))
     (d / METRICS_FILE).write_text(json.dumps({"epoch": epoch, "metrics": metrics, "history": history}, indent=1))
     TabularPreprocessor.from_dict(preprocessor).save(d)
-    (d / CONFIG_FILE).write_text(json.dumps(config, indent=1))
+    (d / CONFIG_FILE).write_text(json.dumps(redact_config(config), indent=1))  # no secrets in storage or the registry
 
 
 def load_train_state(directory: str | Path) -> dict[str, Any]:

@@ -225,7 +225,7 @@ def _report(state: EpochState, rank: int, loop_config: dict[str, Any]) -> None:
         ckpt = None
         if rank == 0:
             save_checkpoint(tmp, state.model, state.train_state, state.metrics, state.history,
-                            loop_config["preprocessor"], loop_config["config"])
+                            loop_config["preprocessor"], loop_config["config"], loop_config.get("lineage"))
             ckpt = ray.train.Checkpoint.from_directory(tmp)
         ray.train.report(state.metrics, checkpoint=ckpt)
     heartbeat(f"the report of epoch {state.epoch}")

@@ -9,7 +9,7 @@ import ray.data
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
 from preprocessors.tabular import TabularPreprocessor
-from trainer.checkpoint import METRICS_FILE
+from trainer.checkpoint import LINEAGE_FILE, METRICS_FILE
 from trainer.families import family_for
 from trainer.recovery import RecoveryLog, read_events
 from trainer.watchdog import Watched
@@ -57,6 +57,17 @@ def checkpoints_on_disk(run_path: str) -> list[dict[str, Any]]:
     return sorted(found, key=lambda c: c["epoch"])
 
 
+def latest_lineage(run_path: str) -> dict[str, str] | None:
+    """The lineage.json of the run's latest readable checkpoint (None: a new run, or one written without it)."""
+    found = checkpoints_on_disk(run_path)
+    if not found:
+        return None
+    try:
+        return json.loads(read_text(join(found[-1]["path"], LINEAGE_FILE)))
+    except (OSError, ValueError):
+        return None
+
+
 def latest_epoch(run_path: str) -> int | None:
     """The highest epoch among the run's readable checkpoints, or None for a new run."""
     return max((c["epoch"] for c in checkpoints_on_disk(run_path)), default=None)
@@ -74,6 +85,7 @@ def build_trainer(
     cache_shards: bool = False,
     streamed: bool = False,
     external_memory: bool = False,
+    lineage: dict[str, str] | None = None,
 ):
     """The model family's trainer (TorchTrainer, XGBoostTrainer, LightGBMTrainer); its run resumes when
     built again with the same storage_path and run_name.
@@ -81,7 +93,8 @@ def build_trainer(
     config["model"]["type"] is one family; train_fn replaces the family's per-worker loop (fault tests);
     cache_shards: torch workers keep their shard in memory after the first epoch (materialized data);
     streamed: the data is re-read from its files each epoch and each block's rows permuted on the workers;
-    external_memory: XGBoost workers build external-memory matrices (trainer/extmem.py).
+    external_memory: XGBoost workers build external-memory matrices (trainer/extmem.py);
+    lineage: written into every checkpoint (data fingerprint, training config hash), checked by a resume.
     """
     ckpt = config["checkpoint"]
     family = family_for(config["model"])
@@ -91,6 +104,7 @@ def build_trainer(
         train_loop_config={
             "config": config, "preprocessor": preprocessor.to_dict(), "run_dir": run_dir(config, run_name),
             "cache_shards": cache_shards, "streamed": streamed, "external_memory": external_memory,
+            "lineage": lineage,
         },
         scaling_config=scaling_config(config["scaling"]),
         datasets={"train": train_ds, "val": val_ds},

@@ -18,6 +18,8 @@ from preprocessors.tabular import TabularPreprocessor
 from trainer.budget import MAX_AUTO_EPOCHS
 from trainer.runner import build_trainer, run_dir
 from trainflow.config import trial_config
+from trainflow.errors import ConfigError
+from trainflow.storage import list_dir
 
 
 def search_space(space: dict[str, dict[str, list[Any]]]) -> dict[str, Any]:
@@ -62,8 +64,12 @@ def train_driver_fn(
 def build_tuner(
     config: dict[str, Any], preprocessor: TabularPreprocessor, train_ds: ray.data.Dataset, val_ds: ray.data.Dataset,
     sweep: str, max_concurrent_trials: int, cache_shards: bool = False, external_memory: dict[str, bool] | None = None,
+    resume: bool = False,
 ) -> ray.tune.Tuner:
-    """A Tuner for config['tune'] (new, or restored when the sweep's folder already exists)."""
+    """A Tuner for config['tune']: new, or restored from the sweep's folder when resume is asked for.
+
+    Restoring unpickles the folder's tuner.pkl (Ray Tune's format), so it happens only on request, never
+    because a folder of that name exists: anyone who can write to storage_path could have put it there."""
     tune_cfg = config["tune"]
     trainable = ray.tune.with_parameters(
         train_driver_fn, base_config=config, preprocessor=preprocessor.to_dict(),
@@ -73,8 +79,15 @@ def build_tuner(
     # refuses an empty request, and any CPU here would come out of the workers' budget: one byte of memory.
     trainable = ray.tune.with_resources(trainable, {"memory": 1})
     path = run_dir(config, sweep)
-    if ray.tune.Tuner.can_restore(path):
+    if resume:
+        if not ray.tune.Tuner.can_restore(path):
+            raise ConfigError(f"tune --resume: no sweep to restore at {path}")
         return ray.tune.Tuner.restore(path, trainable=trainable, resume_errored=True)
+    if list_dir(path):
+        raise ConfigError(
+            f"sweep {sweep}: {path} exists. Restoring it unpickles its tuner.pkl, so trainflow does that only when "
+            "asked: pass --resume if this is your sweep, or choose another --run-name"
+        )
     if tune_cfg["scheduler"] == "asha":
         # rungs by epoch, not by report: short epochs are grouped into one report (checkpoint.min_interval_s)
         # (boosted trees report their round as the epoch)

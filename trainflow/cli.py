@@ -106,7 +106,9 @@ def _parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("tune", help="Ray Tune sweep over the config's tune.search_space, then register the best")
     t.add_argument("--config", required=True)
-    t.add_argument("--run-name", help="sweep name; an existing name resumes that sweep")
+    t.add_argument("--run-name", help="sweep name")
+    t.add_argument("--resume", action="store_true",
+                   help="restore the sweep --run-name names from its folder (unpickles Ray Tune's state: only your own)")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     t.add_argument("--summary-json")
 
@@ -172,7 +174,10 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
         from flows.tune import tune
 
         config.require_tune()
-        return tune(config_path=str(Path(args.config).resolve()), overrides=overrides or None, run_name=args.run_name)
+        if args.resume and not args.run_name:
+            raise TrainflowError("tune --resume needs the --run-name of the sweep to restore")
+        return tune(config_path=str(Path(args.config).resolve()), overrides=overrides or None, run_name=args.run_name,
+                    resume=args.resume)
     from flows.predict import batch_inference
 
     return batch_inference(config_path=str(Path(args.config).resolve()), overrides=overrides or None, model=args.model)
@@ -214,12 +219,15 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             stop_ray()
             return 128 + signal.SIGTERM
+        from trainflow.redact import redact_text
+
         if isinstance(exc, TrainflowError):
-            print(f"trainflow: error: {exc}", file=sys.stderr)
+            print(f"trainflow: error: {redact_text(str(exc))}", file=sys.stderr)
             return 2
         if args.debug:
             traceback.print_exc()
-        print(f"trainflow: failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", file=sys.stderr)
+        print(f"trainflow: failed: {type(exc).__name__}: {redact_text(str(exc).splitlines()[0]) if str(exc) else ''}",
+              file=sys.stderr)
         print("trainflow: rerun with --debug for the traceback", file=sys.stderr)
         return 1
     if summary is not None:

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import math
 import os
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from trainflow.errors import ConfigError
+from trainflow.redact import protect
 from trainflow.storage import is_uri
 
 CLASSIFICATION_METRICS = {"val_loss": "min", "train_loss": "min", "val_accuracy": "max", "val_f1": "max", "val_roc_auc": "max"}
@@ -142,6 +145,9 @@ class ModelSection(_Section):
     # torch: "package.module:ClassName", built as ClassName(in_features, out_features, **init_args)
     class_path: str | None = None
     init_args: dict[str, Any] = Field(default_factory=dict)
+    # a model read from the registry or storage (the champion, `predict --model`) may import its own class_path only
+    # when it is this config's class_path or listed here: storage someone else can write to never chooses the code
+    allowed_class_paths: list[str] = Field(default_factory=list)
     # xgboost / lightgbm
     params: BoosterParams = Field(default_factory=BoosterParams)
 
@@ -401,6 +407,12 @@ class Config(_Section):
     ray: RaySection = Field(default_factory=RaySection)
     tune: TuneSection | None = None
     inference: InferenceSection = Field(default_factory=InferenceSection)
+    # the config file's folder (load_config), which an output must not replace; not part of the config's data
+    _source_dir: str | None = PrivateAttr(default=None)
+
+    @property
+    def source_dir(self) -> str | None:
+        return self._source_dir
 
     @model_validator(mode="after")
     def _metric_fits_task(self) -> Config:
@@ -459,6 +471,20 @@ class Config(_Section):
     def for_family(self, family: str) -> dict[str, Any]:
         """The resolved config as one family's training run sees it (model.type that family)."""
         return {**self.to_dict(), "model": self.model.for_family(family)}
+
+    def training_hash(self, family: str) -> str:
+        """A hash of what decides a model's weights, so a resume onto other settings is caught: the task, label,
+        features, split, preprocessing, the family's model settings and the optimiser. Left out: what only extends
+        or stops a run (epochs, early stopping, rounds), scaling, storage, gate and inference settings."""
+        model = self.model.for_family(family)
+        model.pop("allowed_class_paths", None)
+        for key in ("num_boost_round", "early_stopping_rounds", "external_memory"):
+            model["params"].pop(key, None)
+        train = self.train.model_dump(mode="json", exclude={"epochs", "early_stopping"})
+        relevant = {"task": self.task, "label": self.data.label, "features": self.data.features,
+                    "split": self.split.model_dump(mode="json"), "preprocess": self.preprocess.model_dump(mode="json"),
+                    "model": model, "train": train}
+        return "config:" + hashlib.blake2b(json.dumps(relevant, sort_keys=True).encode(), digest_size=12).hexdigest()
 
 
 def infer_format(path: str) -> Literal["parquet", "csv"]:
@@ -530,6 +556,7 @@ def config_from_dict(raw: dict[str, Any], base_dir: str | Path = ".", source: st
     cfg.ray.address = cfg.ray.address or os.environ.get("RAY_ADDRESS") or None
     if cfg.tune is not None:
         _check_search_space(cfg, source)
+    protect(cfg.to_dict())  # its secrets are masked in every log line from here on
     return cfg
 
 
@@ -570,4 +597,6 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Co
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
     raw = apply_overrides(raw or {}, overrides)
-    return config_from_dict(raw, base_dir=path.resolve().parent, source=str(path))
+    cfg = config_from_dict(raw, base_dir=path.resolve().parent, source=str(path))
+    cfg._source_dir = str(path.resolve().parent)
+    return cfg

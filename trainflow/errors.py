@@ -19,3 +19,8 @@ class TrainingError(TrainflowError):
 
 class CheckpointError(TrainflowError):
     """No usable checkpoint could be found or loaded."""
+
+
+class InfrastructureError(RuntimeError):
+    """A service trainflow depends on (the registry, storage) failed in a way a retry may fix: retried by the
+    task's retries, then the run fails without having changed what it guards (the champion alias, outputs)."""

@@ -1,0 +1,252 @@
+"""Prediction outputs that cannot destroy: trainflow replaces only what it wrote, never a folder that overlaps
+the run's inputs or stores, and a reader never sees half of a write.
+
+Every output carries a manifest, `_trainflow_output.json` (model, rows, time, files), written last.
+- An existing target is replaced only when it holds that manifest (or is an empty folder).
+- Local disk: the new output is staged in a hidden sibling and swapped in with one atomic
+  renameat2(RENAME_EXCHANGE); a crash leaves either the old or the new folder in place.
+- Object stores (no rename): each write goes to a new prefix `<output>/gen-<time>-<id>/`; the manifest
+  naming it is one PUT, made after every file is complete; the previous generation is deleted after that.
+  A reader that follows the manifest (`output_files`) sees the old or the new output, never a mix; a crash
+  before the manifest leaves the previous output whole (the next write removes the unfinished generation).
+- Writers of one output queue on a lock (trainflow/locks.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import datetime as dt
+import errno
+import json
+import os
+import re
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from trainflow.errors import DataError
+from trainflow.storage import filesystem_for, is_uri
+
+MANIFEST = "_trainflow_output.json"
+GENERATION = re.compile(r"^gen-\d{8}T\d{6}-[0-9a-f]{12}$")
+
+
+def _normalized(path: str) -> tuple[str, str]:
+    """(scheme, path) comparable between a config's locations: local paths resolved (symlinks too)."""
+    if is_uri(path):
+        scheme, rest = path.split("://", 1)
+        rest = rest.split("?", 1)[0]
+        rest = rest.rsplit("@", 1)[-1] if "@" in rest.split("/", 1)[0] else rest  # drop user-info
+        return scheme.lower(), "/" + rest.strip("/")
+    return "file", os.path.realpath(os.path.expanduser(path.removeprefix("file://"))).rstrip("/") or "/"
+
+
+def _inside(child: tuple[str, str], parent: tuple[str, str]) -> bool:
+    return child[0] == parent[0] and (child[1] == parent[1] or child[1].startswith(parent[1].rstrip("/") + "/"))
+
+
+def _glob_base(path: str) -> str:
+    for i, ch in enumerate(path):
+        if ch in "*?[":
+            return path[:i].rsplit("/", 1)[0] or "/"
+    return path
+
+
+def mlflow_store_paths(tracking_uri: str | None) -> list[str]:
+    """Local files an MLflow tracking URI keeps: a SQLite database and its artifact folder, or a file store."""
+    if not tracking_uri:
+        return []
+    if tracking_uri.startswith("sqlite:///"):
+        db = Path(tracking_uri.removeprefix("sqlite:///"))
+        return [str(db), str(db.parent / "mlartifacts")]
+    if tracking_uri.startswith("file://") or "://" not in tracking_uri:
+        return [tracking_uri.removeprefix("file://")]
+    return []
+
+
+def protected_paths(config: Any) -> list[tuple[str, str, bool]]:
+    """(what, path, both_ways) the output must not overlap. both_ways: the output may be neither inside nor
+    around it; otherwise it only must not contain it (an output inside the config's folder is fine)."""
+    out = [("data.path", _glob_base(config.data.path), True), ("storage_path", config.storage_path, True)]
+    if config.inference.input:
+        out.append(("inference.input", _glob_base(config.inference.input), True))
+    for p in mlflow_store_paths(config.mlflow.tracking_uri):
+        out.append(("the MLflow store", p, True))
+    if config.source_dir:
+        out.append(("the config's folder", config.source_dir, False))
+    return out
+
+
+def check_overlap(output: str, protected: list[tuple[str, str, bool]]) -> None:
+    """DataError naming both paths when output is, contains or (both_ways) lies inside a protected path."""
+    target = _normalized(output)
+    for what, path, both_ways in protected:
+        p = _normalized(path)
+        if _inside(p, target) or (both_ways and _inside(target, p)):
+            raise DataError(
+                f"inference.output {output} overlaps {what} {path}: writing predictions there could replace or "
+                "mix with it; choose an output folder of its own (nothing was written)"
+            )
+
+
+def read_manifest(output: str) -> dict[str, Any] | None:
+    """The output's manifest, or None when there is none (or it is not trainflow's)."""
+    fs, inner = filesystem_for(output)
+    try:
+        with fs.open_input_stream(f"{inner.rstrip('/')}/{MANIFEST}") as f:
+            data = json.loads(f.read().decode())
+    except (FileNotFoundError, OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("trainflow_output") == 1 else None
+
+
+def check_owned(output: str) -> None:
+    """DataError unless output is absent, an empty folder, or an earlier trainflow output (has the manifest)."""
+    fs, inner = filesystem_for(output)
+    inner = inner.rstrip("/")
+    info = fs.get_file_info(inner)
+    if info.type == pafs.FileType.NotFound:
+        return
+    if info.type == pafs.FileType.File:
+        raise DataError(f"inference.output {output} is a file that trainflow did not write; "
+                        "choose a folder path (nothing was touched)")
+    entries = sorted(i.base_name for i in fs.get_file_info(pafs.FileSelector(inner)))
+    if not entries or read_manifest(output) is not None:
+        return
+    shown = ", ".join(entries[:5]) + (" ..." if len(entries) > 5 else "")
+    raise DataError(
+        f"inference.output {output} holds files trainflow did not write ({shown}) and no {MANIFEST}; "
+        "trainflow replaces only its own outputs: choose another folder or empty this one (nothing was touched)"
+    )
+
+
+def guard_output(output: str, config: Any) -> None:
+    """Before any work: the output overlaps nothing of the run's and replaces only a trainflow output."""
+    check_overlap(output, protected_paths(config))
+    check_owned(output)
+
+
+def output_files(output: str) -> list[str]:
+    """The Parquet files of the output's current, complete write (from its manifest), as paths in its filesystem."""
+    manifest = read_manifest(output)
+    if manifest is None:
+        raise DataError(f"{output}: no trainflow output here ({MANIFEST} not found)")
+    _, inner = filesystem_for(output)
+    return [f"{inner.rstrip('/')}/{f}" for f in manifest["files"]]
+
+
+def _parquet_files(fs: pafs.FileSystem, folder: str) -> list[str]:
+    infos = fs.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True))
+    return sorted(i.path for i in infos if i.type == pafs.FileType.File and i.path.endswith(".parquet"))
+
+
+def _count_rows(fs: pafs.FileSystem, files: list[str]) -> int:
+    return sum(pq.ParquetFile(fs.open_input_file(f)).metadata.num_rows for f in files)
+
+
+def _manifest(files: list[str], rows: int, meta: dict[str, Any], generation: str | None) -> bytes:
+    return json.dumps({
+        "trainflow_output": 1, "rows": rows, "files": files, "generation": generation,
+        "written_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), **meta,
+    }, indent=1).encode()
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def exchange(a: str, b: str) -> bool:
+    """Swap two paths atomically (Linux renameat2 RENAME_EXCHANGE); False where the system cannot."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is None:
+        return False
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), a)
+
+
+def _check_rows(written: int, expected: int) -> None:
+    if written != expected:
+        raise DataError(f"inference wrote {written} rows for {expected} input rows; output left unchanged")
+
+
+def _write_local(ds, fs: pafs.FileSystem, inner: str, expected_rows: int, meta: dict[str, Any]) -> int:
+    parent, name = os.path.split(inner)
+    token = uuid.uuid4().hex[:12]
+    stage = os.path.join(parent, f".{name}.trainflow-tmp-{token}")
+    try:
+        os.makedirs(parent, exist_ok=True)
+        ds.write_parquet(stage, filesystem=fs)
+        files = _parquet_files(fs, stage)
+        written = _count_rows(fs, files)
+        _check_rows(written, expected_rows)
+        rel = [os.path.relpath(f, stage) for f in files]
+        Path(stage, MANIFEST).write_bytes(_manifest(rel, written, meta, None))
+        if not os.path.exists(inner):
+            os.rename(stage, inner)
+        elif not exchange(stage, inner):
+            # no atomic swap here: the old output waits under a hidden name for the two renames
+            old = os.path.join(parent, f".{name}.trainflow-old-{token}")
+            os.rename(inner, old)
+            os.rename(stage, inner)
+            stage = old
+        return written
+    finally:
+        if os.path.exists(stage):  # the old output after a swap (checked as trainflow's), or an unfinished one
+            fs.delete_dir(stage)
+
+
+def _write_object_store(ds, fs: pafs.FileSystem, inner: str, output: str, expected_rows: int,
+                        meta: dict[str, Any]) -> int:
+    from trainflow.storage import with_scheme
+
+    generation = f"gen-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"
+    prefix = f"{inner}/{generation}"
+    committed = False
+    try:
+        ds.write_parquet(with_scheme(output, prefix), filesystem=fs)
+        files = _parquet_files(fs, prefix)
+        written = _count_rows(fs, files)
+        _check_rows(written, expected_rows)
+        rel = [f[len(inner) + 1:] for f in files]
+        with fs.open_output_stream(f"{inner}/{MANIFEST}") as f:  # one PUT: the commit
+            f.write(_manifest(rel, written, meta, generation))
+        committed = True
+    finally:
+        if not committed:
+            fs.delete_dir_contents(prefix, missing_dir_ok=True)
+    # after the commit: the generations the manifest no longer names (the previous one, and any a crashed
+    # write left) are trainflow's own, by their name under a trainflow output
+    for info in fs.get_file_info(pafs.FileSelector(inner)):
+        if info.type == pafs.FileType.Directory and GENERATION.match(info.base_name) and info.base_name != generation:
+            fs.delete_dir(info.path)
+    return written
+
+
+def write_output(ds, output: str, expected_rows: int, meta: dict[str, Any], config: Any = None) -> int:
+    """Write ds as Parquet at output, with its manifest, replacing an earlier trainflow output as one step.
+
+    Checks again (under the output's lock) that output is absent or trainflow's: the check before the run
+    may be hours old. Raises DataError when the row count is not expected_rows (output unchanged).
+    """
+    from trainflow.locks import exclusive
+
+    fs, inner = filesystem_for(output)
+    inner = inner.rstrip("/")
+    key = "/".join(_normalized(output))
+    with exclusive("output", key):
+        if config is not None:
+            guard_output(output, config)
+        else:
+            check_owned(output)
+        if isinstance(fs, pafs.LocalFileSystem):
+            return _write_local(ds, fs, inner, expected_rows, meta)
+        return _write_object_store(ds, fs, inner, output, expected_rows, meta)
