@@ -60,11 +60,15 @@ def decide(challenger: float | None, champion: float | None, mode: str, margin: 
 
 
 def current_champion(client: mlflow.MlflowClient, name: str) -> str | None:
-    """The @champion version; None only when the registry says the alias (or the model) does not exist."""
+    """The @champion version; None only when the registry says the alias (or the model) does not exist.
+
+    MLflow's stores answer a missing alias with INVALID_PARAMETER_VALUE and "Registered model alias ... not
+    found." (a missing model: RESOURCE_DOES_NOT_EXIST); any other error is the registry failing."""
     try:
         return str(client.get_model_version_by_alias(name, CHAMPION).version)
     except mlflow.exceptions.MlflowException as exc:
-        if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+        missing_alias = exc.error_code == "INVALID_PARAMETER_VALUE" and f"alias {CHAMPION} not found" in exc.message
+        if exc.error_code == "RESOURCE_DOES_NOT_EXIST" or missing_alias:
             return None
         raise InfrastructureError(f"cannot read {name}@{CHAMPION} from the registry: {exc.message}") from None
 

@@ -1,0 +1,210 @@
+"""Unattended runs cannot hurt: outputs that replace only trainflow's own files, and a champion gate that is an
+honest compare-and-set. Real Ray Data writes, a real Prefect server (the locks), real MLflow on SQLite."""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pytest
+import ray.data
+import torch
+
+from tests.conftest import write_config, write_parquet
+from trainflow.config import load_config
+from trainflow.errors import DataError, InfrastructureError
+from trainflow.outputs import MANIFEST, guard_output, read_manifest, write_output
+
+pytestmark = pytest.mark.usefixtures("prefect_harness", "ray_local")
+
+
+def _snapshot(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _table(rows: int, seed: int = 0) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    return pa.table({"id": np.arange(rows), "x": rng.normal(size=rows)})
+
+
+def _config(tmp_path: Path, output: str, **extra) -> object:
+    write_parquet(_table(50), tmp_path / "shared" / "train.parquet")
+    write_parquet(_table(20, 1), tmp_path / "shared" / "score.parquet")
+    (tmp_path / "shared" / "notes.txt").write_text("my notes")
+    raw = {"data": {"path": "../shared/train.parquet", "label": "x"}, "task": "regression", "storage_path": "../runs",
+           "inference": {"input": "../shared/score.parquet", "output": output}, **extra}
+    (tmp_path / "configs").mkdir()
+    return load_config(write_config(tmp_path / "configs", raw))
+
+
+@pytest.mark.parametrize("output, overlaps", [
+    ("../shared", "data.path"),                    # the folder holding the inputs and a user's file
+    ("../shared/score.parquet", "inference.input"),  # the scoring table itself
+    ("..", "data.path"),                            # a parent of everything
+    ("../runs/predictions", "storage_path"),        # inside Ray Train's storage
+    ("../mlartifacts", "the MLflow store"),         # MLflow's artifact folder next to its database
+    (".", "the config's folder"),                   # the folder holding the config
+])
+def test_an_output_that_overlaps_the_run_is_refused_and_nothing_is_touched(tmp_path, output, overlaps):
+    config = _config(tmp_path, output)
+    before = _snapshot(tmp_path)
+    with pytest.raises(DataError, match=f"overlaps {overlaps}") as err:
+        guard_output(config.inference.output, config)
+    assert config.inference.output in str(err.value)
+    assert _snapshot(tmp_path) == before
+
+
+def test_outputs_replace_only_trainflows_own_and_survive_every_failure(tmp_path, monkeypatch):
+    import trainflow.outputs as outputs
+
+    config = _config(tmp_path, "../predictions")
+    out = Path(config.inference.output)
+    # a folder of a user's own (no manifest) is never replaced
+    out.mkdir()
+    (out / "mine.csv").write_text("a,b\n")
+    before = _snapshot(tmp_path)
+    with pytest.raises(DataError, match="holds files trainflow did not write \\(mine.csv\\)"):
+        write_output(ray.data.from_arrow(_table(10)), str(out), 10, {"model": "m"}, config)
+    assert _snapshot(tmp_path) == before
+    (out / "mine.csv").unlink()
+
+    # first and second writes: the manifest says what is there; the old files are gone, nothing left beside
+    assert write_output(ray.data.from_arrow(_table(10)), str(out), 10, {"model": "v1"}, config) == 10
+    assert read_manifest(str(out))["model"] == "v1"
+    assert write_output(ray.data.from_arrow(_table(12, 3)), str(out), 12, {"model": "v2"}, config) == 12
+    manifest = read_manifest(str(out))
+    assert (manifest["model"], manifest["rows"]) == ("v2", 12)
+    assert pads.dataset(out).to_table().num_rows == 12
+    assert sorted(p.name for p in out.parent.iterdir()) == sorted(["configs", "shared", "predictions"])
+    good = _snapshot(out)
+
+    # a write that fails (a row count that does not match, a batch that raises, a crash at the swap) leaves the
+    # previous output byte-identical and no staging folder behind
+    with pytest.raises(DataError, match="wrote 5 rows for 6 input rows"):
+        write_output(ray.data.from_arrow(_table(5)), str(out), 6, {"model": "v3"}, config)
+
+    def boom(batch):
+        raise RuntimeError("disk gone")
+
+    with pytest.raises(Exception, match="disk gone"):
+        write_output(ray.data.from_arrow(_table(5)).map_batches(boom), str(out), 5, {"model": "v3"}, config)
+    monkeypatch.setattr(outputs, "exchange", lambda a, b: (_ for _ in ()).throw(OSError("crash at the swap")))
+    with pytest.raises(OSError, match="crash at the swap"):
+        write_output(ray.data.from_arrow(_table(5)), str(out), 5, {"model": "v3"}, config)
+    assert _snapshot(out) == good
+    assert sorted(p.name for p in out.parent.iterdir()) == sorted(["configs", "shared", "predictions"])
+
+    # where the filesystem cannot swap atomically, two renames do it, and the result is the same
+    monkeypatch.setattr(outputs, "exchange", lambda a, b: False)
+    assert write_output(ray.data.from_arrow(_table(7)), str(out), 7, {"model": "v4"}, config) == 7
+    assert read_manifest(str(out))["model"] == "v4" and pads.dataset(out).to_table().num_rows == 7
+    assert sorted(p.name for p in out.parent.iterdir()) == sorted(["configs", "shared", "predictions"])
+    assert (out / MANIFEST).is_file()
+
+
+# ---- the champion gate -------------------------------------------------------------------------------------
+
+def _gate_setup(tmp_path):
+    """A regression table where y = x, a fitted preprocessor, and a linear 'model' per quality: the weight on x
+    decides how good it is. Checkpoints are written with trainflow's own checkpoint code, registered with its pyfunc."""
+    from trainflow.data import fit_preprocessor, table_spec
+    from trainer.checkpoint import save_checkpoint
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=400)
+    table = pa.table({"x": x, "y": x + rng.normal(0, 0.05, 400)})
+    write_parquet(table, tmp_path / "t.parquet")
+    cfg = load_config(write_config(tmp_path, {
+        "data": {"path": "t.parquet", "label": "y"}, "task": "regression", "model": {"hidden_sizes": []},
+        "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "registered_model": "gate"},
+    }))
+    ds = ray.data.from_arrow(table)
+    spec = table_spec(table.schema, cfg.data, cfg.task, "t")
+    prep = fit_preprocessor(ds, spec, cfg.task)
+
+    def checkpoint(weight: float) -> str:
+        d = tmp_path / f"ckpt-{weight}"
+        d.mkdir(exist_ok=True)
+        state = {"0.weight": torch.tensor([[weight]], dtype=torch.float32), "0.bias": torch.zeros(1)}
+        save_checkpoint(d, state, {"epoch": 0}, {"val_loss": 0.0}, [], prep.to_dict(), cfg.for_family("mlp"))
+        return str(d)
+
+    return cfg, ds, checkpoint
+
+
+def _register(cfg, path: str):
+    from tasks.register import Registered
+    from trainflow.tracking import MODEL_CODE, ensure_experiment, tracking
+
+    with tracking(cfg.mlflow.tracking_uri):
+        exp = ensure_experiment(cfg.mlflow.tracking_uri, "gate")
+        with mlflow.start_run(experiment_id=exp) as run:
+            info = mlflow.pyfunc.log_model(name="model", python_model=MODEL_CODE, artifacts={"checkpoint": path},
+                                           registered_model_name=cfg.mlflow.registered_model)
+    return Registered(run.info.run_id, cfg.mlflow.registered_model, str(info.registered_model_version), "")
+
+
+def _champion(cfg) -> str | None:
+    client = mlflow.MlflowClient(tracking_uri=cfg.mlflow.tracking_uri)
+    try:
+        return str(client.get_model_version_by_alias(cfg.mlflow.registered_model, "champion").version)
+    except mlflow.exceptions.MlflowException:
+        return None
+
+
+def test_the_gate_is_an_honest_compare_and_set(tmp_path, monkeypatch):
+    import tasks.promote as promote
+
+    cfg, holdout, checkpoint = _gate_setup(tmp_path)
+    first = promote.gate(cfg, holdout, checkpoint(0.5), _register(cfg, checkpoint(0.5)))
+    assert (first.decision, first.reason, _champion(cfg)) == ("promoted", "first model: there is no champion yet", "1")
+
+    # a registry error between the read and the move (SQLite locked by another writer) fails the gate with the
+    # alias where it was; it is never read as "no champion" (the same read as the first one)
+    challenger = checkpoint(0.9)
+    registered = _register(cfg, challenger)
+    db = sqlite3.connect(tmp_path / "mlflow.db", timeout=0.1, isolation_level=None)
+
+    def lock_the_registry(version):
+        db.execute("BEGIN EXCLUSIVE")
+
+    monkeypatch.setattr(promote, "_before_alias_move", lock_the_registry)
+    with pytest.raises(InfrastructureError, match="cannot read gate@champion"):
+        promote.gate(cfg, holdout, challenger, registered)
+    db.execute("ROLLBACK")  # (MLflow waits 20 s on a locked SQLite database before it gives up)
+    db.close()
+    assert _champion(cfg) == "1"
+
+    # two challengers promoted at once, the worse one slow between scoring and moving the alias: the better
+    # one ends as champion (the second gate waits for the lock, then compares against the first's winner)
+    worse, better = _register(cfg, checkpoint(0.8)), _register(cfg, checkpoint(1.0))
+    paths = {worse.model_version: str(tmp_path / "ckpt-0.8"), better.model_version: str(tmp_path / "ckpt-1.0")}
+    start = threading.Barrier(2)
+    monkeypatch.setattr(promote, "_before_alias_move",
+                        lambda version: time.sleep(3) if version == worse.model_version else None)
+    results, errors = {}, []
+
+    def run(reg):
+        try:
+            start.wait()
+            results[reg.model_version] = promote.gate(cfg, holdout, paths[reg.model_version], reg)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in (worse, better)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert _champion(cfg) == better.model_version
+    assert results[better.model_version].decision == "promoted"
+    loser = results[worse.model_version]
+    assert loser.decision == "not_promoted" or loser.serving_version == worse.model_version  # promoted first, then beaten
