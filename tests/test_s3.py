@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -18,12 +20,15 @@ from prefect.artifacts import Artifact
 
 from tests.conftest import free_port, write_config
 from trainflow.cli import main as cli_main
+from trainflow.errors import DataError
+from trainflow.outputs import read_manifest
 from trainflow.sample import make_churn_table
 from trainflow.storage import filesystem_for
 
 pytestmark = pytest.mark.e2e
 
 BUCKET = "trainflow-test"
+SENTINELS = ("uri-secret-5f1e9a", "env-secret-77c2d1", "runtime-secret-0b3e44")
 
 
 @pytest.fixture(scope="module")
@@ -92,16 +97,19 @@ def _upload(fs: pafs.FileSystem, table, key: str) -> str:
 
 
 @pytest.mark.usefixtures("prefect_harness", "ray_with_s3")
-def test_read_checkpoint_resume_and_predict_in_s3(s3_endpoint, tmp_path):
+def test_read_checkpoint_resume_and_predict_in_s3(s3_endpoint, tmp_path, capsys):
     fs = s3_endpoint
     _upload(fs, make_churn_table(2000, seed=1), "data/train/part-0.parquet")
     score = make_churn_table(300, seed=2, with_label=False, id_offset=10_000)
     score_uri = _upload(fs, score, "data/score.parquet")
+    # secrets where users put them: worker env vars, Ray's runtime_env, credentials inside a URI (moto accepts any)
     cfg = write_config(tmp_path, {
-        "data": {"path": f"s3://{BUCKET}/data/train/", "label": "churned", "id_column": "customer_id"},
+        "data": {"path": f"s3://sentinel-key:{SENTINELS[0]}@{BUCKET}/data/train/", "label": "churned",
+                 "id_column": "customer_id"},
         "task": "classification",
         "train": {"epochs": 2, "batch_size": 128, "learning_rate": 0.005},
-        "scaling": {"num_workers": 2},
+        "scaling": {"num_workers": 2, "env_vars": {"AWS_SESSION_TOKEN_X": SENTINELS[1]}},
+        "ray": {"runtime_env": {"env_vars": {"MY_API_TOKEN": SENTINELS[2]}}},
         "storage_path": f"s3://{BUCKET}/runs",
         "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "registered_model": "s3-test"},
         "inference": {"input": score_uri, "output": f"s3://{BUCKET}/predictions/churn"},
@@ -109,7 +117,7 @@ def test_read_checkpoint_resume_and_predict_in_s3(s3_endpoint, tmp_path):
     summary_path = tmp_path / "s.json"
     assert cli_main(["retrain", "--config", str(cfg), "--run-name", "s3-run", "--summary-json", str(summary_path)]) == 0
     first = json.loads(summary_path.read_text())
-    assert first["data_path"] == f"s3://{BUCKET}/data/train/"
+    assert first["data_path"] == f"s3://***@{BUCKET}/data/train/"
     assert first["ray_run_path"] == f"s3://{BUCKET}/runs/s3-run"
     assert first["best_checkpoint"]["uri"].startswith(f"s3://{BUCKET}/runs/s3-run/checkpoint_")
     kept = [
@@ -139,3 +147,79 @@ def test_read_checkpoint_resume_and_predict_in_s3(s3_endpoint, tmp_path):
     _check_not_promoted(second, promo, tmp_path, fs)
     leftovers = [i.base_name for i in fs.get_file_info(pafs.FileSelector(f"{BUCKET}/predictions")) if i.base_name != "churn"]
     assert leftovers == []
+    # the predictions follow their manifest: one generation, named by it
+    manifest = read_manifest(f"s3://{BUCKET}/predictions/churn")
+    assert manifest["model"] == "models:/s3-test/1" and manifest["rows"] == score.num_rows
+    assert [i.base_name for i in fs.get_file_info(pafs.FileSelector(f"{BUCKET}/predictions/churn"))
+            if i.type == pafs.FileType.Directory] == [manifest["generation"]]
+    _no_secret_written(fs, tmp_path, capsys)
+
+
+def _no_secret_written(fs: pafs.FileSystem, tmp_path, capsys) -> None:
+    """No sentinel in anything trainflow wrote: the bucket, the MLflow store, the summary, Prefect's logs and
+    artifacts, the terminal."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter
+
+    blobs = {}
+    for info in fs.get_file_info(pafs.FileSelector(BUCKET, recursive=True)):
+        if info.type == pafs.FileType.File:
+            with fs.open_input_stream(info.path) as f:
+                blobs[f"s3://{info.path}"] = f.read()
+    for p in tmp_path.rglob("*"):
+        if p.is_file() and p.name != "config.yaml":  # the user's own config holds them, of course
+            blobs[str(p)] = p.read_bytes()
+    out = capsys.readouterr()
+    blobs["terminal"] = (out.out + out.err).encode()
+    with get_client(sync_client=True) as client:
+        blobs["prefect logs"] = "\n".join(log.message for log in client.read_logs(LogFilter(), limit=200)).encode()
+    for key in ("s3-test-model-card", "s3-test-epoch-metrics"):
+        blobs[key] = str(Artifact.get(key).data).encode()
+    assert len(blobs) > 20
+    for secret in SENTINELS:
+        found = [name for name, data in blobs.items() if secret.encode() in data]
+        assert not found, f"{secret} written to {found}"
+
+
+@pytest.mark.usefixtures("prefect_harness", "ray_with_s3")
+def test_object_store_outputs_commit_with_a_manifest_and_queue_their_writers(s3_endpoint):
+    import threading
+
+    import ray.data
+
+    import trainflow.outputs as outputs
+
+    fs, out = s3_endpoint, f"s3://{BUCKET}/out/preds"
+
+    def table(rows):
+        return ray.data.from_arrow(pa.table({"id": np.arange(rows), "p": np.full(rows, float(rows))}))
+
+    assert outputs.write_output(table(10), out, 10, {"model": "v1"}) == 10
+    first = outputs.read_manifest(out)
+    # a write that fails, and a crash that left an unfinished generation: readers following the manifest see the
+    # complete previous output; the next write removes the unfinished one
+    with pytest.raises(DataError, match="wrote 4 rows for 5"):
+        outputs.write_output(table(4), out, 5, {"model": "v2"})
+    assert outputs.read_manifest(out) == first
+    orphan = f"{BUCKET}/out/preds/gen-20260101T000000-0123456789ab"
+    with fs.open_output_stream(f"{orphan}/part-0.parquet") as f:
+        f.write(b"half a file")
+    assert pq.read_table(outputs.output_files(out), filesystem=fs).num_rows == 10
+    # two writers at once queue on the output's lock: one complete output, never both merged
+    threads = [threading.Thread(target=outputs.write_output, args=(table(n), out, n, {"model": f"w{n}"})) for n in (7, 9)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    manifest = outputs.read_manifest(out)
+    gens = [i.base_name for i in fs.get_file_info(pafs.FileSelector(f"{BUCKET}/out/preds")) if i.type == pafs.FileType.Directory]
+    assert gens == [manifest["generation"]]
+    got = pads.dataset(f"{BUCKET}/out/preds", filesystem=fs).to_table()
+    assert got.num_rows == manifest["rows"] in (7, 9) and set(got["p"].to_pylist()) == {float(manifest["rows"])}
+    # an object-store folder of someone else's is never replaced
+    with fs.open_output_stream(f"{BUCKET}/theirs/data.csv") as f:
+        f.write(b"a,b\n")
+    with pytest.raises(DataError, match="holds files trainflow did not write"):
+        outputs.write_output(table(3), f"s3://{BUCKET}/theirs", 3, {})
+    with fs.open_input_stream(f"{BUCKET}/theirs/data.csv") as f:
+        assert f.read() == b"a,b\n"

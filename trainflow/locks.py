@@ -35,13 +35,18 @@ def lock_name(kind: str, key: str, scope: str = "") -> str:
 def _ensure_limit(name: str) -> None:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
-    from prefect.exceptions import ObjectAlreadyExists
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
     with get_client(sync_client=True) as client:
         try:
+            client.read_global_concurrency_limit_by_name(name)
+            return  # created by an earlier run (or by a user, whose settings win)
+        except ObjectNotFound:
+            pass
+        try:
             client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
         except ObjectAlreadyExists:
-            pass  # created by an earlier run (or by a user, whose settings win)
+            pass  # another run created it meanwhile
 
 
 @contextmanager
