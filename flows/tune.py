@@ -16,7 +16,7 @@ from tasks.run_name import resolve_run_name
 from tasks.select import select
 from tasks.split import split
 from tasks.summary import summarize
-from tasks.tune import tune_sweep
+from tasks.tune import check_sweep, tune_sweep
 from trainflow.config import load_config
 
 
@@ -28,6 +28,7 @@ def tune(config_path: str, overrides: dict[str, Any] | None = None, run_name: st
     config = load_config(config_path, overrides)
     config.require_tune()
     sweep = resolve_run_name(run_name, prefix="tune")
+    check_sweep(config, sweep, resume)
     ingested = ingest(config)
     parts = split(ingested, config)
     prepared = preprocess(ingested, parts, config)

@@ -104,7 +104,7 @@ def infer(checkpoint_path: str, config: Config, model: str = "") -> Predictions:
         check_fits({"num_workers": inf.num_actors, "resources_per_worker": {"GPU": 1}, "use_gpu": True}, "inference")
     prep = TabularPreprocessor.load(checkpoint_path)
     fmt = infer_format(input_path)
-    ds, files, fs = read_table(input_path, fmt)
+    ds, files, fs = read_table(input_path, fmt, csv=config.data.csv)
     schema = arrow_schema(ds, input_path)
     try:
         prep.check_schema(schema, input_path)

@@ -9,9 +9,11 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from tasks.common import retry_unless_user_error
+from preprocessors.dates import is_temporal_type
+from preprocessors.tabular import is_numeric_type, is_string_type
 from trainflow.config import Config, infer_format
 from trainflow.data import (
-    TableSpec, arrow_schema, check_text_columns, check_writable, count_rows_and_bad_labels, fingerprint, in_memory_bytes,
+    TableSpec, arrow_schema, count_nulls, check_text_columns, check_writable, count_rows_and_bad_labels, fingerprint, in_memory_bytes,
     list_files, read_table, should_materialize, table_spec,
 )
 from trainflow.errors import DataError
@@ -28,14 +30,33 @@ class Ingested:
     table_bytes: int = 0  # in-memory size, from the files' metadata
 
 
-def preflight_inference(config: Config, features: list[str]) -> None:
-    """Before any training: the scoring table exists with every feature column, and the output is writable."""
+def _kind(t) -> str:
+    return "number" if is_numeric_type(t) else "text" if is_string_type(t) else "date" if is_temporal_type(t) else str(t)
+
+
+def preflight_inference(config: Config, spec: TableSpec, train_schema) -> None:
+    """Before any training: the scoring table has every feature column, of the kind the model is trained on,
+    ids without gaps, and the output is a place trainflow may write."""
     inp = config.inference.input
-    ds, _, _ = read_table(inp, infer_format(inp))
-    names = arrow_schema(ds, inp).names
-    missing = [c for c in features + ([config.data.id_column] if config.data.id_column else []) if c not in names]
+    ds, _, _ = read_table(inp, infer_format(inp), csv=config.data.csv)
+    schema = arrow_schema(ds, inp)
+    names = schema.names
+    id_column = config.data.id_column
+    missing = [c for c in spec.feature_order + ([id_column] if id_column else []) if c not in names]
     if missing:
         raise DataError(f"inference input {inp}: column(s) {missing} not found; columns are {names}")
+    for col in spec.feature_order:
+        trained, scored = _kind(train_schema.field(col).type), _kind(schema.field(col).type)
+        if trained != scored:
+            raise DataError(
+                f"inference input {inp}: column {col!r} is {scored} ({schema.field(col).type}) but the training table "
+                f"{config.data.path} has it as {trained} ({train_schema.field(col).type}); store it as {trained}"
+            )
+    if id_column:
+        nulls = count_nulls(ds, id_column)
+        if nulls:
+            raise DataError(f"inference input {inp}: id column {id_column!r} is empty in {nulls} row(s); "
+                            "every prediction needs its id")
     guard_output(config.inference.output, config)
     check_writable(config.inference.output)
 
@@ -48,17 +69,17 @@ def ingest(config: Config) -> Ingested:
     check_fits(config.scaling.model_dump())  # seconds, not a placement group that waits forever
     data = config.data
     listed = list_files(data.path, data.format)  # once: a remote folder's listing is a request per page
-    ds, files, fs = read_table(data.path, data.format, listed=listed)
+    ds, files, fs = read_table(data.path, data.format, listed=listed, csv=data.csv)
     schema = arrow_schema(ds, data.path)
     spec = table_spec(schema, data, config.task, data.path, files=files)
     if config.inference.input:
-        preflight_inference(config, spec.feature_order)
+        preflight_inference(config, spec, schema)
     table_bytes = in_memory_bytes(fs, files, data.format)
     materialize, why = should_materialize(data.materialize, table_bytes)
     if materialize:
         ds = ds.materialize()  # read once; the checks below and the split reuse it
     else:
-        ds, _, _ = read_table(data.path, data.format, streamed=True, listed=listed)
+        ds, _, _ = read_table(data.path, data.format, streamed=True, listed=listed, csv=data.csv)
     get_run_logger().info("table %s: %s", "materialized" if materialize else "streamed", why)
     check_text_columns(ds, spec, config.preprocess.parse_dates, data.path)
     rows, bad = count_rows_and_bad_labels(ds, data.label)

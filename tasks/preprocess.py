@@ -14,11 +14,11 @@ from preprocessors.tabular import TabularPreprocessor
 from tasks.common import retry_unless_user_error
 from tasks.ingest import Ingested
 from tasks.split import Split
-from trainflow.config import Config
+from trainflow.config import Config, infer_format
 from trainflow.errors import ConfigError
 from trainer.families import family_for
 from trainer.loop import class_weights
-from trainflow.data import fit_preprocessor, pack
+from trainflow.data import check_unseen, count_unseen, fit_preprocessor, pack, read_table
 from trainflow.memory import check_booster_matrix, check_packed_size, is_out_of_memory, out_of_memory_error
 
 
@@ -36,6 +36,11 @@ class Prepared:
 def preprocess(ingested: Ingested, parts: Split, config: Config) -> Prepared:
     """Fit on train, transform train and validation; materialize when the packed data fits in memory."""
     prep = fit_preprocessor(parts.train, ingested.spec, config.task, config.preprocess)
+    if config.inference.input and config.inference.on_unseen == "error":
+        # before any training: a scoring value this vocabulary lacks would fail the run after register and promote
+        inp = config.inference.input
+        score, _, _ = read_table(inp, infer_format(inp), csv=config.data.csv)
+        check_unseen(count_unseen(score, prep), prep, inp)
     memory = ray.cluster_resources().get("memory", 0)
     workers = config.scaling.num_workers
     budgets, estimate = {}, None

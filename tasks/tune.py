@@ -18,7 +18,7 @@ from trainer.checkpoint import METRICS_FILE
 from trainer.recovery import read_events, recoveries
 from trainer.resources import check_fits, concurrent_runs
 from trainer.runner import checkpoints_on_disk, run_dir
-from trainer.tune import best_trial, build_tuner, summarize_trials
+from trainer.tune import best_trial, build_tuner, check_restore, summarize_trials
 from trainflow.config import Config, trial_config
 from trainflow.errors import TrainingError
 from trainflow.runtime import ensure_ray
@@ -40,6 +40,12 @@ def concurrency(config: Config, nodes: list[dict[str, float]] | None = None) -> 
     fit = concurrent_runs(config.scaling.model_dump(), nodes)
     cap = config.tune.max_concurrent_trials
     return min(fit, cap) if cap else fit
+
+
+@task(name="check-sweep", cache_policy=NO_CACHE)
+def check_sweep(config: Config, sweep: str, resume: bool) -> None:
+    """Before any work: an existing sweep folder is restored only on request (its tuner.pkl is a pickle)."""
+    check_restore(run_dir(config.to_dict(), sweep), sweep, resume)
 
 
 @task(name="tune", retries=1, retry_delay_seconds=5, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)

@@ -44,6 +44,13 @@ def _with_table(tmp_path, table):
         ("local_mode", "scaling.num_workers: the retrain pipeline needs at least 1 Ray Train worker"),
         ("gpu_without_gpus", "asks for 2 worker(s) x (CPU 1, GPU 1) but this cluster can place only 0"),
         ("too_many_workers", "asks for 5 worker(s) x (CPU 1) but this cluster can place only 2 (node 0: CPU 2)"),
+        ("score_wrong_kind", "column 'age' is text (string) but the training table"),
+        ("score_null_ids", "id column 'customer_id' is empty in 2 row(s)"),
+        ("score_unseen_error", "column 'plan' has category 'platinum' that the model never saw"),
+        ("duplicate_columns", "column name(s) ['age'] appear more than once"),
+        ("reserved_id", "id_column: 'prediction' is a name the predictions use"),
+        ("overlapping_output", "overlaps data.path"),
+        ("user_folder_output", "holds files trainflow did not write (notes.txt)"),
     ],
 )
 def test_bad_training_input(tmp_path, capsys, case, needle):
@@ -71,15 +78,45 @@ def test_bad_training_input(tmp_path, capsys, case, needle):
         cfg = churn_config(tmp_path, scaling={"num_workers": 2, "use_gpu": True})
     elif case == "too_many_workers":
         cfg = churn_config(tmp_path, scaling={"num_workers": 5})
+    elif case in ("score_wrong_kind", "score_null_ids", "score_unseen_error"):
+        score = make_churn_table(50, seed=3, with_label=False)
+        if case == "score_wrong_kind":
+            score = score.set_column(score.schema.get_field_index("age"), "age",
+                                     pa.array([None if v is None else str(v) for v in score["age"].to_pylist()]))
+        elif case == "score_null_ids":
+            ids = score["customer_id"].to_pylist()
+            ids[4] = ids[9] = None
+            score = score.set_column(score.schema.get_field_index("customer_id"), "customer_id", pa.array(ids, pa.int64()))
+        else:
+            plans = score["plan"].to_pylist()
+            score = score.set_column(score.schema.get_field_index("plan"), "plan", pa.array(["platinum"] + plans[1:]))
+        cfg = churn_config(tmp_path, inference={"on_unseen": "error"})
+        write_parquet(score, tmp_path / "data" / "score.parquet")
+    elif case == "duplicate_columns":
+        (tmp_path / "data").mkdir()
+        doubled = pa.Table.from_arrays([*base.columns, base["age"]], names=[*base.column_names, "age"])
+        pacsv.write_csv(doubled, tmp_path / "data" / "train.csv")
+        cfg = churn_config(tmp_path, data={"path": "data/train.csv"})
+    elif case == "reserved_id":
+        cfg = churn_config(tmp_path, data={"id_column": "prediction"})
+    elif case == "overlapping_output":
+        cfg = churn_config(tmp_path, inference={"output": "data"})
+    elif case == "user_folder_output":
+        cfg = churn_config(tmp_path)
+        (tmp_path / "out" / "predictions").mkdir(parents=True)
+        (tmp_path / "out" / "predictions" / "notes.txt").write_text("mine")
     elif case == "local_mode":
         cfg = churn_config(tmp_path, scaling={"num_workers": 0})
     else:
         cfg = churn_config(tmp_path, train={"epochz": 3})
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     rc, err = _run(capsys, cfg)
     assert rc == 2, err
     assert needle in err
     assert "Traceback" not in err
-    _nothing_written(tmp_path)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before  # every file byte-identical
+    if case != "user_folder_output":
+        _nothing_written(tmp_path)
 
 
 def test_text_in_a_numeric_csv_column_is_named(tmp_path, capsys):

@@ -107,7 +107,7 @@ def test_retrain_classification_end_to_end_then_boosters_replace_the_champion(tm
     assert "column 'plan' has category 'platinum'" in capsys.readouterr().err
     assert sorted(p.name for p in out2.iterdir()) == before
     assert pads.dataset(out2).to_table()["prediction"].to_pylist() == out["prediction"].to_pylist()
-    assert not [p for p in out2.parent.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
+    assert not [p for p in out2.parent.iterdir() if "trainflow-tmp-" in p.name or "trainflow-old-" in p.name]
     assert cli_main([*drift_args, "--summary-json", str(tmp_path / "drift.json")]) == 0
     assert json.loads((tmp_path / "drift.json").read_text())["unseen_categories"] == {"plan": 7}
     drifted = pads.dataset(out2).to_table()
@@ -121,8 +121,14 @@ def _boosters_replace_the_champion(tmp_path, cfg_path, score, tracking):
     """Both boosters train (a fan-out of train task runs, each its own Ray Train run); the better one is gated
     against the weak network champion and replaces it."""
     summary_path = tmp_path / "trees.json"
+    # a config that does not name the champion's module class never imports it from the registry: `predict` refuses
+    # (exit 2), and the gate below scores the champion only because the config allows its class path
+    trees = ["--set", "model.class_path=null", "--set", "model.init_args={}"]
+    rc = cli_main(["predict", "--config", str(cfg_path), "--set", "model.type=mlp", *trees,
+                   "--set", f"inference.output={tmp_path / 'refused'}"])
+    assert rc == 2 and not (tmp_path / "refused").exists()
     rc = cli_main(["retrain", "--config", str(cfg_path), "--run-name", "trees", "--set", "model.type=[xgboost, lightgbm]",
-                   "--set", "model.class_path=null", "--set", "model.init_args={}",
+                   *trees, "--set", "model.allowed_class_paths=[examples.tabular_resnet:TabularResNet]",
                    "--set", "model.params.learning_rate=0.2", "--set", "model.params.num_boost_round=100",
                    "--set", "model.params.early_stopping_rounds=10", "--summary-json", str(summary_path)])
     assert rc == 0

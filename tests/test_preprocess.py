@@ -9,7 +9,7 @@ import ray.data
 
 from preprocessors.tabular import SchemaDriftError, TabularPreprocessor
 from trainflow.config import DataSection
-from trainflow.data import apply_preprocessor, check_columns, fit_preprocessor, split_table, table_spec
+from trainflow.data import apply_preprocessor, arrow_schema, check_columns, fit_preprocessor, split_table, table_spec
 from trainflow.errors import DataError
 
 pytestmark = pytest.mark.usefixtures("ray_local")
@@ -147,6 +147,7 @@ def test_globs_and_csv_folders_read_every_matching_file(tmp_path):
     for i in range(3):
         pacsv.write_csv(pa.table({"x": [i, i + 10], "y": [0, 1]}), tmp_path / "csv" / f"part-{i}.csv")
     (tmp_path / "csv" / "_SUCCESS").write_text("")  # markers are not data
+    (tmp_path / "csv" / "csv_notes.md").write_text("mine")  # matched by its real extension, not a substring
     ds, files, _ = read_table(str(tmp_path / "csv"), "csv")
     assert [f.rsplit("/", 1)[-1] for f in files] == ["part-0.csv", "part-1.csv", "part-2.csv"]
     assert sorted(r["x"] for r in ds.take_all()) == [0, 1, 2, 10, 11, 12]
@@ -154,6 +155,32 @@ def test_globs_and_csv_folders_read_every_matching_file(tmp_path):
     assert len(files) == 2 and ds.count() == 4
     with pytest.raises(DataError, match="the pattern matches no files"):
         read_table(str(tmp_path / "csv" / "*.parquet"), "parquet")
+    # another dialect: semicolons, single quotes, Latin-1 text, read as the config's data.csv says
+    from trainflow.config import CsvSection
+
+    (tmp_path / "latin").mkdir()
+    (tmp_path / "latin" / "t.csv").write_bytes("city;n\n'Zürich; Süd';1\n'Besançon';2\n".encode("latin-1"))
+    dialect = CsvSection(delimiter=";", quote_char="'", encoding="latin-1")
+    ds, _, _ = read_table(str(tmp_path / "latin"), "csv", csv=dialect)
+    assert [r["city"] for r in ds.take_all()] == ["Zürich; Süd", "Besançon"]
+    ds, _, _ = read_table(str(tmp_path / "latin"), "csv", csv=CsvSection(delimiter=";", quote_char="'"))
+    with pytest.raises(DataError, match="column 'city' holds text that is not UTF-8; set data.csv.encoding"):
+        check_columns(arrow_schema(ds, "t"), DataSection(path="t.csv", label="n"), "regression", "t")
+
+
+@pytest.mark.parametrize("labels, classes", [
+    (pa.array([1, 2, 1, 2] * 25, pa.decimal128(5, 1)), [1.0, 2.0]),
+    (pa.array([True, False, False, True] * 25), [False, True]),
+])
+def test_decimal_and_boolean_labels_fit_and_round_trip_as_json(tmp_path, labels, classes):
+    table = pa.table({"x": np.arange(100, dtype=float), "y": labels})
+    spec = table_spec(table.schema, DataSection(path="mem", label="y"), "classification", "mem")
+    prep = fit_preprocessor(ray.data.from_arrow(table), spec, "classification")
+    prep.save(tmp_path)
+    loaded = TabularPreprocessor.load(tmp_path)
+    assert loaded.classes == classes
+    idx = loaded.transform_label(table)
+    assert [classes[i] for i in idx[:4]] == [float(v) if not isinstance(v, bool) else v for v in labels[:4].to_pylist()]
 
 
 def test_input_example_is_a_typical_row_from_the_fitted_state():

@@ -7,9 +7,10 @@ import signal
 import subprocess
 import sys
 
+import pyarrow.dataset as pads
 import pytest
 
-from tests.conftest import churn_config
+from tests.conftest import churn_config, write_parquet
 from tests.faults import wait_registered
 from trainer.checkpoint import read_metrics
 from trainer.recovery import read_events
@@ -31,7 +32,7 @@ def _done(run) -> int:
     return max(read_metrics(d)["epoch"] for d in run.glob("checkpoint_*") if (d / "metrics.json").exists())
 
 
-def test_rerun_with_same_name_resumes_after_sigterm_then_sigkill(tmp_path):
+def test_rerun_with_same_name_resumes_after_sigterm_then_sigkill(tmp_path, capsys):
     # one run stopped twice: a cancel (SIGTERM) after its first checkpoint, then its rerun SIGKILLed after a
     # later one; the third start finishes, each start resuming where the one before stopped
     cfg = churn_config(tmp_path, rows=6000, train={"epochs": EPOCHS, "batch_size": 32},
@@ -76,3 +77,16 @@ def test_rerun_with_same_name_resumes_after_sigterm_then_sigkill(tmp_path):
     assert starts[:2] == [0, 0] and starts[-2:] == [summary["resumed_from_epoch"]] * 2 and len(starts) == 6
     assert 1 <= starts[2] == starts[3] <= stops[1]
     assert any(r["resumed_from_epoch"] == summary["resumed_from_epoch"] for r in summary["recoveries"])
+
+    # the same run name onto other data (100 rows fewer) or another training config fails before any training,
+    # naming both fingerprints; the checkpoints stay as they were
+    kept = sorted(p.name for p in run.glob("checkpoint_*"))
+    table = pads.dataset(tmp_path / "data" / "train.parquet").to_table()
+    write_parquet(table.slice(0, table.num_rows - 100), tmp_path / "data" / "train.parquet")
+    assert cli_main(["retrain", "--config", str(cfg), "--run-name", "killed-run"]) == 2
+    err = capsys.readouterr().err
+    assert "the data changed" in err and summary["data_fingerprint"] in err and "another --run-name" in err
+    write_parquet(table, tmp_path / "data" / "train.parquet")
+    assert cli_main(["retrain", "--config", str(cfg), "--run-name", "killed-run", "--set", "train.learning_rate=0.5"]) == 2
+    assert "the training config changed" in capsys.readouterr().err
+    assert sorted(p.name for p in run.glob("checkpoint_*")) == kept

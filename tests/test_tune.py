@@ -55,3 +55,20 @@ def test_tune_sweep_end_to_end(tmp_path, capsys):
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     run = client.get_run(summary["mlflow_run_id"])
     assert float(run.data.params["train.learning_rate"]) == pytest.approx(best["params"]["train.learning_rate"])
+
+    # a pickle planted in a sweep's folder is never loaded: an existing folder is restored only with --resume
+    import pickle
+
+    marker = tmp_path / "payload-ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    planted = tmp_path / "runs" / "planted"
+    planted.mkdir(parents=True)
+    (planted / "tuner.pkl").write_bytes(pickle.dumps(Payload()))
+    capsys.readouterr()
+    assert cli_main(["tune", "--config", str(cfg), "--run-name", "planted"]) == 2
+    assert "pass --resume if this is your sweep" in capsys.readouterr().err
+    assert not marker.exists()

@@ -61,6 +61,17 @@ def train_driver_fn(
     trainer.fit()
 
 
+def check_restore(path: str, sweep: str, resume: bool) -> None:
+    """ConfigError unless the sweep folder's state matches the request: resume needs one, a new sweep none."""
+    if resume and not ray.tune.Tuner.can_restore(path):
+        raise ConfigError(f"tune --resume: no sweep to restore at {path}")
+    if not resume and list_dir(path):
+        raise ConfigError(
+            f"sweep {sweep}: {path} exists. Restoring it unpickles its tuner.pkl, so trainflow does that only when "
+            "asked: pass --resume if this is your sweep, or choose another --run-name"
+        )
+
+
 def build_tuner(
     config: dict[str, Any], preprocessor: TabularPreprocessor, train_ds: ray.data.Dataset, val_ds: ray.data.Dataset,
     sweep: str, max_concurrent_trials: int, cache_shards: bool = False, external_memory: dict[str, bool] | None = None,
@@ -79,15 +90,9 @@ def build_tuner(
     # refuses an empty request, and any CPU here would come out of the workers' budget: one byte of memory.
     trainable = ray.tune.with_resources(trainable, {"memory": 1})
     path = run_dir(config, sweep)
+    check_restore(path, sweep, resume)
     if resume:
-        if not ray.tune.Tuner.can_restore(path):
-            raise ConfigError(f"tune --resume: no sweep to restore at {path}")
         return ray.tune.Tuner.restore(path, trainable=trainable, resume_errored=True)
-    if list_dir(path):
-        raise ConfigError(
-            f"sweep {sweep}: {path} exists. Restoring it unpickles its tuner.pkl, so trainflow does that only when "
-            "asked: pass --resume if this is your sweep, or choose another --run-name"
-        )
     if tune_cfg["scheduler"] == "asha":
         # rungs by epoch, not by report: short epochs are grouped into one report (checkpoint.min_interval_s)
         # (boosted trees report their round as the epoch)

@@ -219,8 +219,14 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             stop_ray()
             return 128 + signal.SIGTERM
+        from trainflow.errors import disk_full
         from trainflow.redact import redact_text
 
+        if disk_full(exc):
+            print(f"trainflow: error: no space left on device ({redact_text(str(exc).splitlines()[0])}); free space "
+                  "where the run writes (storage_path, inference.output, TMPDIR, Ray's spill folder) and rerun with "
+                  "the same --run-name to resume", file=sys.stderr)
+            return 2
         if isinstance(exc, TrainflowError):
             print(f"trainflow: error: {redact_text(str(exc))}", file=sys.stderr)
             return 2

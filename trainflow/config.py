@@ -25,9 +25,29 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class CsvSection(_Section):
+    """How CSV files are parsed (pyarrow.csv): a delimiter, a quote character and the text encoding."""
+
+    delimiter: str = Field(",", min_length=1, max_length=1)
+    quote_char: str = Field('"', min_length=1, max_length=1)
+    encoding: str = "utf8"  # e.g. latin-1, cp1252
+
+    @field_validator("encoding")
+    @classmethod
+    def _known_encoding(cls, v: str) -> str:
+        import codecs
+
+        try:
+            codecs.lookup(v)
+        except LookupError:
+            raise ValueError(f"unknown text encoding {v!r} (e.g. utf8, latin-1, cp1252)") from None
+        return v
+
+
 class DataSection(_Section):
     path: str
     format: Literal["parquet", "csv"] | None = None
+    csv: CsvSection = Field(default_factory=CsvSection)
     label: str
     features: list[str] | None = None
     id_column: str | None = None
@@ -49,6 +69,9 @@ class DataSection(_Section):
                 raise ValueError("features: a column is listed twice")
         if self.id_column is not None and self.id_column == self.label:
             raise ValueError(f"id_column: {self.id_column!r} is also the label")
+        if self.id_column is not None and (self.id_column == "prediction" or self.id_column.startswith("proba_")):
+            raise ValueError(f"id_column: {self.id_column!r} is a name the predictions use for their own columns "
+                             "(prediction, proba_<class>); rename the column")
         return self
 
 

@@ -24,3 +24,18 @@ class CheckpointError(TrainflowError):
 class InfrastructureError(RuntimeError):
     """A service trainflow depends on (the registry, storage) failed in a way a retry may fix: retried by the
     task's retries, then the run fails without having changed what it guards (the champion alias, outputs)."""
+
+
+def disk_full(exc: BaseException | None) -> bool:
+    """Whether exc (or an exception in its chain) is a full disk (ENOSPC): retrying would fill it again."""
+    import errno
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            return True
+        if "No space left on device" in str(exc):  # pyarrow and Ray pass it on as text
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False

@@ -113,7 +113,7 @@ def watch_for_sigterm() -> None:
     reading it stops Ray, the blocked call fails, and the flow ends. Main thread only.
     """
     global _watching
-    if _watching:  # once per process (the tests call the CLI in-process many times)
+    if _watching or threading.current_thread() is not threading.main_thread():  # once per process, main thread only
         return
     _watching = True
     read_fd, write_fd = os.pipe()

@@ -58,6 +58,8 @@ def signature_for(prep: TabularPreprocessor, column_types: dict[str, str]) -> Mo
         kind = "string" if any(isinstance(c, str) for c in prep.classes) else "long"
         if any(isinstance(c, float) for c in prep.classes):
             kind = "double"
+        if all(isinstance(c, bool) for c in prep.classes):
+            kind = "boolean"
         outputs = [ColSpec(kind, "prediction")] + [ColSpec("double", f"proba_{c}") for c in prep.classes]
     else:
         outputs = [ColSpec("double", "prediction")]
