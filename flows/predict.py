@@ -8,11 +8,13 @@ from prefect import flow
 
 from tasks.infer import infer, resolve_checkpoint_task
 from trainflow.config import load_config
+from trainflow.runtime import watch_for_sigterm
 
 
 @flow(name="batch-inference", log_prints=True)
 def batch_inference(config_path: str, overrides: dict[str, Any] | None = None, model: str | None = None) -> dict[str, Any]:
     """Predict inference.input into inference.output with model (default: models:/<registered_model>@champion)."""
+    watch_for_sigterm()  # a cancel (SIGTERM) stops Ray at once and retries nothing, in every process that runs a flow
     config = load_config(config_path, overrides)
     config.require_inference()
     model_uri = model or f"models:/{config.mlflow.registered_model}@champion"

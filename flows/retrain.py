@@ -21,11 +21,13 @@ from tasks.summary import summarize
 from tasks.train import check_resume, train
 from trainer.resources import concurrent_runs
 from trainflow.config import load_config
+from trainflow.runtime import watch_for_sigterm
 
 
 @flow(name="retrain", log_prints=True)
 def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name: str | None = None) -> dict[str, Any]:
     """Train, select, register and predict from one config file; returns the run summary."""
+    watch_for_sigterm()  # a cancel (SIGTERM) stops Ray at once and retries nothing, in every process that runs a flow
     config = load_config(config_path, overrides)
     name = resolve_run_name(run_name)
     ingested = ingest(config)

@@ -18,6 +18,7 @@ from tasks.split import split
 from tasks.summary import summarize
 from tasks.tune import check_sweep, tune_sweep
 from trainflow.config import load_config
+from trainflow.runtime import watch_for_sigterm
 
 
 @flow(name="tune", log_prints=True)
@@ -25,6 +26,7 @@ def tune(config_path: str, overrides: dict[str, Any] | None = None, run_name: st
          resume: bool = False) -> dict[str, Any]:
     """Sweep the config's tune.search_space; the best trial's best checkpoint is registered and gated.
     resume: restore the sweep named run_name from its folder (which unpickles Ray Tune's state: your own only)."""
+    watch_for_sigterm()  # a cancel (SIGTERM) stops Ray at once and retries nothing, in every process that runs a flow
     config = load_config(config_path, overrides)
     config.require_tune()
     sweep = resolve_run_name(run_name, prefix="tune")
