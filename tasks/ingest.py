@@ -31,12 +31,13 @@ class Ingested:
 
 
 def _kind(t) -> str:
-    return "number" if is_numeric_type(t) else "text" if is_string_type(t) else "date" if is_temporal_type(t) else str(t)
+    # text and dates are one kind here: ISO-8601 text becomes date parts whatever the column's storage type
+    return "number" if is_numeric_type(t) else "text or date" if is_string_type(t) or is_temporal_type(t) else str(t)
 
 
 def preflight_inference(config: Config, spec: TableSpec, train_schema) -> None:
     """Before any training: the scoring table has every feature column, of the kind the model is trained on,
-    ids without gaps, and the output is a place trainflow may write."""
+    and ids without gaps."""
     inp = config.inference.input
     ds, _, _ = read_table(inp, infer_format(inp), csv=config.data.csv)
     schema = arrow_schema(ds, inp)
@@ -57,8 +58,6 @@ def preflight_inference(config: Config, spec: TableSpec, train_schema) -> None:
         if nulls:
             raise DataError(f"inference input {inp}: id column {id_column!r} is empty in {nulls} row(s); "
                             "every prediction needs its id")
-    guard_output(config.inference.output, config)
-    check_writable(config.inference.output)
 
 
 @task(name="ingest", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
@@ -68,12 +67,13 @@ def ingest(config: Config) -> Ingested:
     ensure_ray(config.ray.address, config.ray.runtime_env)
     check_fits(config.scaling.model_dump())  # seconds, not a placement group that waits forever
     data = config.data
+    if config.inference.output:  # a place trainflow may write: checked before anything is read
+        guard_output(config.inference.output, config)
+        check_writable(config.inference.output)
     listed = list_files(data.path, data.format)  # once: a remote folder's listing is a request per page
     ds, files, fs = read_table(data.path, data.format, listed=listed, csv=data.csv)
     schema = arrow_schema(ds, data.path)
     spec = table_spec(schema, data, config.task, data.path, files=files)
-    if config.inference.input:
-        preflight_inference(config, spec, schema)
     table_bytes = in_memory_bytes(fs, files, data.format)
     materialize, why = should_materialize(data.materialize, table_bytes)
     if materialize:
@@ -82,6 +82,8 @@ def ingest(config: Config) -> Ingested:
         ds, _, _ = read_table(data.path, data.format, streamed=True, listed=listed, csv=data.csv)
     get_run_logger().info("table %s: %s", "materialized" if materialize else "streamed", why)
     check_text_columns(ds, spec, config.preprocess.parse_dates, data.path)
+    if config.inference.input:
+        preflight_inference(config, spec, schema)
     rows, bad = count_rows_and_bad_labels(ds, data.label)
     if rows == 0:
         raise DataError(f"{data.path}: the table has no rows")

@@ -44,7 +44,7 @@ def _with_table(tmp_path, table):
         ("local_mode", "scaling.num_workers: the retrain pipeline needs at least 1 Ray Train worker"),
         ("gpu_without_gpus", "asks for 2 worker(s) x (CPU 1, GPU 1) but this cluster can place only 0"),
         ("too_many_workers", "asks for 5 worker(s) x (CPU 1) but this cluster can place only 2 (node 0: CPU 2)"),
-        ("score_wrong_kind", "column 'age' is text (string) but the training table"),
+        ("score_wrong_kind", "column 'age' is text or date (string) but the training table"),
         ("score_null_ids", "id column 'customer_id' is empty in 2 row(s)"),
         ("score_unseen_error", "column 'plan' has category 'platinum' that the model never saw"),
         ("duplicate_columns", "column name(s) ['age'] appear more than once"),
