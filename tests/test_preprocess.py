@@ -307,3 +307,16 @@ def test_a_packed_row_too_wide_for_memory_fails_naming_the_column_and_an_oom_is_
     except RuntimeError as exc:
         assert is_out_of_memory(exc)
     assert not is_out_of_memory(RuntimeError("worker 1: injected failure in epoch 1"))
+
+
+def test_distinct_text_values_are_counted_in_bounded_memory():
+    from trainflow.data import BoundedValueCounter, aggregate_streaming
+
+    # 20,000 one-off ids (a UUID-like column nobody declared) and three values seen 500 times each, in 8 blocks
+    ids = [f"u{i:06d}" for i in range(20_000)] + ["hot-a"] * 500 + ["hot-b"] * 500 + ["hot-c"] * 500 + [None] * 7
+    rng = np.random.default_rng(0)
+    ds = ray.data.from_arrow(pa.table({"u": pa.array(list(rng.permutation(np.array(ids, dtype=object))))})).repartition(8)
+    counted = aggregate_streaming(ds, [BoundedValueCounter("u", alias_name="c", keep=64)])["c"]
+    assert len(counted["values"]) <= 64
+    got = dict(zip(counted["values"], counted["counts"]))
+    assert (got["hot-a"], got["hot-b"], got["hot-c"], got[None]) == (500, 500, 500, 7)

@@ -468,6 +468,34 @@ def aggregate_streaming(ds: ray.data.Dataset, aggs: list) -> dict[str, Any]:
     return {agg.name: agg.finalize(m) for agg, m in zip(aggs, merged)}
 
 
+class BoundedValueCounter(ValueCounter):
+    """Ray's ValueCounter holding at most `keep` values (the most frequent, and always the null count): a text
+    column with millions of distinct values (ids, UUIDs) costs the driver `keep` entries, not one per value.
+
+    Each block's counts are cut to `keep` before they leave its task and every merge cuts again, so a value
+    near the cut may be undercounted; values frequent enough to be kept by max_categories are far above it.
+    """
+
+    def __init__(self, on: str, alias_name: str | None = None, keep: int = 200_000):
+        super().__init__(on, alias_name)
+        self.keep = keep
+
+    def _cut(self, acc: dict[str, list]) -> dict[str, list]:
+        acc = {"values": list(acc["values"]), "counts": list(acc["counts"])}  # writable (blocks arrive read-only)
+        if len(acc["values"]) <= self.keep:
+            return acc
+        order = sorted(range(len(acc["values"])), key=lambda i: (acc["values"][i] is not None, -acc["counts"][i]))
+        kept = order[: self.keep]
+        return {"values": [acc["values"][i] for i in kept], "counts": [acc["counts"][i] for i in kept]}
+
+    def aggregate_block(self, block):
+        return self._cut(super().aggregate_block(block))
+
+    def combine(self, current_accumulator, new_accumulator):
+        writable = {"values": list(current_accumulator["values"]), "counts": list(current_accumulator["counts"])}
+        return self._cut(super().combine(writable, new_accumulator))
+
+
 def fit_preprocessor(
     train: ray.data.Dataset, spec: TableSpec, task: str, options: PreprocessSection | None = None
 ) -> TabularPreprocessor:
@@ -483,8 +511,9 @@ def fit_preprocessor(
                  Count(col, ignore_nulls=True, alias_name=f"present:{col}")]
     for col in spec.numeric:
         aggs += [Min(col, ignore_nulls=True, alias_name=f"min:{col}"), Max(col, ignore_nulls=True, alias_name=f"max:{col}")]
+    keep = 2 * options.max_categories + 1000  # the kept vocabulary, with room for values near its cut
     for col in spec.categorical:
-        aggs.append(ValueCounter(col, alias_name=f"counts:{col}"))
+        aggs.append(BoundedValueCounter(col, alias_name=f"counts:{col}", keep=keep))
     if task == "classification":
         aggs.append(ValueCounter(spec.label, alias_name="counts:__label__"))
     else:
