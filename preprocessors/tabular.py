@@ -94,6 +94,8 @@ class TabularPreprocessor:
     class_counts: dict[str, int] = field(default_factory=dict)  # training rows per class, keyed by str(class)
     embedded: dict[str, dict[str, Any]] = field(default_factory=dict)  # col -> categories (code = 1 + index), dim
     dates: dict[str, dict[str, Any]] = field(default_factory=dict)  # col -> parts, stats per part, na
+    # the training split's distribution (preprocessors/baseline.py): what validation and drift compare against
+    baseline: dict[str, Any] = field(default_factory=dict)
 
     # ---------- fitting ----------
     @classmethod
@@ -113,6 +115,7 @@ class TabularPreprocessor:
         max_onehot: int = 16,
         min_frequency: int = 5,
         max_categories: int = 100_000,
+        baseline: dict[str, Any] | None = None,
     ) -> TabularPreprocessor:
         """Build the fitted state from aggregates computed over the training split.
 
@@ -153,6 +156,7 @@ class TabularPreprocessor:
             label_std=float(std) if std and std > 1e-12 else 1.0,
             train_rows=int(train_rows),
             class_counts={str(k): int(v) for k, v in (class_counts or {}).items()},
+            baseline=baseline or {},
         )
 
     # ---------- shape ----------

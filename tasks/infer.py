@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,10 +52,27 @@ def check_class_path(checkpoint: str, allowed: set[str], source: str) -> None:
         )
 
 
-def resolve_checkpoint(model: str, allowed: set[str] | None = None) -> str:
+MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))$")
+
+
+def _artifact_uri(model: str, tracking_uri: str | None) -> str:
+    """Where a models:/name/version or models:/name@alias URI's files are, asked of this registry explicitly
+    (MLflow resolves models:/ through its process-wide registry URI, which another thread may have changed)."""
+    m = MODEL_URI.match(model)
+    if tracking_uri is None or m is None:
+        return model
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    version = m["version"] or client.get_model_version_by_alias(m["name"], m["alias"]).version
+    return client.get_model_version_download_uri(m["name"], str(version))
+
+
+def resolve_checkpoint(model: str, allowed: set[str] | None = None, tracking_uri: str | None = None) -> str:
     """A local checkpoint folder for a checkpoint path or an MLflow model URI (models:/name@alias, runs:/...).
 
-    allowed: the user module class paths the checkpoint may import (None: not checked, the caller vouches).
+    allowed: the user module class paths the checkpoint may import (None: not checked, the caller vouches);
+    tracking_uri: the registry to read (default: MLflow's current one).
     A registry error other than "no such model" is an InfrastructureError (retried); a missing model or a
     folder that is not a trainflow checkpoint is the user's CheckpointError."""
     if model.startswith(("models:/", "runs:/")):
@@ -62,7 +80,8 @@ def resolve_checkpoint(model: str, allowed: set[str] | None = None) -> str:
 
         dst = Path(tempfile.mkdtemp(prefix="trainflow-model-")).resolve()
         try:
-            local = mlflow.artifacts.download_artifacts(artifact_uri=model, dst_path=str(dst))
+            local = mlflow.artifacts.download_artifacts(artifact_uri=_artifact_uri(model, tracking_uri), dst_path=str(dst),
+                                                        tracking_uri=tracking_uri)
         except mlflow.exceptions.MlflowException as exc:
             if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
                 raise CheckpointError(f"cannot load model {model}: {exc.message}") from None
@@ -143,7 +162,4 @@ def infer(checkpoint_path: str, config: Config, model: str = "") -> Predictions:
 @task(name="resolve-model", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
 def resolve_checkpoint_task(model: str, config: Config) -> str:
     """Download (if needed) the checkpoint behind a model URI and return its local folder."""
-    from trainflow.tracking import tracking
-
-    with tracking(config.mlflow.tracking_uri):
-        return resolve_checkpoint(model, allowed_class_paths(config))
+    return resolve_checkpoint(model, allowed_class_paths(config), config.mlflow.tracking_uri)

@@ -22,7 +22,7 @@ from trainer.evaluate import evaluate_checkpoint
 from trainflow.config import Config
 from trainflow.errors import InfrastructureError
 from trainflow.locks import exclusive
-from trainflow.tracking import CHAMPION, tracking
+from trainflow.tracking import CHAMPION
 
 PROMOTED, NOT_PROMOTED = "promoted", "not_promoted"
 
@@ -102,8 +102,10 @@ def gate(config: Config, holdout: ray.data.Dataset, challenger_path: str, regist
     name, version = registered.model_name, registered.model_version
     challenger = evaluate_checkpoint(challenger_path, holdout).get(metric)
     scored: dict[str, tuple[float | None, str]] = {}
-    with tracking(config.mlflow.tracking_uri), exclusive("champion", name, config.mlflow.tracking_uri):
-        client = mlflow.MlflowClient()
+    uri = config.mlflow.tracking_uri
+    # an explicit client, not MLflow's process-wide tracking URI: gates of two models may run at once in one process
+    with exclusive("champion", name, uri):
+        client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
         champion_version = current_champion(client, name)
         for _ in range(5):  # a champion moved by a run outside the lock: score the new one
             champion_score, champion_path = None, None
@@ -114,7 +116,7 @@ def gate(config: Config, holdout: ray.data.Dataset, challenger_path: str, regist
                 promote_it, reason = True, "already the champion (task retried)"
             else:
                 if champion_version not in scored:
-                    path = resolve_checkpoint(f"models:/{name}/{champion_version}", allowed_class_paths(config))
+                    path = resolve_checkpoint(f"models:/{name}/{champion_version}", allowed_class_paths(config), uri)
                     scored[champion_version] = (_score(path, holdout, metric), path)
                 champion_score, champion_path = scored[champion_version]
                 promote_it, reason = decide(challenger, champion_score, mode, margin)

@@ -17,6 +17,9 @@ import pytest
 from mlflow import MlflowClient
 
 from tests.conftest import churn_config, free_port
+from tests.faults import wait_registered
+from trainer.recovery import read_events
+from trainer.runner import checkpoints_on_disk
 
 pytestmark = pytest.mark.e2e
 
@@ -175,7 +178,7 @@ def _deployment_missing(env: dict[str, str], name: str) -> bool:
         raise
 
 
-def test_trainflow_serve_registers_the_same_deployments(prefect_server, tmp_path):
+def test_trainflow_serve_registers_the_same_deployments_and_a_cancel_stops_the_run(prefect_server, tmp_path):
     env = prefect_server
     serve = _start([str(BIN / "trainflow"), "serve", "--limit", "1"], env, tmp_path / "serve.log", tmp_path)
     try:
@@ -186,12 +189,40 @@ def test_trainflow_serve_registers_the_same_deployments(prefect_server, tmp_path
             assert serve.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
             assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()[-3000:]
             time.sleep(1)
+        _cancel_stops_a_served_run(env, serve, tmp_path)
     finally:
         _stop(serve)
     dep = _deployment(env, "retrain/scheduled")
     assert dep["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
     assert dep["global_concurrency_limit"]["limit"] == 1
     assert _deployment(env, "retrain/manual")["schedules"] == []
+
+
+def _cancel_stops_a_served_run(env, serve, tmp_path):
+    """Cancelling a served retrain from Prefect (SIGTERM to its process) stops Ray at once and retries nothing:
+    the run ends Cancelled within seconds, no worker group starts again, and its checkpoint stays for a rerun."""
+    cfg = churn_config(tmp_path, rows=6000, train={"epochs": 8, "batch_size": 32}, checkpoint={"min_interval_s": 0})
+    run = tmp_path / "runs" / "cancelled"
+    _prefect(env, "deployment", "run", "retrain/manual", "--param", f"config_path={cfg}", "--param", "run_name=cancelled")
+    flow_run = _flow_runs(env, _deployment(env, "retrain/manual")["id"])[0]
+    wait_registered(run, 0, timeout_s=300, alive=lambda: serve.poll() is None)
+    _prefect(env, "flow-run", "cancel", flow_run["id"])
+    cancelled_at, state = time.monotonic(), None
+    while time.monotonic() - cancelled_at < 90:
+        state = _flow_run(env, flow_run["id"])["state"]["type"]
+        if state == "CANCELLED":
+            break
+        time.sleep(0.5)
+    assert state == "CANCELLED", (tmp_path / "serve.log").read_text()[-4000:]
+    starts = [e for e in read_events(str(run)) if e["event"] == "worker_start"]
+    time.sleep(5)  # a retried train task would start a new worker group now
+    assert [e for e in read_events(str(run)) if e["event"] == "worker_start"] == starts and len(starts) == 2
+    assert checkpoints_on_disk(str(run)), "the checkpoint a rerun resumes from is gone"
+
+
+def _flow_run(env: dict[str, str], flow_run_id: str) -> dict:
+    with urllib.request.urlopen(f"{env['PREFECT_API_URL']}/flow_runs/{flow_run_id}", timeout=10) as r:
+        return json.loads(r.read())
 
 
 def _served(env: dict[str, str], name: str, config_path: str) -> bool:

@@ -208,3 +208,54 @@ def test_the_gate_is_an_honest_compare_and_set(tmp_path, monkeypatch):
     assert results[better.model_version].decision == "promoted"
     loser = results[worse.model_version]
     assert loser.decision == "not_promoted" or loser.serving_version == worse.model_version  # promoted first, then beaten
+
+
+def test_register_is_idempotent_across_task_retries(tmp_path):
+    """The register task run twice in one flow run (a retry after a failure past the registration) gives one MLflow
+    run and one model version."""
+    from prefect import flow
+
+    from tasks.ingest import Ingested
+    from tasks.register import register
+    from tasks.select import Selected
+    from tasks.train import TrainOutcome
+    from trainflow.data import TableSpec
+
+    cfg, _, checkpoint = _gate_setup(tmp_path)
+    spec = TableSpec(path=str(tmp_path / "t.parquet"), files=[], label="y", id_column=None, numeric=["x"],
+                     feature_order=["x"], fingerprint="content:abc", mlflow_types={"x": "double"})
+    outcome = TrainOutcome(run_name="r1", family="mlp", run_path=str(tmp_path / "runs" / "r1"), checkpoints=[],
+                           history=[{"epoch": 0, "train_loss": 1.0, "val_loss": 0.9}])
+    selected = Selected(path=checkpoint(1.0), epoch=0, metrics={"val_loss": 0.9}, skipped=[])
+
+    @flow
+    def twice():
+        return register(cfg, Ingested(None, spec), outcome, selected), register(cfg, Ingested(None, spec), outcome, selected)
+
+    first, second = twice()
+    assert (first.run_id, first.model_version) == (second.run_id, second.model_version) == (first.run_id, "1")
+    client = mlflow.MlflowClient(tracking_uri=cfg.mlflow.tracking_uri)
+    assert len(client.search_model_versions("name = 'gate'")) == 1
+    assert len(client.get_metric_history(first.run_id, "val_loss")) == 1
+
+
+def test_a_full_disk_is_one_clear_error_and_never_retried(capsys, monkeypatch):
+    import errno
+
+    import trainflow.cli as cli
+    from tasks.common import retry_unless_user_error
+
+    full = OSError(errno.ENOSPC, "No space left on device", "/data/runs/x")
+
+    class State:
+        def result(self):
+            raise RuntimeError("write failed") from full
+
+    assert retry_unless_user_error(None, None, State()) is False
+
+    def run(args):
+        raise RuntimeError("Ray task failed") from full
+
+    monkeypatch.setattr(cli, "_run", run)
+    assert cli.main(["retrain", "--config", "x.yaml"]) == 2
+    assert "no space left on device" in capsys.readouterr().err

@@ -17,6 +17,7 @@ import ray
 import ray.data
 from ray.data.aggregate import Count, Max, Mean, Min, Std, ValueCounter
 
+from preprocessors.baseline import FineHistogram, categorical_baseline, label_baseline, numeric_baseline
 from preprocessors.dates import date_parts, is_temporal_type, looks_like_dates, parts_for
 from preprocessors.tabular import TabularPreprocessor, is_numeric_type, is_string_type
 from trainflow.config import DataSection, PreprocessSection
@@ -510,14 +511,16 @@ def fit_preprocessor(
         aggs += [Mean(col, ignore_nulls=True, alias_name=f"mean:{col}"), Std(col, ddof=0, ignore_nulls=True, alias_name=f"std:{col}"),
                  Count(col, ignore_nulls=True, alias_name=f"present:{col}")]
     for col in spec.numeric:
-        aggs += [Min(col, ignore_nulls=True, alias_name=f"min:{col}"), Max(col, ignore_nulls=True, alias_name=f"max:{col}")]
+        aggs += [Min(col, ignore_nulls=True, alias_name=f"min:{col}"), Max(col, ignore_nulls=True, alias_name=f"max:{col}"),
+                 FineHistogram(col, alias_name=f"hist:{col}")]
     keep = 2 * options.max_categories + 1000  # the kept vocabulary, with room for values near its cut
     for col in spec.categorical:
         aggs.append(BoundedValueCounter(col, alias_name=f"counts:{col}", keep=keep))
     if task == "classification":
         aggs.append(ValueCounter(spec.label, alias_name="counts:__label__"))
     else:
-        aggs += [Mean(spec.label, alias_name="mean:__label__"), Std(spec.label, ddof=0, alias_name="std:__label__")]
+        aggs += [Mean(spec.label, alias_name="mean:__label__"), Std(spec.label, ddof=0, alias_name="std:__label__"),
+                 FineHistogram(spec.label, alias_name="hist:__label__")]
     cols = spec.feature_order + [spec.label]
     # only the columns Ray's aggregates cannot take as they are: casting every column to float64 doubled the
     # fit's time on 2M x 16 float32 (1.0-1.1 s vs 0.5-0.6 s, measured here) for no change in the result
@@ -549,12 +552,20 @@ def fit_preprocessor(
                 f"{spec.path}: label column {spec.label!r} has only one class ({classes}) in the training rows; "
                 "classification needs at least two"
             )
+    category_counts = {c: {None if k is None else str(k): v for k, v in counts(f"counts:{c}", True).items()}
+                       for c in spec.categorical}
+    baseline = {
+        "rows": rows,
+        "columns": {**{c: numeric_baseline(stats[f"hist:{c}"], rows, missing(c)) for c in spec.numeric},
+                    **{c: categorical_baseline(category_counts[c], rows) for c in spec.categorical}},
+        "label": label_baseline(task, label_counts, stats.get("hist:__label__"), rows),
+    }
     return TabularPreprocessor.from_stats(
         task=task,
         label=spec.label,
         feature_order=spec.feature_order,
         numeric_stats={c: tuple(stats[f"{k}:{c}"] for k in ("mean", "std", "min", "max")) for c in spec.numeric},
-        category_counts={c: {None if k is None else str(k): v for k, v in counts(f"counts:{c}", True).items()} for c in spec.categorical},
+        category_counts=category_counts,
         classes=classes,
         label_stats=None if task == "classification" else (stats["mean:__label__"], stats["std:__label__"]),
         train_rows=rows,
@@ -566,6 +577,7 @@ def fit_preprocessor(
         max_onehot=options.max_onehot,
         min_frequency=options.min_frequency,
         max_categories=options.max_categories,
+        baseline=baseline,
     )
 
 

@@ -1,0 +1,161 @@
+"""The training baseline and the distance of other data from it.
+
+At preprocessor fit (the same streaming pass of Ray aggregates) every feature gets mergeable statistics: its
+null count, a fine histogram for numbers (bins of width STEP on the asinh scale, so no range is needed before
+the pass), bounded category counts for text. They are finalized into a small JSON baseline stored with the
+preprocessor: per number up to BINS equal-mass bins (edges from the fine histogram), per text column the
+most frequent categories; plus row count and label distribution. Scoring data is counted into the same bins
+in the pass that counts unseen values, and compared per feature: Jensen-Shannon divergence (base 2) for
+numbers and L-infinity distance for categories, as TFDV and Vertex AI do; nulls are one more bin of each.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from ray.data.aggregate import AggregateFnV2
+
+STEP = 0.02  # asinh-scale width of the fit's fine bins: about 2% of a value away from zero
+BINS = 20  # equal-mass bins per number in the stored baseline
+TOP_CATEGORIES = 50  # categories per text column in the stored baseline; the rest is one "other" bucket
+NULL, OTHER = "__null__", "__other__"
+
+
+class FineHistogram(AggregateFnV2):
+    """Counts of floor(asinh(x) / STEP) over a numeric column (nulls and NaN left out): mergeable, range-free."""
+
+    def __init__(self, on: str, alias_name: str):
+        super().__init__(alias_name, on=on, ignore_nulls=True, zero_factory=dict)
+
+    def aggregate_block(self, block: pa.Table) -> dict[int, int]:
+        x = block[self._target_col_name].to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+        x = x[np.isfinite(x)]
+        keys, counts = np.unique(np.floor(np.arcsinh(x) / STEP).astype(np.int64), return_counts=True)
+        return dict(zip(keys.tolist(), counts.tolist()))
+
+    def combine(self, current_accumulator: dict, new_accumulator: dict) -> dict:
+        out = dict(current_accumulator)
+        for k, v in new_accumulator.items():
+            out[k] = out.get(k, 0) + v
+        return out
+
+
+def numeric_baseline(fine: dict[int, int] | None, rows: int, missing: int) -> dict[str, Any]:
+    """Up to BINS equal-mass bins from a fine histogram: edges (values) and counts, and the null count."""
+    fine = {int(k): int(v) for k, v in (fine or {}).items()}
+    keys = sorted(fine)
+    total = sum(fine.values())
+    edges: list[float] = []
+    if total:
+        cum, target = 0, 1
+        for k in keys[:-1]:
+            cum += fine[k]
+            while target < BINS and cum >= target * total / BINS:
+                edge = float(np.sinh((k + 1) * STEP))
+                if not edges or edge > edges[-1]:
+                    edges.append(edge)
+                target += 1
+    counts = np.zeros(len(edges) + 1, dtype=np.int64)
+    for k in keys:  # a fine bin lies wholly inside one coarse bin: the edges are fine-bin boundaries
+        counts[np.searchsorted(edges, float(np.sinh(k * STEP + STEP / 2)), side="right")] += fine[k]
+    return {"kind": "numeric", "edges": edges, "counts": counts.tolist(), "nulls": int(missing), "rows": int(rows)}
+
+
+def categorical_baseline(counts: dict[str | None, int], rows: int) -> dict[str, Any]:
+    """The TOP_CATEGORIES most frequent values with their counts, the rest as one bucket, and the null count."""
+    nulls = int(counts.get(None, 0))
+    values = sorted(((v, int(c)) for v, c in counts.items() if v is not None), key=lambda vc: (-vc[1], vc[0]))
+    top = dict(values[:TOP_CATEGORIES])
+    return {"kind": "categorical", "counts": top, "other": int(rows - nulls - sum(top.values())), "nulls": nulls,
+            "rows": int(rows), "distinct": len(values)}
+
+
+def label_baseline(task: str, class_counts: dict | None, fine: dict | None, rows: int) -> dict[str, Any]:
+    if task == "classification":
+        return {"kind": "classes", "counts": {str(k): int(v) for k, v in (class_counts or {}).items()}, "rows": int(rows)}
+    return {**numeric_baseline(fine, rows, 0), "kind": "numeric"}
+
+
+def count_batch(baseline: dict[str, Any], batch: pa.Table) -> dict[str, list[int]]:
+    """Per baseline column present in batch, its counts in the baseline's buckets: numbers [bins..., null], text
+    [top categories..., other, null] (in the baseline's category order)."""
+    out = {}
+    for col, spec in baseline["columns"].items():
+        if col not in batch.column_names:
+            continue
+        arr = batch[col]
+        if spec["kind"] == "numeric":
+            x = arr.cast(pa.float64()).to_numpy(zero_copy_only=False) if not pa.types.is_floating(arr.type) else \
+                arr.to_numpy(zero_copy_only=False).astype(np.float64)
+            present = np.isfinite(x)
+            bins = np.bincount(np.searchsorted(spec["edges"], x[present], side="right"), minlength=len(spec["edges"]) + 1)
+            out[col] = [*bins.tolist(), int((~present).sum())]
+        else:
+            values = arr.cast(pa.string()).to_pylist() if not pa.types.is_string(arr.type) else arr.to_pylist()
+            index = {v: i for i, v in enumerate(spec["counts"])}
+            counts = np.zeros(len(index) + 2, dtype=np.int64)
+            for v in values:
+                counts[len(index) + 1 if v is None else index.get(v, len(index))] += 1
+            out[col] = counts.tolist()
+    return out
+
+
+def merge_counts(parts: list[dict[str, list[int]]]) -> dict[str, list[int]]:
+    total: dict[str, np.ndarray] = {}
+    for part in parts:
+        for col, counts in part.items():
+            total[col] = total.get(col, 0) + np.asarray(counts, dtype=np.int64)
+    return {c: v.tolist() for c, v in total.items()}
+
+
+def reference_counts(spec: dict[str, Any]) -> list[int]:
+    """The baseline's own counts in the buckets count_batch fills."""
+    if spec["kind"] == "numeric":
+        return [*spec["counts"], spec["nulls"]]
+    return [*spec["counts"].values(), spec["other"], spec["nulls"]]
+
+
+def js_divergence(p: list[int] | np.ndarray, q: list[int] | np.ndarray) -> float:
+    """Jensen-Shannon divergence (base 2, in [0, 1]) of two count vectors."""
+    p, q = np.asarray(p, float), np.asarray(q, float)
+    if p.sum() == 0 or q.sum() == 0:
+        return float("nan")
+    p, q = p / p.sum(), q / q.sum()
+    m = (p + q) / 2
+
+    def kl(a: np.ndarray) -> float:
+        nz = a > 0
+        return float((a[nz] * np.log2(a[nz] / m[nz])).sum())
+
+    return max(0.0, (kl(p) + kl(q)) / 2)
+
+
+def linf_distance(p: list[int] | np.ndarray, q: list[int] | np.ndarray) -> float:
+    """L-infinity distance of two count vectors' frequencies, in [0, 1]."""
+    p, q = np.asarray(p, float), np.asarray(q, float)
+    if p.sum() == 0 or q.sum() == 0:
+        return float("nan")
+    return float(np.abs(p / p.sum() - q / q.sum()).max())
+
+
+def drift_report(baseline: dict[str, Any], counts: dict[str, list[int]], rows: int, numeric_threshold: float,
+                 categorical_threshold: float, min_rows: int) -> dict[str, Any]:
+    """Per feature: method, score, threshold, verdict (drifted / ok / too_few_rows); and the drifted columns."""
+    columns = {}
+    for col, spec in baseline["columns"].items():
+        if col not in counts:
+            continue
+        numeric = spec["kind"] == "numeric"
+        method, threshold = ("jensen_shannon", numeric_threshold) if numeric else ("l_infinity", categorical_threshold)
+        score = (js_divergence if numeric else linf_distance)(reference_counts(spec), counts[col])
+        if rows < min_rows:
+            verdict = "too_few_rows"
+        else:
+            verdict = "drifted" if math.isfinite(score) and score > threshold else "ok"
+        columns[col] = {"method": method, "score": round(score, 6) if math.isfinite(score) else None,
+                        "threshold": threshold, "verdict": verdict}
+    return {"rows": rows, "min_rows": min_rows, "columns": columns,
+            "drifted_columns": [c for c, r in columns.items() if r["verdict"] == "drifted"]}
