@@ -8,6 +8,7 @@ from prefect import flow
 
 from tasks.infer import infer, resolve_checkpoint_task
 from trainflow.config import load_config
+from trainflow.redact import redact_value
 from trainflow.runtime import watch_for_sigterm
 
 
@@ -18,8 +19,9 @@ def batch_inference(config_path: str, overrides: dict[str, Any] | None = None, m
     config = load_config(config_path, overrides)
     config.require_inference()
     model_uri = model or f"models:/{config.mlflow.registered_model}@champion"
-    checkpoint = resolve_checkpoint_task(model_uri, config)
-    predictions = infer(checkpoint, config, model_uri)
-    return {"model": model_uri, "checkpoint": checkpoint, "predictions_path": predictions.path,
-            "input_rows": predictions.input_rows, "output_rows": predictions.output_rows,
-            "unseen_categories": predictions.unseen}
+    checkpoint, pinned = resolve_checkpoint_task(model_uri, config)
+    predictions = infer(checkpoint, config, pinned)
+    return redact_value({"model": model_uri, "model_version_uri": pinned, "checkpoint": checkpoint,
+                         "predictions_path": predictions.path, "input_rows": predictions.input_rows,
+                         "output_rows": predictions.output_rows, "unseen_categories": predictions.unseen,
+                         "drift": predictions.drift})

@@ -19,6 +19,7 @@ from tasks.select import select
 from tasks.split import split
 from tasks.summary import summarize
 from tasks.train import check_resume, train
+from tasks.validate import validate_data
 from trainer.resources import concurrent_runs
 from trainflow.config import load_config
 from trainflow.runtime import watch_for_sigterm
@@ -35,6 +36,7 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
     check_resume(config, ingested.spec.fingerprint, runs)
     parts = split(ingested, config)
     prepared = preprocess(ingested, parts, config)
+    validation = validate_data(config, prepared.preprocessor)
     trainer = train.with_options(retries=config.failure.task_retries, retry_delay_seconds=config.failure.retry_delay_s)
     outcomes = {}
     # one task run per family, as many at once as the cluster holds worker groups
@@ -54,6 +56,6 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
         # predictions always come from the champion after the gate: a rejected challenger never serves
         predictions = infer(promotion.serving_checkpoint, config, f"models:/{promotion.model_name}/{promotion.serving_version}")
     summary = summarize(ingested, parts, outcome, selected, registered, promotion, predictions,
-                        extra={"candidates": candidates.scores if candidates else None})
+                        extra={"candidates": candidates.scores if candidates else None, "validation": validation})
     report(config, outcome.history, summary)
     return summary

@@ -17,6 +17,7 @@ from tasks.select import select
 from tasks.split import split
 from tasks.summary import summarize
 from tasks.tune import check_sweep, tune_sweep
+from tasks.validate import validate_data
 from trainflow.config import load_config
 from trainflow.runtime import watch_for_sigterm
 
@@ -34,6 +35,7 @@ def tune(config_path: str, overrides: dict[str, Any] | None = None, run_name: st
     ingested = ingest(config)
     parts = split(ingested, config)
     prepared = preprocess(ingested, parts, config)
+    validation = validate_data(config, prepared.preprocessor)
     swept = tune_sweep(prepared, config, sweep, resume)
     best = swept.best_config
     selected = select(swept.outcome, best)
@@ -45,7 +47,7 @@ def tune(config_path: str, overrides: dict[str, Any] | None = None, run_name: st
         ingested, parts, swept.outcome, selected, registered, promotion, predictions,
         extra={"sweep": swept.sweep, "trials": swept.trials, "best_trial": swept.best_trial,
                "max_concurrent_trials": swept.max_concurrent_trials,
-               "tune_metric": config.tune.metric, "tune_mode": config.tune.mode},
+               "tune_metric": config.tune.metric, "tune_mode": config.tune.mode, "validation": validation},
     )
     report(best, swept.outcome.history, summary)
     return summary

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import tempfile
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 from prefect import get_run_logger, task
@@ -12,11 +13,12 @@ from prefect.cache_policies import NO_CACHE
 
 from preprocessors.tabular import SchemaDriftError, TabularPreprocessor
 from tasks.common import retry_unless_user_error
+from tasks.drift import measure, publish
 from trainer.checkpoint import read_config
 from trainer.predict import predict_dataset
 from trainflow.config import Config, infer_format
 from trainflow.data import (
-    arrow_schema, check_unseen, check_writable, count_unseen, in_memory_bytes, read_table, should_materialize,
+    arrow_schema, check_unseen, check_writable, in_memory_bytes, scan_scoring, read_table, should_materialize,
 )
 from trainflow.outputs import guard_output, write_output
 from trainflow.errors import CheckpointError, DataError, InfrastructureError
@@ -30,6 +32,8 @@ class Predictions:
     input_rows: int
     output_rows: int
     unseen: dict[str, int] = field(default_factory=dict)  # text column -> rows with a value never seen in training
+    drift: dict[str, Any] = field(default_factory=dict)  # per feature: score, threshold, verdict; drifted_columns
+    model: str = ""  # the model that predicted (a registry URI or a checkpoint folder)
 
 
 def allowed_class_paths(config: Config) -> set[str]:
@@ -141,7 +145,8 @@ def infer(checkpoint_path: str, config: Config, model: str = "") -> Predictions:
     input_rows = ds.count()
     if input_rows == 0:
         raise DataError(f"{input_path}: the table has no rows")
-    unseen = count_unseen(ds, prep)
+    scan = scan_scoring(ds, prep)  # unseen values and drift counts in one pass (streamed tables: no extra read)
+    unseen = scan.unseen
     if config.inference.on_unseen == "error":
         check_unseen(unseen, prep, input_path)
     for col, found in unseen.items():
@@ -152,14 +157,30 @@ def infer(checkpoint_path: str, config: Config, model: str = "") -> Predictions:
     preds = predict_dataset(
         ds, checkpoint_path, id_column, prep.feature_order, inf.batch_size, inf.num_actors, inf.use_gpu
     )
+    drift = measure(config, prep.baseline, scan.counts, input_rows)
+    publish(config, model, input_path, drift)
     rows = write_output(preds, output_path, input_rows, {"model": model, "input": input_path}, config)
     log.info("wrote %d predictions for %d input rows to %s", rows, input_rows, output_path)
     return Predictions(
-        path=output_path, input_rows=input_rows, output_rows=rows, unseen={c: f["rows"] for c, f in unseen.items()}
+        path=output_path, input_rows=input_rows, output_rows=rows, unseen={c: f["rows"] for c, f in unseen.items()},
+        drift=drift, model=model
     )
 
 
 @task(name="resolve-model", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
-def resolve_checkpoint_task(model: str, config: Config) -> str:
-    """Download (if needed) the checkpoint behind a model URI and return its local folder."""
-    return resolve_checkpoint(model, allowed_class_paths(config), config.mlflow.tracking_uri)
+def resolve_checkpoint_task(model: str, config: Config) -> tuple[str, str]:
+    """Download (if needed) the checkpoint behind a model URI: (its local folder, the model as a versioned URI,
+    e.g. models:/name/3 for models:/name@champion, which the predictions' manifest records)."""
+    return (resolve_checkpoint(model, allowed_class_paths(config), config.mlflow.tracking_uri),
+            pinned_uri(model, config.mlflow.tracking_uri))
+
+
+def pinned_uri(model: str, tracking_uri: str | None) -> str:
+    """models:/name@alias as models:/name/<version> (the version the alias names now); other URIs unchanged."""
+    m = MODEL_URI.match(model)
+    if m is None or m["alias"] is None:
+        return model
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    return f"models:/{m['name']}/{client.get_model_version_by_alias(m['name'], m['alias']).version}"

@@ -22,7 +22,7 @@ from trainer.evaluate import evaluate_checkpoint
 from trainflow.config import Config
 from trainflow.errors import InfrastructureError
 from trainflow.locks import exclusive
-from trainflow.tracking import CHAMPION
+from trainflow.tracking import CHAMPION, current_champion
 
 PROMOTED, NOT_PROMOTED = "promoted", "not_promoted"
 
@@ -57,20 +57,6 @@ def decide(challenger: float | None, champion: float | None, mode: str, margin: 
     if gain > margin:
         return True, f"improves on the champion by {gain:.6g} (> margin {margin:g})"
     return False, f"does not improve on the champion by more than {margin:g} (change {gain:+.6g})"
-
-
-def current_champion(client: mlflow.MlflowClient, name: str) -> str | None:
-    """The @champion version; None only when the registry says the alias (or the model) does not exist.
-
-    MLflow's stores answer a missing alias with INVALID_PARAMETER_VALUE and "Registered model alias ... not
-    found." (a missing model: RESOURCE_DOES_NOT_EXIST); any other error is the registry failing."""
-    try:
-        return str(client.get_model_version_by_alias(name, CHAMPION).version)
-    except mlflow.exceptions.MlflowException as exc:
-        missing_alias = exc.error_code == "INVALID_PARAMETER_VALUE" and f"alias {CHAMPION} not found" in exc.message
-        if exc.error_code == "RESOURCE_DOES_NOT_EXIST" or missing_alias:
-            return None
-        raise InfrastructureError(f"cannot read {name}@{CHAMPION} from the registry: {exc.message}") from None
 
 
 def _logger():

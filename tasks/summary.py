@@ -54,6 +54,7 @@ def summarize(
         "input_rows": predictions.input_rows if predictions else None,
         "output_rows": predictions.output_rows if predictions else None,
         "unseen_categories": predictions.unseen if predictions else None,
+        "drift": predictions.drift if predictions else None,
         "predictions_model_version": promotion.serving_version if predictions else None,
         **(extra or {}),
     })

@@ -8,6 +8,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pytest
 from mlflow import MlflowClient
+from prefect.artifacts import Artifact
 
 from tests.conftest import churn_config, make_regression_table, write_config, write_parquet
 from trainer.checkpoint import load_servable, read_metrics
@@ -91,15 +92,26 @@ def test_retrain_classification_end_to_end_then_boosters_replace_the_champion(tm
     rc = cli_main(["predict", "--config", str(cfg_path),
                    "--set", f"inference.output={out2}", "--summary-json", str(tmp_path / "p.json")])
     assert rc == 0
-    assert json.loads((tmp_path / "p.json").read_text())["model"] == "models:/churn-test@champion"
+    predicted = json.loads((tmp_path / "p.json").read_text())
+    assert (predicted["model"], predicted["model_version_uri"]) == ("models:/churn-test@champion", "models:/churn-test/1")
+    # the scoring table comes from the training distribution: no feature drifted, each judged by its measure
+    drift = predicted["drift"]
+    assert drift["drifted_columns"] == [] and drift["rows"] == score.num_rows
+    assert {c: r["method"] for c, r in drift["columns"].items()}["age"] == "jensen_shannon"
+    assert {c: r["method"] for c, r in drift["columns"].items()}["plan"] == "l_infinity"
+    assert all(r["verdict"] == "ok" and r["score"] < r["threshold"] for r in drift["columns"].values())
     again = pads.dataset(out2).to_table()
     assert again["prediction"].to_pylist() == out["prediction"].to_pylist()
 
     # a category never seen in training: with inference.on_unseen=error the run fails naming the column and
-    # value and the old output is intact; by default every row is predicted and the rows are counted
+    # value and the old output is intact; by default every row is predicted and the rows are counted. The same
+    # table has `age` shifted by 2 standard deviations: that feature, and only it, is reported as drifted
     before = sorted(p.name for p in out2.iterdir())
     plans = score["plan"].to_pylist()
     drift = score.set_column(score.schema.get_field_index("plan"), "plan", pa.array(["platinum"] * 7 + plans[7:]))
+    ages = np.asarray(score["age"].to_pylist(), dtype=float)
+    drift = drift.set_column(drift.schema.get_field_index("age"), "age",
+                             pa.array(ages + 2 * np.nanstd(ages), mask=np.isnan(ages)))
     write_parquet(drift, tmp_path / "drift" / "score.parquet")
     drift_args = ["predict", "--config", str(cfg_path), "--model", summary["model_uri"],
                   "--set", f"inference.input={tmp_path / 'drift' / 'score.parquet'}", "--set", f"inference.output={out2}"]
@@ -109,10 +121,19 @@ def test_retrain_classification_end_to_end_then_boosters_replace_the_champion(tm
     assert pads.dataset(out2).to_table()["prediction"].to_pylist() == out["prediction"].to_pylist()
     assert not [p for p in out2.parent.iterdir() if "trainflow-tmp-" in p.name or "trainflow-old-" in p.name]
     assert cli_main([*drift_args, "--summary-json", str(tmp_path / "drift.json")]) == 0
-    assert json.loads((tmp_path / "drift.json").read_text())["unseen_categories"] == {"plan": 7}
+    drifted_summary = json.loads((tmp_path / "drift.json").read_text())
+    assert drifted_summary["unseen_categories"] == {"plan": 7}
+    assert drifted_summary["drift"]["drifted_columns"] == ["age"]
+    assert drifted_summary["drift"]["columns"]["age"]["score"] > 0.3
     drifted = pads.dataset(out2).to_table()
     assert drifted.num_rows == score.num_rows
-    assert drifted["prediction"].to_pylist()[7:] == out["prediction"].to_pylist()[7:]
+    # the scores are MLflow metrics of the serving version's run, one point per scoring run; the Prefect
+    # artifact shows the table and the bar chart
+    client = MlflowClient(tracking_uri=tracking)
+    history = client.get_metric_history(client.get_model_version("churn-test", "1").run_id, "drift.age")
+    assert len(history) == 3 and history[-1].value == pytest.approx(drifted_summary["drift"]["columns"]["age"]["score"])
+    card = Artifact.get("churn-test-drift").data
+    assert "drifted: `age`" in card and "data:image/png;base64," in card
 
     _boosters_replace_the_champion(tmp_path, cfg_path, score, tracking)
 

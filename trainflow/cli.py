@@ -87,6 +87,10 @@ def format_summary(s: dict[str, Any]) -> str:
             f"  predictions       {s['predictions_path']} ({s.get('output_rows')} rows for {s.get('input_rows')} inputs, "
             f"model version {s.get('predictions_model_version')})"
         )
+    if s.get("drift") and s["drift"].get("columns"):
+        d = s["drift"]
+        lines.append(f"  drift             {', '.join(d['drifted_columns']) or 'none'} drifted of {len(d['columns'])} "
+                     f"feature(s) over {d['rows']} scoring rows" + (" (too few rows to judge)" if d["rows"] < d["min_rows"] else ""))
     if s.get("unseen_categories"):
         lines.append("  unseen values     " + ", ".join(f"{c}: {n} row(s)" for c, n in s["unseen_categories"].items())
                      + " (predicted with the unknown code)")

@@ -392,10 +392,30 @@ class FailureSection(_Section):
         return v
 
 
+class ValidationSection(_Section):
+    """Checks of the training data against the current champion's training baseline, before any training."""
+
+    on_anomaly: Literal["fail", "warn"] = "fail"
+    min_row_ratio: float = Field(0.5, ge=0.0, le=1.0)  # training rows below this share of the champion's: a collapse
+    max_null_increase: float = Field(0.1, ge=0.0, le=1.0)  # a column's null rate rising by more than this
+    max_label_shift: float = Field(0.1, ge=0.0, le=1.0)  # class shares (L-infinity); a number label: Jensen-Shannon
+    max_numeric_drift: float = Field(0.2, ge=0.0, le=1.0)  # Jensen-Shannon divergence (base 2) of a number's distribution
+    max_category_drift: float = Field(0.2, ge=0.0, le=1.0)  # L-infinity distance of a text column's category shares
+    min_rows: int = Field(100, ge=1)  # distributions of fewer training rows are not judged (row count and columns are)
+
+
 class MlflowSection(_Section):
     tracking_uri: str | None = None
     experiment: str = "trainflow"
     registered_model: str = "trainflow-model"
+
+
+class DriftSection(_Section):
+    """Drift of a scoring table from the serving model's training baseline, per feature (TFDV's measures)."""
+
+    numeric_threshold: float = Field(0.1, gt=0.0, le=1.0)  # Jensen-Shannon divergence, base 2 (0 same, 1 disjoint)
+    categorical_threshold: float = Field(0.1, gt=0.0, le=1.0)  # L-infinity distance of the category frequencies
+    min_rows: int = Field(100, ge=1)  # fewer scoring rows are reported as too few, not judged
 
 
 class InferenceSection(_Section):
@@ -406,6 +426,7 @@ class InferenceSection(_Section):
     batch_size: int = Field(4096, ge=1)
     num_actors: int = Field(1, ge=1)
     use_gpu: bool = False
+    drift: DriftSection = Field(default_factory=DriftSection)
 
     @model_validator(mode="after")
     def _both_or_neither(self) -> InferenceSection:
@@ -425,6 +446,7 @@ class Config(_Section):
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     failure: FailureSection = Field(default_factory=FailureSection)
     promotion: PromotionSection = Field(default_factory=PromotionSection)
+    validation: ValidationSection = Field(default_factory=ValidationSection)
     storage_path: str = "runs"
     mlflow: MlflowSection = Field(default_factory=MlflowSection)
     ray: RaySection = Field(default_factory=RaySection)

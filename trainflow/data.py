@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import json
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +18,9 @@ import ray
 import ray.data
 from ray.data.aggregate import Count, Max, Mean, Min, Std, ValueCounter
 
-from preprocessors.baseline import FineHistogram, categorical_baseline, label_baseline, numeric_baseline
+from preprocessors.baseline import (
+    FineHistogram, categorical_baseline, count_batch, label_baseline, merge_counts, numeric_baseline,
+)
 from preprocessors.dates import date_parts, is_temporal_type, looks_like_dates, parts_for
 from preprocessors.tabular import TabularPreprocessor, is_numeric_type, is_string_type
 from trainflow.config import DataSection, PreprocessSection
@@ -581,30 +584,49 @@ def fit_preprocessor(
     )
 
 
-def _unseen_in_batch(batch: pa.Table, prep: dict) -> pa.Table:
+def _scan_batch(batch: pa.Table, prep: dict, drift: bool) -> pa.Table:
     p = TabularPreprocessor.from_dict(prep)
-    out = {}
+    out: dict[str, list] = {"\x1frows": [batch.num_rows]}
     for col in p.text_columns():
         mask = p.unseen_mask(col, batch)
         out[col] = [int(mask.sum())]
         out[f"{col}\x1fexample"] = [str(batch[col][int(np.flatnonzero(mask)[0])].as_py()) if mask.any() else None]
+    if drift:
+        out["\x1fdrift"] = [json.dumps(count_batch(p.baseline, batch))]
     return pa.table(out)
+
+
+@dataclass
+class Scan:
+    """What one pass over a scoring table learned: unseen text values and its counts in the baseline's buckets."""
+
+    unseen: dict[str, dict] = field(default_factory=dict)  # text column -> {"rows", "example"}
+    counts: dict[str, list[int]] = field(default_factory=dict)  # column -> counts (preprocessors/baseline.py)
+    rows: int = 0
+
+
+def scan_scoring(ds: ray.data.Dataset, prep: TabularPreprocessor, drift: bool = True) -> Scan:
+    """One pass over the scoring table: per text column the rows whose value is outside the model's vocabulary
+    (and one such value), and, when the model has a baseline, every feature's counts in its buckets (drift)."""
+    drift = drift and bool(prep.baseline.get("columns"))
+    cols = list(dict.fromkeys([*prep.text_columns(), *(prep.baseline.get("columns", {}) if drift else [])]))
+    if not cols:
+        return Scan()
+    per_batch = ds.select_columns(cols).map_batches(
+        _scan_batch, fn_kwargs={"prep": prep.to_dict(), "drift": drift}, batch_format="pyarrow", batch_size=None
+    ).take_all()
+    unseen = {}
+    for col in prep.text_columns():
+        rows = sum(r[col] for r in per_batch)
+        if rows:
+            unseen[col] = {"rows": rows, "example": next(r[f"{col}\x1fexample"] for r in per_batch if r[col])}
+    counts = merge_counts([json.loads(r["\x1fdrift"]) for r in per_batch]) if drift else {}
+    return Scan(unseen, counts, sum(r["\x1frows"] for r in per_batch))
 
 
 def count_unseen(ds: ray.data.Dataset, prep: TabularPreprocessor) -> dict[str, dict]:
     """Per text column, the rows whose value is outside the model's vocabulary, and one such value (one pass)."""
-    cols = list(prep.text_columns())
-    if not cols:
-        return {}
-    per_batch = ds.select_columns(cols).map_batches(
-        _unseen_in_batch, fn_kwargs={"prep": prep.to_dict()}, batch_format="pyarrow", batch_size=None
-    ).take_all()
-    out = {}
-    for col in cols:
-        rows = sum(r[col] for r in per_batch)
-        if rows:
-            out[col] = {"rows": rows, "example": next(r[f"{col}\x1fexample"] for r in per_batch if r[col])}
-    return out
+    return scan_scoring(ds, prep, drift=False).unseen
 
 
 def check_unseen(unseen: dict[str, dict], prep: TabularPreprocessor, source: str) -> None:

@@ -14,6 +14,7 @@ from mlflow.models import ModelSignature
 from mlflow.types import ColSpec, Schema
 
 from preprocessors.tabular import TabularPreprocessor
+from trainflow.errors import InfrastructureError
 
 MODEL_CODE = str(Path(__file__).with_name("mlflow_model.py"))
 CHAMPION = "champion"
@@ -37,6 +38,20 @@ def tracking(tracking_uri: str) -> Iterator[None]:
             os.environ.pop("MLFLOW_TRACKING_URI", None)
         else:
             os.environ["MLFLOW_TRACKING_URI"] = saved_env
+
+
+def current_champion(client: mlflow.MlflowClient, name: str) -> str | None:
+    """The @champion version; None only when the registry says the alias (or the model) does not exist.
+
+    MLflow's stores answer a missing alias with INVALID_PARAMETER_VALUE and "Registered model alias ... not
+    found." (a missing model: RESOURCE_DOES_NOT_EXIST); any other error is the registry failing."""
+    try:
+        return str(client.get_model_version_by_alias(name, CHAMPION).version)
+    except mlflow.exceptions.MlflowException as exc:
+        missing_alias = exc.error_code == "INVALID_PARAMETER_VALUE" and f"alias {CHAMPION} not found" in exc.message
+        if exc.error_code == "RESOURCE_DOES_NOT_EXIST" or missing_alias:
+            return None
+        raise InfrastructureError(f"cannot read {name}@{CHAMPION} from the registry: {exc.message}") from None
 
 
 def ensure_experiment(tracking_uri: str, experiment: str) -> str:

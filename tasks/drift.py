@@ -1,0 +1,96 @@
+"""Drift of a scoring table from the serving model's baseline: where a person and an automation see it
+(the run's log, a Prefect artifact with a table and a bar chart, MLflow metrics of the model's run, an event)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+import time
+from typing import Any
+
+from preprocessors.baseline import drift_report
+from trainflow.config import Config
+
+DRIFT_EVENT = "trainflow.drift.detected"
+
+
+def measure(config: Config, baseline: dict[str, Any], counts: dict[str, list[int]], rows: int) -> dict[str, Any]:
+    """The summary's `drift`: per feature a score, threshold and verdict, and drifted_columns."""
+    if not baseline.get("columns"):
+        return {"rows": rows, "columns": {}, "drifted_columns": [], "note": "the model has no training baseline"}
+    d = config.inference.drift
+    return drift_report(baseline, counts, rows, d.numeric_threshold, d.categorical_threshold, d.min_rows)
+
+
+def bar_chart(drift: dict[str, Any]) -> bytes:
+    """A PNG: one bar per feature (its score), its threshold marked, drifted bars red."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = list(drift["columns"])
+    scores = [drift["columns"][c]["score"] or 0.0 for c in cols]
+    colors = ["tab:red" if drift["columns"][c]["verdict"] == "drifted" else "tab:blue" for c in cols]
+    fig, ax = plt.subplots(figsize=(6, 0.35 * len(cols) + 1.2), dpi=100)
+    ax.barh(cols, scores, color=colors)
+    for i, c in enumerate(cols):
+        ax.plot([drift["columns"][c]["threshold"]] * 2, [i - 0.4, i + 0.4], color="black", linewidth=1)
+    ax.invert_yaxis()
+    ax.set_xlabel("drift (Jensen-Shannon for numbers, L-infinity for text); | threshold")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def markdown(drift: dict[str, Any], model: str, source: str) -> str:
+    rows = "\n".join(f"| {c} | {r['method']} | {r['score']} | {r['threshold']} | {r['verdict']} |"
+                     for c, r in drift["columns"].items())
+    png = base64.b64encode(bar_chart(drift)).decode() if drift["columns"] else ""
+    drifted = ", ".join(f"`{c}`" for c in drift["drifted_columns"]) or "none"
+    return (f"# Drift of `{source}` from {model}'s training data\n\n{drift['rows']} scoring rows; drifted: {drifted}\n\n"
+            f"| column | measure | score | threshold | verdict |\n|---|---|---|---|---|\n{rows}\n\n"
+            + (f"![drift per feature](data:image/png;base64,{png})\n" if png else ""))
+
+
+def metric_name(column: str) -> str:
+    return "drift." + re.sub(r"[^A-Za-z0-9_\-./ ]", "_", column)
+
+
+def publish(config: Config, model: str, source: str, drift: dict[str, Any]) -> None:
+    """Log, artifact, MLflow metrics on the model version's run, and an event when a column drifted."""
+    from prefect import get_run_logger
+    from prefect.artifacts import create_markdown_artifact
+    from prefect.events import emit_event
+
+    from tasks.report import artifact_key
+
+    log = get_run_logger()
+    if drift["drifted_columns"]:
+        log.warning("drift from the training data in %s: %s", source, {c: drift["columns"][c]["score"] for c in drift["drifted_columns"]})
+    create_markdown_artifact(markdown=markdown(drift, model, source), key=artifact_key(config.mlflow.registered_model, "drift"),
+                             description=f"Drift of {source} from the serving model's training data")
+    _log_to_mlflow(config, model, drift)
+    if drift["drifted_columns"]:
+        emit_event(event=DRIFT_EVENT, resource={"prefect.resource.id": f"trainflow.model.{config.mlflow.registered_model}"},
+                   payload={"model": model, "input": source, "drifted_columns": drift["drifted_columns"],
+                            "scores": {c: drift["columns"][c]["score"] for c in drift["drifted_columns"]}})
+
+
+def _log_to_mlflow(config: Config, model: str, drift: dict[str, Any]) -> None:
+    """Scores as metrics of the serving version's MLflow run, one point per scoring run (step: its time)."""
+    import mlflow
+    from mlflow.entities import Metric
+
+    m = re.match(r"^models:/([^/@]+)/(\d+)$", model or "")
+    scored = {c: r["score"] for c, r in drift["columns"].items() if r["score"] is not None}
+    if m is None or not scored:
+        return
+    uri = config.mlflow.tracking_uri
+    client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+    run_id = client.get_model_version(m[1], m[2]).run_id
+    now = int(time.time())
+    client.log_batch(run_id, metrics=[Metric(metric_name(c), float(v), now * 1000, now) for c, v in scored.items()])
