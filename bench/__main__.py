@@ -2,7 +2,7 @@
 
 import sys
 
-from bench import beyond_memory, demo_e2e, gbdt_parity, inference_throughput, model_quality, preprocess_throughput, training_parity, tune_parallelism
+from bench import beyond_memory, demo_e2e, drift_overhead, gbdt_parity, inference_throughput, model_quality, preprocess_throughput, training_parity, tune_parallelism
 
 BENCHES = {
     "model-quality": model_quality.main,
@@ -13,6 +13,7 @@ BENCHES = {
     "tune-parallelism": tune_parallelism.main,
     "demo-e2e": demo_e2e.main,
     "beyond-memory": beyond_memory.main,  # also prints scale-linearity
+    "drift-overhead": drift_overhead.main,  # also prints skip-unchanged
 }
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from prefect import flow
 
 from tasks.candidates import compare, run_names
-from tasks.infer import infer
+from tasks.infer import infer, resolve_checkpoint_task
 from tasks.ingest import ingest
 from tasks.preprocess import preprocess
 from tasks.promote import promote
@@ -16,8 +16,9 @@ from tasks.register import register
 from tasks.report import report
 from tasks.run_name import resolve_run_name
 from tasks.select import select
+from tasks.skip import check_unchanged
 from tasks.split import split
-from tasks.summary import summarize
+from tasks.summary import skipped_summary, summarize
 from tasks.train import check_resume, train
 from tasks.validate import validate_data
 from trainer.resources import concurrent_runs
@@ -26,12 +27,17 @@ from trainflow.runtime import watch_for_sigterm
 
 
 @flow(name="retrain", log_prints=True)
-def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name: str | None = None) -> dict[str, Any]:
-    """Train, select, register and predict from one config file; returns the run summary."""
+def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name: str | None = None,
+            force: bool = False) -> dict[str, Any]:
+    """Train, select, register and predict from one config file; returns the run summary. A run on the champion's
+    own data and training config registers nothing (the champion still scores inference.input) unless force."""
     watch_for_sigterm()  # a cancel (SIGTERM) stops Ray at once and retries nothing, in every process that runs a flow
     config = load_config(config_path, overrides)
     name = resolve_run_name(run_name)
     ingested = ingest(config)
+    skipped = None if force else check_unchanged(config, ingested.spec.fingerprint)
+    if skipped:
+        return skipped_run(config, ingested, name, skipped)
     runs = run_names(config, name)
     check_resume(config, ingested.spec.fingerprint, runs)
     parts = split(ingested, config)
@@ -59,3 +65,13 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
                         extra={"candidates": candidates.scores if candidates else None, "validation": validation})
     report(config, outcome.history, summary)
     return summary
+
+
+def skipped_run(config, ingested, run_name: str, skipped: dict[str, Any]) -> dict[str, Any]:
+    """No training: the champion scores inference.input (when configured); the summary says why."""
+    model = f"models:/{config.mlflow.registered_model}/{skipped['champion_version']}"
+    predictions = None
+    if config.inference.input:
+        checkpoint, pinned = resolve_checkpoint_task(model, config)
+        predictions = infer(checkpoint, config, pinned)
+    return skipped_summary(ingested, run_name, skipped, model, predictions)

@@ -10,6 +10,7 @@ import yaml
 from prefect import serve
 from prefect.deployments.runner import RunnerDeployment
 from prefect.client.schemas.schedules import construct_schedule
+from prefect.events import DeploymentEventTrigger
 
 from trainflow.errors import ConfigError
 
@@ -49,6 +50,8 @@ def runner_deployments(prefect_file: str | Path = PREFECT_FILE, parameters: dict
                 parameters=params,
                 schedules=[_schedule(s, where) for s in dep.get("schedules") or []],
                 concurrency_limit=dep.get("concurrency_limit"),
+                triggers=[DeploymentEventTrigger(**{k: v for k, v in t.items() if k != "type"})
+                          for t in dep.get("triggers") or []],
                 tags=dep.get("tags"),
             )
         )

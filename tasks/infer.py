@@ -145,7 +145,8 @@ def infer(checkpoint_path: str, config: Config, model: str = "") -> Predictions:
     input_rows = ds.count()
     if input_rows == 0:
         raise DataError(f"{input_path}: the table has no rows")
-    scan = scan_scoring(ds, prep)  # unseen values and drift counts in one pass (streamed tables: no extra read)
+    # unseen values and drift counts in one pass (streamed tables: no extra read)
+    scan = scan_scoring(ds, prep, drift=inf.drift.enabled)
     unseen = scan.unseen
     if config.inference.on_unseen == "error":
         check_unseen(unseen, prep, input_path)
@@ -157,8 +158,10 @@ def infer(checkpoint_path: str, config: Config, model: str = "") -> Predictions:
     preds = predict_dataset(
         ds, checkpoint_path, id_column, prep.feature_order, inf.batch_size, inf.num_actors, inf.use_gpu
     )
-    drift = measure(config, prep.baseline, scan.counts, input_rows)
-    publish(config, model, input_path, drift)
+    drift = {}
+    if inf.drift.enabled:
+        drift = measure(config, prep.baseline, scan.counts, input_rows)
+        publish(config, model, input_path, drift)
     rows = write_output(preds, output_path, input_rows, {"model": model, "input": input_path}, config)
     log.info("wrote %d predictions for %d input rows to %s", rows, input_rows, output_path)
     return Predictions(

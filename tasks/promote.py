@@ -10,6 +10,7 @@ import mlflow
 import ray.data
 from mlflow.entities import RunTag
 from prefect import get_run_logger, task
+from prefect.events import emit_event
 from prefect.exceptions import MissingContextError
 from prefect.cache_policies import NO_CACHE
 
@@ -146,6 +147,8 @@ def gate(config: Config, holdout: ray.data.Dataset, challenger_path: str, regist
         for key, value in tags.items():
             client.set_model_version_tag(name, version, key, value)
         client.log_batch(registered.run_id, tags=[RunTag(key, value) for key, value in tags.items()])
+    emit_event(event=f"trainflow.model.{result.decision}", resource={"prefect.resource.id": f"trainflow.model.{name}"},
+               payload=result.record())
     log.info(
         "promotion: %s v%s (%s %s=%s vs champion v%s %s): %s",
         result.decision, version, metric, mode, challenger, champion_version, champion_score, reason,

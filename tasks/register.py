@@ -72,6 +72,7 @@ def register(config: Config, ingested: Ingested, outcome: TrainOutcome, selected
         "trainflow.checkpoint_path": selected.uri or selected.path,
         "trainflow.best_epoch": str(selected.epoch),
         "trainflow.prefect_flow_run_id": str(flow_run.get_id() or ""),
+        "trainflow.config_hash": config.training_hash(outcome.family),
     }
     lineage = redact_value(lineage)
     # one MLflow run and one version per training run: a retried task (or flow run) finds its earlier attempt

@@ -86,12 +86,35 @@ def _candidates_lines(summary: dict[str, Any], metric: str) -> str:
 def _predictions_line(summary: dict[str, Any]) -> str:
     if not summary.get("predictions_path"):
         return "- no batch inference in this run"
+    return _predictions_rows(summary) + _drift_line(summary)
+
+
+def _predictions_rows(summary: dict[str, Any]) -> str:
     line = f"- {summary['output_rows']} predictions for {summary['input_rows']} input rows: `{summary['predictions_path']}`"
     unseen = summary.get("unseen_categories") or {}
     if unseen:
         line += "\n- values never seen in training (predicted with the unknown code): " + ", ".join(
             f"`{c}` {n} row(s)" for c, n in sorted(unseen.items()))
     return line
+
+
+def _validation_lines(v: dict[str, Any]) -> str:
+    if not v.get("checks"):
+        return f"- not checked: {v.get('note', 'no champion to compare with')}"
+    lines = [f"- against version {v['champion_version']}'s training data: {len(v['checks'])} check(s), "
+             f"{len(v['anomalies'])} anomal(ies) (on_anomaly: {v.get('on_anomaly')})"]
+    lines += [f"- anomaly: {a}" for a in v["anomalies"]]
+    rows = "\n".join(f"| {c['check']} | {c['column'] or ''} | {c['score']} | {c['threshold']} | {'yes' if c['anomaly'] else ''} |"
+                     for c in v["checks"])
+    return "\n".join(lines) + f"\n\n| check | column | score | threshold | anomaly |\n|---|---|---|---|---|\n{rows}"
+
+
+def _drift_line(summary: dict[str, Any]) -> str:
+    d = summary.get("drift") or {}
+    if not d.get("columns"):
+        return ""
+    return (f"\n- drift from the serving model's training data: {', '.join(d['drifted_columns']) or 'none'} "
+            f"of {len(d['columns'])} feature(s) over {d['rows']} rows (artifact `-drift`)")
 
 
 def model_card(config: Config, summary: dict[str, Any], curve_uri: str) -> str:
@@ -123,6 +146,9 @@ Loss curve: `{curve_uri}` (also the MLflow run's `{LOSS_CURVE}`).
 ## Training budget
 {_budget_line(summary.get('training_budget') or {})}
 
+## Data validation
+{_validation_lines(summary.get('validation') or {})}
+
 ## Predictions
 {_predictions_line(summary)}
 
@@ -153,12 +179,17 @@ def report(config: Config, history: list[dict[str, float]], summary: dict[str, A
     with tracking(config.mlflow.tracking_uri):
         client = mlflow.MlflowClient()
         client.log_figure(summary["mlflow_run_id"], fig, artifact_file=LOSS_CURVE)
+        validation = summary.get("validation") or {}
+        if validation.get("checks"):
+            client.log_dict(summary["mlflow_run_id"], validation, "validation.json")
         # what `auto` resolved to, and the scoring rows whose text values the model never saw
         client.log_batch(
             summary["mlflow_run_id"],
             params=[Param(f"budget.{k}", str(v)) for k, v in (summary.get("training_budget") or {}).items()],
             metrics=[Metric(f"unseen_rows.{c}", float(n), int(time.time() * 1000), 0)
-                     for c, n in (summary.get("unseen_categories") or {}).items()],
+                     for c, n in (summary.get("unseen_categories") or {}).items()]
+            + ([Metric("validation.anomalies", float(len(validation["anomalies"])), int(time.time() * 1000), 0)]
+               if validation.get("checks") else []),
         )
     plt.close(fig)
     ids = {

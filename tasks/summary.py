@@ -58,3 +58,24 @@ def summarize(
         "predictions_model_version": promotion.serving_version if predictions else None,
         **(extra or {}),
     })
+
+
+@task(name="summarize-skipped", cache_policy=NO_CACHE)
+def skipped_summary(ingested: Ingested, run_name: str, skipped: dict[str, Any], model: str,
+                    predictions: Predictions | None) -> dict[str, Any]:
+    """The summary of a retrain that had nothing to train: why, the champion that served, its predictions."""
+    return redact_value({
+        "run_name": run_name,
+        "skipped": skipped,
+        "data_path": ingested.spec.path,
+        "data_fingerprint": ingested.spec.fingerprint,
+        "training_rows": ingested.spec.rows,
+        "model_uri": model,
+        "model_version": skipped["champion_version"],
+        "predictions_path": predictions.path if predictions else None,
+        "input_rows": predictions.input_rows if predictions else None,
+        "output_rows": predictions.output_rows if predictions else None,
+        "unseen_categories": predictions.unseen if predictions else None,
+        "drift": predictions.drift if predictions else None,
+        "predictions_model_version": skipped["champion_version"] if predictions else None,
+    })

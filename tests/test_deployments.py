@@ -121,6 +121,7 @@ def test_deploy_worker_and_deployment_run(prefect_server, ray_local, tmp_path):
             "--param", f"config_path={cfg}", "--param", json.dumps({"inference.output": str(scored)}).join(["overrides=", ""]),
             "--watch", "--watch-timeout", "300", timeout=360,
         )
+        _a_changed_table_starts_one_retrain(env, cfg, tmp_path)
     except AssertionError:
         print((tmp_path / "worker.log").read_text()[-6000:])
         raise
@@ -130,6 +131,7 @@ def test_deploy_worker_and_deployment_run(prefect_server, ray_local, tmp_path):
     for name in ("retrain/manual", "batch-inference/champion"):
         runs = _flow_runs(env, _deployment(env, name)["id"])
         assert [r["state"]["type"] for r in runs] == ["COMPLETED"], name
+    # the triggered retrain registered nothing: the champion is still the manual run's version 1
     retrain_run = _flow_runs(env, _deployment(env, "retrain/manual")["id"])[0]
     assert retrain_run["parameters"]["overrides"] == {"train.epochs": 2}
 
@@ -146,6 +148,33 @@ def test_deploy_worker_and_deployment_run(prefect_server, ray_local, tmp_path):
     assert first.num_rows == second.num_rows == 500
     assert first["customer_id"].to_pylist() == second["customer_id"].to_pylist()
     assert first["prediction"].to_pylist() == second["prediction"].to_pylist()
+
+
+def _a_changed_table_starts_one_retrain(env, cfg, tmp_path):
+    """watch-data/watch records the table's files, then sees them change (touched: new modification time, same
+    bytes) and emits trainflow.data.changed; retrain/scheduled's trigger starts exactly one retrain of the watched
+    config, which finds the champion's own data and registers nothing."""
+    watch = ["deployment", "run", "watch-data/watch", "--param", f"config_path={cfg}", "--watch", "--watch-timeout", "120"]
+    _prefect(env, *watch, timeout=180)  # the first look records the files
+    _prefect(env, *watch, timeout=180)  # nothing changed: no event
+    time.sleep(3)
+    scheduled = _deployment(env, "retrain/scheduled")["id"]
+    assert _flow_runs(env, scheduled) == []
+    train = tmp_path / "data" / "train.parquet"
+    os.utime(train, (time.time() + 10, time.time() + 10))
+    _prefect(env, *watch, timeout=180)
+    deadline = time.monotonic() + 240
+    while True:
+        runs = _flow_runs(env, scheduled)
+        if runs and runs[0]["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED"):
+            break
+        assert time.monotonic() < deadline, runs
+        time.sleep(1)
+    assert len(runs) == 1 and runs[0]["state"]["type"] == "COMPLETED" and runs[0]["parameters"]["config_path"] == str(cfg)
+    # (its own schedule may have added runs of the demo config meanwhile: only this config's are counted)
+    watched = [r for r in _flow_runs(env, _deployment(env, "watch-data/watch")["id"])
+               if r["parameters"].get("config_path") == str(cfg)]
+    assert len(watched) == 3 and all(r["state"]["type"] == "COMPLETED" for r in watched)
 
 
 def test_schedule_and_concurrency_registered_as_declared(prefect_server):

@@ -11,6 +11,7 @@ from mlflow import MlflowClient
 from prefect.artifacts import Artifact
 
 from tests.conftest import churn_config, make_regression_table, write_config, write_parquet
+from trainflow.sample import make_churn_table
 from trainer.checkpoint import load_servable, read_metrics
 from trainer.predict import predict_table
 from trainflow.cli import main as cli_main
@@ -135,10 +136,10 @@ def test_retrain_classification_end_to_end_then_boosters_replace_the_champion(tm
     card = Artifact.get("churn-test-drift").data
     assert "drifted: `age`" in card and "data:image/png;base64," in card
 
-    _boosters_replace_the_champion(tmp_path, cfg_path, score, tracking)
+    _boosters_replace_the_champion(tmp_path, cfg_path, score, tracking, capsys)
 
 
-def _boosters_replace_the_champion(tmp_path, cfg_path, score, tracking):
+def _boosters_replace_the_champion(tmp_path, cfg_path, score, tracking, capsys):
     """Both boosters train (a fan-out of train task runs, each its own Ray Train run); the better one is gated
     against the weak network champion and replaces it."""
     summary_path = tmp_path / "trees.json"
@@ -148,10 +149,11 @@ def _boosters_replace_the_champion(tmp_path, cfg_path, score, tracking):
     rc = cli_main(["predict", "--config", str(cfg_path), "--set", "model.type=mlp", *trees,
                    "--set", f"inference.output={tmp_path / 'refused'}"])
     assert rc == 2 and not (tmp_path / "refused").exists()
-    rc = cli_main(["retrain", "--config", str(cfg_path), "--run-name", "trees", "--set", "model.type=[xgboost, lightgbm]",
-                   *trees, "--set", "model.allowed_class_paths=[examples.tabular_resnet:TabularResNet]",
-                   "--set", "model.params.learning_rate=0.2", "--set", "model.params.num_boost_round=100",
-                   "--set", "model.params.early_stopping_rounds=10", "--summary-json", str(summary_path)])
+    boosters = ["--config", str(cfg_path), "--set", "model.type=[xgboost, lightgbm]",
+                *trees, "--set", "model.allowed_class_paths=[examples.tabular_resnet:TabularResNet]",
+                "--set", "model.params.learning_rate=0.2", "--set", "model.params.num_boost_round=100",
+                "--set", "model.params.early_stopping_rounds=10"]
+    rc = cli_main(["retrain", *boosters, "--run-name", "trees", "--summary-json", str(summary_path)])
     assert rc == 0
     summary = json.loads(summary_path.read_text())
     candidates = summary["candidates"]
@@ -182,6 +184,64 @@ def _boosters_replace_the_champion(tmp_path, cfg_path, score, tracking):
         pyfunc = mlflow.pyfunc.load_model("models:/churn-test@champion")
     got = pyfunc.predict(score.slice(0, 40).drop_columns(["customer_id"]).to_pandas())
     np.testing.assert_allclose(got["proba_1"].to_numpy(), direct["proba_1"].to_numpy()[:40], rtol=1e-6)
+    # its training split matched the network champion's baseline: every check ran, none flagged
+    validation = summary["validation"]
+    assert validation["champion_version"] == "1" and validation["anomalies"] == [] and len(validation["checks"]) > 10
+    _unchanged_data_is_skipped_and_broken_data_is_refused(tmp_path, boosters, client, capsys)
+
+
+def _unchanged_data_is_skipped_and_broken_data_is_refused(tmp_path, boosters, client, capsys):
+    """The same data and training config as the champion: nothing trains or registers, the champion scores.
+    A table with 5% of the rows, a column 40% empty, or the class balance flipped: exit 2 before any training."""
+    versions = len(client.search_model_versions("name = 'churn-test'"))
+    rc = cli_main(["retrain", *boosters, "--run-name", "again", "--summary-json", str(tmp_path / "skip.json")])
+    skipped = json.loads((tmp_path / "skip.json").read_text())
+    assert rc == 0 and skipped["skipped"]["champion_version"] == "2" and "--force" in skipped["skipped"]["reason"]
+    assert skipped["predictions_model_version"] == "2" and skipped["output_rows"] == 500
+    assert not (tmp_path / "runs" / "again-xgboost").exists()
+    assert len(client.search_model_versions("name = 'churn-test'")) == versions
+    table = pads.dataset(tmp_path / "data" / "train.parquet").to_table()
+    rng = np.random.default_rng(5)
+    charges = np.asarray(table["monthly charges ($)"].to_pylist(), dtype=float)
+    emptied = table.set_column(table.schema.get_field_index("monthly charges ($)"), "monthly charges ($)",
+                               pa.array(charges, mask=rng.random(table.num_rows) < 0.4))
+    y = np.asarray(table["churned"].to_pylist())
+    flipped = table.filter(pa.array((y == 1) | (rng.random(table.num_rows) < 0.15)))
+    for name, broken, needle in (
+        ("few", table.slice(0, table.num_rows // 20), "the table: row_count was 2"),
+        ("empty", emptied, "column 'monthly charges ($)': null_rate was 0.0"),
+        ("flipped", flipped, "label_balance was {"),
+    ):
+        write_parquet(broken, tmp_path / name / "train.parquet")
+        rc = cli_main(["retrain", *boosters, "--run-name", name, "--set", f"data.path={tmp_path / name / 'train.parquet'}"])
+        err = capsys.readouterr().err
+        assert rc == 2 and needle in err and "relax with validation." in err, err
+        assert not list((tmp_path / "runs").glob(f"{name}*"))
+    assert len(client.search_model_versions("name = 'churn-test'")) == versions
+    _monitor_live_performance(tmp_path, boosters[1], client)
+
+
+def _monitor_live_performance(tmp_path, cfg_path, client):
+    """The scoring rows' true labels arrive: the version that wrote the predictions (read from their manifest) scores
+    about its validation score on them; with 40% of the labels flipped it is degraded."""
+    truth = make_churn_table(500, seed=2, id_offset=10_000).select(["customer_id", "churned"])
+    write_parquet(truth, tmp_path / "labels" / "true.parquet")
+    y = np.asarray(truth["churned"].to_pylist())
+    flip = np.random.default_rng(3).random(len(y)) < 0.4
+    write_parquet(truth.set_column(1, "churned", pa.array(np.where(flip, 1 - y, y))), tmp_path / "labels" / "flipped.parquet")
+    reports = {}
+    for name in ("true", "flipped"):
+        out = tmp_path / f"monitor-{name}.json"
+        assert cli_main(["monitor", "--config", cfg_path, "--labels", str(tmp_path / "labels" / f"{name}.parquet"),
+                         "--summary-json", str(out)]) == 0
+        reports[name] = json.loads(out.read_text())["monitor"]
+    good, bad = reports["true"], reports["flipped"]
+    assert good["model_version"] == bad["model_version"] == "2" and good["rows"] == 500
+    assert good["metric"] == "val_roc_auc" and abs(good["live_score"] - good["validation_score"]) < 0.1
+    assert good["degraded"] is False and bad["degraded"] is True and bad["drop"] > 0.05
+    assert set(good["metrics"]) >= {"val_loss", "val_accuracy", "val_f1", "val_roc_auc"}
+    run = client.get_model_version("churn-test", "2").run_id
+    assert len(client.get_metric_history(run, "live_val_roc_auc")) == 2
 
 
 def _with_store_and_visit(table: pa.Table, seed: int, codes: int) -> pa.Table:

@@ -132,7 +132,8 @@ def test_read_checkpoint_resume_and_predict_in_s3(s3_endpoint, tmp_path, capsys)
     # the same run name with more epochs resumes from the checkpoint in S3: only the new epochs run. Held to a
     # margin it cannot beat, its model is registered as version 2 but not promoted: @champion stays on version 1
     # and the predictions, written again, still come from it
-    assert cli_main(["retrain", "--config", str(cfg), "--run-name", "s3-run", "--set", "train.epochs=3",
+    # (--force: the data and training config are the champion's, which would otherwise skip the run)
+    assert cli_main(["retrain", "--config", str(cfg), "--run-name", "s3-run", "--set", "train.epochs=3", "--force",
                      "--set", "promotion.margin=1000", "--summary-json", str(summary_path)]) == 0
     second = json.loads(summary_path.read_text())
     assert second["resumed_from_epoch"] == 2

@@ -45,6 +45,13 @@ def _progress_line(s: dict[str, Any]) -> str:
 
 
 def format_summary(s: dict[str, Any]) -> str:
+    if s.get("skipped"):
+        lines = ["", "trainflow summary", f"  skipped           {s['skipped']['reason']}",
+                 f"  data              {s.get('data_path')} ({s.get('training_rows')} rows, fingerprint {s.get('data_fingerprint')})"]
+        if s.get("predictions_path"):
+            lines.append(f"  predictions       {s['predictions_path']} ({s.get('output_rows')} rows for {s.get('input_rows')} "
+                         f"inputs, model version {s.get('predictions_model_version')})")
+        return "\n".join(lines)
     best = s.get("best_checkpoint") or {}
     metrics = best.get("metrics") or {}
     shown = {k: v for k, v in metrics.items() if k.startswith("val_") or k == "train_loss"}
@@ -107,6 +114,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--run-name", help="Ray Train run name; an existing name resumes that run")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key (YAML value)")
     r.add_argument("--summary-json")
+    r.add_argument("--force", action="store_true",
+                   help="retrain even when the data and training config are those of the current champion")
 
     t = sub.add_parser("tune", help="Ray Tune sweep over the config's tune.search_space, then register the best")
     t.add_argument("--config", required=True)
@@ -121,6 +130,12 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--model", help="models:/name@alias, models:/name/version, runs:/... or a checkpoint folder")
     pr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     pr.add_argument("--summary-json")
+
+    mo = sub.add_parser("monitor", help="live performance: join later-arriving labels with the written predictions")
+    mo.add_argument("--config", required=True)
+    mo.add_argument("--labels", required=True, help="a table (file, folder or URI) of id column + label")
+    mo.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    mo.add_argument("--summary-json")
 
     sv = sub.add_parser("serve", help="serve deployments/prefect.yaml's deployments in this process (flow.serve)")
     sv.add_argument("--config", help="config_path for every served deployment (default: each one's own)")
@@ -173,7 +188,12 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.command == "retrain":
         from flows.retrain import retrain
 
-        return retrain(config_path=str(Path(args.config).resolve()), overrides=overrides or None, run_name=args.run_name)
+        return retrain(config_path=str(Path(args.config).resolve()), overrides=overrides or None, run_name=args.run_name,
+                       force=args.force)
+    if args.command == "monitor":
+        from flows.monitor import monitor
+
+        return monitor(config_path=str(Path(args.config).resolve()), labels=args.labels, overrides=overrides or None)
     if args.command == "tune":
         from flows.tune import tune
 

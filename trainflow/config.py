@@ -404,6 +404,12 @@ class ValidationSection(_Section):
     min_rows: int = Field(100, ge=1)  # distributions of fewer training rows are not judged (row count and columns are)
 
 
+class MonitorSection(_Section):
+    """Live performance once labels arrive (trainflow monitor)."""
+
+    max_drop: float = Field(0.05, ge=0.0)  # degraded: promotion.metric worse than the version's validation score by more
+
+
 class MlflowSection(_Section):
     tracking_uri: str | None = None
     experiment: str = "trainflow"
@@ -413,6 +419,7 @@ class MlflowSection(_Section):
 class DriftSection(_Section):
     """Drift of a scoring table from the serving model's training baseline, per feature (TFDV's measures)."""
 
+    enabled: bool = True
     numeric_threshold: float = Field(0.1, gt=0.0, le=1.0)  # Jensen-Shannon divergence, base 2 (0 same, 1 disjoint)
     categorical_threshold: float = Field(0.1, gt=0.0, le=1.0)  # L-infinity distance of the category frequencies
     min_rows: int = Field(100, ge=1)  # fewer scoring rows are reported as too few, not judged
@@ -447,6 +454,7 @@ class Config(_Section):
     failure: FailureSection = Field(default_factory=FailureSection)
     promotion: PromotionSection = Field(default_factory=PromotionSection)
     validation: ValidationSection = Field(default_factory=ValidationSection)
+    monitor: MonitorSection = Field(default_factory=MonitorSection)
     storage_path: str = "runs"
     mlflow: MlflowSection = Field(default_factory=MlflowSection)
     ray: RaySection = Field(default_factory=RaySection)

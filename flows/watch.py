@@ -1,0 +1,47 @@
+"""The watch flow: emit a Prefect event when the training table's files change, so a deployment trigger can
+start `retrain/scheduled` (deployments/prefect.yaml); a small deployment runs it on a short interval."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.events import emit_event
+from prefect.variables import Variable
+
+from trainflow.config import load_config
+from trainflow.data import list_files
+from trainflow.redact import redact_text
+
+DATA_EVENT = "trainflow.data.changed"
+
+
+def files_fingerprint(path: str, fmt: str) -> str:
+    """A hash of the table's file names, sizes and modification times (metadata only: no file is read)."""
+    fs, files = list_files(path, fmt)
+    h = hashlib.blake2b(digest_size=16)
+    for info in fs.get_file_info(files):
+        h.update(f"{info.path}:{info.size}:{info.mtime_ns}".encode())
+    return "files:" + h.hexdigest()
+
+
+@flow(name="watch-data", log_prints=True)
+def watch_data(config_path: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Compare data.path's files with the last look (a Prefect variable) and emit trainflow.data.changed when they
+    differ; the first look only records them."""
+    config = load_config(config_path, overrides)
+    key = hashlib.blake2b(config.data.path.encode(), digest_size=8).hexdigest()
+    name = f"trainflow-watch-{key}"
+    now = files_fingerprint(config.data.path, config.data.format)
+    last = Variable.get(name, default=None)
+    changed = last is not None and last != now
+    if last != now:
+        Variable.set(name, now, overwrite=True)
+    if changed:
+        emit_event(event=DATA_EVENT, resource={"prefect.resource.id": f"trainflow.data.{key}"},
+                   payload={"config_path": config_path, "data_path": redact_text(config.data.path), "fingerprint": now,
+                            "previous": last})
+    get_run_logger().info("%s: %s (%s)", redact_text(config.data.path), "changed" if changed else "unchanged" if last else
+                          "first look", now)
+    return {"changed": changed, "fingerprint": now, "previous": last}

@@ -1,0 +1,106 @@
+"""Task: how the deployed model did once the true labels of its predictions arrive."""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from typing import Any
+
+import mlflow
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from mlflow.entities import Metric
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.events import emit_event
+
+from preprocessors.tabular import SchemaDriftError, TabularPreprocessor
+from tasks.common import retry_unless_user_error
+from tasks.infer import allowed_class_paths, resolve_checkpoint
+from tasks.report import artifact_key
+from trainer.metrics import compute_metrics
+from trainflow.config import Config, infer_format
+from trainflow.data import read_table
+from trainflow.errors import DataError
+from trainflow.outputs import output_files, read_manifest
+from trainflow.storage import filesystem_for
+
+DEGRADED_EVENT = "trainflow.model.degraded"
+
+
+def model_outputs(prep: TabularPreprocessor, predictions: pa.Table) -> np.ndarray:
+    """What compute_metrics takes, rebuilt from the written predictions: log-probabilities per class (their softmax
+    is the probabilities) or the standardized prediction."""
+    if prep.task == "classification":
+        probs = np.column_stack([np.asarray(predictions[f"proba_{c}"].to_pylist(), dtype=np.float64) for c in prep.classes])
+        return np.log(np.clip(probs, 1e-12, 1.0)).astype(np.float32)
+    pred = np.asarray(predictions["prediction"].to_pylist(), dtype=np.float64)
+    return ((pred - prep.label_mean) / prep.label_std).astype(np.float32)
+
+
+@task(name="monitor", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
+def measure_live(config: Config, labels_path: str) -> dict[str, Any]:
+    """Join later-arriving labels (id column + label) with the predictions under inference.output, score the model
+    version that wrote them with the training metric code, and compare with that version's validation score."""
+    log = get_run_logger()
+    id_col, label = config.data.id_column, config.data.label
+    if not id_col:
+        raise DataError("monitor joins labels to predictions by data.id_column; set it in the config")
+    if not config.inference.output:
+        raise DataError("monitor reads the predictions under inference.output; set it in the config")
+    manifest = read_manifest(config.inference.output)
+    if manifest is None:
+        raise DataError(f"{config.inference.output}: no trainflow predictions here to monitor")
+    m = re.match(r"^models:/([^/@]+)/(\d+)$", manifest.get("model") or "")
+    if m is None:
+        raise DataError(f"{config.inference.output}: its predictions name no registered model version "
+                        f"({manifest.get('model')!r}); monitor measures registered versions")
+    name, version = m[1], m[2]
+    fs, _ = filesystem_for(config.inference.output)
+    predictions = pq.read_table(output_files(config.inference.output), filesystem=fs)
+    ds, _, _ = read_table(labels_path, infer_format(labels_path), csv=config.data.csv)
+    truth = pa.concat_tables(list(ds.iter_batches(batch_format="pyarrow", batch_size=None)))
+    for col in (id_col, label):
+        if col not in truth.column_names:
+            raise DataError(f"{labels_path}: column {col!r} not found; columns are {truth.column_names}")
+    joined = predictions.join(truth.select([id_col, label]), keys=id_col, join_type="inner")
+    if joined.num_rows == 0:
+        raise DataError(f"{labels_path}: none of its {id_col!r} values is among the {predictions.num_rows} predictions")
+    uri = config.mlflow.tracking_uri
+    prep = TabularPreprocessor.load(resolve_checkpoint(f"models:/{name}/{version}", allowed_class_paths(config), uri))
+    try:
+        y = prep.transform_label(joined)
+    except SchemaDriftError as exc:
+        raise DataError(f"{labels_path}: {exc}") from None
+    live = compute_metrics(prep.task, model_outputs(prep, joined), y, prep)
+    client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+    run_id = client.get_model_version(name, version).run_id
+    metric, mode = config.promotion.metric, config.promotion.mode
+    validation = client.get_run(run_id).data.metrics.get(f"best_{metric}")
+    score = live.get(metric)
+    drop = None
+    if validation is not None and score is not None and math.isfinite(score):
+        drop = (validation - score) if mode == "max" else (score - validation)
+    degraded = drop is not None and drop > config.monitor.max_drop
+    result = {"model_version": version, "model_uri": f"models:/{name}/{version}", "rows": joined.num_rows,
+              "predictions": predictions.num_rows, "labels": truth.num_rows, "metrics": live, "metric": metric,
+              "validation_score": validation, "live_score": score, "drop": drop, "max_drop": config.monitor.max_drop,
+              "degraded": degraded}
+    now = int(time.time())
+    client.log_batch(run_id, metrics=[Metric(f"live_{k}", float(v), now * 1000, now) for k, v in live.items()
+                                      if isinstance(v, float) and math.isfinite(v)])
+    create_markdown_artifact(
+        key=artifact_key(name, "monitor"), description=f"Live performance of {name} version {version}",
+        markdown=(f"# {name} version {version} on {joined.num_rows} labelled predictions\n\n"
+                  f"**{'DEGRADED' if degraded else 'ok'}**: {metric} live {score} vs validation {validation} "
+                  f"(drop {drop}, max_drop {config.monitor.max_drop})\n\n| metric | live |\n|---|---|\n"
+                  + "\n".join(f"| {k} | {v:.6g} |" for k, v in live.items())),
+    )
+    if degraded:
+        emit_event(event=DEGRADED_EVENT, resource={"prefect.resource.id": f"trainflow.model.{name}"}, payload=result)
+        log.warning("%s v%s degraded: %s %s live vs %s at validation", name, version, metric, score, validation)
+    log.info("monitor: %s v%s on %d labelled rows: %s", name, version, joined.num_rows, live)
+    return result

@@ -1,0 +1,41 @@
+"""Task: skip a retrain whose data and training config are those of the current champion."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlflow
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.events import emit_event
+
+from tasks.common import retry_unless_user_error
+from trainflow.config import Config
+from trainflow.tracking import current_champion
+
+SKIP_EVENT = "trainflow.retrain.skipped"
+CONFIG_HASH_TAG, FINGERPRINT_TAG, FAMILY_TAG = "trainflow.config_hash", "trainflow.data_fingerprint", "trainflow.model_family"
+
+
+@task(name="check-unchanged", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error,
+      cache_policy=NO_CACHE)
+def check_unchanged(config: Config, fingerprint: str) -> dict[str, Any] | None:
+    """The summary's `skipped` when the @champion was trained on this very data (fingerprint) with this training
+    config (hash of the training-relevant keys), else None."""
+    uri, name = config.mlflow.tracking_uri, config.mlflow.registered_model
+    client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+    version = current_champion(client, name)
+    if version is None:
+        return None
+    tags = client.get_model_version(name, version).tags
+    family = tags.get(FAMILY_TAG)
+    if family not in config.model.families or tags.get(FINGERPRINT_TAG) != fingerprint:
+        return None
+    if tags.get(CONFIG_HASH_TAG) != config.training_hash(family):
+        return None
+    skipped = {"reason": f"the data ({fingerprint}) and the training config are those of {name} version {version}, "
+                         "the champion: nothing to retrain (--force retrains anyway)",
+               "champion_version": version, "data_fingerprint": fingerprint}
+    get_run_logger().info("skipped: %s", skipped["reason"])
+    emit_event(event=SKIP_EVENT, resource={"prefect.resource.id": f"trainflow.model.{name}"}, payload=skipped)
+    return skipped
