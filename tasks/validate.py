@@ -15,7 +15,7 @@ from tasks.common import retry_unless_user_error
 from tasks.infer import allowed_class_paths, resolve_checkpoint
 from trainflow.config import Config
 from trainflow.errors import DataError
-from trainflow.tracking import current_champion
+from trainflow.tracking import current_champion, store_exists
 
 VALIDATION_EVENT = "trainflow.validation.failed"
 
@@ -34,6 +34,8 @@ def validate_data(config: Config, preprocessor: TabularPreprocessor) -> dict[str
     key that relaxes it. Returns the summary's `validation`."""
     log = get_run_logger()
     uri, name = config.mlflow.tracking_uri, config.mlflow.registered_model
+    if not store_exists(uri):  # (a client would create the SQLite database)
+        return {"champion_version": None, "checks": [], "anomalies": [], "note": "no registry yet"}
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
     version = current_champion(client, name)
     if version is None:

@@ -54,6 +54,14 @@ def current_champion(client: mlflow.MlflowClient, name: str) -> str | None:
         raise InfrastructureError(f"cannot read {name}@{CHAMPION} from the registry: {exc.message}") from None
 
 
+def store_exists(tracking_uri: str) -> bool:
+    """False for a SQLite store whose file does not exist yet (no champion can be there, and reading would create
+    the database); True for any other store."""
+    if tracking_uri.startswith("sqlite:///"):
+        return Path(tracking_uri.removeprefix("sqlite:///")).exists()
+    return True
+
+
 def ensure_experiment(tracking_uri: str, experiment: str) -> str:
     """The experiment's id (call inside `tracking`), creating it with artifacts next to a SQLite DB."""
     found = mlflow.get_experiment_by_name(experiment)
