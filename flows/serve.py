@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 from prefect import serve
-from prefect.deployments.runner import RunnerDeployment
+from prefect.deployments.runner import EntrypointType, RunnerDeployment
 from prefect.client.schemas.schedules import construct_schedule
 from prefect.events import DeploymentEventTrigger
 
@@ -53,6 +53,9 @@ def runner_deployments(prefect_file: str | Path = PREFECT_FILE, parameters: dict
                 triggers=[DeploymentEventTrigger(**{k: v for k, v in t.items() if k != "type"})
                           for t in dep.get("triggers") or []],
                 tags=dep.get("tags"),
+                # by module (trainflow is installed): a run loads the flow without a working-directory path, which a
+                # deployment of the same name made earlier by `prefect deploy` would otherwise leave unset
+                entrypoint_type=EntrypointType.MODULE_PATH,
             )
         )
     if not out:

@@ -90,7 +90,8 @@ def test_prefect_retry_resumes_then_exhausted_retries_fail_cleanly(tmp_path, cap
     killer.start()
     capsys.readouterr()
     try:
-        rc = cli_main(["retrain", "--config", str(cfg), "--run-name", "doomed"])
+        # (--force: the same data and config as the champion would otherwise skip the run)
+        rc = cli_main(["retrain", "--config", str(cfg), "--run-name", "doomed", "--force"])
     finally:
         killer.done.set()
     err = capsys.readouterr().err
