@@ -9,7 +9,7 @@ from prefect import flow
 
 from tasks.candidates import compare, run_names
 from tasks.infer import infer, resolve_checkpoint_task
-from tasks.ingest import ingest
+from tasks.ingest import ingest, table_fingerprint
 from tasks.preprocess import preprocess
 from tasks.promote import promote
 from tasks.register import register
@@ -34,10 +34,12 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
     watch_for_sigterm()  # a cancel (SIGTERM) stops Ray at once and retries nothing, in every process that runs a flow
     config = load_config(config_path, overrides)
     name = resolve_run_name(run_name)
-    ingested = ingest(config)
-    skipped = None if force else check_unchanged(config, ingested.spec.fingerprint)
+    # the champion's own data and config: nothing to train (checked before the table is read into Ray)
+    fingerprint = None if force else table_fingerprint(config)
+    skipped = check_unchanged(config, fingerprint) if fingerprint else None
     if skipped:
-        return skipped_run(config, ingested, name, skipped)
+        return skipped_run(config, name, skipped)
+    ingested = ingest(config, fingerprint)
     runs = run_names(config, name)
     check_resume(config, ingested.spec.fingerprint, runs)
     parts = split(ingested, config)
@@ -67,11 +69,11 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
     return summary
 
 
-def skipped_run(config, ingested, run_name: str, skipped: dict[str, Any]) -> dict[str, Any]:
+def skipped_run(config, run_name: str, skipped: dict[str, Any]) -> dict[str, Any]:
     """No training: the champion scores inference.input (when configured); the summary says why."""
     model = f"models:/{config.mlflow.registered_model}/{skipped['champion_version']}"
     predictions = None
     if config.inference.input:
         checkpoint, pinned = resolve_checkpoint_task(model, config)
         predictions = infer(checkpoint, config, pinned)
-    return skipped_summary(ingested, run_name, skipped, model, predictions)
+    return skipped_summary(config, run_name, skipped, model, predictions)

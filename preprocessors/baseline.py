@@ -5,7 +5,7 @@ null count, a fine histogram for numbers (bins of width STEP on the asinh scale,
 the pass), bounded category counts for text. They are finalized into a small JSON baseline stored with the
 preprocessor: per number up to BINS equal-mass bins (edges from the fine histogram), per text column the
 most frequent categories; plus row count and label distribution. Scoring data is counted into the same bins
-in the pass that counts unseen values, and compared per feature: Jensen-Shannon divergence (base 2) for
+by the predictors as they predict (trainer/predict.py), and compared per feature: Jensen-Shannon divergence (base 2) for
 numbers and L-infinity distance for categories, as TFDV and Vertex AI do; nulls are one more bin of each.
 """
 
@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from ray.data.aggregate import AggregateFnV2
 
 STEP = 0.02  # asinh-scale width of the fit's fine bins: about 2% of a value away from zero
@@ -32,9 +33,13 @@ class FineHistogram(AggregateFnV2):
 
     def aggregate_block(self, block: pa.Table) -> dict[int, int]:
         x = block[self._target_col_name].to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
-        x = x[np.isfinite(x)]
-        keys, counts = np.unique(np.floor(np.arcsinh(x) / STEP).astype(np.int64), return_counts=True)
-        return dict(zip(keys.tolist(), counts.tolist()))
+        keys = np.floor(np.arcsinh(x[np.isfinite(x)]) / STEP).astype(np.int64)
+        if not keys.size:
+            return {}
+        low = int(keys.min())
+        counts = np.bincount(keys - low)  # a few thousand bins at most (asinh of a float64 is within +-711)
+        found = np.flatnonzero(counts)
+        return dict(zip((found + low).tolist(), counts[found].tolist()))
 
     def combine(self, current_accumulator: dict, new_accumulator: dict) -> dict:
         out = dict(current_accumulator)
@@ -89,27 +94,38 @@ def label_baseline(task: str, class_counts: dict | None, fine: dict | None, rows
     return {**numeric_baseline(fine, rows, 0), "kind": "numeric"}
 
 
+COUNT_ROWS = 8192  # rows of a batch counted for drift at most, evenly spaced (a JS estimate needs no more)
+
+
 def count_batch(baseline: dict[str, Any], batch: pa.Table) -> dict[str, list[int]]:
     """Per baseline column present in batch, its counts in the baseline's buckets: numbers [bins..., null], text
-    [top categories..., other, null] (in the baseline's category order)."""
+    [top categories..., other, null] (in the baseline's category order). A batch of more than COUNT_ROWS rows is
+    counted on COUNT_ROWS evenly spaced ones."""
+    if batch.num_rows > COUNT_ROWS:
+        batch = batch.take(np.linspace(0, batch.num_rows - 1, COUNT_ROWS).astype(np.int64))
     out = {}
     for col, spec in baseline["columns"].items():
         if col not in batch.column_names:
             continue
         arr = batch[col]
         if spec["kind"] == "numeric":
-            x = arr.cast(pa.float64()).to_numpy(zero_copy_only=False) if not pa.types.is_floating(arr.type) else \
-                arr.to_numpy(zero_copy_only=False).astype(np.float64)
-            present = np.isfinite(x)
-            bins = np.bincount(np.searchsorted(spec["edges"], x[present], side="right"), minlength=len(spec["edges"]) + 1)
-            out[col] = [*bins.tolist(), int((~present).sum())]
+            if not pa.types.is_floating(arr.type):
+                arr = arr.cast(pa.float64())
+            x = arr.to_numpy(zero_copy_only=False)  # nulls come as NaN
+            missing = np.isnan(x)
+            # NaN sorts after every edge: into the last bin, taken out again as the null count
+            bins = np.bincount(np.searchsorted(np.asarray(spec["edges"], dtype=x.dtype), x, side="right"),
+                               minlength=len(spec["edges"]) + 1)
+            nulls = int(missing.sum())
+            bins[-1] -= nulls
+            out[col] = [*bins.tolist(), nulls]
         else:
-            values = arr.cast(pa.string()).to_pylist() if not pa.types.is_string(arr.type) else arr.to_pylist()
-            index = {v: i for i, v in enumerate(spec["counts"])}
-            counts = np.zeros(len(index) + 2, dtype=np.int64)
-            for v in values:
-                counts[len(index) + 1 if v is None else index.get(v, len(index))] += 1
-            out[col] = counts.tolist()
+            text = arr.cast(pa.string()) if not pa.types.is_string(arr.type) else arr
+            found = pc.index_in(text, value_set=pa.array(list(spec["counts"]), pa.string()))
+            nulls = text.null_count
+            known = found.drop_null().to_numpy(zero_copy_only=False).astype(np.int64)
+            counts = np.bincount(known, minlength=len(spec["counts"]))
+            out[col] = [*counts.tolist(), len(text) - nulls - len(known), nulls]
     return out
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from pathlib import Path
 
+import ray
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
@@ -15,10 +16,10 @@ from preprocessors.tabular import SchemaDriftError, TabularPreprocessor
 from tasks.common import retry_unless_user_error
 from tasks.drift import measure, publish
 from trainer.checkpoint import read_config
-from trainer.predict import predict_dataset
+from trainer.predict import CountCollector, predict_dataset
 from trainflow.config import Config, infer_format
 from trainflow.data import (
-    arrow_schema, check_unseen, check_writable, in_memory_bytes, scan_scoring, read_table, should_materialize,
+    arrow_schema, check_unseen, check_writable, count_drift, count_unseen, in_memory_bytes, read_table, should_materialize,
 )
 from trainflow.outputs import guard_output, write_output
 from trainflow.errors import CheckpointError, DataError, InfrastructureError
@@ -145,9 +146,7 @@ def infer(checkpoint_path: str, config: Config, model: str = "") -> Predictions:
     input_rows = ds.count()
     if input_rows == 0:
         raise DataError(f"{input_path}: the table has no rows")
-    # unseen values and drift counts in one pass (streamed tables: no extra read)
-    scan = scan_scoring(ds, prep, drift=inf.drift.enabled)
-    unseen = scan.unseen
+    unseen = count_unseen(ds, prep)  # a pass over the text columns only
     if config.inference.on_unseen == "error":
         check_unseen(unseen, prep, input_path)
     for col, found in unseen.items():
@@ -155,14 +154,22 @@ def infer(checkpoint_path: str, config: Config, model: str = "") -> Predictions:
             "%s: column %r has %d row(s) with values never seen in training (e.g. %r); predicted with the unknown code",
             input_path, col, found["rows"], found["example"],
         )
+    # drift: a table in memory is counted by Ray tasks; a streamed one by the predictors in the prediction pass itself
+    # (read once; a collector actor sums their counts)
+    drifting = inf.drift.enabled and bool(prep.baseline.get("columns"))
+    counts = count_drift(ds, prep.baseline) if drifting and materialize else None
+    collector = ray.remote(num_cpus=0)(CountCollector).remote() if drifting and not materialize else None
     preds = predict_dataset(
-        ds, checkpoint_path, id_column, prep.feature_order, inf.batch_size, inf.num_actors, inf.use_gpu
+        ds, checkpoint_path, id_column, prep.feature_order, inf.batch_size, inf.num_actors, inf.use_gpu, collector
     )
-    drift = {}
-    if inf.drift.enabled:
-        drift = measure(config, prep.baseline, scan.counts, input_rows)
-        publish(config, model, input_path, drift)
     rows = write_output(preds, output_path, input_rows, {"model": model, "input": input_path}, config)
+    drift = {}
+    if collector is not None:
+        counts = ray.get(collector.total.remote())
+        ray.kill(collector)
+    if drifting:
+        drift = measure(config, prep.baseline, counts, input_rows)
+        publish(config, model, input_path, drift)
     log.info("wrote %d predictions for %d input rows to %s", rows, input_rows, output_path)
     return Predictions(
         path=output_path, input_rows=input_rows, output_rows=rows, unseen={c: f["rows"] for c, f in unseen.items()},

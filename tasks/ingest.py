@@ -60,9 +60,34 @@ def preflight_inference(config: Config, spec: TableSpec, train_schema) -> None:
                             "every prediction needs its id")
 
 
+def _sizing(data, fs, files) -> tuple[bool, int, str]:
+    table_bytes = in_memory_bytes(fs, files, data.format)
+    materialize, why = should_materialize(data.materialize, table_bytes)
+    return materialize, table_bytes, why
+
+
+def _fingerprint(data, fs, files, schema) -> tuple[str, bool, int, str]:
+    """(fingerprint, materialize?, in-memory bytes, why): bytes for a table that fits, file metadata otherwise."""
+    materialize, table_bytes, why = _sizing(data, fs, files)
+    return fingerprint(fs, files, schema, content=materialize, fmt=data.format), materialize, table_bytes, why
+
+
+@task(name="fingerprint", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error,
+      cache_policy=NO_CACHE)
+def table_fingerprint(config: Config) -> str:
+    """The training table's fingerprint as ingest computes it, without reading it into Ray: enough to tell that a
+    retrain would train on the champion's own data (which its run checked already)."""
+    ensure_ray(config.ray.address, config.ray.runtime_env)
+    data = config.data
+    listed = list_files(data.path, data.format)
+    ds, files, fs = read_table(data.path, data.format, listed=listed, csv=data.csv)
+    return _fingerprint(data, fs, files, arrow_schema(ds, data.path))[0]
+
+
 @task(name="ingest", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
-def ingest(config: Config) -> Ingested:
-    """Read and check the training table; compute its content fingerprint."""
+def ingest(config: Config, known_fingerprint: str | None = None) -> Ingested:
+    """Read and check the training table; compute its content fingerprint (known_fingerprint: table_fingerprint's
+    answer for it, not computed again)."""
     config.require_workers()
     ensure_ray(config.ray.address, config.ray.runtime_env)
     check_fits(config.scaling.model_dump())  # seconds, not a placement group that waits forever
@@ -74,8 +99,8 @@ def ingest(config: Config) -> Ingested:
     ds, files, fs = read_table(data.path, data.format, listed=listed, csv=data.csv)
     schema = arrow_schema(ds, data.path)
     spec = table_spec(schema, data, config.task, data.path, files=files)
-    table_bytes = in_memory_bytes(fs, files, data.format)
-    materialize, why = should_materialize(data.materialize, table_bytes)
+    fp, materialize, table_bytes, why = _fingerprint(data, fs, files, schema) if known_fingerprint is None else \
+        (known_fingerprint, *_sizing(data, fs, files))
     if materialize:
         ds = ds.materialize()  # read once; the checks below and the split reuse it
     else:
@@ -92,7 +117,7 @@ def ingest(config: Config) -> Ingested:
             f"{data.path}: label column {data.label!r} has {bad} missing, NaN or infinite value(s) out of {rows} rows; "
             "drop or fix those rows"
         )
-    spec.rows, spec.fingerprint = rows, fingerprint(fs, files, schema, content=materialize, fmt=data.format)
+    spec.rows, spec.fingerprint = rows, fp
     get_run_logger().info(
         "read %d rows from %d file(s): %d numeric, %d text, %d date feature(s); fingerprint %s",
         rows, len(files), len(spec.numeric), len(spec.categorical), len(spec.dates), spec.fingerprint,

@@ -14,6 +14,7 @@ from tasks.register import Registered
 from tasks.select import Selected
 from tasks.split import Split
 from tasks.train import TrainOutcome
+from trainflow.config import Config
 from trainflow.redact import redact_value
 
 
@@ -61,15 +62,14 @@ def summarize(
 
 
 @task(name="summarize-skipped", cache_policy=NO_CACHE)
-def skipped_summary(ingested: Ingested, run_name: str, skipped: dict[str, Any], model: str,
+def skipped_summary(config: Config, run_name: str, skipped: dict[str, Any], model: str,
                     predictions: Predictions | None) -> dict[str, Any]:
     """The summary of a retrain that had nothing to train: why, the champion that served, its predictions."""
     return redact_value({
         "run_name": run_name,
         "skipped": skipped,
-        "data_path": ingested.spec.path,
-        "data_fingerprint": ingested.spec.fingerprint,
-        "training_rows": ingested.spec.rows,
+        "data_path": config.data.path,
+        "data_fingerprint": skipped["data_fingerprint"],
         "model_uri": model,
         "model_version": skipped["champion_version"],
         "predictions_path": predictions.path if predictions else None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import torch
 
+from preprocessors.baseline import count_batch, merge_counts
 from trainer.checkpoint import ServableModel, load_servable
 
 
@@ -19,21 +20,42 @@ def predict_table(servable: ServableModel, table: pa.Table, id_column: str | Non
     return pa.table(cols)
 
 
-class BatchPredictor:
-    """Loads the checkpoint once per actor, then predicts pyarrow batches."""
+class CountCollector:
+    """A Ray actor (0 CPUs) summing the predictors' per-batch counts in the model's baseline buckets: drift is
+    measured in the prediction pass itself, never by reading the scoring table again."""
 
-    def __init__(self, checkpoint_path: str, id_column: str | None = None, use_gpu: bool = False):
+    def __init__(self):
+        self.parts: list[dict[str, list[int]]] = []
+
+    def add(self, counts: dict[str, list[int]]) -> None:
+        self.parts = [merge_counts([*self.parts, counts])]
+
+    def total(self) -> dict[str, list[int]]:
+        return merge_counts(self.parts)
+
+
+class BatchPredictor:
+    """Loads the checkpoint once per actor, then predicts pyarrow batches (and counts them for drift when given
+    a CountCollector)."""
+
+    def __init__(self, checkpoint_path: str, id_column: str | None = None, use_gpu: bool = False, collector=None):
         self.device = "cuda" if use_gpu and torch.cuda.is_available() else "cpu"
         self.servable = load_servable(checkpoint_path, self.device)
         self.id_column = id_column
+        self.collector = collector
 
     def __call__(self, batch: pa.Table) -> pa.Table:
+        if self.collector is not None:
+            import ray
+
+            # waited for: every batch's counts are in before the write (and so the pass) ends
+            ray.get(self.collector.add.remote(count_batch(self.servable.preprocessor.baseline, batch)))
         return predict_table(self.servable, batch, self.id_column)
 
 
 def predict_dataset(
     ds, checkpoint_path: str, id_column: str | None, feature_order: list[str], batch_size: int = 4096,
-    num_actors: int = 1, use_gpu: bool = False,
+    num_actors: int = 1, use_gpu: bool = False, collector=None,
 ):
     """Lazily predict every row of a Ray Dataset with a pool of BatchPredictor actors (model loaded once each)."""
     import ray.data
@@ -41,7 +63,8 @@ def predict_dataset(
     cols = feature_order + ([id_column] if id_column and id_column not in feature_order else [])
     return ds.select_columns(cols).map_batches(
         BatchPredictor,
-        fn_constructor_kwargs={"checkpoint_path": checkpoint_path, "id_column": id_column, "use_gpu": use_gpu},
+        fn_constructor_kwargs={"checkpoint_path": checkpoint_path, "id_column": id_column, "use_gpu": use_gpu,
+                               "collector": collector},
         batch_size=batch_size,
         batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=num_actors),

@@ -47,7 +47,7 @@ def _progress_line(s: dict[str, Any]) -> str:
 def format_summary(s: dict[str, Any]) -> str:
     if s.get("skipped"):
         lines = ["", "trainflow summary", f"  skipped           {s['skipped']['reason']}",
-                 f"  data              {s.get('data_path')} ({s.get('training_rows')} rows, fingerprint {s.get('data_fingerprint')})"]
+                 f"  data              {s.get('data_path')} (fingerprint {s.get('data_fingerprint')})"]
         if s.get("predictions_path"):
             lines.append(f"  predictions       {s['predictions_path']} ({s.get('output_rows')} rows for {s.get('input_rows')} "
                          f"inputs, model version {s.get('predictions_model_version')})")

@@ -584,49 +584,45 @@ def fit_preprocessor(
     )
 
 
-def _scan_batch(batch: pa.Table, prep: dict, drift: bool) -> pa.Table:
+def _unseen_in_batch(batch: pa.Table, prep: dict) -> pa.Table:
     p = TabularPreprocessor.from_dict(prep)
-    out: dict[str, list] = {"\x1frows": [batch.num_rows]}
+    out = {}
     for col in p.text_columns():
         mask = p.unseen_mask(col, batch)
         out[col] = [int(mask.sum())]
         out[f"{col}\x1fexample"] = [str(batch[col][int(np.flatnonzero(mask)[0])].as_py()) if mask.any() else None]
-    if drift:
-        out["\x1fdrift"] = [json.dumps(count_batch(p.baseline, batch))]
     return pa.table(out)
-
-
-@dataclass
-class Scan:
-    """What one pass over a scoring table learned: unseen text values and its counts in the baseline's buckets."""
-
-    unseen: dict[str, dict] = field(default_factory=dict)  # text column -> {"rows", "example"}
-    counts: dict[str, list[int]] = field(default_factory=dict)  # column -> counts (preprocessors/baseline.py)
-    rows: int = 0
-
-
-def scan_scoring(ds: ray.data.Dataset, prep: TabularPreprocessor, drift: bool = True) -> Scan:
-    """One pass over the scoring table: per text column the rows whose value is outside the model's vocabulary
-    (and one such value), and, when the model has a baseline, every feature's counts in its buckets (drift)."""
-    drift = drift and bool(prep.baseline.get("columns"))
-    cols = list(dict.fromkeys([*prep.text_columns(), *(prep.baseline.get("columns", {}) if drift else [])]))
-    if not cols:
-        return Scan()
-    per_batch = ds.select_columns(cols).map_batches(
-        _scan_batch, fn_kwargs={"prep": prep.to_dict(), "drift": drift}, batch_format="pyarrow", batch_size=None
-    ).take_all()
-    unseen = {}
-    for col in prep.text_columns():
-        rows = sum(r[col] for r in per_batch)
-        if rows:
-            unseen[col] = {"rows": rows, "example": next(r[f"{col}\x1fexample"] for r in per_batch if r[col])}
-    counts = merge_counts([json.loads(r["\x1fdrift"]) for r in per_batch]) if drift else {}
-    return Scan(unseen, counts, sum(r["\x1frows"] for r in per_batch))
 
 
 def count_unseen(ds: ray.data.Dataset, prep: TabularPreprocessor) -> dict[str, dict]:
     """Per text column, the rows whose value is outside the model's vocabulary, and one such value (one pass)."""
-    return scan_scoring(ds, prep, drift=False).unseen
+    cols = list(prep.text_columns())
+    if not cols:
+        return {}
+    per_batch = ds.select_columns(cols).map_batches(
+        _unseen_in_batch, fn_kwargs={"prep": prep.to_dict()}, batch_format="pyarrow", batch_size=None
+    ).take_all()
+    out = {}
+    for col in cols:
+        rows = sum(r[col] for r in per_batch)
+        if rows:
+            out[col] = {"rows": rows, "example": next(r[f"{col}\x1fexample"] for r in per_batch if r[col])}
+    return out
+
+
+def _drift_counts(batch: pa.Table, baseline: dict) -> pa.Table:
+    return pa.table({"counts": [json.dumps(count_batch(baseline, batch))]})
+
+
+def count_drift(ds: ray.data.Dataset, baseline: dict[str, Any]) -> dict[str, list[int]]:
+    """Counts of ds in the baseline's buckets with Ray tasks (a table already in memory: a pass over the object
+    store, not the files; streamed tables are counted by the predictors instead)."""
+    cols = [c for c in baseline.get("columns", {}) if c in arrow_schema(ds, "scoring table").names]
+    if not cols:
+        return {}
+    parts = ds.select_columns(cols).map_batches(_drift_counts, fn_kwargs={"baseline": baseline}, batch_format="pyarrow",
+                                                batch_size=None).take_all()
+    return merge_counts([json.loads(p["counts"]) for p in parts])
 
 
 def check_unseen(unseen: dict[str, dict], prep: TabularPreprocessor, source: str) -> None:
