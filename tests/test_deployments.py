@@ -233,7 +233,9 @@ def _cancel_stops_a_served_run(env, serve, tmp_path):
     cfg = churn_config(tmp_path, rows=6000, train={"epochs": 8, "batch_size": 32}, checkpoint={"min_interval_s": 0})
     run = tmp_path / "runs" / "cancelled"
     _prefect(env, "deployment", "run", "retrain/manual", "--param", f"config_path={cfg}", "--param", "run_name=cancelled")
-    flow_run = _flow_runs(env, _deployment(env, "retrain/manual")["id"])[0]
+    # (the deployment keeps its id across deploy and serve: pick this run among the earlier test's)
+    [flow_run] = [r for r in _flow_runs(env, _deployment(env, "retrain/manual")["id"])
+                  if r["parameters"].get("run_name") == "cancelled"]
     wait_registered(run, 0, timeout_s=300, alive=lambda: serve.poll() is None)
     _prefect(env, "flow-run", "cancel", flow_run["id"])
     cancelled_at, state = time.monotonic(), None
