@@ -11,6 +11,7 @@ from typing import Any
 
 from preprocessors.baseline import drift_report
 from trainflow.config import Config
+from trainflow.tracking import MODEL_URI
 
 DRIFT_EVENT = "trainflow.drift.detected"
 
@@ -85,12 +86,12 @@ def _log_to_mlflow(config: Config, model: str, drift: dict[str, Any]) -> None:
     import mlflow
     from mlflow.entities import Metric
 
-    m = re.match(r"^models:/([^/@]+)/(\d+)$", model or "")
+    m = MODEL_URI.match(model or "")
     scored = {c: r["score"] for c, r in drift["columns"].items() if r["score"] is not None}
-    if m is None or not scored:
+    if m is None or m["version"] is None or not scored:
         return
     uri = config.mlflow.tracking_uri
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
-    run_id = client.get_model_version(m[1], m[2]).run_id
+    run_id = client.get_model_version(m["name"], m["version"]).run_id
     now = int(time.time())
     client.log_batch(run_id, metrics=[Metric(metric_name(c), float(v), now * 1000, now) for c, v in scored.items()])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +23,7 @@ from trainflow.data import (
 from trainflow.outputs import guard_output, write_output
 from trainflow.errors import CheckpointError, DataError, InfrastructureError
 from trainflow.runtime import ensure_ray
+from trainflow.tracking import MODEL_URI
 from trainer.resources import check_fits
 
 
@@ -55,9 +55,6 @@ def check_class_path(checkpoint: str, allowed: set[str], source: str) -> None:
             f"name (model.class_path {sorted(allowed) or 'unset'}); trainflow imports no code a stored model names. "
             "If you trust it, list it under model.allowed_class_paths"
         )
-
-
-MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))$")
 
 
 def _artifact_uri(model: str, tracking_uri: str | None) -> str:

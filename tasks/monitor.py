@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
 import time
 from typing import Any
 
@@ -27,6 +26,7 @@ from trainflow.data import read_table
 from trainflow.errors import DataError
 from trainflow.outputs import output_files, read_manifest
 from trainflow.storage import filesystem_for
+from trainflow.tracking import MODEL_URI
 
 DEGRADED_EVENT = "trainflow.model.degraded"
 
@@ -54,11 +54,11 @@ def measure_live(config: Config, labels_path: str) -> dict[str, Any]:
     manifest = read_manifest(config.inference.output)
     if manifest is None:
         raise DataError(f"{config.inference.output}: no trainflow predictions here to monitor")
-    m = re.match(r"^models:/([^/@]+)/(\d+)$", manifest.get("model") or "")
-    if m is None:
+    m = MODEL_URI.match(manifest.get("model") or "")
+    if m is None or m["version"] is None:
         raise DataError(f"{config.inference.output}: its predictions name no registered model version "
                         f"({manifest.get('model')!r}); monitor measures registered versions")
-    name, version = m[1], m[2]
+    name, version = m["name"], m["version"]
     fs, _ = filesystem_for(config.inference.output)
     predictions = pq.read_table(output_files(config.inference.output), filesystem=fs)
     ds, _, _ = read_table(labels_path, infer_format(labels_path), csv=config.data.csv)

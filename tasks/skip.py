@@ -11,7 +11,7 @@ from prefect.events import emit_event
 
 from tasks.common import retry_unless_user_error
 from trainflow.config import Config
-from trainflow.tracking import current_champion, store_exists
+from trainflow.tracking import champion_version
 
 SKIP_EVENT = "trainflow.retrain.skipped"
 CONFIG_HASH_TAG, FINGERPRINT_TAG, FAMILY_TAG = "trainflow.config_hash", "trainflow.data_fingerprint", "trainflow.model_family"
@@ -23,13 +23,10 @@ def check_unchanged(config: Config, fingerprint: str) -> dict[str, Any] | None:
     """The summary's `skipped` when the @champion was trained on this very data (fingerprint) with this training
     config (hash of the training-relevant keys), else None."""
     uri, name = config.mlflow.tracking_uri, config.mlflow.registered_model
-    if not store_exists(uri):  # (a client would create the SQLite database)
-        return None
-    client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
-    version = current_champion(client, name)
+    version = champion_version(uri, name)
     if version is None:
         return None
-    tags = client.get_model_version(name, version).tags
+    tags = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri).get_model_version(name, version).tags
     family = tags.get(FAMILY_TAG)
     if family not in config.model.families or tags.get(FINGERPRINT_TAG) != fingerprint:
         return None

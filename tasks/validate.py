@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import mlflow
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
@@ -15,7 +14,7 @@ from tasks.common import retry_unless_user_error
 from tasks.infer import allowed_class_paths, resolve_checkpoint
 from trainflow.config import Config
 from trainflow.errors import DataError
-from trainflow.tracking import current_champion, store_exists
+from trainflow.tracking import champion_version
 
 VALIDATION_EVENT = "trainflow.validation.failed"
 
@@ -34,10 +33,7 @@ def validate_data(config: Config, preprocessor: TabularPreprocessor) -> dict[str
     key that relaxes it. Returns the summary's `validation`."""
     log = get_run_logger()
     uri, name = config.mlflow.tracking_uri, config.mlflow.registered_model
-    if not store_exists(uri):  # (a client would create the SQLite database)
-        return {"champion_version": None, "checks": [], "anomalies": [], "note": "no registry yet"}
-    client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
-    version = current_champion(client, name)
+    version = champion_version(uri, name)
     if version is None:
         return {"champion_version": None, "checks": [], "anomalies": [], "note": "no champion to compare with"}
     champion = TabularPreprocessor.load(resolve_checkpoint(f"models:/{name}/{version}", allowed_class_paths(config), uri))

@@ -66,28 +66,30 @@ def redact_value(value: Any) -> Any:
     return value
 
 
-def redact_config(config: dict[str, Any]) -> dict[str, Any]:
-    """A resolved config (as a dict) fit to be written: env var values masked, URIs without credentials."""
-    out = copy.deepcopy(config)
-    for path in ENV_KEYS:
-        node: Any = out
-        for key in path:
-            node = node.get(key) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            for k in node:
-                node[k] = MASK
-    return redact_value(out)
-
-
-def secrets_of(config: dict[str, Any]) -> set[str]:
-    """The secret values a config holds: env var values and URI passwords/credential query values."""
-    found: set[str] = set()
+def _env_sections(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The env var mappings (ENV_KEYS) a config dict holds."""
+    found = []
     for path in ENV_KEYS:
         node: Any = config
         for key in path:
             node = node.get(key) if isinstance(node, dict) else None
         if isinstance(node, dict):
-            found.update(str(v) for v in node.values() if v is not None)
+            found.append(node)
+    return found
+
+
+def redact_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A resolved config (as a dict) fit to be written: env var values masked, URIs without credentials."""
+    out = copy.deepcopy(config)
+    for env in _env_sections(out):
+        for k in env:
+            env[k] = MASK
+    return redact_value(out)
+
+
+def secrets_of(config: dict[str, Any]) -> set[str]:
+    """The secret values a config holds: env var values and URI passwords/credential query values."""
+    found: set[str] = {str(v) for env in _env_sections(config) for v in env.values() if v is not None}
 
     def walk(v: Any) -> None:
         if isinstance(v, dict):

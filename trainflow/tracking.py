@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,6 +17,8 @@ from mlflow.types import ColSpec, Schema
 from preprocessors.tabular import TabularPreprocessor
 from trainflow.errors import InfrastructureError
 
+# models:/name/3 or models:/name@alias
+MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))$")
 MODEL_CODE = str(Path(__file__).with_name("mlflow_model.py"))
 CHAMPION = "champion"
 
@@ -60,6 +63,14 @@ def store_exists(tracking_uri: str) -> bool:
     if tracking_uri.startswith("sqlite:///"):
         return Path(tracking_uri.removeprefix("sqlite:///")).exists()
     return True
+
+
+def champion_version(tracking_uri: str, name: str) -> str | None:
+    """The @champion version of a registered model in the store at tracking_uri (None when there is none, or
+    no store yet: a client would create the SQLite database)."""
+    if not store_exists(tracking_uri):
+        return None
+    return current_champion(mlflow.MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri), name)
 
 
 def ensure_experiment(tracking_uri: str, experiment: str) -> str:
