@@ -26,15 +26,13 @@ def measure(config: Config, baseline: dict[str, Any], counts: dict[str, list[int
 
 def bar_chart(drift: dict[str, Any]) -> bytes:
     """A PNG: one bar per feature (its score), its threshold marked, drifted bars red."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: no global state, so it may draw on a helper thread
 
     cols = list(drift["columns"])
     scores = [drift["columns"][c]["score"] or 0.0 for c in cols]
     colors = ["tab:red" if drift["columns"][c]["verdict"] == "drifted" else "tab:blue" for c in cols]
-    fig, ax = plt.subplots(figsize=(6, 0.35 * len(cols) + 1.2), dpi=100)
+    fig = Figure(figsize=(6, 0.35 * len(cols) + 1.2), dpi=100)
+    ax = fig.subplots()
     ax.barh(cols, scores, color=colors)
     for i, c in enumerate(cols):
         ax.plot([drift["columns"][c]["threshold"]] * 2, [i - 0.4, i + 0.4], color="black", linewidth=1)
@@ -43,7 +41,6 @@ def bar_chart(drift: dict[str, Any]) -> bytes:
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
-    plt.close(fig)
     return buf.getvalue()
 
 
@@ -61,8 +58,9 @@ def metric_name(column: str) -> str:
     return "drift." + re.sub(r"[^A-Za-z0-9_\-./ ]", "_", column)
 
 
-def publish(config: Config, model: str, source: str, drift: dict[str, Any]) -> None:
-    """Log, artifact, MLflow metrics on the model version's run, and an event when a column drifted."""
+def publish(config: Config, model: str, source: str, drift: dict[str, Any], text: str | None = None) -> None:
+    """Log, artifact (text: markdown(drift, model, source) when drawn already), MLflow metrics on the model
+    version's run, and an event when a column drifted."""
     from prefect import get_run_logger
     from prefect.artifacts import create_markdown_artifact
     from prefect.events import emit_event
@@ -72,7 +70,7 @@ def publish(config: Config, model: str, source: str, drift: dict[str, Any]) -> N
     log = get_run_logger()
     if drift["drifted_columns"]:
         log.warning("drift from the training data in %s: %s", source, {c: drift["columns"][c]["score"] for c in drift["drifted_columns"]})
-    create_markdown_artifact(markdown=markdown(drift, model, source), key=artifact_key(config.mlflow.registered_model, "drift"),
+    create_markdown_artifact(markdown=text or markdown(drift, model, source), key=artifact_key(config.mlflow.registered_model, "drift"),
                              description=f"Drift of {source} from the serving model's training data")
     _log_to_mlflow(config, model, drift)
     if drift["drifted_columns"]:

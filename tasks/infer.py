@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 from pathlib import Path
@@ -13,9 +14,9 @@ from prefect.cache_policies import NO_CACHE
 
 from preprocessors.tabular import SchemaDriftError, TabularPreprocessor
 from tasks.common import retry_unless_user_error
-from tasks.drift import measure, publish
+from tasks.drift import markdown, measure, publish
 from trainer.checkpoint import read_config
-from trainer.predict import CountCollector, predict_dataset
+from trainer.predict import IN_PROCESS_BYTES, CountCollector, predict_dataset, predict_in_process
 from trainflow.config import Config, infer_format
 from trainflow.data import (
     arrow_schema, check_unseen, check_writable, count_drift, count_unseen, in_memory_bytes, read_table, should_materialize,
@@ -136,7 +137,8 @@ def infer(checkpoint_path: str, config: Config, model: str = "") -> Predictions:
     # one output row per input row, in input order (set on this dataset's own context, inherited by its
     # derived datasets, so no other dataset of the process is affected)
     ds.context.execution_options.preserve_order = True
-    materialize, why = should_materialize(config.data.materialize, in_memory_bytes(fs, files, fmt))
+    table_bytes = in_memory_bytes(fs, files, fmt)
+    materialize, why = should_materialize(config.data.materialize, table_bytes)
     log.info("scoring table %s: %s", "materialized" if materialize else "streamed", why)
     if materialize:
         ds = ds.materialize()  # read once for the count, the unseen-value pass and the predictions
@@ -154,19 +156,24 @@ def infer(checkpoint_path: str, config: Config, model: str = "") -> Predictions:
     # drift: a table in memory is counted by Ray tasks; a streamed one by the predictors in the prediction pass itself
     # (read once; a collector actor sums their counts)
     drifting = inf.drift.enabled and bool(prep.baseline.get("columns"))
-    counts = count_drift(ds, prep.baseline) if drifting and materialize else None
-    collector = ray.remote(num_cpus=0)(CountCollector).remote() if drifting and not materialize else None
-    preds = predict_dataset(
-        ds, checkpoint_path, id_column, prep.feature_order, inf.batch_size, inf.num_actors, inf.use_gpu, collector
-    )
-    rows = write_output(preds, output_path, input_rows, {"model": model, "input": input_path}, config)
-    drift = {}
-    if collector is not None:
-        counts = ray.get(collector.total.remote())
-        ray.kill(collector)
-    if drifting:
-        drift = measure(config, prep.baseline, counts, input_rows)
-        publish(config, model, input_path, drift)
+    drift, drawn = {}, None
+    with ThreadPoolExecutor(1, thread_name_prefix="trainflow-drift-chart") as helper:
+        if drifting and materialize:
+            drift = measure(config, prep.baseline, count_drift(ds, prep.baseline), input_rows)
+            drawn = helper.submit(markdown, drift, model, input_path)  # the chart is drawn while the rows are predicted
+        collector = ray.remote(num_cpus=0)(CountCollector).remote() if drifting and not materialize else None
+        if materialize and not inf.use_gpu and table_bytes <= IN_PROCESS_BYTES:
+            preds = predict_in_process(ds, checkpoint_path, id_column, prep.feature_order, inf.batch_size)
+        else:
+            preds = predict_dataset(
+                ds, checkpoint_path, id_column, prep.feature_order, inf.batch_size, inf.num_actors, inf.use_gpu, collector
+            )
+        rows = write_output(preds, output_path, input_rows, {"model": model, "input": input_path}, config)
+        if collector is not None:
+            drift = measure(config, prep.baseline, ray.get(collector.total.remote()), input_rows)
+            ray.kill(collector)
+        if drifting:
+            publish(config, model, input_path, drift, drawn.result() if drawn else None)
     log.info("wrote %d predictions for %d input rows to %s", rows, input_rows, output_path)
     return Predictions(
         path=output_path, input_rows=input_rows, output_rows=rows, unseen={c: f["rows"] for c, f in unseen.items()},

@@ -194,6 +194,31 @@ def start_ray_in_background(address: str | None = None, runtime_env: dict | None
     return thread
 
 
+def start_prefect_server_in_background() -> threading.Thread | None:
+    """Boot Prefect's temporary server (used when no PREFECT_API_URL is set) on a thread, so its process starts
+    while this one imports the flow; join the thread before the flow runs. None when a server is configured.
+
+    The flow's client finds the server running (the same per-port instance) and starts none. If this start fails,
+    the flow's own start tries again and reports the error.
+    """
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return None
+
+    def start() -> None:
+        try:
+            from prefect.server.api.server import SubprocessASGIServer  # 1.5 s of imports, also on this thread
+
+            SubprocessASGIServer().start()
+        except Exception as exc:  # noqa: BLE001 - retried, and reported, by the flow's client
+            log.debug("starting Prefect's temporary server in the background failed; the flow retries: %s", exc)
+
+    thread = threading.Thread(target=start, name="trainflow-prefect-start", daemon=True)
+    thread.start()
+    return thread
+
+
 def configure_ray_data() -> None:
     """Ray Data settings for this driver: readable output, task-based shuffles and Parquet reads.
 
