@@ -53,9 +53,9 @@ class BatchPredictor:
         return predict_table(self.servable, batch, self.id_column)
 
 
-# A materialized scoring table up to this size (decoded) is predicted by the calling process: starting a predictor
-# actor (a worker process importing torch, then loading the model) took 3.6 s for the demo's 20,000 rows, predicting
-# them in the flow's process 0.1 s (measured on 2 cores).
+# A materialized scoring table up to this size (decoded) is predicted by the calling process: below it, starting a
+# predictor actor (a worker process importing torch, then loading the model) costs more than predicting the table
+# (figures in docs/performance.md, skip-unchanged).
 IN_PROCESS_BYTES = 64 * 2**20
 
 

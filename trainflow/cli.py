@@ -288,9 +288,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> None:
     """The `trainflow` command: main(), then Ray stopped and an exit without the interpreter's final garbage
-    collection, which walks every object torch, Ray, Prefect and MLflow created (about 2 s at the end of `make demo`,
-    measured): the objects are frozen (gc.freeze) and the process's memory goes back to the system as a whole.
-    Tests call main()."""
+    collection over every object torch, Ray, Prefect and MLflow created (the objects are frozen with gc.freeze; the
+    process's memory goes back to the system as a whole). Tests call main()."""
     code = main()
     stop_ray()  # now rather than at exit, where Ray first sleeps 0.5 s for late log lines
     gc.freeze()

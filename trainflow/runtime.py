@@ -208,7 +208,7 @@ def start_prefect_server_in_background() -> threading.Thread | None:
 
     def start() -> None:
         try:
-            from prefect.server.api.server import SubprocessASGIServer  # 1.5 s of imports, also on this thread
+            from prefect.server.api.server import SubprocessASGIServer  # the server's imports, also on this thread
 
             SubprocessASGIServer().start()
         except Exception as exc:  # noqa: BLE001 - retried, and reported, by the flow's client
