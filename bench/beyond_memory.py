@@ -111,8 +111,8 @@ def child(store: int, train: str, score: str, work: str, model: dict | None = No
     wall, peak = time.perf_counter() - t0, memory.stop()
     spilled = re.search(r"Spilled (\d+) MiB", memory_summary(stats_only=True))
     summary = json.loads((Path(work) / "summary.json").read_text()) if rc == 0 else {}
-    from trainer.checkpoint import read_metrics
-    from trainer.runner import checkpoints_on_disk
+    from trainflow.trainer.checkpoint import read_metrics
+    from trainflow.trainer.runner import checkpoints_on_disk
 
     # every epoch is in the last checkpoint's history (the best one's stops at its own epoch)
     history = read_metrics(checkpoints_on_disk(summary["ray_run_path"])[-1]["path"])["history"] if summary else []

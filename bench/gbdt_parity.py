@@ -23,8 +23,8 @@ THREADS = 2
 def run_trainflow(path, storage: str):
     import ray
 
-    from trainer.checkpoint import read_metrics
-    from trainer.runner import build_trainer
+    from trainflow.trainer.checkpoint import read_metrics
+    from trainflow.trainer.runner import build_trainer
     from trainflow.config import config_from_dict
     from trainflow.data import arrow_schema, fit_and_pack, read_table, table_spec
     from trainflow.runtime import ensure_ray
@@ -49,7 +49,7 @@ def run_trainflow(path, storage: str):
     ray.shutdown()
     with result.checkpoint.as_directory() as d:
         history = read_metrics(d)["history"]
-    from trainer.boosting import library_params
+    from trainflow.trainer.boosting import library_params
 
     params = library_params("xgboost", prep, cfg.to_dict())
     return [h["epoch_time_s"] for h in history], wall, params, arrays, varrays

@@ -26,8 +26,8 @@ ACTORS = max(1, (os.cpu_count() or 1) - 1)
 
 def make_checkpoint(path, directory: str) -> str:
     """A checkpoint with a preprocessor fitted on the table and an (untrained) MLP: same work per row."""
-    from trainer.checkpoint import save_checkpoint
-    from trainer.model import model_for
+    from trainflow.trainer.checkpoint import save_checkpoint
+    from trainflow.trainer.model import model_for
     from trainflow.config import config_from_dict
     from trainflow.data import arrow_schema, fit_preprocessor, read_table, table_spec
 
@@ -40,8 +40,8 @@ def make_checkpoint(path, directory: str) -> str:
 
 
 def run_trainflow(path, checkpoint: str, out: str) -> float:
-    from preprocessors.tabular import TabularPreprocessor
-    from trainer.predict import predict_dataset
+    from trainflow.preprocessors.tabular import TabularPreprocessor
+    from trainflow.trainer.predict import predict_dataset
     from trainflow.data import read_table
     from trainflow.outputs import write_output
 
@@ -60,7 +60,7 @@ def run_trainflow(path, checkpoint: str, out: str) -> float:
 
 
 def run_baseline(path, checkpoint: str, out: str) -> float:
-    from trainer.checkpoint import load_servable
+    from trainflow.trainer.checkpoint import load_servable
 
     torch.set_num_threads(1)
     servable = load_servable(checkpoint)

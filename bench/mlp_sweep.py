@@ -30,8 +30,8 @@ def run(name: str, variants: list[dict]) -> None:
     import ray.data
     from sklearn.model_selection import train_test_split
 
-    from trainer.budget import EarlyStopping, lr_factor, resolve_budget
-    from trainer.model import model_for
+    from trainflow.trainer.budget import EarlyStopping, lr_factor, resolve_budget
+    from trainflow.trainer.model import model_for
     from trainflow.config import Config
     from trainflow.data import check_text_columns, fit_preprocessor, table_spec
 

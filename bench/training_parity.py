@@ -43,7 +43,7 @@ def make_table(path: Path) -> Path:
 def run_trainflow(path: Path, storage: str) -> tuple[list[float], float]:
     import ray
 
-    from trainer.runner import build_trainer
+    from trainflow.trainer.runner import build_trainer
     from trainflow.config import config_from_dict
     from trainflow.data import arrow_schema, fit_and_pack, read_table, table_spec
     from trainflow.runtime import ensure_ray
@@ -68,7 +68,7 @@ def run_trainflow(path: Path, storage: str) -> tuple[list[float], float]:
     result = build_trainer(cfg.to_dict(), prep, train, val, "parity").fit()
     wall = time.perf_counter() - t0
     ray.shutdown()
-    from trainer.checkpoint import read_metrics
+    from trainflow.trainer.checkpoint import read_metrics
 
     with result.checkpoint.as_directory() as d:
         history = read_metrics(d)["history"]
@@ -78,7 +78,7 @@ def run_trainflow(path: Path, storage: str) -> tuple[list[float], float]:
 def run_plain(path: Path) -> list[float]:
     import torch
 
-    from trainer.model import build_model
+    from trainflow.trainer.model import build_model
 
     torch.set_num_threads(1)  # the Ray Train worker holds 1 CPU, so Ray gives it OMP_NUM_THREADS=1
     table = pq.read_table(path)

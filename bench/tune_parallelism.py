@@ -18,9 +18,9 @@ TRIALS = 4
 def sweep(storage: str, name: str, max_concurrent: int | None) -> tuple[float, int]:
     import ray.data
 
-    from tasks.tune import concurrency
+    from trainflow.tasks.tune import concurrency
     from tests.conftest import make_regression_table
-    from trainer.tune import build_tuner
+    from trainflow.trainer.tune import build_tuner
     from trainflow.config import config_from_dict
     from trainflow.data import fit_and_pack, table_spec
 

@@ -4,7 +4,7 @@ Use it with
 
     model:
       type: torch
-      class_path: examples.tabular_resnet:TabularResNet
+      class_path: trainflow.examples.tabular_resnet:TabularResNet
       init_args: {width: 128, blocks: 2, dropout: 0.1}
 
 trainflow imports the class on every Ray Train worker and in every process that loads the model, and

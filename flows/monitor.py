@@ -6,7 +6,7 @@ from typing import Any
 
 from prefect import flow
 
-from tasks.monitor import measure_live
+from trainflow.tasks.monitor import measure_live
 from trainflow.config import load_config
 from trainflow.redact import redact_value
 from trainflow.runtime import ensure_ray, watch_for_sigterm

@@ -6,7 +6,7 @@ from typing import Any
 
 from prefect import flow
 
-from tasks.infer import infer, resolve_checkpoint_task
+from trainflow.tasks.infer import infer, resolve_checkpoint_task
 from trainflow.config import load_config
 from trainflow.redact import redact_value
 from trainflow.runtime import watch_for_sigterm

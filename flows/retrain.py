@@ -7,21 +7,21 @@ from typing import Any
 
 from prefect import flow
 
-from tasks.candidates import compare, run_names
-from tasks.infer import infer, resolve_checkpoint_task
-from tasks.ingest import ingest, table_fingerprint
-from tasks.preprocess import preprocess
-from tasks.promote import promote
-from tasks.register import register
-from tasks.report import report
-from tasks.run_name import resolve_run_name
-from tasks.select import select
-from tasks.skip import check_unchanged
-from tasks.split import split
-from tasks.summary import skipped_summary, summarize
-from tasks.train import check_resume, train
-from tasks.validate import validate_data
-from trainer.resources import concurrent_runs
+from trainflow.tasks.candidates import compare, run_names
+from trainflow.tasks.infer import infer, resolve_checkpoint_task
+from trainflow.tasks.ingest import ingest, table_fingerprint
+from trainflow.tasks.preprocess import preprocess
+from trainflow.tasks.promote import promote
+from trainflow.tasks.register import register
+from trainflow.tasks.report import report
+from trainflow.tasks.run_name import resolve_run_name
+from trainflow.tasks.select import select
+from trainflow.tasks.skip import check_unchanged
+from trainflow.tasks.split import split
+from trainflow.tasks.summary import skipped_summary, summarize
+from trainflow.tasks.train import check_resume, train
+from trainflow.tasks.validate import validate_data
+from trainflow.trainer.resources import concurrent_runs
 from trainflow.config import load_config
 from trainflow.runtime import watch_for_sigterm
 

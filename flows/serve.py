@@ -42,7 +42,7 @@ def runner_deployments(prefect_file: str | Path = PREFECT_FILE, parameters: dict
         if params.get("config_path") and not Path(params["config_path"]).is_absolute():
             params["config_path"] = str(root / params["config_path"])
         # entrypoints are files relative to the repository root; the same files are installed as packages
-        flow_obj = getattr(importlib.import_module(module.removesuffix(".py").replace("/", ".")), attr)
+        flow_obj = getattr(importlib.import_module("trainflow." + module.removesuffix(".py").replace("/", ".")), attr)
         out.append(
             flow_obj.to_deployment(
                 name=dep["name"],

@@ -6,18 +6,18 @@ from typing import Any
 
 from prefect import flow
 
-from tasks.infer import infer
-from tasks.ingest import ingest
-from tasks.preprocess import preprocess
-from tasks.promote import promote
-from tasks.register import register
-from tasks.report import report
-from tasks.run_name import resolve_run_name
-from tasks.select import select
-from tasks.split import split
-from tasks.summary import summarize
-from tasks.tune import check_sweep, tune_sweep
-from tasks.validate import validate_data
+from trainflow.tasks.infer import infer
+from trainflow.tasks.ingest import ingest
+from trainflow.tasks.preprocess import preprocess
+from trainflow.tasks.promote import promote
+from trainflow.tasks.register import register
+from trainflow.tasks.report import report
+from trainflow.tasks.run_name import resolve_run_name
+from trainflow.tasks.select import select
+from trainflow.tasks.split import split
+from trainflow.tasks.summary import summarize
+from trainflow.tasks.tune import check_sweep, tune_sweep
+from trainflow.tasks.validate import validate_data
 from trainflow.config import load_config
 from trainflow.runtime import watch_for_sigterm
 

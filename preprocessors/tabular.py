@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from preprocessors.dates import date_parts, is_temporal_type
+from trainflow.preprocessors.dates import date_parts, is_temporal_type
 
 FEATURES = "features"
 LABEL = "label"

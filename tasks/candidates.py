@@ -8,9 +8,9 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.select import Selected
-from tasks.train import TrainOutcome
-from trainer.checkpoint import metric_value
+from trainflow.tasks.select import Selected
+from trainflow.tasks.train import TrainOutcome
+from trainflow.trainer.checkpoint import metric_value
 from trainflow.config import Config
 from trainflow.errors import TrainingError
 

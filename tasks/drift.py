@@ -9,7 +9,7 @@ import re
 import time
 from typing import Any
 
-from preprocessors.baseline import drift_report
+from trainflow.preprocessors.baseline import drift_report
 from trainflow.config import Config
 from trainflow.tracking import MODEL_URI
 
@@ -65,7 +65,7 @@ def publish(config: Config, model: str, source: str, drift: dict[str, Any], text
     from prefect.artifacts import create_markdown_artifact
     from prefect.events import emit_event
 
-    from tasks.report import artifact_key
+    from trainflow.tasks.report import artifact_key
 
     log = get_run_logger()
     if drift["drifted_columns"]:

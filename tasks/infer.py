@@ -12,11 +12,11 @@ import ray
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from preprocessors.tabular import SchemaDriftError, TabularPreprocessor
-from tasks.common import retry_unless_user_error
-from tasks.drift import markdown, measure, publish
-from trainer.checkpoint import read_config
-from trainer.predict import IN_PROCESS_BYTES, CountCollector, predict_dataset, predict_in_process
+from trainflow.preprocessors.tabular import SchemaDriftError, TabularPreprocessor
+from trainflow.tasks.common import retry_unless_user_error
+from trainflow.tasks.drift import markdown, measure, publish
+from trainflow.trainer.checkpoint import read_config
+from trainflow.trainer.predict import IN_PROCESS_BYTES, CountCollector, predict_dataset, predict_in_process
 from trainflow.config import Config, infer_format
 from trainflow.data import (
     arrow_schema, check_unseen, check_writable, count_drift, count_unseen, in_memory_bytes, read_table, should_materialize,
@@ -25,7 +25,7 @@ from trainflow.outputs import guard_output, write_output
 from trainflow.errors import CheckpointError, DataError, InfrastructureError
 from trainflow.runtime import ensure_ray
 from trainflow.tracking import MODEL_URI
-from trainer.resources import check_fits
+from trainflow.trainer.resources import check_fits
 
 
 @dataclass

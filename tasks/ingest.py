@@ -8,9 +8,9 @@ import ray.data
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.common import retry_unless_user_error
-from preprocessors.dates import is_temporal_type
-from preprocessors.tabular import is_numeric_type, is_string_type
+from trainflow.tasks.common import retry_unless_user_error
+from trainflow.preprocessors.dates import is_temporal_type
+from trainflow.preprocessors.tabular import is_numeric_type, is_string_type
 from trainflow.config import Config, infer_format
 from trainflow.data import (
     TableSpec, arrow_schema, count_nulls, check_text_columns, check_writable, count_rows_and_bad_labels, fingerprint, in_memory_bytes,
@@ -18,7 +18,7 @@ from trainflow.data import (
 )
 from trainflow.errors import DataError
 from trainflow.outputs import guard_output
-from trainer.resources import check_fits
+from trainflow.trainer.resources import check_fits
 from trainflow.runtime import ensure_ray
 
 

@@ -16,11 +16,11 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
-from preprocessors.tabular import SchemaDriftError, TabularPreprocessor
-from tasks.common import retry_unless_user_error
-from tasks.infer import allowed_class_paths, resolve_checkpoint
-from tasks.report import artifact_key
-from trainer.metrics import compute_metrics
+from trainflow.preprocessors.tabular import SchemaDriftError, TabularPreprocessor
+from trainflow.tasks.common import retry_unless_user_error
+from trainflow.tasks.infer import allowed_class_paths, resolve_checkpoint
+from trainflow.tasks.report import artifact_key
+from trainflow.trainer.metrics import compute_metrics
 from trainflow.config import Config, infer_format
 from trainflow.data import read_table
 from trainflow.errors import DataError

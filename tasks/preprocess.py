@@ -10,14 +10,14 @@ import ray.data
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from preprocessors.tabular import TabularPreprocessor
-from tasks.common import retry_unless_user_error
-from tasks.ingest import Ingested
-from tasks.split import Split
+from trainflow.preprocessors.tabular import TabularPreprocessor
+from trainflow.tasks.common import retry_unless_user_error
+from trainflow.tasks.ingest import Ingested
+from trainflow.tasks.split import Split
 from trainflow.config import Config, infer_format
 from trainflow.errors import ConfigError
-from trainer.families import family_for
-from trainer.loop import class_weights
+from trainflow.trainer.families import family_for
+from trainflow.trainer.loop import class_weights
 from trainflow.data import check_unseen, count_unseen, fit_preprocessor, pack, read_table
 from trainflow.memory import check_booster_matrix, check_packed_size, is_out_of_memory, out_of_memory_error
 

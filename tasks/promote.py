@@ -14,12 +14,12 @@ from prefect.events import emit_event
 from prefect.exceptions import MissingContextError
 from prefect.cache_policies import NO_CACHE
 
-from preprocessors.tabular import SchemaDriftError
-from tasks.common import retry_unless_user_error
-from tasks.infer import allowed_class_paths, resolve_checkpoint
-from tasks.register import Registered
-from tasks.select import Selected
-from trainer.evaluate import evaluate_checkpoint
+from trainflow.preprocessors.tabular import SchemaDriftError
+from trainflow.tasks.common import retry_unless_user_error
+from trainflow.tasks.infer import allowed_class_paths, resolve_checkpoint
+from trainflow.tasks.register import Registered
+from trainflow.tasks.select import Selected
+from trainflow.trainer.evaluate import evaluate_checkpoint
 from trainflow.config import Config
 from trainflow.errors import InfrastructureError
 from trainflow.locks import exclusive

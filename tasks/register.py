@@ -11,11 +11,11 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
-from preprocessors.tabular import TabularPreprocessor
-from tasks.common import retry_unless_user_error
-from tasks.ingest import Ingested
-from tasks.select import Selected
-from tasks.train import TrainOutcome
+from trainflow.preprocessors.tabular import TabularPreprocessor
+from trainflow.tasks.common import retry_unless_user_error
+from trainflow.tasks.ingest import Ingested
+from trainflow.tasks.select import Selected
+from trainflow.tasks.train import TrainOutcome
 from trainflow.config import Config
 from trainflow.redact import redact_config, redact_value
 from trainflow.tracking import MODEL_CODE, ensure_experiment, example_input, flatten, signature_for, tracking

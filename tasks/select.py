@@ -8,9 +8,9 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.infer import allowed_class_paths, check_class_path
-from tasks.train import TrainOutcome
-from trainer.checkpoint import load_servable, metric_value
+from trainflow.tasks.infer import allowed_class_paths, check_class_path
+from trainflow.tasks.train import TrainOutcome
+from trainflow.trainer.checkpoint import load_servable, metric_value
 from trainflow.config import Config
 from trainflow.errors import CheckpointError
 from trainflow.storage import localize

@@ -9,7 +9,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
-from tasks.common import retry_unless_user_error
+from trainflow.tasks.common import retry_unless_user_error
 from trainflow.config import Config
 from trainflow.tracking import champion_version
 

@@ -8,8 +8,8 @@ import ray.data
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.common import retry_unless_user_error
-from tasks.ingest import Ingested
+from trainflow.tasks.common import retry_unless_user_error
+from trainflow.tasks.ingest import Ingested
 from trainflow.config import Config
 from trainflow.data import split_table
 from trainflow.errors import DataError

@@ -7,13 +7,13 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.infer import Predictions
-from tasks.ingest import Ingested
-from tasks.promote import Promotion
-from tasks.register import Registered
-from tasks.select import Selected
-from tasks.split import Split
-from tasks.train import TrainOutcome
+from trainflow.tasks.infer import Predictions
+from trainflow.tasks.ingest import Ingested
+from trainflow.tasks.promote import Promotion
+from trainflow.tasks.register import Registered
+from trainflow.tasks.select import Selected
+from trainflow.tasks.split import Split
+from trainflow.tasks.train import TrainOutcome
 from trainflow.config import Config
 from trainflow.redact import redact_value
 

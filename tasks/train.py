@@ -8,13 +8,13 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.common import retry_unless_user_error
-from tasks.preprocess import Prepared
-from trainer.checkpoint import read_metrics
-from trainer.loop import STOP_REASON
-from trainer.recovery import read_events, recoveries, started_from
-from trainer.resources import check_fits
-from trainer.runner import build_trainer, fit_run, latest_epoch, latest_lineage, run_dir
+from trainflow.tasks.common import retry_unless_user_error
+from trainflow.tasks.preprocess import Prepared
+from trainflow.trainer.checkpoint import read_metrics
+from trainflow.trainer.loop import STOP_REASON
+from trainflow.trainer.recovery import read_events, recoveries, started_from
+from trainflow.trainer.resources import check_fits
+from trainflow.trainer.runner import build_trainer, fit_run, latest_epoch, latest_lineage, run_dir
 from trainflow.config import Config
 from trainflow.errors import ConfigError, TrainingError
 from trainflow.runtime import ensure_ray

@@ -10,15 +10,15 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from tasks.common import retry_unless_user_error
-from tasks.preprocess import Prepared
-from tasks.report import artifact_key
-from tasks.train import TrainOutcome
-from trainer.checkpoint import METRICS_FILE
-from trainer.recovery import read_events, recoveries
-from trainer.resources import check_fits, concurrent_runs
-from trainer.runner import checkpoints_on_disk, run_dir
-from trainer.tune import best_trial, build_tuner, check_restore, summarize_trials
+from trainflow.tasks.common import retry_unless_user_error
+from trainflow.tasks.preprocess import Prepared
+from trainflow.tasks.report import artifact_key
+from trainflow.tasks.train import TrainOutcome
+from trainflow.trainer.checkpoint import METRICS_FILE
+from trainflow.trainer.recovery import read_events, recoveries
+from trainflow.trainer.resources import check_fits, concurrent_runs
+from trainflow.trainer.runner import checkpoints_on_disk, run_dir
+from trainflow.trainer.tune import best_trial, build_tuner, check_restore, summarize_trials
 from trainflow.config import Config, trial_config
 from trainflow.errors import TrainingError
 from trainflow.runtime import ensure_ray

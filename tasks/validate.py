@@ -8,10 +8,10 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
-from preprocessors.baseline import compare_baselines
-from preprocessors.tabular import TabularPreprocessor
-from tasks.common import retry_unless_user_error
-from tasks.infer import allowed_class_paths, resolve_checkpoint
+from trainflow.preprocessors.baseline import compare_baselines
+from trainflow.preprocessors.tabular import TabularPreprocessor
+from trainflow.tasks.common import retry_unless_user_error
+from trainflow.tasks.infer import allowed_class_paths, resolve_checkpoint
 from trainflow.config import Config
 from trainflow.errors import DataError
 from trainflow.tracking import champion_version

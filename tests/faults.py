@@ -8,7 +8,7 @@ from typing import Callable
 import ray.data
 
 from tests.conftest import make_regression_table
-from trainer.loop import train_fn_per_worker
+from trainflow.trainer.loop import train_fn_per_worker
 from trainflow.config import config_from_dict
 from trainflow.data import fit_and_pack, table_spec
 

@@ -18,8 +18,8 @@ from mlflow import MlflowClient
 
 from tests.conftest import churn_config, free_port
 from tests.faults import wait_registered
-from trainer.recovery import read_events
-from trainer.runner import checkpoints_on_disk
+from trainflow.trainer.recovery import read_events
+from trainflow.trainer.runner import checkpoints_on_disk
 
 pytestmark = pytest.mark.e2e
 

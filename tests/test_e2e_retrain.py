@@ -12,8 +12,8 @@ from prefect.artifacts import Artifact
 
 from tests.conftest import churn_config, make_regression_table, write_config, write_parquet
 from trainflow.sample import make_churn_table
-from trainer.checkpoint import load_servable, read_metrics
-from trainer.predict import predict_table
+from trainflow.trainer.checkpoint import load_servable, read_metrics
+from trainflow.trainer.predict import predict_table
 from trainflow.cli import main as cli_main
 from trainflow.tracking import tracking as tracking_uri
 
@@ -56,7 +56,7 @@ def test_retrain_classification_end_to_end_then_boosters_replace_the_champion(tm
     # the network is the user's own module (the shipped example), imported by its path on every worker,
     # and rebuilt from the checkpoint's config by the gate, `predict` and MLflow's pyfunc. Trained briefly at a
     # low learning rate it is a weak champion, which the boosters of the second run replace.
-    user_model = {"type": "torch", "class_path": "examples.tabular_resnet:TabularResNet", "init_args": {"width": 32}}
+    user_model = {"type": "torch", "class_path": "trainflow.examples.tabular_resnet:TabularResNet", "init_args": {"width": 32}}
     cfg_path = churn_config(tmp_path, model=user_model, train={"epochs": 2, "learning_rate": 1e-4},
                             checkpoint={"metric": "val_roc_auc"})
     summary_path = tmp_path / "summary.json"
@@ -150,7 +150,7 @@ def _boosters_replace_the_champion(tmp_path, cfg_path, score, tracking, capsys):
                    "--set", f"inference.output={tmp_path / 'refused'}"])
     assert rc == 2 and not (tmp_path / "refused").exists()
     boosters = ["--config", str(cfg_path), "--set", "model.type=[xgboost, lightgbm]",
-                *trees, "--set", "model.allowed_class_paths=[examples.tabular_resnet:TabularResNet]",
+                *trees, "--set", "model.allowed_class_paths=[trainflow.examples.tabular_resnet:TabularResNet]",
                 "--set", "model.params.learning_rate=0.2", "--set", "model.params.num_boost_round=100",
                 "--set", "model.params.early_stopping_rounds=10"]
     rc = cli_main(["retrain", *boosters, "--run-name", "trees", "--summary-json", str(summary_path)])
@@ -271,7 +271,7 @@ def test_retrain_regression_end_to_end(tmp_path):
         "mlflow": {"registered_model": "reg-test"},
         "inference": {"input": "reg/score.parquet", "output": "out/reg"},
     })
-    from flows.retrain import retrain
+    from trainflow.flows.retrain import retrain
 
     summary = retrain(config_path=str(cfg_path), run_name="reg-e2e")
     assert summary["best_checkpoint"]["metrics"]["val_r2"] > 0.7

@@ -11,9 +11,9 @@ import pytest
 import ray.train
 
 from tests.faults import small_run, wait_registered
-from trainer.checkpoint import load_servable, read_metrics
-from trainer.recovery import read_events, recoveries
-from trainer.runner import build_trainer, run_dir
+from trainflow.trainer.checkpoint import load_servable, read_metrics
+from trainflow.trainer.recovery import read_events, recoveries
+from trainflow.trainer.runner import build_trainer, run_dir
 from trainflow.config import DataSection, config_from_dict
 from trainflow.data import fit_preprocessor, table_spec
 from trainflow.errors import ConfigError
@@ -47,9 +47,9 @@ def test_model_type_and_params_are_validated_with_their_dotted_names():
 def test_external_memory_matrices_grow_the_same_trees_and_are_chosen_when_memory_is_short(tmp_path, monkeypatch):
     import xgboost as xgb
 
-    from preprocessors.tabular import FEATURES, LABEL
-    from trainer import extmem
-    from trainer.boosting import shard_arrays
+    from trainflow.preprocessors.tabular import FEATURES, LABEL
+    from trainflow.trainer import extmem
+    from trainflow.trainer.boosting import shard_arrays
     from trainflow.errors import DataError
     from trainflow.memory import check_booster_matrix
 
@@ -98,7 +98,7 @@ def _round_trip(family: str):
     checkpoint is registered; the next attempt resumes with the whole budget."""
 
     def train_fn(loop_config):
-        from trainer.families import FAMILIES
+        from trainflow.trainer.families import FAMILIES
 
         rank = ray.train.get_context().get_world_rank()
         marker = Path(loop_config["run_dir"]).parent / f"attempt-{rank}"

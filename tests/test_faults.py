@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from tests.faults import EPOCHS, small_run, successive_faults
-from trainer.checkpoint import load_train_state, read_metrics, save_checkpoint
-from trainer.model import build_model
-from trainer.recovery import read_events, recoveries
-from trainer.runner import build_trainer, run_dir
+from trainflow.trainer.checkpoint import load_train_state, read_metrics, save_checkpoint
+from trainflow.trainer.model import build_model
+from trainflow.trainer.recovery import read_events, recoveries
+from trainflow.trainer.runner import build_trainer, run_dir
 from trainflow.config import config_from_dict
 
 
@@ -38,11 +38,11 @@ def test_successive_worker_faults_each_resume_where_they_stopped(tmp_path):
 
 @pytest.mark.usefixtures("prefect_harness")
 def test_select_skips_a_truncated_checkpoint(tmp_path):
-    from tasks.select import select
-    from tasks.train import TrainOutcome
+    from trainflow.tasks.select import select
+    from trainflow.tasks.train import TrainOutcome
 
     cfg = config_from_dict({"data": {"path": "x", "label": "y"}, "task": "regression"}, base_dir=tmp_path)
-    from preprocessors.tabular import TabularPreprocessor
+    from trainflow.preprocessors.tabular import TabularPreprocessor
 
     prep = TabularPreprocessor(task="regression", label="y", numeric={"a": {"mean": 0.0, "std": 1.0}}, feature_order=["a"])
     model = build_model(1, 1, cfg.model.hidden_sizes, cfg.model.dropout)

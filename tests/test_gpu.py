@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from tests.conftest import churn_config
-from trainer.checkpoint import load_servable
-from trainer.predict import predict_table
+from trainflow.trainer.checkpoint import load_servable
+from trainflow.trainer.predict import predict_table
 from trainflow.cli import main as cli_main
 
 pytestmark = [

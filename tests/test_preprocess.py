@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 import ray.data
 
-from preprocessors.tabular import SchemaDriftError, TabularPreprocessor
+from trainflow.preprocessors.tabular import SchemaDriftError, TabularPreprocessor
 from trainflow.config import DataSection
 from trainflow.data import apply_preprocessor, arrow_schema, check_columns, fit_preprocessor, split_table, table_spec
 from trainflow.errors import DataError
@@ -235,7 +235,7 @@ def test_wide_text_is_embedded_with_rare_values_and_unseen_values_on_the_unknown
     x = prep.transform_features(scoring)
     assert (x[:10, 0] == 0).all() and (x[10:, 0] == 2).all()
     # JSON round trip keeps the vocabularies, and the network takes the packed rows
-    from trainer.model import model_for
+    from trainflow.trainer.model import model_for
 
     loaded = TabularPreprocessor.from_dict(json.loads(json.dumps(prep.to_dict())))
     net = model_for(loaded, {"hidden_sizes": [8], "dropout": 0.0})

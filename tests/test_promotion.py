@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from tasks.promote import decide
+from trainflow.tasks.promote import decide
 from trainflow.config import config_from_dict
 from trainflow.errors import ConfigError
 

@@ -12,9 +12,9 @@ import pytest
 
 from tests.conftest import churn_config, write_parquet
 from tests.faults import wait_registered
-from trainer.checkpoint import read_metrics
-from trainer.recovery import read_events
-from trainer.runner import checkpoints_on_disk
+from trainflow.trainer.checkpoint import read_metrics
+from trainflow.trainer.recovery import read_events
+from trainflow.trainer.runner import checkpoints_on_disk
 from trainflow.cli import main as cli_main
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_local")]

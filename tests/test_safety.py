@@ -115,7 +115,7 @@ def _gate_setup(tmp_path):
     """A regression table where y = x, a fitted preprocessor, and a linear 'model' per quality: the weight on x
     decides how good it is. Checkpoints are written with trainflow's own checkpoint code, registered with its pyfunc."""
     from trainflow.data import fit_preprocessor, table_spec
-    from trainer.checkpoint import save_checkpoint
+    from trainflow.trainer.checkpoint import save_checkpoint
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=400)
@@ -140,7 +140,7 @@ def _gate_setup(tmp_path):
 
 
 def _register(cfg, path: str):
-    from tasks.register import Registered
+    from trainflow.tasks.register import Registered
     from trainflow.tracking import MODEL_CODE, ensure_experiment, tracking
 
     with tracking(cfg.mlflow.tracking_uri):
@@ -160,7 +160,7 @@ def _champion(cfg) -> str | None:
 
 
 def test_the_gate_is_an_honest_compare_and_set(tmp_path, monkeypatch):
-    import tasks.promote as promote
+    import trainflow.tasks.promote as promote
 
     cfg, holdout, checkpoint = _gate_setup(tmp_path)
     first = promote.gate(cfg, holdout, checkpoint(0.5), _register(cfg, checkpoint(0.5)))
@@ -215,10 +215,10 @@ def test_register_is_idempotent_across_task_retries(tmp_path):
     run and one model version."""
     from prefect import flow
 
-    from tasks.ingest import Ingested
-    from tasks.register import register
-    from tasks.select import Selected
-    from tasks.train import TrainOutcome
+    from trainflow.tasks.ingest import Ingested
+    from trainflow.tasks.register import register
+    from trainflow.tasks.select import Selected
+    from trainflow.tasks.train import TrainOutcome
     from trainflow.data import TableSpec
 
     cfg, _, checkpoint = _gate_setup(tmp_path)
@@ -243,7 +243,7 @@ def test_a_full_disk_is_one_clear_error_and_never_retried(capsys, monkeypatch):
     import errno
 
     import trainflow.cli as cli
-    from tasks.common import retry_unless_user_error
+    from trainflow.tasks.common import retry_unless_user_error
 
     full = OSError(errno.ENOSPC, "No space left on device", "/data/runs/x")
 

@@ -3,9 +3,9 @@
 import pytest
 import ray.data
 
-from preprocessors.tabular import TabularPreprocessor
-from trainer.resources import check_fits, worker_bundle, workers_that_fit
-from trainer.runner import build_trainer
+from trainflow.preprocessors.tabular import TabularPreprocessor
+from trainflow.trainer.resources import check_fits, worker_bundle, workers_that_fit
+from trainflow.trainer.runner import build_trainer
 from trainflow.config import config_from_dict
 from trainflow.errors import ConfigError
 

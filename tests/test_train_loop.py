@@ -10,9 +10,9 @@ from ray.data.extensions import ArrowTensorArray
 from ray.train import ScalingConfig
 from ray.train.torch import TorchTrainer
 
-from preprocessors.tabular import FEATURES, LABEL
+from trainflow.preprocessors.tabular import FEATURES, LABEL
 from tests.conftest import make_regression_table
-from trainer.loop import iter_minibatches, train_fn_per_worker
+from trainflow.trainer.loop import iter_minibatches, train_fn_per_worker
 from trainflow.config import config_from_dict
 from trainflow.data import fit_and_pack, table_spec
 
@@ -103,7 +103,7 @@ def test_early_stopping_ends_a_run_whose_metric_stopped_improving(tmp_path):
 
 
 def test_budget_gives_small_tables_steps_and_large_tables_full_batches():
-    from trainer.budget import EarlyStopping, resolve_budget
+    from trainflow.trainer.budget import EarlyStopping, resolve_budget
 
     train = {"epochs": "auto", "batch_size": "auto", "early_stopping": {"patience": "auto", "min_delta": 1e-4}}
     small, large = resolve_budget(train, 120, 2), resolve_budget(train, 5_000_000, 2)
@@ -126,8 +126,8 @@ def test_budget_gives_small_tables_steps_and_large_tables_full_batches():
 def test_class_weights_balanced_like_sklearn_and_explicit():
     from sklearn.utils.class_weight import compute_class_weight
 
-    from preprocessors.tabular import TabularPreprocessor
-    from trainer.loop import class_weights
+    from trainflow.preprocessors.tabular import TabularPreprocessor
+    from trainflow.trainer.loop import class_weights
     from trainflow.config import config_from_dict
 
     prep = TabularPreprocessor(task="classification", label="y", classes=[0, 1, 2], class_counts={"0": 80, "1": 15, "2": 5})

@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from preprocessors.tabular import TabularPreprocessor
-from trainer.model import check_model, model_for
+from trainflow.preprocessors.tabular import TabularPreprocessor
+from trainflow.trainer.model import check_model, model_for
 from trainflow.config import config_from_dict
 from trainflow.errors import ConfigError
 
@@ -34,22 +34,22 @@ def _cfg(**model):
 
 
 def test_the_example_module_is_built_with_the_fitted_widths_and_its_embeddings():
-    cfg = _cfg(class_path="examples.tabular_resnet:TabularResNet", init_args={"width": 16, "blocks": 1})
+    cfg = _cfg(class_path="trainflow.examples.tabular_resnet:TabularResNet", init_args={"width": 16, "blocks": 1})
     check_model(_prep(), cfg)
     net = model_for(_prep(), cfg)
     assert [(t.num_embeddings, t.embedding_dim) for t in net.tables] == [(4, 3)] and net.stem.out_features == 16
     x = torch.tensor([[0.5, -1.0, 2.0], [0.0, 0.0, 0.0]])
     assert net(x).shape == (2, 3)
     # the dotted form of the path works too, and the same weights load into a fresh build (as serving does)
-    again = model_for(_prep(), {**cfg, "class_path": "examples.tabular_resnet.TabularResNet"})
+    again = model_for(_prep(), {**cfg, "class_path": "trainflow.examples.tabular_resnet.TabularResNet"})
     again.load_state_dict(net.state_dict())
 
 
 @pytest.mark.parametrize(("class_path", "init_args", "message"), [
-    ("examples.nope:Net", {}, "cannot import module 'examples.nope'"),
-    ("examples.tabular_resnet:Missing", {}, "has no torch.nn.Module subclass named 'Missing'"),
-    ("examples.tabular_resnet:torch", {}, "has no torch.nn.Module subclass named 'torch'"),
-    ("examples.tabular_resnet:TabularResNet", {"depth": 3}, "cannot be built with in_features=3, out_features=3 and init_args {'depth': 3}"),
+    ("trainflow.examples.nope:Net", {}, "cannot import module 'trainflow.examples.nope'"),
+    ("trainflow.examples.tabular_resnet:Missing", {}, "has no torch.nn.Module subclass named 'Missing'"),
+    ("trainflow.examples.tabular_resnet:torch", {}, "has no torch.nn.Module subclass named 'torch'"),
+    ("trainflow.examples.tabular_resnet:TabularResNet", {"depth": 3}, "cannot be built with in_features=3, out_features=3 and init_args {'depth': 3}"),
     ("tests.test_user_model:WrongShape", {}, "gave output \\(2, 4\\); expected \\(2, 3\\)"),
 ], ids=["module", "class", "not-a-module", "init-args", "output-shape"])
 def test_a_bad_user_module_fails_before_training_naming_the_class_path(class_path, init_args, message):

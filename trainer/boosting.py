@@ -21,12 +21,12 @@ from typing import Any, Callable
 import numpy as np
 import ray.train
 
-from preprocessors.tabular import FEATURES, LABEL, TabularPreprocessor
-from trainer.budget import EarlyStopping
-from trainer.checkpoint import read_metrics, write_common
-from trainer.metrics import compute_metrics
-from trainer.recovery import append_event
-from trainer.watchdog import heartbeat
+from trainflow.preprocessors.tabular import FEATURES, LABEL, TabularPreprocessor
+from trainflow.trainer.budget import EarlyStopping
+from trainflow.trainer.checkpoint import read_metrics, write_common
+from trainflow.trainer.metrics import compute_metrics
+from trainflow.trainer.recovery import append_event
+from trainflow.trainer.watchdog import heartbeat
 
 STATE_JSON = "train_state.json"
 DECISION_S = 0.25  # how often (in training time) ranks agree whether a report is due
@@ -298,7 +298,7 @@ def xgboost_train_fn(loop_config: dict[str, Any]) -> None:
     params = library_params("xgboost", prep, loop_config["config"])
     with ExitStack() as cleanup:
         if run.budget.external_memory:
-            from trainer.extmem import extmem_matrices
+            from trainflow.trainer.extmem import extmem_matrices
 
             cache = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="trainflow-xgboost-")))
             dtrain, dval, run.y_val = extmem_matrices(ray.train.get_dataset_shard("train"),

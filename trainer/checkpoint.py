@@ -24,8 +24,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from preprocessors.tabular import TabularPreprocessor
-from trainer.model import model_for
+from trainflow.preprocessors.tabular import TabularPreprocessor
+from trainflow.trainer.model import model_for
 from trainflow.redact import redact_config
 
 MODEL_FILE = "model.pt"
@@ -124,11 +124,11 @@ def load_servable(directory: str | Path, device: str | torch.device = "cpu") -> 
     meta = read_metrics(directory)
     family = config["model"].get("type", "mlp")
     if family == "xgboost":
-        from trainer.boosting import XGBoostPredictor
+        from trainflow.trainer.boosting import XGBoostPredictor
 
         predict = XGBoostPredictor(directory, prep, str(device))
     elif family == "lightgbm":
-        from trainer.boosting import LightGBMPredictor
+        from trainflow.trainer.boosting import LightGBMPredictor
 
         predict = LightGBMPredictor(directory, prep, str(device))
     else:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import ray.data
 
-from trainer.checkpoint import load_servable
-from trainer.loop import compute_metrics
+from trainflow.trainer.checkpoint import load_servable
+from trainflow.trainer.loop import compute_metrics
 
 
 def evaluate_checkpoint(checkpoint_path: str, ds: ray.data.Dataset, batch_size: int = 65536) -> dict[str, float]:

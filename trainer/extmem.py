@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import xgboost as xgb
 
-from preprocessors.tabular import FEATURES, LABEL
-from trainer.watchdog import heartbeat
+from trainflow.preprocessors.tabular import FEATURES, LABEL
+from trainflow.trainer.watchdog import heartbeat
 from trainflow.errors import DataError
 
 PAGE_BYTES = 64 * 2**20  # rows per page: XGBoost's external memory is slow with many small pages

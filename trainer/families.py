@@ -10,10 +10,10 @@ from typing import Any, Callable
 from ray.train import DataConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
-from preprocessors.tabular import TabularPreprocessor
-from trainer.budget import resolve_budget
-from trainer.loop import TrainValDataConfig, train_fn_per_worker
-from trainer.model import check_model
+from trainflow.preprocessors.tabular import TabularPreprocessor
+from trainflow.trainer.budget import resolve_budget
+from trainflow.trainer.loop import TrainValDataConfig, train_fn_per_worker
+from trainflow.trainer.model import check_model
 from trainflow.config import workers_share_gpus
 
 
@@ -44,13 +44,13 @@ def _lightgbm_trainer(train_fn: Callable, scaling: dict[str, Any], **kwargs: Any
 
 
 def _xgboost_fn(loop_config: dict[str, Any]) -> None:
-    from trainer.boosting import xgboost_train_fn
+    from trainflow.trainer.boosting import xgboost_train_fn
 
     xgboost_train_fn(loop_config)
 
 
 def _lightgbm_fn(loop_config: dict[str, Any]) -> None:
-    from trainer.boosting import lightgbm_train_fn
+    from trainflow.trainer.boosting import lightgbm_train_fn
 
     lightgbm_train_fn(loop_config)
 
@@ -60,7 +60,7 @@ def _torch_budget(config: dict[str, Any], train_rows: int, num_workers: int):
 
 
 def _boost_budget(config: dict[str, Any], train_rows: int, num_workers: int):
-    from trainer.boosting import boost_budget
+    from trainflow.trainer.boosting import boost_budget
 
     return boost_budget(config["model"])
 

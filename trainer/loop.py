@@ -18,13 +18,13 @@ import torch.distributed as dist
 from ray.train import DataConfig
 from torch import nn
 
-from preprocessors.tabular import FEATURES, LABEL, TabularPreprocessor
-from trainer.budget import EarlyStopping, lr_factor, resolve_budget
-from trainer.metrics import compute_metrics
-from trainer.checkpoint import load_train_state, load_weights, read_metrics, save_checkpoint
-from trainer.model import model_for
-from trainer.recovery import append_event
-from trainer.watchdog import heartbeat
+from trainflow.preprocessors.tabular import FEATURES, LABEL, TabularPreprocessor
+from trainflow.trainer.budget import EarlyStopping, lr_factor, resolve_budget
+from trainflow.trainer.metrics import compute_metrics
+from trainflow.trainer.checkpoint import load_train_state, load_weights, read_metrics, save_checkpoint
+from trainflow.trainer.model import model_for
+from trainflow.trainer.recovery import append_event
+from trainflow.trainer.watchdog import heartbeat
 
 STOP_REASON = "stop_reason"
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from preprocessors.tabular import TabularPreprocessor
+from trainflow.preprocessors.tabular import TabularPreprocessor
 
 
 def compute_metrics(task: str, out: np.ndarray, y: np.ndarray, prep: TabularPreprocessor) -> dict[str, float]:

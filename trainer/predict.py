@@ -5,8 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 import torch
 
-from preprocessors.baseline import count_batch, merge_counts
-from trainer.checkpoint import ServableModel, load_servable
+from trainflow.preprocessors.baseline import count_batch, merge_counts
+from trainflow.trainer.checkpoint import ServableModel, load_servable
 
 
 def predict_table(servable: ServableModel, table: pa.Table, id_column: str | None = None) -> pa.Table:

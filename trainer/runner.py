@@ -8,11 +8,11 @@ from typing import Any
 import ray.data
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
-from preprocessors.tabular import TabularPreprocessor
-from trainer.checkpoint import LINEAGE_FILE, METRICS_FILE
-from trainer.families import family_for
-from trainer.recovery import RecoveryLog, read_events
-from trainer.watchdog import Watched
+from trainflow.preprocessors.tabular import TabularPreprocessor
+from trainflow.trainer.checkpoint import LINEAGE_FILE, METRICS_FILE
+from trainflow.trainer.families import family_for
+from trainflow.trainer.recovery import RecoveryLog, read_events
+from trainflow.trainer.watchdog import Watched
 from trainflow.errors import TrainingError
 from trainflow.memory import is_out_of_memory, out_of_memory_error
 from trainflow.storage import join, list_dir, read_text

@@ -14,9 +14,9 @@ import ray.tune
 from ray.tune.integration.ray_train import TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
-from preprocessors.tabular import TabularPreprocessor
-from trainer.budget import MAX_AUTO_EPOCHS
-from trainer.runner import build_trainer, run_dir
+from trainflow.preprocessors.tabular import TabularPreprocessor
+from trainflow.trainer.budget import MAX_AUTO_EPOCHS
+from trainflow.trainer.runner import build_trainer, run_dir
 from trainflow.config import trial_config
 from trainflow.errors import ConfigError
 from trainflow.storage import list_dir

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from trainer.recovery import append_event
+from trainflow.trainer.recovery import append_event
 
 _current: Watchdog | None = None
 

@@ -175,7 +175,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     from trainflow.config import load_config
 
     if args.command == "serve":
-        from flows.serve import PREFECT_FILE, serve_all
+        from trainflow.flows.serve import PREFECT_FILE, serve_all
 
         if args.config:
             load_config(args.config)
@@ -207,18 +207,18 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def _flow(command: str):
     if command == "retrain":
-        from flows.retrain import retrain
+        from trainflow.flows.retrain import retrain
 
         return retrain
     if command == "tune":
-        from flows.tune import tune
+        from trainflow.flows.tune import tune
 
         return tune
     if command == "monitor":
-        from flows.monitor import monitor
+        from trainflow.flows.monitor import monitor
 
         return monitor
-    from flows.predict import batch_inference
+    from trainflow.flows.predict import batch_inference
 
     return batch_inference
 

@@ -190,7 +190,7 @@ class ModelSection(_Section):
         if len(set(families)) != len(families):
             raise ValueError(f"model.type: {families} names a family more than once")
         if "torch" in families and not self.class_path:
-            raise ValueError("model.type torch needs model.class_path, e.g. 'examples.tabular_resnet:TabularResNet'")
+            raise ValueError("model.type torch needs model.class_path, e.g. 'trainflow.examples.tabular_resnet:TabularResNet'")
         if "torch" not in families and (self.class_path or self.init_args):
             raise ValueError("model.class_path and model.init_args are for model.type: torch")
         boosters = [f for f in families if f in BOOSTERS]

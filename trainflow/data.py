@@ -18,11 +18,11 @@ import ray
 import ray.data
 from ray.data.aggregate import Count, Max, Mean, Min, Std, ValueCounter
 
-from preprocessors.baseline import (
+from trainflow.preprocessors.baseline import (
     FineHistogram, categorical_baseline, count_batch, label_baseline, merge_counts, numeric_baseline,
 )
-from preprocessors.dates import date_parts, is_temporal_type, looks_like_dates, parts_for
-from preprocessors.tabular import TabularPreprocessor, is_numeric_type, is_string_type
+from trainflow.preprocessors.dates import date_parts, is_temporal_type, looks_like_dates, parts_for
+from trainflow.preprocessors.tabular import TabularPreprocessor, is_numeric_type, is_string_type
 from trainflow.config import DataSection, PreprocessSection
 from trainflow import pacing
 from trainflow.errors import DataError

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from preprocessors.tabular import TabularPreprocessor
+from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.errors import DataError, TrainingError
 
 # Ray's memory monitor and Ray Train's worker-failure messages for a process killed for memory

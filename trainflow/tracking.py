@@ -14,7 +14,7 @@ import pandas as pd
 from mlflow.models import ModelSignature
 from mlflow.types import ColSpec, Schema
 
-from preprocessors.tabular import TabularPreprocessor
+from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.errors import InfrastructureError
 
 # models:/name/3 or models:/name@alias
