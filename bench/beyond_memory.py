@@ -93,7 +93,7 @@ def child(store: int, train: str, score: str, work: str, model: dict | None = No
     model: the config's model section (default: trainflow's mlp)."""
     from ray._private.internal_api import memory_summary
 
-    from trainflow.cli import main as cli_main
+    from trainflow.flows.cli import main as cli_main
     from trainflow.runtime import ensure_ray
 
     ensure_ray(num_cpus=os.cpu_count(), object_store_memory=store)

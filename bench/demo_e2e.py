@@ -65,11 +65,11 @@ pq.write_table(pa.table({idc: score[idc], "prediction": p.argmax(1), "proba_1": 
 
 def main() -> None:
     if not (SAMPLE / "train.parquet").exists():
-        subprocess.run([sys.executable, "-m", "trainflow.cli", "sample", "--out", str(SAMPLE)], check=True, cwd=REPO)
+        subprocess.run([sys.executable, "-m", "trainflow.flows.cli", "sample", "--out", str(SAMPLE)], check=True, cwd=REPO)
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         subprocess.run(
-            [sys.executable, "-m", "trainflow.cli", "retrain", "--config", str(REPO / "configs" / "demo.yaml"),
+            [sys.executable, "-m", "trainflow.flows.cli", "retrain", "--config", str(REPO / "configs" / "demo.yaml"),
              "--set", f"storage_path={tmp}/runs", "--set", f"inference.output={tmp}/predictions",
              "--set", f"mlflow.tracking_uri=sqlite:///{tmp}/mlflow.db",
              "--summary-json", f"{tmp}/summary.json"],

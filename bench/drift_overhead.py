@@ -35,7 +35,7 @@ def child(checkpoint: str, score: str, work: str, drift: str) -> None:
     """One `trainflow predict` with drift on or off, on a Ray with a small object store; prints a JSON line."""
     from ray._private.internal_api import memory_summary
 
-    from trainflow.cli import main as cli_main
+    from trainflow.flows.cli import main as cli_main
     from trainflow.runtime import ensure_ray
 
     ensure_ray(num_cpus=os.cpu_count(), object_store_memory=STORE)
@@ -102,7 +102,7 @@ def skip_unchanged() -> None:
         work = Path(tmp)
         shutil.copytree(REPO / "configs", work / "configs")
         env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-        trainflow = [sys.executable, "-m", "trainflow.cli"]
+        trainflow = [sys.executable, "-m", "trainflow.flows.cli"]
         subprocess.run([*trainflow, "sample", "--out", str(work / "data" / "sample")], check=True, env=env, capture_output=True)
         walls = []
         for _ in range(2):

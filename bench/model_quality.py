@@ -115,7 +115,7 @@ def score(task: str, truth: np.ndarray, pred: np.ndarray) -> float:
 
 def run_trainflow(train: pd.DataFrame, test: pd.DataFrame, label: str, task: str, work: Path,
                   family: str = "mlp") -> tuple[np.ndarray, dict]:
-    from trainflow.cli import main as cli_main
+    from trainflow.flows.cli import main as cli_main
 
     pq.write_table(pa.Table.from_pandas(train, preserve_index=False), work / "train.parquet")
     pq.write_table(pa.Table.from_pandas(test.drop(columns=[label]), preserve_index=False), work / "score.parquet")

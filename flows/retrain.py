@@ -33,6 +33,8 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
     own data and training config registers nothing (the champion still scores inference.input) unless force."""
     watch_for_sigterm()  # a cancel (SIGTERM) stops Ray at once and retries nothing, in every process that runs a flow
     config = load_config(config_path, overrides)
+    if config.task_inferred:
+        print(config.task_inferred)
     name = resolve_run_name(run_name)
     # the champion's own data and config: nothing to train (checked before the table is read into Ray)
     fingerprint = None if force else table_fingerprint(config)

@@ -11,7 +11,7 @@ from prefect.events import emit_event
 from prefect.variables import Variable
 
 from trainflow.config import load_config
-from trainflow.data import list_files
+from trainflow.tables import list_files
 from trainflow.redact import redact_text
 
 DATA_EVENT = "trainflow.data.changed"

@@ -6,7 +6,7 @@ import pyarrow.csv as pacsv
 import pytest
 
 from tests.conftest import churn_config, write_parquet
-from trainflow.cli import main as cli_main
+from trainflow.flows.cli import main as cli_main
 from trainflow.sample import make_churn_table
 
 pytestmark = pytest.mark.usefixtures("prefect_harness", "ray_local")

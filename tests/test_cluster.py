@@ -18,7 +18,7 @@ from ray.cluster_utils import Cluster
 from tests.conftest import churn_config
 from tests.faults import wait_registered
 from trainflow.trainer.recovery import read_events, recoveries
-from trainflow.cli import main as cli_main
+from trainflow.flows.cli import main as cli_main
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "own_ray")]
 

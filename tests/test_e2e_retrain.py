@@ -14,7 +14,7 @@ from tests.conftest import churn_config, make_regression_table, write_config, wr
 from trainflow.sample import make_churn_table
 from trainflow.trainer.checkpoint import load_servable, read_metrics
 from trainflow.trainer.predict import predict_table
-from trainflow.cli import main as cli_main
+from trainflow.flows.cli import main as cli_main
 from trainflow.tracking import tracking as tracking_uri
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_local")]

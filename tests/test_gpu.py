@@ -10,7 +10,7 @@ import torch
 from tests.conftest import churn_config
 from trainflow.trainer.checkpoint import load_servable
 from trainflow.trainer.predict import predict_table
-from trainflow.cli import main as cli_main
+from trainflow.flows.cli import main as cli_main
 
 pytestmark = [
     pytest.mark.gpu,

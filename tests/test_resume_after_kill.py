@@ -15,7 +15,7 @@ from tests.faults import wait_registered
 from trainflow.trainer.checkpoint import read_metrics
 from trainflow.trainer.recovery import read_events
 from trainflow.trainer.runner import checkpoints_on_disk
-from trainflow.cli import main as cli_main
+from trainflow.flows.cli import main as cli_main
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_local")]
 EPOCHS = 8  # long enough that both stops land mid-run, even when the killed workers run on a while
@@ -23,7 +23,7 @@ EPOCHS = 8  # long enough that both stops land mid-run, even when the killed wor
 
 def _start(cfg, env):
     return subprocess.Popen(
-        [sys.executable, "-m", "trainflow.cli", "retrain", "--config", str(cfg), "--run-name", "killed-run"],
+        [sys.executable, "-m", "trainflow.flows.cli", "retrain", "--config", str(cfg), "--run-name", "killed-run"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
 

@@ -19,7 +19,7 @@ from mlflow import MlflowClient
 from prefect.artifacts import Artifact
 
 from tests.conftest import free_port, write_config
-from trainflow.cli import main as cli_main
+from trainflow.flows.cli import main as cli_main
 from trainflow.errors import DataError
 from trainflow.outputs import read_manifest
 from trainflow.sample import make_churn_table

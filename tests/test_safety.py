@@ -242,7 +242,7 @@ def test_register_is_idempotent_across_task_retries(tmp_path):
 def test_a_full_disk_is_one_clear_error_and_never_retried(capsys, monkeypatch):
     import errno
 
-    import trainflow.cli as cli
+    import trainflow.flows.cli as cli
     from trainflow.tasks.common import retry_unless_user_error
 
     full = OSError(errno.ENOSPC, "No space left on device", "/data/runs/x")

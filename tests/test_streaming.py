@@ -9,7 +9,7 @@ import pytest
 from tests.conftest import write_config, write_parquet
 from tests.faults import small_run, stall_after_first_block
 from trainflow.trainer.runner import build_trainer, fit_run, run_dir
-from trainflow.cli import main as cli_main
+from trainflow.flows.cli import main as cli_main
 from trainflow.errors import TrainingError
 from trainflow.runtime import ensure_ray
 

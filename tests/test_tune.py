@@ -8,7 +8,7 @@ import pytest
 from mlflow import MlflowClient
 
 from tests.conftest import churn_config
-from trainflow.cli import main as cli_main
+from trainflow.flows.cli import main as cli_main
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_local")]  # ray_local has the dashboard, whose state API frees stopped trials' placement groups
 

@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 import os
+import uuid
 from pathlib import Path
 from typing import Any, Literal
 
@@ -462,6 +463,12 @@ class Config(_Section):
     inference: InferenceSection = Field(default_factory=InferenceSection)
     # the config file's folder (load_config), which an output must not replace; not part of the config's data
     _source_dir: str | None = PrivateAttr(default=None)
+    # why `task` is what it is, when the config left it out and the label decided it
+    _task_inferred: str | None = PrivateAttr(default=None)
+
+    @property
+    def task_inferred(self) -> str | None:
+        return self._task_inferred
 
     @property
     def source_dir(self) -> str | None:
@@ -589,11 +596,13 @@ def config_from_dict(raw: dict[str, Any], base_dir: str | Path = ".", source: st
     """Validate a raw mapping and resolve its relative paths against base_dir."""
     if not isinstance(raw, dict):
         raise ConfigError(f"invalid config {source}: expected a mapping of sections, got {type(raw).__name__}")
+    base = Path(base_dir).resolve()
+    raw, task_note = _with_task(raw, base)
     try:
         cfg = Config.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(_format_errors(err, source)) from None
-    base = Path(base_dir).resolve()
+    cfg._task_inferred = task_note
     cfg.data.path = _resolve(cfg.data.path, base)
     cfg.storage_path = _resolve(cfg.storage_path, base)
     cfg.inference.input = _resolve(cfg.inference.input, base)
@@ -611,6 +620,21 @@ def config_from_dict(raw: dict[str, Any], base_dir: str | Path = ".", source: st
         _check_search_space(cfg, source)
     protect(cfg.to_dict())  # its secrets are masked in every log line from here on
     return cfg
+
+
+def _with_task(raw: dict[str, Any], base: Path) -> tuple[dict[str, Any], str | None]:
+    """raw with `task` set from the label's values when the config leaves it out, and the reason; raw unchanged when
+    the data section itself is invalid (validation then names every problem)."""
+    if raw.get("task") is not None:
+        return raw, None
+    try:
+        data = DataSection.model_validate(raw.get("data"))
+    except ValidationError:
+        return raw, None
+    from trainflow.tables import infer_task
+
+    task, why = infer_task(_resolve(data.path, base), data.format, data.label, data.csv)
+    return {**raw, "task": task}, f"task: {task} ({why}; set task to choose)"
 
 
 def _check_search_space(cfg: Config, source: str) -> None:
@@ -636,8 +660,32 @@ def trial_config(base: dict[str, Any], sampled: dict[str, Any]) -> Config:
         raise ConfigError(_format_errors(err, "(trial)")) from None
 
 
+# configs handed to a flow called in this process (the Python API): the flow gets the key as its config_path, so a
+# config object, which may hold secrets, never becomes a flow parameter that Prefect stores
+IN_PROCESS = "in-process:"
+_handed_over: dict[str, Config] = {}
+
+
+def hand_over(cfg: Config) -> str:
+    """A config_path under which load_config in this process returns cfg (until forget(key))."""
+    key = f"{IN_PROCESS}{uuid.uuid4().hex}"
+    _handed_over[key] = cfg
+    return key
+
+
+def forget(key: str) -> None:
+    _handed_over.pop(key, None)
+
+
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
-    """Read a YAML config file, apply dotted overrides, validate, and resolve paths."""
+    """Read a YAML config file, apply dotted overrides, validate, and resolve paths (or return the config that
+    hand_over gave this key)."""
+    if str(path).startswith(IN_PROCESS):
+        if str(path) not in _handed_over:
+            raise ConfigError(f"config_path {path}: a config handed over in another process (the Python API's); "
+                              "give a config file's path")
+        cfg = _handed_over[str(path)]
+        return config_from_dict(apply_overrides(cfg.to_dict(), overrides)) if overrides else cfg
     path = Path(path)
     try:
         text = path.read_text()

@@ -26,79 +26,8 @@ from trainflow.preprocessors.tabular import TabularPreprocessor, is_numeric_type
 from trainflow.config import DataSection, PreprocessSection
 from trainflow import pacing
 from trainflow.errors import DataError
-from trainflow.storage import filesystem_for, is_uri, with_scheme
-
-GLOB_CHARS = "*?["
-
-
-def list_files(path: str, fmt: str) -> tuple[pafs.FileSystem, list[str]]:
-    """Expand a file, folder or glob into the sorted data files it names; DataError if none."""
-    fs, inner = filesystem_for(path)
-    if any(ch in inner for ch in GLOB_CHARS):
-        base = inner[: min(inner.find(ch) for ch in GLOB_CHARS if ch in inner)].rsplit("/", 1)[0] or "/"
-        infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
-        files = [i.path for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatch(i.path, inner)]
-        if not files:
-            raise DataError(f"data path {path}: the pattern matches no files")
-        return fs, sorted(files)
-    info = fs.get_file_info(inner)
-    if info.type == pafs.FileType.NotFound:
-        raise DataError(f"data path {path}: no such file or folder")
-    if info.type == pafs.FileType.File:
-        return fs, [inner]
-    infos = fs.get_file_info(pafs.FileSelector(inner, recursive=True))
-    files = sorted(
-        i.path
-        for i in infos
-        if i.type == pafs.FileType.File and not i.base_name.startswith((".", "_")) and has_extension(i.base_name, fmt)
-    )
-    if not files:
-        raise DataError(f"data path {path}: the folder holds no .{fmt} files")
-    return fs, files
-
-
-EXTENSIONS = {"parquet": (".parquet", ".parq", ".pq"), "csv": (".csv", ".tsv")}
-COMPRESSED = ("", ".gz", ".bz2", ".zst", ".lz4")
-
-
-def has_extension(name: str, fmt: str) -> bool:
-    """Whether a file in a data folder is one of fmt's by its real extension (parquet_notes.txt is not Parquet)."""
-    lower = name.lower()
-    return any(lower.endswith(ext + comp) for ext in EXTENSIONS[fmt] for comp in COMPRESSED)
-
-
-def csv_arguments(csv: Any) -> dict[str, Any]:
-    """ray.data.read_csv's pyarrow options for a data.csv section (None: pyarrow's defaults)."""
-    if csv is None:
-        return {}
-    import pyarrow.csv as pacsv
-
-    return {"parse_options": pacsv.ParseOptions(delimiter=csv.delimiter, quote_char=csv.quote_char),
-            "read_options": pacsv.ReadOptions(encoding=csv.encoding)}
-
-
-def check_names(names: list[str], source: str) -> None:
-    """DataError when a column name appears more than once (pyarrow would fail later with a KeyError)."""
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated:
-        raise DataError(f"{source}: column name(s) {repeated} appear more than once; give every column its own name")
-
-
-def check_csv_header(fs: pafs.FileSystem, first: str, csv: Any, source: str) -> None:
-    """Read the first CSV file's header (and first block) with the configured dialect: repeated names and text
-    the encoding cannot decode are named here, before Ray reads the table."""
-    import pyarrow.csv as pacsv
-
-    args = csv_arguments(csv)
-    try:
-        with fs.open_input_stream(first, compression="detect") as stream:
-            names = pacsv.open_csv(stream, read_options=args.get("read_options"),
-                                   parse_options=args.get("parse_options")).schema.names
-    except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
-        raise DataError(f"{source}: cannot read {first} as CSV ({str(exc).splitlines()[0]}); "
-                        "set data.csv.delimiter / quote_char / encoding to the file's dialect") from None
-    check_names(list(names), source)
-
+from trainflow.storage import is_uri, with_scheme
+from trainflow.tables import check_names, csv_arguments, check_csv_header, list_files
 
 def streamed_task_args() -> dict:
     """Ray Data task arguments for a pipeline read while Ray Train's workers run (a streamed table).

@@ -19,18 +19,22 @@ from trainflow.errors import TrainflowError
 from trainflow.runtime import stop_ray, stop_requested
 
 
-def write_json_atomic(path: str, data: dict[str, Any]) -> None:
-    """Write JSON to a temp file beside path, then rename: readers never see half a file."""
+def write_text_atomic(path: str, text: str) -> None:
+    """Write to a temp file beside path, then rename: readers never see half a file."""
     target = Path(path).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, default=str)
+            f.write(text)
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: str, data: dict[str, Any]) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2, default=str))
 
 
 def _progress_line(s: dict[str, Any]) -> str:
@@ -143,6 +147,25 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--prefect-file", help="deployment file (default: the checkout's deployments/prefect.yaml)")
     sv.add_argument("--limit", type=int, help="at most this many flow runs at once")
 
+    v = sub.add_parser("validate", help="every check a retrain makes before training (table, scoring table, output, "
+                                        "memory, champion baseline); exit 0 or 2")
+    v.add_argument("--config", required=True)
+    v.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    v.add_argument("--summary-json")
+
+    i = sub.add_parser("init", help="write a commented config for a table and its label")
+    i.add_argument("--data", required=True, help="the table: file, folder, glob or URI")
+    i.add_argument("--label", required=True, help="the column to predict")
+    i.add_argument("--out", default="trainflow.yaml", help="the config file to write (default: trainflow.yaml)")
+    i.add_argument("--force", action="store_true", help="replace an existing --out")
+
+    c = sub.add_parser("config", help="the config's JSON schema, or a config file resolved")
+    csub = c.add_subparsers(dest="config_command", required=True)
+    csub.add_parser("schema", help="print the JSON schema of the config, with a description for every key")
+    cs = csub.add_parser("show", help="print the config as trainflow resolves it (defaults, paths, inferred task)")
+    cs.add_argument("--config", required=True)
+    cs.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+
     s = sub.add_parser("sample", help="write the bundled synthetic sample tables")
     s.add_argument("--out", default="data/sample")
     s.add_argument("--rows", type=int, default=100_000)
@@ -172,6 +195,10 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
         for p in paths:
             print(p)
         return None
+    if args.command == "init":
+        return _init(args)
+    if args.command == "config":
+        return _config_command(args)
     from trainflow.config import load_config
 
     if args.command == "serve":
@@ -183,6 +210,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
         return None
     overrides = _overrides(args.set)
     config = load_config(args.config, overrides)  # fail fast on a bad config, before Prefect and Ray start
+    if config.task_inferred:
+        print(f"trainflow: {config.task_inferred}", file=sys.stderr)
     if args.command == "tune":
         config.require_tune()
         if args.resume and not args.run_name:
@@ -202,7 +231,36 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
         return flow(**params, run_name=args.run_name, resume=args.resume)
     if args.command == "monitor":
         return flow(**params, labels=args.labels)
+    if args.command == "validate":
+        return flow(**params)
     return flow(**params, model=args.model)
+
+
+def _init(args: argparse.Namespace) -> None:
+    from trainflow.scaffold import scaffold
+
+    if Path(args.out).exists() and not args.force:
+        raise TrainflowError(f"--out {args.out} exists; choose another file or add --force to replace it")
+    text = scaffold(args.data, args.label, args.out)
+    write_text_atomic(args.out, text)
+    print(f"wrote {args.out}; next: trainflow validate --config {args.out}, then trainflow retrain --config {args.out}")
+
+
+def _config_command(args: argparse.Namespace) -> None:
+    if args.config_command == "schema":
+        from trainflow.config_schema import config_schema
+
+        print(json.dumps(config_schema(), indent=2))
+        return
+    import yaml
+
+    from trainflow.config import load_config
+    from trainflow.redact import redact_config
+
+    config = load_config(args.config, _overrides(args.set))
+    if config.task_inferred:
+        print(f"# {config.task_inferred}")
+    print(yaml.safe_dump(redact_config(config.to_dict()), sort_keys=False, allow_unicode=True), end="")
 
 
 def _flow(command: str):
@@ -218,6 +276,10 @@ def _flow(command: str):
         from trainflow.flows.monitor import monitor
 
         return monitor
+    if command == "validate":
+        from trainflow.flows.validate import validate
+
+        return validate
     from trainflow.flows.predict import batch_inference
 
     return batch_inference

@@ -1,0 +1,111 @@
+"""The Python API: the flows the `trainflow` command runs, called from a notebook or another pipeline.
+
+    import trainflow
+    summary = trainflow.retrain("configs/demo.yaml", train__epochs=5)       # a path, a dict or a Config
+    model = trainflow.load_model("models:/churn-model@champion", tracking_uri="sqlite:///mlflow.db")
+    model.predict(df)                                                      # prediction (+ proba_<class>) per row
+
+Each call is a local Prefect flow run (Prefect's temporary server and a local Ray start when none is configured),
+returning the summary dict that `--summary-json` writes; a bad config or table raises a TrainflowError subclass.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from trainflow.config import Config, apply_overrides, config_from_dict, forget, hand_over, load_config
+
+ConfigLike = str | os.PathLike | dict | Config
+
+
+def _dotted(overrides: dict[str, Any]) -> dict[str, Any] | None:
+    """Keyword overrides as dotted config keys: train__epochs=5 is --set train.epochs=5."""
+    return {k.replace("__", "."): v for k, v in overrides.items()} or None
+
+
+def _call(flow, config: ConfigLike, overrides: dict[str, Any], **params) -> dict[str, Any]:
+    overrides = _dotted(overrides)
+    if isinstance(config, (str, os.PathLike)):
+        path = str(Path(config).resolve())
+        load_config(path, overrides)  # a bad config fails here, before Prefect and Ray start
+        return flow(config_path=path, overrides=overrides, **params)
+    if isinstance(config, Config):
+        config = config.to_dict()
+    if not isinstance(config, dict):
+        raise TypeError(f"config: expected a path, a dict or a trainflow Config, got {type(config).__name__}")
+    # relative paths in a dict resolve against the working directory, as a config file's do against its folder
+    key = hand_over(config_from_dict(apply_overrides(config, overrides), base_dir=Path.cwd(), source="<dict>"))
+    try:
+        return flow(config_path=key, **params)
+    finally:
+        forget(key)
+
+
+def retrain(config: ConfigLike, *, run_name: str | None = None, force: bool = False, **overrides: Any) -> dict[str, Any]:
+    """Train, select, register, gate and predict, as `trainflow retrain`; the run's summary."""
+    from trainflow.flows.retrain import retrain as flow
+
+    return _call(flow, config, overrides, run_name=run_name, force=force)
+
+
+def tune(config: ConfigLike, *, run_name: str | None = None, resume: bool = False, **overrides: Any) -> dict[str, Any]:
+    """A Ray Tune sweep over tune.search_space, its best trial published as a retrain's, as `trainflow tune`."""
+    from trainflow.flows.tune import tune as flow
+
+    return _call(flow, config, overrides, run_name=run_name, resume=resume)
+
+
+def predict(config: ConfigLike, *, model: str | None = None, **overrides: Any) -> dict[str, Any]:
+    """Batch inference of inference.input into inference.output, as `trainflow predict` (default model: the
+    registered model's @champion); the summary (rows, output path, drift)."""
+    from trainflow.flows.predict import batch_inference as flow
+
+    return _call(flow, config, overrides, model=model)
+
+
+class Model:
+    """A trained trainflow model in this process: predict() gives the batch output's columns for every row."""
+
+    def __init__(self, servable, uri: str):
+        self.servable, self.uri = servable, uri
+
+    @property
+    def family(self) -> str:
+        return self.servable.family
+
+    @property
+    def features(self) -> list[str]:
+        """The input columns the model reads (others in a frame are ignored)."""
+        return list(self.servable.preprocessor.feature_order)
+
+    def predict(self, data: pd.DataFrame, batch_size: int = 65_536) -> pd.DataFrame:
+        """`prediction` (and `proba_<class>` for classification) for every row of data, in its order and index."""
+        import pyarrow as pa
+
+        from trainflow.trainer.predict import predict_table
+
+        table = pa.Table.from_pandas(pd.DataFrame(data), preserve_index=False)
+        parts = [predict_table(self.servable, table.slice(i, batch_size)) for i in range(0, max(len(table), 1), batch_size)]
+        out = pa.concat_tables(parts).to_pandas()
+        out.index = data.index
+        return out
+
+    def __repr__(self) -> str:
+        return f"trainflow.Model({self.uri!r}, family={self.family!r})"
+
+
+def load_model(uri: str | os.PathLike, tracking_uri: str | None = None, allowed_class_paths: tuple[str, ...] = ()) -> Model:
+    """The model behind models:/name@alias, models:/name/version, runs:/... or a checkpoint folder.
+
+    tracking_uri: the MLflow registry (default: MLFLOW_TRACKING_URI / MLflow's default). A checkpoint of your own
+    nn.Module imports its class only when it is listed in allowed_class_paths (nothing is imported because a stored
+    model names it)."""
+    from trainflow.tasks.infer import resolve_checkpoint
+    from trainflow.trainer.checkpoint import load_servable
+
+    uri = str(uri)
+    return Model(load_servable(resolve_checkpoint(uri, set(allowed_class_paths), tracking_uri)), uri)

@@ -1,0 +1,47 @@
+"""The validate flow: every check a retrain makes before it trains, and nothing after (a dry run)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from prefect import flow
+
+from trainflow.config import load_config
+from trainflow.redact import redact_value
+from trainflow.runtime import watch_for_sigterm
+from trainflow.tasks.ingest import ingest
+from trainflow.tasks.preprocess import preprocess
+from trainflow.tasks.split import split
+from trainflow.tasks.validate import validate_data
+
+
+@flow(name="validate", log_prints=True)
+def validate(config_path: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Config, training table (columns, labels, text), output location, scoring table (columns, kinds, ids, unseen
+    values when on_unseen is error), the cluster's fit, memory of the packed data per family, and the data against
+    the champion's baseline; a failed check raises with the file, column or key to fix. Trains nothing."""
+    watch_for_sigterm()
+    config = load_config(config_path, overrides)
+    if config.task_inferred:
+        print(config.task_inferred)
+    ingested = ingest(config)
+    parts = split(ingested, config)
+    prepared = preprocess(ingested, parts, config)
+    validation = validate_data(config, prepared.preprocessor)
+    spec = ingested.spec
+    return redact_value({
+        "valid": True,
+        "task": config.task,
+        "data_path": spec.path,
+        "rows": spec.rows,
+        "train_rows": parts.train_rows,
+        "validation_rows": parts.val_rows,
+        "features": {"numeric": spec.numeric, "text": spec.categorical, "dates": spec.dates},
+        "packed_features": prepared.preprocessor.num_features,
+        "materialized": prepared.materialized,
+        "families": {name: dataclasses.asdict(budget) for name, budget in prepared.budgets.items()},
+        "inference_input": config.inference.input,
+        "inference_output": config.inference.output,
+        "validation": {k: v for k, v in validation.items() if k != "checks"},
+    })
