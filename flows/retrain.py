@@ -66,7 +66,8 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
         # predictions always come from the champion after the gate: a rejected challenger never serves
         predictions = infer(promotion.serving_checkpoint, config, f"models:/{promotion.model_name}/{promotion.serving_version}")
     summary = summarize(ingested, parts, outcome, selected, registered, promotion, predictions,
-                        extra={"candidates": candidates.scores if candidates else None, "validation": validation})
+                        extra={"task": config.task, "candidates": candidates.scores if candidates else None,
+                               "validation": validation})
     report(config, outcome.history, summary)
     return summary
 

@@ -45,7 +45,7 @@ def tune(config_path: str, overrides: dict[str, Any] | None = None, run_name: st
                    if best.inference.input else None)
     summary = summarize(
         ingested, parts, swept.outcome, selected, registered, promotion, predictions,
-        extra={"sweep": swept.sweep, "trials": swept.trials, "best_trial": swept.best_trial,
+        extra={"task": config.task, "sweep": swept.sweep, "trials": swept.trials, "best_trial": swept.best_trial,
                "max_concurrent_trials": swept.max_concurrent_trials,
                "tune_metric": config.tune.metric, "tune_mode": config.tune.mode, "validation": validation},
     )

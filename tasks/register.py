@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import mlflow
-from mlflow.entities import Metric
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
@@ -17,8 +15,9 @@ from trainflow.tasks.ingest import Ingested
 from trainflow.tasks.select import Selected
 from trainflow.tasks.train import TrainOutcome
 from trainflow.config import Config
-from trainflow.redact import redact_config, redact_value
-from trainflow.tracking import MODEL_CODE, ensure_experiment, example_input, flatten, signature_for, tracking
+from trainflow.redact import redact_value
+from trainflow.tasks.mlflow_run import REGISTER_KEY, find_run, log_params, log_rows, run_key
+from trainflow.tracking import MODEL_CODE, ensure_experiment, example_input, signature_for, tracking
 
 
 @dataclass
@@ -43,21 +42,6 @@ def requirements(family: str) -> list[str]:
     return reqs
 
 
-REGISTER_KEY = "trainflow.register_key"
-
-
-def _earlier_attempt(exp_id: str, key: str) -> tuple[str | None, str | None]:
-    """(MLflow run id, model version) an earlier attempt of this register step left, if any."""
-    if not key:
-        return None, None
-    runs = mlflow.MlflowClient().search_runs([exp_id], filter_string=f"tags.`{REGISTER_KEY}` = '{key}'", max_results=1)
-    if not runs:
-        return None, None
-    run_id = runs[0].info.run_id
-    versions = mlflow.MlflowClient().search_model_versions(f"run_id = '{run_id}'")
-    return run_id, (str(versions[0].version) if versions else None)
-
-
 @task(name="register", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
 def register(config: Config, ingested: Ingested, outcome: TrainOutcome, selected: Selected) -> Registered:
     """An MLflow run with params, per-epoch metrics and the checkpoint; a new registered model version."""
@@ -76,11 +60,12 @@ def register(config: Config, ingested: Ingested, outcome: TrainOutcome, selected
     }
     lineage = redact_value(lineage)
     # one MLflow run and one version per training run: a retried task (or flow run) finds its earlier attempt
-    flow_run_id = str(flow_run.get_id() or "")
-    key = f"{flow_run_id}:{outcome.run_name}:{outcome.family}" if flow_run_id else ""
+    key = run_key(outcome.run_name, outcome.family)
     with tracking(config.mlflow.tracking_uri):
         exp_id = ensure_experiment(config.mlflow.tracking_uri, config.mlflow.experiment)
-        run_id, version = _earlier_attempt(exp_id, key)
+        run_id = find_run(mlflow.MlflowClient(), exp_id, key)  # the train task's, or an earlier attempt's
+        versions = mlflow.MlflowClient().search_model_versions(f"run_id = '{run_id}'") if run_id else []
+        version = str(versions[0].version) if versions else None
         if version is None:
             run_id, version = _log_and_register(config, ingested, outcome, selected, prep, lineage, exp_id, run_id, key)
         else:
@@ -100,14 +85,9 @@ def _log_and_register(config: Config, ingested: Ingested, outcome: TrainOutcome,
     with mlflow.start_run(run_id=run_id, experiment_id=None if run_id else exp_id,
                           run_name=None if run_id else outcome.run_name,
                           tags={REGISTER_KEY: key} if key and not run_id else None) as run:
-        client = mlflow.MlflowClient()
-        if run_id is None:  # an earlier attempt logged these already
-            mlflow.log_params({k: str(v)[:500] for k, v in flatten(redact_config(config.for_family(outcome.family))).items()})
-            # per epoch (boosting round), in batches: a booster's hundreds of rounds as one request each would take seconds
-            now = int(time.time() * 1000)
-            series = [Metric(k, float(v), now, int(row["epoch"])) for row in outcome.history for k, v in row.items() if k != "epoch"]
-            for i in range(0, len(series), 1000):  # MLflow's limit per batch
-                client.log_batch(run.info.run_id, metrics=series[i : i + 1000])
+        if run_id is None:  # no train task opened it (outside a flow run): params and history now
+            log_params(config.mlflow.tracking_uri, run.info.run_id, config, outcome.family)
+            log_rows(config.mlflow.tracking_uri, run.info.run_id, outcome.history)
         mlflow.set_tags(lineage)
         mlflow.log_metrics({f"best_{k}": float(v) for k, v in selected.metrics.items() if isinstance(v, (int, float))})
         mlflow.log_artifacts(selected.path, artifact_path="checkpoint")

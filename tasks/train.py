@@ -9,9 +9,11 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.tasks.common import retry_unless_user_error
+from trainflow.tasks.mlflow_run import log_rows, open_run
 from trainflow.tasks.preprocess import Prepared
 from trainflow.trainer.checkpoint import read_metrics
 from trainflow.trainer.loop import STOP_REASON
+from trainflow.trainer.progress import ProgressLine, watch_progress
 from trainflow.trainer.recovery import read_events, recoveries, started_from
 from trainflow.trainer.resources import check_fits
 from trainflow.trainer.runner import build_trainer, fit_run, latest_epoch, latest_lineage, run_dir
@@ -69,11 +71,14 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
     family = family or config.model.families[0]
     resolved = config.for_family(family)
     budget = prepared.budgets[family]
-    trainer = build_trainer(
-        resolved, prepared.preprocessor, prepared.train, prepared.val, run_name, cache_shards=prepared.materialized,
-        streamed=not prepared.materialized, external_memory=getattr(budget, "external_memory", False),
-        lineage=lineage_for(config, prepared.fingerprint, family),
-    )
+    mlflow_run = open_run(config, run_name, family)  # metrics arrive in MLflow while the fit runs
+    progress, logged = ProgressLine(family, budget.limit, budget.unit), set()
+
+    def on_report(metrics: dict[str, Any]) -> None:
+        log.info(progress(metrics))
+        log_rows(config.mlflow.tracking_uri, mlflow_run, [metrics])
+        logged.add(int(metrics.get("epoch", -1)))
+
     log.info(
         "training %s (%s): %d worker(s), gpu=%s, budget %s, storage %s", run_name, family,
         config.scaling.num_workers, config.scaling.use_gpu, budget.to_dict(), config.storage_path,
@@ -83,7 +88,13 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
     existed = latest_epoch(path) is not None
     if existed:
         log.info("run %s exists in %s: resuming from its latest checkpoint", run_name, config.storage_path)
-    result = fit_run(trainer, path, config.scaling.num_workers, config.data.materialize)
+    with watch_progress(on_report) as callback:
+        trainer = build_trainer(
+            resolved, prepared.preprocessor, prepared.train, prepared.val, run_name, cache_shards=prepared.materialized,
+            streamed=not prepared.materialized, external_memory=getattr(budget, "external_memory", False),
+            lineage=lineage_for(config, prepared.fingerprint, family), callbacks=[callback],
+        )
+        result = fit_run(trainer, path, config.scaling.num_workers, config.data.materialize)
     if result.metrics and result.metrics.get(STOP_REASON):
         raise TrainingError(f"training stopped: {result.metrics[STOP_REASON]}; lower train.learning_rate or check the data")
     checkpoints = []
@@ -96,6 +107,8 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
             history = read_metrics(d)["history"]
     if not checkpoints:
         raise TrainingError(f"run {run_name} finished without reporting a checkpoint")
+    # the epochs the reports grouped away (and those before a resume), so MLflow holds every epoch
+    log_rows(config.mlflow.tracking_uri, mlflow_run, [h for h in history if int(h.get("epoch", -1)) not in logged])
     events = read_events(path)
     final = history[-1] if history else {}
     log.info("trained %d epoch(s); last epoch: %s", len(history), {k: round(v, 4) for k, v in final.items()})

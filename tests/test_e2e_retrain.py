@@ -1,6 +1,7 @@
 """End-to-end local flow runs of `retrain` and `batch-inference` with 2 Ray Train workers."""
 
 import json
+from pathlib import Path
 
 import mlflow
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 from mlflow import MlflowClient
 from prefect.artifacts import Artifact
 
+import trainflow
 from tests.conftest import churn_config, make_regression_table, write_config, write_parquet
 from trainflow.sample import make_churn_table
 from trainflow.trainer.checkpoint import load_servable, read_metrics
@@ -255,25 +257,52 @@ def _with_store_and_visit(table: pa.Table, seed: int, codes: int) -> pa.Table:
     return table.append_column("store", pa.array(stores)).append_column("visited at", pa.array(visits.tolist()))
 
 
-def test_retrain_regression_end_to_end(tmp_path):
+def _flow_run_logs(flow_run_id: str) -> list:
+    """The flow run's log lines as the Prefect server stored them (timestamp, message), oldest first."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        return client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), limit=200)
+
+
+def test_retrain_regression_end_to_end(tmp_path, monkeypatch):
     # a 5,000-value text column (embedded) and a timestamp written as text (date parts); the scoring table
     # holds store codes never seen in training, and every one of its rows is still predicted
     train_table = _with_store_and_visit(make_regression_table(6000, seed=1), seed=1, codes=5000)
     write_parquet(train_table, tmp_path / "reg" / "train.parquet")
     score = _with_store_and_visit(make_regression_table(400, seed=9, with_label=False), seed=9, codes=20000)
     write_parquet(score, tmp_path / "reg" / "score.parquet")
-    cfg_path = write_config(tmp_path, {
+    # through the Python API with a dict (relative paths resolve against the working directory) and no `task`:
+    # the label's fractional numbers make it regression
+    monkeypatch.chdir(tmp_path)
+    config = {
         "data": {"path": "reg/train.parquet", "label": "target y", "id_column": "row id"},
-        "task": "regression",
         "train": {"epochs": 3, "batch_size": 64, "learning_rate": 0.01},
         "scaling": {"num_workers": 2},
-        "checkpoint": {"num_to_keep": 3, "metric": "val_r2"},
+        "checkpoint": {"num_to_keep": 3, "metric": "val_r2", "min_interval_s": 0},  # a report (and a line) per epoch
         "mlflow": {"registered_model": "reg-test"},
         "inference": {"input": "reg/score.parquet", "output": "out/reg"},
-    })
-    from trainflow.flows.retrain import retrain
+    }
+    from prefect.logging.handlers import APILogHandler
+    from prefect.settings import PREFECT_LOGGING_LEVEL, temporary_settings
 
-    summary = retrain(config_path=str(cfg_path), run_name="reg-e2e")
+    with temporary_settings({PREFECT_LOGGING_LEVEL: "INFO"}):  # the run logger's INFO lines reach the server
+        summary = trainflow.retrain(config, run_name="reg-e2e")
+    APILogHandler().flush()  # the logs go to the server in the background: all of them now
+    assert summary["task"] == "regression"
+    # a progress line per reported epoch in the Prefect logs, the first written while training went on (before the
+    # last epoch's checkpoint), and the same metrics in MLflow as they came
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    flow_run_id = MlflowClient(tracking_uri=tracking).get_run(summary["mlflow_run_id"]).data.tags["trainflow.prefect_flow_run_id"]
+    logs = _flow_run_logs(flow_run_id)
+    progress = [log for log in logs if log.message.startswith("mlp epoch ")]
+    assert [log.message.split(":")[0] for log in progress] == ["mlp epoch 1/3", "mlp epoch 2/3", "mlp epoch 3/3"]
+    assert all("val_r2" in log.message and "train_loss" in log.message for log in progress)
+    last_checkpoint = max(f.stat().st_mtime for f in Path(summary["ray_run_path"]).glob("checkpoint_*/*"))
+    assert progress[0].timestamp.timestamp() < last_checkpoint
+    live = MlflowClient(tracking_uri=tracking).get_metric_history(summary["mlflow_run_id"], "val_r2")
+    assert sorted(m.step for m in live) == [0, 1, 2] and min(m.timestamp for m in live) / 1000 < last_checkpoint
     assert summary["best_checkpoint"]["metrics"]["val_r2"] > 0.7
     _check_common(summary, "val_r2", "max", score, "row id")
     prep = load_servable(summary["best_checkpoint"]["path"]).preprocessor
@@ -281,8 +310,14 @@ def test_retrain_regression_end_to_end(tmp_path):
     assert list(prep.dates) == ["visited at"] and "kind, class" in prep.categorical
     known = set(prep.embedded["store"]["categories"])
     assert summary["unseen_categories"] == {"store": sum(v not in known for v in score["store"].to_pylist())}
-    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
     _check_mlflow(summary, tracking, "reg-test")
     assert summary["promotion"]["decision"] == "promoted"
+    # the registered model in this process (Python API): the batch output's columns for every row
+    model = trainflow.load_model(summary["model_uri"], tracking_uri=tracking)
+    frame = score.to_pandas().set_index("row id", drop=False)
+    got = model.predict(frame)
+    written = pads.dataset(summary["predictions_path"]).to_table()
+    assert list(got.columns) == ["prediction"] and list(got.index) == list(frame.index)
+    np.testing.assert_allclose(got["prediction"].to_numpy(), written["prediction"].to_numpy(), rtol=1e-5)
     # a registered challenger that is not promoted (champion kept, predictions from it, the artifacts that say
     # so): tests/test_s3.py's resumed rerun, which makes no fit of its own for it

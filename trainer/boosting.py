@@ -38,6 +38,11 @@ class BoostBudget:
     num_boost_round: int
     early_stopping_rounds: int | None
     external_memory: bool = False  # XGBoost reads its shard into an ExtMemQuantileDMatrix (trainer/extmem.py)
+    unit = "round"  # what one report's step counts, in progress lines
+
+    @property
+    def limit(self) -> int:
+        return self.num_boost_round
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

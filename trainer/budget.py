@@ -24,6 +24,11 @@ class Budget:
     epochs: int  # the most epochs; early stopping may end sooner
     patience: int | None  # epochs without improvement before stopping; None: never stop early
     steps_per_epoch: int  # per worker
+    unit = "epoch"  # what one report's step counts, in progress lines
+
+    @property
+    def limit(self) -> int:
+        return self.epochs
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

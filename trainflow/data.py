@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
 import uuid
@@ -26,7 +25,7 @@ from trainflow.preprocessors.tabular import TabularPreprocessor, is_numeric_type
 from trainflow.config import DataSection, PreprocessSection
 from trainflow import pacing
 from trainflow.errors import DataError
-from trainflow.storage import is_uri, with_scheme
+from trainflow.storage import filesystem_for, is_uri, with_scheme
 from trainflow.tables import check_names, csv_arguments, check_csv_header, list_files
 
 def streamed_task_args() -> dict:

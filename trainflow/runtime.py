@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import signal
 import threading
 
@@ -47,7 +48,7 @@ def _init(address: str | None, runtime_env: dict | None, num_cpus: int | None, o
     runtime_env["env_vars"] = {**defaults, **(runtime_env.get("env_vars") or {})}
     # a hook of the user's own wins; then streamed pipelines run Ray's unpaced loop (trainflow/pacing.py)
     runtime_env.setdefault("worker_process_setup_hook", pacing.HOOK)
-    ray.init(
+    context = ray.init(
         address=address,
         runtime_env=runtime_env,
         num_cpus=num_cpus,
@@ -60,6 +61,8 @@ def _init(address: str | None, runtime_env: dict | None, num_cpus: int | None, o
         logging_level=logging.WARNING,
         configure_logging=True,
     )
+    if context.dashboard_url:
+        print(f"trainflow: Ray dashboard at http://{context.dashboard_url}", file=sys.stderr, flush=True)
     configure_ray_data()
 
 
@@ -238,7 +241,7 @@ def configure_ray_data() -> None:
     from ray.data.context import DEFAULT_READ_OP_MIN_NUM_BLOCKS, ShuffleStrategy
 
     ctx = DataContext.get_current()
-    ctx.enable_progress_bars = False
+    ctx.enable_progress_bars = sys.stderr.isatty()  # where a person watches a terminal; never into log files
     ctx.print_on_execution_start = False
     if "RAY_DATA_DEFAULT_SHUFFLE_STRATEGY" not in os.environ:
         ctx.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED

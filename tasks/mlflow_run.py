@@ -1,0 +1,68 @@
+"""One MLflow run per trained family, opened when its fit starts: params at once, metrics as each report arrives,
+the rest of the per-epoch history after the fit; register finds the same run (by its key) and adds the model."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import mlflow
+from mlflow.entities import Metric, Param
+from prefect.runtime import flow_run
+
+from trainflow.config import Config
+from trainflow.redact import redact_config
+from trainflow.tracking import ensure_experiment, flatten, tracking
+
+REGISTER_KEY = "trainflow.register_key"
+
+
+def run_key(run_name: str, family: str) -> str:
+    """The key a flow run's training of one family is found by (empty outside a flow run)."""
+    flow_run_id = str(flow_run.get_id() or "")
+    return f"{flow_run_id}:{run_name}:{family}" if flow_run_id else ""
+
+
+def find_run(client: mlflow.MlflowClient, exp_id: str, key: str) -> str | None:
+    if not key:
+        return None
+    runs = client.search_runs([exp_id], filter_string=f"tags.`{REGISTER_KEY}` = '{key}'", max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
+def open_run(config: Config, run_name: str, family: str) -> str:
+    """The family's MLflow run in this flow run (a retried task finds its own), with the config's params."""
+    uri = config.mlflow.tracking_uri
+    client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+    with tracking(uri):
+        exp_id = ensure_experiment(uri, config.mlflow.experiment)
+    key = run_key(run_name, family)
+    run_id = find_run(client, exp_id, key)
+    if run_id is None:
+        run_id = client.create_run(exp_id, run_name=run_name, tags={REGISTER_KEY: key} if key else None).info.run_id
+        log_params(uri, run_id, config, family)
+    return run_id
+
+
+def log_params(uri: str, run_id: str, config: Config, family: str) -> None:
+    """The family's resolved config as flat params, secrets masked (MLflow takes at most 100 per request)."""
+    items = [(k, str(v)[:500]) for k, v in flatten(redact_config(config.for_family(family))).items()]
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    for i in range(0, len(items), 100):
+        client.log_batch(run_id, params=[Param(k, v) for k, v in items[i : i + 100]])
+
+
+def metrics_of(row: dict[str, Any], now_ms: int) -> list[Metric]:
+    """A report's or history row's numbers as MLflow metrics at step = its epoch (boosting round)."""
+    step = int(row.get("epoch", 0))
+    return [Metric(k, float(v), now_ms, step) for k, v in row.items()
+            if k not in ("epoch", "reported_at") and isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
+def log_rows(uri: str, run_id: str, rows: list[dict[str, Any]]) -> None:
+    """Metrics of rows, in batches (MLflow takes at most 1,000 per request)."""
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    now = int(time.time() * 1000)
+    series = [m for row in rows for m in metrics_of(row, now)]
+    for i in range(0, len(series), 1000):
+        client.log_batch(run_id, metrics=series[i : i + 1000])
