@@ -1,0 +1,114 @@
+"""The way in: `trainflow init`, `config schema`, `config show`, `validate`, and the task a label implies."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import yaml
+
+from tests.conftest import churn_config, write_parquet
+from trainflow.config import config_from_dict, load_config
+from trainflow.errors import ConfigError
+from trainflow.flows.cli import main as cli_main
+from trainflow.sample import make_churn_table
+
+
+def _raw(path, label="y", **extra):
+    return {"data": {"path": str(path), "label": label}, **extra}
+
+
+@pytest.mark.parametrize("values, task, why", [
+    (["a", "b", "a"], "classification", "text values"),
+    ([True, False, True], "classification", "bool values"),
+    ([0, 1, 1], "classification", "2 distinct whole numbers"),
+    ([1.5, 2.0, 3.25], "regression", "fractional numbers"),
+    ([0.0, 1.0, None], "classification", "2 distinct whole numbers"),
+])
+def test_task_is_inferred_from_an_unambiguous_label_and_said(tmp_path, values, task, why):
+    path = write_parquet(pa.table({"x": list(range(len(values))), "y": values}), tmp_path / "t.parquet")
+    cfg = config_from_dict(_raw(path))
+    assert cfg.task == task and why in cfg.task_inferred
+    # a written task is taken as it is, and nothing is said
+    other = "regression" if task == "classification" else "classification"
+    if task == "classification" and why == "2 distinct whole numbers":
+        assert config_from_dict(_raw(path, task=other)).task_inferred is None
+
+
+def test_an_ambiguous_or_missing_label_asks_for_task(tmp_path):
+    path = write_parquet(pa.table({"x": np.arange(50), "y": np.arange(50) % 5}), tmp_path / "t.parquet")
+    with pytest.raises(ConfigError, match=r"5 distinct whole numbers.*set task: classification or task: regression"):
+        config_from_dict(_raw(path))
+    with pytest.raises(ConfigError, match=r"data.label: 'nope' is not a column of .*t.parquet"):
+        config_from_dict(_raw(path, label="nope"))
+    assert config_from_dict(_raw(path, task="classification")).task == "classification"
+
+
+def test_config_schema_describes_every_key_and_show_resolves_without_secrets(tmp_path, capsys):
+    assert cli_main(["config", "schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    missing = []
+
+    def walk(node, where):
+        for name, prop in node.get("properties", {}).items():
+            if not prop.get("description"):
+                missing.append(f"{where}{name}")
+
+    walk(schema, "")
+    for name, definition in schema["$defs"].items():
+        walk(definition, f"{name}.")
+    assert not missing
+    assert "task" not in schema["required"] and "data" in schema["required"]
+    cfg = churn_config(tmp_path)
+    raw = yaml.safe_load(cfg.read_text())
+    raw.pop("task")
+    raw["scaling"]["env_vars"] = {"AWS_SECRET_ACCESS_KEY": "s3cr3t-value"}
+    cfg.write_text(yaml.safe_dump(raw))
+    assert cli_main(["config", "show", "--config", str(cfg), "--set", "train.epochs=7"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# task: classification (the label 'churned' holds 2 distinct whole numbers")
+    shown = yaml.safe_load(out)
+    assert shown["train"]["epochs"] == 7 and shown["data"]["path"] == str(tmp_path / "data" / "train.parquet")
+    assert shown["checkpoint"]["mode"] == "min" and shown["promotion"]["metric"] == "val_loss"  # resolved defaults
+    assert "s3cr3t-value" not in out and shown["scaling"]["env_vars"]["AWS_SECRET_ACCESS_KEY"] == "***"
+
+
+def test_init_writes_a_commented_config_that_loads_and_never_replaces_one(tmp_path, capsys):
+    write_parquet(make_churn_table(300, seed=1), tmp_path / "tables" / "churn.parquet")
+    out = tmp_path / "conf" / "churn.yaml"
+    args = ["init", "--data", str(tmp_path / "tables" / "churn.parquet"), "--label", "churned", "--out", str(out)]
+    assert cli_main(args) == 0
+    text = out.read_text()
+    assert "# trainflow config for" in text and "300 rows" in text
+    cfg = load_config(out)
+    assert cfg.task == "classification" and cfg.data.id_column == "customer_id"
+    assert cfg.data.path == str(tmp_path / "tables" / "churn.parquet")  # written relative to the config's folder
+    assert yaml.safe_load(text)["data"]["path"] == "../tables/churn.parquet"
+    assert cfg.storage_path == str(tmp_path / "conf" / "runs") and cfg.mlflow.registered_model == "churned-model"
+    out.write_text("# mine\n")
+    capsys.readouterr()
+    assert cli_main(args) == 2
+    assert "exists" in capsys.readouterr().err and out.read_text() == "# mine\n"
+    assert cli_main([*args, "--force"]) == 0 and load_config(out).task == "classification"
+    # a label that is not a column: exit 2 naming it, nothing written
+    assert cli_main([*args[:-2], "--out", str(tmp_path / "other.yaml"), "--label", "churn"]) == 2
+    assert "'churn' is not a column" in capsys.readouterr().err and not (tmp_path / "other.yaml").exists()
+
+
+@pytest.mark.usefixtures("prefect_harness", "ray_local")
+def test_validate_runs_every_check_short_of_training(tmp_path, capsys):
+    cfg = churn_config(tmp_path, rows=600)
+    summary_path = tmp_path / "validate.json"
+    assert cli_main(["validate", "--config", str(cfg), "--summary-json", str(summary_path)]) == 0
+    summary = json.loads(summary_path.read_text())
+    assert summary["valid"] and summary["rows"] == 600 and summary["train_rows"] + summary["validation_rows"] == 600
+    assert set(summary["families"]) == {"mlp"} and summary["families"]["mlp"]["epochs"] == 3
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()  # nothing trained, nothing written
+    # a scoring table without a feature the model needs: exit 2 naming the file and column, before any training
+    write_parquet(make_churn_table(50, seed=3, with_label=False).drop_columns(["plan"]), tmp_path / "data" / "score.parquet")
+    capsys.readouterr()
+    assert cli_main(["validate", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "score.parquet" in err and "'plan'" in err
