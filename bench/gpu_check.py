@@ -15,7 +15,7 @@ import numpy as np, pyarrow as pa, torch, ray, ray.data
 from trainflow.config import config_from_dict
 from trainflow.data import table_spec, check_text_columns, split_table, fit_and_pack
 from trainflow.trainer.runner import build_trainer
-from trainflow.trainer.checkpoint import load_servable
+from trainflow.trainer.serving import load_servable
 from trainflow.trainer.predict import predict_table, predict_dataset
 
 print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0), flush=True)

@@ -60,7 +60,7 @@ def run_trainflow(path, checkpoint: str, out: str) -> float:
 
 
 def run_baseline(path, checkpoint: str, out: str) -> float:
-    from trainflow.trainer.checkpoint import load_servable
+    from trainflow.trainer.serving import load_servable
 
     torch.set_num_threads(1)
     servable = load_servable(checkpoint)

@@ -105,7 +105,7 @@ def load_model(uri: str | os.PathLike, tracking_uri: str | None = None, allowed_
     nn.Module imports its class only when it is listed in allowed_class_paths (nothing is imported because a stored
     model names it)."""
     from trainflow.tasks.infer import resolve_checkpoint
-    from trainflow.trainer.checkpoint import load_servable
+    from trainflow.trainer.serving import load_servable
 
     uri = str(uri)
     return Model(load_servable(resolve_checkpoint(uri, set(allowed_class_paths), tracking_uri)), uri)

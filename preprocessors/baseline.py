@@ -17,35 +17,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from ray.data.aggregate import AggregateFnV2
 
 STEP = 0.02  # asinh-scale width of the fit's fine bins: about 2% of a value away from zero
 BINS = 20  # equal-mass bins per number in the stored baseline
 TOP_CATEGORIES = 50  # categories per text column in the stored baseline; the rest is one "other" bucket
 NULL, OTHER = "__null__", "__other__"
-
-
-class FineHistogram(AggregateFnV2):
-    """Counts of floor(asinh(x) / STEP) over a numeric column (nulls and NaN left out): mergeable, range-free."""
-
-    def __init__(self, on: str, alias_name: str):
-        super().__init__(alias_name, on=on, ignore_nulls=True, zero_factory=dict)
-
-    def aggregate_block(self, block: pa.Table) -> dict[int, int]:
-        x = block[self._target_col_name].to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
-        keys = np.floor(np.arcsinh(x[np.isfinite(x)]) / STEP).astype(np.int64)
-        if not keys.size:
-            return {}
-        low = int(keys.min())
-        counts = np.bincount(keys - low)  # a few thousand bins at most (asinh of a float64 is within +-711)
-        found = np.flatnonzero(counts)
-        return dict(zip((found + low).tolist(), counts[found].tolist()))
-
-    def combine(self, current_accumulator: dict, new_accumulator: dict) -> dict:
-        out = dict(current_accumulator)
-        for k, v in new_accumulator.items():
-            out[k] = out.get(k, 0) + v
-        return out
 
 
 def numeric_baseline(fine: dict[int, int] | None, rows: int, missing: int) -> dict[str, Any]:

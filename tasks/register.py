@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import mlflow
 from prefect import get_run_logger, task
@@ -17,7 +19,8 @@ from trainflow.tasks.train import TrainOutcome
 from trainflow.config import Config
 from trainflow.redact import redact_value
 from trainflow.tasks.mlflow_run import REGISTER_KEY, find_run, log_params, log_rows, run_key
-from trainflow.tracking import MODEL_CODE, ensure_experiment, example_input, signature_for, tracking
+from trainflow.tasks.model_package import MODEL_CODE, example_input, requirements, serving_code, signature_for
+from trainflow.tracking import ensure_experiment, tracking
 
 
 @dataclass
@@ -26,20 +29,6 @@ class Registered:
     model_name: str
     model_version: str
     model_uri: str
-
-
-def requirements(family: str) -> list[str]:
-    """What the registered model needs to load: torch (trainflow's checkpoint code) and the family's library."""
-    reqs = ["torch==2.13.0", "pyarrow", "pandas", "numpy", "scikit-learn"]
-    if family == "xgboost":
-        import xgboost
-
-        reqs.append(f"xgboost-cpu=={xgboost.__version__}")
-    elif family == "lightgbm":
-        import lightgbm
-
-        reqs.append(f"lightgbm=={lightgbm.__version__}")
-    return reqs
 
 
 @task(name="register", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
@@ -91,13 +80,15 @@ def _log_and_register(config: Config, ingested: Ingested, outcome: TrainOutcome,
         mlflow.set_tags(lineage)
         mlflow.log_metrics({f"best_{k}": float(v) for k, v in selected.metrics.items() if isinstance(v, (int, float))})
         mlflow.log_artifacts(selected.path, artifact_path="checkpoint")
-        info = mlflow.pyfunc.log_model(
-            name="model",
-            python_model=MODEL_CODE,
-            artifacts={"checkpoint": selected.path},
-            signature=signature_for(prep, ingested.spec.mlflow_types),
-            input_example=example_input(prep, ingested.spec.mlflow_types),
-            pip_requirements=requirements(outcome.family),
-            registered_model_name=config.mlflow.registered_model,
-        )
+        with tempfile.TemporaryDirectory(prefix="trainflow-code-") as code:
+            info = mlflow.pyfunc.log_model(
+                name="model",
+                python_model=MODEL_CODE,
+                artifacts={"checkpoint": selected.path},
+                code_paths=serving_code(Path(code), config.for_family(outcome.family)["model"].get("class_path")),  # served where trainflow is not installed
+                signature=signature_for(prep, ingested.spec.mlflow_types),
+                input_example=example_input(prep, ingested.spec.mlflow_types),
+                pip_requirements=requirements(outcome.family),
+                registered_model_name=config.mlflow.registered_model,
+            )
         return run.info.run_id, str(info.registered_model_version)

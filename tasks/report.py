@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import time
@@ -28,13 +29,11 @@ def artifact_key(model_name: str, what: str) -> str:
 
 
 def loss_curve(history: list[dict[str, float]], title: str):
-    """Train and validation loss per epoch, as a matplotlib figure."""
-    import matplotlib
+    """Train and validation loss per epoch, as a matplotlib figure (no pyplot state)."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    fig = Figure(figsize=(6, 3.5), dpi=100)
+    ax = fig.subplots()
     epochs = [int(r["epoch"]) for r in history]
     for key in ("train_loss", "val_loss"):
         ax.plot(epochs, [r.get(key, float("nan")) for r in history], marker="o", label=key)
@@ -117,7 +116,7 @@ def _drift_line(summary: dict[str, Any]) -> str:
             f"of {len(d['columns'])} feature(s) over {d['rows']} rows (artifact `-drift`)")
 
 
-def model_card(config: Config, summary: dict[str, Any], curve_uri: str) -> str:
+def model_card(config: Config, summary: dict[str, Any], curve_uri: str, curve_png: str = "") -> str:
     """Markdown: data, metrics, promotion decision, lineage and the resolved config."""
     best = summary["best_checkpoint"]
     promo = summary["promotion"]
@@ -138,7 +137,9 @@ challenger v{promo['challenger_version']} {_fmt(promo['challenger_score'])}, cha
 |---|---|
 {metrics}
 
-Loss curve: `{curve_uri}` (also the MLflow run's `{LOSS_CURVE}`).
+Loss curve (also `{curve_uri}` and the MLflow run's `{LOSS_CURVE}`):
+
+{f"![loss curve]({curve_png})" if curve_png else ""}
 
 ## Model
 {_family_line(config, summary.get('model_family') or config.model.families[0])}{_candidates_lines(summary, promo['metric'])}
@@ -168,8 +169,6 @@ predictions `{summary['predictions_path']}` (by version {summary.get('prediction
 def report(config: Config, history: list[dict[str, float]], summary: dict[str, Any]) -> dict[str, str]:
     """Per-epoch metrics table, model card and loss curve as Prefect artifacts; the curve also in MLflow."""
     name = summary["registered_model"]
-    import matplotlib.pyplot as plt
-
     fig = loss_curve(history, f"{summary['run_name']} (v{summary['model_version']})")
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
@@ -191,7 +190,8 @@ def report(config: Config, history: list[dict[str, float]], summary: dict[str, A
             + ([Metric("validation.anomalies", float(len(validation["anomalies"])), int(time.time() * 1000), 0)]
                if validation.get("checks") else []),
         )
-    plt.close(fig)
+    # embedded: Prefect's UI renders a data: image, never a file:// or s3:// one a browser cannot open
+    png = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
     ids = {
         "metrics": create_table_artifact(
             table=[{k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()} for row in history],
@@ -199,12 +199,12 @@ def report(config: Config, history: list[dict[str, float]], summary: dict[str, A
             description=f"Per-epoch metrics of Ray Train run {summary['run_name']}",
         ),
         "model_card": create_markdown_artifact(
-            markdown=model_card(config, summary, curve_uri),
+            markdown=model_card(config, summary, curve_uri, png),
             key=artifact_key(name, "model-card"),
             description=f"Model card of {name} version {summary['model_version']}",
         ),
         "loss_curve": create_image_artifact(
-            image_url=curve_uri, key=artifact_key(name, "loss-curve"), description=f"Loss curve of {summary['run_name']}"
+            image_url=png, key=artifact_key(name, "loss-curve"), description=f"Loss curve of {summary['run_name']} ({curve_uri})"
         ),
     }
     get_run_logger().info("artifacts: epoch metrics, model card, loss curve (%s)", curve_uri)

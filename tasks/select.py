@@ -10,7 +10,8 @@ from prefect.cache_policies import NO_CACHE
 
 from trainflow.tasks.infer import allowed_class_paths, check_class_path
 from trainflow.tasks.train import TrainOutcome
-from trainflow.trainer.checkpoint import load_servable, metric_value
+from trainflow.trainer.checkpoint import metric_value
+from trainflow.trainer.serving import load_servable
 from trainflow.config import Config
 from trainflow.errors import CheckpointError
 from trainflow.storage import localize

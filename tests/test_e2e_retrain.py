@@ -1,10 +1,15 @@
 """End-to-end local flow runs of `retrain` and `batch-inference` with 2 Ray Train workers."""
 
 import json
+import os
+import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 
 import mlflow
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pytest
@@ -12,9 +17,10 @@ from mlflow import MlflowClient
 from prefect.artifacts import Artifact
 
 import trainflow
-from tests.conftest import churn_config, make_regression_table, write_config, write_parquet
+from tests.conftest import churn_config, make_regression_table, write_parquet
 from trainflow.sample import make_churn_table
-from trainflow.trainer.checkpoint import load_servable, read_metrics
+from trainflow.trainer.checkpoint import read_metrics
+from trainflow.trainer.serving import load_servable
 from trainflow.trainer.predict import predict_table
 from trainflow.flows.cli import main as cli_main
 from trainflow.tracking import tracking as tracking_uri
@@ -42,6 +48,37 @@ def _check_common(summary, metric, mode, score_table, id_column):
         rtol=1e-5,
     )
     return out
+
+
+def _serves_without_trainflow(where, tracking, model_uri, frame, expected):
+    """The registered model loaded and predicted by MLflow alone, in a virtual environment that has the model's
+    requirements (this venv's site-packages, added by a .pth line, which runs no .pth of its own: trainflow's
+    editable-install hook stays out) but not trainflow: through mlflow.pyfunc and through `mlflow models predict`."""
+    with tracking_uri(tracking):  # models:/ resolves through the process's registry URI
+        model_dir = mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(where / "model"))
+    venv = where / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next(venv.glob("lib/python3*/site-packages"))
+    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    frame.to_csv(where / "input.csv", index=False)
+    script = (
+        "import importlib.util, sys, mlflow, pandas as pd\n"
+        "assert importlib.util.find_spec('trainflow') is None, 'trainflow is importable'\n"
+        f"model = mlflow.pyfunc.load_model({model_dir!r})\n"
+        f"model.predict(pd.read_csv({str(where / 'input.csv')!r})).to_csv({str(where / 'pyfunc.csv')!r}, index=False)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
+    run = subprocess.run([str(venv / "bin" / "python"), "-c", script], cwd=where, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    served = pd.read_csv(where / "pyfunc.csv")
+    np.testing.assert_array_equal(served["prediction"].to_numpy(), expected["prediction"].to_numpy())
+    run = subprocess.run([str(venv / "bin" / "python"), "-m", "mlflow", "models", "predict", "-m", model_dir,
+                          "-i", str(where / "input.csv"), "-t", "csv", "-o", str(where / "cli.json"), "--env-manager", "local"],
+                         cwd=where, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    cli = pd.DataFrame(json.loads((where / "cli.json").read_text())["predictions"])
+    np.testing.assert_array_equal(cli["prediction"].to_numpy(), expected["prediction"].to_numpy())
 
 
 def _check_mlflow(summary, tracking_uri, model_name):
@@ -89,6 +126,9 @@ def test_retrain_classification_end_to_end_then_boosters_replace_the_champion(tm
     assert list(pyfunc.input_example.columns) == load_servable(summary["best_checkpoint"]["path"]).preprocessor.feature_order
     assert len(pyfunc.predict(pyfunc.input_example)) == 1
     assert got["prediction"].tolist() == out["prediction"].to_pylist()[:50]
+    # ... and where trainflow is not installed: the model's own code (code_paths) and its listed requirements
+    _serves_without_trainflow(tmp_path / "isolated", tracking, f"models:/churn-test/{summary['model_version']}",
+                              score.slice(0, 50).drop_columns(["customer_id"]).to_pandas(), got)
 
     # batch-inference from the registry's @champion (the first version claims it) writes the same predictions
     out2 = tmp_path / "again"

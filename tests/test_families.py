@@ -11,7 +11,8 @@ import pytest
 import ray.train
 
 from tests.faults import small_run, wait_registered
-from trainflow.trainer.checkpoint import load_servable, read_metrics
+from trainflow.trainer.checkpoint import read_metrics
+from trainflow.trainer.serving import load_servable
 from trainflow.trainer.recovery import read_events, recoveries
 from trainflow.trainer.runner import build_trainer, run_dir
 from trainflow.config import DataSection, config_from_dict

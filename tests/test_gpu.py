@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.conftest import churn_config
-from trainflow.trainer.checkpoint import load_servable
+from trainflow.trainer.serving import load_servable
 from trainflow.trainer.predict import predict_table
 from trainflow.flows.cli import main as cli_main
 

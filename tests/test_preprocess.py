@@ -184,7 +184,7 @@ def test_decimal_and_boolean_labels_fit_and_round_trip_as_json(tmp_path, labels,
 
 
 def test_input_example_is_a_typical_row_from_the_fitted_state():
-    from trainflow.tracking import example_input
+    from trainflow.tasks.model_package import example_input
 
     table = _table().append_column("visits", pa.array(np.arange(400) % 5))
     spec = _spec(table)

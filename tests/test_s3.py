@@ -6,6 +6,7 @@ predictions to s3://.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 
@@ -85,9 +86,12 @@ def _check_not_promoted(summary: dict, promo: dict, tmp_path, fs: pafs.FileSyste
     assert "not_promoted" in card.data and summary["data_fingerprint"] in card.data and summary["ray_run_path"] in card.data
     table = json.loads(Artifact.get("s3-test-epoch-metrics").data)
     assert [row["epoch"] for row in table] == [0, 1, 2]
-    curve = Artifact.get("s3-test-loss-curve").data
-    assert curve == f"{summary['ray_run_path']}/loss_curve.png"
-    assert fs.get_file_info(curve.removeprefix("s3://")).size > 1000
+    # the curve embedded (a browser renders data: images, not s3://), and also written beside the run
+    curve = Artifact.get("s3-test-loss-curve")
+    assert curve.data.startswith("data:image/png;base64,") and curve.data in card.data
+    assert f"{summary['ray_run_path']}/loss_curve.png" in curve.description
+    png = base64.b64decode(curve.data.split(",", 1)[1])
+    assert png.startswith(b"\x89PNG") and fs.get_file_info(f"{summary['ray_run_path']}/loss_curve.png".removeprefix("s3://")).size == len(png)
 
 
 def _upload(fs: pafs.FileSystem, table, key: str) -> str:

@@ -141,7 +141,8 @@ def _gate_setup(tmp_path):
 
 def _register(cfg, path: str):
     from trainflow.tasks.register import Registered
-    from trainflow.tracking import MODEL_CODE, ensure_experiment, tracking
+    from trainflow.tasks.model_package import MODEL_CODE
+    from trainflow.tracking import ensure_experiment, tracking
 
     with tracking(cfg.mlflow.tracking_uri):
         exp = ensure_experiment(cfg.mlflow.tracking_uri, "gate")

@@ -24,13 +24,15 @@ import ray.train
 from trainflow.preprocessors.tabular import FEATURES, LABEL, TabularPreprocessor
 from trainflow.trainer.budget import EarlyStopping
 from trainflow.trainer.checkpoint import read_metrics, write_common
+from trainflow.trainer.serving import (
+    LGB_MODEL, XGB_MODEL, load_lightgbm, load_xgboost, categorical_positions, outputs_from, xgb_feature_types, xgb_matrix,
+)
 from trainflow.trainer.metrics import compute_metrics
 from trainflow.trainer.recovery import append_event
 from trainflow.trainer.watchdog import heartbeat
 
 STATE_JSON = "train_state.json"
 DECISION_S = 0.25  # how often (in training time) ranks agree whether a report is due
-EPS = 1e-12
 
 
 @dataclass(frozen=True)
@@ -105,17 +107,6 @@ def shard_arrays(shard) -> tuple[np.ndarray, np.ndarray]:
     if not xs:
         return np.zeros((0, 0), np.float32), np.zeros((0,), np.float32)
     return np.concatenate(xs), np.concatenate(ys)
-
-
-def outputs_from(task: str, num_outputs: int, pred: np.ndarray) -> np.ndarray:
-    """The library's predictions as trainflow's model outputs: log-probabilities (a softmax gives the
-    probabilities back) for classification, the standardized value for regression."""
-    pred = np.asarray(pred, dtype=np.float64)
-    if task == "regression":
-        return pred.reshape(-1, 1).astype(np.float32)
-    if num_outputs == 2 and pred.ndim == 1:
-        pred = np.stack([1.0 - pred, pred], axis=1)
-    return np.log(np.clip(pred.reshape(len(pred), num_outputs), EPS, 1.0)).astype(np.float32)
 
 
 def val_loss_from(family: str, task: str, value: float) -> float:
@@ -265,38 +256,11 @@ def _prepare(loop_config: dict[str, Any], load_model: Callable[[Path], Any]) -> 
     return BoostRun(loop_config, prep, x, y, x_val, y_val, budget, model, start, history, stopper)
 
 
-def categorical_positions(prep: TabularPreprocessor) -> list[int]:
-    return [pos for pos, _, _ in prep.embedding_slots()]
-
-
 # ---------------------------------------------------------------- XGBoost
-
-XGB_MODEL = "model.ubj"
-
-
-def xgb_feature_types(prep: TabularPreprocessor) -> list[str]:
-    cats = set(categorical_positions(prep))
-    return ["c" if i in cats else "q" for i in range(prep.num_features)]
-
-
-def xgb_matrix(prep: TabularPreprocessor, x: np.ndarray, y: np.ndarray | None = None):
-    import xgboost as xgb
-
-    types = xgb_feature_types(prep)
-    return xgb.DMatrix(x, label=y, feature_types=types, enable_categorical="c" in types, nthread=-1)
-
-
-def _xgb_load(path: Path):
-    import xgboost as xgb
-
-    booster = xgb.Booster()
-    booster.load_model(str(path / XGB_MODEL))
-    return booster
-
 
 def xgboost_train_fn(loop_config: dict[str, Any]) -> None:
     """XGBoostTrainer's per-worker loop: resume from the latest checkpoint's round, boost, report."""
-    run = _prepare(loop_config, _xgb_load)
+    run = _prepare(loop_config, load_xgboost)
     if run is None:
         return
     prep = run.prep
@@ -340,32 +304,13 @@ def _xgb_boost(run: BoostRun, params: dict[str, Any], dtrain, dval) -> None:
               evals=[(dtrain, "train"), (dval, "val")], xgb_model=run.model, callbacks=[Report()], verbose_eval=False)
 
 
-class XGBoostPredictor:
-    def __init__(self, directory: Path, prep: TabularPreprocessor, device: str = "cpu"):
-        self.booster, self.prep = _xgb_load(Path(directory)), prep
-        if str(device).startswith("cuda"):
-            self.booster.set_param({"device": "cuda"})
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        return outputs_from(self.prep.task, self.prep.num_outputs, self.booster.predict(xgb_matrix(self.prep, x)))
-
-
 # ---------------------------------------------------------------- LightGBM
-
-LGB_MODEL = "model.txt"
-
-
-def _lgb_load(path: Path):
-    import lightgbm as lgb
-
-    return lgb.Booster(model_file=str(path / LGB_MODEL))
-
 
 def lightgbm_train_fn(loop_config: dict[str, Any]) -> None:
     """LightGBMTrainer's per-worker loop: resume from the latest checkpoint's round, boost, report."""
     import lightgbm as lgb
 
-    run = _prepare(loop_config, _lgb_load)
+    run = _prepare(loop_config, load_lightgbm)
     if run is None:
         return
     prep = run.prep
@@ -395,11 +340,3 @@ def lightgbm_train_fn(loop_config: dict[str, Any]) -> None:
 
     lgb.train(params, train_set, num_boost_round=run.budget.num_boost_round - run.start, valid_sets=[train_set, val_set],
               valid_names=["train", "val"], init_model=run.model, callbacks=[report])
-
-
-class LightGBMPredictor:
-    def __init__(self, directory: Path, prep: TabularPreprocessor, device: str = "cpu"):
-        self.booster, self.prep = _lgb_load(Path(directory)), prep
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        return outputs_from(self.prep.task, self.prep.num_outputs, self.booster.predict(x))

@@ -17,15 +17,12 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import numpy as np
 import torch
 
 from trainflow.preprocessors.tabular import TabularPreprocessor
-from trainflow.trainer.model import model_for
 from trainflow.redact import redact_config
 
 MODEL_FILE = "model.pt"
@@ -81,59 +78,6 @@ def read_metrics(directory: str | Path) -> dict[str, Any]:
 
 def read_config(directory: str | Path) -> dict[str, Any]:
     return json.loads((Path(directory) / CONFIG_FILE).read_text())
-
-
-@dataclass
-class ServableModel:
-    """A checkpoint loaded for prediction: predict maps packed features to model outputs (logits or
-    log-probabilities per class, or the standardized value), whatever the family."""
-
-    predict: Callable[[np.ndarray], np.ndarray]
-    preprocessor: TabularPreprocessor
-    config: dict[str, Any]
-    epoch: int
-    metrics: dict[str, float]
-
-    @property
-    def family(self) -> str:
-        return self.config["model"].get("type", "mlp")
-
-
-class TorchPredictor:
-    """A torch family's network from model.pt, checked for non-finite weights."""
-
-    def __init__(self, directory: Path, prep: TabularPreprocessor, config: dict[str, Any], device="cpu"):
-        self.model = model_for(prep, config["model"])
-        self.model.load_state_dict(load_weights(directory))
-        for name, tensor in self.model.state_dict().items():
-            if not torch.isfinite(tensor).all():
-                raise ValueError(f"{directory / MODEL_FILE}: parameter {name} holds NaN or infinite values")
-        self.device = device
-        self.model.to(device).eval()
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        with torch.inference_mode():
-            return self.model(torch.from_numpy(x).to(self.device)).float().cpu().numpy()
-
-
-def load_servable(directory: str | Path, device: str | torch.device = "cpu") -> ServableModel:
-    """Load and verify a checkpoint of any family: every file parses and the model fits the preprocessor."""
-    directory = Path(directory)
-    prep = TabularPreprocessor.load(directory)
-    config = read_config(directory)
-    meta = read_metrics(directory)
-    family = config["model"].get("type", "mlp")
-    if family == "xgboost":
-        from trainflow.trainer.boosting import XGBoostPredictor
-
-        predict = XGBoostPredictor(directory, prep, str(device))
-    elif family == "lightgbm":
-        from trainflow.trainer.boosting import LightGBMPredictor
-
-        predict = LightGBMPredictor(directory, prep, str(device))
-    else:
-        predict = TorchPredictor(directory, prep, config, device)
-    return ServableModel(predict=predict, preprocessor=prep, config=config, epoch=int(meta["epoch"]), metrics=meta["metrics"])
 
 
 def metric_value(metrics: dict[str, Any], name: str) -> float | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import ray.data
 
-from trainflow.trainer.checkpoint import load_servable
+from trainflow.trainer.serving import load_servable
 from trainflow.trainer.loop import compute_metrics
 
 

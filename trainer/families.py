@@ -84,13 +84,16 @@ class Family:
     budget: Callable[[dict[str, Any], int, int], Any]  # (resolved config, training rows, workers) -> its budget
     check: Callable[[TabularPreprocessor, dict[str, Any]], None]  # before training: raises ValueError
     uses_minibatches: bool  # the torch loop's mini-batch memory check applies
+    serving_packages: tuple[str, ...] = ()  # distributions its predictor imports beyond torch, numpy, pandas, pyarrow
 
 
 FAMILIES: dict[str, Family] = {
     "mlp": Family("mlp", _torch_trainer, train_fn_per_worker, TrainValDataConfig, _torch_budget, check_model, True),
     "torch": Family("torch", _torch_trainer, train_fn_per_worker, TrainValDataConfig, _torch_budget, check_model, True),
-    "xgboost": Family("xgboost", _xgboost_trainer, _xgboost_fn, _trees_data_config, _boost_budget, _no_check, False),
-    "lightgbm": Family("lightgbm", _lightgbm_trainer, _lightgbm_fn, _trees_data_config, _boost_budget, _no_check, False),
+    "xgboost": Family("xgboost", _xgboost_trainer, _xgboost_fn, _trees_data_config, _boost_budget, _no_check, False,
+                      ("xgboost-cpu",)),
+    "lightgbm": Family("lightgbm", _lightgbm_trainer, _lightgbm_fn, _trees_data_config, _boost_budget, _no_check, False,
+                       ("lightgbm",)),
 }
 
 

@@ -15,10 +15,10 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import ray
 import ray.data
-from ray.data.aggregate import Count, Max, Mean, Min, Std, ValueCounter
+from ray.data.aggregate import AggregateFnV2, Count, Max, Mean, Min, Std, ValueCounter
 
 from trainflow.preprocessors.baseline import (
-    FineHistogram, categorical_baseline, count_batch, label_baseline, merge_counts, numeric_baseline,
+    STEP, categorical_baseline, count_batch, label_baseline, merge_counts, numeric_baseline,
 )
 from trainflow.preprocessors.dates import date_parts, is_temporal_type, looks_like_dates, parts_for
 from trainflow.preprocessors.tabular import TabularPreprocessor, is_numeric_type, is_string_type
@@ -350,6 +350,29 @@ def split_table(ds: ray.data.Dataset, task: str, label: str, fraction: float, se
         # by the files' order and a fresh permutation of each block's rows on the workers instead.
         train, val = train.random_shuffle(seed=seed).materialize(), val.materialize()
     return train, val, rows - val_rows, val_rows
+
+
+class FineHistogram(AggregateFnV2):
+    """Counts of floor(asinh(x) / STEP) over a numeric column (nulls and NaN left out): mergeable, range-free."""
+
+    def __init__(self, on: str, alias_name: str):
+        super().__init__(alias_name, on=on, ignore_nulls=True, zero_factory=dict)
+
+    def aggregate_block(self, block: pa.Table) -> dict[int, int]:
+        x = block[self._target_col_name].to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+        keys = np.floor(np.arcsinh(x[np.isfinite(x)]) / STEP).astype(np.int64)
+        if not keys.size:
+            return {}
+        low = int(keys.min())
+        counts = np.bincount(keys - low)  # a few thousand bins at most (asinh of a float64 is within +-711)
+        found = np.flatnonzero(counts)
+        return dict(zip((found + low).tolist(), counts[found].tolist()))
+
+    def combine(self, current_accumulator: dict, new_accumulator: dict) -> dict:
+        out = dict(current_accumulator)
+        for k, v in new_accumulator.items():
+            out[k] = out.get(k, 0) + v
+        return out
 
 
 def _has_aggregate_kernels(t: pa.DataType) -> bool:

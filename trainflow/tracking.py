@@ -10,16 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
-import pandas as pd
-from mlflow.models import ModelSignature
-from mlflow.types import ColSpec, Schema
 
-from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.errors import InfrastructureError
 
 # models:/name/3 or models:/name@alias
 MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))$")
-MODEL_CODE = str(Path(__file__).with_name("mlflow_model.py"))
 CHAMPION = "champion"
 
 
@@ -83,45 +78,6 @@ def ensure_experiment(tracking_uri: str, experiment: str) -> str:
         db = Path(tracking_uri.removeprefix("sqlite:///"))
         artifact_location = (db.parent / "mlartifacts").resolve().as_uri()
     return mlflow.create_experiment(experiment, artifact_location=artifact_location)
-
-
-def signature_for(prep: TabularPreprocessor, column_types: dict[str, str]) -> ModelSignature:
-    """Input: the feature columns with their table types; output: prediction and class probabilities."""
-    inputs = [ColSpec(column_types[c], c, required=False) for c in prep.feature_order]
-    if prep.task == "classification":
-        kind = "string" if any(isinstance(c, str) for c in prep.classes) else "long"
-        if any(isinstance(c, float) for c in prep.classes):
-            kind = "double"
-        if all(isinstance(c, bool) for c in prep.classes):
-            kind = "boolean"
-        outputs = [ColSpec(kind, "prediction")] + [ColSpec("double", f"proba_{c}") for c in prep.classes]
-    else:
-        outputs = [ColSpec("double", "prediction")]
-    return ModelSignature(inputs=Schema(inputs), outputs=Schema(outputs))
-
-
-def example_input(prep: TabularPreprocessor, column_types: dict[str, str]) -> pd.DataFrame:
-    """One typical input row for the registered model's input example, built from the fitted state
-    (each number at its training mean, each date at its mean instant, each text column at its most
-    frequent value): no row of the
-    training data is copied into the registry."""
-    row: dict[str, Any] = {}
-    text = prep.text_columns()
-    for col in prep.feature_order:
-        kind = column_types[col]
-        if col in text:
-            spec = prep.categorical.get(col) or prep.embedded[col]
-            row[col] = spec.get("mode") or spec.get("fill") or (text[col][0] if text[col] else "")
-        elif col in prep.dates:
-            instant = pd.Timestamp(prep.dates[col]["stats"]["elapsed"]["mean"] * 86400, unit="s").floor("s")
-            row[col] = instant if kind == "datetime" else instant.isoformat(sep=" ")
-        elif kind == "boolean":
-            row[col] = prep.numeric[col]["mean"] >= 0.5
-        elif kind == "long":
-            row[col] = int(round(prep.numeric[col]["mean"]))
-        else:
-            row[col] = prep.numeric[col]["mean"]
-    return pd.DataFrame([row])
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

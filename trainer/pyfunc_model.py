@@ -1,7 +1,8 @@
 """MLflow "models from code" definition: the registered model is this file plus the checkpoint artifact.
 
-Nothing is pickled: MLflow copies this file, and the checkpoint holds weights (torch) and the
-preprocessor (JSON). Load with mlflow.pyfunc.load_model("models:/<name>@champion").
+Nothing is pickled: MLflow copies this file and trainflow's serving modules (code_paths, tasks/model_package.py),
+and the checkpoint holds weights (torch or the booster's own format) and the preprocessor (JSON). Load with
+mlflow.pyfunc.load_model("models:/<name>@champion"), with or without trainflow installed.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from mlflow.pyfunc import PythonModel
 
 class TrainflowModel(PythonModel):
     def load_context(self, context) -> None:
-        from trainflow.trainer.checkpoint import load_servable
+        from trainflow.trainer.serving import load_servable
 
         self.servable = load_servable(context.artifacts["checkpoint"])
 

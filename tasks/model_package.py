@@ -1,0 +1,108 @@
+"""What the registry stores beside a checkpoint so the model serves anywhere: the pyfunc definition, the code it
+imports (code_paths), its requirements, its signature and an input example."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from mlflow.models import ModelSignature
+from mlflow.types import ColSpec, Schema
+
+from trainflow.preprocessors.tabular import TabularPreprocessor
+from trainflow.trainer.families import FAMILIES
+
+# MLflow "models from code": this file is the model's definition (nothing pickled)
+MODEL_CODE = str(Path(importlib.util.find_spec("trainflow.trainer").origin).with_name("pyfunc_model.py"))
+# what MODEL_CODE imports to serve a checkpoint of any family: no Ray, Prefect or MLflow code of trainflow's
+SERVING_MODULES = (
+    "trainflow", "trainflow.redact",
+    "trainflow.preprocessors", "trainflow.preprocessors.tabular", "trainflow.preprocessors.dates",
+    "trainflow.preprocessors.baseline",
+    "trainflow.trainer", "trainflow.trainer.checkpoint", "trainflow.trainer.model", "trainflow.trainer.serving",
+    "trainflow.trainer.predict",
+)
+
+
+def _copy_module(name: str, dst: Path) -> None:
+    spec = importlib.util.find_spec(name)
+    rel = Path(*name.split(".")) / "__init__.py" if spec.submodule_search_locations else Path(*name.split(".")).with_suffix(".py")
+    (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(spec.origin, dst / rel)
+
+
+def serving_code(dst: Path, class_path: str | None = None) -> list[str]:
+    """The folders to log as code_paths, built in dst: SERVING_MODULES in their package layout, and for your own
+    nn.Module (model.class_path) its module: inside trainflow, with its parent packages; else its whole top-level
+    package (or the lone module file) as it is installed."""
+    names = list(SERVING_MODULES)
+    module = None
+    if class_path:  # 'package.module:ClassName' or 'package.module.ClassName', as trainer/model.py reads it
+        module, sep, _ = class_path.partition(":")
+        module = module if sep else class_path.rpartition(".")[0]
+    paths = [str(dst / "trainflow")]
+    if module and module.split(".")[0] == "trainflow":
+        parts = module.split(".")
+        names += [".".join(parts[:i]) for i in range(2, len(parts) + 1)]
+    elif module:
+        top = importlib.util.find_spec(module.split(".")[0])
+        source = Path(top.origin)
+        target = dst / "user"
+        target.mkdir(parents=True, exist_ok=True)
+        if top.submodule_search_locations:
+            shutil.copytree(source.parent, target / source.parent.name, ignore=shutil.ignore_patterns("__pycache__"))
+            paths.append(str(target / source.parent.name))
+        else:
+            shutil.copyfile(source, target / source.name)
+            paths.append(str(target / source.name))
+    for name in dict.fromkeys(names):
+        _copy_module(name, dst)
+    return paths
+
+
+def requirements(family: str) -> list[str]:
+    """The packages the registered model loads with: the serving code's and the family's library, pinned."""
+    return [f"{dist}=={version(dist)}" for dist in ("torch", "numpy", "pandas", "pyarrow", *FAMILIES[family].serving_packages)]
+
+
+def signature_for(prep: TabularPreprocessor, column_types: dict[str, str]) -> ModelSignature:
+    """Input: the feature columns with their table types; output: prediction and class probabilities."""
+    inputs = [ColSpec(column_types[c], c, required=False) for c in prep.feature_order]
+    if prep.task == "classification":
+        kind = "string" if any(isinstance(c, str) for c in prep.classes) else "long"
+        if any(isinstance(c, float) for c in prep.classes):
+            kind = "double"
+        if all(isinstance(c, bool) for c in prep.classes):
+            kind = "boolean"
+        outputs = [ColSpec(kind, "prediction")] + [ColSpec("double", f"proba_{c}") for c in prep.classes]
+    else:
+        outputs = [ColSpec("double", "prediction")]
+    return ModelSignature(inputs=Schema(inputs), outputs=Schema(outputs))
+
+
+def example_input(prep: TabularPreprocessor, column_types: dict[str, str]) -> pd.DataFrame:
+    """One typical input row for the registered model's input example, built from the fitted state
+    (each number at its training mean, each date at its mean instant, each text column at its most
+    frequent value): no row of the
+    training data is copied into the registry."""
+    row: dict[str, Any] = {}
+    text = prep.text_columns()
+    for col in prep.feature_order:
+        kind = column_types[col]
+        if col in text:
+            spec = prep.categorical.get(col) or prep.embedded[col]
+            row[col] = spec.get("mode") or spec.get("fill") or (text[col][0] if text[col] else "")
+        elif col in prep.dates:
+            instant = pd.Timestamp(prep.dates[col]["stats"]["elapsed"]["mean"] * 86400, unit="s").floor("s")
+            row[col] = instant if kind == "datetime" else instant.isoformat(sep=" ")
+        elif kind == "boolean":
+            row[col] = prep.numeric[col]["mean"] >= 0.5
+        elif kind == "long":
+            row[col] = int(round(prep.numeric[col]["mean"]))
+        else:
+            row[col] = prep.numeric[col]["mean"]
+    return pd.DataFrame([row])

@@ -1,0 +1,143 @@
+"""Serving a checkpoint of any family: its predictor behind one call, with no Ray, Prefect or MLflow imported.
+
+This module, the checkpoint layout, the model and the preprocessor are what the registered MLflow model ships as
+its code (tasks/register.py, code_paths), so it serves where trainflow is not installed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from trainflow.preprocessors.tabular import TabularPreprocessor
+from trainflow.trainer.checkpoint import MODEL_FILE, load_weights, read_config, read_metrics
+from trainflow.trainer.model import model_for
+
+EPS = 1e-12
+
+
+def outputs_from(task: str, num_outputs: int, pred: np.ndarray) -> np.ndarray:
+    """The library's predictions as trainflow's model outputs: log-probabilities (a softmax gives the
+    probabilities back) for classification, the standardized value for regression."""
+    pred = np.asarray(pred, dtype=np.float64)
+    if task == "regression":
+        return pred.reshape(-1, 1).astype(np.float32)
+    if num_outputs == 2 and pred.ndim == 1:
+        pred = np.stack([1.0 - pred, pred], axis=1)
+    return np.log(np.clip(pred.reshape(len(pred), num_outputs), EPS, 1.0)).astype(np.float32)
+
+
+
+def categorical_positions(prep: TabularPreprocessor) -> list[int]:
+    return [pos for pos, _, _ in prep.embedding_slots()]
+
+
+
+XGB_MODEL = "model.ubj"
+
+
+def xgb_feature_types(prep: TabularPreprocessor) -> list[str]:
+    cats = set(categorical_positions(prep))
+    return ["c" if i in cats else "q" for i in range(prep.num_features)]
+
+
+def xgb_matrix(prep: TabularPreprocessor, x: np.ndarray, y: np.ndarray | None = None):
+    import xgboost as xgb
+
+    types = xgb_feature_types(prep)
+    return xgb.DMatrix(x, label=y, feature_types=types, enable_categorical="c" in types, nthread=-1)
+
+
+def load_xgboost(path: Path):
+    import xgboost as xgb
+
+    booster = xgb.Booster()
+    booster.load_model(str(path / XGB_MODEL))
+    return booster
+
+
+
+class XGBoostPredictor:
+    def __init__(self, directory: Path, prep: TabularPreprocessor, config: dict[str, Any], device: str = "cpu"):
+        self.booster, self.prep = load_xgboost(Path(directory)), prep
+        if str(device).startswith("cuda"):
+            self.booster.set_param({"device": "cuda"})
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return outputs_from(self.prep.task, self.prep.num_outputs, self.booster.predict(xgb_matrix(self.prep, x)))
+
+
+
+LGB_MODEL = "model.txt"
+
+
+def load_lightgbm(path: Path):
+    import lightgbm as lgb
+
+    return lgb.Booster(model_file=str(path / LGB_MODEL))
+
+
+
+class LightGBMPredictor:
+    def __init__(self, directory: Path, prep: TabularPreprocessor, config: dict[str, Any], device: str = "cpu"):
+        self.booster, self.prep = load_lightgbm(Path(directory)), prep
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return outputs_from(self.prep.task, self.prep.num_outputs, self.booster.predict(x))
+
+
+@dataclass
+class ServableModel:
+    """A checkpoint loaded for prediction: predict maps packed features to model outputs (logits or
+    log-probabilities per class, or the standardized value), whatever the family."""
+
+    predict: Callable[[np.ndarray], np.ndarray]
+    preprocessor: TabularPreprocessor
+    config: dict[str, Any]
+    epoch: int
+    metrics: dict[str, float]
+
+    @property
+    def family(self) -> str:
+        return self.config["model"].get("type", "mlp")
+
+
+class TorchPredictor:
+    """A torch family's network from model.pt, checked for non-finite weights."""
+
+    def __init__(self, directory: Path, prep: TabularPreprocessor, config: dict[str, Any], device="cpu"):
+        self.model = model_for(prep, config["model"])
+        self.model.load_state_dict(load_weights(directory))
+        for name, tensor in self.model.state_dict().items():
+            if not torch.isfinite(tensor).all():
+                raise ValueError(f"{directory / MODEL_FILE}: parameter {name} holds NaN or infinite values")
+        self.device = device
+        self.model.to(device).eval()
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return self.model(torch.from_numpy(x).to(self.device)).float().cpu().numpy()
+
+
+# each family's predictor, built from a checkpoint folder; the checkpoint's config.json names its family
+PREDICTORS: dict[str, Callable[..., Callable[[np.ndarray], np.ndarray]]] = {
+    "mlp": TorchPredictor, "torch": TorchPredictor, "xgboost": XGBoostPredictor, "lightgbm": LightGBMPredictor,
+}
+
+
+def load_servable(directory: str | Path, device: str | torch.device = "cpu") -> ServableModel:
+    """Load and verify a checkpoint of any family: every file parses and the model fits the preprocessor."""
+    directory = Path(directory)
+    prep = TabularPreprocessor.load(directory)
+    config = read_config(directory)
+    meta = read_metrics(directory)
+    family = config["model"].get("type", "mlp")
+    if family not in PREDICTORS:
+        raise ValueError(f"{directory / 'config.json'}: model.type {family!r} is not a family this trainflow serves "
+                         f"({sorted(PREDICTORS)})")
+    predict = PREDICTORS[family](directory, prep, config, str(device))
+    return ServableModel(predict=predict, preprocessor=prep, config=config, epoch=int(meta["epoch"]), metrics=meta["metrics"])
