@@ -1,6 +1,8 @@
 """End-to-end local flow runs of `retrain` and `batch-inference` with 2 Ray Train workers."""
 
+import contextlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -297,6 +299,30 @@ def _with_store_and_visit(table: pa.Table, seed: int, codes: int) -> pa.Table:
     return table.append_column("store", pa.array(stores)).append_column("visited at", pa.array(visits.tolist()))
 
 
+@contextlib.contextmanager
+def _info_logs_to_server():
+    """The run loggers' INFO lines sent to the Prefect server for the block (the suite runs at WARNING): in the
+    settings, for a flow run that configures logging afresh, and on the loggers already configured, whose console
+    handlers stay at WARNING (an earlier test's captured stream may be closed)."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+    from prefect.settings import PREFECT_LOGGING_LEVEL, temporary_settings
+
+    prefect_logger = logging.getLogger("prefect")
+    consoles = [h for name in ("", "prefect", "prefect.task_runs", "prefect.flow_runs")
+                for h in logging.getLogger(name).handlers if isinstance(h, PrefectConsoleHandler)]
+    saved = prefect_logger.level, [h.level for h in consoles]
+    prefect_logger.setLevel(logging.INFO)
+    for h in consoles:
+        h.setLevel(max(h.level, logging.WARNING))
+    try:
+        with temporary_settings({PREFECT_LOGGING_LEVEL: "INFO"}):
+            yield
+    finally:
+        prefect_logger.setLevel(saved[0])
+        for h, level in zip(consoles, saved[1]):
+            h.setLevel(level)
+
+
 def _flow_run_logs(flow_run_id: str) -> list:
     """The flow run's log lines as the Prefect server stored them (timestamp, message), oldest first."""
     from prefect.client.orchestration import get_client
@@ -325,9 +351,8 @@ def test_retrain_regression_end_to_end(tmp_path, monkeypatch):
         "inference": {"input": "reg/score.parquet", "output": "out/reg"},
     }
     from prefect.logging.handlers import APILogHandler
-    from prefect.settings import PREFECT_LOGGING_LEVEL, temporary_settings
 
-    with temporary_settings({PREFECT_LOGGING_LEVEL: "INFO"}):  # the run logger's INFO lines reach the server
+    with _info_logs_to_server():
         summary = trainflow.retrain(config, run_name="reg-e2e")
     APILogHandler().flush()  # the logs go to the server in the background: all of them now
     assert summary["task"] == "regression"
