@@ -13,7 +13,9 @@ actors, and both are compared with the CPU predictions. WORKER_ENV (JSON) adds w
 import time, json, tempfile
 import numpy as np, pyarrow as pa, torch, ray, ray.data
 from trainflow.config import config_from_dict
-from trainflow.data import table_spec, check_text_columns, split_table, fit_and_pack
+from trainflow.data import split_table
+from trainflow.preprocessors.fit import check_text_columns, fit_and_pack
+from trainflow.tables import table_spec
 from trainflow.trainer.runner import build_trainer
 from trainflow.trainer.serving import load_servable
 from trainflow.trainer.predict import predict_table, predict_dataset

@@ -29,7 +29,9 @@ def make_checkpoint(path, directory: str) -> str:
     from trainflow.trainer.checkpoint import save_checkpoint
     from trainflow.trainer.model import model_for
     from trainflow.config import config_from_dict
-    from trainflow.data import arrow_schema, fit_preprocessor, read_table, table_spec
+    from trainflow.data import arrow_schema, read_table
+    from trainflow.preprocessors.fit import fit_preprocessor
+    from trainflow.tables import table_spec
 
     cfg = config_from_dict({"data": {"path": str(path), "label": "y", "id_column": "id"}, "task": "regression"})
     ds, _, _ = read_table(cfg.data.path, "parquet")

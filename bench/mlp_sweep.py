@@ -33,7 +33,8 @@ def run(name: str, variants: list[dict]) -> None:
     from trainflow.trainer.budget import EarlyStopping, lr_factor, resolve_budget
     from trainflow.trainer.model import model_for
     from trainflow.config import Config
-    from trainflow.data import check_text_columns, fit_preprocessor, table_spec
+    from trainflow.preprocessors.fit import check_text_columns, fit_preprocessor
+    from trainflow.tables import table_spec
 
     frame, label, task = TABLES[name]()
     train, test = holdout(frame, label, task)

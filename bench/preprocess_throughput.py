@@ -19,7 +19,9 @@ from bench.common import COLS, ROWS, make_table, report, start_ray
 
 def run_trainflow(path) -> float:
     from trainflow.config import config_from_dict
-    from trainflow.data import apply_preprocessor, arrow_schema, fit_preprocessor, read_table, table_spec
+    from trainflow.data import arrow_schema, read_table
+    from trainflow.preprocessors.fit import apply_preprocessor, fit_preprocessor
+    from trainflow.tables import table_spec
 
     cfg = config_from_dict({"data": {"path": str(path), "label": "y", "id_column": "id"}, "task": "regression"})
     t0 = time.perf_counter()

@@ -45,7 +45,9 @@ def run_trainflow(path: Path, storage: str) -> tuple[list[float], float]:
 
     from trainflow.trainer.runner import build_trainer
     from trainflow.config import config_from_dict
-    from trainflow.data import arrow_schema, fit_and_pack, read_table, table_spec
+    from trainflow.data import arrow_schema, read_table
+    from trainflow.preprocessors.fit import fit_and_pack
+    from trainflow.tables import table_spec
     from trainflow.runtime import ensure_ray
 
     ensure_ray(num_cpus=2)

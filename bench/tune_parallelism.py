@@ -22,7 +22,8 @@ def sweep(storage: str, name: str, max_concurrent: int | None) -> tuple[float, i
     from tests.conftest import make_regression_table
     from trainflow.trainer.tune import build_tuner
     from trainflow.config import config_from_dict
-    from trainflow.data import fit_and_pack, table_spec
+    from trainflow.preprocessors.fit import fit_and_pack
+    from trainflow.tables import table_spec
 
     table = make_regression_table(20_000)
     cfg = config_from_dict({

@@ -39,11 +39,10 @@ def write_json_atomic(path: str, data: dict[str, Any]) -> None:
 
 def _progress_line(s: dict[str, Any]) -> str:
     budget = s.get("training_budget") or {}
-    if "num_boost_round" in budget:  # boosted trees: a round is the epoch
-        line = f"  rounds run        {s.get('epochs_run')} of at most {budget['num_boost_round']}"
-    else:
-        line = f"  epochs run        {s.get('epochs_run')}" + (
-            f" of at most {budget['epochs']}, batch {budget['batch_size']} per worker" if budget else "")
+    unit = budget.get("unit", "epoch")
+    line = f"  {unit + 's run':<18}{s.get('epochs_run')}" + (f" of at most {budget['limit']}" if "limit" in budget else "")
+    if budget.get("batch_size"):
+        line += f", batch {budget['batch_size']} per worker"
     if s.get("resumed_from_epoch") is not None:
         line += f" (resumed from epoch {s['resumed_from_epoch']})"
     return line

@@ -7,18 +7,16 @@ from typing import Any
 
 from prefect import flow
 
+from trainflow.flows.publish import publish
 from trainflow.tasks.candidates import compare, run_names
 from trainflow.tasks.infer import infer, resolve_checkpoint_task
 from trainflow.tasks.ingest import ingest, table_fingerprint
 from trainflow.tasks.preprocess import preprocess
-from trainflow.tasks.promote import promote
-from trainflow.tasks.register import register
-from trainflow.tasks.report import report
 from trainflow.tasks.run_name import resolve_run_name
 from trainflow.tasks.select import select
 from trainflow.tasks.skip import check_unchanged
 from trainflow.tasks.split import split
-from trainflow.tasks.summary import skipped_summary, summarize
+from trainflow.tasks.summary import skipped_summary
 from trainflow.tasks.train import check_resume, train
 from trainflow.tasks.validate import validate_data
 from trainflow.trainer.resources import concurrent_runs
@@ -59,17 +57,8 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
     candidates = compare(config, outcomes, selections) if len(runs) > 1 else None
     family = candidates.winner if candidates else next(iter(runs))
     outcome, selected = outcomes[family], selections[family]
-    registered = register(config, ingested, outcome, selected)
-    promotion = promote(config, parts.val, selected, registered)
-    predictions = None
-    if config.inference.input:
-        # predictions always come from the champion after the gate: a rejected challenger never serves
-        predictions = infer(promotion.serving_checkpoint, config, f"models:/{promotion.model_name}/{promotion.serving_version}")
-    summary = summarize(ingested, parts, outcome, selected, registered, promotion, predictions,
-                        extra={"task": config.task, "candidates": candidates.scores if candidates else None,
-                               "validation": validation})
-    report(config, outcome.history, summary)
-    return summary
+    return publish(config, ingested, parts, outcome, selected,
+                   {"candidates": candidates.scores if candidates else None, "validation": validation})
 
 
 def skipped_run(config, run_name: str, skipped: dict[str, Any]) -> dict[str, Any]:

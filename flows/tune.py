@@ -6,16 +6,12 @@ from typing import Any
 
 from prefect import flow
 
-from trainflow.tasks.infer import infer
+from trainflow.flows.publish import publish
 from trainflow.tasks.ingest import ingest
 from trainflow.tasks.preprocess import preprocess
-from trainflow.tasks.promote import promote
-from trainflow.tasks.register import register
-from trainflow.tasks.report import report
 from trainflow.tasks.run_name import resolve_run_name
 from trainflow.tasks.select import select
 from trainflow.tasks.split import split
-from trainflow.tasks.summary import summarize
 from trainflow.tasks.tune import check_sweep, tune_sweep
 from trainflow.tasks.validate import validate_data
 from trainflow.config import load_config
@@ -39,15 +35,7 @@ def tune(config_path: str, overrides: dict[str, Any] | None = None, run_name: st
     swept = tune_sweep(prepared, config, sweep, resume)
     best = swept.best_config
     selected = select(swept.outcome, best)
-    registered = register(best, ingested, swept.outcome, selected)
-    promotion = promote(best, parts.val, selected, registered)
-    predictions = (infer(promotion.serving_checkpoint, best, f"models:/{promotion.model_name}/{promotion.serving_version}")
-                   if best.inference.input else None)
-    summary = summarize(
-        ingested, parts, swept.outcome, selected, registered, promotion, predictions,
-        extra={"task": config.task, "sweep": swept.sweep, "trials": swept.trials, "best_trial": swept.best_trial,
-               "max_concurrent_trials": swept.max_concurrent_trials,
-               "tune_metric": config.tune.metric, "tune_mode": config.tune.mode, "validation": validation},
-    )
-    report(best, swept.outcome.history, summary)
-    return summary
+    return publish(best, ingested, parts, swept.outcome, selected,
+                   {"sweep": swept.sweep, "trials": swept.trials, "best_trial": swept.best_trial,
+                    "max_concurrent_trials": swept.max_concurrent_trials, "tune_metric": config.tune.metric,
+                    "tune_mode": config.tune.mode, "validation": validation})

@@ -12,10 +12,6 @@ DATE_PARTS = ["year", "month", "day", "dayofweek", "dayofyear", "elapsed"]
 TIME_PARTS = ["hour", "minute"]
 
 
-def is_temporal_type(t: pa.DataType) -> bool:
-    return pa.types.is_timestamp(t) or pa.types.is_date(t)
-
-
 def parts_for(t: pa.DataType) -> list[str]:
     """The parts a column of this type gives: a date has no hour or minute."""
     return DATE_PARTS if pa.types.is_date(t) else DATE_PARTS + TIME_PARTS

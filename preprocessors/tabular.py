@@ -18,7 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trainflow.preprocessors.dates import date_parts, is_temporal_type
+from trainflow.preprocessors.dates import date_parts
+from trainflow.tables import is_numeric_type, is_string_type, is_temporal_type
 
 FEATURES = "features"
 LABEL = "label"
@@ -27,16 +28,6 @@ PREPROCESSOR_FILE = "preprocessor.json"
 
 class SchemaDriftError(ValueError):
     """A batch does not match the schema the preprocessor was fitted on."""
-
-
-def is_numeric_type(t: pa.DataType) -> bool:
-    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_decimal(t)
-
-
-def is_string_type(t: pa.DataType) -> bool:
-    if pa.types.is_dictionary(t):
-        return is_string_type(t.value_type)
-    return pa.types.is_string(t) or pa.types.is_large_string(t)
 
 
 def _as_float(col: pa.ChunkedArray | pa.Array) -> np.ndarray:

@@ -18,9 +18,9 @@ from trainflow.tasks.drift import markdown, measure, publish
 from trainflow.trainer.checkpoint import read_config
 from trainflow.trainer.predict import IN_PROCESS_BYTES, CountCollector, predict_dataset, predict_in_process
 from trainflow.config import Config, infer_format
-from trainflow.data import (
-    arrow_schema, check_unseen, check_writable, count_drift, count_unseen, in_memory_bytes, read_table, should_materialize,
-)
+from trainflow.data import arrow_schema, read_table, should_materialize
+from trainflow.preprocessors.fit import check_unseen, count_drift, count_unseen
+from trainflow.tables import check_writable, in_memory_bytes
 from trainflow.outputs import guard_output, write_output
 from trainflow.errors import CheckpointError, DataError, InfrastructureError
 from trainflow.runtime import ensure_ray

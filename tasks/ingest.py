@@ -9,12 +9,12 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.tasks.common import retry_unless_user_error
-from trainflow.preprocessors.dates import is_temporal_type
-from trainflow.preprocessors.tabular import is_numeric_type, is_string_type
 from trainflow.config import Config, infer_format
-from trainflow.data import (
-    TableSpec, arrow_schema, count_nulls, check_text_columns, check_writable, count_rows_and_bad_labels, fingerprint, in_memory_bytes,
-    list_files, read_table, should_materialize, table_spec,
+from trainflow.data import arrow_schema, count_nulls, count_rows_and_bad_labels, read_table, should_materialize
+from trainflow.preprocessors.fit import check_text_columns
+from trainflow.tables import (
+    TableSpec, check_writable, fingerprint, in_memory_bytes, is_numeric_type, is_string_type, is_temporal_type, list_files,
+    table_spec,
 )
 from trainflow.errors import DataError
 from trainflow.outputs import guard_output

@@ -20,7 +20,7 @@ from trainflow.trainer.families import FAMILIES
 MODEL_CODE = str(Path(importlib.util.find_spec("trainflow.trainer").origin).with_name("pyfunc_model.py"))
 # what MODEL_CODE imports to serve a checkpoint of any family: no Ray, Prefect or MLflow code of trainflow's
 SERVING_MODULES = (
-    "trainflow", "trainflow.redact",
+    "trainflow", "trainflow.redact", "trainflow.errors", "trainflow.storage", "trainflow.tables",
     "trainflow.preprocessors", "trainflow.preprocessors.tabular", "trainflow.preprocessors.dates",
     "trainflow.preprocessors.baseline",
     "trainflow.trainer", "trainflow.trainer.checkpoint", "trainflow.trainer.model", "trainflow.trainer.serving",

@@ -18,8 +18,9 @@ from trainflow.config import Config, infer_format
 from trainflow.errors import ConfigError
 from trainflow.trainer.families import family_for
 from trainflow.trainer.loop import class_weights
-from trainflow.data import check_unseen, count_unseen, fit_preprocessor, pack, read_table
-from trainflow.memory import check_booster_matrix, check_packed_size, is_out_of_memory, out_of_memory_error
+from trainflow.data import read_table
+from trainflow.preprocessors.fit import check_unseen, count_unseen, fit_preprocessor, pack
+from trainflow.trainer.memory import check_booster_matrix, check_packed_size, is_out_of_memory, out_of_memory_error
 
 
 @dataclass
@@ -59,7 +60,7 @@ def preprocess(ingested: Ingested, parts: Split, config: Config) -> Prepared:
         else:
             params = resolved["model"]["params"]
             estimate = check_booster_matrix(prep, parts.train_rows, parts.val_rows, max(1, workers), memory,
-                                            ingested.spec.path, params["external_memory"] if name == "xgboost" else None)
+                                            ingested.spec.path, params["external_memory"] if family.external_memory else None)
             budgets[name] = replace(budgets[name], external_memory=estimate["external_memory"])
             if estimate["external_memory"]:
                 get_run_logger().info(

@@ -19,6 +19,7 @@ from trainflow.config import Config, is_uri
 from trainflow.redact import redact_config, redact_text
 from trainflow.storage import join, write_bytes
 from trainflow.tracking import tracking
+from trainflow.trainer.families import FAMILIES
 
 LOSS_CURVE = "loss_curve.png"
 
@@ -50,27 +51,11 @@ def _fmt(v: Any) -> str:
 
 
 def _budget_line(budget: dict[str, Any]) -> str:
-    if not budget:
-        return "- not recorded"
-    if "num_boost_round" in budget:
-        rounds = budget.get("early_stopping_rounds")
-        return (f"- up to {budget['num_boost_round']} boosting round(s); early stopping "
-                + (f"after {rounds} round(s) without a lower validation loss" if rounds else "off"))
-    patience = budget.get("patience")
-    return (f"- batch size {budget['batch_size']} per worker, up to {budget['epochs']} epoch(s) "
-            f"({budget['steps_per_epoch']} step(s) each); early stopping "
-            + (f"after {patience} epoch(s) without improvement" if patience else "off"))
+    return f"- {budget['description']}" if budget.get("description") else "- not recorded"
 
 
 def _family_line(config: Config, family: str) -> str:
-    model = config.model.for_family(family)
-    if family in ("xgboost", "lightgbm"):
-        detail = f"parameters {config.model.params.for_family(family)}"
-    elif family == "torch":
-        detail = f"`{model['class_path']}` with init_args {model['init_args']}"
-    else:
-        detail = f"hidden sizes {model['hidden_sizes']}, dropout {model['dropout']}"
-    return f"- family `{family}`: {detail}"
+    return f"- family `{family}`: {FAMILIES[family].describe(config.for_family(family)['model'])}"
 
 
 def _candidates_lines(summary: dict[str, Any], metric: str) -> str:

@@ -10,7 +10,8 @@ import ray.data
 from tests.conftest import make_regression_table
 from trainflow.trainer.loop import train_fn_per_worker
 from trainflow.config import config_from_dict
-from trainflow.data import fit_and_pack, table_spec
+from trainflow.preprocessors.fit import fit_and_pack
+from trainflow.tables import table_spec
 
 EPOCHS = 4
 

@@ -16,7 +16,8 @@ from trainflow.trainer.serving import load_servable
 from trainflow.trainer.recovery import read_events, recoveries
 from trainflow.trainer.runner import build_trainer, run_dir
 from trainflow.config import DataSection, config_from_dict
-from trainflow.data import fit_preprocessor, table_spec
+from trainflow.preprocessors.fit import fit_preprocessor
+from trainflow.tables import table_spec
 from trainflow.errors import ConfigError
 
 
@@ -52,7 +53,7 @@ def test_external_memory_matrices_grow_the_same_trees_and_are_chosen_when_memory
     from trainflow.trainer import extmem
     from trainflow.trainer.boosting import shard_arrays
     from trainflow.errors import DataError
-    from trainflow.memory import check_booster_matrix
+    from trainflow.trainer.memory import check_booster_matrix
 
     rng = np.random.default_rng(3)
     x = rng.normal(size=(6000, 5)).astype(np.float32)

@@ -9,7 +9,9 @@ import ray.data
 
 from trainflow.preprocessors.tabular import SchemaDriftError, TabularPreprocessor
 from trainflow.config import DataSection
-from trainflow.data import apply_preprocessor, arrow_schema, check_columns, fit_preprocessor, split_table, table_spec
+from trainflow.data import arrow_schema, split_table
+from trainflow.preprocessors.fit import apply_preprocessor, fit_preprocessor
+from trainflow.tables import check_columns, table_spec
 from trainflow.errors import DataError
 
 pytestmark = pytest.mark.usefixtures("ray_local")
@@ -213,7 +215,7 @@ def _wide_table(n=3000, seed=0):
 
 def test_wide_text_is_embedded_with_rare_values_and_unseen_values_on_the_unknown_code():
     from trainflow.config import PreprocessSection
-    from trainflow.data import check_unseen, count_unseen
+    from trainflow.preprocessors.fit import check_unseen, count_unseen
 
     table = _wide_table()
     spec = table_spec(table.schema, DataSection(path="mem", label="y", id_column="id"), "classification", "mem")
@@ -252,7 +254,7 @@ def test_wide_text_is_embedded_with_rare_values_and_unseen_values_on_the_unknown
 def test_dates_and_iso_text_become_numeric_parts():
     import datetime
 
-    from trainflow.data import check_text_columns
+    from trainflow.preprocessors.fit import check_text_columns
 
     n = 200
     base = datetime.datetime(2013, 1, 1, 5, 0)
@@ -286,7 +288,7 @@ def test_a_packed_row_too_wide_for_memory_fails_naming_the_column_and_an_oom_is_
     from ray.exceptions import OutOfMemoryError
 
     from trainflow.config import PreprocessSection
-    from trainflow.memory import check_packed_size, is_out_of_memory
+    from trainflow.trainer.memory import check_packed_size, is_out_of_memory
 
     table = _wide_table()
     spec = table_spec(table.schema, DataSection(path="mem", label="y", id_column="id"), "classification", "mem")
@@ -310,7 +312,7 @@ def test_a_packed_row_too_wide_for_memory_fails_naming_the_column_and_an_oom_is_
 
 
 def test_distinct_text_values_are_counted_in_bounded_memory():
-    from trainflow.data import BoundedValueCounter, aggregate_streaming
+    from trainflow.preprocessors.fit import BoundedValueCounter, aggregate_streaming
 
     # 20,000 one-off ids (a UUID-like column nobody declared) and three values seen 500 times each, in 8 blocks
     ids = [f"u{i:06d}" for i in range(20_000)] + ["hot-a"] * 500 + ["hot-b"] * 500 + ["hot-c"] * 500 + [None] * 7

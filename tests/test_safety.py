@@ -114,7 +114,8 @@ def test_outputs_replace_only_trainflows_own_and_survive_every_failure(tmp_path,
 def _gate_setup(tmp_path):
     """A regression table where y = x, a fitted preprocessor, and a linear 'model' per quality: the weight on x
     decides how good it is. Checkpoints are written with trainflow's own checkpoint code, registered with its pyfunc."""
-    from trainflow.data import fit_preprocessor, table_spec
+    from trainflow.preprocessors.fit import fit_preprocessor
+    from trainflow.tables import table_spec
     from trainflow.trainer.checkpoint import save_checkpoint
 
     rng = np.random.default_rng(0)
@@ -220,7 +221,7 @@ def test_register_is_idempotent_across_task_retries(tmp_path):
     from trainflow.tasks.register import register
     from trainflow.tasks.select import Selected
     from trainflow.tasks.train import TrainOutcome
-    from trainflow.data import TableSpec
+    from trainflow.tables import TableSpec
 
     cfg, _, checkpoint = _gate_setup(tmp_path)
     spec = TableSpec(path=str(tmp_path / "t.parquet"), files=[], label="y", id_column=None, numeric=["x"],

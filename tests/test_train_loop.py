@@ -14,7 +14,8 @@ from trainflow.preprocessors.tabular import FEATURES, LABEL
 from tests.conftest import make_regression_table
 from trainflow.trainer.loop import iter_minibatches, train_fn_per_worker
 from trainflow.config import config_from_dict
-from trainflow.data import fit_and_pack, table_spec
+from trainflow.preprocessors.fit import fit_and_pack
+from trainflow.tables import table_spec
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 

@@ -46,8 +46,13 @@ class BoostBudget:
     def limit(self) -> int:
         return self.num_boost_round
 
+    def describe(self) -> str:
+        rounds = self.early_stopping_rounds
+        return (f"up to {self.num_boost_round} boosting round(s); early stopping "
+                + (f"after {rounds} round(s) without a lower validation loss" if rounds else "off"))
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "unit": self.unit, "limit": self.limit, "description": self.describe()}
 
 
 def boost_budget(model_cfg: dict[str, Any]) -> BoostBudget:

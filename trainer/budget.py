@@ -30,8 +30,12 @@ class Budget:
     def limit(self) -> int:
         return self.epochs
 
+    def describe(self) -> str:
+        return (f"batch size {self.batch_size} per worker, up to {self.epochs} epoch(s) ({self.steps_per_epoch} step(s) "
+                "each); early stopping " + (f"after {self.patience} epoch(s) without improvement" if self.patience else "off"))
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "unit": self.unit, "limit": self.limit, "description": self.describe()}
 
 
 def resolve_budget(train: dict[str, Any], train_rows: int, num_workers: int) -> Budget:

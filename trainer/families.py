@@ -14,7 +14,7 @@ from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.trainer.budget import resolve_budget
 from trainflow.trainer.loop import TrainValDataConfig, train_fn_per_worker
 from trainflow.trainer.model import check_model
-from trainflow.config import workers_share_gpus
+from trainflow.config import BoosterParams, workers_share_gpus
 
 
 def torch_config(scaling: dict[str, Any]) -> TorchConfig:
@@ -75,6 +75,21 @@ def _trees_data_config() -> DataConfig:
     return DataConfig(datasets_to_split=["train"])
 
 
+def _describe_mlp(model: dict[str, Any]) -> str:
+    return f"hidden sizes {model['hidden_sizes']}, dropout {model['dropout']}"
+
+
+def _describe_module(model: dict[str, Any]) -> str:
+    return f"`{model['class_path']}` with init_args {model['init_args']}"
+
+
+def _describe_booster(family: str) -> Callable[[dict[str, Any]], str]:
+    def describe(model: dict[str, Any]) -> str:
+        return f"parameters {BoosterParams(**model['params']).for_family(family)}"
+
+    return describe
+
+
 @dataclass(frozen=True)
 class Family:
     name: str
@@ -85,15 +100,24 @@ class Family:
     check: Callable[[TabularPreprocessor, dict[str, Any]], None]  # before training: raises ValueError
     uses_minibatches: bool  # the torch loop's mini-batch memory check applies
     serving_packages: tuple[str, ...] = ()  # distributions its predictor imports beyond torch, numpy, pandas, pyarrow
+    describe: Callable[[dict[str, Any]], str] = repr  # its settings from the resolved model section, for the model card
+    external_memory: bool = False  # its workers can read their shard into an external-memory matrix (XGBoost)
+
+    def uses_external_memory(self, mode: str, chosen: bool) -> bool:
+        """Whether this run's workers build external-memory matrices: model.params.external_memory always, or
+        auto where the preprocess task's memory check chose them (chosen)."""
+        return self.external_memory and (mode == "always" or (mode == "auto" and chosen))
 
 
 FAMILIES: dict[str, Family] = {
-    "mlp": Family("mlp", _torch_trainer, train_fn_per_worker, TrainValDataConfig, _torch_budget, check_model, True),
-    "torch": Family("torch", _torch_trainer, train_fn_per_worker, TrainValDataConfig, _torch_budget, check_model, True),
+    "mlp": Family("mlp", _torch_trainer, train_fn_per_worker, TrainValDataConfig, _torch_budget, check_model, True,
+                  describe=_describe_mlp),
+    "torch": Family("torch", _torch_trainer, train_fn_per_worker, TrainValDataConfig, _torch_budget, check_model, True,
+                    describe=_describe_module),
     "xgboost": Family("xgboost", _xgboost_trainer, _xgboost_fn, _trees_data_config, _boost_budget, _no_check, False,
-                      ("xgboost-cpu",)),
+                      ("xgboost-cpu",), _describe_booster("xgboost"), external_memory=True),
     "lightgbm": Family("lightgbm", _lightgbm_trainer, _lightgbm_fn, _trees_data_config, _boost_budget, _no_check, False,
-                       ("lightgbm",)),
+                       ("lightgbm",), _describe_booster("lightgbm")),
 }
 
 

@@ -14,7 +14,7 @@ from trainflow.trainer.families import family_for
 from trainflow.trainer.recovery import RecoveryLog, read_events
 from trainflow.trainer.watchdog import Watched
 from trainflow.errors import TrainingError
-from trainflow.memory import is_out_of_memory, out_of_memory_error
+from trainflow.trainer.memory import is_out_of_memory, out_of_memory_error
 from trainflow.storage import join, list_dir, read_text
 
 

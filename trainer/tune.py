@@ -16,6 +16,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.trainer.budget import MAX_AUTO_EPOCHS
+from trainflow.trainer.families import FAMILIES
 from trainflow.trainer.runner import build_trainer, run_dir
 from trainflow.config import trial_config
 from trainflow.errors import ConfigError
@@ -52,11 +53,11 @@ def train_driver_fn(
     cfg = trial_config(base_config, params["sampled"]).to_dict()
     name = trial_run_name(sweep, ray.tune.get_context().get_trial_id())
     family = cfg["model"]["type"]
-    mode = cfg["model"]["params"].get("external_memory", "auto")
-    external = mode == "always" or (mode == "auto" and (external_memory or {}).get(family, False))
+    external = FAMILIES[family].uses_external_memory(cfg["model"]["params"].get("external_memory", "auto"),
+                                                     (external_memory or {}).get(family, False))
     trainer = build_trainer(
         cfg, TabularPreprocessor.from_dict(preprocessor), train_ds, val_ds, name, callbacks=[TuneReportCallback()],
-        cache_shards=cache_shards, streamed=not cache_shards, external_memory=external and family == "xgboost",
+        cache_shards=cache_shards, streamed=not cache_shards, external_memory=external,
     )
     trainer.fit()
 

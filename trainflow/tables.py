@@ -1,17 +1,22 @@
-"""Tables without Ray: listing a path's data files (pyarrow.fs), their schema, CSV dialect checks, and the task a
-label implies. Used by the config (task inference), `trainflow init` and `validate`, and by data.py's Ray reads."""
+"""Tables without Ray: listing a path's data files (pyarrow.fs), their schema and sizes, the column checks and
+kinds, the fingerprint, the task a label implies, and whether an output location is writable. Used by the config
+(task inference), `trainflow init`, ingest and inference, and by data.py's Ray Data reads."""
 
 from __future__ import annotations
 
 import fnmatch
+import hashlib
+import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
 from trainflow.errors import ConfigError, DataError
-from trainflow.storage import filesystem_for
+from trainflow.storage import filesystem_for, is_uri
 
 GLOB_CHARS = "*?["
 
@@ -127,3 +132,153 @@ def infer_task(path: str, fmt: str, label: str, csv: Any = None, dataset=None) -
         return "classification", f"the label {label!r} holds {distinct} distinct whole numbers"
     raise ConfigError(f"task: the label {label!r} holds {distinct} distinct whole numbers, which could be classes "
                       "or a quantity; set task: classification or task: regression")
+
+
+def is_numeric_type(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_decimal(t)
+
+
+def is_string_type(t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):
+        return is_string_type(t.value_type)
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def is_temporal_type(t: pa.DataType) -> bool:
+    return pa.types.is_timestamp(t) or pa.types.is_date(t)
+
+
+def in_memory_bytes(fs: pafs.FileSystem, files: list[str], fmt: str) -> int:
+    """The table's size once decoded, from file metadata only: Parquet row groups' uncompressed sizes,
+    CSV files' sizes (text takes at least as much room as the values it encodes)."""
+    total = 0
+    for f in files:
+        inner = f.split("://", 1)[1] if is_uri(f) else f
+        if fmt == "parquet":
+            meta = pq.ParquetFile(fs.open_input_file(inner)).metadata
+            total += sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        else:
+            total += fs.get_file_info(inner).size or 0
+    return total
+
+def fingerprint(fs: pafs.FileSystem, files: list[str], schema: pa.Schema, content: bool = True, fmt: str = "parquet") -> str:
+    """A hash of the input files and their schema, prefixed by what it covers.
+
+    content=True ("content:"): every byte of every file, so the same bytes give the same fingerprint.
+    content=False ("metadata:"), for a table streamed because it is larger than the object store: each file's
+    name, size and modification time, and a Parquet file's footer (row groups, sizes, column statistics), so a
+    table of many GiB, or one on a remote filesystem, is not read once more in full just to name it.
+    """
+    h = hashlib.blake2b(digest_size=16)
+    h.update(str(schema).encode())
+    for f in files:
+        inner = f.split("://", 1)[1] if is_uri(f) else f  # the path inside fs, as list_files found it
+        h.update(inner.rsplit("/", 1)[-1].encode())
+        if not content:
+            info = fs.get_file_info(inner)
+            h.update(f"{info.size}:{info.mtime_ns}".encode())
+            if fmt == "parquet":
+                with fs.open_input_file(inner) as source:
+                    h.update(repr(pq.ParquetFile(source).metadata.to_dict()).encode())
+            continue
+        with fs.open_input_stream(inner) as stream:
+            while chunk := stream.read(8 << 20):
+                h.update(chunk)
+    return ("content:" if content else "metadata:") + h.hexdigest()
+
+@dataclass
+class TableSpec:
+    """What ingest learned about a table: its columns by kind and its size."""
+
+    path: str
+    files: list[str]
+    label: str
+    id_column: str | None
+    numeric: list[str] = field(default_factory=list)
+    categorical: list[str] = field(default_factory=list)
+    dates: list[str] = field(default_factory=list)
+    rows: int = 0
+    fingerprint: str = ""
+    feature_order: list[str] = field(default_factory=list)
+    mlflow_types: dict[str, str] = field(default_factory=dict)  # column -> MLflow ColSpec type
+
+def mlflow_type(t: pa.DataType) -> str:
+    """The MLflow signature type of an arrow column type."""
+    if pa.types.is_boolean(t):
+        return "boolean"
+    if pa.types.is_integer(t):
+        return "long"
+    if pa.types.is_floating(t) or pa.types.is_decimal(t):
+        return "double"
+    if is_temporal_type(t):
+        return "datetime"
+    return "string"
+
+def check_columns(
+    schema: pa.Schema, data: Any, task: str, source: str
+) -> tuple[list[str], list[str], list[str], list[str]]:
+    """Check label/feature/id columns exist with usable types; return (features, numeric, categorical, dates)."""
+    names = list(schema.names)
+    for role, col in (("label", data.label), ("id", data.id_column)):
+        if col is not None and col not in names:
+            raise DataError(f"{source}: {role} column {col!r} not found; columns are {names}")
+    features = data.features or [c for c in names if c not in (data.label, data.id_column)]
+    missing = [c for c in features if c not in names]
+    if missing:
+        raise DataError(f"{source}: feature column(s) {missing} not found; columns are {names}")
+    if not features:
+        raise DataError(f"{source}: no feature columns left besides the label and id")
+    numeric, categorical, dates = [], [], []
+    for col in features:
+        t = schema.field(col).type
+        if is_numeric_type(t):
+            numeric.append(col)
+        elif is_string_type(t):
+            categorical.append(col)
+        elif is_temporal_type(t):
+            dates.append(col)
+        elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
+            raise DataError(f"{source}: column {col!r} holds text that is not UTF-8; set data.csv.encoding to the "
+                            "file's encoding (e.g. latin-1, cp1252)")
+        else:
+            raise DataError(
+                f"{source}: feature column {col!r} has type {t}, which is neither numeric, text nor a date; "
+                "list the usable columns under data.features"
+            )
+    lt = schema.field(data.label).type
+    if task == "regression" and not is_numeric_type(lt):
+        raise DataError(f"{source}: label column {data.label!r} has type {lt}; regression needs a numeric label")
+    if task == "classification" and not (is_numeric_type(lt) or is_string_type(lt)):
+        raise DataError(f"{source}: label column {data.label!r} has type {lt}; classification needs numbers or text")
+    return features, numeric, categorical, dates
+
+def table_spec(schema: pa.Schema, data: Any, task: str, source: str, files: list[str] | None = None) -> TableSpec:
+    """Check the table's columns (check_columns) and describe them: kinds, order and MLflow signature types.
+
+    rows and fingerprint stay 0/"" until ingest has read the data.
+    """
+    features, numeric, categorical, dates = check_columns(schema, data, task, source)
+    return TableSpec(
+        path=source, files=files or [], label=data.label, id_column=data.id_column, numeric=numeric,
+        categorical=categorical, dates=dates, feature_order=features,
+        mlflow_types={c: mlflow_type(schema.field(c).type) for c in features},
+    )
+
+def check_writable(output: str) -> None:
+    """Fail before any work if output cannot be written; creates nothing (probes the nearest existing folder)."""
+    fs, inner = filesystem_for(output)
+    parent = inner.rstrip("/")
+    while True:
+        parent = parent.rsplit("/", 1)[0] if "/" in parent else ""
+        info = fs.get_file_info(parent or "/")
+        if info.type == pafs.FileType.Directory or not parent:
+            break
+        if info.type == pafs.FileType.File:
+            raise DataError(f"inference output {output}: {parent} is a file, not a folder")
+    probe = f"{parent}/.trainflow-write-probe-{uuid.uuid4().hex}"
+    try:
+        with fs.open_output_stream(probe):
+            pass
+        fs.delete_file(probe)
+    except (OSError, pa.ArrowException) as exc:
+        raise DataError(f"inference output {output}: cannot write there ({exc})") from None
