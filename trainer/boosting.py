@@ -81,8 +81,7 @@ def library_params(family: str, prep: TabularPreprocessor, cfg: dict[str, Any]) 
             objective, metric = {"objective": "binary:logistic"}, "logloss"
         else:
             objective, metric = {"objective": "multi:softprob", "num_class": classes}, "mlogloss"
-        # colsample_bynode 0.5: on the model-quality tables (4 validation splits each, xgboost.train) it took
-        # digits 0.963 -> 0.968, wine 0.961 -> 1.000, diabetes RMSE 64.2 -> 62.4, others within 0.6 points
+        # colsample_bynode 0.5: better on the model-quality tables, never worse beyond noise (docs/performance.md)
         params = {"tree_method": "hist", "colsample_bynode": 0.5, **objective, "eval_metric": metric, "seed": seed,
                   "nthread": threads, **chosen}
         if scaling.get("use_gpu"):

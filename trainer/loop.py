@@ -60,14 +60,12 @@ def iter_minibatches(shard, batch_size: int, device, generator: torch.Generator 
 
     Ray Data hands over whole blocks (batch_size=None: zero-copy views of the object store, no
     re-batching), and the mini-batches are slices of them; only a mini-batch that straddles two
-    blocks is copied together. Ray Data's own re-batching into 16 MB chunks cost 1.08-1.12 x the
-    plain loop's epoch time (bench/training_parity.py), whole blocks 1.06-1.10.
+    blocks is copied together: Ray Data's own re-batching is slower (training-parity, docs/performance.md).
 
     With a generator each block's rows are visited in a fresh seeded order: the shuffle of a streamed
     shard, whose blocks already arrive in a random order of the files. Ray's local shuffle buffer
     (iter_torch_batches(local_shuffle_buffer_size=...)) mixes across block boundaries but re-batches every
-    1,024 rows in Python: 0.30M rows/s against 0.56-1.68M rows/s for the whole blocks, measured on the
-    beyond-memory table; a block (a 32nd of the object store, ~100k rows there) is a larger window anyway.
+    1,024 rows in Python, several times slower; a block (a 32nd of the object store) is a larger window anyway.
     """
     held_x: list[torch.Tensor] = []  # the rows left over from earlier blocks, fewer than batch_size
     held_y: list[torch.Tensor] = []

@@ -1,8 +1,7 @@
 """Memory: the packed table's size checked before training, and a worker killed for memory named as such.
 
-One-hot encoding every text column at full cardinality once made 10,963 features on a 245k-row
-table; the run then never finished. The packed width is now bounded (wide text is embedded), and a
-configuration that would still not fit fails here, in seconds, naming the columns and the way out.
+The packed width is bounded (wide text is embedded rather than one-hot), and a configuration that would
+still not fit fails here, in seconds, naming the columns and the way out, instead of never finishing.
 """
 
 from __future__ import annotations

@@ -15,8 +15,10 @@ from collections.abc import Callable, Iterator
 from queue import Empty
 from typing import Any
 
+import ray
 from ray.train import UserCallback
 from ray.util.queue import Queue
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 log = logging.getLogger(__name__)
 SHOWN = ("train_loss", "val_loss", "val_accuracy", "val_f1", "val_roc_auc", "val_rmse", "val_mae", "val_r2")
@@ -29,8 +31,12 @@ class ProgressCallback(UserCallback):
         self.queue = queue
 
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
-        if metrics:
+        if not metrics:
+            return
+        try:
             self.queue.put_nowait({**max(metrics, key=len), "reported_at": time.time()})
+        except Exception:  # noqa: BLE001 - a lost queue (its node gone, the caller stopped) never fails the run
+            return
 
 
 @contextlib.contextmanager
@@ -38,7 +44,9 @@ def watch_progress(on_report: Callable[[dict[str, Any]], None], poll_s: float = 
     """A ProgressCallback for the trainer's RunConfig; while the block runs (the fit), each report is passed to
     on_report on a helper thread, and the ones still queued when the block ends are passed before it returns.
     A failing on_report is logged once and does not stop the fit."""
-    queue = Queue(actor_options={"num_cpus": 0})
+    # on the caller's node: a worker node that leaves the cluster must not take the queue with it
+    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=True)
+    queue = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
     done = threading.Event()
     failed = []
 

@@ -22,8 +22,7 @@ def streamed_task_args() -> dict:
     """Ray Data task arguments for a pipeline read while Ray Train's workers run (a streamed table).
 
     The workers hold the CPUs (1 each by default); a read or map task asking for a CPU then never gets
-    scheduled and every worker waits for its first block forever: the stall measured with 2 workers on
-    2 CPUs. The tasks ask for none, at most one per CPU at a time.
+    scheduled and every worker waits for its first block forever. The tasks ask for none, at most one per CPU at a time.
     """
     return {"num_cpus": 0, "concurrency": max(1, int(ray.cluster_resources().get("CPU", 1)))}
 

@@ -17,12 +17,12 @@ _START_LOCK = threading.Lock()  # one ray.init at a time: the background start a
 
 
 # Ray Train's controller polls its workers every 2 s by default, and reports, failures and the end of a run
-# wait for the next poll: at 0.5 s a TorchTrainer.fit of the demo took 22-24 s instead of 32-35 s (measured
-# here). The job's runtime_env carries it to the controller, locally and on an existing cluster.
+# wait for the next poll; polling at 0.5 s makes short fits markedly shorter (docs/performance.md). The job's
+# runtime_env carries it to the controller, locally and on an existing cluster.
 TRAIN_ENV_DEFAULTS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
 # Only for a Ray this process starts itself: its one node is never drained by an autoscaler, so Ray
 # Train's preemption watcher (an extra actor process in every fit, polling Ray's drain state) has
-# nothing to watch. Measured here: a 2-worker fit 15.2 s without it vs 16.2 s with it (8 fits each).
+# nothing to watch, and it costs every fit a process.
 # On an existing cluster (ray.address or RAY_ADDRESS) Ray's default, on, is kept.
 LOCAL_TRAIN_ENV_DEFAULTS = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
 
@@ -67,7 +67,7 @@ def _init(address: str | None, runtime_env: dict | None, num_cpus: int | None, o
 
 
 # Prefect cancels a flow run with SIGTERM. Raising from a handler (Ray's sys.exit, Prefect's
-# TerminationSignal) lands inside whatever C call the main thread is in: measured, a training run turned
+# TerminationSignal) lands inside whatever C call the main thread is in: a training run turned
 # it into `SystemError(... returned a result with an exception set)`, which the train task's retry
 # caught, and training went on (resumed) instead of stopping.
 STOP_GRACE_S = 20.0
@@ -111,8 +111,7 @@ def watch_for_sigterm() -> None:
     """React to SIGTERM at once, even while the main thread is blocked inside a Ray call.
 
     A Python signal handler runs only when the main thread returns to the interpreter, which a
-    stalled or long `TorchTrainer.fit` never does (measured: SIGTERM was handled 13.7 s later, when
-    the fit ended). The C-level handler writes every signal to the wakeup fd at once, so a thread
+    stalled or long `TorchTrainer.fit` never does (SIGTERM would be handled when the fit ended). The C-level handler writes every signal to the wakeup fd at once, so a thread
     reading it stops Ray, the blocked call fails, and the flow ends. Main thread only.
     """
     global _watching
@@ -168,8 +167,7 @@ _NO_THREAD_SIGTERM_WARNING = _NoThreadSigtermWarning()
 
 def start_ray_in_background(address: str | None = None, runtime_env: dict | None = None) -> threading.Thread:
     """Start (or join) Ray on a daemon thread, so it comes up while the caller imports Prefect and
-    Prefect starts its temporary server (one after the other they took 9 s and 13.5 s of `make demo`;
-    interleaved demo runs: 42.5-45.7 s with this, 45.3-50.6 s without).
+    Prefect starts its temporary server: both are seconds of CPU-bound start-up (docs/performance.md).
 
     The tasks still call ensure_ray, which waits for this start (one lock) and is a no-op after it.
     Best effort: if this start fails, the error is logged at debug level and the first task's
@@ -188,7 +186,7 @@ def start_ray_in_background(address: str | None = None, runtime_env: dict | None
             log.debug("starting Ray in the background failed; the first task retries: %s", exc)
             return
         # A local Ray's GCS and raylet are forked with PR_SET_PDEATHSIG, which fires when the forking
-        # *thread* ends (measured: they died with this thread and the driver lost its GCS); so this
+        # *thread* ends (they would die with this thread and the driver lose its GCS); so this
         # thread lives as long as the process. ray.shutdown at exit stops them as usual.
         threading.Event().wait()
 
@@ -226,16 +224,15 @@ def configure_ray_data() -> None:
     """Ray Data settings for this driver: readable output, task-based shuffles and Parquet reads.
 
     Ray 2.60 defaults to hash shuffles served by aggregator actors; on a small cluster their start-up
-    dominates (measured here: a first aggregate 3.3 s vs 0.9 s, a first random_shuffle 1.4 s vs 0.1 s
-    with the sort-based pull shuffle). Set RAY_DATA_DEFAULT_SHUFFLE_STRATEGY to choose another.
+    dominates; the sort-based pull shuffle has none to start. Set RAY_DATA_DEFAULT_SHUFFLE_STRATEGY to choose
+    another.
 
     Ray 2.60 also routes read_parquet through DataSourceV2, whose listing step waits for footer-reader
-    actors to start on every read: a 500-row file took 1.9-3.6 s to read and materialize on a warm Ray,
-    0.2-0.8 s through the V1 reader (measured here). Set RAY_DATA_USE_DATASOURCE_V2=1 to keep V2.
+    actors to start on every read, seconds for a small file. Set RAY_DATA_USE_DATASOURCE_V2=1 to keep V2.
     The V1 reader cuts a table into at least read_op_min_num_blocks=200 blocks, sized for large
-    clusters: 2M rows x 16 columns became 200 blocks of 10k rows, and fitting the preprocessor on them
-    took 7-9.6 s instead of 1.0-2.4 s. With the floor at 1, Ray's own rules decide: at least 2 blocks
-    per CPU of the cluster, and blocks of at most target_max_block_size (128 MiB).
+    clusters, and tiny blocks make every pass slower; with the floor at 1, Ray's own rules decide: at
+    least 2 blocks per CPU of the cluster, and blocks of at most target_max_block_size (128 MiB).
+    Figures for each: docs/performance.md.
     """
     from ray.data import DataContext
     from ray.data.context import DEFAULT_READ_OP_MIN_NUM_BLOCKS, ShuffleStrategy
