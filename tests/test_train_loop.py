@@ -6,6 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import ray.data
+import torch
 from ray.data.extensions import ArrowTensorArray
 from ray.train import ScalingConfig
 from ray.train.torch import TorchTrainer
@@ -140,3 +141,22 @@ def test_class_weights_balanced_like_sklearn_and_explicit():
                             "train": {"class_weight": {2: 4.0}}})
     assert class_weights(cfg.train.model_dump(), prep).tolist() == [1.0, 1.0, 4.0]
     assert class_weights({"class_weight": None}, prep) is None
+
+
+@pytest.mark.parametrize("rows, batch_size", [(1000, 16), (10007, 256), (5000, 1024), (3, 16), (2048, 1024)])
+def test_a_cached_shard_visits_every_row_once_in_the_same_number_of_steps_whatever_the_seed(rows, batch_size):
+    # DDP needs every rank to take the same number of steps: the shuffled order (runs of rows for large batches)
+    # must not change the count from one rank's seed to another's
+    from trainflow.trainer.loop import CachedShard
+
+    shard = CachedShard.__new__(CachedShard)
+    shard.x, shard.y = torch.arange(rows * 2, dtype=torch.float32).reshape(rows, 2), torch.arange(rows)
+    orders = []
+    for seed in range(6):
+        batches = list(shard.minibatches(batch_size, torch.Generator().manual_seed(seed)))
+        assert len(batches) == -(-rows // batch_size)
+        assert all(torch.equal(x[:, 0], y * 2) for x, y in batches)  # rows stay whole
+        seen = torch.cat([y for _, y in batches]).tolist()
+        assert sorted(seen) == list(range(rows))
+        orders.append(seen)
+    assert rows < 4 or len({tuple(o) for o in orders}) > 1  # a fresh order per seed

@@ -115,32 +115,32 @@ class CachedShard:
         self.y = torch.cat(ys) if ys else torch.zeros((0,), device=device)
 
     def minibatches(self, batch_size: int, generator: torch.Generator | None = None):
-        """Mini-batches in a fresh seeded order each epoch. A mini-batch gathers CHUNKS_PER_BATCH runs of
-        consecutive rows (one row each when the batch is smaller), whose boundaries move by a random offset
-        every epoch: gathering runs instead of single rows keeps a large table's shuffle from costing more
-        than its steps (training-parity, docs/performance.md), and the rows were shuffled once by the split."""
+        """ceil(rows / batch_size) mini-batches on every rank (DDP needs the same number of steps everywhere), in
+        a fresh seeded order each epoch. With batches of CHUNKS_PER_BATCH rows or more, the order permutes runs of
+        consecutive rows (batch_size // CHUNKS_PER_BATCH each) whose boundaries move by a random offset every
+        epoch, so each gather copies runs instead of scattered rows and a large table's shuffle costs little
+        next to its steps (training-parity, docs/performance.md); the split shuffled the rows once already.
+        Smaller batches permute single rows."""
         n = len(self.y)
-        if generator is None:
-            for i in range(0, n, batch_size):
-                heartbeat()
+        order = None
+        if generator is not None:
+            run = batch_size // CHUNKS_PER_BATCH
+            if run > 1:
+                offset = int(torch.randint(run, (1,), generator=generator))
+                rows = torch.roll(torch.arange(n), -offset)
+                full = n // run * run
+                runs = rows[:full].view(-1, run)
+                order = torch.cat([runs[torch.randperm(len(runs), generator=generator)].flatten(), rows[full:]])
+            else:
+                order = torch.randperm(n, generator=generator)
+            order = order.to(self.y.device)
+        for i in range(0, n, batch_size):
+            heartbeat()
+            if order is None:
                 yield self.x[i : i + batch_size], self.y[i : i + batch_size]
-            return
-        run = max(1, batch_size // CHUNKS_PER_BATCH)
-        offset = int(torch.randint(run, (1,), generator=generator)) if run > 1 else 0
-        runs = (n - offset) // run
-        xs = self.x[offset : offset + runs * run].reshape(runs, run, *self.x.shape[1:])
-        ys = self.y[offset : offset + runs * run].reshape(runs, run)
-        order = torch.randperm(runs, generator=generator).to(self.y.device)
-        per = max(1, batch_size // run)
-        for i in range(0, runs, per):
-            heartbeat()
-            idx = order[i : i + per]  # index_select: several times faster than x[idx]
-            yield xs.index_select(0, idx).flatten(0, 1), ys.index_select(0, idx).flatten(0, 1)
-        rest = list(range(offset)) + list(range(offset + runs * run, n))  # fewer than 2 runs of rows
-        if rest:
-            heartbeat()
-            idx = torch.tensor(rest, device=self.y.device)
-            yield self.x.index_select(0, idx), self.y.index_select(0, idx)
+            else:
+                idx = order[i : i + batch_size]  # index_select: several times faster than x[idx]
+                yield self.x.index_select(0, idx), self.y.index_select(0, idx)
 
 
 def _batches(source, batch_size: int, device, generator: torch.Generator | None = None, streamed: bool = False):
