@@ -1,9 +1,21 @@
-"""What every task shares: the retry policy."""
+"""What every task shares: the retry policy, and figures as images Prefect's UI renders."""
 
 from __future__ import annotations
 
+import base64
+import io
+
 from trainflow.errors import TrainflowError, disk_full
 from trainflow.runtime import stop_requested
+
+
+def png_data_uri(fig) -> tuple[bytes, str]:
+    """A matplotlib figure as PNG bytes and as a data: URI: Prefect's UI renders an embedded image, never a
+    file:// or s3:// one a browser cannot open."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    png = buf.getvalue()
+    return png, "data:image/png;base64," + base64.b64encode(png).decode()
 
 
 def retry_unless_user_error(task, task_run, state) -> bool:

@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import base64
-import io
 import re
 import time
 from typing import Any
 
+from trainflow.tasks.common import png_data_uri
 from trainflow.preprocessors.baseline import drift_report
 from trainflow.config import Config
 from trainflow.tracking import MODEL_URI
@@ -24,7 +23,7 @@ def measure(config: Config, baseline: dict[str, Any], counts: dict[str, list[int
     return drift_report(baseline, counts, rows, d.numeric_threshold, d.categorical_threshold, d.min_rows)
 
 
-def bar_chart(drift: dict[str, Any]) -> bytes:
+def bar_chart(drift: dict[str, Any]):
     """A PNG: one bar per feature (its score), its threshold marked, drifted bars red."""
     from matplotlib.figure import Figure  # no pyplot: no global state, so it may draw on a helper thread
 
@@ -39,19 +38,17 @@ def bar_chart(drift: dict[str, Any]) -> bytes:
     ax.invert_yaxis()
     ax.set_xlabel("drift (Jensen-Shannon for numbers, L-infinity for text); | threshold")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    return fig
 
 
 def markdown(drift: dict[str, Any], model: str, source: str) -> str:
     rows = "\n".join(f"| {c} | {r['method']} | {r['score']} | {r['threshold']} | {r['verdict']} |"
                      for c, r in drift["columns"].items())
-    png = base64.b64encode(bar_chart(drift)).decode() if drift["columns"] else ""
+    png = png_data_uri(bar_chart(drift))[1] if drift["columns"] else ""
     drifted = ", ".join(f"`{c}`" for c in drift["drifted_columns"]) or "none"
     return (f"# Drift of `{source}` from {model}'s training data\n\n{drift['rows']} scoring rows; drifted: {drifted}\n\n"
             f"| column | measure | score | threshold | verdict |\n|---|---|---|---|---|\n{rows}\n\n"
-            + (f"![drift per feature](data:image/png;base64,{png})\n" if png else ""))
+            + (f"![drift per feature]({png})\n" if png else ""))
 
 
 def metric_name(column: str) -> str:

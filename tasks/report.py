@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 import time
 import re
@@ -18,6 +16,7 @@ from prefect.cache_policies import NO_CACHE
 from trainflow.config import Config, is_uri
 from trainflow.redact import redact_config, redact_text
 from trainflow.storage import join, write_bytes
+from trainflow.tasks.common import png_data_uri
 from trainflow.tracking import tracking
 from trainflow.trainer.families import FAMILIES
 
@@ -155,10 +154,9 @@ def report(config: Config, history: list[dict[str, float]], summary: dict[str, A
     """Per-epoch metrics table, model card and loss curve as Prefect artifacts; the curve also in MLflow."""
     name = summary["registered_model"]
     fig = loss_curve(history, f"{summary['run_name']} (v{summary['model_version']})")
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
+    png_bytes, png = png_data_uri(fig)
     curve = join(config.storage_path, summary["run_name"], LOSS_CURVE)  # the summary's paths are redacted
-    write_bytes(curve, buf.getvalue())
+    write_bytes(curve, png_bytes)
     curve_uri = redact_text(curve if is_uri(curve) else f"file://{curve}")
     with tracking(config.mlflow.tracking_uri):
         client = mlflow.MlflowClient()
@@ -175,8 +173,6 @@ def report(config: Config, history: list[dict[str, float]], summary: dict[str, A
             + ([Metric("validation.anomalies", float(len(validation["anomalies"])), int(time.time() * 1000), 0)]
                if validation.get("checks") else []),
         )
-    # embedded: Prefect's UI renders a data: image, never a file:// or s3:// one a browser cannot open
-    png = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
     ids = {
         "metrics": create_table_artifact(
             table=[{k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()} for row in history],

@@ -323,6 +323,13 @@ def _info_logs_to_server():
             h.setLevel(level)
 
 
+def _flow_run(flow_run_id: str):
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(flow_run_id)
+
+
 def _flow_run_logs(flow_run_id: str) -> list:
     """The flow run's log lines as the Prefect server stored them (timestamp, message), oldest first."""
     from prefect.client.orchestration import get_client
@@ -345,7 +352,8 @@ def test_retrain_regression_end_to_end(tmp_path, monkeypatch):
     config = {
         "data": {"path": "reg/train.parquet", "label": "target y", "id_column": "row id"},
         "train": {"epochs": 3, "batch_size": 64, "learning_rate": 0.01},
-        "scaling": {"num_workers": 2},
+        # a secret for the workers: a dict config is handed to the flow in-process, never stored as a flow parameter
+        "scaling": {"num_workers": 2, "env_vars": {"TRAINFLOW_TEST_TOKEN": "tok-s3cr3t-in-a-dict"}},
         "checkpoint": {"num_to_keep": 3, "metric": "val_r2", "min_interval_s": 0},  # a report (and a line) per epoch
         "mlflow": {"registered_model": "reg-test"},
         "inference": {"input": "reg/score.parquet", "output": "out/reg"},

@@ -114,8 +114,23 @@ def _type_name(t: pa.DataType) -> str:
 def infer_task(path: str, fmt: str, label: str, csv: Any = None, dataset=None) -> tuple[str, str]:
     """(task, why) for a config that leaves `task` out, when the label column leaves no doubt: text or true/false
     labels are classes, fractional numbers a quantity, whole numbers with two values a binary class. Whole numbers
-    with more values could be either (ratings, counts): ConfigError asking for `task`."""
-    dataset = dataset if dataset is not None else open_dataset(path, fmt, csv)
+    with more values could be either (ratings, counts): ConfigError asking for `task`. The answer is kept per
+    version of the files (names, sizes, modification times): the CLI's config check and the flow's own load in the
+    same process read the label column once."""
+    if dataset is not None:
+        return _task_of_label(dataset, path, label)
+    fs, files = list_files(path, fmt)
+    stamp = tuple((f, i.size, i.mtime_ns) for f, i in zip(files, fs.get_file_info(files)))
+    key = (path, fmt, label, None if csv is None else (csv.delimiter, csv.quote_char, csv.encoding), stamp)
+    if key not in _inferred:
+        _inferred[key] = _task_of_label(open_dataset(path, fmt, csv), path, label)
+    return _inferred[key]
+
+
+_inferred: dict[tuple, tuple[str, str]] = {}  # infer_task's answers in this process, by files' version
+
+
+def _task_of_label(dataset, path: str, label: str) -> tuple[str, str]:
     if label not in dataset.schema.names:
         raise ConfigError(f"data.label: {label!r} is not a column of {path} (columns: {dataset.schema.names})")
     t = dataset.schema.field(label).type
