@@ -66,22 +66,20 @@ def _sizing(data, fs, files) -> tuple[bool, int, str]:
     return materialize, table_bytes, why
 
 
-def _fingerprint(data, fs, files, schema) -> tuple[str, bool, int, str]:
+def _fingerprint(data, fs, files) -> tuple[str, bool, int, str]:
     """(fingerprint, materialize?, in-memory bytes, why): bytes for a table that fits, file metadata otherwise."""
     materialize, table_bytes, why = _sizing(data, fs, files)
-    return fingerprint(fs, files, schema, content=materialize, fmt=data.format), materialize, table_bytes, why
+    return fingerprint(fs, files, content=materialize, fmt=data.format, csv=data.csv), materialize, table_bytes, why
 
 
 @task(name="fingerprint", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error,
       cache_policy=NO_CACHE)
 def table_fingerprint(config: Config) -> str:
-    """The training table's fingerprint as ingest computes it, without reading it into Ray: enough to tell that a
-    retrain would train on the champion's own data (which its run checked already)."""
-    ensure_ray(config.ray.address, config.ray.runtime_env)
-    data = config.data
-    listed = list_files(data.path, data.format)
-    ds, files, fs = read_table(data.path, data.format, listed=listed, csv=data.csv)
-    return _fingerprint(data, fs, files, arrow_schema(ds, data.path))[0]
+    """The training table's fingerprint as ingest computes it, from the files alone (no Ray Data read): enough to
+    tell that a retrain would train on the champion's own data (which its run checked already)."""
+    ensure_ray(config.ray.address, config.ray.runtime_env)  # the object store's size decides content or metadata
+    fs, files = list_files(config.data.path, config.data.format)
+    return _fingerprint(config.data, fs, files)[0]
 
 
 @task(name="ingest", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
@@ -99,7 +97,7 @@ def ingest(config: Config, known_fingerprint: str | None = None) -> Ingested:
     ds, files, fs = read_table(data.path, data.format, listed=listed, csv=data.csv)
     schema = arrow_schema(ds, data.path)
     spec = table_spec(schema, data, config.task, data.path, files=files)
-    fp, materialize, table_bytes, why = _fingerprint(data, fs, files, schema) if known_fingerprint is None else \
+    fp, materialize, table_bytes, why = _fingerprint(data, fs, files) if known_fingerprint is None else \
         (known_fingerprint, *_sizing(data, fs, files))
     if materialize:
         ds = ds.materialize()  # read once; the checks below and the split reuse it

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import json
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -176,16 +177,20 @@ def in_memory_bytes(fs: pafs.FileSystem, files: list[str], fmt: str) -> int:
             total += fs.get_file_info(inner).size or 0
     return total
 
-def fingerprint(fs: pafs.FileSystem, files: list[str], schema: pa.Schema, content: bool = True, fmt: str = "parquet") -> str:
-    """A hash of the input files and their schema, prefixed by what it covers.
+def fingerprint(fs: pafs.FileSystem, files: list[str], content: bool = True, fmt: str = "parquet", csv: Any = None) -> str:
+    """A hash of the input files and how they are read, prefixed by what it covers; computed from the files alone
+    (no Ray read), so a retrain tells an unchanged table before starting anything.
 
     content=True ("content:"): every byte of every file, so the same bytes give the same fingerprint.
     content=False ("metadata:"), for a table streamed because it is larger than the object store: each file's
-    name, size and modification time, and a Parquet file's footer (row groups, sizes, column statistics), so a
-    table of many GiB, or one on a remote filesystem, is not read once more in full just to name it.
+    name, size and modification time, and a Parquet file's footer (schema, row groups, sizes, column statistics), so
+    a table of many GiB, or one on a remote filesystem, is not read once more in full just to name it.
+    A CSV table's data.csv options are hashed too: they decide the columns and types its bytes decode to.
     """
     h = hashlib.blake2b(digest_size=16)
-    h.update(str(schema).encode())
+    h.update(fmt.encode())
+    if fmt == "csv" and csv is not None:
+        h.update(json.dumps(csv.model_dump(mode="json") if hasattr(csv, "model_dump") else csv, sort_keys=True).encode())
     for f in files:
         inner = f.split("://", 1)[1] if is_uri(f) else f  # the path inside fs, as list_files found it
         h.update(inner.rsplit("/", 1)[-1].encode())
@@ -194,7 +199,9 @@ def fingerprint(fs: pafs.FileSystem, files: list[str], schema: pa.Schema, conten
             h.update(f"{info.size}:{info.mtime_ns}".encode())
             if fmt == "parquet":
                 with fs.open_input_file(inner) as source:
-                    h.update(repr(pq.ParquetFile(source).metadata.to_dict()).encode())
+                    parquet = pq.ParquetFile(source)
+                    h.update(str(parquet.schema_arrow).encode())
+                    h.update(repr(parquet.metadata.to_dict()).encode())
             continue
         with fs.open_input_stream(inner) as stream:
             while chunk := stream.read(8 << 20):
