@@ -160,3 +160,38 @@ def test_a_cached_shard_visits_every_row_once_in_the_same_number_of_steps_whatev
         assert sorted(seen) == list(range(rows))
         orders.append(seen)
     assert rows < 4 or len({tuple(o) for o in orders}) > 1  # a fresh order per seed
+
+
+def test_report_schedule_groups_steps_and_keeps_the_best_one(monkeypatch):
+    # one policy for epochs and boosting rounds: due at the last step or once min_interval_s has passed; a due report
+    # covers the best step since the previous report first; rank 0's decision (the agree call) is what every rank does
+    from trainflow.trainer import reporting
+
+    clock = [0.0]
+    monkeypatch.setattr(reporting.time, "monotonic", lambda: clock[0])
+    decisions = []
+
+    def agree(decision):
+        decisions.append(decision)
+        return decision
+
+    schedule = reporting.ReportSchedule(min_interval_s=5.0, start=0, agree=agree)
+    reports = []
+    for step in range(12):
+        clock[0] += 1.0
+        if schedule.due(step, last=step == 11):
+            reports.append(schedule.to_report(step, best_step=2))
+            schedule.reported_through(step)
+    assert reports == [[2, 4], [9], [11]]  # every 5 s; the best step (2) reported before step 4, once only
+    assert len(decisions) == 12  # decide_every_s 0: a decision per step
+    # boosting rounds: a decision about every decide_every_s of training, the last round always decided
+    resumed = reporting.ReportSchedule(min_interval_s=0.0, start=100, agree=agree, decide_every_s=0.25)
+    decisions.clear()
+    due = []
+    for step in range(100, 200):
+        clock[0] += 0.01
+        if resumed.due(step, last=step == 199):
+            due.append(step)
+            resumed.reported_through(step)
+    assert due[-1] == 199 and 4 <= len(due) <= 8 and len(decisions) == len(due)
+    assert resumed.to_report(150, best_step=99) == [150]  # a best step inside the checkpoint resumed from is not reported again

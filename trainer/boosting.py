@@ -28,11 +28,17 @@ from trainflow.trainer.serving import (
     LGB_MODEL, XGB_MODEL, load_lightgbm, load_xgboost, categorical_positions, outputs_from, xgb_feature_types, xgb_matrix,
 )
 from trainflow.trainer.metrics import compute_metrics
-from trainflow.trainer.recovery import append_event
+from trainflow.trainer.reporting import ReportSchedule, record_start
 from trainflow.trainer.watchdog import heartbeat
 
 STATE_JSON = "train_state.json"
 DECISION_S = 0.25  # how often (in training time) ranks agree whether a report is due
+
+
+def _agree(decision: list[int]) -> list[int]:
+    from ray.train.collective import broadcast_from_rank_zero
+
+    return list(broadcast_from_rank_zero(decision))
 
 
 @dataclass(frozen=True)
@@ -119,13 +125,8 @@ def val_loss_from(family: str, task: str, value: float) -> float:
 
 
 class RoundReporter:
-    """Per boosting round: the history, early stopping on the validation loss, and Ray Train reports.
-
-    A report (rank 0 writes the checkpoint) is due at most every checkpoint.min_interval_s, as in the torch
-    loop; the best round since the last report is reported first with its own checkpoint (the model cut at
-    that round). Every rank must make the same report calls, so rank 0 decides and broadcasts, about every
-    DECISION_S of training rather than every round.
-    """
+    """Per boosting round: the history, early stopping on the validation loss, and Ray Train reports when the shared
+    ReportSchedule says so (a report of the best round since the last one is the model cut at that round)."""
 
     def __init__(self, loop_config: dict[str, Any], family: str, prep: TabularPreprocessor, budget: BoostBudget,
                  start_round: int, history: list[dict[str, float]], stopper: EarlyStopping,
@@ -136,11 +137,10 @@ class RoundReporter:
         self.history, self.stopper = history, stopper
         self.y_val, self.save, self.predict = y_val, save, predict
         ctx = ray.train.get_context()
-        self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
-        self.min_interval = float(self.cfg["checkpoint"].get("min_interval_s", 0.0))
-        self.reported = start_round - 1
-        self.last_report = self.last_decision = time.monotonic()
-        self.next_decision, self.round_start = start_round, time.perf_counter()
+        self.rank = ctx.get_world_rank()
+        self.schedule = ReportSchedule(self.cfg["checkpoint"].get("min_interval_s", 0.0), start_round,
+                                       _agree if ctx.get_world_size() > 1 else list, DECISION_S)
+        self.round_start = time.perf_counter()
 
     def after_round(self, model: Any, rnd: int, train_loss: float, val_loss: float) -> bool:
         """Record round rnd; report when due; True when training should stop."""
@@ -150,37 +150,18 @@ class RoundReporter:
                              "epoch_time_s": now - self.round_start})
         self.round_start = now
         self.stopper.update(val_loss, rnd)
-        if rnd >= self.budget.num_boost_round - 1 or self.stopper.should_stop or not math.isfinite(val_loss):
+        last = rnd >= self.budget.num_boost_round - 1 or self.stopper.should_stop or not math.isfinite(val_loss)
+        if self.schedule.due(rnd, last):
             self._report_up_to(model, rnd)
-            if self.rank == 0 and self.stopper.should_stop:
-                print(f"trainflow early stopping at round {rnd}: validation loss has not improved for "
-                      f"{self.stopper.bad_epochs} round(s); best {self.stopper.best:.6g} at round {self.stopper.best_epoch}")
-            return True
-        if rnd < self.next_decision:
-            return False
-        due, stride = self._decide(rnd)
-        self.next_decision = rnd + stride
-        if due:
-            self._report_up_to(model, rnd)
-        return False
-
-    def _decide(self, rnd: int) -> tuple[bool, int]:
-        mono = time.monotonic()
-        per_round = (mono - self.last_decision) / max(1, rnd - self.next_decision + 1)
-        decision = (mono - self.last_report >= self.min_interval, max(1, int(DECISION_S / max(per_round, 1e-6))))
-        self.last_decision = mono
-        if self.world > 1:
-            from ray.train.collective import broadcast_from_rank_zero
-
-            decision = tuple(broadcast_from_rank_zero(list(decision)))
-        return bool(decision[0]), int(decision[1])
+        if last and self.rank == 0 and self.stopper.should_stop:
+            print(f"trainflow early stopping at round {rnd}: validation loss has not improved for "
+                  f"{self.stopper.bad_epochs} round(s); best {self.stopper.best:.6g} at round {self.stopper.best_epoch}")
+        return last
 
     def _report_up_to(self, model: Any, rnd: int) -> None:
-        best = self.stopper.best_epoch
-        if best is not None and self.reported < best < rnd:
-            self._report(model, best)
-        self._report(model, rnd)
-        self.reported, self.last_report = rnd, time.monotonic()
+        for step in self.schedule.to_report(rnd, self.stopper.best_epoch):
+            self._report(model, step)
+        self.schedule.reported_through(rnd)
 
     def _report(self, model: Any, rnd: int) -> None:
         """One Ray Train report of the model cut at round rnd, with its checkpoint from rank 0."""
@@ -241,13 +222,8 @@ def _prepare(loop_config: dict[str, Any], load_model: Callable[[Path], Any]) -> 
             stopper.load(state["early_stopping"])
             history = read_metrics(d)["history"]
         start = int(state["epoch"]) + 1
-        if ctx.get_world_rank() == 0 and loop_config.get("run_dir"):
-            append_event(loop_config["run_dir"], {"event": "resume", "epoch": start})
-    if loop_config.get("run_dir"):
-        append_event(loop_config["run_dir"], {
-            "event": "worker_start", "rank": ctx.get_world_rank(), "node_id": ray.get_runtime_context().get_node_id(),
-            "from_epoch": start, "external_memory": budget.external_memory,
-        })
+    record_start(loop_config, ctx.get_world_rank(), start, checkpoint is not None,
+                 external_memory=budget.external_memory)
     if stopper.should_stop or start >= budget.num_boost_round:
         return None
     prep = TabularPreprocessor.from_dict(loop_config["preprocessor"])

@@ -23,7 +23,7 @@ from trainflow.trainer.budget import EarlyStopping, lr_factor, resolve_budget
 from trainflow.trainer.metrics import compute_metrics
 from trainflow.trainer.checkpoint import load_train_state, load_weights, read_metrics, save_checkpoint
 from trainflow.trainer.model import model_for
-from trainflow.trainer.recovery import append_event
+from trainflow.trainer.reporting import ReportSchedule, record_start
 from trainflow.trainer.watchdog import heartbeat
 
 STOP_REASON = "stop_reason"
@@ -250,13 +250,13 @@ def _report(state: EpochState, rank: int, loop_config: dict[str, Any]) -> None:
     heartbeat(f"the report of epoch {state.epoch}")
 
 
-def _agree(flag: bool, device) -> bool:
+def _agree(decision: list[int], device) -> list[int]:
     """Rank 0's decision on every rank: each rank must make the same ray.train.report calls."""
     if not _distributed():
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0], device=device)
+        return decision
+    t = torch.tensor(decision, dtype=torch.int64, device=device)
     dist.broadcast(t, src=0)
-    return bool(t.item())
+    return [int(v) for v in t.tolist()]
 
 
 def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
@@ -290,14 +290,7 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
                 stopper.load(state["early_stopping"])
             start_epoch = int(state["epoch"]) + 1
             history = read_metrics(d)["history"]
-        if rank == 0 and loop_config.get("run_dir"):
-            append_event(loop_config["run_dir"], {"event": "resume", "epoch": start_epoch})
-    if loop_config.get("run_dir"):
-        # which node each rank ran on, per attempt: where a run spread, and where it restarted after a failure
-        append_event(loop_config["run_dir"], {
-            "event": "worker_start", "rank": rank, "node_id": ray.get_runtime_context().get_node_id(),
-            "from_epoch": start_epoch,
-        })
+    record_start(loop_config, rank, start_epoch, checkpoint is not None)
     if rank == 0 and start_epoch == 0:
         print(f"trainflow budget: {budget.to_dict()} over {prep.train_rows} training rows and {ctx.get_world_size()} worker(s)")
     model = ray.train.torch.prepare_model(model)
@@ -313,8 +306,9 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
     val_shard = ray.train.get_dataset_shard("val")
     cache = loop_config.get("cache_shards", False)
     metric = cfg["checkpoint"]["metric"]
-    min_interval = float(cfg["checkpoint"].get("min_interval_s", 0.0))
-    last_report, pending_best = time.monotonic(), None
+    schedule = ReportSchedule(cfg["checkpoint"].get("min_interval_s", 0.0), start_epoch,
+                              functools.partial(_agree, device=device))
+    pending_best = None  # the best epoch since the last report, kept until that report
     if stopper.should_stop:
         return history
     for epoch in range(start_epoch, epochs):
@@ -342,17 +336,16 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
         metrics.update(validate_epoch(model, val_shard, _loss_fn(task), task, prep, max(batch_size * 4, 1024), device))
         history.append(metrics)
         improved = stopper.update(metrics.get(metric, float("nan")), epoch)
-        last = epoch == epochs - 1 or stopper.should_stop
-        due = _agree(last or time.monotonic() - last_report >= min_interval, device)
-        if not due:
-            if improved:  # kept until the group's report: the best epoch always gets its own checkpoint
+        if not schedule.due(epoch, epoch == epochs - 1 or stopper.should_stop):
+            if improved:
                 pending_best = _snapshot(model, optimizer, scheduler, stopper, epoch, seed, metrics, history)
             continue
-        if pending_best is not None and not improved:
-            _report(pending_best, rank, loop_config)
+        for step in schedule.to_report(epoch, stopper.best_epoch):
+            if step != epoch and pending_best is not None:
+                _report(pending_best, rank, loop_config)
         pending_best = None
         _report(_snapshot(model, optimizer, scheduler, stopper, epoch, seed, metrics, history), rank, loop_config)
-        last_report = time.monotonic()
+        schedule.reported_through(epoch)
         if stopper.should_stop:
             if rank == 0:
                 print(f"trainflow early stopping at epoch {epoch}: {metric} has not improved for {stopper.bad_epochs} "

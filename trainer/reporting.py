@@ -1,0 +1,63 @@
+"""One report-and-resume policy for every family's training loop: the torch loop's epochs and the boosters' rounds.
+
+A step (an epoch or a boosting round) is reported to Ray Train, with a checkpoint, when it is the last one or when
+checkpoint.min_interval_s has passed since the previous report; at each report the best step since the previous one is
+reported first with its own checkpoint, so grouping steps never loses the best model. A worker that starts from a
+checkpoint records a resume event, and every worker records where it started (the run's recovery log).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import ray
+
+from trainflow.trainer.recovery import append_event
+
+
+class ReportSchedule:
+    """When a step is reported; the same answer on every rank, which must all make the same report calls.
+
+    Rank 0 decides and `agree` (a broadcast from rank 0 of a list of ints) hands its decision to the others, at most
+    every `decide_every_s` of training: boosting rounds are too short to broadcast after each (0: after every step).
+    """
+
+    def __init__(self, min_interval_s: float, start: int, agree: Callable[[list[int]], list[int]],
+                 decide_every_s: float = 0.0):
+        self.min_interval, self.agree, self.decide_every = float(min_interval_s), agree, decide_every_s
+        self.reported = start - 1  # steps up to here are in a checkpoint already (the one resumed from)
+        self.last_report = self.last_decision = time.monotonic()
+        self.next_decision = start
+
+    def due(self, step: int, last: bool) -> bool:
+        """Whether step is reported now. last: this is the final step (budget spent, early stop or a failed loss),
+        known alike on every rank."""
+        if not last and step < self.next_decision:
+            return False
+        now = time.monotonic()
+        per_step = (now - self.last_decision) / max(1, step - self.next_decision + 1)
+        stride = max(1, int(self.decide_every / max(per_step, 1e-6))) if self.decide_every else 1
+        due, stride = self.agree([int(last or now - self.last_report >= self.min_interval), stride])
+        self.last_decision, self.next_decision = now, step + stride
+        return bool(due)
+
+    def to_report(self, step: int, best_step: int | None) -> list[int]:
+        """The steps a due report covers, in order: the best since the previous report (when it is not step itself)
+        and step."""
+        return ([best_step] if best_step is not None and self.reported < best_step < step else []) + [step]
+
+    def reported_through(self, step: int) -> None:
+        self.reported, self.last_report = step, time.monotonic()
+
+
+def record_start(loop_config: dict[str, Any], rank: int, start: int, resumed: bool, **extra: Any) -> None:
+    """The recovery log's events for a worker's start: a resume (rank 0, when a checkpoint was loaded) and which
+    node each rank runs on per attempt (where a run spread, and where it restarted after a failure)."""
+    run_dir = loop_config.get("run_dir")
+    if not run_dir:
+        return
+    if resumed and rank == 0:
+        append_event(run_dir, {"event": "resume", "epoch": start})
+    append_event(run_dir, {"event": "worker_start", "rank": rank, "node_id": ray.get_runtime_context().get_node_id(),
+                           "from_epoch": start, **extra})
