@@ -16,6 +16,7 @@ from trainflow.preprocessors.tabular import SchemaDriftError, TabularPreprocesso
 from trainflow.tasks.common import retry_unless_user_error
 from trainflow.tasks.drift import markdown, measure, publish
 from trainflow.trainer.checkpoint import read_config
+from trainflow.trainer.model import user_class_path
 from trainflow.trainer.predict import IN_PROCESS_BYTES, CountCollector, predict_dataset, predict_in_process
 from trainflow.config import Config, infer_format
 from trainflow.data import arrow_schema, read_table, should_materialize
@@ -49,8 +50,8 @@ def check_class_path(checkpoint: str, allowed: set[str], source: str) -> None:
         model_cfg = read_config(checkpoint)["model"]
     except (OSError, ValueError, KeyError, TypeError):
         raise CheckpointError(f"{source}: the checkpoint has no readable config.json") from None
-    class_path = model_cfg.get("class_path")
-    if model_cfg.get("type") == "torch" and class_path not in allowed:
+    class_path = user_class_path(model_cfg)
+    if class_path is not None and class_path not in allowed:
         raise CheckpointError(
             f"{source}: its checkpoint asks to import the module class {class_path!r}, which this config does not "
             f"name (model.class_path {sorted(allowed) or 'unset'}); trainflow imports no code a stored model names. "

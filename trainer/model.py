@@ -71,14 +71,21 @@ def import_class(class_path: str) -> type:
     return cls
 
 
+def user_class_path(model_cfg: dict) -> str | None:
+    """The nn.Module class a model config makes model_for import: a user's module (model.type torch), else None
+    (trainflow's own network; the boosters import no user code)."""
+    return model_cfg.get("class_path") if model_cfg.get("type", "mlp") == "torch" else None
+
+
 def model_for(prep, model_cfg: dict) -> nn.Module:
     """The network for a fitted preprocessor (its packed width, outputs and embedded columns) and the model config.
 
     A user's module (model.type torch) is built as Class(in_features, out_features, **init_args), plus
     embeddings=[(position, codes, width), ...] when its constructor takes that argument.
     """
-    if model_cfg.get("type", "mlp") == "torch":
-        cls = import_class(model_cfg["class_path"])
+    class_path = user_class_path(model_cfg)
+    if class_path:
+        cls = import_class(class_path)
         kwargs = dict(model_cfg.get("init_args") or {})
         if "embeddings" in inspect.signature(cls).parameters:
             kwargs["embeddings"] = prep.embedding_slots()
@@ -93,8 +100,8 @@ def check_model(prep, model_cfg: dict) -> None:
     Raises ValueError naming the class path and what is wrong.
     """
     where = model_cfg.get("class_path") or "trainflow's MLP"
-    if model_cfg.get("type", "mlp") == "torch":
-        import_class(model_cfg["class_path"])  # an import problem is named as such
+    if user_class_path(model_cfg):
+        import_class(user_class_path(model_cfg))  # an import problem is named as such
     try:
         model = model_for(prep, model_cfg)
     except Exception as exc:  # noqa: BLE001 - a user's constructor can raise anything
