@@ -15,6 +15,7 @@ from trainflow.tasks.preprocess import Prepared
 from trainflow.tasks.report import artifact_key
 from trainflow.tasks.train import TrainOutcome
 from trainflow.trainer.checkpoint import METRICS_FILE
+from trainflow.trainer.progress import ProgressLine, watch_progress
 from trainflow.trainer.recovery import read_events, recoveries
 from trainflow.trainer.resources import check_fits, concurrent_runs
 from trainflow.trainer.runner import checkpoints_on_disk, run_dir
@@ -60,13 +61,23 @@ def tune_sweep(prepared: Prepared, config: Config, sweep: str, resume: bool = Fa
         "sweep %s: %d trial(s), %d at a time, %s on %s (%s)",
         sweep, tune_cfg.num_samples, parallel, tune_cfg.scheduler, tune_cfg.metric, tune_cfg.mode,
     )
-    tuner = build_tuner(
-        config.to_dict(), prepared.preprocessor, prepared.train, prepared.val, sweep, parallel,
-        cache_shards=prepared.materialized,
-        external_memory={name: getattr(b, "external_memory", False) for name, b in prepared.budgets.items()},
-        resume=resume,
-    )
-    results = tuner.fit()
+    lines: dict[str, ProgressLine] = {}
+
+    def on_report(metrics: dict[str, Any]) -> None:
+        # a line per trial report: 'trial 5d1e2_00001: mlp epoch 3: train_loss ...'
+        trial, family = str(metrics.get("trial", "?")), str(metrics.get("family", ""))
+        budget = prepared.budgets.get(family)
+        line = lines.setdefault(trial, ProgressLine(family, None, getattr(budget, "unit", "epoch")))
+        log.info("trial %s: %s", trial, line(metrics))
+
+    with watch_progress(on_report) as progress:
+        tuner = build_tuner(
+            config.to_dict(), prepared.preprocessor, prepared.train, prepared.val, sweep, parallel,
+            cache_shards=prepared.materialized,
+            external_memory={name: getattr(b, "external_memory", False) for name, b in prepared.budgets.items()},
+            resume=resume, progress=progress,
+        )
+        results = tuner.fit()
     trials = summarize_trials(results, sweep, tune_cfg.metric, tune_cfg.mode)
     best = best_trial(trials, tune_cfg.metric, tune_cfg.mode)
     create_table_artifact(

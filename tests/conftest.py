@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import socket
 from pathlib import Path
@@ -127,3 +129,36 @@ def _no_tracking_uri_leak(monkeypatch):
     import mlflow
 
     mlflow.set_tracking_uri(None)
+
+
+@contextlib.contextmanager
+def info_logs_to_server():
+    """The run loggers' INFO lines sent to the Prefect server for the block (the suite runs at WARNING): in the
+    settings, for a flow run that configures logging afresh, and on the loggers already configured, whose console
+    handlers stay at WARNING (an earlier test's captured stream may be closed)."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+    from prefect.settings import PREFECT_LOGGING_LEVEL, temporary_settings
+
+    prefect_logger = logging.getLogger("prefect")
+    consoles = [h for name in ("", "prefect", "prefect.task_runs", "prefect.flow_runs")
+                for h in logging.getLogger(name).handlers if isinstance(h, PrefectConsoleHandler)]
+    saved = prefect_logger.level, [h.level for h in consoles]
+    prefect_logger.setLevel(logging.INFO)
+    for h in consoles:
+        h.setLevel(max(h.level, logging.WARNING))
+    try:
+        with temporary_settings({PREFECT_LOGGING_LEVEL: "INFO"}):
+            yield
+    finally:
+        prefect_logger.setLevel(saved[0])
+        for h, level in zip(consoles, saved[1]):
+            h.setLevel(level)
+
+
+def flow_run_logs(flow_run_id: str) -> list:
+    """The flow run's log lines as the Prefect server stored them (timestamp, message), oldest first."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        return client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), limit=200)

@@ -1,8 +1,6 @@
 """End-to-end local flow runs of `retrain` and `batch-inference` with 2 Ray Train workers."""
 
-import contextlib
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -19,7 +17,7 @@ from mlflow import MlflowClient
 from prefect.artifacts import Artifact
 
 import trainflow
-from tests.conftest import churn_config, make_regression_table, write_parquet
+from tests.conftest import churn_config, flow_run_logs, info_logs_to_server, make_regression_table, write_parquet
 from trainflow.sample import make_churn_table
 from trainflow.trainer.checkpoint import read_metrics
 from trainflow.trainer.serving import load_servable
@@ -299,46 +297,6 @@ def _with_store_and_visit(table: pa.Table, seed: int, codes: int) -> pa.Table:
     return table.append_column("store", pa.array(stores)).append_column("visited at", pa.array(visits.tolist()))
 
 
-@contextlib.contextmanager
-def _info_logs_to_server():
-    """The run loggers' INFO lines sent to the Prefect server for the block (the suite runs at WARNING): in the
-    settings, for a flow run that configures logging afresh, and on the loggers already configured, whose console
-    handlers stay at WARNING (an earlier test's captured stream may be closed)."""
-    from prefect.logging.handlers import PrefectConsoleHandler
-    from prefect.settings import PREFECT_LOGGING_LEVEL, temporary_settings
-
-    prefect_logger = logging.getLogger("prefect")
-    consoles = [h for name in ("", "prefect", "prefect.task_runs", "prefect.flow_runs")
-                for h in logging.getLogger(name).handlers if isinstance(h, PrefectConsoleHandler)]
-    saved = prefect_logger.level, [h.level for h in consoles]
-    prefect_logger.setLevel(logging.INFO)
-    for h in consoles:
-        h.setLevel(max(h.level, logging.WARNING))
-    try:
-        with temporary_settings({PREFECT_LOGGING_LEVEL: "INFO"}):
-            yield
-    finally:
-        prefect_logger.setLevel(saved[0])
-        for h, level in zip(consoles, saved[1]):
-            h.setLevel(level)
-
-
-def _flow_run(flow_run_id: str):
-    from prefect.client.orchestration import get_client
-
-    with get_client(sync_client=True) as client:
-        return client.read_flow_run(flow_run_id)
-
-
-def _flow_run_logs(flow_run_id: str) -> list:
-    """The flow run's log lines as the Prefect server stored them (timestamp, message), oldest first."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-
-    with get_client(sync_client=True) as client:
-        return client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), limit=200)
-
-
 def test_retrain_regression_end_to_end(tmp_path, monkeypatch):
     # a 5,000-value text column (embedded) and a timestamp written as text (date parts); the scoring table
     # holds store codes never seen in training, and every one of its rows is still predicted
@@ -360,7 +318,7 @@ def test_retrain_regression_end_to_end(tmp_path, monkeypatch):
     }
     from prefect.logging.handlers import APILogHandler
 
-    with _info_logs_to_server():
+    with info_logs_to_server():
         summary = trainflow.retrain(config, run_name="reg-e2e")
     APILogHandler().flush()  # the logs go to the server in the background: all of them now
     assert summary["task"] == "regression"
@@ -368,7 +326,7 @@ def test_retrain_regression_end_to_end(tmp_path, monkeypatch):
     # last epoch's checkpoint), and the same metrics in MLflow as they came
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
     flow_run_id = MlflowClient(tracking_uri=tracking).get_run(summary["mlflow_run_id"]).data.tags["trainflow.prefect_flow_run_id"]
-    logs = _flow_run_logs(flow_run_id)
+    logs = flow_run_logs(flow_run_id)
     progress = [log for log in logs if log.message.startswith("mlp epoch ")]
     assert [log.message.split(":")[0] for log in progress] == ["mlp epoch 1/3", "mlp epoch 2/3", "mlp epoch 3/3"]
     assert all("val_r2" in log.message and "train_loss" in log.message for log in progress)

@@ -7,7 +7,7 @@ import pyarrow.dataset as pads
 import pytest
 from mlflow import MlflowClient
 
-from tests.conftest import churn_config
+from tests.conftest import churn_config, flow_run_logs, info_logs_to_server
 from trainflow.flows.cli import main as cli_main
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_local")]  # ray_local has the dashboard, whose state API frees stopped trials' placement groups
@@ -26,7 +26,11 @@ def test_tune_sweep_end_to_end(tmp_path, capsys):
             },
         },
     )
-    assert cli_main(["tune", "--config", str(cfg), "--run-name", "sweep", "--summary-json", str(tmp_path / "s.json")]) == 0
+    from prefect.logging.handlers import APILogHandler
+
+    with info_logs_to_server():
+        assert cli_main(["tune", "--config", str(cfg), "--run-name", "sweep", "--summary-json", str(tmp_path / "s.json")]) == 0
+    APILogHandler().flush()
     summary = json.loads((tmp_path / "s.json").read_text())
     assert (summary["tune_metric"], summary["tune_mode"]) == ("val_loss", "min")
     # the printed summary lists every trial with its sampled values and score
@@ -54,6 +58,9 @@ def test_tune_sweep_end_to_end(tmp_path, capsys):
     assert out.num_rows == summary["input_rows"] == 500
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     run = client.get_run(summary["mlflow_run_id"])
+    # each trial's reports became progress lines in the flow run's logs, named by trial and family
+    logs = [log.message for log in flow_run_logs(run.data.tags["trainflow.prefect_flow_run_id"])]
+    assert all(any(m.startswith(f"trial {t['trial_id']}: mlp epoch ") and "val_loss" in m for m in logs) for t in trials)
     assert float(run.data.params["train.learning_rate"]) == pytest.approx(best["params"]["train.learning_rate"])
 
     # a pickle planted in a sweep's folder is never loaded: an existing folder is restored only with --resume

@@ -25,16 +25,20 @@ SHOWN = ("train_loss", "val_loss", "val_accuracy", "val_f1", "val_roc_auc", "val
 
 
 class ProgressCallback(UserCallback):
-    """On Ray Train's controller: each report's metrics (the fullest worker's: a booster's rank 0) to the queue."""
+    """On Ray Train's controller: each report's metrics (the fullest worker's: a booster's rank 0) to the queue,
+    with `tag` added (a tune trial's id and family, so one queue serves every trial of a sweep)."""
 
-    def __init__(self, queue: Queue):
-        self.queue = queue
+    def __init__(self, queue: Queue, tag: dict[str, Any] | None = None):
+        self.queue, self.tag = queue, dict(tag or {})
+
+    def tagged(self, **tag: Any) -> ProgressCallback:
+        return ProgressCallback(self.queue, {**self.tag, **tag})
 
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
         if not metrics:
             return
         try:
-            self.queue.put_nowait({**max(metrics, key=len), "reported_at": time.time()})
+            self.queue.put_nowait({**max(metrics, key=len), **self.tag, "reported_at": time.time()})
         except Exception:  # noqa: BLE001 - a lost queue (its node gone, the caller stopped) never fails the run
             return
 

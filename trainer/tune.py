@@ -17,6 +17,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.trainer.budget import MAX_AUTO_EPOCHS
 from trainflow.trainer.families import FAMILIES
+from trainflow.trainer.progress import ProgressCallback
 from trainflow.trainer.runner import build_trainer, run_dir
 from trainflow.config import trial_config
 from trainflow.errors import ConfigError
@@ -47,16 +48,21 @@ def trial_run_name(sweep: str, trial_id: str) -> str:
 def train_driver_fn(
     params: dict[str, Any], base_config: dict, preprocessor: dict, train_ds: ray.data.Dataset,
     val_ds: ray.data.Dataset, sweep: str, cache_shards: bool = False, external_memory: dict[str, bool] | None = None,
+    progress: ProgressCallback | None = None,
 ) -> None:
     """One trial: the base config with this trial's sampled values, trained by its family's Ray Train trainer.
-    external_memory: per family, the preprocess task's auto choice (in memory for a family it did not check)."""
+    external_memory: per family, the preprocess task's auto choice (in memory for a family it did not check);
+    progress: the sweep's progress queue, which gets this trial's reports tagged with its id."""
     cfg = trial_config(base_config, params["sampled"]).to_dict()
     name = trial_run_name(sweep, ray.tune.get_context().get_trial_id())
     family = cfg["model"]["type"]
     external = FAMILIES[family].uses_external_memory(cfg["model"]["params"].get("external_memory", "auto"),
                                                      (external_memory or {}).get(family, False))
+    callbacks = [TuneReportCallback()]
+    if progress is not None:
+        callbacks.append(progress.tagged(trial=ray.tune.get_context().get_trial_id(), family=family))
     trainer = build_trainer(
-        cfg, TabularPreprocessor.from_dict(preprocessor), train_ds, val_ds, name, callbacks=[TuneReportCallback()],
+        cfg, TabularPreprocessor.from_dict(preprocessor), train_ds, val_ds, name, callbacks=callbacks,
         cache_shards=cache_shards, streamed=not cache_shards, external_memory=external,
     )
     trainer.fit()
@@ -76,7 +82,7 @@ def check_restore(path: str, sweep: str, resume: bool) -> None:
 def build_tuner(
     config: dict[str, Any], preprocessor: TabularPreprocessor, train_ds: ray.data.Dataset, val_ds: ray.data.Dataset,
     sweep: str, max_concurrent_trials: int, cache_shards: bool = False, external_memory: dict[str, bool] | None = None,
-    resume: bool = False,
+    resume: bool = False, progress: ProgressCallback | None = None,
 ) -> ray.tune.Tuner:
     """A Tuner for config['tune']: new, or restored from the sweep's folder when resume is asked for.
 
@@ -86,6 +92,7 @@ def build_tuner(
     trainable = ray.tune.with_parameters(
         train_driver_fn, base_config=config, preprocessor=preprocessor.to_dict(),
         train_ds=train_ds, val_ds=val_ds, sweep=sweep, cache_shards=cache_shards, external_memory=external_memory,
+        progress=progress,
     )
     # The driver only waits on its TorchTrainer; the Train workers ask for their own resources. Tune
     # refuses an empty request, and any CPU here would come out of the workers' budget: one byte of memory.
