@@ -46,14 +46,14 @@ def run_trainflow(path, storage: str):
     varrays = [np.concatenate(parts) for parts in zip(*[
         (b["features"], b["label"]) for b in val.iter_batches(batch_size=None, batch_format="numpy")])]
     t0 = time.perf_counter()
-    result = build_trainer(cfg.to_dict(), prep, train, val, "gbdt-parity").fit()
+    result = build_trainer(cfg, prep, train, val, "gbdt-parity").fit()
     wall = time.perf_counter() - t0
     ray.shutdown()
     with result.checkpoint.as_directory() as d:
         history = read_metrics(d)["history"]
     from trainflow.trainer.boosting import library_params
 
-    params = library_params("xgboost", prep, cfg.to_dict())
+    params = library_params("xgboost", prep, cfg)
     return [h["epoch_time_s"] for h in history], wall, params, arrays, varrays
 
 

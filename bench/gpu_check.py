@@ -51,7 +51,7 @@ for name, workers, per in [c for c in CASES if c[0] in os.environ.get("CASES", "
     check_text_columns(ds, spec, True, "mem")
     train, val, _, _ = split_table(ds, "classification", "y", 0.2, 42, spec.feature_order + ["y"], True)
     prep, tr, va = fit_and_pack(train, val, spec, "classification", cfg.preprocess)
-    trainer = build_trainer(cfg.to_dict(), prep, tr, va, f"gpu-{name}", cache_shards=os.environ.get("CACHE", "1") == "1")
+    trainer = build_trainer(cfg, prep, tr, va, f"gpu-{name}", cache_shards=os.environ.get("CACHE", "1") == "1")
     result = trainer.fit()
     best = min(result.best_checkpoints, key=lambda cm: cm[1]["val_loss"])
     ckpt_path = best[0].path

@@ -62,7 +62,7 @@ def run(name: str, variants: list[dict]) -> None:
             section = cfg.model if key in ("hidden_sizes", "dropout") else cfg.train
             setattr(section, key, value)
         train_cfg = cfg.train.model_dump()
-        budget = resolve_budget(train_cfg, len(ya), WORKERS)
+        budget = resolve_budget(cfg.train, len(ya), WORKERS)
         torch.manual_seed(0)
         model = model_for(prep, cfg.model.model_dump())
         opt = torch.optim.AdamW(model.parameters(), lr=train_cfg["learning_rate"], weight_decay=train_cfg["weight_decay"])

@@ -70,7 +70,7 @@ def run_trainflow(path: Path, storage: str) -> tuple[list[float], float]:
     t0 = time.perf_counter()
     # as the train task runs a table that fits the object store: each worker keeps its shard after the first epoch
     # and draws every epoch's shuffled mini-batches from it (the baseline does not shuffle)
-    result = build_trainer(cfg.to_dict(), prep, train, val, "parity", cache_shards=True).fit()
+    result = build_trainer(cfg, prep, train, val, "parity", cache_shards=True).fit()
     wall = time.perf_counter() - t0
     ray.shutdown()
     from trainflow.trainer.checkpoint import read_metrics

@@ -46,7 +46,7 @@ def open_run(config: Config, run_name: str, family: str) -> str:
 
 def log_params(uri: str, run_id: str, config: Config, family: str) -> None:
     """The family's resolved config as flat params, secrets masked (MLflow takes at most 100 per request)."""
-    items = [(k, str(v)[:500]) for k, v in flatten(redact_config(config.for_family(family))).items()]
+    items = [(k, str(v)[:500]) for k, v in flatten(redact_config(config.for_family(family).to_dict())).items()]
     client = mlflow.MlflowClient(tracking_uri=uri)
     for i in range(0, len(items), 100):
         client.log_batch(run_id, params=[Param(k, v) for k, v in items[i : i + 100]])

@@ -47,10 +47,10 @@ def preprocess(ingested: Ingested, parts: Split, config: Config) -> Prepared:
     budgets, estimate = {}, None
     for name in config.model.families:
         resolved = config.for_family(name)
-        family = family_for(resolved["model"])
+        family = family_for(resolved)
         try:
-            family.check(prep, resolved["model"])  # a user's module fails here, before any training
-            class_weights(config.train.model_dump(), prep)  # the loop's own check, before any worker starts
+            family.check(prep, resolved.model.model_dump(mode="json"))  # a user's module fails here, before any training
+            class_weights(config.train, prep)  # the loop's own check, before any worker starts
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         budgets[name] = family.budget(resolved, prep.train_rows, workers)
@@ -58,15 +58,15 @@ def preprocess(ingested: Ingested, parts: Split, config: Config) -> Prepared:
             estimate = check_packed_size(prep, parts.train_rows + parts.val_rows, budgets[name].batch_size,
                                          max(1, workers), memory, ingested.spec.path)
         else:
-            params = resolved["model"]["params"]
+            params = resolved.model.params
             estimate = check_booster_matrix(prep, parts.train_rows, parts.val_rows, max(1, workers), memory,
-                                            ingested.spec.path, params["external_memory"] if family.external_memory else None)
+                                            ingested.spec.path, params.external_memory if family.external_memory else None)
             budgets[name] = replace(budgets[name], external_memory=estimate["external_memory"])
             if estimate["external_memory"]:
                 get_run_logger().info(
                     "%s: external-memory matrices (model.params.external_memory %s; in memory a worker would hold "
                     "about %.1f GiB of its %.1f GiB share): each worker writes its shard to local disk a batch at a time",
-                    name, params["external_memory"], estimate["worker_matrix_bytes"] / 2**30,
+                    name, params.external_memory, estimate["worker_matrix_bytes"] / 2**30,
                     memory / max(1, workers) / 2**30)
     rows = parts.train_rows + parts.val_rows
     materialize = parts.materialized

@@ -85,7 +85,7 @@ def _log_and_register(config: Config, ingested: Ingested, outcome: TrainOutcome,
                 name="model",
                 python_model=MODEL_CODE,
                 artifacts={"checkpoint": selected.path},
-                code_paths=serving_code(Path(code), config.for_family(outcome.family)["model"].get("class_path")),  # served where trainflow is not installed
+                code_paths=serving_code(Path(code), config.for_family(outcome.family).model.class_path),  # served where trainflow is not installed
                 signature=signature_for(prep, ingested.spec.mlflow_types),
                 input_example=example_input(prep, ingested.spec.mlflow_types),
                 pip_requirements=requirements(outcome.family),

@@ -54,7 +54,7 @@ def _budget_line(budget: dict[str, Any]) -> str:
 
 
 def _family_line(config: Config, family: str) -> str:
-    return f"- family `{family}`: {FAMILIES[family].describe(config.for_family(family)['model'])}"
+    return f"- family `{family}`: {FAMILIES[family].describe(config.model.for_family(family))}"
 
 
 def _candidates_lines(summary: dict[str, Any], metric: str) -> str:

@@ -46,7 +46,7 @@ def concurrency(config: Config, nodes: list[dict[str, float]] | None = None) -> 
 @task(name="check-sweep", cache_policy=NO_CACHE)
 def check_sweep(config: Config, sweep: str, resume: bool) -> None:
     """Before any work: an existing sweep folder is restored only on request (its tuner.pkl is a pickle)."""
-    check_restore(run_dir(config.to_dict(), sweep), sweep, resume)
+    check_restore(run_dir(config, sweep), sweep, resume)
 
 
 @task(name="tune", retries=1, retry_delay_seconds=5, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
@@ -72,7 +72,7 @@ def tune_sweep(prepared: Prepared, config: Config, sweep: str, resume: bool = Fa
 
     with watch_progress(on_report) as progress:
         tuner = build_tuner(
-            config.to_dict(), prepared.preprocessor, prepared.train, prepared.val, sweep, parallel,
+            config, prepared.preprocessor, prepared.train, prepared.val, sweep, parallel,
             cache_shards=prepared.materialized,
             external_memory={name: getattr(b, "external_memory", False) for name, b in prepared.budgets.items()},
             resume=resume, progress=progress,
@@ -90,7 +90,7 @@ def tune_sweep(prepared: Prepared, config: Config, sweep: str, resume: bool = Fa
         raise TrainingError(f"sweep {sweep}: no trial finished with a finite {tune_cfg.metric} ({errors})")
     best_config = trial_config(config.to_dict(), best["params"])
     best_config._source_dir = config.source_dir
-    path = run_dir(best_config.to_dict(), best["run_name"])
+    path = run_dir(best_config, best["run_name"])
     checkpoints = checkpoints_on_disk(path)
     if not checkpoints:
         raise TrainingError(f"sweep {sweep}: the best trial {best['trial_id']} kept no checkpoint in {path}")

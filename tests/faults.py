@@ -9,7 +9,7 @@ import ray.data
 
 from tests.conftest import make_regression_table
 from trainflow.trainer.loop import train_fn_per_worker
-from trainflow.config import config_from_dict
+from trainflow.config import config_from_dict, trial_config
 from trainflow.preprocessors.fit import fit_and_pack
 from trainflow.tables import table_spec
 
@@ -38,7 +38,7 @@ def wait_registered(run: str | Path, epoch: int = 0, timeout_s: float = 60.0, al
 
 
 def small_run(tmp_path, hang_timeout_s=600.0, resources_per_worker=None, max_failures=2):
-    """A 2-worker regression run on 1200 rows: (config dict, preprocessor, train, val), datasets materialized."""
+    """A 2-worker regression run on 1200 rows: (config, preprocessor, train, val), datasets materialized."""
     table = make_regression_table(1200)
     cfg = config_from_dict({
         "data": {"path": "mem", "label": "target y", "id_column": "row id"}, "task": "regression",
@@ -48,7 +48,7 @@ def small_run(tmp_path, hang_timeout_s=600.0, resources_per_worker=None, max_fai
         "storage_path": str(tmp_path / "runs"),
     }, base_dir=tmp_path)
     train, val = ray.data.from_arrow(table.slice(0, 1000)), ray.data.from_arrow(table.slice(1000))
-    return cfg.to_dict(), *fit_and_pack(train, val, table_spec(table.schema, cfg.data, "regression", "mem"), "regression")
+    return cfg, *fit_and_pack(train, val, table_spec(table.schema, cfg.data, "regression", "mem"), "regression")
 
 
 # no plain SIGKILL here: the hang ends in one (the watchdog kills its own worker), and a SIGKILLed worker is
@@ -69,8 +69,7 @@ def successive_faults(marker_dir: str):
         (Path(marker_dir) / f"attempt-{attempt}-rank{rank}").touch()
         if attempt >= len(SUCCESSIVE):
             return train_fn_per_worker(loop_config)
-        train = loop_config["config"]["train"]
-        upto = {**loop_config, "config": {**loop_config["config"], "train": {**train, "epochs": attempt + 1}}}
+        upto = {**loop_config, "config": trial_config(loop_config["config"].to_dict(), {"train.epochs": attempt + 1})}
         train_fn_per_worker(upto)
         if rank == 1:
             wait_registered(loop_config["run_dir"], attempt)  # fail once the resume point is recorded

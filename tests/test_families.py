@@ -15,7 +15,7 @@ from trainflow.trainer.checkpoint import read_metrics
 from trainflow.trainer.serving import load_servable
 from trainflow.trainer.recovery import read_events, recoveries
 from trainflow.trainer.runner import build_trainer, run_dir
-from trainflow.config import DataSection, config_from_dict
+from trainflow.config import DataSection, config_from_dict, trial_config
 from trainflow.preprocessors.fit import fit_preprocessor
 from trainflow.tables import table_spec
 from trainflow.errors import ConfigError
@@ -107,8 +107,7 @@ def _round_trip(family: str):
         if marker.exists():
             return FAMILIES[family].train_fn(loop_config)
         marker.touch()
-        cfg = loop_config["config"]
-        first = {**cfg, "model": {**cfg["model"], "params": {**cfg["model"]["params"], "num_boost_round": 12}}}
+        first = trial_config(loop_config["config"].to_dict(), {"model.params.num_boost_round": 12})
         FAMILIES[family].train_fn({**loop_config, "config": first})
         if rank == 1:
             wait_registered(loop_config["run_dir"], 11)
@@ -124,9 +123,8 @@ def _round_trip(family: str):
 def test_a_killed_booster_worker_resumes_at_a_later_round(tmp_path, family):
     """On XGBoost's external-memory matrices (the families flow test trains the in-memory ones)."""
     cfg, prep, train, val = small_run(tmp_path, hang_timeout_s=60.0)
-    cfg["model"] = {**cfg["model"], "type": family,
-                    "params": {**cfg["model"]["params"], "num_boost_round": 30, "early_stopping_rounds": "off"}}
-    cfg["checkpoint"]["min_interval_s"] = 0.0
+    cfg = trial_config(cfg.to_dict(), {"model.type": family, "model.params.num_boost_round": 30,
+                                       "model.params.early_stopping_rounds": "off", "checkpoint.min_interval_s": 0.0})
     external = family == "xgboost"
     result = build_trainer(cfg, prep, train, val, "boost-kill", train_fn=_round_trip(family),
                            external_memory=external).fit()

@@ -134,7 +134,7 @@ def _gate_setup(tmp_path):
         d = tmp_path / f"ckpt-{weight}"
         d.mkdir(exist_ok=True)
         state = {"0.weight": torch.tensor([[weight]], dtype=torch.float32), "0.bias": torch.zeros(1)}
-        save_checkpoint(d, state, {"epoch": 0}, {"val_loss": 0.0}, [], prep.to_dict(), cfg.for_family("mlp"))
+        save_checkpoint(d, state, {"epoch": 0}, {"val_loss": 0.0}, [], prep.to_dict(), cfg.for_family("mlp").to_dict())
         return str(d)
 
     return cfg, ds, checkpoint

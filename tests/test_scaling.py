@@ -78,8 +78,11 @@ def test_every_knob_reaches_ray_train(tmp_path):
     cfg = _cfg(
         num_workers=2, use_gpu=True, resources_per_worker={"CPU": 2, "GPU": 0.5, "memory": 1e9},
         accelerator_type="A100", placement_strategy="SPREAD", env_vars={"NCCL_SOCKET_IFNAME": "lo"},
-    ).to_dict()
-    cfg["storage_path"] = str(tmp_path)
+    ).model_copy(update={"storage_path": str(tmp_path)})
+
+    def scaled(**changes):
+        return cfg.model_copy(update={"scaling": cfg.scaling.model_copy(update=changes)})
+
     prep = TabularPreprocessor(task="regression", label="y", numeric={"a": {"mean": 0.0, "std": 1.0}}, feature_order=["a"])
     ds = ray.data.range(4)  # lazy: nothing runs
     trainer = build_trainer(cfg, prep, ds, ds, "knobs")
@@ -89,12 +92,11 @@ def test_every_knob_reaches_ray_train(tmp_path):
     # two workers at half a GPU share one device, which NCCL refuses: Gloo instead of Ray's default
     assert trainer.backend_config.backend == "gloo"
     assert trainer.run_config.worker_runtime_env == {"env_vars": {"NCCL_SOCKET_IFNAME": "lo"}}
-    cfg["scaling"]["resources_per_worker"] = {"CPU": 2, "GPU": 1}
-    assert build_trainer(cfg, prep, ds, ds, "knobs").backend_config.backend == "nccl"  # Ray's default with GPUs
-    cfg["scaling"].update(use_gpu=False, resources_per_worker=None, backend="gloo", accelerator_type=None)
-    assert build_trainer(cfg, prep, ds, ds, "knobs").backend_config.backend == "gloo"
-    cfg["scaling"]["backend"] = None
-    assert build_trainer(cfg, prep, ds, ds, "knobs").backend_config.backend == "gloo"  # Ray's default without
+    # Ray's default with GPUs
+    assert build_trainer(scaled(resources_per_worker={"CPU": 2, "GPU": 1}), prep, ds, ds, "knobs").backend_config.backend == "nccl"
+    cpu = {"use_gpu": False, "resources_per_worker": None, "accelerator_type": None}
+    assert build_trainer(scaled(**cpu, backend="gloo"), prep, ds, ds, "knobs").backend_config.backend == "gloo"
+    assert build_trainer(scaled(**cpu, backend=None), prep, ds, ds, "knobs").backend_config.backend == "gloo"  # Ray's default without
     # the Ray trainflow started itself carries its Train settings; the preemption watcher is off there
     job_env = ray.get_runtime_context().runtime_env.get("env_vars", {})
     assert job_env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "0.5"

@@ -32,7 +32,7 @@ def _local_fit(task, table, label, epochs=6, lr=0.01, tmp_path=None, **extra):
     )
     trainer = TorchTrainer(
         train_fn_per_worker,
-        train_loop_config={"config": cfg.to_dict(), "preprocessor": prep.to_dict()},
+        train_loop_config={"config": cfg, "preprocessor": prep.to_dict()},
         scaling_config=ScalingConfig(num_workers=0),
         datasets={"train": train_ds, "val": val_ds},
     )
@@ -105,14 +105,15 @@ def test_early_stopping_ends_a_run_whose_metric_stopped_improving(tmp_path):
 
 
 def test_budget_gives_small_tables_steps_and_large_tables_full_batches():
+    from trainflow.config import TrainSection
     from trainflow.trainer.budget import EarlyStopping, resolve_budget
 
-    train = {"epochs": "auto", "batch_size": "auto", "early_stopping": {"patience": "auto", "min_delta": 1e-4}}
+    train = TrainSection()  # epochs, batch size and patience auto
     small, large = resolve_budget(train, 120, 2), resolve_budget(train, 5_000_000, 2)
     assert small.batch_size == 16 and small.epochs == 300 and small.epochs * small.steps_per_epoch >= 1000
     assert large.batch_size == 512 and large.epochs == 10 and large.patience == 10
     # an explicit value always wins
-    fixed = resolve_budget({**train, "epochs": 7, "batch_size": 64, "early_stopping": {"patience": "off", "min_delta": 0}}, 120, 2)
+    fixed = resolve_budget(TrainSection(epochs=7, batch_size=64, early_stopping={"patience": "off", "min_delta": 0}), 120, 2)
     assert (fixed.batch_size, fixed.epochs, fixed.patience) == (64, 7, None)
     # the early-stopping state is plain data that a resumed run loads and keeps counting from
     stopper = EarlyStopping("min", patience=2, min_delta=0.0)
@@ -130,17 +131,17 @@ def test_class_weights_balanced_like_sklearn_and_explicit():
 
     from trainflow.preprocessors.tabular import TabularPreprocessor
     from trainflow.trainer.loop import class_weights
-    from trainflow.config import config_from_dict
+    from trainflow.config import TrainSection, config_from_dict
 
     prep = TabularPreprocessor(task="classification", label="y", classes=[0, 1, 2], class_counts={"0": 80, "1": 15, "2": 5})
     y = np.repeat([0, 1, 2], [80, 15, 5])
     expected = compute_class_weight("balanced", classes=np.array([0, 1, 2]), y=y)
-    np.testing.assert_allclose(class_weights({"class_weight": "balanced"}, prep).numpy(), expected, rtol=1e-6)
+    np.testing.assert_allclose(class_weights(TrainSection(class_weight="balanced"), prep).numpy(), expected, rtol=1e-6)
     # YAML's integer keys name the classes too; a class left out weighs 1
     cfg = config_from_dict({"data": {"path": "t.parquet", "label": "y"}, "task": "classification",
                             "train": {"class_weight": {2: 4.0}}})
-    assert class_weights(cfg.train.model_dump(), prep).tolist() == [1.0, 1.0, 4.0]
-    assert class_weights({"class_weight": None}, prep) is None
+    assert class_weights(cfg.train, prep).tolist() == [1.0, 1.0, 4.0]
+    assert class_weights(TrainSection(), prep) is None
 
 
 @pytest.mark.parametrize("rows, batch_size", [(1000, 16), (10007, 256), (5000, 1024), (3, 16), (2048, 1024)])

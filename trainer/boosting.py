@@ -21,6 +21,7 @@ from typing import Any, Callable
 import numpy as np
 import ray.train
 
+from trainflow.config import Config, ModelSection, ScalingSection
 from trainflow.preprocessors.tabular import FEATURES, LABEL, TabularPreprocessor
 from trainflow.trainer.budget import EarlyStopping
 from trainflow.trainer.checkpoint import read_metrics, write_common
@@ -61,25 +62,21 @@ class BoostBudget:
         return {**asdict(self), "unit": self.unit, "limit": self.limit, "description": self.describe()}
 
 
-def boost_budget(model_cfg: dict[str, Any]) -> BoostBudget:
-    params = model_cfg["params"]
-    patience = params["early_stopping_rounds"]
-    return BoostBudget(int(params["num_boost_round"]), None if patience == "off" else int(patience))
+def boost_budget(model: ModelSection) -> BoostBudget:
+    patience = model.params.early_stopping_rounds
+    return BoostBudget(model.params.num_boost_round, None if patience == "off" else int(patience))
 
 
-def worker_threads(scaling: dict[str, Any]) -> int:
+def worker_threads(scaling: ScalingSection) -> int:
     """One library thread per CPU the worker holds (Ray's default: 1)."""
-    return max(1, int((scaling.get("resources_per_worker") or {}).get("CPU", 1)))
+    return max(1, int((scaling.resources_per_worker or {}).get("CPU", 1)))
 
 
-def library_params(family: str, prep: TabularPreprocessor, cfg: dict[str, Any]) -> dict[str, Any]:
+def library_params(family: str, prep: TabularPreprocessor, cfg: Config) -> dict[str, Any]:
     """The booster's parameters: objective and loss for the task, model.params, seed, threads, device."""
-    model, scaling = cfg["model"], cfg["scaling"]
-    from trainflow.config import BoosterParams
-
-    chosen = BoosterParams.model_validate(model["params"]).for_family(family)
+    chosen, scaling = cfg.model.params.for_family(family), cfg.scaling
     classes = prep.num_outputs if prep.task == "classification" else 0
-    seed, threads = int(cfg["split"]["seed"]), worker_threads(scaling)
+    seed, threads = cfg.split.seed, worker_threads(scaling)
     if family == "xgboost":
         if prep.task == "regression":
             objective, metric = {"objective": "reg:squarederror"}, "rmse"
@@ -90,7 +87,7 @@ def library_params(family: str, prep: TabularPreprocessor, cfg: dict[str, Any]) 
         # colsample_bynode 0.5: better on the model-quality tables, never worse beyond noise (docs/performance.md)
         params = {"tree_method": "hist", "colsample_bynode": 0.5, **objective, "eval_metric": metric, "seed": seed,
                   "nthread": threads, **chosen}
-        if scaling.get("use_gpu"):
+        if scaling.use_gpu:
             params["device"] = "cuda"
         return params
     if prep.task == "regression":
@@ -102,7 +99,7 @@ def library_params(family: str, prep: TabularPreprocessor, cfg: dict[str, Any]) 
     params = {**objective, "seed": seed, "num_threads": threads, "verbosity": -1, "deterministic": True, **chosen}
     if chosen.get("subsample", 1.0) < 1.0:
         params["subsample_freq"] = 1  # LightGBM bags rows only with a bagging frequency
-    if scaling.get("use_gpu"):
+    if scaling.use_gpu:
         params["device_type"] = "gpu"
     return params
 
@@ -133,12 +130,12 @@ class RoundReporter:
                  y_val: np.ndarray, save: Callable[[Any, int, Path], None],
                  predict: Callable[[Any, int], np.ndarray]):
         self.loop_config, self.family, self.prep, self.budget = loop_config, family, prep, budget
-        self.cfg = loop_config["config"]
+        self.cfg: Config = loop_config["config"]
         self.history, self.stopper = history, stopper
         self.y_val, self.save, self.predict = y_val, save, predict
         ctx = ray.train.get_context()
         self.rank = ctx.get_world_rank()
-        self.schedule = ReportSchedule(self.cfg["checkpoint"].get("min_interval_s", 0.0), start_round,
+        self.schedule = ReportSchedule(self.cfg.checkpoint.min_interval_s, start_round,
                                        _agree if ctx.get_world_size() > 1 else list, DECISION_S)
         self.round_start = time.perf_counter()
 
@@ -174,10 +171,10 @@ class RoundReporter:
                 metrics.update(compute_metrics(self.prep.task, out, self.y_val, self.prep))
                 metrics["train_loss"] = float(history[-1]["train_loss"])
                 self.save(model, rnd, Path(tmp))
-                state = {"epoch": rnd, "seed": int(self.cfg["split"]["seed"]), "early_stopping": self.stopper.state(),
+                state = {"epoch": rnd, "seed": self.cfg.split.seed, "early_stopping": self.stopper.state(),
                          "family": self.family}
                 (Path(tmp) / STATE_JSON).write_text(json.dumps(state))
-                write_common(tmp, rnd, metrics, history, self.loop_config["preprocessor"], self.cfg,
+                write_common(tmp, rnd, metrics, history, self.loop_config["preprocessor"], self.cfg.to_dict(),
                              self.loop_config.get("lineage"))
                 ckpt = ray.train.Checkpoint.from_directory(tmp)
             ray.train.report(metrics, checkpoint=ckpt)
@@ -209,10 +206,10 @@ class BoostRun:
 def _prepare(loop_config: dict[str, Any], load_model: Callable[[Path], Any]) -> BoostRun | None:
     """Read this worker's data (unless the budget says external memory) and resume from
     ray.train.get_checkpoint(); None when nothing is left to boost."""
-    cfg = loop_config["config"]
+    cfg: Config = loop_config["config"]
     ctx = ray.train.get_context()
-    budget = replace(boost_budget(cfg["model"]), external_memory=bool(loop_config.get("external_memory")))
-    stopper = EarlyStopping("min", budget.early_stopping_rounds, cfg["train"]["early_stopping"]["min_delta"])
+    budget = replace(boost_budget(cfg.model), external_memory=bool(loop_config.get("external_memory")))
+    stopper = EarlyStopping("min", budget.early_stopping_rounds, cfg.train.early_stopping.min_delta)
     model, start, history = None, 0, []
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:

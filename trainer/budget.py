@@ -12,6 +12,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from trainflow.config import TrainSection
+
 TARGET_STEPS = 4000
 MIN_BATCH, MAX_BATCH = 16, 512
 MIN_AUTO_EPOCHS, MAX_AUTO_EPOCHS = 10, 300
@@ -38,18 +40,18 @@ class Budget:
         return {**asdict(self), "unit": self.unit, "limit": self.limit, "description": self.describe()}
 
 
-def resolve_budget(train: dict[str, Any], train_rows: int, num_workers: int) -> Budget:
+def resolve_budget(train: TrainSection, train_rows: int, num_workers: int) -> Budget:
     """The budget for train_rows split over num_workers (0, Ray Train's local mode, counts as 1)."""
     per_worker = max(1, train_rows // max(1, num_workers))
-    batch = train["batch_size"]
+    batch = train.batch_size
     if batch == "auto":
         batch = 2 ** math.floor(math.log2(max(1.0, per_worker / ROWS_PER_STEP)))
         batch = int(min(MAX_BATCH, max(MIN_BATCH, batch)))
     steps = max(1, math.ceil(per_worker / batch))
-    epochs = train["epochs"]
+    epochs = train.epochs
     if epochs == "auto":
         epochs = int(min(MAX_AUTO_EPOCHS, max(MIN_AUTO_EPOCHS, math.ceil(TARGET_STEPS / steps))))
-    patience = train["early_stopping"]["patience"]
+    patience = train.early_stopping.patience
     if patience == "auto":
         patience = max(10, epochs // 10)
     elif patience == "off":

@@ -14,30 +14,30 @@ from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.trainer.budget import resolve_budget
 from trainflow.trainer.loop import TrainValDataConfig, train_fn_per_worker
 from trainflow.trainer.model import check_model
-from trainflow.config import BoosterParams, workers_share_gpus
+from trainflow.config import BoosterParams, Config, ScalingSection, workers_share_gpus
 
 
-def torch_config(scaling: dict[str, Any]) -> TorchConfig:
+def torch_config(scaling: ScalingSection) -> TorchConfig:
     """The process-group backend: scaling.backend, else Ray's default (NCCL with GPUs, Gloo without),
     except for workers that share a GPU (a fraction of one each), which get Gloo: NCCL refuses two
     ranks on one device ("Duplicate GPU detected"), Gloo all-reduces CUDA tensors through the host."""
-    backend = scaling.get("backend")
-    if backend is None and workers_share_gpus(scaling["num_workers"], scaling["use_gpu"], scaling.get("resources_per_worker")):
+    backend = scaling.backend
+    if backend is None and workers_share_gpus(scaling.num_workers, scaling.use_gpu, scaling.resources_per_worker):
         backend = "gloo"
     return TorchConfig(backend=backend)
 
 
-def _torch_trainer(train_fn: Callable, scaling: dict[str, Any], **kwargs: Any):
+def _torch_trainer(train_fn: Callable, scaling: ScalingSection, **kwargs: Any):
     return TorchTrainer(train_fn, torch_config=torch_config(scaling), **kwargs)
 
 
-def _xgboost_trainer(train_fn: Callable, scaling: dict[str, Any], **kwargs: Any):
+def _xgboost_trainer(train_fn: Callable, scaling: ScalingSection, **kwargs: Any):
     from ray.train.xgboost import XGBoostConfig, XGBoostTrainer
 
     return XGBoostTrainer(train_fn, xgboost_config=XGBoostConfig(), **kwargs)
 
 
-def _lightgbm_trainer(train_fn: Callable, scaling: dict[str, Any], **kwargs: Any):
+def _lightgbm_trainer(train_fn: Callable, scaling: ScalingSection, **kwargs: Any):
     from ray.train.lightgbm import LightGBMConfig, LightGBMTrainer
 
     return LightGBMTrainer(train_fn, lightgbm_config=LightGBMConfig(), **kwargs)
@@ -55,14 +55,14 @@ def _lightgbm_fn(loop_config: dict[str, Any]) -> None:
     lightgbm_train_fn(loop_config)
 
 
-def _torch_budget(config: dict[str, Any], train_rows: int, num_workers: int):
-    return resolve_budget(config["train"], train_rows, num_workers)
+def _torch_budget(config: Config, train_rows: int, num_workers: int):
+    return resolve_budget(config.train, train_rows, num_workers)
 
 
-def _boost_budget(config: dict[str, Any], train_rows: int, num_workers: int):
+def _boost_budget(config: Config, train_rows: int, num_workers: int):
     from trainflow.trainer.boosting import boost_budget
 
-    return boost_budget(config["model"])
+    return boost_budget(config.model)
 
 
 def _no_check(prep: TabularPreprocessor, model_cfg: dict[str, Any]) -> None:
@@ -93,10 +93,10 @@ def _describe_booster(family: str) -> Callable[[dict[str, Any]], str]:
 @dataclass(frozen=True)
 class Family:
     name: str
-    make_trainer: Callable[..., Any]  # (train_fn, scaling, **trainer kwargs) -> a Ray Train DataParallelTrainer
-    train_fn: Callable[[dict[str, Any]], Any]  # the per-worker loop
+    make_trainer: Callable[..., Any]  # (train_fn, scaling section, **trainer kwargs) -> a Ray Train DataParallelTrainer
+    train_fn: Callable[[dict[str, Any]], Any]  # the per-worker loop, given {"config": the family's Config, ...}
     data_config: Callable[[], DataConfig]
-    budget: Callable[[dict[str, Any], int, int], Any]  # (resolved config, training rows, workers) -> its budget
+    budget: Callable[[Config, int, int], Any]  # (the family's config, training rows, workers) -> its budget
     check: Callable[[TabularPreprocessor, dict[str, Any]], None]  # before training: raises ValueError
     uses_minibatches: bool  # the torch loop's mini-batch memory check applies
     serving_packages: tuple[str, ...] = ()  # distributions its predictor imports beyond torch, numpy, pandas, pyarrow
@@ -121,9 +121,9 @@ FAMILIES: dict[str, Family] = {
 }
 
 
-def family_for(model_cfg: dict[str, Any]) -> Family:
-    """The family of a single-family model config (see ModelSection.for_family)."""
-    name = model_cfg.get("type", "mlp")
+def family_for(config: Config) -> Family:
+    """The family of a single-family config (see Config.for_family)."""
+    name = config.model.type
     if not isinstance(name, str):
-        raise ValueError(f"model.type {name!r}: pick one family per training run (ModelSection.for_family)")
+        raise ValueError(f"model.type {name!r}: pick one family per training run (Config.for_family)")
     return FAMILIES[name]

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from ray.train import DataConfig
 from torch import nn
 
+from trainflow.config import Config, TrainSection
 from trainflow.preprocessors.tabular import FEATURES, LABEL, TabularPreprocessor
 from trainflow.trainer.budget import EarlyStopping, lr_factor, resolve_budget
 from trainflow.trainer.metrics import compute_metrics
@@ -199,9 +200,9 @@ def validate_epoch(model, shard, loss_fn, task: str, prep: TabularPreprocessor, 
     return compute_metrics(task, out, y, prep)
 
 
-def class_weights(train: dict[str, Any], prep: TabularPreprocessor) -> torch.Tensor | None:
+def class_weights(train: TrainSection, prep: TabularPreprocessor) -> torch.Tensor | None:
     """Per-class loss weights: 'balanced' is n / (k * count), as scikit-learn's class_weight='balanced'."""
-    spec = train.get("class_weight")
+    spec = train.class_weight
     if spec is None or prep.task != "classification":
         return None
     if spec == "balanced":
@@ -244,7 +245,7 @@ def _report(state: EpochState, rank: int, loop_config: dict[str, Any]) -> None:
         ckpt = None
         if rank == 0:
             save_checkpoint(tmp, state.model, state.train_state, state.metrics, state.history,
-                            loop_config["preprocessor"], loop_config["config"], loop_config.get("lineage"))
+                            loop_config["preprocessor"], loop_config["config"].to_dict(), loop_config.get("lineage"))
             ckpt = ray.train.Checkpoint.from_directory(tmp)
         ray.train.report(state.metrics, checkpoint=ckpt)
     heartbeat(f"the report of epoch {state.epoch}")
@@ -261,9 +262,9 @@ def _agree(decision: list[int], device) -> list[int]:
 
 def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
     """Ray Train entry point: resume from get_checkpoint() if any, then train until the budget or early stopping ends."""
-    cfg = loop_config["config"]
+    cfg: Config = loop_config["config"]
     prep = TabularPreprocessor.from_dict(loop_config["preprocessor"])
-    task, seed, train_cfg = cfg["task"], int(cfg["split"]["seed"]), cfg["train"]
+    task, seed, train_cfg = cfg.task, cfg.split.seed, cfg.train
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()
     device = ray.train.torch.get_device()
@@ -271,12 +272,12 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
     batch_size, epochs = budget.batch_size, budget.epochs
 
     torch.manual_seed(seed)
-    model = model_for(prep, cfg["model"])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=train_cfg["learning_rate"], weight_decay=train_cfg["weight_decay"])
+    model = model_for(prep, cfg.model.model_dump(mode="json"))  # the checkpoint's config.json form, as serving reads it
+    optimizer = torch.optim.AdamW(model.parameters(), lr=train_cfg.learning_rate, weight_decay=train_cfg.weight_decay)
     total_steps = epochs * budget.steps_per_epoch
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(
-        lr_factor, total_steps=total_steps, warmup_fraction=train_cfg["warmup_fraction"], schedule=train_cfg["schedule"]))
-    stopper = EarlyStopping(cfg["checkpoint"]["mode"], budget.patience, train_cfg["early_stopping"]["min_delta"])
+        lr_factor, total_steps=total_steps, warmup_fraction=train_cfg.warmup_fraction, schedule=train_cfg.schedule))
+    stopper = EarlyStopping(cfg.checkpoint.mode, budget.patience, train_cfg.early_stopping.min_delta)
     start_epoch, history = 0, []
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
@@ -305,8 +306,8 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
     train_shard = ray.train.get_dataset_shard("train")
     val_shard = ray.train.get_dataset_shard("val")
     cache = loop_config.get("cache_shards", False)
-    metric = cfg["checkpoint"]["metric"]
-    schedule = ReportSchedule(cfg["checkpoint"].get("min_interval_s", 0.0), start_epoch,
+    metric = cfg.checkpoint.metric
+    schedule = ReportSchedule(cfg.checkpoint.min_interval_s, start_epoch,
                               functools.partial(_agree, device=device))
     pending_best = None  # the best epoch since the last report, kept until that report
     if stopper.should_stop:

@@ -13,19 +13,20 @@ from trainflow.trainer.checkpoint import LINEAGE_FILE, METRICS_FILE
 from trainflow.trainer.families import family_for
 from trainflow.trainer.recovery import RecoveryLog, read_events
 from trainflow.trainer.watchdog import Watched
+from trainflow.config import Config, ScalingSection
 from trainflow.errors import TrainingError
 from trainflow.trainer.memory import is_out_of_memory, out_of_memory_error
 from trainflow.storage import join, list_dir, read_text
 
 
-def scaling_config(scaling: dict[str, Any]) -> ScalingConfig:
+def scaling_config(scaling: ScalingSection) -> ScalingConfig:
     """ScalingConfig from the config's `scaling` section."""
     return ScalingConfig(
-        num_workers=scaling["num_workers"],
-        use_gpu=scaling["use_gpu"],
-        resources_per_worker=scaling.get("resources_per_worker"),
-        accelerator_type=scaling.get("accelerator_type"),
-        placement_strategy=scaling.get("placement_strategy", "PACK"),
+        num_workers=scaling.num_workers,
+        use_gpu=scaling.use_gpu,
+        resources_per_worker=scaling.resources_per_worker,
+        accelerator_type=scaling.accelerator_type,
+        placement_strategy=scaling.placement_strategy,
     )
 
 
@@ -37,9 +38,9 @@ def failure_config(max_failures: int) -> FailureConfig:
     )
 
 
-def run_dir(config: dict[str, Any], run_name: str) -> str:
+def run_dir(config: Config, run_name: str) -> str:
     """Where Ray Train keeps this run: checkpoints, its state, and trainflow's recovery log."""
-    return join(config["storage_path"], run_name)
+    return join(config.storage_path, run_name)
 
 
 def checkpoints_on_disk(run_path: str) -> list[dict[str, Any]]:
@@ -74,7 +75,7 @@ def latest_epoch(run_path: str) -> int | None:
 
 
 def build_trainer(
-    config: dict[str, Any],
+    config: Config,
     preprocessor: TabularPreprocessor,
     train_ds: ray.data.Dataset,
     val_ds: ray.data.Dataset,
@@ -90,37 +91,37 @@ def build_trainer(
     """The model family's trainer (TorchTrainer, XGBoostTrainer, LightGBMTrainer); its run resumes when
     built again with the same storage_path and run_name.
 
-    config["model"]["type"] is one family; train_fn replaces the family's per-worker loop (fault tests);
+    config: one family's (Config.for_family); train_fn replaces the family's per-worker loop (fault tests);
     cache_shards: torch workers keep their shard in memory after the first epoch (materialized data);
     streamed: the data is re-read from its files each epoch and each block's rows permuted on the workers;
     external_memory: XGBoost workers build external-memory matrices (trainer/extmem.py);
     lineage: written into every checkpoint (data fingerprint, training config hash), checked by a resume.
     """
-    ckpt = config["checkpoint"]
-    family = family_for(config["model"])
+    ckpt = config.checkpoint
+    family = family_for(config)
     return family.make_trainer(
-        Watched(train_fn or family.train_fn, config["failure"].get("hang_timeout_s")),
-        config["scaling"],
+        Watched(train_fn or family.train_fn, config.failure.hang_timeout_s),
+        config.scaling,
         train_loop_config={
             "config": config, "preprocessor": preprocessor.to_dict(), "run_dir": run_dir(config, run_name),
             "cache_shards": cache_shards, "streamed": streamed, "external_memory": external_memory,
             "lineage": lineage,
         },
-        scaling_config=scaling_config(config["scaling"]),
+        scaling_config=scaling_config(config.scaling),
         datasets={"train": train_ds, "val": val_ds},
         dataset_config=family.data_config(),
         run_config=RunConfig(
             name=run_name,
-            storage_path=config["storage_path"],
+            storage_path=config.storage_path,
             storage_filesystem=storage_filesystem,
             checkpoint_config=CheckpointConfig(
-                num_to_keep=ckpt["num_to_keep"],
-                checkpoint_score_attribute=ckpt["metric"],
-                checkpoint_score_order=ckpt["mode"],
+                num_to_keep=ckpt.num_to_keep,
+                checkpoint_score_attribute=ckpt.metric,
+                checkpoint_score_order=ckpt.mode,
             ),
-            failure_config=failure_config(config["failure"]["max_failures"]),
+            failure_config=failure_config(config.failure.max_failures),
             callbacks=[RecoveryLog(run_dir(config, run_name)), *(callbacks or [])],
-            worker_runtime_env={"env_vars": dict(config["scaling"].get("env_vars") or {})},
+            worker_runtime_env={"env_vars": dict(config.scaling.env_vars)},
         ),
     )
 

@@ -19,7 +19,7 @@ from trainflow.trainer.budget import MAX_AUTO_EPOCHS
 from trainflow.trainer.families import FAMILIES
 from trainflow.trainer.progress import ProgressCallback
 from trainflow.trainer.runner import build_trainer, run_dir
-from trainflow.config import trial_config
+from trainflow.config import Config, trial_config
 from trainflow.errors import ConfigError
 from trainflow.storage import list_dir
 
@@ -36,9 +36,9 @@ def search_space(space: dict[str, dict[str, list[Any]]]) -> dict[str, Any]:
     return {key: make[kind](args) for key, spec in space.items() for kind, args in spec.items()}
 
 
-def _searched_families(config: dict[str, Any]) -> list[str]:
-    spec = config["tune"]["search_space"].get("model.type")
-    return [config["model"]["type"]] if spec is None else list(next(iter(spec.values())))
+def _searched_families(config: Config) -> list[str]:
+    spec = config.tune.search_space.get("model.type")
+    return config.model.families if spec is None else list(next(iter(spec.values())))
 
 
 def trial_run_name(sweep: str, trial_id: str) -> str:
@@ -53,10 +53,10 @@ def train_driver_fn(
     """One trial: the base config with this trial's sampled values, trained by its family's Ray Train trainer.
     external_memory: per family, the preprocess task's auto choice (in memory for a family it did not check);
     progress: the sweep's progress queue, which gets this trial's reports tagged with its id."""
-    cfg = trial_config(base_config, params["sampled"]).to_dict()
+    cfg = trial_config(base_config, params["sampled"])
     name = trial_run_name(sweep, ray.tune.get_context().get_trial_id())
-    family = cfg["model"]["type"]
-    external = FAMILIES[family].uses_external_memory(cfg["model"]["params"].get("external_memory", "auto"),
+    family = cfg.model.type
+    external = FAMILIES[family].uses_external_memory(cfg.model.params.external_memory,
                                                      (external_memory or {}).get(family, False))
     callbacks = [TuneReportCallback()]
     if progress is not None:
@@ -80,7 +80,7 @@ def check_restore(path: str, sweep: str, resume: bool) -> None:
 
 
 def build_tuner(
-    config: dict[str, Any], preprocessor: TabularPreprocessor, train_ds: ray.data.Dataset, val_ds: ray.data.Dataset,
+    config: Config, preprocessor: TabularPreprocessor, train_ds: ray.data.Dataset, val_ds: ray.data.Dataset,
     sweep: str, max_concurrent_trials: int, cache_shards: bool = False, external_memory: dict[str, bool] | None = None,
     resume: bool = False, progress: ProgressCallback | None = None,
 ) -> ray.tune.Tuner:
@@ -88,9 +88,9 @@ def build_tuner(
 
     Restoring unpickles the folder's tuner.pkl (Ray Tune's format), so it happens only on request, never
     because a folder of that name exists: anyone who can write to storage_path could have put it there."""
-    tune_cfg = config["tune"]
+    tune_cfg = config.require_tune()
     trainable = ray.tune.with_parameters(
-        train_driver_fn, base_config=config, preprocessor=preprocessor.to_dict(),
+        train_driver_fn, base_config=config.to_dict(), preprocessor=preprocessor.to_dict(),
         train_ds=train_ds, val_ds=val_ds, sweep=sweep, cache_shards=cache_shards, external_memory=external_memory,
         progress=progress,
     )
@@ -101,27 +101,27 @@ def build_tuner(
     check_restore(path, sweep, resume)
     if resume:
         return ray.tune.Tuner.restore(path, trainable=trainable, resume_errored=True)
-    if tune_cfg["scheduler"] == "asha":
+    if tune_cfg.scheduler == "asha":
         # rungs by epoch, not by report: short epochs are grouped into one report (checkpoint.min_interval_s)
         # (boosted trees report their round as the epoch)
-        max_t = config["train"]["epochs"] if config["train"]["epochs"] != "auto" else MAX_AUTO_EPOCHS
+        max_t = config.train.epochs if config.train.epochs != "auto" else MAX_AUTO_EPOCHS
         if set(_searched_families(config)) & {"xgboost", "lightgbm"}:
-            max_t = max(max_t, int(config["model"]["params"]["num_boost_round"]))
+            max_t = max(max_t, config.model.params.num_boost_round)
         scheduler = ASHAScheduler(
             time_attr="epoch", max_t=max_t,
-            grace_period=min(tune_cfg["grace_period"], max_t),
-            reduction_factor=tune_cfg["reduction_factor"],
+            grace_period=min(tune_cfg.grace_period, max_t),
+            reduction_factor=tune_cfg.reduction_factor,
         )
     else:
         scheduler = FIFOScheduler()
     return ray.tune.Tuner(
         trainable,
-        param_space={"sampled": search_space(tune_cfg["search_space"])},
+        param_space={"sampled": search_space(tune_cfg.search_space)},
         tune_config=ray.tune.TuneConfig(
-            metric=tune_cfg["metric"], mode=tune_cfg["mode"], num_samples=tune_cfg["num_samples"],
+            metric=tune_cfg.metric, mode=tune_cfg.mode, num_samples=tune_cfg.num_samples,
             max_concurrent_trials=max_concurrent_trials, scheduler=scheduler,
         ),
-        run_config=ray.tune.RunConfig(name=sweep, storage_path=config["storage_path"], verbose=0),
+        run_config=ray.tune.RunConfig(name=sweep, storage_path=config.storage_path, verbose=0),
     )
 
 

@@ -528,9 +528,9 @@ class Config(_Section):
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
-    def for_family(self, family: str) -> dict[str, Any]:
-        """The resolved config as one family's training run sees it (model.type that family)."""
-        return {**self.to_dict(), "model": self.model.for_family(family)}
+    def for_family(self, family: str) -> Config:
+        """The config as one family's training run sees it (model.type that family): what its workers get."""
+        return self.model_copy(update={"model": self.model.model_copy(update={"type": family})})
 
     def training_hash(self, family: str) -> str:
         """A hash of what decides a model's weights, so a resume onto other settings is caught: the task, label,
