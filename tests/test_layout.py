@@ -1,0 +1,70 @@
+"""The import graph: every layer imports only the layers below it, and no modules import each other in a circle
+(docs/development.md, "The code"). Read from the source with ast, so nothing is imported to check it."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FOLDERS = {"flows": "trainflow.flows", "tasks": "trainflow.tasks", "trainer": "trainflow.trainer",
+           "preprocessors": "trainflow.preprocessors", "trainflow": "trainflow"}
+# higher imports lower; preprocessors sit under the trainer, which uses the fitted preprocessor; the table files
+# (pyarrow only) under the config, which infers `task` from the label through them
+RANK = {"trainflow.flows": 5, "trainflow.tasks": 4, "trainflow.trainer": 3, "trainflow.preprocessors": 2.5}
+TABLES = {"trainflow.data", "trainflow.outputs"}
+TABLE_FILES = {"trainflow.tables"}
+BASE = {"trainflow.errors", "trainflow.storage", "trainflow.redact"}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for folder, package in FOLDERS.items():
+        for path in sorted((ROOT / folder).glob("*.py")):
+            if path.name != "__init__.py":
+                found[f"{package}.{path.stem}"] = path
+    return found
+
+
+def _layer(module: str) -> float:
+    if module in TABLES:
+        return 2
+    if module in TABLE_FILES:
+        return 0.5
+    if module in BASE:
+        return 0
+    return next((rank for package, rank in RANK.items() if module.startswith(package + ".")), 1)
+
+
+def _imports(path: Path, modules: dict[str, Path], top_level_only: bool) -> set[str]:
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    out = set()
+    for node in nodes:
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module] + [f"{node.module}.{a.name}" for a in node.names] if isinstance(node, ast.ImportFrom) and node.module else []
+        out |= {n for n in names if n in modules}
+    return out
+
+
+def test_imports_run_one_way_and_in_no_circle():
+    modules = _modules()
+    assert len(modules) > 60 and "trainflow.trainer.families" in modules and "trainflow.flows.cli" in modules
+    upward = [f"{m} ({_layer(m)}) imports {i} ({_layer(i)})" for m, p in modules.items()
+              for i in _imports(p, modules, top_level_only=False) if _layer(i) > _layer(m)]
+    assert upward == []
+    graph = {m: _imports(p, modules, top_level_only=True) for m, p in modules.items()}
+    state: dict[str, int] = {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in graph[node]:
+            if state.get(nxt) == 1:
+                pytest.fail("import circle: " + " -> ".join(trail[trail.index(nxt):] + [node, nxt]))
+            if nxt not in state:
+                visit(nxt, trail + [node])
+        state[node] = 2
+
+    for module in graph:
+        if module not in state:
+            visit(module, [])
