@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from prefect import get_run_logger
+
 from trainflow.config import Config
 from trainflow.tasks.infer import infer
 from trainflow.tasks.ingest import Ingested
@@ -27,7 +29,10 @@ def publish(config: Config, ingested: Ingested, parts: Split, outcome: TrainOutc
     registered = register(config, ingested, outcome, selected)
     promotion = promote(config, parts.val, selected, registered)
     predictions = None
-    if config.inference.input:
+    if config.inference.input and promotion.serving_version is None:
+        get_run_logger().warning("nothing predicted: no version of %s is @champion (%s)", promotion.model_name,
+                                 promotion.reason)
+    elif config.inference.input:
         predictions = infer(promotion.serving_checkpoint, config, f"models:/{promotion.model_name}/{promotion.serving_version}")
     summary = summarize(ingested, parts, outcome, selected, registered, promotion, predictions,
                         extra={"task": config.task, **extra})

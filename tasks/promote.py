@@ -35,12 +35,14 @@ class Promotion:
     metric: str
     mode: str
     margin: float
+    min_score: float | None  # the floor (promotion.min_score)
+    below_floor: bool  # the challenger scored worse than the floor: registered, never champion
     model_name: str
     challenger_version: str
     challenger_score: float | None
     champion_version: str | None
     champion_score: float | None
-    serving_version: str  # the @champion version after the gate
+    serving_version: str | None  # the @champion version after the gate (None: no model has met the floor yet)
     serving_checkpoint: str  # its local checkpoint folder, for the flow's inference step
 
     def record(self) -> dict:
@@ -58,6 +60,15 @@ def decide(challenger: float | None, champion: float | None, mode: str, margin: 
     if gain > margin:
         return True, f"improves on the champion by {gain:.6g} (> margin {margin:g})"
     return False, f"does not improve on the champion by more than {margin:g} (change {gain:+.6g})"
+
+
+def below_floor(score: float | None, floor: float | None, mode: str) -> bool:
+    """True when a floor is set and score misses it (a missing or non-finite score misses any floor)."""
+    if floor is None:
+        return False
+    if score is None or not math.isfinite(score):
+        return True
+    return score < floor if mode == "max" else score > floor
 
 
 def _logger():
@@ -88,6 +99,8 @@ def gate(config: Config, holdout: ray.data.Dataset, challenger_path: str, regist
     metric, mode, margin = config.promotion.metric, config.promotion.mode, config.promotion.margin
     name, version = registered.model_name, registered.model_version
     challenger = evaluate_checkpoint(challenger_path, holdout).get(metric)
+    floor = config.promotion.min_score
+    missed = below_floor(challenger, floor, mode)
     scored: dict[str, tuple[float | None, str]] = {}
     uri = config.mlflow.tracking_uri
     # an explicit client, not MLflow's process-wide tracking URI: gates of two models may run at once in one process
@@ -109,6 +122,11 @@ def gate(config: Config, holdout: ray.data.Dataset, challenger_path: str, regist
                 promote_it, reason = decide(challenger, champion_score, mode, margin)
                 if champion_score is None and promote_it:
                     reason = "the champion cannot score the current holdout (its schema or classes differ)"
+            if missed and champion_version != version:
+                promote_it, reason = False, (
+                    f"{metric} {challenger:.6g} misses the floor promotion.min_score {floor:g}: registered, never "
+                    "@champion" if challenger is not None and math.isfinite(challenger) else
+                    f"{metric} is missing or not finite, below the floor promotion.min_score {floor:g}")
             if not promote_it:
                 break
             _before_alias_move(version)
@@ -128,6 +146,8 @@ def gate(config: Config, holdout: ray.data.Dataset, challenger_path: str, regist
             metric=metric,
             mode=mode,
             margin=margin,
+            min_score=floor,
+            below_floor=missed,
             model_name=name,
             challenger_version=version,
             challenger_score=challenger,
@@ -143,6 +163,7 @@ def gate(config: Config, holdout: ray.data.Dataset, challenger_path: str, regist
             "trainflow.promotion.challenger_score": str(challenger),
             "trainflow.promotion.champion_score": str(champion_score),
             "trainflow.promotion.champion_version": str(champion_version),
+            "trainflow.promotion.floor": "none" if floor is None else f"{'missed' if missed else 'met'} ({metric} {floor:g})",
         }
         for key, value in tags.items():
             client.set_model_version_tag(name, version, key, value)

@@ -100,6 +100,14 @@ def _drift_line(summary: dict[str, Any]) -> str:
             f"of {len(d['columns'])} feature(s) over {d['rows']} rows (artifact `-drift`)")
 
 
+def _serving_line(promo: dict[str, Any]) -> str:
+    floor = "" if promo.get("min_score") is None else (
+        f" Floor promotion.min_score {promo['min_score']:g}: {'missed' if promo.get('below_floor') else 'met'}.")
+    serving = f"`@champion` is now version {promo['serving_version']}." if promo.get("serving_version") else \
+        "No version is `@champion`: none has met the floor yet, so nothing was predicted."
+    return serving + floor
+
+
 def model_card(config: Config, summary: dict[str, Any], curve_uri: str, curve_png: str = "") -> str:
     """Markdown: data, metrics, promotion decision, lineage and the resolved config."""
     best = summary["best_checkpoint"]
@@ -109,7 +117,7 @@ def model_card(config: Config, summary: dict[str, Any], curve_uri: str, curve_pn
 
 **Promotion: {promo['decision']}** on {promo['metric']} ({promo['mode']}, margin {promo['margin']:g}):
 challenger v{promo['challenger_version']} {_fmt(promo['challenger_score'])}, champion v{promo['champion_version']} {_fmt(promo['champion_score'])}.
-{promo['reason']}. `@champion` is now version {promo['serving_version']}.
+{promo['reason']}. {_serving_line(promo)}
 
 ## Data
 - table: `{summary['data_path']}`

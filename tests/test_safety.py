@@ -212,6 +212,25 @@ def test_the_gate_is_an_honest_compare_and_set(tmp_path, monkeypatch):
     assert loser.decision == "not_promoted" or loser.serving_version == worse.model_version  # promoted first, then beaten
 
 
+def test_a_floor_keeps_a_weak_model_from_champion_the_first_one_included(tmp_path):
+    import trainflow.tasks.promote as promote
+
+    cfg, holdout, checkpoint = _gate_setup(tmp_path)
+    cfg = cfg.model_copy(update={"promotion": cfg.promotion.model_copy(update={"min_score": 0.1})})  # val_loss <= 0.1
+    weak = promote.gate(cfg, holdout, checkpoint(0.5), _register(cfg, checkpoint(0.5)))
+    assert (weak.decision, weak.below_floor, weak.serving_version, _champion(cfg)) == ("not_promoted", True, None, None)
+    assert "misses the floor promotion.min_score 0.1" in weak.reason and weak.challenger_score > 0.1
+    tags = mlflow.MlflowClient(tracking_uri=cfg.mlflow.tracking_uri).get_model_version("gate", "1").tags
+    assert tags["trainflow.promotion.floor"] == "missed (val_loss 0.1)"
+    good = promote.gate(cfg, holdout, checkpoint(1.0), _register(cfg, checkpoint(1.0)))
+    assert (good.decision, good.below_floor, _champion(cfg)) == ("promoted", False, "2")
+    # the model card says why nothing serves while no version has met the floor
+    from trainflow.tasks.report import _serving_line
+
+    assert "No version is `@champion`" in _serving_line(weak.record()) and "missed" in _serving_line(weak.record())
+    assert _serving_line(good.record()).startswith("`@champion` is now version 2. Floor promotion.min_score 0.1: met")
+
+
 def test_register_is_idempotent_across_task_retries(tmp_path):
     """The register task run twice in one flow run (a retry after a failure past the registration) gives one MLflow
     run and one model version."""

@@ -367,11 +367,14 @@ class PromotionSection(_Section):
     metric: str | None = None
     mode: Literal["min", "max"] | None = None
     margin: float = Field(0.0, ge=0.0)
+    # the floor: a model scoring worse than this on promotion.metric is registered and tagged but never made
+    # @champion, the first one included (None: no floor)
+    min_score: float | None = None
 
-    @field_validator("margin")
+    @field_validator("margin", "min_score")
     @classmethod
-    def _finite_margin(cls, v: float) -> float:
-        if not math.isfinite(v):
+    def _finite_margin(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
             raise ValueError("must be a finite number")
         return v
 

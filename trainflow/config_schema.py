@@ -96,6 +96,7 @@ KEYS = {
     'promotion.metric': 'validation metric of the champion/challenger gate (default: checkpoint.metric (val_loss if that is train_loss))',
     'promotion.mode': 'min or max (default: from the metric)',
     'promotion.margin': 'the challenger must beat the champion by more than this (default: 0.0)',
+    'promotion.min_score': 'the floor: a model worse than this on promotion.metric is registered and tagged, never made @champion, the first one included (default: none)',
     'storage_path': 'where Ray Train writes runs and checkpoints (local or URI) (default: runs)',
     'mlflow.tracking_uri': ' (default: $MLFLOW_TRACKING_URI, else sqlite:///<storage_path>/../mlflow.db)',
     'mlflow.experiment': ' (default: trainflow)',
