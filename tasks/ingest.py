@@ -97,6 +97,10 @@ def ingest(config: Config, known_fingerprint: str | None = None) -> Ingested:
     ds, files, fs = read_table(data.path, data.format, listed=listed, csv=data.csv)
     schema = arrow_schema(ds, data.path)
     spec = table_spec(schema, data, config.task, data.path, files=files)
+    missing = [c for c in config.promotion.slices if c not in schema.names]
+    if missing:
+        raise DataError(f"{data.path}: promotion.slices names column(s) {missing} that the table lacks; "
+                        f"columns are {list(schema.names)}")
     fp, materialize, table_bytes, why = _fingerprint(data, fs, files) if known_fingerprint is None else \
         (known_fingerprint, *_sizing(data, fs, files))
     if materialize:

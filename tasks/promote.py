@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import math
+import re
+import time
 from dataclasses import asdict, dataclass
 
 import mlflow
 import ray.data
-from mlflow.entities import RunTag
+from mlflow.entities import Metric, RunTag
 from prefect import get_run_logger, task
 from prefect.events import emit_event
 from prefect.exceptions import MissingContextError
@@ -19,7 +21,7 @@ from trainflow.tasks.common import retry_unless_user_error
 from trainflow.tasks.infer import allowed_class_paths, resolve_checkpoint
 from trainflow.tasks.register import Registered
 from trainflow.tasks.select import Selected
-from trainflow.trainer.evaluate import evaluate_checkpoint
+from trainflow.trainer.evaluate import Scored, paired_bootstrap, score_checkpoint, slice_metrics
 from trainflow.config import Config
 from trainflow.errors import InfrastructureError
 from trainflow.locks import exclusive
@@ -44,10 +46,13 @@ class Promotion:
     champion_score: float | None
     serving_version: str | None  # the @champion version after the gate (None: no model has met the floor yet)
     serving_checkpoint: str  # its local checkpoint folder, for the flow's inference step
+    confidence: dict | None = None  # the paired bootstrap of the gain (when both models scored)
+    slices: dict | None = None  # column -> value -> the challenger's metrics, rows, judged, the champion's metric
+    calibration: dict | None = None  # the challenger's ECE, Brier score and reliability bins (classification)
 
     def record(self) -> dict:
-        """The summary JSON's `promotion` entry."""
-        return {k: v for k, v in asdict(self).items() if k != "serving_checkpoint"}
+        """The summary JSON's `promotion` entry (slices and calibration have their own summary keys)."""
+        return {k: v for k, v in asdict(self).items() if k not in ("serving_checkpoint", "slices", "calibration")}
 
 
 def decide(challenger: float | None, champion: float | None, mode: str, margin: float) -> tuple[bool, str]:
@@ -83,12 +88,50 @@ def _before_alias_move(version: str) -> None:
     """Test hook: called under the lock, after both models are scored and before the alias is re-read and moved."""
 
 
-def _score(path: str, holdout: ray.data.Dataset, metric: str) -> float | None:
+def _score(path: str, holdout: ray.data.Dataset, slices: tuple[str, ...]) -> Scored | None:
     try:
-        return evaluate_checkpoint(path, holdout).get(metric)
+        return score_checkpoint(path, holdout, slices)
     except SchemaDriftError as exc:
         _logger().warning("model %s cannot score this holdout: %s", path, exc)
         return None
+
+
+def noise_check(challenger: Scored, champion: Scored, config: Config) -> tuple[dict | None, str | None]:
+    """(the paired bootstrap, a reason to keep the champion or None) for promotion.confidence."""
+    p = config.promotion
+    if p.confidence is None:
+        return None, None
+    boot = paired_bootstrap(challenger, champion, p.metric, p.mode, p.margin)
+    if boot["resamples"] and boot["share_not_better"] > 1.0 - p.confidence:
+        return boot, (f"the gain {boot['gain']:+.6g} is within the holdout's noise: the challenger beats the champion by "
+                      f"more than {p.margin:g} in {1 - boot['share_not_better']:.0%} of {boot['resamples']} paired bootstrap "
+                      f"resamples, fewer than promotion.confidence {p.confidence:g}")
+    return boot, None
+
+
+def slice_check(slices: dict, champion: Scored | None, config: Config) -> str | None:
+    """Adds the champion's metric to every slice; a reason to reject when the challenger falls more than
+    promotion.max_slice_drop below it on a judged slice (the worst such slice named)."""
+    p = config.promotion
+    if champion is None:
+        return None
+    theirs = slice_metrics(champion, p.metric, p.min_slice_rows)
+    worst = None
+    for column, values in slices.items():
+        for value, entry in values.items():
+            other = theirs.get(column, {}).get(value, {}).get(p.metric)
+            entry["champion_" + p.metric] = other
+            mine = entry.get(p.metric)
+            if other is None or mine is None or not (math.isfinite(other) and math.isfinite(mine)) or not entry["judged"]:
+                continue
+            drop = (other - mine) if p.mode == "max" else (mine - other)
+            if p.max_slice_drop is not None and drop > p.max_slice_drop and (worst is None or drop > worst[0]):
+                worst = (drop, column, value, mine, other, entry["rows"])
+    if worst is None:
+        return None
+    drop, column, value, mine, other, rows = worst
+    return (f"on the slice {column}={value} ({rows} rows) its {p.metric} {mine:.6g} is {drop:.6g} worse than the "
+            f"champion's {other:.6g}, more than promotion.max_slice_drop {p.max_slice_drop:g}")
 
 
 def gate(config: Config, holdout: ray.data.Dataset, challenger_path: str, registered: Registered) -> Promotion:
@@ -98,10 +141,14 @@ def gate(config: Config, holdout: ray.data.Dataset, challenger_path: str, regist
     log = _logger()
     metric, mode, margin = config.promotion.metric, config.promotion.mode, config.promotion.margin
     name, version = registered.model_name, registered.model_version
-    challenger = evaluate_checkpoint(challenger_path, holdout).get(metric)
+    slices_asked = tuple(config.promotion.slices)
+    mine = score_checkpoint(challenger_path, holdout, slices_asked)
+    challenger = mine.metrics().get(metric) if len(mine.labels) else None
+    slices = slice_metrics(mine, metric, config.promotion.min_slice_rows) if slices_asked else None
+    confidence = None
     floor = config.promotion.min_score
     missed = below_floor(challenger, floor, mode)
-    scored: dict[str, tuple[float | None, str]] = {}
+    scored: dict[str, tuple[Scored | None, str]] = {}
     uri = config.mlflow.tracking_uri
     # an explicit client, not MLflow's process-wide tracking URI: gates of two models may run at once in one process
     with exclusive("champion", name, uri):
@@ -117,11 +164,20 @@ def gate(config: Config, holdout: ray.data.Dataset, challenger_path: str, regist
             else:
                 if champion_version not in scored:
                     path = resolve_checkpoint(f"models:/{name}/{champion_version}", allowed_class_paths(config), uri)
-                    scored[champion_version] = (_score(path, holdout, metric), path)
-                champion_score, champion_path = scored[champion_version]
+                    scored[champion_version] = (_score(path, holdout, slices_asked), path)
+                theirs, champion_path = scored[champion_version]
+                champion_score = theirs.metrics().get(metric) if theirs is not None and len(theirs.labels) else None
                 promote_it, reason = decide(challenger, champion_score, mode, margin)
                 if champion_score is None and promote_it:
                     reason = "the champion cannot score the current holdout (its schema or classes differ)"
+                if theirs is not None and slices is not None:
+                    rejected = slice_check(slices, theirs, config)
+                    if promote_it and rejected:
+                        promote_it, reason = False, rejected
+                if promote_it and theirs is not None and champion_score is not None:
+                    confidence, noisy = noise_check(mine, theirs, config)
+                    if noisy:
+                        promote_it, reason = False, noisy
             if missed and champion_version != version:
                 promote_it, reason = False, (
                     f"{metric} {challenger:.6g} misses the floor promotion.min_score {floor:g}: registered, never "
@@ -155,6 +211,9 @@ def gate(config: Config, holdout: ray.data.Dataset, challenger_path: str, regist
             champion_score=champion_score,
             serving_version=version if promote_it else champion_version,
             serving_checkpoint=challenger_path if promote_it else champion_path,
+            confidence=confidence,
+            slices=slices,
+            calibration=mine.calibration() if len(mine.labels) else None,
         )
         tags = {
             "trainflow.promotion.decision": result.decision,
@@ -167,7 +226,8 @@ def gate(config: Config, holdout: ray.data.Dataset, challenger_path: str, regist
         }
         for key, value in tags.items():
             client.set_model_version_tag(name, version, key, value)
-        client.log_batch(registered.run_id, tags=[RunTag(key, value) for key, value in tags.items()])
+        client.log_batch(registered.run_id, tags=[RunTag(key, value) for key, value in tags.items()],
+                         metrics=evaluation_metrics(result))
     emit_event(event=f"trainflow.model.{result.decision}", resource={"prefect.resource.id": f"trainflow.model.{name}"},
                payload=result.record())
     log.info(
@@ -175,6 +235,29 @@ def gate(config: Config, holdout: ray.data.Dataset, challenger_path: str, regist
         result.decision, version, metric, mode, challenger, champion_version, champion_score, reason,
     )
     return result
+
+
+def evaluation_metrics(result: Promotion) -> list[Metric]:
+    """The gate's evaluation as MLflow metrics: calibration (val_ece, val_brier), the bootstrap's gain and its
+    band, and each judged slice's metrics (slice.<column>.<value>.<metric>)."""
+    now, out = int(time.time() * 1000), []
+    if result.calibration:
+        out += [Metric("val_ece", result.calibration["ece"], now, 0), Metric("val_brier", result.calibration["brier"], now, 0)]
+    for key in ("gain", "gain_p05", "gain_p95"):
+        value = (result.confidence or {}).get(key)
+        if value is not None and math.isfinite(value):
+            out.append(Metric(f"promotion.{key}", value, now, 0))
+    for column, values in (result.slices or {}).items():
+        for value, entry in values.items():
+            for name, number in entry.items():
+                if name.startswith("val_") and isinstance(number, float) and math.isfinite(number):
+                    out.append(Metric(mlflow_key(f"slice.{column}.{value}.{name}"), number, now, 0))
+    return out[:1000]  # MLflow takes at most 1000 metrics per batch
+
+
+def mlflow_key(key: str) -> str:
+    """A metric name MLflow accepts: letters, digits, _ - . / and spaces; anything else becomes _."""
+    return re.sub(r"[^A-Za-z0-9_\-./ ]", "_", key)[:250]
 
 
 @task(name="promote", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)

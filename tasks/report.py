@@ -45,6 +45,56 @@ def loss_curve(history: list[dict[str, float]], title: str):
     return fig
 
 
+def reliability_diagram(calibration: dict[str, Any], title: str):
+    """Accuracy against mean confidence per confidence bin (the diagonal is perfect calibration), bars of rows."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5, 4), dpi=100)
+    ax = fig.subplots()
+    bins = calibration["bins"]
+    ax.plot([0, 1], [0, 1], linestyle="--", color="grey", label="perfectly calibrated")
+    ax.plot([b["confidence"] for b in bins], [b["accuracy"] for b in bins], marker="o", label="this model")
+    rows = ax.twinx()
+    rows.bar([(b["low"] + b["high"]) / 2 for b in bins], [b["rows"] for b in bins],
+             width=[b["high"] - b["low"] for b in bins], alpha=0.15, color="tab:blue")
+    rows.set_ylabel("validation rows")
+    ax.set_xlabel("confidence (top-label probability)")
+    ax.set_ylabel("accuracy")
+    ax.set_title(f"{title}: ECE {calibration['ece']:.4f}, Brier {calibration['brier']:.4f}")
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def _calibration_lines(summary: dict[str, Any]) -> str:
+    c = summary.get("calibration")
+    if not c:
+        return "- regression: no class probabilities to calibrate"
+    return (f"- expected calibration error (top label, {len(c['bins'])} filled bins) {c['ece']:.4f}, "
+            f"Brier score {c['brier']:.4f}, on the validation split (artifact `-reliability`)")
+
+
+def _slices_lines(summary: dict[str, Any], metric: str) -> str:
+    slices = summary.get("slices")
+    if not slices:
+        return "- none asked for (promotion.slices)"
+    rows = []
+    for column, values in slices.items():
+        for value, e in values.items():
+            rows.append(f"| {column} | {value} | {e['rows']} | {_fmt(e.get(metric, ''))} | "
+                        f"{_fmt(e.get('champion_' + metric, ''))} | {'yes' if e.get('judged') else 'no'} |")
+    return (f"| column | value | rows | {metric} | champion's | judged |\n|---|---|---|---|---|---|\n" + "\n".join(rows))
+
+
+def _confidence_line(promo: dict[str, Any]) -> str:
+    c = promo.get("confidence") or {}
+    if not c.get("resamples"):
+        return ""
+    return (f"\nGain {c['gain']:+.6g} (5th-95th percentile {c['gain_p05']:+.6g} to {c['gain_p95']:+.6g} over "
+            f"{c['resamples']} paired bootstrap resamples of {c['rows']} validation rows; not better by more than the margin "
+            f"in {c['share_not_better']:.0%} of them).")
+
+
 def _fmt(v: Any) -> str:
     return f"{v:.6g}" if isinstance(v, float) else str(v)
 
@@ -117,7 +167,7 @@ def model_card(config: Config, summary: dict[str, Any], curve_uri: str, curve_pn
 
 **Promotion: {promo['decision']}** on {promo['metric']} ({promo['mode']}, margin {promo['margin']:g}):
 challenger v{promo['challenger_version']} {_fmt(promo['challenger_score'])}, champion v{promo['champion_version']} {_fmt(promo['champion_score'])}.
-{promo['reason']}. {_serving_line(promo)}
+{promo['reason']}. {_serving_line(promo)}{_confidence_line(promo)}
 
 ## Data
 - table: `{summary['data_path']}`
@@ -132,6 +182,12 @@ challenger v{promo['challenger_version']} {_fmt(promo['challenger_score'])}, cha
 Loss curve (also `{curve_uri}` and the MLflow run's `{LOSS_CURVE}`):
 
 {f"![loss curve]({curve_png})" if curve_png else ""}
+
+## Calibration
+{_calibration_lines(summary)}
+
+## Slices of the validation split
+{_slices_lines(summary, promo['metric'])}
 
 ## Model
 {_family_line(config, summary.get('model_family') or config.model.families[0])}{_candidates_lines(summary, promo['metric'])}
@@ -169,6 +225,12 @@ def report(config: Config, history: list[dict[str, float]], summary: dict[str, A
     with tracking(config.mlflow.tracking_uri):
         client = mlflow.MlflowClient()
         client.log_figure(summary["mlflow_run_id"], fig, artifact_file=LOSS_CURVE)
+        calibration = summary.get("calibration")
+        if calibration:
+            diagram = reliability_diagram(calibration, f"v{summary['model_version']}")
+            client.log_figure(summary["mlflow_run_id"], diagram, artifact_file="reliability.png")
+        if summary.get("slices"):
+            client.log_dict(summary["mlflow_run_id"], summary["slices"], "slices.json")
         validation = summary.get("validation") or {}
         if validation.get("checks"):
             client.log_dict(summary["mlflow_run_id"], validation, "validation.json")
@@ -196,6 +258,10 @@ def report(config: Config, history: list[dict[str, float]], summary: dict[str, A
             image_url=png, key=artifact_key(name, "loss-curve"), description=f"Loss curve of {summary['run_name']} ({curve_uri})"
         ),
     }
+    if calibration:
+        ids["reliability"] = create_image_artifact(
+            image_url=png_data_uri(diagram)[1], key=artifact_key(name, "reliability"),
+            description=f"Reliability diagram of {name} version {summary['model_version']} on the validation split")
     get_run_logger().info("artifacts: epoch metrics, model card, loss curve (%s)", curve_uri)
     return {k: str(v) for k, v in ids.items()}
 

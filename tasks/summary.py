@@ -51,6 +51,8 @@ def summarize(
         "model_version": registered.model_version,
         "model_uri": registered.model_uri,
         "promotion": promotion.record(),
+        "calibration": promotion.calibration,
+        "slices": promotion.slices,
         "predictions_path": predictions.path if predictions else None,
         "input_rows": predictions.input_rows if predictions else None,
         "output_rows": predictions.output_rows if predictions else None,

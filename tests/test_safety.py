@@ -111,20 +111,21 @@ def test_outputs_replace_only_trainflows_own_and_survive_every_failure(tmp_path,
 
 # ---- the champion gate -------------------------------------------------------------------------------------
 
-def _gate_setup(tmp_path):
-    """A regression table where y = x, a fitted preprocessor, and a linear 'model' per quality: the weight on x
-    decides how good it is. Checkpoints are written with trainflow's own checkpoint code, registered with its pyfunc."""
+def _gate_setup(tmp_path, table=None, **sections):
+    """A regression table where y = x (or the table given, feature x), a fitted preprocessor, and a linear 'model'
+    per quality: the weight on x decides how good it is. Checkpoints are written with trainflow's own checkpoint
+    code, registered with its pyfunc. sections: more config."""
     from trainflow.preprocessors.fit import fit_preprocessor
     from trainflow.tables import table_spec
     from trainflow.trainer.checkpoint import save_checkpoint
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=400)
-    table = pa.table({"x": x, "y": x + rng.normal(0, 0.05, 400)})
+    table = pa.table({"x": x, "y": x + rng.normal(0, 0.05, 400)}) if table is None else table
     write_parquet(table, tmp_path / "t.parquet")
     cfg = load_config(write_config(tmp_path, {
-        "data": {"path": "t.parquet", "label": "y"}, "task": "regression", "model": {"hidden_sizes": []},
-        "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "registered_model": "gate"},
+        "data": {"path": "t.parquet", "label": "y", "features": ["x"]}, "task": "regression", "model": {"hidden_sizes": []},
+        "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "registered_model": "gate"}, **sections,
     }))
     ds = ray.data.from_arrow(table)
     spec = table_spec(table.schema, cfg.data, cfg.task, "t")
@@ -229,6 +230,44 @@ def test_a_floor_keeps_a_weak_model_from_champion_the_first_one_included(tmp_pat
 
     assert "No version is `@champion`" in _serving_line(weak.record()) and "missed" in _serving_line(weak.record())
     assert _serving_line(good.record()).startswith("`@champion` is now version 2. Floor promotion.min_score 0.1: met")
+
+
+def test_the_gate_judges_slices_and_noise(tmp_path):
+    import trainflow.tasks.promote as promote
+
+    # group a: y = x on small x; group b: y = 1.4 x on large x. The champion fits a (weight 1.0); the challenger
+    # (weight 1.3) is far better on average, carried by b's large errors, and worse on a
+    rng = np.random.default_rng(1)
+    x = np.concatenate([rng.normal(0, 0.3, 300), rng.normal(0, 3.0, 300)])
+    group = np.array(["a"] * 300 + ["b"] * 300)
+    y = np.where(group == "a", x, 1.4 * x) + rng.normal(0, 0.01, 600)
+    table = pa.table({"x": x, "group": group, "y": y})
+    cfg, holdout, checkpoint = _gate_setup(tmp_path, table, promotion={"slices": ["group"], "max_slice_drop": 0.0002})
+    scale = float(np.std(y) / np.std(x))  # weights are on standardized x and y
+    assert promote.gate(cfg, holdout, checkpoint(1.0 / scale), _register(cfg, checkpoint(1.0 / scale))).decision == "promoted"
+    challenger = checkpoint(1.3 / scale)
+    result = promote.gate(cfg, holdout, challenger, _register(cfg, challenger))
+    assert result.decision == "not_promoted" and _champion(cfg) == "1", (result.reason, result.slices)
+    assert result.reason.startswith("on the slice group=a (300 rows) its val_loss") and "max_slice_drop 0.0002" in result.reason
+    assert result.challenger_score < result.champion_score  # better on average
+    a, b = result.slices["group"]["a"], result.slices["group"]["b"]
+    assert a["rows"] == b["rows"] == 300 and a["judged"] and a["val_loss"] > a["champion_val_loss"]
+    assert b["val_loss"] < b["champion_val_loss"]
+    # without the slice rule it wins, and by far more than the holdout's noise
+    loose = cfg.model_copy(update={"promotion": cfg.promotion.model_copy(update={"max_slice_drop": None})})
+    won = promote.gate(loose, holdout, challenger, _register(cfg, challenger))
+    assert won.decision == "promoted" and won.confidence["share_not_better"] == 0.0 and won.confidence["gain_p05"] > 0
+    # a challenger that differs from the champion by noise only is kept out by promotion.confidence: the weight
+    # mirrored across the best one fits as well on average, and wins on about half of the resampled holdouts
+    from trainflow.preprocessors.tabular import TabularPreprocessor
+
+    prep = TabularPreprocessor.load(challenger)
+    xs = (x - prep.numeric["x"]["mean"]) / prep.numeric["x"]["std"]
+    ys = (y - prep.label_mean) / prep.label_std
+    best = float(xs @ ys / (xs @ xs))
+    twin = checkpoint(2 * best - 1.3 / scale)
+    noisy = promote.gate(loose, holdout, twin, _register(cfg, twin))
+    assert noisy.decision == "not_promoted" and "within the holdout's noise" in noisy.reason, noisy.reason
 
 
 def test_register_is_idempotent_across_task_retries(tmp_path):

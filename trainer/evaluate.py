@@ -1,29 +1,117 @@
-"""Score a checkpoint on a labelled table with its own preprocessor (the champion/challenger gate)."""
+"""Score a checkpoint on a labelled table with its own preprocessor (the champion/challenger gate), and what a
+reviewer asks of the scores: calibration, metrics per slice, and whether a difference is more than noise."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
+
 import numpy as np
+import pyarrow as pa
 import ray.data
 
+from trainflow.preprocessors.tabular import TabularPreprocessor
+from trainflow.trainer.metrics import calibration, compute_metrics
 from trainflow.trainer.serving import load_servable
-from trainflow.trainer.loop import compute_metrics
 
 
-def evaluate_checkpoint(checkpoint_path: str, ds: ray.data.Dataset, batch_size: int = 65536) -> dict[str, float]:
-    """Validation metrics of the checkpoint over every row of ds, computed like the train loop's.
+@dataclass
+class Scored:
+    """A model's outputs on every row of a labelled table, with the encoded labels and the raw values of the
+    columns asked for (slices), in the table's row order."""
 
-    Each model applies the preprocessor stored in its own checkpoint, so an older champion is
-    judged on the same rows as a new challenger even when their fitted preprocessing differs.
-    Raises SchemaDriftError when the model cannot read the table (a missing column, a new class).
-    """
+    prep: TabularPreprocessor
+    outputs: np.ndarray
+    labels: np.ndarray
+    columns: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def metrics(self, rows: np.ndarray | None = None) -> dict[str, float]:
+        if rows is None:
+            return compute_metrics(self.prep.task, self.outputs, self.labels, self.prep)
+        return compute_metrics(self.prep.task, self.outputs[rows], self.labels[rows], self.prep)
+
+    def calibration(self) -> dict[str, Any] | None:
+        """ECE and Brier score with the reliability curve's bins (classification only)."""
+        return calibration(self.outputs, self.labels, self.prep.num_outputs) if self.prep.task == "classification" else None
+
+
+def score_checkpoint(checkpoint_path: str, ds: ray.data.Dataset, columns: tuple[str, ...] = (),
+                     batch_size: int = 65536) -> Scored:
+    """The checkpoint's outputs over every row of ds, through the preprocessor stored in its own checkpoint, so an
+    older champion is judged on the same rows as a new challenger even when their fitted preprocessing differs.
+    Raises SchemaDriftError when the model cannot read the table (a missing column, a new class)."""
     servable = load_servable(checkpoint_path)
     prep = servable.preprocessor
-    cols = list(dict.fromkeys([*prep.feature_order, prep.label]))
-    outs, labels = [], []
-    for batch in ds.select_columns(cols).iter_batches(batch_size=batch_size, batch_format="pyarrow"):
+    wanted = list(dict.fromkeys([*prep.feature_order, prep.label, *columns]))
+    outs, labels, raw = [], [], {c: [] for c in columns}
+    for batch in ds.select_columns(wanted).iter_batches(batch_size=batch_size, batch_format="pyarrow"):
         x = prep.transform_features(batch, strict=False)
         labels.append(prep.transform_label(batch))
         outs.append(servable.predict(x))
+        for c in columns:
+            raw[c].append(batch[c])
     if not outs:
-        return {"val_loss": float("nan")}
-    return compute_metrics(prep.task, np.concatenate(outs), np.concatenate(labels), prep)
+        return Scored(prep, np.zeros((0, prep.num_outputs), np.float32), np.zeros(0), {c: np.array([]) for c in columns})
+    values = {c: np.asarray(pa.chunked_array([chunk for part in parts for chunk in part.chunks]).to_pylist(), dtype=object)
+              for c, parts in raw.items()}
+    return Scored(prep, np.concatenate(outs), np.concatenate(labels), values)
+
+
+def evaluate_checkpoint(checkpoint_path: str, ds: ray.data.Dataset, batch_size: int = 65536) -> dict[str, float]:
+    """Validation metrics of the checkpoint over every row of ds, computed like the train loop's."""
+    scored = score_checkpoint(checkpoint_path, ds, batch_size=batch_size)
+    return scored.metrics() if len(scored.labels) else {"val_loss": float("nan")}
+
+
+MAX_SLICE_VALUES = 50  # per column, the values with the most rows; the others are counted, not scored
+
+
+def slice_metrics(scored: Scored, metric: str, min_rows: int) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per slice column, per value: every metric on that value's rows, the row count, and whether the slice has
+    enough rows (min_rows) to be judged; null values form their own slice. A column with more than
+    MAX_SLICE_VALUES values gets an "(other values)" entry with the rows left out."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for column, values in scored.columns.items():
+        keys = np.array(["(null)" if v is None else str(v) for v in values], dtype=object)
+        found, counts = np.unique(keys.astype(str), return_counts=True)
+        kept = found[np.argsort(-counts, kind="stable")][:MAX_SLICE_VALUES]
+        out[column] = {}
+        if len(found) > len(kept):
+            out[column]["(other values)"] = {"rows": int(len(keys) - np.isin(keys.astype(str), kept).sum()),
+                                             "values": int(len(found) - len(kept)), "judged": False}
+        for value in sorted(kept.tolist()):
+            rows = np.flatnonzero(keys.astype(str) == value)
+            entry: dict[str, Any] = {"rows": int(len(rows)), "judged": bool(len(rows) >= min_rows)}
+            entry.update(scored.metrics(rows))
+            out[column][value] = entry
+    return out
+
+
+BOOTSTRAP_ROWS = 50_000  # rows per resample at most: the gain's spread is scaled to the full holdout (1/sqrt(n))
+
+
+def paired_bootstrap(challenger: Scored, champion: Scored, metric: str, mode: str, margin: float = 0.0,
+                     resamples: int = 100, seed: int = 0) -> dict[str, Any]:
+    """The challenger's gain over the champion on metric (positive: better), over validation rows resampled with
+    replacement, the same rows for both models: the gain on the whole holdout, its 5th and 95th percentiles, and
+    the share of resamples where the challenger is not better by more than margin. A holdout larger than BOOTSTRAP_ROWS is resampled
+    BOOTSTRAP_ROWS at a time and the spread shrunk by sqrt(BOOTSTRAP_ROWS / rows), as a mean's standard error."""
+    n = len(challenger.labels)
+    sign = 1.0 if mode == "max" else -1.0
+    full = sign * (challenger.metrics().get(metric, np.nan) - champion.metrics().get(metric, np.nan))
+    if n < 2 or not np.isfinite(full):
+        return {"resamples": 0, "gain": float(full), "rows": n}
+    size = min(n, BOOTSTRAP_ROWS)
+    rng = np.random.default_rng(seed)
+    gains = []
+    for _ in range(resamples):
+        rows = rng.integers(0, n, size)
+        a, b = challenger.metrics(rows).get(metric), champion.metrics(rows).get(metric)
+        if a is not None and b is not None and np.isfinite(a) and np.isfinite(b):
+            gains.append(sign * (a - b))
+    if not gains:
+        return {"resamples": 0, "gain": float(full), "rows": n}
+    spread = (np.asarray(gains) - np.mean(gains)) * np.sqrt(size / n)
+    gains_arr = full + spread
+    return {"resamples": len(gains), "rows": n, "gain": float(full), "gain_p05": float(np.percentile(gains_arr, 5)),
+            "gain_p95": float(np.percentile(gains_arr, 95)), "share_not_better": float((gains_arr <= margin).mean())}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,3 +42,27 @@ def compute_metrics(task: str, out: np.ndarray, y: np.ndarray, prep: TabularPrep
     m["val_mae"] = float(skm.mean_absolute_error(truth, pred))
     m["val_r2"] = float(skm.r2_score(truth, pred)) if len(truth) > 1 else float("nan")
     return m
+
+
+def calibration(out: np.ndarray, y: np.ndarray, num_classes: int, bins: int = 15) -> dict[str, Any]:
+    """Top-label expected calibration error (torchmetrics, equal-width bins), the Brier score (scikit-learn's: the
+    positive class's for two classes, summed over classes for more), and the reliability
+    curve: per bin of confidence, its rows, mean confidence and accuracy."""
+    from sklearn.metrics import brier_score_loss
+    from torchmetrics.functional.classification import multiclass_calibration_error
+
+    probs = torch.softmax(torch.from_numpy(np.asarray(out, dtype=np.float32)), dim=1)
+    target = torch.from_numpy(np.asarray(y, dtype=np.int64))
+    ece = float(multiclass_calibration_error(probs, target, num_classes=num_classes, n_bins=bins, norm="l1"))
+    p = probs.numpy().astype(np.float64)
+    brier = float(brier_score_loss(y.astype(np.int64), p if num_classes > 2 else p[:, 1], labels=list(range(num_classes))))
+    confidence, predicted = p.max(axis=1), p.argmax(axis=1)
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    which = np.clip(np.digitize(confidence, edges[1:-1], right=True), 0, bins - 1)
+    curve = []
+    for b in range(bins):
+        rows = which == b
+        if rows.any():
+            curve.append({"low": float(edges[b]), "high": float(edges[b + 1]), "rows": int(rows.sum()),
+                          "confidence": float(confidence[rows].mean()), "accuracy": float((predicted[rows] == y[rows]).mean())})
+    return {"ece": ece, "brier": brier, "bins": curve}
