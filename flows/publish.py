@@ -11,6 +11,7 @@ from typing import Any
 from prefect import get_run_logger
 
 from trainflow.config import Config
+from trainflow.tasks.explain import explain
 from trainflow.tasks.infer import infer
 from trainflow.tasks.ingest import Ingested
 from trainflow.tasks.promote import promote
@@ -28,6 +29,7 @@ def publish(config: Config, ingested: Ingested, parts: Split, outcome: TrainOutc
     version serves after the gate (a rejected challenger never writes predictions), and report; the summary."""
     registered = register(config, ingested, outcome, selected)
     promotion = promote(config, parts.val, selected, registered)
+    importance = explain(config, parts.val, selected.path, promotion, registered)
     predictions = None
     if config.inference.input and promotion.serving_version is None:
         get_run_logger().warning("nothing predicted: no version of %s is @champion (%s)", promotion.model_name,
@@ -35,6 +37,6 @@ def publish(config: Config, ingested: Ingested, parts: Split, outcome: TrainOutc
     elif config.inference.input:
         predictions = infer(promotion.serving_checkpoint, config, f"models:/{promotion.model_name}/{promotion.serving_version}")
     summary = summarize(ingested, parts, outcome, selected, registered, promotion, predictions,
-                        extra={"task": config.task, **extra})
+                        extra={"task": config.task, "feature_importance": importance, **extra})
     report(config, outcome.history, summary)
     return summary

@@ -191,6 +191,11 @@ class TabularPreprocessor:
                 names.extend(f"{col}={cat}" for cat in self.categorical[col]["categories"])
         return names
 
+    def feature_sources(self) -> list[str]:
+        """The table column behind each position of the packed row (a one-hot group, date parts and null flags
+        all name their column)."""
+        return [col for col in self.feature_order for _ in range(self._width(col))]
+
     def text_columns(self) -> dict[str, list[str]]:
         """The vocabulary of every text column, one-hot or embedded."""
         return {c: spec["categories"] for c, spec in {**self.categorical, **self.embedded}.items()}

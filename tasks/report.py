@@ -66,6 +66,36 @@ def reliability_diagram(calibration: dict[str, Any], title: str):
     return fig
 
 
+def importance_chart(rows: list[dict[str, Any]], metric: str, title: str, top: int = 20):
+    """Horizontal bars: how much metric worsens when each column is shuffled (error bars: its spread), best on top."""
+    from matplotlib.figure import Figure
+
+    shown = rows[:top][::-1]
+    fig = Figure(figsize=(6, 0.35 * len(shown) + 1.2), dpi=100)
+    ax = fig.subplots()
+    ax.barh([r["column"] for r in shown], [r["importance"] for r in shown],
+            xerr=[r.get("importance_std", 0.0) for r in shown], color="tab:blue")
+    ax.axvline(0.0, color="grey", linewidth=0.8)
+    ax.set_xlabel(f"{metric} lost when the column is shuffled")
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def _importance_lines(summary: dict[str, Any], metric: str) -> str:
+    rows = summary.get("feature_importance") or []
+    if not rows:
+        return "- not computed"
+    lines, compared = [], any("change" in r for r in rows)
+    for r in rows[:10]:
+        change = f"{r['change']:+.4g}" if "change" in r else "not in the champion" if compared else "-"
+        gain = f"{r['gain_share']:.1%}" if "gain_share" in r else ""
+        lines.append(f"| {r['column']} | {r['importance']:.4g} ± {r['importance_std']:.2g} | {change} | {gain} |")
+    return (f"Permutation importance on {metric} (how much it worsens when the column is shuffled; artifact "
+            f"`-importance`), top {len(lines)} of {len(rows)}:\n\n| column | importance | change vs champion | "
+            "tree gain share |\n|---|---|---|---|\n" + "\n".join(lines))
+
+
 def _calibration_lines(summary: dict[str, Any]) -> str:
     c = summary.get("calibration")
     if not c:
@@ -183,6 +213,9 @@ Loss curve (also `{curve_uri}` and the MLflow run's `{LOSS_CURVE}`):
 
 {f"![loss curve]({curve_png})" if curve_png else ""}
 
+## What the model relies on
+{_importance_lines(summary, promo['metric'])}
+
 ## Calibration
 {_calibration_lines(summary)}
 
@@ -258,6 +291,12 @@ def report(config: Config, history: list[dict[str, float]], summary: dict[str, A
             image_url=png, key=artifact_key(name, "loss-curve"), description=f"Loss curve of {summary['run_name']} ({curve_uri})"
         ),
     }
+    importance = summary.get("feature_importance") or []
+    if importance:
+        chart = importance_chart(importance, summary["promotion"]["metric"], f"{name} v{summary['model_version']}")
+        ids["importance"] = create_image_artifact(
+            image_url=png_data_uri(chart)[1], key=artifact_key(name, "importance"),
+            description=f"Permutation importance of {name} version {summary['model_version']}")
     if calibration:
         ids["reliability"] = create_image_artifact(
             image_url=png_data_uri(diagram)[1], key=artifact_key(name, "reliability"),

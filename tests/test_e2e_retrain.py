@@ -17,6 +17,7 @@ from mlflow import MlflowClient
 from prefect.artifacts import Artifact
 
 import trainflow
+from trainflow.tasks.promote import mlflow_key
 from tests.conftest import churn_config, flow_run_logs, info_logs_to_server, make_regression_table, write_parquet
 from trainflow.sample import make_churn_table
 from trainflow.trainer.checkpoint import read_metrics
@@ -117,6 +118,12 @@ def test_retrain_classification_end_to_end_then_boosters_replace_the_champion(tm
     promo = summary["promotion"]
     assert (promo["decision"], promo["champion_version"], promo["serving_version"]) == ("promoted", None, "1")
     assert promo["challenger_score"] == pytest.approx(summary["best_checkpoint"]["metrics"]["val_roc_auc"], rel=1e-4)
+    # calibration of the validation split: ECE, Brier and the reliability bins, in the summary and in MLflow
+    cal = summary["calibration"]
+    assert 0.0 <= cal["ece"] < 0.5 and 0.0 < cal["brier"] < 0.5
+    assert sum(b["rows"] for b in cal["bins"]) == summary["validation_rows"]
+    logged = MlflowClient(tracking_uri=tracking).get_run(summary["mlflow_run_id"]).data.metrics
+    assert logged["val_ece"] == pytest.approx(cal["ece"]) and logged["val_brier"] == pytest.approx(cal["brier"])
 
     # the registered model serves through MLflow's pyfunc API with the same predictions
     with tracking_uri(tracking):
@@ -335,6 +342,10 @@ def test_retrain_regression_end_to_end(tmp_path, monkeypatch):
     live = MlflowClient(tracking_uri=tracking).get_metric_history(summary["mlflow_run_id"], "val_r2")
     assert sorted(m.step for m in live) == [0, 1, 2] and min(m.timestamp for m in live) / 1000 < last_checkpoint
     assert summary["best_checkpoint"]["metrics"]["val_r2"] > 0.7
+    # what it relies on: the three columns y is made of, then the two noise columns (a store code, a visit time)
+    ranked = [r["column"] for r in summary["feature_importance"]]
+    assert ranked[0] == "x 1 (m/s)" and set(ranked[3:]) == {"store", "visited at"}, summary["feature_importance"]
+    assert mlflow_key("importance.x 1 (m/s)") in MlflowClient(tracking_uri=tracking).get_run(summary["mlflow_run_id"]).data.metrics
     _check_common(summary, "val_r2", "max", score, "row id")
     prep = load_servable(summary["best_checkpoint"]["path"]).preprocessor
     assert len(set(train_table["store"].to_pylist())) == 5000 and set(prep.embedded) == {"store"}

@@ -70,6 +70,11 @@ class XGBoostPredictor:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return outputs_from(self.prep.task, self.prep.num_outputs, self.booster.predict(xgb_matrix(self.prep, x)))
 
+    def native_importance(self) -> np.ndarray:
+        """XGBoost's total gain per packed feature (features no tree splits on get 0)."""
+        gains = self.booster.get_score(importance_type="total_gain")
+        return np.array([gains.get(f"f{i}", 0.0) for i in range(self.prep.num_features)], dtype=np.float64)
+
 
 
 LGB_MODEL = "model.txt"
@@ -88,6 +93,10 @@ class LightGBMPredictor:
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return outputs_from(self.prep.task, self.prep.num_outputs, self.booster.predict(x))
+
+    def native_importance(self) -> np.ndarray:
+        """LightGBM's total gain per packed feature."""
+        return np.asarray(self.booster.feature_importance(importance_type="gain"), dtype=np.float64)
 
 
 @dataclass
