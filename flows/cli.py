@@ -90,6 +90,11 @@ def format_summary(s: dict[str, Any]) -> str:
             score = c.get(metric)
             lines.append(f"    {c['family']:<10} {metric}={'-' if score is None else f'{score:.4f}'} "
                          f"(epoch {c['epoch']} of {c['epochs_run']}, run {c['run_name']})")
+    if s.get("feature_importance"):
+        lines.append("  relies on         " + ", ".join(f"{r['column']} {r['importance']:.3g}" for r in s["feature_importance"][:5])
+                     + f" ({(s.get('promotion') or {}).get('metric')} lost when shuffled)")
+    if s.get("calibration"):
+        lines.append(f"  calibration       ECE {s['calibration']['ece']:.4f}, Brier {s['calibration']['brier']:.4f} (validation split)")
     if s.get("promotion"):
         p = s["promotion"]
         lines.append(f"  promotion         {p.get('decision')}: {p.get('reason')}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +19,7 @@ from trainflow.tasks.ingest import Ingested
 from trainflow.tasks.select import Selected
 from trainflow.tasks.train import TrainOutcome
 from trainflow.config import Config
-from trainflow.redact import redact_value
+from trainflow.redact import redact_text, redact_value
 from trainflow.tasks.mlflow_run import REGISTER_KEY, find_run, log_params, log_rows, run_key
 from trainflow.tasks.model_package import MODEL_CODE, example_input, requirements, serving_code, signature_for
 from trainflow.tracking import ensure_experiment, tracking
@@ -67,6 +69,25 @@ def register(config: Config, ingested: Ingested, outcome: TrainOutcome, selected
     return Registered(run_id=run_id, model_name=config.mlflow.registered_model, model_version=version, model_uri=uri)
 
 
+def log_datasets(config: Config, ingested: Ingested) -> None:
+    """The training and validation tables as the active run's MLflow dataset inputs: source data.path, digest
+    trainflow's fingerprint (the validation split's: with the split settings), nothing loaded."""
+    import warnings
+
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+
+    with warnings.catch_warnings():  # a local path reads as more than one kind of source; MLflow picks the local one
+        warnings.simplefilter("ignore", UserWarning)
+        source = resolve_dataset_source(redact_text(ingested.spec.path))
+    fp = ingested.spec.fingerprint.split(":", 1)[-1]
+    split = hashlib.blake2b(f"{fp}:{json.dumps(config.split.model_dump(mode='json'), sort_keys=True)}".encode(),
+                            digest_size=16).hexdigest()
+    name = ingested.spec.path.rstrip("/").rsplit("/", 1)[-1]
+    for context, digest in (("training", fp), ("validation", split)):
+        mlflow.log_input(MetaDataset(source, name=f"{name} ({context})", digest=digest[:32]), context=context)
+
+
 def _log_and_register(config: Config, ingested: Ingested, outcome: TrainOutcome, selected: Selected,
                       prep: TabularPreprocessor, lineage: dict[str, str], exp_id: str, run_id: str | None,
                       key: str) -> tuple[str, str]:
@@ -78,6 +99,7 @@ def _log_and_register(config: Config, ingested: Ingested, outcome: TrainOutcome,
             log_params(config.mlflow.tracking_uri, run.info.run_id, config, outcome.family)
             log_rows(config.mlflow.tracking_uri, run.info.run_id, outcome.history)
         mlflow.set_tags(lineage)
+        log_datasets(config, ingested)
         mlflow.log_metrics({f"best_{k}": float(v) for k, v in selected.metrics.items() if isinstance(v, (int, float))})
         mlflow.log_artifacts(selected.path, artifact_path="checkpoint")
         with tempfile.TemporaryDirectory(prefix="trainflow-code-") as code:

@@ -122,7 +122,13 @@ def test_retrain_classification_end_to_end_then_boosters_replace_the_champion(tm
     cal = summary["calibration"]
     assert 0.0 <= cal["ece"] < 0.5 and 0.0 < cal["brier"] < 0.5
     assert sum(b["rows"] for b in cal["bins"]) == summary["validation_rows"]
-    logged = MlflowClient(tracking_uri=tracking).get_run(summary["mlflow_run_id"]).data.metrics
+    mlflow_run = MlflowClient(tracking_uri=tracking).get_run(summary["mlflow_run_id"])
+    logged = mlflow_run.data.metrics
+    # the training and validation tables are the run's dataset inputs: source the table, digest the fingerprint
+    inputs = {i.tags[0].value: i.dataset for i in mlflow_run.inputs.dataset_inputs}
+    assert set(inputs) == {"training", "validation"}
+    assert inputs["training"].digest == summary["data_fingerprint"].split(":", 1)[1]
+    assert json.loads(inputs["training"].source)["uri"] == summary["data_path"]
     assert logged["val_ece"] == pytest.approx(cal["ece"]) and logged["val_brier"] == pytest.approx(cal["brier"])
 
     # the registered model serves through MLflow's pyfunc API with the same predictions
