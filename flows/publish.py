@@ -1,4 +1,5 @@
-"""What retrain and tune do once a checkpoint is selected: register -> promote -> infer -> summarize -> report.
+"""What retrain and tune do once a checkpoint is selected: calibrate -> register -> promote -> explain -> infer ->
+summarize -> report.
 
 A function the flows call, not a subflow: its tasks stay in the calling flow run, whose id the MLflow run key
 (tasks/mlflow_run.py) and the model version's lineage tags record.
@@ -11,6 +12,7 @@ from typing import Any
 from prefect import get_run_logger
 
 from trainflow.config import Config
+from trainflow.tasks.calibrate import calibrate
 from trainflow.tasks.explain import explain
 from trainflow.tasks.infer import infer
 from trainflow.tasks.ingest import Ingested
@@ -27,6 +29,7 @@ def publish(config: Config, ingested: Ingested, parts: Split, outcome: TrainOutc
             extra: dict[str, Any]) -> dict[str, Any]:
     """Register the selected checkpoint, gate it against @champion, predict inference.input with whichever
     version serves after the gate (a rejected challenger never writes predictions), and report; the summary."""
+    fit = calibrate(config, parts.val, selected, outcome.family)  # stored in the checkpoint before it is registered
     registered = register(config, ingested, outcome, selected)
     promotion = promote(config, parts.val, selected, registered)
     importance = explain(config, parts.val, selected.path, promotion, registered)
@@ -37,6 +40,6 @@ def publish(config: Config, ingested: Ingested, parts: Split, outcome: TrainOutc
     elif config.inference.input:
         predictions = infer(promotion.serving_checkpoint, config, f"models:/{promotion.model_name}/{promotion.serving_version}")
     summary = summarize(ingested, parts, outcome, selected, registered, promotion, predictions,
-                        extra={"task": config.task, "feature_importance": importance, **extra})
+                        extra={"task": config.task, "feature_importance": importance, "calibration_fit": fit, **extra})
     report(config, outcome.history, summary)
     return summary

@@ -24,7 +24,7 @@ SERVING_MODULES = (
     "trainflow.preprocessors", "trainflow.preprocessors.tabular", "trainflow.preprocessors.dates",
     "trainflow.preprocessors.baseline",
     "trainflow.trainer", "trainflow.trainer.checkpoint", "trainflow.trainer.model", "trainflow.trainer.serving",
-    "trainflow.trainer.predict",
+    "trainflow.trainer.predict", "trainflow.trainer.calibration",
 )
 
 

@@ -97,11 +97,18 @@ def _importance_lines(summary: dict[str, Any], metric: str) -> str:
 
 
 def _calibration_lines(summary: dict[str, Any]) -> str:
-    c = summary.get("calibration")
+    c, fit = summary.get("calibration"), summary.get("calibration_fit") or {}
     if not c:
         return "- regression: no class probabilities to calibrate"
-    return (f"- expected calibration error (top label, {len(c['bins'])} filled bins) {c['ece']:.4f}, "
+    line = (f"- expected calibration error (top label, {len(c['bins'])} filled bins) {c['ece']:.4f}, "
             f"Brier score {c['brier']:.4f}, on the validation split (artifact `-reliability`)")
+    if fit.get("method"):
+        params = ", ".join(f"{k} {fit[k]:.4g}" for k in ("temperature", "slope", "intercept") if k in fit)
+        line += (f"\n- calibrated with {fit['method']} ({params}) because {fit['why']}: ECE {fit['ece_before']:.4f} -> "
+                 f"{fit['ece_after']:.4f}, Brier {fit['brier_before']:.4f} -> {fit['brier_after']:.4f} (fitted on the same split)")
+    elif fit.get("why"):
+        line += f"\n- not recalibrated: {fit['why']}"
+    return line
 
 
 def _slices_lines(summary: dict[str, Any], metric: str) -> str:

@@ -13,6 +13,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pytest
+import ray.data
 from mlflow import MlflowClient
 from prefect.artifacts import Artifact
 
@@ -97,7 +98,8 @@ def test_retrain_classification_end_to_end_then_boosters_replace_the_champion(tm
     # and rebuilt from the checkpoint's config by the gate, `predict` and MLflow's pyfunc. Trained briefly at a
     # low learning rate it is a weak champion, which the boosters of the second run replace.
     user_model = {"type": "torch", "class_path": "trainflow.examples.tabular_resnet:TabularResNet", "init_args": {"width": 32}}
-    cfg_path = churn_config(tmp_path, model=user_model, train={"epochs": 2, "learning_rate": 1e-4},
+    # class weights distort its probabilities: the calibrate step fits a temperature on the validation split
+    cfg_path = churn_config(tmp_path, model=user_model, train={"epochs": 2, "learning_rate": 1e-4, "class_weight": "balanced"},
                             checkpoint={"metric": "val_roc_auc"})
     summary_path = tmp_path / "summary.json"
     assert cli_main(["retrain", "--config", str(cfg_path), "--run-name", "clf-e2e", "--summary-json", str(summary_path)]) == 0
@@ -122,6 +124,15 @@ def test_retrain_classification_end_to_end_then_boosters_replace_the_champion(tm
     cal = summary["calibration"]
     assert 0.0 <= cal["ece"] < 0.5 and 0.0 < cal["brier"] < 0.5
     assert sum(b["rows"] for b in cal["bins"]) == summary["validation_rows"]
+    fit = summary["calibration_fit"]
+    assert (fit["method"], fit["why"]) == ("temperature", "train.class_weight is set") and fit["ece_after"] < fit["ece_before"]
+    assert cal["ece"] == pytest.approx(fit["ece_after"], abs=1e-6)  # the gate scored the calibrated model
+    # on fresh rows of the same population the stored calibration lowers the ECE of the probabilities as trained
+    from trainflow.trainer.evaluate import score_checkpoint
+
+    fresh = ray.data.from_arrow(make_churn_table(6000, seed=77))
+    ece = {c: score_checkpoint(summary["best_checkpoint"]["path"], fresh, calibrated=c).calibration()["ece"] for c in (True, False)}
+    assert ece[True] < ece[False] and ece[True] < 0.05, ece
     mlflow_run = MlflowClient(tracking_uri=tracking).get_run(summary["mlflow_run_id"])
     logged = mlflow_run.data.metrics
     # the training and validation tables are the run's dataset inputs: source the table, digest the fingerprint

@@ -36,11 +36,11 @@ class Scored:
 
 
 def score_checkpoint(checkpoint_path: str, ds: ray.data.Dataset, columns: tuple[str, ...] = (),
-                     batch_size: int = 65536) -> Scored:
+                     batch_size: int = 65536, calibrated: bool = True) -> Scored:
     """The checkpoint's outputs over every row of ds, through the preprocessor stored in its own checkpoint, so an
     older champion is judged on the same rows as a new challenger even when their fitted preprocessing differs.
     Raises SchemaDriftError when the model cannot read the table (a missing column, a new class)."""
-    servable = load_servable(checkpoint_path)
+    servable = load_servable(checkpoint_path, calibrated=calibrated)
     prep = servable.preprocessor
     wanted = list(dict.fromkeys([*prep.feature_order, prep.label, *columns]))
     outs, labels, raw = [], [], {c: [] for c in columns}

@@ -102,6 +102,7 @@ class Family:
     serving_packages: tuple[str, ...] = ()  # distributions its predictor imports beyond torch, numpy, pandas, pyarrow
     describe: Callable[[dict[str, Any]], str] = repr  # its settings from the resolved model section, for the model card
     external_memory: bool = False  # its workers can read their shard into an external-memory matrix (XGBoost)
+    calibration: str = "temperature"  # what calibration.method auto fits for two classes (more: a temperature)
 
     def uses_external_memory(self, mode: str, chosen: bool) -> bool:
         """Whether this run's workers build external-memory matrices: model.params.external_memory always, or
@@ -115,9 +116,9 @@ FAMILIES: dict[str, Family] = {
     "torch": Family("torch", _torch_trainer, train_fn_per_worker, TrainValDataConfig, _torch_budget, check_model, True,
                     describe=_describe_module),
     "xgboost": Family("xgboost", _xgboost_trainer, _xgboost_fn, _trees_data_config, _boost_budget, _no_check, False,
-                      ("xgboost-cpu",), _describe_booster("xgboost"), external_memory=True),
+                      ("xgboost-cpu",), _describe_booster("xgboost"), external_memory=True, calibration="platt"),
     "lightgbm": Family("lightgbm", _lightgbm_trainer, _lightgbm_fn, _trees_data_config, _boost_budget, _no_check, False,
-                       ("lightgbm",), _describe_booster("lightgbm")),
+                       ("lightgbm",), _describe_booster("lightgbm"), calibration="platt"),
 }
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from trainflow.preprocessors.tabular import TabularPreprocessor
+from trainflow.trainer.calibration import apply as apply_calibration, read_calibration
 from trainflow.trainer.checkpoint import MODEL_FILE, load_weights, read_config, read_metrics
 from trainflow.trainer.model import model_for
 
@@ -138,8 +139,25 @@ PREDICTORS: dict[str, Callable[..., Callable[[np.ndarray], np.ndarray]]] = {
 }
 
 
-def load_servable(directory: str | Path, device: str | torch.device = "cpu") -> ServableModel:
-    """Load and verify a checkpoint of any family: every file parses and the model fits the preprocessor."""
+class CalibratedPredictor:
+    """A classifier's predictor with the checkpoint's calibration applied to its outputs (trainer/calibration.py);
+    anything else is the family's predictor's."""
+
+    def __init__(self, inner: Callable[[np.ndarray], np.ndarray], calibration: dict[str, Any]):
+        self.inner, self.calibration = inner, calibration
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return apply_calibration(self.calibration, self.inner(x))
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+def load_servable(directory: str | Path, device: str | torch.device = "cpu", calibrated: bool = True) -> ServableModel:
+    """Load and verify a checkpoint of any family: every file parses and the model fits the preprocessor; its
+    outputs calibrated when the checkpoint holds a calibration (calibrated=False: as trained)."""
     directory = Path(directory)
     prep = TabularPreprocessor.load(directory)
     config = read_config(directory)
@@ -149,4 +167,7 @@ def load_servable(directory: str | Path, device: str | torch.device = "cpu") -> 
         raise ValueError(f"{directory / 'config.json'}: model.type {family!r} is not a family this trainflow serves "
                          f"({sorted(PREDICTORS)})")
     predict = PREDICTORS[family](directory, prep, config, str(device))
+    calibration = read_calibration(directory) if prep.task == "classification" else None
+    if calibration and calibrated:
+        predict = CalibratedPredictor(predict, calibration)
     return ServableModel(predict=predict, preprocessor=prep, config=config, epoch=int(meta["epoch"]), metrics=meta["metrics"])

@@ -387,6 +387,16 @@ class PromotionSection(_Section):
         return v
 
 
+class CalibrationSection(_Section):
+    """Classification: probabilities calibrated on the validation split, stored in the checkpoint as data and
+    applied wherever the model predicts. auto: when train.class_weight is set or the validation ECE is above
+    max_ece, the family's method (a temperature for networks, Platt scaling for boosters' two classes), kept only
+    when it lowers the ECE; temperature | platt: always that one; none: never."""
+
+    method: Literal["auto", "temperature", "platt", "none"] = "auto"
+    max_ece: float = Field(0.03, ge=0.0, le=1.0)
+
+
 class FailureSection(_Section):
     max_failures: int = Field(2, ge=-1)
     # a worker with no progress (no mini-batch, no report) for this long is killed and the group restarted;
@@ -465,6 +475,7 @@ class Config(_Section):
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     failure: FailureSection = Field(default_factory=FailureSection)
     promotion: PromotionSection = Field(default_factory=PromotionSection)
+    calibration: CalibrationSection = Field(default_factory=CalibrationSection)
     validation: ValidationSection = Field(default_factory=ValidationSection)
     monitor: MonitorSection = Field(default_factory=MonitorSection)
     storage_path: str = "runs"
