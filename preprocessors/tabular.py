@@ -301,13 +301,16 @@ class TabularPreprocessor:
         """A training/validation batch -> {'features': float32 [n, d], 'label': ...}."""
         return {FEATURES: self.transform_features(table, strict=strict), LABEL: self.transform_label(table)}
 
-    def decode_predictions(self, outputs: np.ndarray) -> dict[str, np.ndarray | pa.Array]:
-        """Model outputs -> prediction column (and per-class probabilities for classification)."""
+    def decode_predictions(self, outputs: np.ndarray, threshold: float | None = None) -> dict[str, np.ndarray | pa.Array]:
+        """Model outputs -> prediction column (and per-class probabilities for classification). threshold (two
+        classes): the second class where its probability reaches it, instead of the most probable class."""
         if self.task == "classification":
             z = outputs - outputs.max(axis=1, keepdims=True)
             probs = np.exp(z)
             probs /= probs.sum(axis=1, keepdims=True)
-            cols: dict[str, Any] = {"prediction": pa.array(self.classes).take(pa.array(probs.argmax(axis=1)))}
+            chosen = (probs[:, 1] >= threshold).astype(np.int64) if threshold is not None and len(self.classes) == 2 \
+                else probs.argmax(axis=1)
+            cols: dict[str, Any] = {"prediction": pa.array(self.classes).take(pa.array(chosen))}
             for i, cls in enumerate(self.classes):
                 cols[f"proba_{cls}"] = probs[:, i].astype(np.float64)
             return cols

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import ray.data
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.config import Config
 from trainflow.tasks.select import Selected
-from trainflow.trainer.calibration import apply, fit_platt, fit_temperature, write_calibration
+from trainflow.trainer.calibration import apply, fit_platt, fit_temperature, log_probs, write_calibration
 from trainflow.trainer.evaluate import score_checkpoint
 from trainflow.trainer.families import FAMILIES
 from trainflow.trainer.metrics import calibration
@@ -21,26 +22,32 @@ FITS = {"temperature": fit_temperature, "platt": fit_platt}
 
 @task(name="calibrate", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
 def calibrate(config: Config, holdout: ray.data.Dataset, selected: Selected, family: str) -> dict[str, Any] | None:
-    """Fit, check and store (calibration.json in the checkpoint) or remove a calibration; what was done and why,
-    with the validation ECE and Brier score before and after (None for regression)."""
+    """Fit, check and store (calibration.json in the checkpoint) or remove a calibration and a decision threshold;
+    what was done and why, with the validation ECE and Brier score before and after (None for regression)."""
     if config.task != "classification":
         return None
-    log = get_run_logger()
-    method = config.calibration.method
-    if method == "none":
-        write_calibration(selected.path, None)
-        return {"method": None, "why": "calibration.method: none"}
     raw = score_checkpoint(selected.path, holdout, calibrated=False)
-    n = raw.prep.num_outputs
+    fitted, record = _fit(config, raw, family)
+    outputs = apply(fitted, raw.outputs)
+    threshold = _threshold(config, outputs, raw.labels, raw.prep.num_outputs, record)
+    stored = {**(fitted or {}), **({"threshold": threshold} if threshold is not None else {})}
+    write_calibration(selected.path, stored or None)
+    get_run_logger().info("calibration: %s", ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                                      for k, v in record.items()))
+    return record
+
+
+def _fit(config: Config, raw, family: str) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """(the calibration to store or None, what the summary records)."""
+    method, n = config.calibration.method, raw.prep.num_outputs
+    if method == "none":
+        return None, {"method": None, "why": "calibration.method: none"}
     before = calibration(raw.outputs, raw.labels, n)
     record: dict[str, Any] = {"ece_before": before["ece"], "brier_before": before["brier"]}
     if method == "auto":
         if config.train.class_weight is None and before["ece"] <= config.calibration.max_ece:
-            write_calibration(selected.path, None)
-            log.info("calibration: none needed (validation ECE %.4f <= calibration.max_ece %g)", before["ece"],
-                     config.calibration.max_ece)
-            return {**record, "method": None, "why": f"validation ECE {before['ece']:.4f} <= calibration.max_ece "
-                                                      f"{config.calibration.max_ece:g}"}
+            return None, {**record, "method": None, "why": f"validation ECE {before['ece']:.4f} <= calibration.max_ece "
+                                                           f"{config.calibration.max_ece:g}"}
         method = FAMILIES[family].calibration if n == 2 else "temperature"
         why = "train.class_weight is set" if config.train.class_weight is not None else \
             f"validation ECE {before['ece']:.4f} > calibration.max_ece {config.calibration.max_ece:g}"
@@ -52,10 +59,29 @@ def calibrate(config: Config, holdout: ray.data.Dataset, selected: Selected, fam
     after = calibration(apply(fitted, raw.outputs), raw.labels, n)
     record.update(ece_after=after["ece"], brier_after=after["brier"])
     if config.calibration.method == "auto" and after["ece"] >= before["ece"]:
-        write_calibration(selected.path, None)
-        log.info("calibration: %s did not lower the validation ECE (%.4f -> %.4f): not kept", method, before["ece"], after["ece"])
-        return {**record, "method": None, "why": f"{why}; {method} did not lower the ECE"}
-    write_calibration(selected.path, fitted)
-    log.info("calibration: %s (%s): validation ECE %.4f -> %.4f, Brier %.4f -> %.4f", method, why, before["ece"],
-             after["ece"], before["brier"], after["brier"])
-    return {**record, **fitted, "why": why}
+        return None, {**record, "method": None, "why": f"{why}; {method} did not lower the ECE"}
+    return fitted, {**record, **fitted, "why": why}
+
+
+def _threshold(config: Config, outputs: np.ndarray, y: np.ndarray, n: int, record: dict[str, Any]) -> float | None:
+    """calibration.decision_threshold for two classes: a number as given, or f1's (the positive class's probability
+    that maximises F1 on the validation split, scikit-learn's precision_recall_curve); recorded in record."""
+    asked = config.calibration.decision_threshold
+    if asked == "none":
+        return None
+    if n != 2:
+        record["threshold_why"] = "a decision threshold is for two classes: argmax kept"
+        return None
+    if asked != "f1":
+        record.update(threshold=float(asked), threshold_why="calibration.decision_threshold")
+        return float(asked)
+    from sklearn.metrics import precision_recall_curve
+
+    p1 = np.exp(log_probs(outputs)[:, 1])
+    precision, recall, cuts = precision_recall_curve(y, p1)
+    f1 = 2 * precision * recall / np.maximum(precision + recall, 1e-12)
+    best = int(np.argmax(f1[:-1])) if len(cuts) else None
+    if best is None:
+        return None
+    record.update(threshold=float(cuts[best]), threshold_why=f"maximises validation F1 ({f1[best]:.4f})")
+    return float(cuts[best])

@@ -108,6 +108,8 @@ def _calibration_lines(summary: dict[str, Any]) -> str:
                  f"{fit['ece_after']:.4f}, Brier {fit['brier_before']:.4f} -> {fit['brier_after']:.4f} (fitted on the same split)")
     elif fit.get("why"):
         line += f"\n- not recalibrated: {fit['why']}"
+    if fit.get("threshold") is not None:
+        line += f"\n- decision threshold {fit['threshold']:.4f} on the positive class's probability ({fit['threshold_why']})"
     return line
 
 

@@ -100,7 +100,7 @@ def test_retrain_classification_end_to_end_then_boosters_replace_the_champion(tm
     user_model = {"type": "torch", "class_path": "trainflow.examples.tabular_resnet:TabularResNet", "init_args": {"width": 32}}
     # class weights distort its probabilities: the calibrate step fits a temperature on the validation split
     cfg_path = churn_config(tmp_path, model=user_model, train={"epochs": 2, "learning_rate": 1e-4, "class_weight": "balanced"},
-                            checkpoint={"metric": "val_roc_auc"})
+                            checkpoint={"metric": "val_roc_auc"}, calibration={"decision_threshold": "f1"})
     summary_path = tmp_path / "summary.json"
     assert cli_main(["retrain", "--config", str(cfg_path), "--run-name", "clf-e2e", "--summary-json", str(summary_path)]) == 0
     summary = json.loads(summary_path.read_text())
@@ -133,6 +133,10 @@ def test_retrain_classification_end_to_end_then_boosters_replace_the_champion(tm
     fresh = ray.data.from_arrow(make_churn_table(6000, seed=77))
     ece = {c: score_checkpoint(summary["best_checkpoint"]["path"], fresh, calibrated=c).calibration()["ece"] for c in (True, False)}
     assert ece[True] < ece[False] and ece[True] < 0.05, ece
+    # the decision threshold tuned for F1 on the validation split decides the written `prediction` column
+    threshold = fit["threshold"]
+    assert 0.0 < threshold < 1.0 and fit["threshold_why"].startswith("maximises validation F1")
+    assert out["prediction"].to_pylist() == [int(p >= threshold) for p in out["proba_1"].to_pylist()]
     mlflow_run = MlflowClient(tracking_uri=tracking).get_run(summary["mlflow_run_id"])
     logged = mlflow_run.data.metrics
     # the training and validation tables are the run's dataset inputs: source the table, digest the fingerprint

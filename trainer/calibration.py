@@ -51,7 +51,7 @@ def fit_platt(outputs: np.ndarray, y: np.ndarray) -> dict[str, Any]:
 
 def apply(calibration: dict[str, Any] | None, outputs: np.ndarray) -> np.ndarray:
     """Calibrated log-probabilities for a classifier's outputs (unchanged when calibration is None)."""
-    if not calibration:
+    if not calibration or not calibration.get("method"):
         return outputs
     lp = log_probs(outputs)
     if calibration["method"] == "temperature":
@@ -70,7 +70,9 @@ def read_calibration(directory: str | Path) -> dict[str, Any] | None:
         return None
     data = json.loads(path.read_text())
     ok = (data.get("method") == "temperature" and 0 < float(data.get("temperature", 0)) < 100) or \
-         (data.get("method") == "platt" and np.isfinite([data.get("slope", np.nan), data.get("intercept", np.nan)]).all())
+         (data.get("method") == "platt" and np.isfinite([data.get("slope", np.nan), data.get("intercept", np.nan)]).all()) or \
+        data.get("method") is None
+    ok = ok and (data.get("threshold") is None or 0.0 < float(data["threshold"]) < 1.0)
     if not ok:
         raise ValueError(f"{path}: not a calibration trainflow wrote ({data})")
     return data

@@ -16,7 +16,7 @@ def predict_table(servable: ServableModel, table: pa.Table, id_column: str | Non
     cols = {}
     if id_column is not None:
         cols[id_column] = table[id_column]
-    cols.update(servable.preprocessor.decode_predictions(out))
+    cols.update(servable.preprocessor.decode_predictions(out, servable.threshold))
     return pa.table(cols)
 
 

@@ -110,6 +110,7 @@ class ServableModel:
     config: dict[str, Any]
     epoch: int
     metrics: dict[str, float]
+    threshold: float | None = None  # two classes: the positive class from this probability on (calibration.json)
 
     @property
     def family(self) -> str:
@@ -168,6 +169,8 @@ def load_servable(directory: str | Path, device: str | torch.device = "cpu", cal
                          f"({sorted(PREDICTORS)})")
     predict = PREDICTORS[family](directory, prep, config, str(device))
     calibration = read_calibration(directory) if prep.task == "classification" else None
-    if calibration and calibrated:
+    if calibration and calibration.get("method") and calibrated:
         predict = CalibratedPredictor(predict, calibration)
-    return ServableModel(predict=predict, preprocessor=prep, config=config, epoch=int(meta["epoch"]), metrics=meta["metrics"])
+    threshold = (calibration or {}).get("threshold") if calibrated else None
+    return ServableModel(predict=predict, preprocessor=prep, config=config, epoch=int(meta["epoch"]), metrics=meta["metrics"],
+                         threshold=threshold)

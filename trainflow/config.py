@@ -395,6 +395,16 @@ class CalibrationSection(_Section):
 
     method: Literal["auto", "temperature", "platt", "none"] = "auto"
     max_ece: float = Field(0.03, ge=0.0, le=1.0)
+    # two classes: the `prediction` column is the positive class when its probability reaches this threshold;
+    # f1: the one that maximises F1 on the validation split; none: the most probable class
+    decision_threshold: Literal["none", "f1"] | float = "none"
+
+    @field_validator("decision_threshold")
+    @classmethod
+    def _probability(cls, v: str | float) -> str | float:
+        if isinstance(v, float) and not 0.0 < v < 1.0:
+            raise ValueError("a number must lie between 0 and 1")
+        return v
 
 
 class FailureSection(_Section):

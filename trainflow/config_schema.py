@@ -104,6 +104,7 @@ KEYS = {
     'promotion.min_slice_rows': 'slices with fewer rows are reported, not judged (default: 30)',
     'calibration.method': 'classification: auto (fit when train.class_weight is set or the validation ECE is above max_ece: a temperature for networks, Platt scaling for boosters; kept only when it lowers the ECE), temperature, platt or none (default: auto)',
     'calibration.max_ece': 'auto recalibrates above this validation expected calibration error (default: 0.03)',
+    'calibration.decision_threshold': 'two classes: the prediction column is the positive class when its probability reaches this; f1: the threshold that maximises validation F1; none: the most probable class (default: none)',
     'storage_path': 'where Ray Train writes runs and checkpoints (local or URI) (default: runs)',
     'mlflow.tracking_uri': ' (default: $MLFLOW_TRACKING_URI, else sqlite:///<storage_path>/../mlflow.db)',
     'mlflow.experiment': ' (default: trainflow)',
