@@ -241,6 +241,16 @@ def count_unseen(ds: ray.data.Dataset, prep: TabularPreprocessor) -> dict[str, d
     per_batch = ds.select_columns(cols).map_batches(
         _unseen_in_batch, fn_kwargs={"prep": prep.to_dict()}, batch_format="pyarrow", batch_size=None
     ).take_all()
+    return _sum_unseen(per_batch, cols)
+
+
+def count_unseen_table(table: pa.Table, prep: TabularPreprocessor) -> dict[str, dict]:
+    """count_unseen of a table in this process's memory."""
+    cols = list(prep.text_columns())
+    return _sum_unseen(_unseen_in_batch(table.select(cols), prep.to_dict()).to_pylist(), cols) if cols else {}
+
+
+def _sum_unseen(per_batch: list[dict], cols: list[str]) -> dict[str, dict]:
     out = {}
     for col in cols:
         rows = sum(r[col] for r in per_batch)
@@ -260,6 +270,12 @@ def count_drift(ds: ray.data.Dataset, baseline: dict[str, Any]) -> dict[str, lis
     parts = ds.select_columns(cols).map_batches(_drift_counts, fn_kwargs={"baseline": baseline}, batch_format="pyarrow",
                                                 batch_size=None).take_all()
     return merge_counts([json.loads(p["counts"]) for p in parts])
+
+def count_drift_table(table: pa.Table, baseline: dict[str, Any]) -> dict[str, list[int]]:
+    """count_drift of a table in this process's memory."""
+    cols = [c for c in baseline.get("columns", {}) if c in table.schema.names]
+    return merge_counts([count_batch(baseline, table.select(cols))]) if cols else {}
+
 
 def check_unseen(unseen: dict[str, dict], prep: TabularPreprocessor, source: str) -> None:
     """inference.on_unseen: error — fail on the first column holding a value the model never saw."""

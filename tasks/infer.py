@@ -17,11 +17,11 @@ from trainflow.tasks.common import retry_unless_user_error
 from trainflow.tasks.drift import markdown, measure, publish
 from trainflow.trainer.checkpoint import read_config
 from trainflow.trainer.model import user_class_path
-from trainflow.trainer.predict import IN_PROCESS_BYTES, CountCollector, predict_dataset, predict_in_process
+from trainflow.trainer.predict import IN_PROCESS_BYTES, CountCollector, predict_arrow, predict_dataset
 from trainflow.config import Config, infer_format
 from trainflow.data import arrow_schema, read_table, should_materialize
-from trainflow.preprocessors.fit import check_unseen, count_drift, count_unseen
-from trainflow.tables import check_writable, in_memory_bytes
+from trainflow.preprocessors.fit import check_unseen, count_drift, count_drift_table, count_unseen, count_unseen_table
+from trainflow.tables import check_writable, in_memory_bytes, list_files, read_arrow
 from trainflow.outputs import guard_output, write_output
 from trainflow.errors import CheckpointError, DataError, InfrastructureError
 from trainflow.runtime import ensure_ray
@@ -127,26 +127,34 @@ def infer(checkpoint_path: str, config: Config, model: str = "") -> Predictions:
         check_fits({"num_workers": inf.num_actors, "resources_per_worker": {"GPU": 1}, "use_gpu": True}, "inference")
     prep = TabularPreprocessor.load(checkpoint_path)
     fmt = infer_format(input_path)
-    ds, files, fs = read_table(input_path, fmt, csv=config.data.csv)
-    schema = arrow_schema(ds, input_path)
+    fs, files = listed = list_files(input_path, fmt)
+    table_bytes = in_memory_bytes(fs, files, fmt)
+    # a small table is read, counted, predicted and written by this process: no Ray task to start
+    here = not inf.use_gpu and table_bytes <= IN_PROCESS_BYTES and config.data.materialize != "never"
+    if here:
+        ds = read_arrow(fs, files, fmt, config.data.csv, input_path)
+        schema, materialize = ds.schema, True
+        log.info("scoring table read in this process: %.1f MiB in memory", table_bytes / 2**20)
+    else:
+        ds, _, _ = read_table(input_path, fmt, listed=listed, csv=config.data.csv)
+        schema = arrow_schema(ds, input_path)
+        # one output row per input row, in input order (set on this dataset's own context, inherited by its
+        # derived datasets, so no other dataset of the process is affected)
+        ds.context.execution_options.preserve_order = True
+        materialize, why = should_materialize(config.data.materialize, table_bytes)
+        log.info("scoring table %s: %s", "materialized" if materialize else "streamed", why)
     try:
         prep.check_schema(schema, input_path)
     except SchemaDriftError as exc:
         raise DataError(str(exc)) from None
     if id_column is not None and id_column not in schema.names:
         raise DataError(f"{input_path}: id column {id_column!r} not found; columns are {list(schema.names)}")
-    # one output row per input row, in input order (set on this dataset's own context, inherited by its
-    # derived datasets, so no other dataset of the process is affected)
-    ds.context.execution_options.preserve_order = True
-    table_bytes = in_memory_bytes(fs, files, fmt)
-    materialize, why = should_materialize(config.data.materialize, table_bytes)
-    log.info("scoring table %s: %s", "materialized" if materialize else "streamed", why)
-    if materialize:
+    if materialize and not here:
         ds = ds.materialize()  # read once for the count, the unseen-value pass and the predictions
-    input_rows = ds.count()
+    input_rows = ds.num_rows if here else ds.count()
     if input_rows == 0:
         raise DataError(f"{input_path}: the table has no rows")
-    unseen = count_unseen(ds, prep)  # a pass over the text columns only
+    unseen = count_unseen_table(ds, prep) if here else count_unseen(ds, prep)  # a pass over the text columns only
     if config.inference.on_unseen == "error":
         check_unseen(unseen, prep, input_path)
     for col, found in unseen.items():
@@ -160,11 +168,12 @@ def infer(checkpoint_path: str, config: Config, model: str = "") -> Predictions:
     drift, drawn = {}, None
     with ThreadPoolExecutor(1, thread_name_prefix="trainflow-drift-chart") as helper:
         if drifting and materialize:
-            drift = measure(config, prep.baseline, count_drift(ds, prep.baseline), input_rows)
+            counts = count_drift_table(ds, prep.baseline) if here else count_drift(ds, prep.baseline)
+            drift = measure(config, prep.baseline, counts, input_rows)
             drawn = helper.submit(markdown, drift, model, input_path)  # the chart is drawn while the rows are predicted
         collector = ray.remote(num_cpus=0)(CountCollector).remote() if drifting and not materialize else None
-        if materialize and not inf.use_gpu and table_bytes <= IN_PROCESS_BYTES:
-            preds = predict_in_process(ds, checkpoint_path, id_column, prep.feature_order, inf.batch_size)
+        if here:
+            preds = predict_arrow(ds, checkpoint_path, id_column, prep.feature_order, inf.batch_size)
         else:
             preds = predict_dataset(
                 ds, checkpoint_path, id_column, prep.feature_order, inf.batch_size, inf.num_actors, inf.use_gpu, collector

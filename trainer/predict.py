@@ -53,8 +53,8 @@ class BatchPredictor:
         return predict_table(self.servable, batch, self.id_column)
 
 
-# A materialized scoring table up to this size (decoded) is predicted by the calling process: below it, starting a
-# predictor actor (a worker process importing torch, then loading the model) costs more than predicting the table
+# A scoring table up to this size (decoded) is read, predicted and written by the calling process: below it, starting a
+# Ray task or a predictor actor (a worker process importing torch, then loading the model) costs more than the work
 # (figures in docs/performance.md, skip-unchanged).
 IN_PROCESS_BYTES = 64 * 2**20
 
@@ -63,16 +63,14 @@ def _columns(feature_order: list[str], id_column: str | None) -> list[str]:
     return feature_order + ([id_column] if id_column and id_column not in feature_order else [])
 
 
-def predict_in_process(ds, checkpoint_path: str, id_column: str | None, feature_order: list[str],
-                       batch_size: int = 4096):
-    """Every row of a small materialized Ray Dataset predicted here, batch by batch in order, by one BatchPredictor
-    (CPU): a Ray Dataset of the predictions, as predict_dataset's, for the same writer."""
-    import ray.data
-
+def predict_arrow(table: pa.Table, checkpoint_path: str, id_column: str | None, feature_order: list[str],
+                  batch_size: int = 4096) -> pa.Table:
+    """Every row of a small table in this process's memory predicted here, batch by batch in order, by one
+    BatchPredictor (CPU)."""
     predictor = BatchPredictor(checkpoint_path, id_column)
-    batches = ds.select_columns(_columns(feature_order, id_column)).iter_batches(
-        batch_size=batch_size, batch_format="pyarrow")
-    return ray.data.from_arrow([predictor(batch) for batch in batches])
+    picked = table.select(_columns(feature_order, id_column))
+    parts = [predictor(pa.Table.from_batches([b], picked.schema)) for b in picked.to_batches(max(1, batch_size))]
+    return pa.concat_tables(parts) if parts else predictor(picked)
 
 
 def predict_dataset(

@@ -25,6 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -178,13 +179,23 @@ def _check_rows(written: int, expected: int) -> None:
         raise DataError(f"inference wrote {written} rows for {expected} input rows; output left unchanged")
 
 
+def _write_parquet(data, uri: str, inner: str, fs: pafs.FileSystem) -> None:
+    """A Ray Dataset written by Ray Data's writers; a pyarrow Table (a small output made in this process) as one
+    file from here."""
+    if isinstance(data, pa.Table):
+        fs.create_dir(inner, recursive=True)
+        pq.write_table(data, f"{inner}/{uuid.uuid4().hex}_000000_000000.parquet", filesystem=fs)
+        return
+    data.write_parquet(uri, filesystem=fs)
+
+
 def _write_local(ds, fs: pafs.FileSystem, inner: str, expected_rows: int, meta: dict[str, Any]) -> int:
     parent, name = os.path.split(inner)
     token = uuid.uuid4().hex[:12]
     stage = os.path.join(parent, f".{name}.trainflow-tmp-{token}")
     try:
         os.makedirs(parent, exist_ok=True)
-        ds.write_parquet(stage, filesystem=fs)
+        _write_parquet(ds, stage, stage, fs)
         files = _parquet_files(fs, stage)
         written = _count_rows(fs, files)
         _check_rows(written, expected_rows)
@@ -212,7 +223,7 @@ def _write_object_store(ds, fs: pafs.FileSystem, inner: str, output: str, expect
     prefix = f"{inner}/{generation}"
     committed = False
     try:
-        ds.write_parquet(with_scheme(output, prefix), filesystem=fs)
+        _write_parquet(ds, with_scheme(output, prefix), prefix, fs)
         files = _parquet_files(fs, prefix)
         written = _count_rows(fs, files)
         _check_rows(written, expected_rows)
@@ -232,7 +243,8 @@ def _write_object_store(ds, fs: pafs.FileSystem, inner: str, output: str, expect
 
 
 def write_output(ds, output: str, expected_rows: int, meta: dict[str, Any], config: Any = None) -> int:
-    """Write ds as Parquet at output, with its manifest, replacing an earlier trainflow output as one step.
+    """Write ds (a Ray Dataset, or a pyarrow Table made in this process) as Parquet at output, with its manifest,
+    replacing an earlier trainflow output as one step.
 
     Checks again (under the output's lock) that output is absent or trainflow's: the check before the run
     may be hours old. Raises DataError when the row count is not expected_rows (output unchanged).

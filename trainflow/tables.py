@@ -68,6 +68,27 @@ def csv_arguments(csv: Any) -> dict[str, Any]:
             "read_options": pacsv.ReadOptions(encoding=csv.encoding)}
 
 
+def read_arrow(fs: pafs.FileSystem, files: list[str], fmt: str, csv: Any, source: str) -> pa.Table:
+    """A small table read whole into this process with pyarrow.dataset, its files in order (the in-process
+    scoring path: no Ray task)."""
+    import pyarrow.dataset as pads
+
+    inner = [f.split("://", 1)[1] if is_uri(f) else f for f in files]
+    file_format: Any = "parquet"
+    if fmt == "csv":
+        check_csv_header(fs, inner[0], csv, source)
+        args = csv_arguments(csv)
+        file_format = pads.CsvFileFormat(parse_options=args.get("parse_options"), read_options=args.get("read_options"))
+    try:
+        table = pads.dataset(inner, filesystem=fs, format=file_format).to_table()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DataError(f"cannot read {source} as {fmt}: {str(exc).splitlines()[0]}") from None
+    if not table.schema.names:
+        raise DataError(f"{source}: the table is empty (no columns)")
+    check_names(list(table.schema.names), source)
+    return table
+
+
 def check_names(names: list[str], source: str) -> None:
     """DataError when a column name appears more than once (pyarrow would fail later with a KeyError)."""
     repeated = sorted({n for n in names if names.count(n) > 1})
