@@ -19,18 +19,26 @@ from trainflow.errors import TrainflowError
 from trainflow.runtime import stop_ray, stop_requested
 
 
-def write_text_atomic(path: str, text: str) -> None:
-    """Write to a temp file beside path, then rename: readers never see half a file."""
+def write_text_atomic(path: str, text: str, replace: bool = True) -> None:
+    """Write to a temp file beside path, then rename: readers never see half a file. replace=False: a hard link
+    instead of the rename, which fails when path exists, so a file written meanwhile by someone else is kept."""
     target = Path(path).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
-        os.replace(tmp, target)
+        if replace:
+            os.replace(tmp, target)
+            return
+        try:
+            os.link(tmp, target)
+        except FileExistsError:
+            raise TrainflowError(f"{path} exists; choose another file or add --force to replace it") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    Path(tmp).unlink(missing_ok=True)
 
 
 def write_json_atomic(path: str, data: dict[str, Any]) -> None:
@@ -246,7 +254,7 @@ def _init(args: argparse.Namespace) -> None:
     if Path(args.out).exists() and not args.force:
         raise TrainflowError(f"--out {args.out} exists; choose another file or add --force to replace it")
     text = scaffold(args.data, args.label, args.out)
-    write_text_atomic(args.out, text)
+    write_text_atomic(args.out, text, replace=args.force)  # a file that appeared meanwhile is not replaced
     print(f"wrote {args.out}; next: trainflow validate --config {args.out}, then trainflow retrain --config {args.out}")
 
 

@@ -53,6 +53,9 @@ def preprocess(ingested: Ingested, parts: Split, config: Config) -> Prepared:
             class_weights(config.train, prep)  # the loop's own check, before any worker starts
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        if config.train.class_weight is not None and not family.class_weights:
+            get_run_logger().warning("%s: train.class_weight is not applied (the torch families' loss takes it); its "
+                                     "probabilities are still calibrated (calibration.method)", name)
         budgets[name] = family.budget(resolved, prep.train_rows, workers)
         if family.uses_minibatches:
             estimate = check_packed_size(prep, parts.train_rows + parts.val_rows, budgets[name].batch_size,

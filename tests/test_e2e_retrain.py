@@ -240,6 +240,10 @@ def _boosters_replace_the_champion(tmp_path, cfg_path, score, tracking, capsys):
     hist = read_metrics(summary["best_checkpoint"]["path"])["history"]
     assert summary["best_checkpoint"]["epoch"] < len(hist) and hist[-1]["val_loss"] < hist[0]["val_loss"]
     assert promo["challenger_score"] == pytest.approx(summary["best_checkpoint"]["metrics"]["val_roc_auc"], rel=1e-6)
+    # its importance: the trees' own gain share beside the permutation scores, and the change against version 1's
+    rows = summary["feature_importance"]
+    assert sum(r["gain_share"] for r in rows) == pytest.approx(1.0) and all("change" in r for r in rows)
+    assert rows[0]["importance"] > 0 and promo["confidence"]["gain_p05"] > 0
     # every row predicted by the new champion, as its own checkpoint predicts them
     out = pads.dataset(summary["predictions_path"]).to_table()
     assert out["customer_id"].to_pylist() == score["customer_id"].to_pylist()

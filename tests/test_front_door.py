@@ -112,3 +112,18 @@ def test_validate_runs_every_check_short_of_training(tmp_path, capsys):
     assert cli_main(["validate", "--config", str(cfg)]) == 2
     err = capsys.readouterr().err
     assert "score.parquet" in err and "'plan'" in err
+
+
+def test_init_never_replaces_a_file_that_appeared_while_it_wrote(tmp_path):
+    # the exists check runs before the table is read; the write itself (a hard link of the finished temp file)
+    # fails too when the file appeared in between, and leaves no temp file behind
+    from trainflow.errors import TrainflowError
+    from trainflow.flows.cli import write_text_atomic
+
+    target = tmp_path / "trainflow.yaml"
+    target.write_text("theirs\n")
+    with pytest.raises(TrainflowError, match="exists; choose another file or add --force"):
+        write_text_atomic(str(target), "ours\n", replace=False)
+    assert target.read_text() == "theirs\n" and [p.name for p in tmp_path.iterdir()] == ["trainflow.yaml"]
+    write_text_atomic(str(tmp_path / "new.yaml"), "ours\n", replace=False)
+    assert (tmp_path / "new.yaml").read_text() == "ours\n" and len(list(tmp_path.iterdir())) == 2

@@ -257,6 +257,7 @@ def test_the_gate_judges_slices_and_noise(tmp_path):
     loose = cfg.model_copy(update={"promotion": cfg.promotion.model_copy(update={"max_slice_drop": None})})
     won = promote.gate(loose, holdout, challenger, _register(cfg, challenger))
     assert won.decision == "promoted" and won.confidence["share_not_better"] == 0.0 and won.confidence["gain_p05"] > 0
+    assert won.confidence["paired"] is True
     # a challenger that differs from the champion by noise only is kept out by promotion.confidence: the weight
     # mirrored across the best one fits as well on average, and wins on about half of the resampled holdouts
     from trainflow.preprocessors.tabular import TabularPreprocessor

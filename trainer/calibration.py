@@ -9,6 +9,7 @@ temperature), nor the order of the scores (Platt with a positive slope), so accu
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ def fit_temperature(outputs: np.ndarray, y: np.ndarray) -> dict[str, Any]:
         return loss
 
     opt.step(closure)
-    return {"method": "temperature", "temperature": float(log_t.exp().clamp(0.05, 20.0))}
+    return {"method": "temperature", "temperature": float(log_t.detach().exp().clamp(0.05, 20.0))}
 
 
 def fit_platt(outputs: np.ndarray, y: np.ndarray) -> dict[str, Any]:
@@ -68,14 +69,29 @@ def read_calibration(directory: str | Path) -> dict[str, Any] | None:
     path = Path(directory) / CALIBRATION_FILE
     if not path.is_file():
         return None
-    data = json.loads(path.read_text())
-    ok = (data.get("method") == "temperature" and 0 < float(data.get("temperature", 0)) < 100) or \
-         (data.get("method") == "platt" and np.isfinite([data.get("slope", np.nan), data.get("intercept", np.nan)]).all()) or \
-        data.get("method") is None
-    ok = ok and (data.get("threshold") is None or 0.0 < float(data["threshold"]) < 1.0)
-    if not ok:
-        raise ValueError(f"{path}: not a calibration trainflow wrote ({data})")
+    try:
+        data = json.loads(path.read_text())
+    except ValueError:
+        data = None
+    if not _valid(data):
+        raise ValueError(f"{path}: not a calibration trainflow wrote ({str(data)[:200]})")
     return data
+
+
+def _valid(data: Any) -> bool:
+    """A method trainflow fits with finite, plausible numbers (or none), and a threshold strictly between 0 and 1."""
+    try:
+        method = data.get("method")
+        if method == "temperature":
+            ok = 0.0 < float(data["temperature"]) < 100.0
+        elif method == "platt":
+            ok = math.isfinite(float(data["slope"])) and math.isfinite(float(data["intercept"]))
+        else:
+            ok = method is None
+        threshold = data.get("threshold")
+        return ok and (threshold is None or 0.0 < float(threshold) < 1.0)
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return False
 
 
 def write_calibration(directory: str | Path, calibration: dict[str, Any] | None) -> None:

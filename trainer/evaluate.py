@@ -102,16 +102,20 @@ def paired_bootstrap(challenger: Scored, champion: Scored, metric: str, mode: st
     if n < 2 or not np.isfinite(full):
         return {"resamples": 0, "gain": float(full), "rows": n}
     size = min(n, BOOTSTRAP_ROWS)
+    # the same rows in the same order for both (a materialized split); a split read twice in another order (streamed
+    # from files in a random order) is resampled for each model on its own: an unpaired bootstrap, wider
+    paired = len(champion.labels) == n and bool(np.array_equal(challenger.labels, champion.labels))
     rng = np.random.default_rng(seed)
     gains = []
     for _ in range(resamples):
         rows = rng.integers(0, n, size)
-        a, b = challenger.metrics(rows).get(metric), champion.metrics(rows).get(metric)
+        theirs = rows if paired else rng.integers(0, len(champion.labels), size)
+        a, b = challenger.metrics(rows).get(metric), champion.metrics(theirs).get(metric)
         if a is not None and b is not None and np.isfinite(a) and np.isfinite(b):
             gains.append(sign * (a - b))
     if not gains:
         return {"resamples": 0, "gain": float(full), "rows": n}
     spread = (np.asarray(gains) - np.mean(gains)) * np.sqrt(size / n)
     gains_arr = full + spread
-    return {"resamples": len(gains), "rows": n, "gain": float(full), "gain_p05": float(np.percentile(gains_arr, 5)),
+    return {"resamples": len(gains), "rows": n, "paired": paired, "gain": float(full), "gain_p05": float(np.percentile(gains_arr, 5)),
             "gain_p95": float(np.percentile(gains_arr, 95)), "share_not_better": float((gains_arr <= margin).mean())}

@@ -103,6 +103,7 @@ class Family:
     describe: Callable[[dict[str, Any]], str] = repr  # its settings from the resolved model section, for the model card
     external_memory: bool = False  # its workers can read their shard into an external-memory matrix (XGBoost)
     calibration: str = "temperature"  # what calibration.method auto fits for two classes (more: a temperature)
+    class_weights: bool = True  # its loss takes train.class_weight
 
     def uses_external_memory(self, mode: str, chosen: bool) -> bool:
         """Whether this run's workers build external-memory matrices: model.params.external_memory always, or
@@ -116,9 +117,11 @@ FAMILIES: dict[str, Family] = {
     "torch": Family("torch", _torch_trainer, train_fn_per_worker, TrainValDataConfig, _torch_budget, check_model, True,
                     describe=_describe_module),
     "xgboost": Family("xgboost", _xgboost_trainer, _xgboost_fn, _trees_data_config, _boost_budget, _no_check, False,
-                      ("xgboost-cpu",), _describe_booster("xgboost"), external_memory=True, calibration="platt"),
+                      ("xgboost-cpu",), _describe_booster("xgboost"), external_memory=True, calibration="platt",
+                      class_weights=False),
     "lightgbm": Family("lightgbm", _lightgbm_trainer, _lightgbm_fn, _trees_data_config, _boost_budget, _no_check, False,
-                       ("lightgbm",), _describe_booster("lightgbm"), calibration="platt"),
+                       ("lightgbm",), _describe_booster("lightgbm"), calibration="platt",
+                       class_weights=False),
 }
 
 

@@ -51,7 +51,7 @@ def calibration(out: np.ndarray, y: np.ndarray, num_classes: int, bins: int = 15
     from sklearn.metrics import brier_score_loss
     from torchmetrics.functional.classification import multiclass_calibration_error
 
-    probs = torch.softmax(torch.from_numpy(np.asarray(out, dtype=np.float32)), dim=1)
+    probs = torch.softmax(torch.from_numpy(np.asarray(out, dtype=np.float64)), dim=1)  # float64: rows sum to 1 for sklearn
     target = torch.from_numpy(np.asarray(y, dtype=np.int64))
     ece = float(multiclass_calibration_error(probs, target, num_classes=num_classes, n_bins=bins, norm="l1"))
     p = probs.numpy().astype(np.float64)
