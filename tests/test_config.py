@@ -72,3 +72,14 @@ def test_shipped_configs_validate_and_share_the_sample():
     tune = sweep.require_tune()
     assert (tune.metric, tune.mode, tune.scheduler) == ("val_roc_auc", "max", "asha")
     assert set(tune.search_space) == {"train.learning_rate", "train.batch_size"}
+
+
+def test_model_type_auto_trains_every_built_in_family(tmp_path):
+    cfg = config_from_dict({**BASE, "model": {"type": "auto", "params": {"num_leaves": 15}}}, base_dir=tmp_path)
+    assert cfg.model.families == ["mlp", "xgboost", "lightgbm"]
+    assert cfg.for_family("lightgbm").model.type == "lightgbm"  # each its own run, as a listed type
+    with pytest.raises(ConfigError, match="model.class_path and model.init_args are for model.type: torch"):
+        config_from_dict({**BASE, "model": {"type": "auto", "class_path": "a.b:C"}}, base_dir=tmp_path)
+    with pytest.raises(ConfigError, match="a sweep trains one family per trial"):
+        config_from_dict({**BASE, "model": {"type": "auto"},
+                          "tune": {"search_space": {"train.learning_rate": {"choice": [0.01]}}}}, base_dir=tmp_path).require_tune()

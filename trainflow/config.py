@@ -96,6 +96,7 @@ class SplitSection(_Section):
 FAMILIES = ("mlp", "torch", "xgboost", "lightgbm")
 FamilyName = Literal["mlp", "torch", "xgboost", "lightgbm"]
 BOOSTERS = ("xgboost", "lightgbm")
+AUTO_FAMILIES = ("mlp", "xgboost", "lightgbm")  # model.type auto
 _BOTH, _XGB, _LGB = BOOSTERS, ("xgboost",), ("lightgbm",)
 # which booster library takes each model.params key (trainflow passes the ones a family takes to it)
 BOOSTER_KEYS: dict[str, tuple[str, ...]] = {
@@ -162,6 +163,7 @@ class ModelSection(_Section):
     """The model family: `mlp` (trainflow's network), `torch` (a user's nn.Module imported from class_path,
     LightningCLI style), `xgboost` or `lightgbm` (gradient-boosted trees); a list trains each and keeps the best."""
 
+    # auto: every built-in family (AUTO_FAMILIES), each its own Ray Train run, the best on the validation split kept
     type: FamilyName | list[FamilyName] = "mlp"
     # mlp: chosen on real tables against HistGradientBoosting (docs/performance.md, "Model quality")
     hidden_sizes: list[int] = Field(default_factory=lambda: [256, 128])
@@ -182,6 +184,13 @@ class ModelSection(_Section):
     def for_family(self, family: str) -> dict[str, Any]:
         """This section as one family's config (model.type a single name)."""
         return {**self.model_dump(mode="json"), "type": family}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _auto(cls, raw: Any) -> Any:
+        if isinstance(raw, dict) and raw.get("type") == "auto":
+            return {**raw, "type": list(AUTO_FAMILIES)}
+        return raw
 
     @model_validator(mode="after")
     def _family_keys(self) -> ModelSection:
