@@ -115,7 +115,7 @@ def slice_check(slices: dict, champion: Scored | None, config: Config) -> str | 
     p = config.promotion
     if champion is None:
         return None
-    theirs = slice_metrics(champion, p.metric, p.min_slice_rows)
+    theirs = slice_metrics(champion, p.min_slice_rows)
     worst = None
     for column, values in slices.items():
         for value, entry in values.items():
@@ -144,7 +144,7 @@ def gate(config: Config, holdout: ray.data.Dataset, challenger_path: str, regist
     slices_asked = tuple(config.promotion.slices)
     mine = score_checkpoint(challenger_path, holdout, slices_asked)
     challenger = mine.metrics().get(metric) if len(mine.labels) else None
-    slices = slice_metrics(mine, metric, config.promotion.min_slice_rows) if slices_asked else None
+    slices = slice_metrics(mine, config.promotion.min_slice_rows) if slices_asked else None
     confidence = None
     floor = config.promotion.min_score
     missed = below_floor(challenger, floor, mode)

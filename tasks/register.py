@@ -77,13 +77,14 @@ def log_datasets(config: Config, ingested: Ingested) -> None:
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
 
+    path = redact_text(ingested.spec.path)  # a URI's user-info and credential query values masked
     with warnings.catch_warnings():  # a local path reads as more than one kind of source; MLflow picks the local one
         warnings.simplefilter("ignore", UserWarning)
-        source = resolve_dataset_source(redact_text(ingested.spec.path))
+        source = resolve_dataset_source(path)
     fp = ingested.spec.fingerprint.split(":", 1)[-1]
     split = hashlib.blake2b(f"{fp}:{json.dumps(config.split.model_dump(mode='json'), sort_keys=True)}".encode(),
                             digest_size=16).hexdigest()
-    name = ingested.spec.path.rstrip("/").rsplit("/", 1)[-1]
+    name = path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
     for context, digest in (("training", fp), ("validation", split)):
         mlflow.log_input(MetaDataset(source, name=f"{name} ({context})", digest=digest[:32]), context=context)
 

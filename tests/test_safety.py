@@ -4,6 +4,7 @@ honest compare-and-set. Real Ray Data writes, a real Prefect server (the locks),
 from __future__ import annotations
 
 import hashlib
+import json
 import sqlite3
 import threading
 import time
@@ -18,7 +19,8 @@ import ray.data
 import torch
 
 from tests.conftest import write_config, write_parquet
-from trainflow.config import load_config
+from trainflow.config import config_from_dict, load_config
+from trainflow.tracking import tracking
 from trainflow.errors import DataError, InfrastructureError
 from trainflow.outputs import MANIFEST, guard_output, read_manifest, write_output
 
@@ -320,3 +322,24 @@ def test_a_full_disk_is_one_clear_error_and_never_retried(capsys, monkeypatch):
     monkeypatch.setattr(cli, "_run", run)
     assert cli.main(["retrain", "--config", "x.yaml"]) == 2
     assert "no space left on device" in capsys.readouterr().err
+
+
+def test_dataset_inputs_never_carry_credentials_of_the_table_uri(tmp_path):
+    # the MLflow run's dataset inputs name the table by its URI: user-info and credential query values masked,
+    # in the source and in the dataset's name
+    from trainflow.tables import TableSpec
+    from trainflow.tasks.ingest import Ingested
+    from trainflow.tasks.register import log_datasets
+
+    uri = "s3://AKIAUSER:pa55-s3cret@bucket/tables/train.parquet?X-Amz-Signature=sig-s3cret&versionId=7"
+    cfg = config_from_dict({"data": {"path": uri, "label": "y"}, "task": "regression",
+                            "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}}, base_dir=tmp_path)
+    spec = TableSpec(path=uri, files=[], label="y", id_column=None, fingerprint="content:" + "ab" * 16)
+    with tracking(cfg.mlflow.tracking_uri), mlflow.start_run() as run:
+        log_datasets(cfg, Ingested(None, spec))
+    inputs = mlflow.MlflowClient(tracking_uri=cfg.mlflow.tracking_uri).get_run(run.info.run_id).inputs.dataset_inputs
+    assert len(inputs) == 2
+    for i in inputs:
+        text = json.dumps([i.dataset.name, i.dataset.source, i.dataset.digest])
+        assert "s3cret" not in text and "AKIAUSER" not in text and "bucket/tables/train.parquet" in text, text
+        assert i.dataset.name.startswith("train.parquet (")

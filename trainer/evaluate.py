@@ -66,7 +66,7 @@ def evaluate_checkpoint(checkpoint_path: str, ds: ray.data.Dataset, batch_size: 
 MAX_SLICE_VALUES = 50  # per column, the values with the most rows; the others are counted, not scored
 
 
-def slice_metrics(scored: Scored, metric: str, min_rows: int) -> dict[str, dict[str, dict[str, Any]]]:
+def slice_metrics(scored: Scored, min_rows: int) -> dict[str, dict[str, dict[str, Any]]]:
     """Per slice column, per value: every metric on that value's rows, the row count, and whether the slice has
     enough rows (min_rows) to be judged; null values form their own slice. A column with more than
     MAX_SLICE_VALUES values gets an "(other values)" entry with the rows left out."""

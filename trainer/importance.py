@@ -24,7 +24,7 @@ class _Scorer:
     def __init__(self, servable: ServableModel, metric: str, mode: str):
         self.servable, self.metric, self.sign = servable, metric, 1.0 if mode == "max" else -1.0
 
-    def fit(self, x, y):  # scikit-learn's interface; the model is trained already
+    def fit(self, x, y):  # permutation_importance checks that its estimator has fit; the model is trained already
         return self
 
     def __call__(self, estimator: Any, x: pd.DataFrame, y: np.ndarray) -> float:
