@@ -56,6 +56,10 @@ def _progress_line(s: dict[str, Any]) -> str:
     return line
 
 
+def _weights(s: dict[str, Any]) -> str:
+    return ", ".join(f"{m['family']} {m['weight']:.2f}" for m in (s.get("ensemble") or {}).get("members", []))
+
+
 def format_summary(s: dict[str, Any]) -> str:
     if s.get("skipped"):
         lines = ["", "trainflow summary", f"  skipped           {s['skipped']['reason']}",
@@ -73,8 +77,9 @@ def format_summary(s: dict[str, Any]) -> str:
         f"  run name          {s.get('run_name')}",
         f"  data              {s.get('data_path')} ({s.get('training_rows')} rows, fingerprint {s.get('data_fingerprint')})",
         f"  model family      {s.get('model_family')}",
-        _progress_line(s),
-        f"  best checkpoint   epoch {best.get('epoch')}: {best.get('path')}",
+        *([f"  ensemble          {_weights(s)} (greedy ensemble selection; its scores cross-fitted)",
+           f"  checkpoint        {best.get('path')}"] if s.get("ensemble") and s.get("model_family") == "ensemble" else
+          [_progress_line(s), f"  best checkpoint   epoch {best.get('epoch')}: {best.get('path')}"]),
         "  validation        " + ", ".join(f"{k}={v:.4f}" for k, v in shown.items()),
         f"  mlflow            run {s.get('mlflow_run_id')}, model {s.get('model_uri')}",
     ]
@@ -96,8 +101,9 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(f"  candidates        by {metric} on the validation split, best first:")
         for c in s["candidates"]:
             score = c.get(metric)
+            how = f"weights {_weights(s)}" if c["family"] == "ensemble" else f"epoch {c['epoch']} of {c['epochs_run']}"
             lines.append(f"    {c['family']:<10} {metric}={'-' if score is None else f'{score:.4f}'} "
-                         f"(epoch {c['epoch']} of {c['epochs_run']}, run {c['run_name']})")
+                         f"({how}, run {c['run_name']})")
     if s.get("feature_importance"):
         lines.append("  relies on         " + ", ".join(f"{r['column']} {r['importance']:.3g}" for r in s["feature_importance"][:5])
                      + f" ({(s.get('promotion') or {}).get('metric')} lost when shuffled)")

@@ -9,6 +9,7 @@ from prefect import flow
 
 from trainflow.flows.publish import publish
 from trainflow.tasks.candidates import compare, run_names
+from trainflow.tasks.ensemble import ensemble
 from trainflow.tasks.infer import infer, resolve_checkpoint_task
 from trainflow.tasks.ingest import ingest, table_fingerprint
 from trainflow.tasks.preprocess import preprocess
@@ -20,7 +21,7 @@ from trainflow.tasks.summary import skipped_summary
 from trainflow.tasks.train import check_resume, train
 from trainflow.tasks.validate import validate_data
 from trainflow.trainer.resources import concurrent_runs
-from trainflow.config import load_config
+from trainflow.config import ENSEMBLE, load_config
 from trainflow.runtime import watch_for_sigterm
 
 
@@ -54,11 +55,17 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
         futures = {f: trainer.with_options(task_run_name=f"train-{f}").submit(prepared, config, runs[f], f) for f in wave}
         outcomes.update({f: future.result() for f, future in futures.items()})
     selections = {f: select(outcome, config) for f, outcome in outcomes.items()}
+    built = None
+    if ENSEMBLE in config.model.candidates:
+        built = ensemble(config, parts.val, outcomes, selections, name, ingested.spec.fingerprint)
+        if built:
+            outcomes[ENSEMBLE], selections[ENSEMBLE] = built.outcome, built.selected
     candidates = compare(config, outcomes, selections) if len(runs) > 1 else None
     family = candidates.winner if candidates else next(iter(runs))
     outcome, selected = outcomes[family], selections[family]
     return publish(config, ingested, parts, outcome, selected,
-                   {"candidates": candidates.scores if candidates else None, "validation": validation})
+                   {"candidates": candidates.scores if candidates else None, "validation": validation,
+                    "ensemble": built.record if built else None})
 
 
 def skipped_run(config, run_name: str, skipped: dict[str, Any]) -> dict[str, Any]:

@@ -48,7 +48,8 @@ def _fit(config: Config, raw, family: str) -> tuple[dict[str, Any] | None, dict[
         if config.train.class_weight is None and before["ece"] <= config.calibration.max_ece:
             return None, {**record, "method": None, "why": f"validation ECE {before['ece']:.4f} <= calibration.max_ece "
                                                            f"{config.calibration.max_ece:g}"}
-        method = FAMILIES[family].calibration if n == 2 else "temperature"
+        # two classes: the family's method (an ensemble of probabilities: Platt scaling); more: a temperature
+        method = (FAMILIES[family].calibration if family in FAMILIES else "platt") if n == 2 else "temperature"
         why = "train.class_weight is set" if config.train.class_weight is not None else \
             f"validation ECE {before['ece']:.4f} > calibration.max_ece {config.calibration.max_ece:g}"
     else:

@@ -17,6 +17,7 @@ from trainflow.tasks.common import retry_unless_user_error
 from trainflow.tasks.drift import markdown, measure, publish
 from trainflow.trainer.checkpoint import read_config
 from trainflow.trainer.model import user_class_path
+from trainflow.trainer.serving import member_dirs
 from trainflow.trainer.predict import IN_PROCESS_BYTES, CountCollector, predict_arrow, predict_dataset
 from trainflow.config import Config, infer_format
 from trainflow.data import arrow_schema, read_table, should_materialize
@@ -47,11 +48,11 @@ def allowed_class_paths(config: Config) -> set[str]:
 def check_class_path(checkpoint: str, allowed: set[str], source: str) -> None:
     """CheckpointError when the checkpoint's config names a user module outside allowed: its code is never imported."""
     try:
-        model_cfg = read_config(checkpoint)["model"]
+        model_cfgs = [read_config(d)["model"] for d in [checkpoint, *member_dirs(checkpoint)]]  # an ensemble's members too
     except (OSError, ValueError, KeyError, TypeError):
-        raise CheckpointError(f"{source}: the checkpoint has no readable config.json") from None
-    class_path = user_class_path(model_cfg)
-    if class_path is not None and class_path not in allowed:
+        raise CheckpointError(f"{source}: the checkpoint (or an ensemble member) has no readable config.json or "
+                              "ensemble.json") from None
+    for class_path in {user_class_path(m) for m in model_cfgs} - allowed - {None}:
         raise CheckpointError(
             f"{source}: its checkpoint asks to import the module class {class_path!r}, which this config does not "
             f"name (model.class_path {sorted(allowed) or 'unset'}); trainflow imports no code a stored model names. "

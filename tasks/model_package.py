@@ -64,9 +64,11 @@ def serving_code(dst: Path, class_path: str | None = None) -> list[str]:
     return paths
 
 
-def requirements(family: str) -> list[str]:
-    """The packages the registered model loads with: the serving code's and the family's library, pinned."""
-    return [f"{dist}=={version(dist)}" for dist in ("torch", "numpy", "pandas", "pyarrow", *FAMILIES[family].serving_packages)]
+def requirements(families: list[str]) -> list[str]:
+    """The packages the registered model loads with: the serving code's and its families' libraries (an ensemble's
+    members'), pinned."""
+    dists = ["torch", "numpy", "pandas", "pyarrow", *(d for f in families for d in FAMILIES[f].serving_packages)]
+    return [f"{dist}=={version(dist)}" for dist in dict.fromkeys(dists)]
 
 
 def signature_for(prep: TabularPreprocessor, column_types: dict[str, str]) -> ModelSignature:

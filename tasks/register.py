@@ -23,6 +23,7 @@ from trainflow.redact import redact_text, redact_value
 from trainflow.tasks.mlflow_run import REGISTER_KEY, find_run, log_params, log_rows, run_key
 from trainflow.tasks.model_package import MODEL_CODE, example_input, requirements, serving_code, signature_for
 from trainflow.tracking import ensure_experiment, tracking
+from trainflow.trainer.serving import checkpoint_families
 
 
 @dataclass
@@ -111,7 +112,7 @@ def _log_and_register(config: Config, ingested: Ingested, outcome: TrainOutcome,
                 code_paths=serving_code(Path(code), config.for_family(outcome.family).model.class_path),  # served where trainflow is not installed
                 signature=signature_for(prep, ingested.spec.mlflow_types),
                 input_example=example_input(prep, ingested.spec.mlflow_types),
-                pip_requirements=requirements(outcome.family),
+                pip_requirements=requirements(checkpoint_families(selected.path)),
                 registered_model_name=config.mlflow.registered_model,
             )
         return run.info.run_id, str(info.registered_model_version)

@@ -13,7 +13,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from trainflow.config import Config, is_uri
+from trainflow.config import ENSEMBLE, Config, is_uri
 from trainflow.redact import redact_config, redact_text
 from trainflow.storage import join, write_bytes
 from trainflow.tasks.common import png_data_uri
@@ -142,7 +142,13 @@ def _budget_line(budget: dict[str, Any]) -> str:
     return f"- {budget['description']}" if budget.get("description") else "- not recorded"
 
 
-def _family_line(config: Config, family: str) -> str:
+def _family_line(config: Config, summary: dict[str, Any]) -> str:
+    family = summary.get("model_family") or config.model.families[0]
+    if family == ENSEMBLE and summary.get("ensemble"):
+        ens = summary["ensemble"]
+        weights = ", ".join(f"`{m['family']}` {m['weight']:.2f}" for m in ens["members"] if m["weight"] > 0)
+        return (f"- family `{family}`: the weighted mean of {weights} (greedy ensemble selection, {ens['rounds']} rounds "
+                f"on {ens['rows']} validation rows; scores cross-fitted over two halves of them)")
     return f"- family `{family}`: {FAMILIES[family].describe(config.model.for_family(family))}"
 
 
@@ -232,7 +238,7 @@ Loss curve (also `{curve_uri}` and the MLflow run's `{LOSS_CURVE}`):
 {_slices_lines(summary, promo['metric'])}
 
 ## Model
-{_family_line(config, summary.get('model_family') or config.model.families[0])}{_candidates_lines(summary, promo['metric'])}
+{_family_line(config, summary)}{_candidates_lines(summary, promo['metric'])}
 
 ## Training budget
 {_budget_line(summary.get('training_budget') or {})}

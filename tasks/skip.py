@@ -28,7 +28,7 @@ def check_unchanged(config: Config, fingerprint: str) -> dict[str, Any] | None:
         return None
     tags = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri).get_model_version(name, version).tags
     family = tags.get(FAMILY_TAG)
-    if family not in config.model.families or tags.get(FINGERPRINT_TAG) != fingerprint:
+    if family not in config.model.candidates or tags.get(FINGERPRINT_TAG) != fingerprint:
         return None
     if tags.get(CONFIG_HASH_TAG) != config.training_hash(family):
         return None

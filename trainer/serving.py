@@ -6,6 +6,7 @@ its code (tasks/register.py, code_paths), so it serves where trainflow is not in
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -134,10 +135,79 @@ class TorchPredictor:
             return self.model(torch.from_numpy(x).to(self.device)).float().cpu().numpy()
 
 
+ENSEMBLE = "ensemble"
+ENSEMBLE_FILE = "ensemble.json"
+MEMBERS_DIR = "members"
+
+
+def combine(task: str, outputs: list[np.ndarray], weights: list[float]) -> np.ndarray:
+    """Several models' outputs as one: the weighted mean of their class probabilities (as log-probabilities, the
+    outputs' form) or of their standardized values."""
+    if task == "regression":
+        return sum(w * np.asarray(o, np.float64) for o, w in zip(outputs, weights)).astype(np.float32)
+    probs = sum(w * torch.softmax(torch.from_numpy(np.asarray(o, np.float32)), dim=1).double().numpy()
+                for o, w in zip(outputs, weights))
+    return np.log(np.clip(probs, EPS, 1.0)).astype(np.float32)
+
+
+def read_ensemble(directory: str | Path) -> list[tuple[str, float]]:
+    """(member family, weight) of an ensemble checkpoint, read strictly: each a family trainflow serves (no nested
+    ensembles) at most once, whose folder is members/<family>; weights finite, positive and summing to 1."""
+    path = Path(directory) / ENSEMBLE_FILE
+    try:
+        members = json.loads(path.read_text())["members"]
+        pairs = [(m["family"], float(m["weight"])) for m in members]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not an ensemble trainflow wrote ({type(exc).__name__}: {exc})") from None
+    families = [f for f, _ in pairs]
+    bad = [f for f in families if f not in PREDICTORS or f == ENSEMBLE]
+    weights = np.array([w for _, w in pairs])
+    if (not pairs or bad or len(set(families)) != len(families) or not np.isfinite(weights).all()
+            or (weights <= 0).any() or abs(weights.sum() - 1.0) > 1e-6):
+        raise ValueError(f"{path}: members {pairs} are not distinct served families ({sorted(set(PREDICTORS) - {ENSEMBLE})}) "
+                         "with positive weights summing to 1")
+    return pairs
+
+
+def member_dirs(directory: str | Path) -> list[Path]:
+    """The member checkpoint folders of an ensemble checkpoint (none for any other family's)."""
+    directory = Path(directory)
+    if read_config(directory)["model"].get("type") != ENSEMBLE:
+        return []
+    return [directory / MEMBERS_DIR / family for family, _ in read_ensemble(directory)]
+
+
+class EnsemblePredictor:
+    """Several families' checkpoints (members/<family>, each as its family's predictor, uncalibrated) weighted into
+    one model (ensemble.json); every member reads the ensemble's own preprocessing."""
+
+    def __init__(self, directory: Path, prep: TabularPreprocessor, config: dict[str, Any], device: str = "cpu"):
+        self.task, self.members, self.weights = prep.task, [], []
+        for sub, (family, weight) in zip(member_dirs(directory), read_ensemble(directory)):
+            if TabularPreprocessor.load(sub).to_dict() != prep.to_dict():
+                raise ValueError(f"{sub}: its preprocessor.json differs from the ensemble's")
+            member_config = read_config(sub)
+            if member_config["model"].get("type", "mlp") != family:
+                raise ValueError(f"{sub / 'config.json'}: model.type is not {family!r}, as ensemble.json says")
+            self.members.append(PREDICTORS[family](sub, prep, member_config, device))
+            self.weights.append(weight)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return combine(self.task, [member(x) for member in self.members], self.weights)
+
+
 # each family's predictor, built from a checkpoint folder; the checkpoint's config.json names its family
 PREDICTORS: dict[str, Callable[..., Callable[[np.ndarray], np.ndarray]]] = {
     "mlp": TorchPredictor, "torch": TorchPredictor, "xgboost": XGBoostPredictor, "lightgbm": LightGBMPredictor,
+    ENSEMBLE: EnsemblePredictor,
 }
+
+
+def checkpoint_families(directory: str | Path) -> list[str]:
+    """The families whose code serves a checkpoint: its own, or an ensemble's members'."""
+    if read_config(directory)["model"].get("type") == ENSEMBLE:
+        return [family for family, _ in read_ensemble(directory)]
+    return [read_config(directory)["model"].get("type", "mlp")]
 
 
 class CalibratedPredictor:

@@ -97,6 +97,7 @@ FAMILIES = ("mlp", "torch", "xgboost", "lightgbm")
 FamilyName = Literal["mlp", "torch", "xgboost", "lightgbm"]
 BOOSTERS = ("xgboost", "lightgbm")
 AUTO_FAMILIES = ("mlp", "xgboost", "lightgbm")  # model.type auto
+ENSEMBLE = "ensemble"  # what a checkpoint's model.type says when it weights several families' checkpoints
 _BOTH, _XGB, _LGB = BOOSTERS, ("xgboost",), ("lightgbm",)
 # which booster library takes each model.params key (trainflow passes the ones a family takes to it)
 BOOSTER_KEYS: dict[str, tuple[str, ...]] = {
@@ -176,10 +177,19 @@ class ModelSection(_Section):
     allowed_class_paths: list[str] = Field(default_factory=list)
     # xgboost / lightgbm
     params: BoosterParams = Field(default_factory=BoosterParams)
+    # several families: also a weighted ensemble of their best checkpoints (greedy ensemble selection on the
+    # validation split, trainer/ensemble.py), a candidate beside them
+    ensemble: bool = True
 
     @property
     def families(self) -> list[str]:
         return [self.type] if isinstance(self.type, str) else list(self.type)
+
+    @property
+    def candidates(self) -> list[str]:
+        """What may win the run: each family, and the ensemble of them when there are several."""
+        families = self.families
+        return families + [ENSEMBLE] if self.ensemble and len(families) > 1 else families
 
     def for_family(self, family: str) -> dict[str, Any]:
         """This section as one family's config (model.type a single name)."""
@@ -570,15 +580,23 @@ class Config(_Section):
         return self.model_dump(mode="json")
 
     def for_family(self, family: str) -> Config:
-        """The config as one family's training run sees it (model.type that family): what its workers get."""
+        """The config as one family's training run sees it (model.type that family): what its workers get. The
+        ensemble's is the whole config (it weights every family's best checkpoint)."""
+        if family == ENSEMBLE:
+            return self
         return self.model_copy(update={"model": self.model.model_copy(update={"type": family})})
 
     def training_hash(self, family: str) -> str:
         """A hash of what decides a model's weights, so a resume onto other settings is caught: the task, label,
         features, split, preprocessing, the family's model settings and the optimiser. Left out: what only extends
-        or stops a run (epochs, early stopping, rounds), scaling, storage, gate and inference settings."""
+        or stops a run (epochs, early stopping, rounds), scaling, storage, gate and inference settings. The ensemble's:
+        every member family's."""
+        if family == ENSEMBLE:
+            members = [self.training_hash(f) for f in self.model.families]
+            return "config:" + hashlib.blake2b(json.dumps(members).encode(), digest_size=12).hexdigest()
         model = self.model.for_family(family)
         model.pop("allowed_class_paths", None)
+        model.pop("ensemble", None)
         for key in ("num_boost_round", "early_stopping_rounds", "external_memory"):
             model["params"].pop(key, None)
         train = self.train.model_dump(mode="json", exclude={"epochs", "early_stopping"})

@@ -74,3 +74,10 @@ def localize(uri: str) -> str:
     local = tempfile.mkdtemp(prefix="trainflow-" + Path(inner).name[:40] + "-")
     pafs.copy_files(inner, local, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
     return local
+
+
+def upload_dir(local: str, uri: str) -> None:
+    """Copy a local folder's files under uri; parents are created as needed."""
+    fs, inner = filesystem_for(uri)
+    fs.create_dir(inner, recursive=True)
+    pafs.copy_files(local, inner, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)

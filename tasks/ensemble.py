@@ -1,0 +1,68 @@
+"""Task: with several model families in one run, a weighted ensemble of their best checkpoints, a candidate beside
+them (model.ensemble)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import ray.data
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from trainflow.config import ENSEMBLE, Config
+from trainflow.tasks.select import Selected
+from trainflow.tasks.train import TrainOutcome, lineage_for
+from trainflow.trainer.ensemble import ROUNDS, cross_fitted, ensemble_dir, greedy_weights, member_outputs, write_ensemble
+from trainflow.trainer.metrics import compute_metrics
+from trainflow.trainer.serving import combine, load_servable
+
+
+@dataclass
+class Built:
+    outcome: TrainOutcome
+    selected: Selected
+    record: dict[str, Any]  # the summary's `ensemble`: members with weights and scores, how it was scored
+
+
+@task(name="ensemble", cache_policy=NO_CACHE)
+def ensemble(config: Config, holdout: ray.data.Dataset, outcomes: dict[str, TrainOutcome],
+             selections: dict[str, Selected], run_name: str, fingerprint: str) -> Built | None:
+    """Greedy ensemble selection over the families' selected checkpoints on the validation split; None when it
+    keeps a single member (that family is already a candidate). The ensemble's metrics are cross-fitted (each half
+    of the rows scored with weights fitted on the other half), so it competes with the members on equal terms."""
+    log = get_run_logger()
+    servables = {f: load_servable(s.path, calibrated=False) for f, s in selections.items()}
+    prep = next(iter(servables.values())).preprocessor
+    outputs, labels = member_outputs({f: s.predict for f, s in servables.items()}, prep, holdout)
+    families = list(outputs)
+    weights = greedy_weights(prep.task, [outputs[f] for f in families], labels)
+    kept = {f: w for f, w in zip(families, weights) if w > 0}
+    metric = config.promotion.metric
+    if len(kept) < 2:
+        log.info("ensemble: greedy selection on the validation split kept %s alone; no ensemble candidate", list(kept))
+        return None
+    crossed = compute_metrics(prep.task, cross_fitted(prep.task, [outputs[f] for f in families], labels, config.split.seed),
+                              labels, prep)
+    in_sample = compute_metrics(prep.task, combine(prep.task, [outputs[f] for f in kept], list(kept.values())), labels, prep)
+    members = {f: selections[f].path for f in kept}
+    sources = {f: selections[f].uri or selections[f].path for f in kept}
+    target = ensemble_dir(config.storage_path, run_name, kept, sources)
+    local = write_ensemble(target, members, kept, crossed, prep.to_dict(), config.to_dict(),
+                           lineage_for(config, fingerprint, ENSEMBLE))
+    load_servable(local)  # proven loadable, as select proves a family's checkpoint
+    record = {
+        "members": [{"family": f, "weight": kept.get(f, 0.0), metric: selections[f].metrics.get(metric),
+                     "checkpoint": sources[f]} for f in families],
+        "rounds": ROUNDS,
+        "cross_fitted": crossed, "in_sample": in_sample, "rows": int(len(labels)),
+    }
+    described = ", ".join(f"{f} {w:.2f}" for f, w in kept.items())
+    log.info("ensemble: weights %s; cross-fitted %s = %.5g (fitted on all rows: %.5g)", described, metric,
+             crossed.get(metric, np.nan), in_sample.get(metric, np.nan))
+    outcome = TrainOutcome(run_name=f"{run_name}-{ENSEMBLE}", family=ENSEMBLE, run_path=target.rsplit("/", 1)[0],
+                           checkpoints=[{"path": target, "epoch": 0, "metrics": crossed}], history=[],
+                           budget={"description": f"no training of its own: the members' best checkpoints weighted "
+                                                  f"{described}", "weights": kept})
+    return Built(outcome, Selected(path=local, epoch=0, metrics=crossed, skipped=[], uri=target), record)
