@@ -156,7 +156,9 @@ def main() -> None:
                 ours, summary = run_trainflow(train, test, label, task, work, family)
                 a = score(task, test[label], ours)
                 budget = summary.get("training_budget", {})
-                if "num_boost_round" in budget:
+                if summary.get("model_family") == "ensemble":
+                    ran = "ensemble " + ", ".join(f"{m['family']} {m['weight']:.2f}" for m in summary["ensemble"]["members"])
+                elif "num_boost_round" in budget:
                     ran = f"{summary['epochs_run']} boosting rounds (max {budget['num_boost_round']})"
                 else:
                     ran = f"{summary['epochs_run']} epochs of batch {budget.get('batch_size')} (max {budget.get('epochs')})"
