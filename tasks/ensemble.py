@@ -54,7 +54,7 @@ def ensemble(config: Config, holdout: ray.data.Dataset, outcomes: dict[str, Trai
     load_servable(local)  # proven loadable, as select proves a family's checkpoint
     record = {
         "members": [{"family": f, "weight": kept.get(f, 0.0), metric: selections[f].metrics.get(metric),
-                     "checkpoint": sources[f]} for f in families],
+                     "checkpoint": selections[f].uri or selections[f].path} for f in families],
         "rounds": ROUNDS,
         "cross_fitted": crossed, "in_sample": in_sample, "rows": int(len(labels)),
     }

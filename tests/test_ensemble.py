@@ -45,15 +45,16 @@ def test_greedy_selection_weights_complementary_models_and_drops_a_bad_one():
 
 
 def _members(tmp_path):
-    """A regression table (y = x + noise), its fitted preprocessor, and two real member checkpoints written with
+    """A regression table (y = x + noise), its fitted preprocessor, and real member checkpoints written with
     trainflow's checkpoint code: a shrunk linear network (mlp) and a small XGBoost booster (xgboost), about as good
-    as each other with different errors."""
+    as each other with different errors, and a LightGBM booster fitted to shuffled labels."""
+    import lightgbm as lgb
     import xgboost as xgb
 
     from trainflow.preprocessors.fit import fit_preprocessor
     from trainflow.tables import table_spec
     from trainflow.trainer.checkpoint import save_checkpoint, write_common
-    from trainflow.trainer.serving import XGB_MODEL, xgb_matrix
+    from trainflow.trainer.serving import LGB_MODEL, XGB_MODEL, xgb_matrix
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=2000)
@@ -61,7 +62,7 @@ def _members(tmp_path):
     write_parquet(table, tmp_path / "t.parquet")
     cfg = load_config(write_config(tmp_path, {
         "data": {"path": "t.parquet", "label": "y", "features": ["x"]}, "task": "regression",
-        "model": {"type": ["mlp", "xgboost"], "hidden_sizes": []}, "storage_path": "runs",
+        "model": {"type": ["mlp", "xgboost", "lightgbm"], "hidden_sizes": []}, "storage_path": "runs",
         "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "registered_model": "ens"},
     }))
     ds = ray.data.from_arrow(table)
@@ -69,15 +70,20 @@ def _members(tmp_path):
     packed = prep.transform_features(table)
     target = prep.transform_label(table)
     paths = {}
-    for family in ("mlp", "xgboost"):
+    for family in ("mlp", "xgboost", "lightgbm"):
         d = tmp_path / "best" / family
         d.mkdir(parents=True)
         if family == "mlp":
             state = {"0.weight": torch.tensor([[0.8]], dtype=torch.float32), "0.bias": torch.zeros(1)}
             save_checkpoint(d, state, {"epoch": 4}, {"val_loss": 0.1}, [], prep.to_dict(), cfg.for_family(family).to_dict())
-        else:
+        elif family == "xgboost":
             booster = xgb.train({"max_depth": 2, "eta": 0.3}, xgb_matrix(prep, packed, target), num_boost_round=6)
             booster.save_model(str(d / XGB_MODEL))
+        else:  # fitted to shuffled labels: no use to the ensemble
+            shuffled = rng.permutation(target)
+            lgb.train({"num_leaves": 4, "verbose": -1}, lgb.Dataset(packed, shuffled), num_boost_round=5).save_model(
+                str(d / LGB_MODEL))
+        if family != "mlp":
             write_common(d, 5, {"val_loss": 0.1}, [], prep.to_dict(), cfg.for_family(family).to_dict())
         paths[family] = str(d)
     return cfg, ds, table, paths
@@ -97,7 +103,8 @@ def test_an_ensemble_checkpoint_is_served_registered_rebuilt_and_read_strictly(t
     selections = {f: Selected(path=p, epoch=1, metrics={"val_loss": 0.1}, skipped=[]) for f, p in paths.items()}
     built = ensemble(cfg, ds, outcomes, selections, "r", "fp:1")
     weights = {m["family"]: m["weight"] for m in built.record["members"]}
-    assert weights["mlp"] > 0 and weights["xgboost"] > 0 and sum(weights.values()) == pytest.approx(1.0)
+    assert weights["mlp"] > 0 and weights["xgboost"] > 0 and weights["lightgbm"] == 0
+    assert sum(weights.values()) == pytest.approx(1.0)
     assert built.outcome.family == "ensemble" and built.outcome.run_name == "r-ensemble"
     assert built.selected.metrics["val_loss"] == built.record["cross_fitted"]["val_loss"]
     # the cross-fitted score is not better than the score of weights fitted on the rows scored
