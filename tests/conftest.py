@@ -162,3 +162,36 @@ def flow_run_logs(flow_run_id: str) -> list:
 
     with get_client(sync_client=True) as client:
         return client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), limit=200)
+
+
+BUCKET = "trainflow-test"
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    """moto's S3 server on a free loopback port; AWS settings point pyarrow (and the Ray workers) at it."""
+    import pyarrow.fs as pafs
+    from moto.server import ThreadedMotoServer
+
+    from trainflow.storage import filesystem_for
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
+    os.environ.update(
+        AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION="us-east-1",
+    )
+    pafs.S3FileSystem(
+        endpoint_override=f"127.0.0.1:{port}", scheme="http", access_key="testing", secret_key="testing",
+        allow_bucket_creation=True,
+    ).create_dir(BUCKET)
+    fs, _ = filesystem_for(f"s3://{BUCKET}")
+    yield fs
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    server.stop()

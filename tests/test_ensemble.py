@@ -14,7 +14,7 @@ import pytest
 import ray.data
 import torch
 
-from tests.conftest import write_config, write_parquet
+from tests.conftest import BUCKET, write_config, write_parquet
 from trainflow.config import load_config
 from trainflow.errors import CheckpointError
 from trainflow.trainer.ensemble import cross_fitted, greedy_weights
@@ -151,3 +151,25 @@ def test_an_ensemble_checkpoint_is_served_registered_rebuilt_and_read_strictly(t
         (planted / "ensemble.json").write_text(json.dumps({"members": members}))
         with pytest.raises(ValueError, match="ensemble.json"):
             load_servable(planted)
+
+
+def test_an_ensemble_in_remote_storage_is_uploaded_whole_and_found_again(tmp_path, s3_endpoint):
+    from trainflow.storage import list_dir
+    from trainflow.tasks.ensemble import ensemble
+    from trainflow.tasks.select import Selected
+    from trainflow.tasks.train import TrainOutcome
+
+    cfg, ds, table, paths = _members(tmp_path)
+    cfg = cfg.model_copy(update={"storage_path": f"s3://{BUCKET}/ensembles"})
+    outcomes = {f: TrainOutcome(f"r-{f}", f, "", [], []) for f in paths}
+    selections = {f: Selected(path=p, epoch=1, metrics={"val_loss": 0.1}, skipped=[]) for f, p in paths.items()}
+    built = ensemble(cfg, ds, outcomes, selections, "r", "fp:1")
+    uri = built.selected.uri
+    assert uri.startswith(f"s3://{BUCKET}/ensembles/r-ensemble/ensemble_")
+    assert {name for name, _ in list_dir(uri)} == {"members", "ensemble.json", "metrics.json", "preprocessor.json",
+                                                   "config.json", "lineage.json"}
+    x = load_servable(built.selected.path).preprocessor.transform_features(table)
+    # a rerun finds the uploaded ensemble (ensemble.json, written last, marks it whole) and reads it back
+    again = ensemble(cfg, ds, outcomes, selections, "r", "fp:1")
+    assert again.selected.uri == uri and again.selected.path != built.selected.path
+    np.testing.assert_array_equal(load_servable(again.selected.path).predict(x), load_servable(built.selected.path).predict(x))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 
 import numpy as np
 import pyarrow as pa
@@ -19,44 +18,15 @@ import pytest
 from mlflow import MlflowClient
 from prefect.artifacts import Artifact
 
-from tests.conftest import free_port, write_config
+from tests.conftest import BUCKET, write_config
 from trainflow.flows.cli import main as cli_main
 from trainflow.errors import DataError
 from trainflow.outputs import read_manifest
 from trainflow.sample import make_churn_table
-from trainflow.storage import filesystem_for
 
 pytestmark = pytest.mark.e2e
 
-BUCKET = "trainflow-test"
 SENTINELS = ("uri-secret-5f1e9a", "env-secret-77c2d1", "runtime-secret-0b3e44")
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint():
-    """moto's S3 server on a free loopback port; AWS settings point pyarrow (and the Ray workers) at it."""
-    from moto.server import ThreadedMotoServer
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
-    os.environ.update(
-        AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
-        AWS_DEFAULT_REGION="us-east-1",
-    )
-    pafs.S3FileSystem(
-        endpoint_override=f"127.0.0.1:{port}", scheme="http", access_key="testing", secret_key="testing",
-        allow_bucket_creation=True,
-    ).create_dir(BUCKET)
-    fs, _ = filesystem_for(f"s3://{BUCKET}")
-    yield fs
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    server.stop()
 
 
 @pytest.fixture(scope="module")
