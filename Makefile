@@ -10,8 +10,7 @@ $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null || { echo "need $(PY) on PATH"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade pip
-	# --no-compile: Python compiles only the modules it imports, on first import (the build takes 20 s, not 70 s)
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-compile -e ".[test]"
+	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[test]"
 	touch $(STAMP)
 
 # the demo's temporary Prefect server would otherwise try to send usage telemetry (an ERROR line offline)
