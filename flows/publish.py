@@ -29,9 +29,10 @@ def publish(config: Config, ingested: Ingested, parts: Split, outcome: TrainOutc
             extra: dict[str, Any]) -> dict[str, Any]:
     """Register the selected checkpoint, gate it against @champion, predict inference.input with whichever
     version serves after the gate (a rejected challenger never writes predictions), and report; the summary."""
-    fit = calibrate(config, parts.val, selected, outcome.family)  # stored in the checkpoint before it is registered
+    # stored in the checkpoint before it is registered; its scored validation split is the gate's challenger side
+    fit, scored = calibrate(config, parts.val, selected, outcome.family)
     registered = register(config, ingested, outcome, selected)
-    promotion = promote(config, parts.val, selected, registered)
+    promotion = promote(config, parts.val, selected, registered, scored)
     importance = explain(config, parts.val, selected.path, promotion, registered)
     predictions = None
     if config.inference.input and promotion.serving_version is None:

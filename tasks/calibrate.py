@@ -13,7 +13,7 @@ from prefect.cache_policies import NO_CACHE
 from trainflow.config import Config
 from trainflow.tasks.select import Selected
 from trainflow.trainer.calibration import apply, fit_platt, fit_temperature, log_probs, write_calibration
-from trainflow.trainer.evaluate import score_checkpoint
+from trainflow.trainer.evaluate import Scored, score_checkpoint
 from trainflow.trainer.families import FAMILIES
 from trainflow.trainer.metrics import calibration
 
@@ -21,12 +21,14 @@ FITS = {"temperature": fit_temperature, "platt": fit_platt}
 
 
 @task(name="calibrate", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def calibrate(config: Config, holdout: ray.data.Dataset, selected: Selected, family: str) -> dict[str, Any] | None:
+def calibrate(config: Config, holdout: ray.data.Dataset, selected: Selected,
+              family: str) -> tuple[dict[str, Any] | None, Scored | None]:
     """Fit, check and store (calibration.json in the checkpoint) or remove a calibration and a decision threshold;
-    what was done and why, with the validation ECE and Brier score before and after (None for regression)."""
+    what was done and why, with the validation ECE and Brier score before and after, and the validation split's
+    scored outputs as the checkpoint now serves them ((None, None) for regression)."""
     if config.task != "classification":
-        return None
-    raw = score_checkpoint(selected.path, holdout, calibrated=False)
+        return None, None
+    raw = score_checkpoint(selected.path, holdout, tuple(config.promotion.slices), calibrated=False)
     fitted, record = _fit(config, raw, family)
     outputs = apply(fitted, raw.outputs)
     threshold = _threshold(config, outputs, raw.labels, raw.prep.num_outputs, record)
@@ -34,7 +36,9 @@ def calibrate(config: Config, holdout: ray.data.Dataset, selected: Selected, fam
     write_calibration(selected.path, stored or None)
     get_run_logger().info("calibration: %s", ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                                                       for k, v in record.items()))
-    return record
+    # the checkpoint's outputs as it now serves them (calibration applied), on every validation row with the slice
+    # columns: the gate judges these instead of reading the validation split again
+    return record, Scored(raw.prep, outputs, raw.labels, raw.columns)
 
 
 def _fit(config: Config, raw, family: str) -> tuple[dict[str, Any] | None, dict[str, Any]]:

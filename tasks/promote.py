@@ -134,15 +134,17 @@ def slice_check(slices: dict, champion: Scored | None, config: Config) -> str | 
             f"champion's {other:.6g}, more than promotion.max_slice_drop {p.max_slice_drop:g}")
 
 
-def gate(config: Config, holdout: ray.data.Dataset, challenger_path: str, registered: Registered) -> Promotion:
+def gate(config: Config, holdout: ray.data.Dataset, challenger_path: str, registered: Registered,
+         scored: Scored | None = None) -> Promotion:
     """Score the challenger and the current @champion on the same holdout and move the alias on a win, as one
     compare-and-set: under a lock per registered model (CLI, deployments and tune all take it), and the alias
-    is read again right before it moves; a champion that changed meanwhile is scored in its turn."""
+    is read again right before it moves; a champion that changed meanwhile is scored in its turn. scored: the
+    challenger's outputs on holdout with the slice columns, as it serves them (calibrate's), else scored here."""
     log = _logger()
     metric, mode, margin = config.promotion.metric, config.promotion.mode, config.promotion.margin
     name, version = registered.model_name, registered.model_version
     slices_asked = tuple(config.promotion.slices)
-    mine = score_checkpoint(challenger_path, holdout, slices_asked)
+    mine = scored if scored is not None else score_checkpoint(challenger_path, holdout, slices_asked)
     challenger = mine.metrics().get(metric) if len(mine.labels) else None
     slices = slice_metrics(mine, config.promotion.min_slice_rows) if slices_asked else None
     confidence = None
@@ -261,6 +263,8 @@ def mlflow_key(key: str) -> str:
 
 
 @task(name="promote", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
-def promote(config: Config, holdout: ray.data.Dataset, selected: Selected, registered: Registered) -> Promotion:
-    """Score the new version and the current @champion on the same holdout; move the alias only on a win."""
-    return gate(config, holdout, selected.path, registered)
+def promote(config: Config, holdout: ray.data.Dataset, selected: Selected, registered: Registered,
+            scored: Scored | None = None) -> Promotion:
+    """Score the new version (or take its scored holdout) and the current @champion on the same holdout; move the
+    alias only on a win."""
+    return gate(config, holdout, selected.path, registered, scored)
