@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 import ray.data
+import torch
 
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.storage import is_uri, join, list_dir, localize, upload_dir, write_text
@@ -51,7 +52,7 @@ def _columns(task: str, outputs: list[np.ndarray], labels: np.ndarray) -> list[n
     if task == "regression":
         return [np.asarray(o, np.float64).reshape(-1) for o in outputs]
     rows = np.arange(len(labels))
-    probs = [np.exp(combine(task, [o], [1.0]).astype(np.float64)) for o in outputs]  # softmax, as combine does
+    probs = [torch.softmax(torch.from_numpy(np.asarray(o, np.float32)), dim=1).double().numpy() for o in outputs]
     return [p[rows, labels.astype(np.int64)] for p in probs]
 
 

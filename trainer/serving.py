@@ -183,7 +183,8 @@ class EnsemblePredictor:
 
     def __init__(self, directory: Path, prep: TabularPreprocessor, config: dict[str, Any], device: str = "cpu"):
         self.task, self.members, self.weights = prep.task, [], []
-        for sub, (family, weight) in zip(member_dirs(directory), read_ensemble(directory)):
+        for family, weight in read_ensemble(directory):
+            sub = Path(directory) / MEMBERS_DIR / family
             if TabularPreprocessor.load(sub).to_dict() != prep.to_dict():
                 raise ValueError(f"{sub}: its preprocessor.json differs from the ensemble's")
             member_config = read_config(sub)
@@ -205,9 +206,8 @@ PREDICTORS: dict[str, Callable[..., Callable[[np.ndarray], np.ndarray]]] = {
 
 def checkpoint_families(directory: str | Path) -> list[str]:
     """The families whose code serves a checkpoint: its own, or an ensemble's members'."""
-    if read_config(directory)["model"].get("type") == ENSEMBLE:
-        return [family for family, _ in read_ensemble(directory)]
-    return [read_config(directory)["model"].get("type", "mlp")]
+    family = read_config(directory)["model"].get("type", "mlp")
+    return [f for f, _ in read_ensemble(directory)] if family == ENSEMBLE else [family]
 
 
 class CalibratedPredictor:
