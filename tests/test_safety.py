@@ -171,19 +171,19 @@ def test_the_gate_is_an_honest_compare_and_set(tmp_path, monkeypatch):
     first = promote.gate(cfg, holdout, checkpoint(0.5), _register(cfg, checkpoint(0.5)))
     assert (first.decision, first.reason, _champion(cfg)) == ("promoted", "first model: there is no champion yet", "1")
 
-    # a registry error between the read and the move (SQLite locked by another writer) fails the gate with the
-    # alias where it was; it is never read as "no champion" (the same read as the first one)
+    # a registry error between the read and the move (the store failing under the gate: its alias table is gone
+    # for a moment) fails the gate with the alias where it was; it is never read as "no champion"
     challenger = checkpoint(0.9)
     registered = _register(cfg, challenger)
-    db = sqlite3.connect(tmp_path / "mlflow.db", timeout=0.1, isolation_level=None)
+    db = sqlite3.connect(tmp_path / "mlflow.db", isolation_level=None)
 
-    def lock_the_registry(version):
-        db.execute("BEGIN EXCLUSIVE")
+    def break_the_registry(version):
+        db.execute("ALTER TABLE registered_model_aliases RENAME TO aliases_away")
 
-    monkeypatch.setattr(promote, "_before_alias_move", lock_the_registry)
+    monkeypatch.setattr(promote, "_before_alias_move", break_the_registry)
     with pytest.raises(InfrastructureError, match="cannot read gate@champion"):
         promote.gate(cfg, holdout, challenger, registered)
-    db.execute("ROLLBACK")  # (MLflow waits 20 s on a locked SQLite database before it gives up)
+    db.execute("ALTER TABLE aliases_away RENAME TO registered_model_aliases")
     db.close()
     assert _champion(cfg) == "1"
 
