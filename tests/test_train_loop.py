@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("ray_local")
 
 
 def _local_fit(task, table, label, epochs=6, lr=0.01, tmp_path=None, **extra):
-    raw = {"data": {"path": "mem", "label": label, "id_column": "row id"}, "task": task,
+    raw = {"data": {"path": "mem", "label": label, "id_column": "row id"}, "task": task, "model": {"type": "mlp"},
            "train": {"epochs": epochs, "batch_size": 64, "learning_rate": lr}, "scaling": {"num_workers": 1}, **extra}
     cfg = config_from_dict(raw, base_dir=tmp_path)
     cut = int(table.num_rows * 0.8)
@@ -144,18 +144,22 @@ def test_class_weights_balanced_like_sklearn_and_explicit():
     assert class_weights(TrainSection(), prep) is None
 
 
-@pytest.mark.parametrize("rows, batch_size", [(1000, 16), (10007, 256), (5000, 1024), (3, 16), (2048, 1024)])
-def test_a_cached_shard_visits_every_row_once_in_the_same_number_of_steps_whatever_the_seed(rows, batch_size):
+@pytest.mark.parametrize("rows, batch_size", [(1000, 16), (10007, 256), (5000, 1024), (3, 16), (2048, 1024), (9000, 1000),
+                                             (70_001, 1024)])
+def test_a_cached_shard_visits_every_row_once_in_the_same_number_of_steps_whatever_the_seed(rows, batch_size, monkeypatch):
     # DDP needs every rank to take the same number of steps: the shuffled order (runs of rows for large batches)
     # must not change the count from one rank's seed to another's
+    from trainflow.trainer import loop
     from trainflow.trainer.loop import CachedShard
 
+    monkeypatch.setattr(loop, "GATHER_BYTES", 2**16)  # several copies per epoch, as on a large table
     shard = CachedShard.__new__(CachedShard)
     shard.x, shard.y = torch.arange(rows * 2, dtype=torch.float32).reshape(rows, 2), torch.arange(rows)
     orders = []
     for seed in range(6):
         batches = list(shard.minibatches(batch_size, torch.Generator().manual_seed(seed)))
         assert len(batches) == -(-rows // batch_size)
+        assert all(len(y) == batch_size for _, y in batches[:-1])
         assert all(torch.equal(x[:, 0], y * 2) for x, y in batches)  # rows stay whole
         seen = torch.cat([y for _, y in batches]).tolist()
         assert sorted(seen) == list(range(rows))
