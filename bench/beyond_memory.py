@@ -102,7 +102,7 @@ def child(store: int, train: str, score: str, work: str, model: dict | None = No
         "data": {"path": train, "label": "y", "id_column": "id"}, "task": "regression",
         "train": {"epochs": 2, "batch_size": 1024}, "scaling": {"num_workers": 2},
         "checkpoint": {"metric": "val_rmse", "min_interval_s": 0}, "storage_path": str(Path(work) / "runs"),
-        **({"model": model} if model else {}),
+        "model": model or {"type": "mlp"},
         "mlflow": {"experiment": "beyond-memory", "registered_model": f"beyond-{Path(work).name}"},
         "inference": {"input": score, "output": str(Path(work) / "predictions"), "batch_size": 65536},
     }))

@@ -42,6 +42,7 @@ CASES = [("nccl-1-worker", 1, {"CPU": 1, "GPU": 1}), ("gloo-2-workers-half-gpu",
 for name, workers, per in [c for c in CASES if c[0] in os.environ.get("CASES", "nccl-1-worker,gloo-2-workers-half-gpu").split(",")]:
     t0 = time.time()
     cfg = config_from_dict({"data": {"path": "mem", "label": "y", "id_column": "id"}, "task": "classification",
+        "model": {"type": "mlp"},
         "scaling": {"num_workers": workers, "use_gpu": "GPU" in per, "resources_per_worker": per,
                     "env_vars": json.loads(os.environ.get("WORKER_ENV", "{}"))},
         "failure": {"hang_timeout_s": 40},

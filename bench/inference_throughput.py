@@ -33,7 +33,8 @@ def make_checkpoint(path, directory: str) -> str:
     from trainflow.preprocessors.fit import fit_preprocessor
     from trainflow.tables import table_spec
 
-    cfg = config_from_dict({"data": {"path": str(path), "label": "y", "id_column": "id"}, "task": "regression"})
+    cfg = config_from_dict({"data": {"path": str(path), "label": "y", "id_column": "id"}, "task": "regression",
+                            "model": {"type": "mlp"}})
     ds, _, _ = read_table(cfg.data.path, "parquet")
     prep = fit_preprocessor(ds, table_spec(arrow_schema(ds, str(path)), cfg.data, cfg.task, str(path)), cfg.task)
     model = model_for(prep, cfg.to_dict()["model"])

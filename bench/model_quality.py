@@ -70,7 +70,7 @@ def _flights() -> tuple[pd.DataFrame, str, str]:
     return frame[keep].reset_index(drop=True), "late", "classification"
 
 
-FAMILIES = ("mlp", "xgboost", "lightgbm")  # MODEL_QUALITY_FAMILIES=xgboost picks some
+FAMILIES = ("auto", "mlp", "xgboost", "lightgbm")  # auto: the default config; MODEL_QUALITY_FAMILIES=xgboost picks some
 TABLES: dict[str, Callable[[], tuple[pd.DataFrame, str, str]]] = {
     "iris": _sklearn("iris"),
     "wine": _sklearn("wine"),
@@ -150,8 +150,7 @@ def run_trainflow(train: pd.DataFrame, test: pd.DataFrame, label: str, task: str
         "mlflow": {"experiment": "model-quality", "registered_model": f"quality-{work.name}"},
         "inference": {"input": "score.parquet", "output": "predictions"},
     }
-    if family != "mlp":
-        config["model"] = {"type": family}  # the family's own defaults, nothing tuned
+    config["model"] = {"type": family}  # the family's own defaults, nothing tuned
     (work / "config.yaml").write_text(yaml.safe_dump(config))
     rc = cli_main(["retrain", "--config", str(work / "config.yaml"), "--summary-json", str(work / "summary.json")])
     if rc != 0:

@@ -28,7 +28,7 @@ def sweep(storage: str, name: str, max_concurrent: int | None) -> tuple[float, i
     table = make_regression_table(20_000)
     cfg = config_from_dict({
         "data": {"path": "mem", "label": "target y", "id_column": "row id"}, "task": "regression",
-        "train": {"epochs": 2, "batch_size": 256}, "scaling": {"num_workers": 1},
+        "model": {"type": "mlp"}, "train": {"epochs": 2, "batch_size": 256}, "scaling": {"num_workers": 1},
         "checkpoint": {"num_to_keep": 1}, "storage_path": storage,
         "tune": {"num_samples": TRIALS, "max_concurrent_trials": max_concurrent, "scheduler": "fifo",
                  "search_space": {"train.learning_rate": {"loguniform": [0.001, 0.01]}}},

@@ -79,7 +79,8 @@ def format_summary(s: dict[str, Any]) -> str:
         f"  model family      {s.get('model_family')}",
         *([f"  ensemble          {_weights(s)} (greedy ensemble selection; its scores cross-fitted)",
            f"  checkpoint        {best.get('path')}"] if s.get("ensemble") and s.get("model_family") == "ensemble" else
-          [_progress_line(s), f"  best checkpoint   epoch {best.get('epoch')}: {best.get('path')}"]),
+          [_progress_line(s), f"  best checkpoint   {(s.get('training_budget') or {}).get('unit', 'epoch')} "
+                              f"{best.get('epoch')}: {best.get('path')}"]),
         "  validation        " + ", ".join(f"{k}={v:.4f}" for k, v in shown.items()),
         f"  mlflow            run {s.get('mlflow_run_id')}, model {s.get('model_uri')}",
     ]
@@ -101,7 +102,8 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(f"  candidates        by {metric} on the validation split, best first:")
         for c in s["candidates"]:
             score = c.get(metric)
-            how = f"weights {_weights(s)}" if c["family"] == "ensemble" else f"epoch {c['epoch']} of {c['epochs_run']}"
+            how = (f"weights {_weights(s)}" if c["family"] == "ensemble" else
+                   f"{c.get('unit', 'epoch')} {c['epoch']} of {c['epochs_run']}")
             lines.append(f"    {c['family']:<10} {metric}={'-' if score is None else f'{score:.4f}'} "
                          f"({how}, run {c['run_name']})")
     if s.get("feature_importance"):

@@ -39,6 +39,7 @@ def compare(config: Config, outcomes: dict[str, TrainOutcome], selections: dict[
         rows.append({
             "family": family, "run_name": outcomes[family].run_name, metric: metric_value(selected.metrics, metric),
             "epoch": selected.epoch, "epochs_run": len(outcomes[family].history), "checkpoint": selected.uri or selected.path,
+            "unit": outcomes[family].budget.get("unit", "epoch"),  # boosters report rounds
         })
     scored = [r for r in rows if r[metric] is not None]
     if not scored:
@@ -47,6 +48,7 @@ def compare(config: Config, outcomes: dict[str, TrainOutcome], selections: dict[
     ranked = scored + [r for r in rows if r[metric] is None]
     log = get_run_logger()
     for r in ranked:
-        log.info("candidate %s (run %s): %s = %s at epoch %d", r["family"], r["run_name"], metric, r[metric], r["epoch"])
+        log.info("candidate %s (run %s): %s = %s at %s %s", r["family"], r["run_name"], metric, r[metric],
+                 r.get("unit", "epoch"), r["epoch"])
     log.info("best family on the validation split by %s (%s): %s", metric, mode, scored[0]["family"])
     return Candidates(winner=scored[0]["family"], metric=metric, mode=mode, scores=ranked)

@@ -15,6 +15,8 @@ def test_defaults_and_relative_paths_resolve_against_config_folder(tmp_path):
     assert cfg.storage_path == str(tmp_path / "runs")
     assert cfg.mlflow.tracking_uri == f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert cfg.checkpoint.mode == "min"  # inferred from val_loss
+    # model.type auto: the built-in families and their weighted ensemble
+    assert cfg.model.candidates == ["mlp", "xgboost", "lightgbm", "ensemble"]
 
 
 def test_uri_paths_are_kept_and_format_is_inferred(tmp_path):
@@ -83,3 +85,6 @@ def test_model_type_auto_trains_every_built_in_family(tmp_path):
     with pytest.raises(ConfigError, match="a sweep trains one family per trial"):
         config_from_dict({**BASE, "model": {"type": "auto"},
                           "tune": {"search_space": {"train.learning_rate": {"choice": [0.01]}}}}, base_dir=tmp_path).require_tune()
+    with pytest.raises(ConfigError, match=r"instead of the default \(auto\).*name one \(model.type: mlp\)"):
+        config_from_dict({**BASE, "tune": {"search_space": {"train.learning_rate": {"choice": [0.01]}}}},
+                         base_dir=tmp_path).require_tune()

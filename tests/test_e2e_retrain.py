@@ -350,6 +350,7 @@ def test_retrain_regression_end_to_end(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     config = {
         "data": {"path": "reg/train.parquet", "label": "target y", "id_column": "row id"},
+        "model": {"type": "mlp"},
         "train": {"epochs": 3, "batch_size": 64, "learning_rate": 0.01},
         # a secret for the workers: a dict config is handed to the flow in-process, never stored as a flow parameter
         "scaling": {"num_workers": 2, "env_vars": {"TRAINFLOW_TEST_TOKEN": "tok-s3cr3t-in-a-dict"}},

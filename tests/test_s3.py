@@ -82,6 +82,7 @@ def test_read_checkpoint_resume_and_predict_in_s3(s3_endpoint, tmp_path, capsys)
         "data": {"path": f"s3://sentinel-key:{SENTINELS[0]}@{BUCKET}/data/train/", "label": "churned",
                  "id_column": "customer_id"},
         "task": "classification",
+        "model": {"type": "mlp"},
         "train": {"epochs": 2, "batch_size": 128, "learning_rate": 0.005},
         "scaling": {"num_workers": 2, "env_vars": {"AWS_SESSION_TOKEN_X": SENTINELS[1]}},
         "ray": {"runtime_env": {"env_vars": {"MY_API_TOKEN": SENTINELS[2]}}},

@@ -41,6 +41,7 @@ def _config(tmp_path: Path, output: str, **extra) -> object:
     write_parquet(_table(20, 1), tmp_path / "shared" / "score.parquet")
     (tmp_path / "shared" / "notes.txt").write_text("my notes")
     raw = {"data": {"path": "../shared/train.parquet", "label": "x"}, "task": "regression", "storage_path": "../runs",
+           "model": {"type": "mlp"},
            "inference": {"input": "../shared/score.parquet", "output": output}, **extra}
     (tmp_path / "configs").mkdir()
     return load_config(write_config(tmp_path / "configs", raw))
@@ -126,7 +127,8 @@ def _gate_setup(tmp_path, table=None, **sections):
     table = pa.table({"x": x, "y": x + rng.normal(0, 0.05, 400)}) if table is None else table
     write_parquet(table, tmp_path / "t.parquet")
     cfg = load_config(write_config(tmp_path, {
-        "data": {"path": "t.parquet", "label": "y", "features": ["x"]}, "task": "regression", "model": {"hidden_sizes": []},
+        "data": {"path": "t.parquet", "label": "y", "features": ["x"]}, "task": "regression",
+        "model": {"type": "mlp", "hidden_sizes": []},
         "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "registered_model": "gate"}, **sections,
     }))
     ds = ray.data.from_arrow(table)

@@ -15,7 +15,8 @@ CLUSTER = [{"CPU": 8.0, "GPU": 4.0, "accelerator_type:A100": 1.0}, {"CPU": 8.0, 
 
 
 def _cfg(**scaling):
-    return config_from_dict({"data": {"path": "t.parquet", "label": "y"}, "task": "regression", "scaling": scaling})
+    return config_from_dict({"data": {"path": "t.parquet", "label": "y"}, "task": "regression", "model": {"type": "mlp"},
+                             "scaling": scaling})
 
 
 def test_worker_bundle_follows_ray_train_defaults():

@@ -164,8 +164,9 @@ class ModelSection(_Section):
     """The model family: `mlp` (trainflow's network), `torch` (a user's nn.Module imported from class_path,
     LightningCLI style), `xgboost` or `lightgbm` (gradient-boosted trees); a list trains each and keeps the best."""
 
-    # auto: every built-in family (AUTO_FAMILIES), each its own Ray Train run, the best on the validation split kept
-    type: FamilyName | list[FamilyName] = "mlp"
+    # auto (the default): every built-in family (AUTO_FAMILIES), each its own Ray Train run, and their weighted
+    # ensemble; the best on the validation split is kept (docs/performance.md, "Against AutoGluon-Tabular")
+    type: FamilyName | list[FamilyName] = Field("auto", validate_default=True)
     # mlp: chosen on real tables against HistGradientBoosting (docs/performance.md, "Model quality")
     hidden_sizes: list[int] = Field(default_factory=lambda: [256, 128])
     dropout: float = Field(0.3, ge=0.0, lt=1.0)
@@ -195,12 +196,10 @@ class ModelSection(_Section):
         """This section as one family's config (model.type a single name)."""
         return {**self.model_dump(mode="json"), "type": family}
 
-    @model_validator(mode="before")
+    @field_validator("type", mode="before")
     @classmethod
-    def _auto(cls, raw: Any) -> Any:
-        if isinstance(raw, dict) and raw.get("type") == "auto":
-            return {**raw, "type": list(AUTO_FAMILIES)}
-        return raw
+    def _auto(cls, value: Any) -> Any:
+        return list(AUTO_FAMILIES) if value == "auto" else value
 
     @model_validator(mode="after")
     def _family_keys(self) -> ModelSection:
@@ -560,8 +559,10 @@ class Config(_Section):
         if self.tune is None or not self.tune.search_space:
             raise ConfigError("tune: add a tune section with a search_space to run a sweep (see the README)")
         if len(self.model.families) > 1:
-            raise ConfigError(f"model.type: a sweep trains one family per trial; instead of the list "
-                              f"{self.model.families}, search it: tune.search_space.model.type: {{choice: {self.model.families}}}")
+            given = "the list" if "type" in self.model.model_fields_set else "the default (auto)"
+            raise ConfigError(f"model.type: a sweep trains one family per trial; instead of {given} "
+                              f"{self.model.families}, name one (model.type: mlp) or search it: "
+                              f"tune.search_space.model.type: {{choice: {self.model.families}}}")
         return self.tune
 
     def require_workers(self) -> None:
