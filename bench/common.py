@@ -37,5 +37,8 @@ def start_ray() -> None:
     ensure_ray(num_cpus=os.cpu_count())  # as trainflow starts it
 
 
-def report(name: str, ours: float, baseline: float, unit: str, ratio: float, note: str) -> None:
-    print(f"{name}: trainflow {ours:.3g} {unit}, baseline {baseline:.3g} {unit}, ratio {ratio:.2f}  ({note})", flush=True)
+def report(name: str, ours: float, baseline: float, unit: str, ratio: float, note: str, digits: int = 2) -> None:
+    """digits: of the ratio (the values get one significant figure more)."""
+    v = f".{digits + 1}g"
+    print(f"{name}: trainflow {ours:{v}} {unit}, baseline {baseline:{v}} {unit}, ratio {ratio:.{digits}f}  ({note})",
+          flush=True)
