@@ -128,9 +128,9 @@ class CachedShard:
         a fresh seeded order each epoch. The order permutes runs of consecutive rows (run_length: at least
         CHUNKS_PER_BATCH runs per batch) whose boundaries move by a random offset every epoch; the split shuffled
         the rows once already. Several batches' runs are copied at once as blocks of a (runs, run, features) view,
-        near the cost of a memory copy, where a gather of scattered row indices per batch cost the epoch ~8%
-        next to an unshuffled loop (training-parity, docs/performance.md). The rows outside whole batches of
-        runs (the offset's head, the tail) make the last batch or two. Small batches permute single rows."""
+        near the cost of a memory copy, not gathered row by row per batch (training-parity, docs/performance.md).
+        The rows outside whole batches of runs (the offset's head, the tail) make the last batch or two. Small
+        batches permute single rows."""
         n = len(self.y)
         if generator is None:
             for i in range(0, n, batch_size):
@@ -252,7 +252,7 @@ class EpochState:
 
 def make_optimizer(model: nn.Module, train: TrainSection) -> torch.optim.Optimizer:
     """AdamW, with PyTorch's fused kernel where every parameter allows it (floating point, on CPU or CUDA): the
-    same update in one kernel per step, ~20% less time per step than the default on CPU (training-parity)."""
+    same update in one kernel per step (training-parity, docs/performance.md)."""
     params = list(model.parameters())
     fused = bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
     return torch.optim.AdamW(params, lr=train.learning_rate, weight_decay=train.weight_decay, fused=fused or None)
