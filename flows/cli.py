@@ -106,6 +106,8 @@ def format_summary(s: dict[str, Any]) -> str:
                    f"{c.get('unit', 'epoch')} {c['epoch']} of {c['epochs_run']}")
             lines.append(f"    {c['family']:<10} {metric}={'-' if score is None else f'{score:.4f}'} "
                          f"({how}, run {c['run_name']})")
+    for family, why in (s.get("families_left_out") or {}).items():
+        lines.append(f"    {family:<10} left out (model.type auto): {why}")
     if s.get("feature_importance"):
         lines.append("  relies on         " + ", ".join(f"{r['column']} {r['importance']:.3g}" for r in s["feature_importance"][:5])
                      + f" ({(s.get('promotion') or {}).get('metric')} lost when shuffled)")

@@ -45,6 +45,7 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
     check_resume(config, ingested.spec.fingerprint, runs)
     parts = split(ingested, config)
     prepared = preprocess(ingested, parts, config)
+    runs = {f: r for f, r in runs.items() if f in prepared.budgets}  # auto leaves out a family that cannot fit
     validation = validate_data(config, prepared.preprocessor)
     trainer = train.with_options(retries=config.failure.task_retries, retry_delay_seconds=config.failure.retry_delay_s)
     outcomes = {}
@@ -65,7 +66,7 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
     outcome, selected = outcomes[family], selections[family]
     return publish(config, ingested, parts, outcome, selected,
                    {"candidates": candidates.scores if candidates else None, "validation": validation,
-                    "ensemble": built.record if built else None})
+                    "ensemble": built.record if built else None, "families_left_out": prepared.left_out or None})
 
 
 def skipped_run(config, run_name: str, skipped: dict[str, Any]) -> dict[str, Any]:

@@ -41,6 +41,7 @@ def validate(config_path: str, overrides: dict[str, Any] | None = None) -> dict[
         "packed_features": prepared.preprocessor.num_features,
         "materialized": prepared.materialized,
         "families": {name: dataclasses.asdict(budget) for name, budget in prepared.budgets.items()},
+        "families_left_out": prepared.left_out or None,
         "inference_input": config.inference.input,
         "inference_output": config.inference.output,
         "validation": {k: v for k, v in validation.items() if k != "checks"},

@@ -1,9 +1,13 @@
-"""What every task shares: the retry policy, and figures as images Prefect's UI renders."""
+"""What every task shares: the retry policy, its logger, and figures as images Prefect's UI renders."""
 
 from __future__ import annotations
 
 import base64
 import io
+import logging
+
+from prefect import get_run_logger
+from prefect.exceptions import MissingContextError
 
 from trainflow.errors import TrainflowError, disk_full
 from trainflow.runtime import stop_requested
@@ -28,3 +32,11 @@ def retry_unless_user_error(task, task_run, state) -> bool:
     except Exception as exc:  # noqa: BLE001 - anything else is infrastructure until proven otherwise
         return not (stop_requested(exc) or disk_full(exc))
     return False
+
+
+def task_logger(name: str):
+    """The task run's logger; a plain one named trainflow.<name> outside a Prefect task (tests, the Python API)."""
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(f"trainflow.{name}")

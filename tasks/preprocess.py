@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ray
@@ -11,11 +11,11 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.preprocessors.tabular import TabularPreprocessor
-from trainflow.tasks.common import retry_unless_user_error
+from trainflow.tasks.common import retry_unless_user_error, task_logger
 from trainflow.tasks.ingest import Ingested
 from trainflow.tasks.split import Split
 from trainflow.config import Config, infer_format
-from trainflow.errors import ConfigError
+from trainflow.errors import ConfigError, DataError
 from trainflow.trainer.families import family_for
 from trainflow.trainer.loop import class_weights
 from trainflow.data import read_table
@@ -29,8 +29,9 @@ class Prepared:
     train: ray.data.Dataset
     val: ray.data.Dataset
     materialized: bool
-    budgets: dict[str, Any]  # per model family: its budget (batch size, epochs, patience; or boosting rounds)
+    budgets: dict[str, Any]  # per model family that trains: its budget (batch size, epochs, patience; or rounds)
     fingerprint: str = ""  # the training table's, recorded in every checkpoint
+    left_out: dict[str, str] = field(default_factory=dict)  # model.type auto: family -> why it does not fit
 
 
 @task(name="preprocess", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
@@ -42,35 +43,8 @@ def preprocess(ingested: Ingested, parts: Split, config: Config) -> Prepared:
         inp = config.inference.input
         score, _, _ = read_table(inp, infer_format(inp), csv=config.data.csv)
         check_unseen(count_unseen(score, prep), prep, inp)
-    memory = ray.cluster_resources().get("memory", 0)
-    workers = config.scaling.num_workers
-    budgets, estimate = {}, None
-    for name in config.model.families:
-        resolved = config.for_family(name)
-        family = family_for(resolved)
-        try:
-            family.check(prep, resolved.model.model_dump(mode="json"))  # a user's module fails here, before any training
-            class_weights(config.train, prep)  # the loop's own check, before any worker starts
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        if config.train.class_weight is not None and not family.class_weights:
-            get_run_logger().warning("%s: train.class_weight is not applied (the torch families' loss takes it); its "
-                                     "probabilities are still calibrated (calibration.method)", name)
-        budgets[name] = family.budget(resolved, prep.train_rows, workers)
-        if family.uses_minibatches:
-            estimate = check_packed_size(prep, parts.train_rows + parts.val_rows, budgets[name].batch_size,
-                                         max(1, workers), memory, ingested.spec.path)
-        else:
-            params = resolved.model.params
-            estimate = check_booster_matrix(prep, parts.train_rows, parts.val_rows, max(1, workers), memory,
-                                            ingested.spec.path, params.external_memory if family.external_memory else None)
-            budgets[name] = replace(budgets[name], external_memory=estimate["external_memory"])
-            if estimate["external_memory"]:
-                get_run_logger().info(
-                    "%s: external-memory matrices (model.params.external_memory %s; in memory a worker would hold "
-                    "about %.1f GiB of its %.1f GiB share): each worker writes its shard to local disk a batch at a time",
-                    name, params.external_memory, estimate["worker_matrix_bytes"] / 2**30,
-                    memory / max(1, workers) / 2**30)
+    budgets, estimate, left_out = size_families(config, prep, parts.train_rows, parts.val_rows,
+                                                ray.cluster_resources().get("memory", 0), ingested.spec.path)
     rows = parts.train_rows + parts.val_rows
     materialize = parts.materialized
     try:
@@ -89,4 +63,50 @@ def preprocess(ingested: Ingested, parts: Split, config: Config) -> Prepared:
     get_run_logger().info(
         "packed size: %d bytes per row, %.1f MiB for %d rows", estimate["bytes_per_row"], estimate["table_bytes"] / 2**20, rows
     )
-    return Prepared(prep, train, val, materialize, budgets, ingested.spec.fingerprint)
+    return Prepared(prep, train, val, materialize, budgets, ingested.spec.fingerprint, left_out)
+
+
+def size_families(config: Config, prep: TabularPreprocessor, train_rows: int, val_rows: int, memory: float,
+                  source: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
+    """Each family's budget, after its checks (a user's module builds; class weights; its training data fits a
+    worker's share of the cluster's memory): (budgets, the last memory estimate, left out). Under model.type auto
+    a family whose data does not fit is left out with the reason (a booster's in-memory matrices on a table the
+    network streams), as long as one family remains; a family named in model.type fails the run instead."""
+    workers = config.scaling.num_workers
+    budgets, estimate, left_out, refused = {}, None, {}, None
+    for name in config.model.families:
+        resolved = config.for_family(name)
+        family = family_for(resolved)
+        try:
+            family.check(prep, resolved.model.model_dump(mode="json"))  # a user's module fails here, before any training
+            class_weights(config.train, prep)  # the loop's own check, before any worker starts
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if config.train.class_weight is not None and not family.class_weights:
+            task_logger("preprocess").warning("%s: train.class_weight is not applied (the torch families' loss takes it); its "
+                                     "probabilities are still calibrated (calibration.method)", name)
+        budget = family.budget(resolved, prep.train_rows, workers)
+        try:
+            if family.uses_minibatches:
+                fits = check_packed_size(prep, train_rows + val_rows, budget.batch_size, max(1, workers), memory, source)
+            else:
+                params = resolved.model.params
+                fits = check_booster_matrix(prep, train_rows, val_rows, max(1, workers), memory, source,
+                                            params.external_memory if family.external_memory else None)
+                budget = replace(budget, external_memory=fits["external_memory"])
+        except DataError as exc:
+            if not config.model.auto:
+                raise
+            left_out[name], refused = str(exc), refused or exc
+            task_logger("preprocess").warning("model.type auto: %s left out, its training data does not fit: %s", name, exc)
+            continue
+        if fits.get("external_memory"):
+            task_logger("preprocess").info(
+                "%s: external-memory matrices (model.params.external_memory %s; in memory a worker would hold "
+                "about %.1f GiB of its %.1f GiB share): each worker writes its shard to local disk a batch at a time",
+                name, resolved.model.params.external_memory, fits["worker_matrix_bytes"] / 2**30,
+                memory / max(1, workers) / 2**30)
+        budgets[name], estimate = budget, fits
+    if not budgets:
+        raise refused
+    return budgets, estimate, left_out

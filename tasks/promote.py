@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import math
 import re
 import time
@@ -11,13 +10,12 @@ from dataclasses import asdict, dataclass
 import mlflow
 import ray.data
 from mlflow.entities import Metric, RunTag
-from prefect import get_run_logger, task
+from prefect import task
 from prefect.events import emit_event
-from prefect.exceptions import MissingContextError
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.preprocessors.tabular import SchemaDriftError
-from trainflow.tasks.common import retry_unless_user_error
+from trainflow.tasks.common import retry_unless_user_error, task_logger
 from trainflow.tasks.infer import allowed_class_paths, resolve_checkpoint
 from trainflow.tasks.register import Registered
 from trainflow.tasks.select import Selected
@@ -76,14 +74,6 @@ def below_floor(score: float | None, floor: float | None, mode: str) -> bool:
     return score < floor if mode == "max" else score > floor
 
 
-def _logger():
-    """The task run's logger; a plain one when the gate runs outside a Prefect task (tests, the Python API)."""
-    try:
-        return get_run_logger()
-    except MissingContextError:
-        return logging.getLogger("trainflow.promote")
-
-
 def _before_alias_move(version: str) -> None:
     """Test hook: called under the lock, after both models are scored and before the alias is re-read and moved."""
 
@@ -92,7 +82,7 @@ def _score(path: str, holdout: ray.data.Dataset, slices: tuple[str, ...]) -> Sco
     try:
         return score_checkpoint(path, holdout, slices)
     except SchemaDriftError as exc:
-        _logger().warning("model %s cannot score this holdout: %s", path, exc)
+        task_logger("promote").warning("model %s cannot score this holdout: %s", path, exc)
         return None
 
 
@@ -140,7 +130,7 @@ def gate(config: Config, holdout: ray.data.Dataset, challenger_path: str, regist
     compare-and-set: under a lock per registered model (CLI, deployments and tune all take it), and the alias
     is read again right before it moves; a champion that changed meanwhile is scored in its turn. scored: the
     challenger's outputs on holdout with the slice columns, as it serves them (calibrate's), else scored here."""
-    log = _logger()
+    log = task_logger("promote")
     metric, mode, margin = config.promotion.metric, config.promotion.mode, config.promotion.margin
     name, version = registered.model_name, registered.model_version
     slices_asked = tuple(config.promotion.slices)

@@ -85,6 +85,6 @@ def test_model_type_auto_trains_every_built_in_family(tmp_path):
     with pytest.raises(ConfigError, match="a sweep trains one family per trial"):
         config_from_dict({**BASE, "model": {"type": "auto"},
                           "tune": {"search_space": {"train.learning_rate": {"choice": [0.01]}}}}, base_dir=tmp_path).require_tune()
-    with pytest.raises(ConfigError, match=r"instead of the default \(auto\).*name one \(model.type: mlp\)"):
+    with pytest.raises(ConfigError, match=r"instead of model.type auto .*name one \(model.type: mlp\)"):
         config_from_dict({**BASE, "tune": {"search_space": {"train.learning_rate": {"choice": [0.01]}}}},
                          base_dir=tmp_path).require_tune()

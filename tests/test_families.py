@@ -94,6 +94,21 @@ def test_external_memory_matrices_grow_the_same_trees_and_are_chosen_when_memory
     with pytest.raises(DataError, match="t.parquet: .*model.type xgboost, whose external-memory matrix"):
         check_booster_matrix(*args, 2**30, "t.parquet", None)
 
+    # model.type auto is sized to the table and the cluster: LightGBM, whose matrices would not fit, is left out
+    # with the reason (XGBoost goes external-memory, the network streams); a family the config names fails instead
+    from trainflow.tasks.preprocess import size_families
+
+    base = {"data": {"path": "t.parquet", "label": "y", "id_column": "id"}, "task": "classification",
+            "scaling": {"num_workers": 2}}
+    budgets, _, left_out = size_families(config_from_dict(base), prep, 10**7, 10**6, 2**30, "t.parquet")
+    assert list(budgets) == ["mlp", "xgboost"] and budgets["xgboost"].external_memory
+    assert list(left_out) == ["lightgbm"] and "model.type xgboost, whose external-memory matrix" in left_out["lightgbm"]
+    assert list(size_families(config_from_dict(base), prep, 10**5, 10**4, 64 * 2**30, "t.parquet")[0]) == [
+        "mlp", "xgboost", "lightgbm"]
+    with pytest.raises(DataError, match="t.parquet: a boosted-trees worker holds"):
+        size_families(config_from_dict({**base, "model": {"type": ["mlp", "lightgbm"]}}), prep, 10**7, 10**6, 2**30,
+                      "t.parquet")
+
 
 def _round_trip(family: str):
     """A train function whose first attempt boosts 12 rounds, then (rank 1) is SIGKILLed once that

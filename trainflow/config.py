@@ -166,7 +166,7 @@ class ModelSection(_Section):
 
     # auto (the default): every built-in family (AUTO_FAMILIES), each its own Ray Train run, and their weighted
     # ensemble; the best on the validation split is kept (docs/performance.md, "Against AutoGluon-Tabular")
-    type: FamilyName | list[FamilyName] = Field("auto", validate_default=True)
+    type: FamilyName | list[FamilyName] = "auto"
     # mlp: chosen on real tables against HistGradientBoosting (docs/performance.md, "Model quality")
     hidden_sizes: list[int] = Field(default_factory=lambda: [256, 128])
     dropout: float = Field(0.3, ge=0.0, lt=1.0)
@@ -196,10 +196,21 @@ class ModelSection(_Section):
         """This section as one family's config (model.type a single name)."""
         return {**self.model_dump(mode="json"), "type": family}
 
-    @field_validator("type", mode="before")
+    _auto: bool = PrivateAttr(False)
+
+    @model_validator(mode="wrap")
     @classmethod
-    def _auto(cls, value: Any) -> Any:
-        return list(AUTO_FAMILIES) if value == "auto" else value
+    def _expand_auto(cls, raw: Any, handler: Any) -> ModelSection:
+        auto = isinstance(raw, dict) and raw.get("type", "auto") == "auto"
+        section = handler({**raw, "type": list(AUTO_FAMILIES)} if auto else raw)
+        section._auto = auto or section._auto
+        return section
+
+    @property
+    def auto(self) -> bool:
+        """model.type auto (or left out): a family whose training data cannot fit the cluster is left out, not
+        refused, as long as one remains."""
+        return self._auto
 
     @model_validator(mode="after")
     def _family_keys(self) -> ModelSection:
@@ -559,7 +570,7 @@ class Config(_Section):
         if self.tune is None or not self.tune.search_space:
             raise ConfigError("tune: add a tune section with a search_space to run a sweep (see the README)")
         if len(self.model.families) > 1:
-            given = "the list" if "type" in self.model.model_fields_set else "the default (auto)"
+            given = "model.type auto" if self.model.auto else "the list"
             raise ConfigError(f"model.type: a sweep trains one family per trial; instead of {given} "
                               f"{self.model.families}, name one (model.type: mlp) or search it: "
                               f"tune.search_space.model.type: {{choice: {self.model.families}}}")
