@@ -25,7 +25,7 @@ import torch
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.storage import is_uri, join, list_dir, localize, upload_dir, write_text
 from trainflow.trainer.checkpoint import write_common
-from trainflow.trainer.serving import ENSEMBLE, ENSEMBLE_FILE, MEMBERS_DIR, combine
+from trainflow.trainer.serving import ENSEMBLE, ENSEMBLE_FILE, combine, member_dir
 
 ROUNDS = 25  # greedy picks (with replacement): weights are multiples of 1/25, as AutoGluon's default
 LEFT_OUT = ("train_state.pt", "train_state.json", "calibration.json")  # what serving a member does not read
@@ -108,7 +108,7 @@ def write_ensemble(target: str, members: dict[str, str], weights: dict[str, floa
     parent.mkdir(parents=True, exist_ok=True)
     staging = parent / f".{Path(target).name}.tmp-{uuid.uuid4().hex[:8]}"
     for family, path in members.items():
-        shutil.copytree(path, staging / MEMBERS_DIR / family, ignore=shutil.ignore_patterns(*LEFT_OUT))
+        shutil.copytree(path, member_dir(staging, family), ignore=shutil.ignore_patterns(*LEFT_OUT))
     model = {**config["model"], "type": ENSEMBLE, "members": list(weights)}
     write_common(staging, 0, metrics, [], preprocessor, {**config, "model": model}, lineage)
     marker = json.dumps({"members": [{"family": f, "weight": w} for f, w in weights.items()], "rounds": ROUNDS}, indent=1)

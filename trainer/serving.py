@@ -169,12 +169,16 @@ def read_ensemble(directory: str | Path) -> list[tuple[str, float]]:
     return pairs
 
 
+def member_dir(directory: str | Path, family: str) -> Path:
+    """Where an ensemble checkpoint keeps a member family's checkpoint (never a path read from a file)."""
+    return Path(directory) / MEMBERS_DIR / family
+
+
 def member_dirs(directory: str | Path) -> list[Path]:
     """The member checkpoint folders of an ensemble checkpoint (none for any other family's)."""
-    directory = Path(directory)
     if read_config(directory)["model"].get("type") != ENSEMBLE:
         return []
-    return [directory / MEMBERS_DIR / family for family, _ in read_ensemble(directory)]
+    return [member_dir(directory, family) for family, _ in read_ensemble(directory)]
 
 
 class EnsemblePredictor:
@@ -184,7 +188,7 @@ class EnsemblePredictor:
     def __init__(self, directory: Path, prep: TabularPreprocessor, config: dict[str, Any], device: str = "cpu"):
         self.task, self.members, self.weights = prep.task, [], []
         for family, weight in read_ensemble(directory):
-            sub = Path(directory) / MEMBERS_DIR / family
+            sub = member_dir(directory, family)
             if TabularPreprocessor.load(sub).to_dict() != prep.to_dict():
                 raise ValueError(f"{sub}: its preprocessor.json differs from the ensemble's")
             member_config = read_config(sub)
