@@ -16,6 +16,7 @@ from trainflow.tasks.ingest import Ingested
 from trainflow.tasks.split import Split
 from trainflow.config import Config, infer_format
 from trainflow.errors import ConfigError, DataError
+from trainflow.redact import redact_text
 from trainflow.trainer.families import family_for
 from trainflow.trainer.loop import class_weights
 from trainflow.data import read_table
@@ -97,8 +98,10 @@ def size_families(config: Config, prep: TabularPreprocessor, train_rows: int, va
         except DataError as exc:
             if not config.model.auto:
                 raise
-            left_out[name], refused = str(exc), refused or exc
-            task_logger("preprocess").warning("model.type auto: %s left out, its training data does not fit: %s", name, exc)
+            # the message names data.path: a URI's credentials masked before it is logged or summarized
+            left_out[name], refused = redact_text(str(exc)), refused or exc
+            task_logger("preprocess").warning("model.type auto: %s left out, its training data does not fit: %s", name,
+                                              left_out[name])
             continue
         if fits.get("external_memory"):
             task_logger("preprocess").info(
