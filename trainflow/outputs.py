@@ -21,6 +21,7 @@ import errno
 import json
 import os
 import re
+import shutil
 import uuid
 from pathlib import Path
 from typing import Any
@@ -189,10 +190,34 @@ def _write_parquet(data, uri: str, inner: str, fs: pafs.FileSystem) -> None:
     data.write_parquet(uri, filesystem=fs)
 
 
+def _stage_name(name: str, what: str, token: str) -> str:
+    return f".{name}.trainflow-{what}-{token}"
+
+
+def clear_dead_stages(parent: str, name: str) -> list[str]:
+    """Under the output's lock (no writer of this output is alive): remove the staging folders a killed writer
+    left beside the output, after putting back a previous output that a crash between the two renames of the
+    no-swap path left under its hidden name. Only trainflow's own names are touched. Returns what was removed."""
+    stage = re.compile(rf"^\.{re.escape(name)}\.trainflow-(tmp|old)-[0-9a-f]{{12}}$")
+    try:
+        entries = sorted(e for e in os.listdir(parent) if stage.match(e))
+    except FileNotFoundError:
+        return []
+    target = os.path.join(parent, name)
+    olds = [e for e in entries if "-old-" in e and Path(parent, e, MANIFEST).is_file()]
+    if olds and not os.path.exists(target):
+        os.rename(os.path.join(parent, olds[-1]), target)
+        entries.remove(olds[-1])
+    for entry in entries:
+        shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+    return entries
+
+
 def _write_local(ds, fs: pafs.FileSystem, inner: str, expected_rows: int, meta: dict[str, Any]) -> int:
     parent, name = os.path.split(inner)
+    clear_dead_stages(parent, name)
     token = uuid.uuid4().hex[:12]
-    stage = os.path.join(parent, f".{name}.trainflow-tmp-{token}")
+    stage = os.path.join(parent, _stage_name(name, "tmp", token))
     try:
         os.makedirs(parent, exist_ok=True)
         _write_parquet(ds, stage, stage, fs)
@@ -205,7 +230,7 @@ def _write_local(ds, fs: pafs.FileSystem, inner: str, expected_rows: int, meta: 
             os.rename(stage, inner)
         elif not exchange(stage, inner):
             # no atomic swap here: the old output waits under a hidden name for the two renames
-            old = os.path.join(parent, f".{name}.trainflow-old-{token}")
+            old = os.path.join(parent, _stage_name(name, "old", token))
             os.rename(inner, old)
             os.rename(stage, inner)
             stage = old
