@@ -331,4 +331,70 @@ class TabularPreprocessor:
 
     @classmethod
     def load(cls, directory: str | Path) -> TabularPreprocessor:
-        return cls.from_dict(json.loads((Path(directory) / PREPROCESSOR_FILE).read_text()))
+        """Read and check a fitted state: every number is one fitting can produce, every size is checked before
+        anything is allocated from it. ValueError naming the file and the field otherwise."""
+        path = Path(directory) / PREPROCESSOR_FILE
+        try:
+            data = json.loads(path.read_text())
+            if not isinstance(data, dict):
+                raise TypeError("not a JSON object")
+            prep = cls.from_dict(data)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{path}: not a preprocessor trainflow wrote ({type(exc).__name__}: {exc})") from None
+        problem = prep.state_problem()
+        if problem:
+            raise ValueError(f"{path}: {problem}; refused (not a state that fitting produces)")
+        return prep
+
+    def state_problem(self) -> str | None:
+        """What in this state fitting cannot have produced, or None."""
+        def number(x: Any) -> bool:
+            return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+        def stats_problem(where: str, st: Any) -> str | None:
+            if not isinstance(st, dict):
+                return f"{where} is not an object"
+            if not number(st.get("mean")):
+                return f"{where}: mean {st.get('mean')!r} is not a finite number"
+            if not number(st.get("std")) or not st["std"] > 1e-12:
+                return f"{where}: std {st.get('std')!r} is not a finite number above 0"
+            if ("min" in st) != ("max" in st):
+                return f"{where}: min and max come together"
+            if "min" in st and not (number(st["min"]) and number(st["max"]) and st["min"] <= st["max"]):
+                return f"{where}: min {st['min']!r} and max {st['max']!r} are not finite numbers with min <= max"
+            return None
+
+        if self.task not in ("classification", "regression"):
+            return f"task {self.task!r} is neither classification nor regression"
+        kinds = [self.numeric, self.categorical, self.embedded, self.dates]
+        if not all(isinstance(k, dict) for k in kinds) or not isinstance(self.feature_order, list):
+            return "numeric, categorical, embedded and dates must be objects and feature_order a list"
+        for col in self.feature_order:
+            if sum(col in k for k in kinds) != 1:
+                return f"feature {col!r} must be described by exactly one of numeric, categorical, embedded, dates"
+        if len(set(self.feature_order)) != len(self.feature_order) or sum(map(len, kinds)) != len(self.feature_order):
+            return "feature_order must list every described column once"
+        for col, st in self.numeric.items():
+            if (problem := stats_problem(f"numeric column {col!r}", st)):
+                return problem
+        for col, spec in self.dates.items():
+            parts = spec.get("parts") if isinstance(spec, dict) else None
+            if not isinstance(parts, list) or not parts or set(parts) != set(spec.get("stats", {})):
+                return f"date column {col!r}: parts and stats do not match"
+            for part in parts:
+                if (problem := stats_problem(f"date column {col!r} part {part!r}", spec["stats"][part])):
+                    return problem
+        for col, spec in {**self.categorical, **self.embedded}.items():
+            cats = spec.get("categories") if isinstance(spec, dict) else None
+            if not isinstance(cats, list) or not all(isinstance(c, str) for c in cats) or len(set(cats)) != len(cats):
+                return f"text column {col!r}: categories must be distinct strings"
+        for col, spec in self.embedded.items():
+            if spec.get("dim") != embedding_dim(len(spec["categories"]) + 1):
+                return (f"embedded column {col!r}: dim {spec.get('dim')!r} is not the width fitting gives "
+                        f"{len(spec['categories'])} categories ({embedding_dim(len(spec['categories']) + 1)})")
+        if self.task == "classification":
+            if not isinstance(self.classes, list) or len(self.classes) < 2 or len(set(map(str, self.classes))) != len(self.classes):
+                return f"classes {str(self.classes)[:100]} must be at least two distinct classes"
+        if not number(self.label_mean) or not number(self.label_std) or not self.label_std > 1e-12:
+            return f"label_mean {self.label_mean!r} / label_std {self.label_std!r} must be finite, the std above 0"
+        return None

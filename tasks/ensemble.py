@@ -12,6 +12,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.config import ENSEMBLE, Config
+from trainflow.storage import private_copy
 from trainflow.tasks.select import Selected
 from trainflow.tasks.train import TrainOutcome, lineage_for
 from trainflow.trainer.ensemble import ROUNDS, cross_fitted, ensemble_dir, greedy_weights, member_outputs, write_ensemble
@@ -49,8 +50,8 @@ def ensemble(config: Config, holdout: ray.data.Dataset, outcomes: dict[str, Trai
     members = {f: selections[f].path for f in kept}
     sources = {f: selections[f].uri or selections[f].path for f in kept}
     target = ensemble_dir(config.storage_path, run_name, kept, sources)
-    local = write_ensemble(target, members, kept, crossed, prep.to_dict(), config.to_dict(),
-                           lineage_for(config, fingerprint, ENSEMBLE))
+    local = private_copy(write_ensemble(target, members, kept, crossed, prep.to_dict(), config.to_dict(),
+                                        lineage_for(config, fingerprint, ENSEMBLE)))  # checked here, read after
     load_servable(local)  # proven loadable, as select proves a family's checkpoint
     record = {
         "members": [{"family": f, "weight": kept.get(f, 0.0), metric: selections[f].metrics.get(metric),

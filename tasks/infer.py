@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +17,9 @@ from trainflow.tasks.drift import markdown, measure, publish
 from trainflow.trainer.checkpoint import read_config
 from trainflow.trainer.model import user_class_path
 from trainflow.trainer.serving import member_dirs
-from trainflow.trainer.predict import IN_PROCESS_BYTES, CountCollector, predict_arrow, predict_dataset
+from trainflow.trainer.predict import (
+    IN_PROCESS_BYTES, CountCollector, NonFiniteOutput, predict_arrow, predict_dataset,
+)
 from trainflow.config import Config, infer_format
 from trainflow.data import arrow_schema, read_table, should_materialize
 from trainflow.preprocessors.fit import check_unseen, count_drift, count_drift_table, count_unseen, count_unseen_table
@@ -26,6 +27,7 @@ from trainflow.tables import check_writable, in_memory_bytes, list_files, read_a
 from trainflow.outputs import guard_output, write_output
 from trainflow.errors import CheckpointError, DataError, InfrastructureError
 from trainflow.runtime import ensure_ray
+from trainflow.storage import private_copy, private_dir
 from trainflow.tracking import MODEL_URI
 from trainflow.trainer.resources import check_fits
 
@@ -38,6 +40,18 @@ class Predictions:
     unseen: dict[str, int] = field(default_factory=dict)  # text column -> rows with a value never seen in training
     drift: dict[str, Any] = field(default_factory=dict)  # per feature: score, threshold, verdict; drifted_columns
     model: str = ""  # the model that predicted (a registry URI or a checkpoint folder)
+
+
+def non_finite_cause(exc: BaseException | None) -> NonFiniteOutput | None:
+    """The NonFiniteOutput behind exc (raised here, or in a Ray actor and wrapped on its way back), if any."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, NonFiniteOutput):
+            return exc
+        cause = getattr(exc, "cause", None)  # a RayTaskError keeps the worker's exception here
+        exc = cause if isinstance(cause, BaseException) else (exc.__cause__ or exc.__context__)
+    return None
 
 
 def allowed_class_paths(config: Config) -> set[str]:
@@ -83,7 +97,7 @@ def resolve_checkpoint(model: str, allowed: set[str] | None = None, tracking_uri
     if model.startswith(("models:/", "runs:/")):
         import mlflow
 
-        dst = Path(tempfile.mkdtemp(prefix="trainflow-model-")).resolve()
+        dst = Path(private_dir("model-")).resolve()  # removed when this process exits
         try:
             local = mlflow.artifacts.download_artifacts(artifact_uri=_artifact_uri(model, tracking_uri), dst_path=str(dst),
                                                         tracking_uri=tracking_uri)
@@ -107,7 +121,7 @@ def resolve_checkpoint(model: str, allowed: set[str] | None = None, tracking_uri
     elif not Path(model).is_dir():
         raise CheckpointError(f"checkpoint folder not found: {model}")
     else:
-        path = model
+        path = private_copy(model)  # what is checked below is what is scored, whatever happens to the folder
     if allowed is not None:
         check_class_path(path, allowed, model)
     return path
@@ -179,7 +193,13 @@ def infer(checkpoint_path: str, config: Config, model: str = "") -> Predictions:
             preds = predict_dataset(
                 ds, checkpoint_path, id_column, prep.feature_order, inf.batch_size, inf.num_actors, inf.use_gpu, collector
             )
-        rows = write_output(preds, output_path, input_rows, {"model": model, "input": input_path}, config)
+        try:
+            rows = write_output(preds, output_path, input_rows, {"model": model, "input": input_path}, config)
+        except Exception as exc:  # noqa: BLE001 - a non-finite batch may come back wrapped by Ray
+            bad = non_finite_cause(exc)
+            if bad is None:
+                raise
+            raise CheckpointError(str(bad)) from None
         if collector is not None:
             drift = measure(config, prep.baseline, ray.get(collector.total.remote()), input_rows)
             ray.kill(collector)

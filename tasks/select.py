@@ -14,7 +14,7 @@ from trainflow.trainer.checkpoint import metric_value
 from trainflow.trainer.serving import load_servable
 from trainflow.config import Config
 from trainflow.errors import CheckpointError
-from trainflow.storage import localize
+from trainflow.storage import private_copy
 
 
 @dataclass
@@ -46,7 +46,7 @@ def select(outcome: TrainOutcome, config: Config) -> Selected:
     candidates, skipped = rank_checkpoints(outcome.checkpoints, metric, mode)
     for c in candidates:
         try:
-            local = localize(c["path"])
+            local = private_copy(c["path"])  # checked here, read by every later step
             check_class_path(local, allowed_class_paths(config), c["path"])
             load_servable(local)
         except Exception as exc:  # noqa: BLE001 - a truncated file raises anything from EOFError to RuntimeError

@@ -17,6 +17,10 @@ import numpy as np
 import torch
 
 CALIBRATION_FILE = "calibration.json"
+# the ranges fitting produces (and clamps to): a stored value outside them was not written by a fit
+TEMPERATURE_RANGE = (0.05, 20.0)
+PLATT_SLOPE_RANGE = (1e-3, 100.0)  # positive: the scores keep their order (ROC AUC as trained)
+PLATT_INTERCEPT_MAX = 100.0
 
 
 def log_probs(outputs: np.ndarray) -> np.ndarray:
@@ -37,7 +41,7 @@ def fit_temperature(outputs: np.ndarray, y: np.ndarray) -> dict[str, Any]:
         return loss
 
     opt.step(closure)
-    return {"method": "temperature", "temperature": float(log_t.detach().exp().clamp(0.05, 20.0))}
+    return {"method": "temperature", "temperature": float(log_t.detach().exp().clamp(*TEMPERATURE_RANGE))}
 
 
 def fit_platt(outputs: np.ndarray, y: np.ndarray) -> dict[str, Any]:
@@ -47,7 +51,10 @@ def fit_platt(outputs: np.ndarray, y: np.ndarray) -> dict[str, Any]:
     lp = log_probs(outputs)
     z = (lp[:, 1] - lp[:, 0]).reshape(-1, 1)
     fit = LogisticRegression(C=1e6).fit(z, np.asarray(y, dtype=np.int64))
-    return {"method": "platt", "slope": float(fit.coef_[0, 0]), "intercept": float(fit.intercept_[0])}
+    # a slope at or below 0 (a model no better than chance on these rows) would invert or flatten the ranking
+    slope = float(np.clip(fit.coef_[0, 0], *PLATT_SLOPE_RANGE))
+    intercept = float(np.clip(fit.intercept_[0], -PLATT_INTERCEPT_MAX, PLATT_INTERCEPT_MAX))
+    return {"method": "platt", "slope": slope, "intercept": intercept}
 
 
 def apply(calibration: dict[str, Any] | None, outputs: np.ndarray) -> np.ndarray:
@@ -74,24 +81,32 @@ def read_calibration(directory: str | Path) -> dict[str, Any] | None:
     except ValueError:
         data = None
     if not _valid(data):
-        raise ValueError(f"{path}: not a calibration trainflow wrote ({str(data)[:200]})")
+        raise ValueError(f"{path}: not a calibration trainflow wrote ({str(data)[:200]}); a fit stores temperature "
+                         f"T in {list(TEMPERATURE_RANGE)} or platt with slope in {list(PLATT_SLOPE_RANGE)} and "
+                         f"|intercept| <= {PLATT_INTERCEPT_MAX:g}, as numbers, and a threshold in (0, 1)")
     return data
 
 
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def _valid(data: Any) -> bool:
-    """A method trainflow fits with finite, plausible numbers (or none), and a threshold strictly between 0 and 1."""
-    try:
-        method = data.get("method")
-        if method == "temperature":
-            ok = 0.0 < float(data["temperature"]) < 100.0
-        elif method == "platt":
-            ok = math.isfinite(float(data["slope"])) and math.isfinite(float(data["intercept"]))
-        else:
-            ok = method is None
-        threshold = data.get("threshold")
-        return ok and (threshold is None or 0.0 < float(threshold) < 1.0)
-    except (AttributeError, KeyError, TypeError, ValueError):
+    """A method trainflow fits, with numbers (not text) inside the ranges its fits produce, and a threshold
+    strictly between 0 and 1."""
+    if not isinstance(data, dict):
         return False
+    method, threshold = data.get("method"), data.get("threshold")
+    if method == "temperature":
+        t = data.get("temperature")
+        ok = _number(t) and TEMPERATURE_RANGE[0] <= t <= TEMPERATURE_RANGE[1]
+    elif method == "platt":
+        a, b = data.get("slope"), data.get("intercept")
+        ok = (_number(a) and PLATT_SLOPE_RANGE[0] <= a <= PLATT_SLOPE_RANGE[1] and _number(b)
+              and abs(b) <= PLATT_INTERCEPT_MAX)
+    else:
+        ok = method is None
+    return ok and (threshold is None or (_number(threshold) and 0.0 < threshold < 1.0))
 
 
 def write_calibration(directory: str | Path, calibration: dict[str, Any] | None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 from collections.abc import Sequence
 
 import torch
@@ -77,6 +78,50 @@ def user_class_path(model_cfg: dict) -> str | None:
     return model_cfg.get("class_path") if model_cfg.get("type", "mlp") == "torch" else None
 
 
+# a network trains with its weights, gradients and two AdamW moments: about four copies of its float32 parameters
+TRAINING_COPIES = 4
+
+
+def network_parameters(prep, model_cfg: dict) -> int | None:
+    """How many parameters trainflow's network has for this preprocessor and config, counted before anything is
+    allocated (None for a user's module, which only its constructor knows)."""
+    if user_class_path(model_cfg):
+        return None
+    slots = prep.embedding_slots()
+    width = prep.num_features - len(slots) + sum(dim for _, _, dim in slots)
+    total = sum(codes * dim for _, codes, dim in slots)
+    for h in [*model_cfg["hidden_sizes"], prep.num_outputs]:
+        total += width * h + h
+        width = h
+    return total
+
+
+def available_memory_bytes() -> int:
+    """The memory this process can still take (MemAvailable), or the machine's total where that is not readable."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_network_size(prep, model_cfg: dict, limit_bytes: int, what: str) -> None:
+    """ValueError naming the sizes when the network's float32 parameters (times copies) would exceed limit_bytes."""
+    params = network_parameters(prep, model_cfg)
+    if params is None:
+        return
+    if params * 4 > limit_bytes:
+        raise ValueError(
+            f"model.hidden_sizes {model_cfg['hidden_sizes']} with {prep.num_features} packed features and embeddings "
+            f"{[(codes, dim) for _, codes, dim in prep.embedding_slots()]} make a network of {params:,} parameters "
+            f"({params * 4 / 2**30:.2f} GiB as float32), more than {what} ({limit_bytes / 2**30:.2f} GiB); nothing "
+            "was allocated. Choose smaller hidden sizes"
+        )
+
+
 def model_for(prep, model_cfg: dict) -> nn.Module:
     """The network for a fitted preprocessor (its packed width, outputs and embedded columns) and the model config.
 
@@ -100,6 +145,8 @@ def check_model(prep, model_cfg: dict) -> None:
     Raises ValueError naming the class path and what is wrong.
     """
     where = model_cfg.get("class_path") or "trainflow's MLP"
+    check_network_size(prep, model_cfg, available_memory_bytes() // TRAINING_COPIES,
+                       f"a quarter of this machine's available memory (weights, gradients and optimizer state)")
     if user_class_path(model_cfg):
         import_class(user_class_path(model_cfg))  # an import problem is named as such
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import torch
 
@@ -16,8 +17,25 @@ def predict_table(servable: ServableModel, table: pa.Table, id_column: str | Non
     cols = {}
     if id_column is not None:
         cols[id_column] = table[id_column]
-    cols.update(servable.preprocessor.decode_predictions(out, servable.threshold))
+    decoded = servable.preprocessor.decode_predictions(out, servable.threshold)
+    check_finite(decoded, servable.source)
+    cols.update(decoded)
     return pa.table(cols)
+
+
+class NonFiniteOutput(ValueError):
+    """A checkpoint's predictions hold NaN or infinite values: never committed."""
+
+
+def check_finite(decoded: dict, source: str) -> None:
+    """NonFiniteOutput naming the checkpoint's files when a probability or a predicted value is NaN or infinite
+    (edited or out-of-range state that the load checks did not catch); a batch like that is never written."""
+    for name, col in decoded.items():
+        values = np.asarray(col) if not isinstance(col, pa.Array) else None
+        if values is not None and values.dtype.kind == "f" and not np.isfinite(values).all():
+            bad = int((~np.isfinite(values)).sum())
+            raise NonFiniteOutput(f"checkpoint {source} (preprocessor.json, calibration.json, its model file): "
+                                  f"{bad} of {len(values)} rows got a non-finite {name}; nothing was written")
 
 
 class CountCollector:

@@ -17,7 +17,7 @@ import torch
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.trainer.calibration import apply as apply_calibration, read_calibration
 from trainflow.trainer.checkpoint import MODEL_FILE, load_weights, read_config, read_metrics
-from trainflow.trainer.model import model_for
+from trainflow.trainer.model import check_network_size, model_for
 
 EPS = 1e-12
 
@@ -112,6 +112,7 @@ class ServableModel:
     epoch: int
     metrics: dict[str, float]
     threshold: float | None = None  # two classes: the positive class from this probability on (calibration.json)
+    source: str = ""  # the checkpoint folder it was loaded from (named when its outputs are not finite)
 
     @property
     def family(self) -> str:
@@ -122,6 +123,10 @@ class TorchPredictor:
     """A torch family's network from model.pt, checked for non-finite weights."""
 
     def __init__(self, directory: Path, prep: TabularPreprocessor, config: dict[str, Any], device="cpu"):
+        # the weights file bounds what its config may honestly ask for: check before building the network
+        weights = directory / MODEL_FILE
+        check_network_size(prep, config["model"], weights.stat().st_size + 2**20 if weights.is_file() else 0,
+                           f"the size of {weights}")
         self.model = model_for(prep, config["model"])
         self.model.load_state_dict(load_weights(directory))
         for name, tensor in self.model.state_dict().items():
@@ -247,4 +252,4 @@ def load_servable(directory: str | Path, device: str | torch.device = "cpu", cal
         predict = CalibratedPredictor(predict, calibration)
     threshold = (calibration or {}).get("threshold") if calibrated else None
     return ServableModel(predict=predict, preprocessor=prep, config=config, epoch=int(meta["epoch"]), metrics=meta["metrics"],
-                         threshold=threshold)
+                         threshold=threshold, source=str(directory))

@@ -6,7 +6,12 @@ AWS_ACCESS_KEY_ID, ...) or from the URI's query (s3://bucket/key?endpoint_overri
 
 from __future__ import annotations
 
+import atexit
+import os
+import re
+import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 import pyarrow as pa
@@ -66,14 +71,56 @@ def list_dir(uri: str) -> list[tuple[str, bool]]:
     return [(i.base_name, i.type == pafs.FileType.Directory) for i in infos]
 
 
+_PRIVATE_ROOT: str | None = None
+_PRIVATE_ROOT_NAME = re.compile(r"^trainflow-(\d+)-[a-z0-9_]{8}$")
+_private_lock = threading.Lock()
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def private_dir(prefix: str) -> str:
+    """A new folder only this process uses (mode 0700), under one root per process that is removed when the
+    process exits; roots of this user's trainflow processes that died (SIGKILL) are removed when the next one
+    makes its own (by their name and owner only)."""
+    global _PRIVATE_ROOT
+    with _private_lock:
+        if _PRIVATE_ROOT is None or not os.path.isdir(_PRIVATE_ROOT):
+            tmp = tempfile.gettempdir()
+            for entry in os.scandir(tmp):
+                m = _PRIVATE_ROOT_NAME.match(entry.name)
+                if (m and int(m[1]) != os.getpid() and entry.is_dir(follow_symlinks=False)
+                        and entry.stat(follow_symlinks=False).st_uid == os.getuid() and not _process_alive(int(m[1]))):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+            _PRIVATE_ROOT = tempfile.mkdtemp(prefix=f"trainflow-{os.getpid()}-")
+            atexit.register(shutil.rmtree, _PRIVATE_ROOT, True)
+        return tempfile.mkdtemp(prefix=prefix, dir=_PRIVATE_ROOT)
+
+
+def private_copy(uri: str) -> str:
+    """A copy of the folder at uri (local or in storage) that only this process can change: what is checked in it
+    is what every later step reads, whatever happens to the original meanwhile (a shared bucket, a shared disk)."""
+    fs, inner = filesystem_for(uri)
+    local = os.path.join(private_dir("checkpoint-"), Path(inner.rstrip("/")).name[:60] or "checkpoint")
+    if isinstance(fs, pafs.LocalFileSystem):
+        shutil.copytree(inner, local)  # links followed: the copy holds the files as they are now
+    else:
+        pafs.copy_files(inner, local, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
+    return local
+
+
 def localize(uri: str) -> str:
-    """A local folder holding uri's files: the folder itself when local, else a fresh download."""
+    """A local folder holding uri's files: the folder itself when local, else a private download."""
     if not is_uri(uri):
         return uri.removeprefix("file://")
-    fs, inner = filesystem_for(uri)
-    local = tempfile.mkdtemp(prefix="trainflow-" + Path(inner).name[:40] + "-")
-    pafs.copy_files(inner, local, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
-    return local
+    return private_copy(uri)
 
 
 def upload_dir(local: str, uri: str) -> None:
