@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Any
 
 from trainflow.tasks.common import png_data_uri
 from trainflow.preprocessors.baseline import drift_report
 from trainflow.config import Config
-from trainflow.tracking import MODEL_URI
+from trainflow.tracking import MODEL_URI, mlflow_key
 
 DRIFT_EVENT = "trainflow.drift.detected"
 
@@ -52,7 +51,7 @@ def markdown(drift: dict[str, Any], model: str, source: str) -> str:
 
 
 def metric_name(column: str) -> str:
-    return "drift." + re.sub(r"[^A-Za-z0-9_\-./ ]", "_", column)
+    return mlflow_key(f"drift.{column}")
 
 
 def publish(config: Config, model: str, source: str, drift: dict[str, Any], text: str | None = None) -> None:

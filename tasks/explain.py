@@ -17,7 +17,8 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.config import Config
-from trainflow.tasks.promote import Promotion, mlflow_key
+from trainflow.tasks.promote import Promotion
+from trainflow.tracking import mlflow_key
 from trainflow.tasks.register import Registered
 from trainflow.trainer.importance import feature_importance
 from trainflow.trainer.serving import load_servable

@@ -12,7 +12,8 @@ from prefect.runtime import flow_run
 
 from trainflow.config import Config
 from trainflow.redact import redact_config
-from trainflow.tracking import ensure_experiment, flatten, tracking
+from trainflow.tasks.common import task_logger
+from trainflow.tracking import ensure_experiment, flatten, mlflow_key, tracking
 
 REGISTER_KEY = "trainflow.register_key"
 
@@ -46,10 +47,23 @@ def open_run(config: Config, run_name: str, family: str) -> str:
 
 def log_params(uri: str, run_id: str, config: Config, family: str) -> None:
     """The family's resolved config as flat params, secrets masked (MLflow takes at most 100 per request)."""
-    items = [(k, str(v)[:500]) for k, v in flatten(redact_config(config.for_family(family).to_dict())).items()]
+    items = [(mlflow_key(k), str(v)[:500]) for k, v in flatten(redact_config(config.for_family(family).to_dict())).items()]
     client = mlflow.MlflowClient(tracking_uri=uri)
+    dropped = []
     for i in range(0, len(items), 100):
-        client.log_batch(run_id, params=[Param(k, v) for k, v in items[i : i + 100]])
+        batch = items[i : i + 100]
+        try:
+            client.log_batch(run_id, params=[Param(k, v) for k, v in batch])
+        except mlflow.exceptions.MlflowException:
+            # one refused param fails its whole batch: log them one by one, and say which were refused
+            for k, v in batch:
+                try:
+                    client.log_param(run_id, k, v)
+                except mlflow.exceptions.MlflowException as exc:
+                    dropped.append(f"{k} ({exc.message.splitlines()[0][:120]})")
+    if dropped:
+        task_logger("mlflow").warning("MLflow refused %d of %d config params of run %s: %s", len(dropped), len(items),
+                                      run_id, "; ".join(dropped[:10]))
 
 
 def metrics_of(row: dict[str, Any], now_ms: int) -> list[Metric]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
 import time
 from dataclasses import asdict, dataclass
 
@@ -23,7 +22,7 @@ from trainflow.trainer.evaluate import Scored, paired_bootstrap, score_checkpoin
 from trainflow.config import Config
 from trainflow.errors import InfrastructureError
 from trainflow.locks import exclusive
-from trainflow.tracking import CHAMPION, current_champion
+from trainflow.tracking import CHAMPION, current_champion, mlflow_key
 
 PROMOTED, NOT_PROMOTED = "promoted", "not_promoted"
 
@@ -216,17 +215,36 @@ def gate(config: Config, holdout: ray.data.Dataset, challenger_path: str, regist
             "trainflow.promotion.champion_version": str(champion_version),
             "trainflow.promotion.floor": "none" if floor is None else f"{'missed' if missed else 'met'} ({metric} {floor:g})",
         }
-        for key, value in tags.items():
-            client.set_model_version_tag(name, version, key, value)
-        client.log_batch(registered.run_id, tags=[RunTag(key, value) for key, value in tags.items()],
-                         metrics=evaluation_metrics(result))
-    emit_event(event=f"trainflow.model.{result.decision}", resource={"prefect.resource.id": f"trainflow.model.{name}"},
-               payload=result.record())
+        record_decision(client, result, registered.run_id, tags)
+    try:
+        emit_event(event=f"trainflow.model.{result.decision}", resource={"prefect.resource.id": f"trainflow.model.{name}"},
+                   payload=result.record())
+    except Exception as exc:  # noqa: BLE001 - the decision stands whatever the event bus says
+        log.warning("promotion: the decision stands; its Prefect event was not emitted (%s: %s)", type(exc).__name__, exc)
     log.info(
         "promotion: %s v%s (%s %s=%s vs champion v%s %s): %s",
         result.decision, version, metric, mode, challenger, champion_version, champion_score, reason,
     )
     return result
+
+
+def record_decision(client, result: Promotion, run_id: str, tags: dict[str, str]) -> None:
+    """The decision's tags on the model version and its run, and the evaluation's metrics. After the alias moved
+    nothing may fail the gate: a record MLflow refuses or cannot take is a warning naming what is missing."""
+    log = task_logger("promote")
+    try:
+        for key, value in tags.items():
+            client.set_model_version_tag(result.model_name, result.challenger_version, key, value[:5000])
+        client.log_batch(run_id, tags=[RunTag(key, value[:5000]) for key, value in tags.items()])
+    except Exception as exc:  # noqa: BLE001
+        log.warning("promotion: the decision stands (%s); its tags were not recorded in MLflow: %s: %s",
+                    result.decision, type(exc).__name__, exc)
+    metrics = evaluation_metrics(result)
+    try:
+        client.log_batch(run_id, metrics=metrics)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("promotion: the decision stands (%s); %d evaluation metrics (calibration, bootstrap, slices) were "
+                    "not recorded in MLflow: %s: %s", result.decision, len(metrics), type(exc).__name__, exc)
 
 
 def evaluation_metrics(result: Promotion) -> list[Metric]:
@@ -245,11 +263,6 @@ def evaluation_metrics(result: Promotion) -> list[Metric]:
                 if name.startswith("val_") and isinstance(number, float) and math.isfinite(number):
                     out.append(Metric(mlflow_key(f"slice.{column}.{value}.{name}"), number, now, 0))
     return out[:1000]  # MLflow takes at most 1000 metrics per batch
-
-
-def mlflow_key(key: str) -> str:
-    """A metric name MLflow accepts: letters, digits, _ - . / and spaces; anything else becomes _."""
-    return re.sub(r"[^A-Za-z0-9_\-./ ]", "_", key)[:250]
 
 
 @task(name="promote", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)

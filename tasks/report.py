@@ -17,7 +17,7 @@ from trainflow.config import ENSEMBLE, Config, is_uri
 from trainflow.redact import redact_config, redact_text
 from trainflow.storage import join, write_bytes
 from trainflow.tasks.common import png_data_uri
-from trainflow.tracking import tracking
+from trainflow.tracking import mlflow_key, tracking
 from trainflow.trainer.families import FAMILIES
 
 LOSS_CURVE = "loss_curve.png"
@@ -285,8 +285,8 @@ def report(config: Config, history: list[dict[str, float]], summary: dict[str, A
         # what `auto` resolved to, and the scoring rows whose text values the model never saw
         client.log_batch(
             summary["mlflow_run_id"],
-            params=[Param(f"budget.{k}", str(v)) for k, v in (summary.get("training_budget") or {}).items()],
-            metrics=[Metric(f"unseen_rows.{c}", float(n), int(time.time() * 1000), 0)
+            params=[Param(mlflow_key(f"budget.{k}"), str(v)[:6000]) for k, v in (summary.get("training_budget") or {}).items()],
+            metrics=[Metric(mlflow_key(f"unseen_rows.{c}"), float(n), int(time.time() * 1000), 0)
                      for c, n in (summary.get("unseen_categories") or {}).items()]
             + ([Metric("validation.anomalies", float(len(validation["anomalies"])), int(time.time() * 1000), 0)]
                if validation.get("checks") else []),

@@ -146,7 +146,7 @@ def check_model(prep, model_cfg: dict) -> None:
     """
     where = model_cfg.get("class_path") or "trainflow's MLP"
     check_network_size(prep, model_cfg, available_memory_bytes() // TRAINING_COPIES,
-                       f"a quarter of this machine's available memory (weights, gradients and optimizer state)")
+                       "a quarter of this machine's available memory (weights, gradients and optimizer state)")
     if user_class_path(model_cfg):
         import_class(user_class_path(model_cfg))  # an import problem is named as such
     try:

@@ -16,6 +16,22 @@ from trainflow.errors import InfrastructureError
 # models:/name/3 or models:/name@alias
 MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))$")
 CHAMPION = "champion"
+MAX_KEY = 250  # MLflow's limit for metric, param and tag keys
+
+
+def mlflow_key(key: str) -> str:
+    """A metric, param or tag key MLflow accepts for any key built from data (a column name, a slice value, a
+    config's dict key): letters, digits, _ - . / and spaces, no path that normalizes to another name ('//', '/./',
+    '..', a leading or trailing '/'), at most 250 characters. A key that had to change gets a short digest of the
+    original, so two different originals never share one key."""
+    import hashlib
+
+    clean = re.sub(r"[^\w.\- /]", "_", key, flags=re.ASCII)
+    clean = "/".join(part if part not in ("", ".", "..") else "_" for part in clean.split("/"))
+    if clean == key and len(key) <= MAX_KEY:
+        return key
+    digest = hashlib.blake2b(key.encode(), digest_size=4).hexdigest()
+    return f"{clean[: MAX_KEY - 9]}_{digest}"
 
 
 @contextmanager
