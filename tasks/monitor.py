@@ -9,6 +9,7 @@ from typing import Any
 import mlflow
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from mlflow.entities import Metric
 from prefect import get_run_logger, task
@@ -22,10 +23,10 @@ from trainflow.tasks.infer import allowed_class_paths, resolve_checkpoint
 from trainflow.tasks.report import artifact_key
 from trainflow.trainer.metrics import compute_metrics
 from trainflow.config import Config, infer_format
-from trainflow.data import read_table
 from trainflow.errors import DataError
 from trainflow.outputs import output_files, read_manifest
 from trainflow.storage import filesystem_for
+from trainflow.tables import is_string_type, list_files, read_arrow
 from trainflow.tracking import MODEL_URI
 
 DEGRADED_EVENT = "trainflow.model.degraded"
@@ -39,6 +40,40 @@ def model_outputs(prep: TabularPreprocessor, predictions: pa.Table) -> np.ndarra
         return np.log(np.clip(probs, 1e-12, 1.0)).astype(np.float32)
     pred = np.asarray(predictions["prediction"].to_pylist(), dtype=np.float64)
     return ((pred - prep.label_mean) / prep.label_std).astype(np.float32)
+
+
+def join_labels(predictions: pa.Table, truth: pa.Table, id_col: str, label: str, source: str) -> pa.Table:
+    """The predictions with their true labels, one row per labelled prediction. Refused with a DataError naming the
+    file, the column and the count: no rows, missing or null ids or labels, an id given more than once (in the
+    labels or the predictions: the join would count a prediction several times), ids of another type."""
+    if truth.num_rows == 0:
+        raise DataError(f"{source}: the label file has no rows")
+    for col in (id_col, label):
+        if col not in truth.column_names:
+            raise DataError(f"{source}: column {col!r} not found; columns are {truth.column_names}")
+        nulls = truth[col].null_count
+        if nulls:
+            raise DataError(f"{source}: column {col!r} has {nulls} empty value(s) of {truth.num_rows} rows; give every "
+                            "row an id and a label (or leave the unlabelled rows out)")
+    for table, what in ((truth, source), (predictions, "the predictions")):
+        counts = pc.value_counts(table[id_col]).flatten()
+        repeated = pc.filter(counts[1], pc.greater(counts[1], 1))
+        if len(repeated):
+            raise DataError(f"{what}: {len(repeated)} {id_col!r} value(s) appear more than once "
+                            f"({pc.sum(repeated).as_py()} rows, e.g. {pc.filter(counts[0], pc.greater(counts[1], 1))[0].as_py()!r}); "
+                            "each prediction takes exactly one label: de-duplicate the file")
+    want = predictions.schema.field(id_col).type
+    have = truth.schema.field(id_col).type
+    if want != have:
+        same_kind = (pa.types.is_integer(want) and pa.types.is_integer(have)) or (is_string_type(want) and is_string_type(have))
+        if not same_kind:
+            raise DataError(f"{source}: column {id_col!r} holds {have} values, the predictions' ids are {want}; "
+                            "write the ids as they were in the scoring table")
+        truth = truth.set_column(truth.schema.get_field_index(id_col), id_col, pc.cast(truth[id_col], want))
+    joined = predictions.join(truth.select([id_col, label]), keys=id_col, join_type="inner")
+    if joined.num_rows == 0:
+        raise DataError(f"{source}: none of its {id_col!r} values is among the {predictions.num_rows} predictions")
+    return joined
 
 
 @task(name="monitor", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
@@ -61,20 +96,17 @@ def measure_live(config: Config, labels_path: str) -> dict[str, Any]:
     name, version = m["name"], m["version"]
     fs, _ = filesystem_for(config.inference.output)
     predictions = pq.read_table(output_files(config.inference.output), filesystem=fs)
-    ds, _, _ = read_table(labels_path, infer_format(labels_path), csv=config.data.csv)
-    truth = pa.concat_tables(list(ds.iter_batches(batch_format="pyarrow", batch_size=None)))
-    for col in (id_col, label):
-        if col not in truth.column_names:
-            raise DataError(f"{labels_path}: column {col!r} not found; columns are {truth.column_names}")
-    joined = predictions.join(truth.select([id_col, label]), keys=id_col, join_type="inner")
-    if joined.num_rows == 0:
-        raise DataError(f"{labels_path}: none of its {id_col!r} values is among the {predictions.num_rows} predictions")
+    fmt = infer_format(labels_path)
+    truth = read_arrow(*list_files(labels_path, fmt), fmt, config.data.csv, labels_path)
+    joined = join_labels(predictions, truth, id_col, label, labels_path)
     uri = config.mlflow.tracking_uri
     prep = TabularPreprocessor.load(resolve_checkpoint(f"models:/{name}/{version}", allowed_class_paths(config), uri))
     try:
         y = prep.transform_label(joined)
-    except SchemaDriftError as exc:
-        raise DataError(f"{labels_path}: {exc}") from None
+    except (SchemaDriftError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise DataError(f"{labels_path}: column {label!r} ({joined.schema.field(label).type}) does not read as the "
+                        f"model's classes {prep.classes if prep.task == 'classification' else '(numbers)'}: "
+                        f"{str(exc).splitlines()[0]}") from None
     live = compute_metrics(prep.task, model_outputs(prep, joined), y, prep)
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
     run_id = client.get_model_version(name, version).run_id
@@ -84,18 +116,26 @@ def measure_live(config: Config, labels_path: str) -> dict[str, Any]:
     drop = None
     if validation is not None and score is not None and math.isfinite(score):
         drop = (validation - score) if mode == "max" else (score - validation)
-    degraded = drop is not None and drop > config.monitor.max_drop
+    enough = joined.num_rows >= config.monitor.min_rows
+    degraded = enough and drop is not None and drop > config.monitor.max_drop
+    verdict = ("degraded" if degraded else "ok") if enough else (
+        f"none: {joined.num_rows} labelled predictions, fewer than monitor.min_rows {config.monitor.min_rows}")
     result = {"model_version": version, "model_uri": f"models:/{name}/{version}", "rows": joined.num_rows,
-              "predictions": predictions.num_rows, "labels": truth.num_rows, "metrics": live, "metric": metric,
-              "validation_score": validation, "live_score": score, "drop": drop, "max_drop": config.monitor.max_drop,
+              "predictions": predictions.num_rows, "labels": truth.num_rows,
+              "coverage": joined.num_rows / predictions.num_rows if predictions.num_rows else 0.0,
+              "metrics": live, "metric": metric, "validation_score": validation, "live_score": score, "drop": drop,
+              "max_drop": config.monitor.max_drop, "min_rows": config.monitor.min_rows, "verdict": verdict,
               "degraded": degraded}
+    if not enough:
+        log.warning("monitor: no verdict for %s v%s: %s", name, version, verdict)
     now = int(time.time())
     client.log_batch(run_id, metrics=[Metric(f"live_{k}", float(v), now * 1000, now) for k, v in live.items()
                                       if isinstance(v, float) and math.isfinite(v)])
     create_markdown_artifact(
         key=artifact_key(name, "monitor"), description=f"Live performance of {name} version {version}",
         markdown=(f"# {name} version {version} on {joined.num_rows} labelled predictions\n\n"
-                  f"**{'DEGRADED' if degraded else 'ok'}**: {metric} live {score} vs validation {validation} "
+                  f"**{verdict}**: {metric} live {score} vs validation {validation} "
+                  f"(coverage {result['coverage']:.1%} of {predictions.num_rows} predictions) "
                   f"(drop {drop}, max_drop {config.monitor.max_drop})\n\n| metric | live |\n|---|---|\n"
                   + "\n".join(f"| {k} | {v:.6g} |" for k, v in live.items())),
     )

@@ -323,7 +323,12 @@ def _monitor_live_performance(tmp_path, cfg_path, client):
     assert good["metric"] == "val_roc_auc" and abs(good["live_score"] - good["validation_score"]) < 0.1
     assert good["degraded"] is False and bad["degraded"] is True and bad["drop"] > 0.05
     assert set(good["metrics"]) >= {"val_loss", "val_accuracy", "val_f1", "val_roc_auc"}
+    assert good["coverage"] == 1.0 and good["verdict"] == "ok" and bad["verdict"] == "degraded"
     run = client.get_model_version("churn-test", "2").run_id
+    assert len(client.get_metric_history(run, "live_val_roc_auc")) == 2
+    # 100 ids repeated 20 times would count 20 rows each: refused with the count, nothing logged
+    write_parquet(pa.concat_tables([truth.slice(0, 100)] * 20), tmp_path / "labels" / "repeated.parquet")
+    assert cli_main(["monitor", "--config", cfg_path, "--labels", str(tmp_path / "labels" / "repeated.parquet")]) == 2
     assert len(client.get_metric_history(run, "live_val_roc_auc")) == 2
 
 

@@ -469,6 +469,7 @@ class MonitorSection(_Section):
     """Live performance once labels arrive (trainflow monitor)."""
 
     max_drop: float = Field(0.05, ge=0.0)  # degraded: promotion.metric worse than the version's validation score by more
+    min_rows: int = Field(100, ge=1)  # no verdict (ok or degraded) from fewer labelled predictions than this
 
 
 class MlflowSection(_Section):

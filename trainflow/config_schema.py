@@ -63,6 +63,7 @@ KEYS = {
     'inference.drift.categorical_threshold': 'drift verdicts per feature (JS divergence / L-infinity); inference.drift.enabled: false turns drift off (default: 0.1 / 0.1 / 100)',
     'inference.drift.min_rows': 'drift verdicts per feature (JS divergence / L-infinity); inference.drift.enabled: false turns drift off (default: 0.1 / 0.1 / 100)',
     'monitor.max_drop': 'trainflow monitor: degraded when the live promotion.metric is worse than the validation score by more (default: 0.05)',
+    'monitor.min_rows': 'trainflow monitor: the fewest labelled predictions a verdict (ok or degraded) rests on; fewer are reported without one (default: 100)',
     'model.ensemble': "with two or more families: also a weighted ensemble of their best checkpoints (greedy ensemble selection on the validation split, scored cross-fitted), a candidate beside them (default: true)",
     'model.allowed_class_paths': "module classes a model read from the registry or storage may import besides model.class_path (the gate's champion, predict --model); any other is refused, never imported (default: [])",
     'model.init_args': "torch: keyword arguments of your module's constructor (default: {})",
