@@ -200,12 +200,17 @@ def _parser() -> argparse.ArgumentParser:
 def _overrides(items: list[str]) -> dict[str, Any]:
     import yaml
 
+    from trainflow.config import load_yaml
+
     out = {}
     for item in items:
         if "=" not in item:
             raise TrainflowError(f"--set {item!r}: expected KEY=VALUE, e.g. train.epochs=5")
         key, value = item.split("=", 1)
-        out[key.strip()] = yaml.safe_load(value)
+        try:
+            out[key.strip()] = load_yaml(value)
+        except yaml.YAMLError as exc:
+            raise TrainflowError(f"--set {item!r}: the value is not valid YAML ({str(exc).splitlines()[0]})") from None
     return out
 
 

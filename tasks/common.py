@@ -40,3 +40,14 @@ def task_logger(name: str):
         return get_run_logger()
     except MissingContextError:
         return logging.getLogger(f"trainflow.{name}")
+
+
+def md(text: object) -> str:
+    """Text from data (a column name, a value, a path) safe inside a Markdown table cell or line: HTML and
+    Markdown's link, emphasis, code and table characters escaped, line breaks as spaces."""
+    import html
+
+    out = html.escape(" ".join(str(text).split()), quote=False)
+    for ch in "\\`*_[]()|#!":
+        out = out.replace(ch, "\\" + ch)
+    return out

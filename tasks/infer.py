@@ -63,9 +63,9 @@ def check_class_path(checkpoint: str, allowed: set[str], source: str) -> None:
     """CheckpointError when the checkpoint's config names a user module outside allowed: its code is never imported."""
     try:
         model_cfgs = [read_config(d)["model"] for d in [checkpoint, *member_dirs(checkpoint)]]  # an ensemble's members too
-    except (OSError, ValueError, KeyError, TypeError):
-        raise CheckpointError(f"{source}: the checkpoint (or an ensemble member) has no readable config.json or "
-                              "ensemble.json") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{source}: the checkpoint (or an ensemble member) cannot be read: "
+                              f"{type(exc).__name__}: {exc}") from None
     for class_path in {user_class_path(m) for m in model_cfgs} - allowed - {None}:
         raise CheckpointError(
             f"{source}: its checkpoint asks to import the module class {class_path!r}, which this config does not "

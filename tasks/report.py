@@ -16,7 +16,7 @@ from prefect.cache_policies import NO_CACHE
 from trainflow.config import ENSEMBLE, Config, is_uri
 from trainflow.redact import redact_config, redact_text
 from trainflow.storage import join, write_bytes
-from trainflow.tasks.common import png_data_uri
+from trainflow.tasks.common import md, png_data_uri
 from trainflow.tracking import mlflow_key, tracking
 from trainflow.trainer.families import FAMILIES
 
@@ -90,7 +90,7 @@ def _importance_lines(summary: dict[str, Any], metric: str) -> str:
     for r in rows[:10]:
         change = f"{r['change']:+.4g}" if "change" in r else "not in the champion" if compared else "-"
         gain = f"{r['gain_share']:.1%}" if "gain_share" in r else ""
-        lines.append(f"| {r['column']} | {r['importance']:.4g} ± {r['importance_std']:.2g} | {change} | {gain} |")
+        lines.append(f"| {md(r['column'])} | {r['importance']:.4g} ± {r['importance_std']:.2g} | {change} | {gain} |")
     return (f"Permutation importance on {metric} (how much it worsens when the column is shuffled; artifact "
             f"`-importance`), top {len(lines)} of {len(rows)}:\n\n| column | importance | change vs champion | "
             "tree gain share |\n|---|---|---|---|\n" + "\n".join(lines))
@@ -120,7 +120,7 @@ def _slices_lines(summary: dict[str, Any], metric: str) -> str:
     rows = []
     for column, values in slices.items():
         for value, e in values.items():
-            rows.append(f"| {column} | {value} | {e['rows']} | {_fmt(e.get(metric, ''))} | "
+            rows.append(f"| {md(column)} | {md(value)} | {e['rows']} | {_fmt(e.get(metric, ''))} | "
                         f"{_fmt(e.get('champion_' + metric, ''))} | {'yes' if e.get('judged') else 'no'} |")
     return (f"| column | value | rows | {metric} | champion's | judged |\n|---|---|---|---|---|---|\n" + "\n".join(rows))
 
@@ -172,7 +172,7 @@ def _predictions_rows(summary: dict[str, Any]) -> str:
     unseen = summary.get("unseen_categories") or {}
     if unseen:
         line += "\n- values never seen in training (predicted with the unknown code): " + ", ".join(
-            f"`{c}` {n} row(s)" for c, n in sorted(unseen.items()))
+            f"{md(c)} {n} row(s)" for c, n in sorted(unseen.items()))
     return line
 
 
@@ -181,8 +181,8 @@ def _validation_lines(v: dict[str, Any]) -> str:
         return f"- not checked: {v.get('note', 'no champion to compare with')}"
     lines = [f"- against version {v['champion_version']}'s training data: {len(v['checks'])} check(s), "
              f"{len(v['anomalies'])} anomal(ies) (on_anomaly: {v.get('on_anomaly')})"]
-    lines += [f"- anomaly: {a}" for a in v["anomalies"]]
-    rows = "\n".join(f"| {c['check']} | {c['column'] or ''} | {c['score']} | {c['threshold']} | {'yes' if c['anomaly'] else ''} |"
+    lines += [f"- anomaly: {md(a)}" for a in v["anomalies"]]
+    rows = "\n".join(f"| {c['check']} | {md(c['column'] or '')} | {c['score']} | {c['threshold']} | {'yes' if c['anomaly'] else ''} |"
                      for c in v["checks"])
     return "\n".join(lines) + f"\n\n| check | column | score | threshold | anomaly |\n|---|---|---|---|---|\n{rows}"
 
@@ -191,7 +191,7 @@ def _drift_line(summary: dict[str, Any]) -> str:
     d = summary.get("drift") or {}
     if not d.get("columns"):
         return ""
-    return (f"\n- drift from the serving model's training data: {', '.join(d['drifted_columns']) or 'none'} "
+    return (f"\n- drift from the serving model's training data: {', '.join(map(md, d['drifted_columns'])) or 'none'} "
             f"of {len(d['columns'])} feature(s) over {d['rows']} rows (artifact `-drift`)")
 
 

@@ -677,6 +677,12 @@ def config_from_dict(raw: dict[str, Any], base_dir: str | Path = ".", source: st
     cfg._task_inferred = task_note
     cfg.data.path = _resolve(cfg.data.path, base)
     cfg.storage_path = _resolve(cfg.storage_path, base)
+    if not is_uri(cfg.storage_path):
+        resolved = os.path.realpath(os.path.expanduser(cfg.storage_path))
+        if resolved in ("/", os.path.realpath(os.path.expanduser("~"))):
+            raise ConfigError(f"storage_path {cfg.storage_path!r} is {'the root folder' if resolved == '/' else 'your home folder'}: "
+                              "trainflow writes run folders there and cleans its own; give it a folder of its own "
+                              "(e.g. storage_path: runs)")
     cfg.inference.input = _resolve(cfg.inference.input, base)
     cfg.inference.output = _resolve(cfg.inference.output, base)
     uri = cfg.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
@@ -749,6 +755,34 @@ def forget(key: str) -> None:
     _handed_over.pop(key, None)
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader without aliases (an alias bomb expands exponentially; a config never needs one) and
+    without duplicated keys (the last one would silently win)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.composer.ComposerError(None, None, "YAML aliases (*name) are not accepted in a trainflow config: "
+                                              "write the value out", self.peek_event().start_mark)
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice (lines {seen[key]} and {line}); keep one",
+                    key_node.start_mark)
+            seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def load_yaml(text: str) -> Any:
+    """A config's YAML: safe types only, no aliases, no duplicated keys (yaml.YAMLError naming the line)."""
+    return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
     """Read a YAML config file, apply dotted overrides, validate, and resolve paths (or return the config that
     hand_over gave this key)."""
@@ -766,7 +800,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Co
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = load_yaml(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
     raw = apply_overrides(raw or {}, overrides)

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import yaml
 
-from trainflow.config import config_from_dict, infer_format
+from trainflow.config import config_from_dict, infer_format, load_yaml
 from trainflow.errors import ConfigError
 from trainflow.storage import is_uri
 from trainflow.tables import infer_task, open_dataset
@@ -19,8 +20,16 @@ ID_NAME = re.compile(r"(^|[_\s-])(id|key|uuid)$", re.I)
 
 
 def _q(text: str) -> str:
-    """A YAML scalar for any column name or path (JSON strings are YAML)."""
-    return text if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_./-]*", text) else json.dumps(text)
+    """A YAML scalar for any column name or path, written by YAML's own emitter (it reads back as the same text)."""
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_./-]*", text):
+        return text
+    return yaml.safe_dump(text, default_style='"', allow_unicode=True, width=2**31 - 1).rstrip("\n")
+
+
+def _comment(text: str) -> str:
+    """Text from outside (a path, a column name) safe inside a YAML comment: line breaks and control characters
+    escaped, so nothing after them can become a key."""
+    return json.dumps(text, ensure_ascii=False)[1:-1]
 
 
 def _guess_task(dataset, label: str) -> tuple[str, str]:
@@ -42,6 +51,9 @@ def scaffold(data: str, label: str, out: str) -> str:
     """The config text for the table at data with label, its relative paths written against out's folder."""
     fmt = infer_format(data)
     path = data if is_uri(data) else str(Path(data).expanduser().resolve())
+    if not is_uri(path) and (Path(out).resolve() == Path(path) or Path(path) in Path(out).resolve().parents):
+        raise ConfigError(f"--out {out} is the table --data {data} (or inside it): init never writes over its input; "
+                          "choose another file for the config")
     dataset = open_dataset(path, fmt)
     schema = dataset.schema
     try:
@@ -58,7 +70,7 @@ def scaffold(data: str, label: str, out: str) -> str:
     features = [n for n in schema.names if n not in (label, id_col)]
     rows = dataset.count_rows()
     lines = [
-        f"# trainflow config for {path}: {rows:,} rows, {len(schema.names)} columns; written by `trainflow init`.",
+        f"# trainflow config for {_comment(path)}: {rows:,} rows, {len(schema.names)} columns; written by `trainflow init`.",
         "# Every key with its meaning: `trainflow config schema`; this file resolved: `trainflow config show --config FILE`;",
         "# every check short of training: `trainflow validate --config FILE`. Relative paths resolve against this folder.",
         "data:",
@@ -68,7 +80,7 @@ def scaffold(data: str, label: str, out: str) -> str:
          "  # id_column: ...                # a column carried into the predictions (and the split's key)"),
         f"  # features: [{', '.join(_q(f) for f in features[:6])}{', ...' if len(features) > 6 else ''}]"
         "   # default: every column but the label and id",
-        f"task: {task}                    # {task_comment}",
+        f"task: {task}                    # {_comment(task_comment)}",
         "model:",
         "  type: auto                      # mlp, xgboost and lightgbm, each trained, and their weighted ensemble; the best",
         "                                  # on the validation split goes on (one family, e.g. mlp, trains in about half the time)",
@@ -86,7 +98,5 @@ def scaffold(data: str, label: str, out: str) -> str:
         f"#   output: predictions/{stem}",
     ]
     text = "\n".join(lines) + "\n"
-    import yaml
-
-    config_from_dict(yaml.safe_load(text), base_dir=folder, source=out)  # what init writes always loads
+    config_from_dict(load_yaml(text), base_dir=folder, source=out)  # what init writes always loads
     return text
