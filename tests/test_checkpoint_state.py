@@ -136,3 +136,23 @@ def test_what_select_checked_is_what_later_steps_read_after_a_swap(tmp_path):
     assert served.family == "mlp" and predict_table(served, _table()).num_rows == 50
     copy = private_copy(str(d))
     assert copy != checked and json.loads(Path(copy, CONFIG_FILE).read_text())["model"]["type"] == "torch"
+
+
+def test_private_copies_go_with_their_process_and_a_killed_process_leaves_none_for_long(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    script = "from trainflow.storage import private_dir; print(private_dir('model-'), flush=True); import time; time.sleep({})"
+    done = subprocess.run([sys.executable, "-c", script.format(0)], env=env, capture_output=True, text=True, check=True)
+    assert not Path(done.stdout.strip()).exists()  # removed at exit
+    killed = subprocess.Popen([sys.executable, "-c", script.format(600)], env=env, stdout=subprocess.PIPE, text=True)
+    left = Path(killed.stdout.readline().strip())
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(10)
+    assert left.exists()
+    (tmp_path / "trainflow-notours").mkdir()
+    subprocess.run([sys.executable, "-c", script.format(0)], env=env, check=True, capture_output=True)
+    assert not left.parent.exists() and (tmp_path / "trainflow-notours").exists()
