@@ -51,3 +51,9 @@ def md(text: object) -> str:
     for ch in "\\`*_[]()|#!":
         out = out.replace(ch, "\\" + ch)
     return out
+
+
+def md_code(text: object) -> str:
+    """Text from data as an inline code span (shown as typed, never as a link or HTML): backticks and line breaks
+    cannot end it, and a table's cell divider is escaped."""
+    return "`" + " ".join(str(text).split()).replace("`", "'").replace("|", "\\|") + "`"

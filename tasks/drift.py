@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from trainflow.tasks.common import md, png_data_uri
+from trainflow.tasks.common import md, md_code, png_data_uri
 from trainflow.preprocessors.baseline import drift_report
 from trainflow.config import Config
 from trainflow.tracking import MODEL_URI, mlflow_key
@@ -44,8 +44,8 @@ def markdown(drift: dict[str, Any], model: str, source: str) -> str:
     rows = "\n".join(f"| {md(c)} | {r['method']} | {r['score']} | {r['threshold']} | {r['verdict']} |"
                      for c, r in drift["columns"].items())
     png = png_data_uri(bar_chart(drift))[1] if drift["columns"] else ""
-    drifted = ", ".join(md(c) for c in drift["drifted_columns"]) or "none"
-    return (f"# Drift of {md(source)} from {md(model)}'s training data\n\n{drift['rows']} scoring rows; drifted: {drifted}\n\n"
+    drifted = ", ".join(md_code(c) for c in drift["drifted_columns"]) or "none"
+    return (f"# Drift of {md_code(source)} from {md(model)}'s training data\n\n{drift['rows']} scoring rows; drifted: {drifted}\n\n"
             f"| column | measure | score | threshold | verdict |\n|---|---|---|---|---|\n{rows}\n\n"
             + (f"![drift per feature]({png})\n" if png else ""))
 

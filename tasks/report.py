@@ -16,7 +16,7 @@ from prefect.cache_policies import NO_CACHE
 from trainflow.config import ENSEMBLE, Config, is_uri
 from trainflow.redact import redact_config, redact_text
 from trainflow.storage import join, write_bytes
-from trainflow.tasks.common import md, png_data_uri
+from trainflow.tasks.common import md, md_code, png_data_uri
 from trainflow.tracking import mlflow_key, tracking
 from trainflow.trainer.families import FAMILIES
 
@@ -172,7 +172,7 @@ def _predictions_rows(summary: dict[str, Any]) -> str:
     unseen = summary.get("unseen_categories") or {}
     if unseen:
         line += "\n- values never seen in training (predicted with the unknown code): " + ", ".join(
-            f"{md(c)} {n} row(s)" for c, n in sorted(unseen.items()))
+            f"{md_code(c)} {n} row(s)" for c, n in sorted(unseen.items()))
     return line
 
 
