@@ -11,6 +11,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.config import Config
+from trainflow.storage import is_uri
 from trainflow.tasks.select import Selected
 from trainflow.trainer.calibration import apply, fit_platt, fit_temperature, log_probs, write_calibration
 from trainflow.trainer.evaluate import Scored, score_checkpoint
@@ -33,7 +34,9 @@ def calibrate(config: Config, holdout: ray.data.Dataset, selected: Selected,
     outputs = apply(fitted, raw.outputs)
     threshold = _threshold(config, outputs, raw.labels, raw.prep.num_outputs, record)
     stored = {**(fitted or {}), **({"threshold": threshold} if threshold is not None else {})}
-    write_calibration(selected.path, stored or None)
+    write_calibration(selected.path, stored or None)  # the checked copy every later step serves
+    if selected.uri and not is_uri(selected.uri) and selected.uri != selected.path:
+        write_calibration(selected.uri, stored or None)  # and the run's own checkpoint, for `predict --model <folder>`
     get_run_logger().info("calibration: %s", ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                                                       for k, v in record.items()))
     # the checkpoint's outputs as it now serves them (calibration applied), on every validation row with the slice

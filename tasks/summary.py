@@ -16,6 +16,7 @@ from trainflow.tasks.split import Split
 from trainflow.tasks.train import TrainOutcome
 from trainflow.config import Config
 from trainflow.redact import redact_value
+from trainflow.storage import is_uri
 
 
 @task(name="summarize", cache_policy=NO_CACHE)
@@ -44,7 +45,9 @@ def summarize(
         "training_budget": outcome.budget,
         "resumed_from_epoch": outcome.resumed_from_epoch,
         "recoveries": outcome.recoveries,
-        "best_checkpoint": {"path": selected.path, "uri": selected.uri or selected.path, "epoch": selected.epoch, "metrics": selected.metrics},
+        # path: a local folder holding it (the checkpoint itself on local storage, the run's checked copy otherwise)
+        "best_checkpoint": {"path": selected.uri if selected.uri and not is_uri(selected.uri) else selected.path,
+                            "uri": selected.uri or selected.path, "epoch": selected.epoch, "metrics": selected.metrics},
         "skipped_checkpoints": selected.skipped,
         "mlflow_run_id": registered.run_id,
         "registered_model": registered.model_name,

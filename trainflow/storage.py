@@ -112,6 +112,7 @@ def private_copy(uri: str) -> str:
     if isinstance(fs, pafs.LocalFileSystem):
         shutil.copytree(inner, local)  # links followed: the copy holds the files as they are now
     else:
+        os.makedirs(local)
         pafs.copy_files(inner, local, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
     return local
 

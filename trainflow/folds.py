@@ -1,0 +1,167 @@
+"""The fold plan: which rows each consumer may read.
+
+One seeded hash of each row's key (the id column, else the row's values) gives it a number u in [0, 1) that
+never changes (the same row gets the same number in every run, on every worker, materialized or streamed). The
+plan cuts that range into roles:
+
+    [0, test_fraction)                      test: read once, by the final scoring and the gate
+    [test_fraction, validation_cut)         validation: early stopping, the family choice, ensemble weights,
+                                            calibration and the decision threshold
+    [validation_cut, 1)                     train
+
+A class with too few rows to give a role at least one row keeps those rows for training (classification), so
+every class the model is judged on was also trained on. A table that grows keeps its test rows as test rows, and
+a plan stored with a model (split.json in its checkpoint) says, for any later table, which rows that model never
+trained on or chose on: the gate compares two models only on rows held out from both.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+TRAIN, VALIDATION, TEST = 0, 1, 2
+ROLE_NAMES = {TRAIN: "train", VALIDATION: "validation", TEST: "test"}
+PLAN_FILE = "split.json"
+
+# a test set beyond this adds no precision worth its rows (the standard error of an accuracy near 0.9 is 0.13
+# points at 50,000 rows): the rest trains
+MAX_TEST_ROWS = 50_000
+MIN_ROLE_ROWS = 10  # fewer test, validation or training rows than this judge nothing
+
+
+@dataclass(frozen=True)
+class FoldPlan:
+    """Which role each row has, from a seeded hash of its key columns; plain data, stored with the model."""
+
+    seed: int
+    key_columns: tuple[str, ...]
+    test_fraction: float  # the share of all rows in the test role (after the MAX_TEST_ROWS cap)
+    validation_fraction: float  # the share of the non-test rows in the validation role
+    label: str | None = None  # classification: the label whose small classes stay in training
+    # classes with enough rows for each role (None: every class); text, as the label's values cast to string
+    test_classes: tuple[str, ...] | None = None
+    validation_classes: tuple[str, ...] | None = None
+    counts: dict[str, int] = field(default_factory=dict, compare=False)  # rows per role when the plan was made
+
+    @property
+    def validation_cut(self) -> float:
+        return self.test_fraction + (1.0 - self.test_fraction) * self.validation_fraction
+
+    def keys(self, batch: pa.Table) -> np.ndarray:
+        """The number in [0, 1) of each row of batch (its key columns hashed with the plan's seed)."""
+        from trainflow.data import split_fraction_keys
+
+        return split_fraction_keys(batch, list(self.key_columns), self.seed)
+
+    def roles(self, batch: pa.Table) -> np.ndarray:
+        """The role code (TRAIN, VALIDATION, TEST) of every row of batch."""
+        u = self.keys(batch)
+        roles = np.full(len(u), TRAIN, dtype=np.int8)
+        test = u < self.test_fraction
+        val = (u >= self.test_fraction) & (u < self.validation_cut)
+        if self.label is not None:
+            values = pc.cast(batch[self.label], pa.string())
+            for mask, classes in ((test, self.test_classes), (val, self.validation_classes)):
+                if classes is not None:
+                    mask &= pc.is_in(values, value_set=pa.array(list(classes), pa.string())).to_numpy(zero_copy_only=False)
+        roles[val] = VALIDATION
+        roles[test] = TEST
+        return roles
+
+    def held_out(self, batch: pa.Table) -> np.ndarray:
+        """Rows a model trained under this plan never trained on and no choice of its run read: its test rows (a
+        plan without a test role, a model trained before there was one: its validation rows)."""
+        return self.roles(batch) == (TEST if self.test_fraction > 0 else VALIDATION)
+
+    def describe(self) -> str:
+        keyed = f"id column {self.key_columns[0]!r}" if len(self.key_columns) == 1 else "each row's values"
+        return (f"test {self.test_fraction:.3g} of the rows, validation {self.validation_fraction:.3g} of the rest, "
+                f"by a hash of {keyed} with seed {self.seed}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FoldPlan:
+        """A stored plan, checked: fractions in [0, 1), a seed and key columns as written."""
+        try:
+            plan = cls(
+                seed=int(d["seed"]), key_columns=tuple(str(c) for c in d["key_columns"]),
+                test_fraction=float(d["test_fraction"]), validation_fraction=float(d["validation_fraction"]),
+                label=None if d.get("label") is None else str(d["label"]),
+                test_classes=None if d.get("test_classes") is None else tuple(map(str, d["test_classes"])),
+                validation_classes=None if d.get("validation_classes") is None else tuple(map(str, d["validation_classes"])),
+                counts={str(k): int(v) for k, v in (d.get("counts") or {}).items()},
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a split plan trainflow wrote ({type(exc).__name__}: {exc})") from None
+        if not (0.0 <= plan.test_fraction < 1.0 and 0.0 < plan.validation_fraction < 1.0 and plan.key_columns):
+            raise ValueError(f"not a split plan trainflow wrote (fractions {plan.test_fraction}, "
+                             f"{plan.validation_fraction}; key columns {plan.key_columns})")
+        return plan
+
+    def save(self, directory: str | Path) -> None:
+        path = Path(directory) / PLAN_FILE
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, directory: str | Path) -> FoldPlan | None:
+        """The plan stored in a checkpoint; for a checkpoint from before plans were stored, the plan its config.json
+        implies (no test role: its validation rows are the ones it held out); None when neither says."""
+        directory = Path(directory)
+        path = directory / PLAN_FILE
+        if path.is_file():
+            try:
+                return cls.from_dict(json.loads(path.read_text()))
+            except ValueError as exc:
+                raise ValueError(f"{path}: {exc}") from None
+        try:
+            cfg = json.loads((directory / "config.json").read_text())
+            data, split = cfg["data"], cfg["split"]
+            if data.get("id_column"):
+                keys = [data["id_column"]]
+            else:  # the row's values: its features in the fitted order, then the label
+                prep = json.loads((directory / "preprocessor.json").read_text())
+                keys = [*prep["feature_order"], prep["label"]]
+            return cls(seed=int(split["seed"]), key_columns=tuple(keys), test_fraction=0.0,
+                       validation_fraction=float(split["validation_fraction"]))
+        except (OSError, KeyError, TypeError, ValueError):
+            return None
+
+
+def effective_test_fraction(requested: float, rows: int) -> float:
+    """split.test_fraction, capped so the test role holds at most MAX_TEST_ROWS rows."""
+    if requested <= 0 or rows <= 0:
+        return 0.0
+    return min(requested, MAX_TEST_ROWS / rows)
+
+
+def eligible(per_class: dict[str, int], share: float) -> tuple[str, ...]:
+    """The classes with at least one expected row in a role that takes `share` of them."""
+    return tuple(sorted(v for v, n in per_class.items() if n * share >= 1))
+
+
+def check_sizes(counts: dict[str, int], source: str, plan: FoldPlan) -> None:
+    """DataError naming the counts when a role is too small to judge anything."""
+    from trainflow.errors import DataError
+
+    wanted = {"train": MIN_ROLE_ROWS, "validation": MIN_ROLE_ROWS}
+    if plan.test_fraction > 0:
+        wanted["test"] = MIN_ROLE_ROWS
+    short = [f"{role} {counts.get(role, 0)}" for role, least in wanted.items() if counts.get(role, 0) < least]
+    if short:
+        raise DataError(
+            f"{source}: {sum(counts.values())} rows are too few to train, choose and judge a model: "
+            f"{', '.join(f'{r} {n}' for r, n in counts.items())} rows (at least {MIN_ROLE_ROWS} each are needed; "
+            f"short: {', '.join(short)}); add rows, or change split.test_fraction / split.validation_fraction"
+        )
+
