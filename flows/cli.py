@@ -81,7 +81,10 @@ def format_summary(s: dict[str, Any]) -> str:
            f"  checkpoint        {best.get('path')}"] if s.get("ensemble") and s.get("model_family") == "ensemble" else
           [_progress_line(s), f"  best checkpoint   {(s.get('training_budget') or {}).get('unit', 'epoch')} "
                               f"{best.get('epoch')}: {best.get('path')}"]),
-        "  validation        " + ", ".join(f"{k}={v:.4f}" for k, v in shown.items()),
+        "  validation        " + ", ".join(f"{k}={v:.4f}" for k, v in shown.items())
+        + f" ({s.get('validation_rows')} rows; chose the model)",
+        *(["  test              " + ", ".join(f"{k}={v:.4f}" for k, v in (s.get("test_metrics") or {}).items())
+           + f" ({s.get('test_rows')} rows no choice touched)"] if s.get("test_metrics") else []),
         f"  mlflow            run {s.get('mlflow_run_id')}, model {s.get('model_uri')}",
     ]
     if s.get("trials"):
@@ -99,23 +102,27 @@ def format_summary(s: dict[str, Any]) -> str:
             )
     if s.get("candidates"):
         metric = (s.get("promotion") or {}).get("metric")
-        lines.append(f"  candidates        by {metric} on the validation split, best first:")
+        tested = metric.replace("val_", "test_", 1) if metric else None
+        lines.append(f"  candidates        by {metric} on the validation split, best first"
+                     + (f" ({tested} on the test rows beside it):" if s.get("test_metrics") else ":"))
         for c in s["candidates"]:
-            score = c.get(metric)
+            score, test = c.get(metric), c.get(tested)
             how = (f"weights {_weights(s)}" if c["family"] == "ensemble" else
                    f"{c.get('unit', 'epoch')} {c['epoch']} of {c['epochs_run']}")
-            lines.append(f"    {c['family']:<10} {metric}={'-' if score is None else f'{score:.4f}'} "
-                         f"({how}, run {c['run_name']})")
+            lines.append(f"    {c['family']:<10} {metric}={'-' if score is None else f'{score:.4f}'}"
+                         + (f"  {tested}={test:.4f}" if test is not None else "") + f" ({how}, run {c['run_name']})")
     for family, why in (s.get("families_left_out") or {}).items():
         lines.append(f"    {family:<10} left out (model.type auto): {why}")
     if s.get("feature_importance"):
         lines.append("  relies on         " + ", ".join(f"{r['column']} {r['importance']:.3g}" for r in s["feature_importance"][:5])
                      + f" ({(s.get('promotion') or {}).get('metric')} lost when shuffled)")
     if s.get("calibration"):
-        lines.append(f"  calibration       ECE {s['calibration']['ece']:.4f}, Brier {s['calibration']['brier']:.4f} (validation split)")
+        where = (s.get("promotion") or {}).get("judged_on", "validation")
+        lines.append(f"  calibration       ECE {s['calibration']['ece']:.4f}, Brier {s['calibration']['brier']:.4f} ({where} rows)")
     if s.get("promotion"):
         p = s["promotion"]
-        lines.append(f"  promotion         {p.get('decision')}: {p.get('reason')}")
+        lines.append(f"  promotion         {p.get('decision')} on {p.get('rows')} {p.get('judged_on', 'validation')} rows: "
+                     f"{p.get('reason')}")
     if s.get("predictions_path"):
         lines.append(
             f"  predictions       {s['predictions_path']} ({s.get('output_rows')} rows for {s.get('input_rows')} inputs, "

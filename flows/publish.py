@@ -14,6 +14,7 @@ from prefect import get_run_logger
 from trainflow.config import Config
 from trainflow.tasks.calibrate import calibrate
 from trainflow.tasks.explain import explain
+from trainflow.tasks.final_score import score_test
 from trainflow.tasks.infer import infer
 from trainflow.tasks.ingest import Ingested
 from trainflow.tasks.promote import promote
@@ -26,14 +27,21 @@ from trainflow.tasks.train import TrainOutcome
 
 
 def publish(config: Config, ingested: Ingested, parts: Split, outcome: TrainOutcome, selected: Selected,
-            extra: dict[str, Any]) -> dict[str, Any]:
+            extra: dict[str, Any], selections: dict[str, Selected] | None = None) -> dict[str, Any]:
     """Register the selected checkpoint, gate it against @champion, predict inference.input with whichever
-    version serves after the gate (a rejected challenger never writes predictions), and report; the summary."""
-    # stored in the checkpoint before it is registered; its scored validation split is the gate's challenger side
+    version serves after the gate (a rejected challenger never writes predictions), and report; the summary.
+    selections: every candidate's selected checkpoint (scored on the test rows beside the chosen one)."""
+    # stored in the checkpoint before it is registered (fitted on the validation rows)
     fit, scored = calibrate(config, parts.val, selected, outcome.family)
-    registered = register(config, ingested, outcome, selected)
-    promotion = promote(config, parts.val, selected, registered, scored)
-    importance = explain(config, parts.val, selected.path, promotion, registered)
+    holdout, judged_on, tested = parts.val, "validation", None
+    if parts.test is not None:  # the test rows, read once every choice is made: the final scores and the gate's
+        tested = score_test(config, parts.test, selections or {outcome.family: selected}, outcome.family)
+        holdout, judged_on, scored = parts.test, "test", tested.chosen
+        for row in extra.get("candidates") or []:
+            row.update(tested.metrics.get(row["family"], {}))
+    registered = register(config, ingested, outcome, selected, parts.plan)
+    promotion = promote(config, holdout, selected, registered, scored, judged_on)
+    importance = explain(config, holdout, selected.path, promotion, registered)
     predictions = None
     if config.inference.input and promotion.serving_version is None:
         get_run_logger().warning("nothing predicted: no version of %s is @champion (%s)", promotion.model_name,
@@ -41,6 +49,10 @@ def publish(config: Config, ingested: Ingested, parts: Split, outcome: TrainOutc
     elif config.inference.input:
         predictions = infer(promotion.serving_checkpoint, config, f"models:/{promotion.model_name}/{promotion.serving_version}")
     summary = summarize(ingested, parts, outcome, selected, registered, promotion, predictions,
-                        extra={"task": config.task, "feature_importance": importance, "calibration_fit": fit, **extra})
+                        extra={"task": config.task, "feature_importance": importance, "calibration_fit": fit,
+                               "test_rows": tested.rows if tested else 0,
+                               "test_metrics": tested.metrics[outcome.family] if tested else None,
+                               "split": parts.plan.describe() if parts.plan else None, "split_path": parts.split_path,
+                               **extra})
     report(config, outcome.history, summary)
     return summary

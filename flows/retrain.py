@@ -43,7 +43,7 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
     ingested = ingest(config, fingerprint)
     runs = run_names(config, name)
     check_resume(config, ingested.spec.fingerprint, runs)
-    parts = split(ingested, config)
+    parts = split(ingested, config, name)
     prepared = preprocess(ingested, parts, config)
     runs = {f: r for f, r in runs.items() if f in prepared.budgets}  # auto leaves out a family that cannot fit
     validation = validate_data(config, prepared.preprocessor)
@@ -66,7 +66,8 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
     outcome, selected = outcomes[family], selections[family]
     return publish(config, ingested, parts, outcome, selected,
                    {"candidates": candidates.scores if candidates else None, "validation": validation,
-                    "ensemble": built.record if built else None, "families_left_out": prepared.left_out or None})
+                    "ensemble": built.record if built else None, "families_left_out": prepared.left_out or None},
+                   selections)
 
 
 def skipped_run(config, run_name: str, skipped: dict[str, Any]) -> dict[str, Any]:

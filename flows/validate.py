@@ -37,6 +37,8 @@ def validate(config_path: str, overrides: dict[str, Any] | None = None) -> dict[
         "rows": spec.rows,
         "train_rows": parts.train_rows,
         "validation_rows": parts.val_rows,
+        "test_rows": parts.test_rows,
+        "split": parts.plan.describe() if parts.plan else None,
         "features": {"numeric": spec.numeric, "text": spec.categorical, "dates": spec.dates},
         "packed_features": prepared.preprocessor.num_features,
         "materialized": prepared.materialized,

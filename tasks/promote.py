@@ -21,6 +21,7 @@ from trainflow.tasks.select import Selected
 from trainflow.trainer.evaluate import Scored, paired_bootstrap, score_checkpoint, slice_metrics
 from trainflow.config import Config
 from trainflow.errors import InfrastructureError
+from trainflow.folds import FoldPlan
 from trainflow.locks import exclusive
 from trainflow.tracking import CHAMPION, current_champion, mlflow_key
 
@@ -46,6 +47,8 @@ class Promotion:
     confidence: dict | None = None  # the paired bootstrap of the gain (when both models scored)
     slices: dict | None = None  # column -> value -> the challenger's metrics, rows, judged, the champion's metric
     calibration: dict | None = None  # the challenger's ECE, Brier score and reliability bins (classification)
+    judged_on: str = "test"  # the rows the scores come from: the test role (validation where the plan has none)
+    rows: int = 0  # how many: with a champion, the rows held out from both models
 
     def record(self) -> dict:
         """The summary JSON's `promotion` entry (slices and calibration have their own summary keys)."""
@@ -77,9 +80,9 @@ def _before_alias_move(version: str) -> None:
     """Test hook: called under the lock, after both models are scored and before the alias is re-read and moved."""
 
 
-def _score(path: str, holdout: ray.data.Dataset, slices: tuple[str, ...]) -> Scored | None:
+def _score(path: str, holdout: ray.data.Dataset, slices: tuple[str, ...], plan: FoldPlan | None = None) -> Scored | None:
     try:
-        return score_checkpoint(path, holdout, slices)
+        return score_checkpoint(path, holdout, slices, held_out=plan)
     except SchemaDriftError as exc:
         task_logger("promote").warning("model %s cannot score this holdout: %s", path, exc)
         return None
@@ -123,8 +126,26 @@ def slice_check(slices: dict, champion: Scored | None, config: Config) -> str | 
             f"champion's {other:.6g}, more than promotion.max_slice_drop {p.max_slice_drop:g}")
 
 
+def champion_plan(path: str) -> FoldPlan | None:
+    """The split the champion was trained under (its split.json, or what its config.json implies); None when
+    neither says (then every holdout row counts, and the reason says so)."""
+    try:
+        return FoldPlan.load(path)
+    except ValueError as exc:
+        task_logger("promote").warning("the champion's split plan cannot be read (%s): judged on every holdout row", exc)
+        return None
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4g}"
+
+
+def _plans_differ(plan: FoldPlan | None) -> str:
+    return "its split is unknown" if plan is None else f"it was trained with {plan.describe()}"
+
+
 def gate(config: Config, holdout: ray.data.Dataset, challenger_path: str, registered: Registered,
-         scored: Scored | None = None) -> Promotion:
+         scored: Scored | None = None, judged_on: str = "test") -> Promotion:
     """Score the challenger and the current @champion on the same holdout and move the alias on a win, as one
     compare-and-set: under a lock per registered model (CLI, deployments and tune all take it), and the alias
     is read again right before it moves; a champion that changed meanwhile is scored in its turn. scored: the
@@ -139,7 +160,8 @@ def gate(config: Config, holdout: ray.data.Dataset, challenger_path: str, regist
     confidence = None
     floor = config.promotion.min_score
     missed = below_floor(challenger, floor, mode)
-    scored: dict[str, tuple[Scored | None, str]] = {}
+    scored: dict[str, tuple] = {}
+    judged_rows, challenger_judged = len(mine.labels), challenger
     uri = config.mlflow.tracking_uri
     # an explicit client, not MLflow's process-wide tracking URI: gates of two models may run at once in one process
     with exclusive("champion", name, uri):
@@ -155,20 +177,34 @@ def gate(config: Config, holdout: ray.data.Dataset, challenger_path: str, regist
             else:
                 if champion_version not in scored:
                     path = resolve_checkpoint(f"models:/{name}/{champion_version}", allowed_class_paths(config), uri)
-                    scored[champion_version] = (_score(path, holdout, slices_asked), path)
-                theirs, champion_path = scored[champion_version]
+                    plan = champion_plan(path)
+                    theirs_all = _score(path, holdout, slices_asked, plan)
+                    ours_all = mine if plan is None else score_checkpoint(challenger_path, holdout, slices_asked,
+                                                                          held_out=plan)
+                    scored[champion_version] = (theirs_all, ours_all, path, plan)
+                theirs, ours, champion_path, plan = scored[champion_version]
+                if plan is not None and theirs is not None:  # only the rows neither model trained or chose on
+                    theirs, ours = theirs.subset(theirs.held_out), ours.subset(ours.held_out)
+                judged_rows = len(ours.labels)
+                challenger_judged = ours.metrics().get(metric) if judged_rows else None
                 champion_score = theirs.metrics().get(metric) if theirs is not None and len(theirs.labels) else None
-                promote_it, reason = decide(challenger, champion_score, mode, margin)
+                promote_it, reason = decide(challenger_judged, champion_score, mode, margin)
                 if champion_score is None and promote_it:
                     reason = "the champion cannot score the current holdout (its schema or classes differ)"
                 if theirs is not None and slices is not None:
+                    slices = slice_metrics(ours, config.promotion.min_slice_rows)
                     rejected = slice_check(slices, theirs, config)
                     if promote_it and rejected:
                         promote_it, reason = False, rejected
                 if promote_it and theirs is not None and champion_score is not None:
-                    confidence, noisy = noise_check(mine, theirs, config)
+                    confidence, noisy = noise_check(ours, theirs, config)
                     if noisy:
                         promote_it, reason = False, noisy
+                if promote_it and champion_score is not None and judged_rows < config.promotion.min_test_rows:
+                    promote_it, reason = False, (
+                        f"only {judged_rows} {judged_on} rows are held out from both the challenger and champion "
+                        f"v{champion_version} ({_plans_differ(plan)}), fewer than promotion.min_test_rows "
+                        f"{config.promotion.min_test_rows}: no promotion on that evidence")
             if missed and champion_version != version:
                 promote_it, reason = False, (
                     f"{metric} {challenger:.6g} misses the floor promotion.min_score {floor:g}: registered, never "
@@ -197,7 +233,7 @@ def gate(config: Config, holdout: ray.data.Dataset, challenger_path: str, regist
             below_floor=missed,
             model_name=name,
             challenger_version=version,
-            challenger_score=challenger,
+            challenger_score=challenger_judged,
             champion_version=champion_version,
             champion_score=champion_score,
             serving_version=version if promote_it else champion_version,
@@ -205,6 +241,8 @@ def gate(config: Config, holdout: ray.data.Dataset, challenger_path: str, regist
             confidence=confidence,
             slices=slices,
             calibration=mine.calibration() if len(mine.labels) else None,
+            judged_on=judged_on,
+            rows=judged_rows,
         )
         tags = {
             "trainflow.promotion.decision": result.decision,
@@ -221,10 +259,9 @@ def gate(config: Config, holdout: ray.data.Dataset, challenger_path: str, regist
                    payload=result.record())
     except Exception as exc:  # noqa: BLE001 - the decision stands whatever the event bus says
         log.warning("promotion: the decision stands; its Prefect event was not emitted (%s: %s)", type(exc).__name__, exc)
-    log.info(
-        "promotion: %s v%s (%s %s=%s vs champion v%s %s): %s",
-        result.decision, version, metric, mode, challenger, champion_version, champion_score, reason,
-    )
+    against = "no champion" if champion_version is None else f"champion v{champion_version} {_fmt(champion_score)}"
+    log.info("promotion: %s v%s on %d %s rows (%s %s %s vs %s): %s", result.decision, version, judged_rows, judged_on,
+             metric, mode, _fmt(challenger_judged), against, reason)
     return result
 
 
@@ -251,8 +288,10 @@ def evaluation_metrics(result: Promotion) -> list[Metric]:
     """The gate's evaluation as MLflow metrics: calibration (val_ece, val_brier), the bootstrap's gain and its
     band, and each judged slice's metrics (slice.<column>.<value>.<metric>)."""
     now, out = int(time.time() * 1000), []
-    if result.calibration:
-        out += [Metric("val_ece", result.calibration["ece"], now, 0), Metric("val_brier", result.calibration["brier"], now, 0)]
+    if result.calibration:  # named for the rows they come from (test_ece, or val_ece without a test role)
+        prefix = "test" if result.judged_on == "test" else "val"
+        out += [Metric(f"{prefix}_ece", result.calibration["ece"], now, 0),
+                Metric(f"{prefix}_brier", result.calibration["brier"], now, 0)]
     for key in ("gain", "gain_p05", "gain_p95"):
         value = (result.confidence or {}).get(key)
         if value is not None and math.isfinite(value):
@@ -267,7 +306,7 @@ def evaluation_metrics(result: Promotion) -> list[Metric]:
 
 @task(name="promote", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
 def promote(config: Config, holdout: ray.data.Dataset, selected: Selected, registered: Registered,
-            scored: Scored | None = None) -> Promotion:
-    """Score the new version (or take its scored holdout) and the current @champion on the same holdout; move the
-    alias only on a win."""
-    return gate(config, holdout, selected.path, registered, scored)
+            scored: Scored | None = None, judged_on: str = "test") -> Promotion:
+    """Score the new version (or take its scored holdout) and the current @champion on the same holdout rows (with a
+    champion: the ones neither trained or chose on); move the alias only on a win."""
+    return gate(config, holdout, selected.path, registered, scored, judged_on)

@@ -19,6 +19,7 @@ from trainflow.tasks.ingest import Ingested
 from trainflow.tasks.select import Selected
 from trainflow.tasks.train import TrainOutcome
 from trainflow.config import Config
+from trainflow.folds import FoldPlan
 from trainflow.redact import redact_text, redact_value
 from trainflow.tasks.mlflow_run import REGISTER_KEY, find_run, log_params, log_rows, run_key
 from trainflow.tasks.model_package import MODEL_CODE, example_input, requirements, serving_code, signature_for
@@ -35,9 +36,13 @@ class Registered:
 
 
 @task(name="register", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
-def register(config: Config, ingested: Ingested, outcome: TrainOutcome, selected: Selected) -> Registered:
-    """An MLflow run with params, per-epoch metrics and the checkpoint; a new registered model version."""
+def register(config: Config, ingested: Ingested, outcome: TrainOutcome, selected: Selected,
+             plan: FoldPlan | None = None) -> Registered:
+    """An MLflow run with params, per-epoch metrics and the checkpoint (with plan: its split.json, which rows it
+    never trained or chose on); a new registered model version."""
     prep = TabularPreprocessor.load(selected.path)
+    if plan is not None:
+        plan.save(selected.path)
     lineage = {
         "trainflow.data_path": ingested.spec.path,
         "trainflow.data_fingerprint": ingested.spec.fingerprint,

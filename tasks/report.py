@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 import re
 from typing import Any
@@ -101,7 +102,8 @@ def _calibration_lines(summary: dict[str, Any]) -> str:
     if not c:
         return "- regression: no class probabilities to calibrate"
     line = (f"- expected calibration error (top label, {len(c['bins'])} filled bins) {c['ece']:.4f}, "
-            f"Brier score {c['brier']:.4f}, on the validation split (artifact `-reliability`)")
+            f"Brier score {c['brier']:.4f}, on the {(summary.get('promotion') or {}).get('judged_on', 'validation')} rows "
+            "(artifact `-reliability`)")
     if fit.get("method"):
         params = ", ".join(f"{k} {fit[k]:.4g}" for k in ("temperature", "slope", "intercept") if k in fit)
         line += (f"\n- calibrated with {fit['method']} ({params}) because {fit['why']}: ECE {fit['ece_before']:.4f} -> "
@@ -203,26 +205,36 @@ def _serving_line(promo: dict[str, Any]) -> str:
     return serving + floor
 
 
+def _metric_rows(validation: dict[str, Any], test: dict[str, Any]) -> str:
+    rows = []
+    for k, v in sorted(validation.items()):
+        t = test.get("test_" + k[4:]) if k.startswith("val_") else None
+        rows.append(f"| {k} | {_fmt(v)} | {'' if t is None else _fmt(t)} |")
+    return "\n".join(rows)
+
+
 def model_card(config: Config, summary: dict[str, Any], curve_uri: str, curve_png: str = "") -> str:
     """Markdown: data, metrics, promotion decision, lineage and the resolved config."""
     best = summary["best_checkpoint"]
     promo = summary["promotion"]
-    metrics = "\n".join(f"| {k} | {_fmt(v)} |" for k, v in sorted(best["metrics"].items()))
     return f"""# {summary['registered_model']} version {summary['model_version']}
 
-**Promotion: {promo['decision']}** on {promo['metric']} ({promo['mode']}, margin {promo['margin']:g}):
+**Promotion: {promo['decision']}** on {promo['metric']} ({promo['mode']}, margin {promo['margin']:g}), judged on {promo.get('rows')} {promo.get('judged_on', 'validation')} rows:
 challenger v{promo['challenger_version']} {_fmt(promo['challenger_score'])}, champion v{promo['champion_version']} {_fmt(promo['champion_score'])}.
 {promo['reason']}. {_serving_line(promo)}{_confidence_line(promo)}
 
 ## Data
 - table: `{summary['data_path']}`
 - fingerprint: `{summary['data_fingerprint']}`
-- rows: {summary['training_rows']} ({summary['train_rows']} training, {summary['validation_rows']} validation)
+- rows: {summary['training_rows']} ({summary['train_rows']} training, {summary['validation_rows']} validation, {summary.get('test_rows') or 0} test)
+- split: {summary.get('split') or 'train/validation'}; assignment `{summary.get('split_path')}`
 
 ## Best checkpoint (epoch {best['epoch']} of {summary['epochs_run']} run this time)
-| metric | value |
-|---|---|
-{metrics}
+Validation rows chose it (early stopping, the family, calibration); the test rows touched no choice.
+
+| metric | validation | test |
+|---|---|---|
+{_metric_rows(best['metrics'], summary.get('test_metrics') or {})}
 
 Loss curve (also `{curve_uri}` and the MLflow run's `{LOSS_CURVE}`):
 
@@ -234,7 +246,7 @@ Loss curve (also `{curve_uri}` and the MLflow run's `{LOSS_CURVE}`):
 ## Calibration
 {_calibration_lines(summary)}
 
-## Slices of the validation split
+## Slices of the {promo.get('judged_on', 'validation')} rows
 {_slices_lines(summary, promo['metric'])}
 
 ## Model
@@ -286,7 +298,9 @@ def report(config: Config, history: list[dict[str, float]], summary: dict[str, A
         client.log_batch(
             summary["mlflow_run_id"],
             params=[Param(mlflow_key(f"budget.{k}"), str(v)[:6000]) for k, v in (summary.get("training_budget") or {}).items()],
-            metrics=[Metric(mlflow_key(f"unseen_rows.{c}"), float(n), int(time.time() * 1000), 0)
+            metrics=[Metric(k, float(v), int(time.time() * 1000), 0) for k, v in (summary.get("test_metrics") or {}).items()
+                     if math.isfinite(v)]
+            + [Metric(mlflow_key(f"unseen_rows.{c}"), float(n), int(time.time() * 1000), 0)
                      for c, n in (summary.get("unseen_categories") or {}).items()]
             + ([Metric("validation.anomalies", float(len(validation["anomalies"])), int(time.time() * 1000), 0)]
                if validation.get("checks") else []),
@@ -315,7 +329,8 @@ def report(config: Config, history: list[dict[str, float]], summary: dict[str, A
     if calibration:
         ids["reliability"] = create_image_artifact(
             image_url=png_data_uri(diagram)[1], key=artifact_key(name, "reliability"),
-            description=f"Reliability diagram of {name} version {summary['model_version']} on the validation split")
+            description=f"Reliability diagram of {name} version {summary['model_version']} on the "
+                        f"{(summary.get('promotion') or {}).get('judged_on', 'validation')} rows")
     get_run_logger().info("artifacts: epoch metrics, model card, loss curve (%s)", curve_uri)
     return {k: str(v) for k, v in ids.items()}
 

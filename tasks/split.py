@@ -1,18 +1,22 @@
-"""Task: seeded train/validation split, stratified for classification."""
+"""Task: the fold plan's roles (test, validation, train) by a seeded hash, stratified for classification; the
+assignment written with the run."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+import pyarrow as pa
 import ray.data
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from trainflow.config import Config
+from trainflow.data import plan_split, split_roles
+from trainflow.folds import PLAN_FILE, ROLE_NAMES, TEST, TRAIN, VALIDATION, FoldPlan, check_sizes
+from trainflow.storage import join, list_dir, write_text
 from trainflow.tasks.common import retry_unless_user_error
 from trainflow.tasks.ingest import Ingested
-from trainflow.config import Config
-from trainflow.data import split_table
-from trainflow.errors import DataError
 
 
 @dataclass
@@ -22,21 +26,48 @@ class Split:
     train_rows: int
     val_rows: int
     materialized: bool = True
+    test: ray.data.Dataset | None = None  # read once: the final scoring and the gate
+    test_rows: int = 0
+    plan: FoldPlan | None = None
+    split_path: str | None = None  # the assignment (key -> role), Parquet
+
+
+def _assignment(batch: pa.Table, plan: FoldPlan, id_column: str | None) -> pa.Table:
+    roles = plan.roles(batch)
+    key = {id_column: batch[id_column]} if id_column else {"row_key": plan.keys(batch)}
+    names = np.array([ROLE_NAMES[r] for r in (TRAIN, VALIDATION, TEST)], dtype=object)
+    return pa.table({**key, "role": pa.array(names[roles].tolist(), pa.string())})
+
+
+def write_assignment(ds: ray.data.Dataset, plan: FoldPlan, id_column: str | None, where: str) -> str:
+    """The run's assignment as Parquet under where: each row's id (or its hash key in [0, 1)) and role, the plan
+    (split.json) written last; a rerun of the same run (same data, same plan) finds it written."""
+    if any(name == PLAN_FILE for name, _ in list_dir(where)):
+        return where
+    ds.select_columns(list(dict.fromkeys([*plan.key_columns, *([plan.label] if plan.label else [])]))).map_batches(
+        _assignment, fn_kwargs={"plan": plan, "id_column": id_column}, batch_format="pyarrow",
+    ).write_parquet(where)
+    import json
+
+    write_text(join(where, PLAN_FILE), json.dumps(plan.to_dict(), indent=1))
+    return where
 
 
 @task(name="split", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
-def split(ingested: Ingested, config: Config) -> Split:
-    """Split the table into training and validation parts."""
+def split(ingested: Ingested, config: Config, run_name: str | None = None) -> Split:
+    """Split the table into training, validation and test rows (the fold plan); with run_name, write the assignment
+    beside the run."""
     keys = [config.data.id_column] if config.data.id_column else ingested.spec.feature_order + [config.data.label]
-    train, val, n_train, n_val = split_table(
-        ingested.dataset, config.task, config.data.label, config.split.validation_fraction, config.split.seed,
-        keys, ingested.materialized,
-    )
-    if n_train == 0 or n_val == 0:
-        raise DataError(
-            f"{ingested.spec.path}: {ingested.spec.rows} rows are too few to split with "
-            f"validation_fraction={config.split.validation_fraction} ({n_train} train, {n_val} validation)"
-        )
-    get_run_logger().info("split: %d training rows, %d validation rows (by a seeded hash of %s)", n_train, n_val,
-                          f"id column {config.data.id_column!r}" if config.data.id_column else "each row's values")
-    return Split(train, val, n_train, n_val, ingested.materialized)
+    plan = plan_split(ingested.dataset, config.task, config.data.label, config.split.test_fraction,
+                      config.split.validation_fraction, config.split.seed, keys, ingested.spec.rows)
+    check_sizes(plan.counts, ingested.spec.path, plan)
+    parts = split_roles(ingested.dataset, plan, ingested.materialized)
+    where = None
+    if run_name is not None:
+        where = write_assignment(ingested.dataset, plan, config.data.id_column,
+                                 join(config.storage_path, f"{run_name}-split"))
+    get_run_logger().info("split: %d training, %d validation, %d test rows (%s)", plan.counts["train"],
+                          plan.counts["validation"], plan.counts.get("test", 0), plan.describe())
+    return Split(parts[TRAIN], parts[VALIDATION], plan.counts["train"], plan.counts["validation"],
+                 ingested.materialized, test=parts.get(TEST), test_rows=plan.counts.get("test", 0), plan=plan,
+                 split_path=where)

@@ -103,7 +103,7 @@ def test_validate_runs_every_check_short_of_training(tmp_path, capsys):
     summary_path = tmp_path / "validate.json"
     assert cli_main(["validate", "--config", str(cfg), "--summary-json", str(summary_path)]) == 0
     summary = json.loads(summary_path.read_text())
-    assert summary["valid"] and summary["rows"] == 600 and summary["train_rows"] + summary["validation_rows"] == 600
+    assert summary["valid"] and summary["rows"] == 600 and summary["train_rows"] + summary["validation_rows"] + summary["test_rows"] == 600
     assert set(summary["families"]) == {"mlp"} and summary["families"]["mlp"]["epochs"] == 3
     assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()  # nothing trained, nothing written
     # a scoring table without a feature the model needs: exit 2 naming the file and column, before any training

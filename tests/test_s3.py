@@ -53,7 +53,7 @@ def _check_not_promoted(summary: dict, promo: dict, tmp_path, fs: pafs.FileSyste
     assert "loss_curve.png" in [a.path for a in client.list_artifacts(run.info.run_id)]
     # what a person looks at in Prefect: the model card, the per-epoch metrics table and the loss curve
     card = Artifact.get("s3-test-model-card")
-    assert "## Calibration" in card.data and "## Slices of the validation split" in card.data
+    assert "## Calibration" in card.data and "## Slices of the test rows" in card.data
     assert "not_promoted" in card.data and summary["data_fingerprint"] in card.data and summary["ray_run_path"] in card.data
     table = json.loads(Artifact.get("s3-test-epoch-metrics").data)
     assert [row["epoch"] for row in table] == [0, 1, 2]

@@ -24,6 +24,12 @@ class Scored:
     outputs: np.ndarray
     labels: np.ndarray
     columns: dict[str, np.ndarray] = field(default_factory=dict)
+    held_out: np.ndarray | None = None  # per row: held out by the plan score_checkpoint was given
+
+    def subset(self, rows: np.ndarray) -> Scored:
+        """The same scores on the rows selected (a boolean mask or indices), in order."""
+        return Scored(self.prep, self.outputs[rows], self.labels[rows], {c: v[rows] for c, v in self.columns.items()},
+                      None if self.held_out is None else self.held_out[rows])
 
     def metrics(self, rows: np.ndarray | None = None) -> dict[str, float]:
         if rows is None:
@@ -36,25 +42,33 @@ class Scored:
 
 
 def score_checkpoint(checkpoint_path: str, ds: ray.data.Dataset, columns: tuple[str, ...] = (),
-                     batch_size: int = 65536, calibrated: bool = True) -> Scored:
+                     batch_size: int = 65536, calibrated: bool = True, held_out=None) -> Scored:
     """The checkpoint's outputs over every row of ds, through the preprocessor stored in its own checkpoint, so an
     older champion is judged on the same rows as a new challenger even when their fitted preprocessing differs.
+    held_out: a FoldPlan (another model's): each row's mark, whether that plan held it out, in Scored.held_out.
     Raises SchemaDriftError when the model cannot read the table (a missing column, a new class)."""
     servable = load_servable(checkpoint_path, calibrated=calibrated)
     prep = servable.preprocessor
-    wanted = list(dict.fromkeys([*prep.feature_order, prep.label, *columns]))
-    outs, labels, raw = [], [], {c: [] for c in columns}
-    for batch in ds.select_columns(wanted).iter_batches(batch_size=batch_size, batch_format="pyarrow"):
+    plan_columns = [*held_out.key_columns, *([held_out.label] if held_out.label else [])] if held_out else []
+    wanted = list(dict.fromkeys([*prep.feature_order, prep.label, *columns, *plan_columns]))
+    missing = [c for c in plan_columns if c not in ds.schema().names]
+    outs, labels, raw, marks = [], [], {c: [] for c in columns}, []
+    for batch in ds.select_columns([c for c in wanted if c not in missing]).iter_batches(batch_size=batch_size,
+                                                                                         batch_format="pyarrow"):
         x = prep.transform_features(batch, strict=False)
         labels.append(prep.transform_label(batch))
         outs.append(servable.predict(x))
         for c in columns:
             raw[c].append(batch[c])
+        if held_out is not None:  # a key column the plan needs is gone: no row can be shown held out
+            marks.append(np.zeros(batch.num_rows, bool) if missing else held_out.held_out(batch))
     if not outs:
-        return Scored(prep, np.zeros((0, prep.num_outputs), np.float32), np.zeros(0), {c: np.array([]) for c in columns})
+        return Scored(prep, np.zeros((0, prep.num_outputs), np.float32), np.zeros(0), {c: np.array([]) for c in columns},
+                      np.zeros(0, bool) if held_out is not None else None)
     values = {c: np.asarray(pa.chunked_array([chunk for part in parts for chunk in part.chunks]).to_pylist(), dtype=object)
               for c, parts in raw.items()}
-    return Scored(prep, np.concatenate(outs), np.concatenate(labels), values)
+    return Scored(prep, np.concatenate(outs), np.concatenate(labels), values,
+                  np.concatenate(marks) if held_out is not None else None)
 
 
 def evaluate_checkpoint(checkpoint_path: str, ds: ray.data.Dataset, batch_size: int = 65536) -> dict[str, float]:

@@ -89,7 +89,9 @@ class PreprocessSection(_Section):
 
 
 class SplitSection(_Section):
-    validation_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    # test: rows read once, by the final scoring and the gate (capped at folds.MAX_TEST_ROWS rows; 0: no test role)
+    test_fraction: float = Field(0.2, ge=0.0, lt=1.0)
+    validation_fraction: float = Field(0.2, gt=0.0, lt=1.0)  # of the rows outside the test role
     seed: int = 42
 
 
@@ -407,6 +409,8 @@ class PromotionSection(_Section):
     slices: list[str] = Field(default_factory=list)
     max_slice_drop: float | None = Field(None, ge=0.0)
     min_slice_rows: int = Field(30, ge=1)
+    # the fewest test rows, held out from both the challenger and the champion, that a promotion may rest on
+    min_test_rows: int = Field(30, ge=1)
 
     @field_validator("margin", "min_score")
     @classmethod

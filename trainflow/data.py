@@ -3,7 +3,7 @@ labels and nulls, and the seeded train/validation split."""
 
 from __future__ import annotations
 
-import hashlib
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -14,6 +14,7 @@ import ray
 import ray.data
 
 from trainflow.errors import DataError
+
 from trainflow.storage import with_scheme
 from trainflow.tables import check_csv_header, check_names, csv_arguments, list_files
 
@@ -103,79 +104,74 @@ def count_rows_and_bad_labels(ds: ray.data.Dataset, label: str) -> tuple[int, in
     agg = out.sum(["rows", "bad"]) or {}
     return int(agg.get("sum(rows)") or 0), int(agg.get("sum(bad)") or 0)
 
-def split_fraction_keys(batch: pa.Table, columns: list[str], seed: int) -> np.ndarray:
-    """A number in [0, 1) per row from a seeded hash of its values in columns: the same row gets the same
-    number in every run, on every worker and in either data path (materialized or streamed)."""
-    import pandas as pd
+def _role_counts(batch: pa.Table, plan) -> pa.Table:
+    """Per class (or for the whole batch): rows, rows in the test range and rows in the validation range."""
+    u = plan.keys(batch)
+    test, val = u < plan.test_fraction, (u >= plan.test_fraction) & (u < plan.validation_cut)
+    if plan.label is None:
+        return pa.table({"rows": [batch.num_rows], "test": [int(test.sum())], "val": [int(val.sum())]})
+    labels = pc.cast(batch[plan.label], pa.string()).to_numpy(zero_copy_only=False)
+    values, inverse = np.unique(labels.astype(str), return_inverse=True)
+    count = lambda w=None: np.bincount(inverse, weights=w, minlength=len(values)).astype(np.int64)  # noqa: E731
+    return pa.table({"value": pa.array(values.tolist(), pa.string()), "rows": count(), "test": count(test),
+                     "val": count(val)})
 
-    hashed = pd.util.hash_pandas_object(batch.select(columns).to_pandas(), index=False).to_numpy(dtype=np.uint64)
-    # pandas' hash_key only salts text columns: mix the seed in with splitmix64's finalizer instead
-    salt = np.uint64(int.from_bytes(hashlib.blake2b(str(seed).encode(), digest_size=8).digest(), "little"))
-    z = hashed + salt
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    z ^= z >> np.uint64(31)
-    return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
-def _in_validation(batch: pa.Table, columns: list[str], seed: int, fraction: float, label: str | None,
-                   eligible: list | None) -> np.ndarray:
-    below = split_fraction_keys(batch, columns, seed) < fraction
-    if eligible is not None:  # a class too small to give a validation row keeps all its rows for training
-        below &= pc.is_in(batch[label], value_set=pa.array(eligible, type=batch.schema.field(label).type)).to_numpy(
-            zero_copy_only=False)
-    return below
+def plan_split(ds: ray.data.Dataset, task: str, label: str, test_fraction: float, validation_fraction: float,
+               seed: int, key_columns: list[str], rows: int):
+    """The fold plan for this table: one counting pass over the key and label columns gives the rows per class in
+    each role, so every class with enough rows gets its share of test and validation rows (stratification) and a
+    class too small for a role keeps those rows for training."""
+    from trainflow.folds import FoldPlan, effective_test_fraction, eligible
 
-def _split_counts(batch: pa.Table, columns: list[str], seed: int, fraction: float, label: str | None) -> pa.Table:
-    below = split_fraction_keys(batch, columns, seed) < fraction
-    if label is None:
-        return pa.table({"below": [int(below.sum())], "rows": [batch.num_rows]})
-    labels = batch[label].to_numpy(zero_copy_only=False)
-    values, inverse = np.unique(labels, return_inverse=True)
-    return pa.table({"value": pa.array(values.tolist(), type=batch.schema.field(label).type).cast(pa.string()),
-                     "below": np.bincount(inverse, weights=below, minlength=len(values)).astype(np.int64),
-                     "rows": np.bincount(inverse, minlength=len(values)).astype(np.int64)})
+    by_label = label if task == "classification" else None
+    plan = FoldPlan(seed=seed, key_columns=tuple(key_columns), test_fraction=effective_test_fraction(test_fraction, rows),
+                    validation_fraction=validation_fraction, label=by_label)
+    counts = ds.select_columns(list(dict.fromkeys([*key_columns, label]))).map_batches(
+        _role_counts, fn_kwargs={"plan": plan}, batch_format="pyarrow", batch_size=None,
+    ).take_all()
+    if by_label is None:
+        total = {"rows": sum(r["rows"] for r in counts), "test": sum(r["test"] for r in counts),
+                 "val": sum(r["val"] for r in counts)}
+        return replace(plan, counts={"train": total["rows"] - total["test"] - total["val"], "validation": total["val"],
+                                     "test": total["test"]})
+    per_class: dict[str, list[int]] = {}
+    for r in counts:
+        tot = per_class.setdefault(r["value"], [0, 0, 0])
+        tot[0], tot[1], tot[2] = tot[0] + r["rows"], tot[1] + r["test"], tot[2] + r["val"]
+    sizes = {v: t[0] for v, t in per_class.items()}
+    test_classes = eligible(sizes, plan.test_fraction)
+    val_classes = eligible(sizes, (1 - plan.test_fraction) * validation_fraction)
+    n_test = sum(per_class[v][1] for v in test_classes)
+    n_val = sum(per_class[v][2] for v in val_classes)
+    return replace(plan, test_classes=test_classes, validation_classes=val_classes,
+                   counts={"train": sum(sizes.values()) - n_test - n_val, "validation": n_val, "test": n_test})
 
-def _part(batch: pa.Table, val: bool, **kwargs) -> pa.Table:
-    in_val = _in_validation(batch, **kwargs)
-    return batch.filter(pa.array(in_val if val else ~in_val))
+
+def _role(batch: pa.Table, plan, role: int) -> pa.Table:
+    return batch.filter(pa.array(plan.roles(batch) == role))
+
+
+def split_roles(ds: ray.data.Dataset, plan, materialize: bool) -> dict[int, ray.data.Dataset]:
+    """The table's rows by role (folds.TRAIN, VALIDATION, TEST), read lazily or, with materialize, kept in the
+    object store with the training rows shuffled once (SGD needs mixed batches; streamed tables are mixed per
+    epoch by the files' order and a fresh permutation of each block's rows on the workers instead)."""
+    from trainflow.folds import TEST, TRAIN, VALIDATION
+
+    task_args = {} if materialize else streamed_task_args()
+    roles = [TRAIN, VALIDATION] + ([TEST] if plan.test_fraction > 0 else [])
+    parts = {r: ds.map_batches(_role, fn_kwargs={"plan": plan, "role": r}, batch_format="pyarrow", **task_args)
+             for r in roles}
+    if materialize:
+        parts = {r: (p.random_shuffle(seed=plan.seed) if r == TRAIN else p).materialize() for r, p in parts.items()}
+    return parts
+
 
 def split_table(ds: ray.data.Dataset, task: str, label: str, fraction: float, seed: int, key_columns: list[str],
                 materialize: bool):
-    """Seeded, reproducible train/validation split: (train, val, train_rows, val_rows).
+    """A seeded train/validation split without a test role: (train, val, train_rows, val_rows)."""
+    from trainflow.folds import TRAIN, VALIDATION
 
-    A row goes to validation when a seeded hash of its key columns (the id column, else every column)
-    falls below `fraction`, so no materialized copy or driver-side key list is needed and the same rows
-    land on the same side whether the table is materialized or streamed from its files. One counting pass
-    gives the rows per class (stratification: every class with enough rows gets about `fraction` of them in
-    validation; a class with fewer than 1/fraction rows keeps them all for training) and the part sizes.
-    materialize: shuffle the training part once and keep both parts in the object store; otherwise both
-    stay lazy (re-read from the files each time they are iterated).
-    """
-    by_label = label if task == "classification" else None
-    counts = ds.select_columns(list(dict.fromkeys([*key_columns, label]))).map_batches(
-        _split_counts, fn_kwargs={"columns": key_columns, "seed": seed, "fraction": fraction, "label": by_label},
-        batch_format="pyarrow", batch_size=None,
-    ).take_all()
-    eligible = None
-    if by_label is None:
-        rows, val_rows = sum(r["rows"] for r in counts), sum(r["below"] for r in counts)
-    else:
-        per_class: dict[str, list[int]] = {}
-        for r in counts:
-            tot = per_class.setdefault(r["value"], [0, 0])
-            tot[0] += r["rows"]
-            tot[1] += r["below"]
-        rows = sum(t[0] for t in per_class.values())
-        eligible_text = [v for v, (n, _) in per_class.items() if n * fraction >= 1]
-        val_rows = sum(per_class[v][1] for v in eligible_text)
-        label_type = arrow_schema(ds, "split").field(label).type
-        eligible = pa.array(eligible_text, type=pa.string()).cast(label_type).to_pylist()
-    kwargs = {"columns": key_columns, "seed": seed, "fraction": fraction, "label": by_label, "eligible": eligible}
-    task_args = {} if materialize else streamed_task_args()
-    train = ds.map_batches(_part, fn_kwargs={**kwargs, "val": False}, batch_format="pyarrow", **task_args)
-    val = ds.map_batches(_part, fn_kwargs={**kwargs, "val": True}, batch_format="pyarrow", **task_args)
-    if materialize:
-        # SGD needs mixed batches; a table that fits is shuffled once. Streamed tables are mixed per epoch
-        # by the files' order and a fresh permutation of each block's rows on the workers instead.
-        train, val = train.random_shuffle(seed=seed).materialize(), val.materialize()
-    return train, val, rows - val_rows, val_rows
+    plan = plan_split(ds, task, label, 0.0, fraction, seed, key_columns, rows=0)
+    parts = split_roles(ds, plan, materialize)
+    return parts[TRAIN], parts[VALIDATION], plan.counts["train"], plan.counts["validation"]

@@ -17,6 +17,7 @@ trained on or chose on: the gate compares two models only on rows held out from 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,6 +35,21 @@ PLAN_FILE = "split.json"
 # points at 50,000 rows): the rest trains
 MAX_TEST_ROWS = 50_000
 MIN_ROLE_ROWS = 10  # fewer test, validation or training rows than this judge nothing
+
+
+def split_fraction_keys(batch: pa.Table, columns: list[str], seed: int) -> np.ndarray:
+    """A number in [0, 1) per row from a seeded hash of its values in columns: the same row gets the same
+    number in every run, on every worker and in either data path (materialized or streamed)."""
+    import pandas as pd
+
+    hashed = pd.util.hash_pandas_object(batch.select(columns).to_pandas(), index=False).to_numpy(dtype=np.uint64)
+    # pandas' hash_key only salts text columns: mix the seed in with splitmix64's finalizer instead
+    salt = np.uint64(int.from_bytes(hashlib.blake2b(str(seed).encode(), digest_size=8).digest(), "little"))
+    z = hashed + salt
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
 @dataclass(frozen=True)
@@ -56,8 +72,6 @@ class FoldPlan:
 
     def keys(self, batch: pa.Table) -> np.ndarray:
         """The number in [0, 1) of each row of batch (its key columns hashed with the plan's seed)."""
-        from trainflow.data import split_fraction_keys
-
         return split_fraction_keys(batch, list(self.key_columns), self.seed)
 
     def roles(self, batch: pa.Table) -> np.ndarray:
