@@ -16,7 +16,7 @@ from trainflow.tasks.preprocess import preprocess
 from trainflow.tasks.run_name import resolve_run_name
 from trainflow.tasks.select import select
 from trainflow.tasks.skip import check_unchanged
-from trainflow.tasks.split import split
+from trainflow.tasks.split import record_split, split
 from trainflow.tasks.summary import skipped_summary
 from trainflow.tasks.train import check_resume, train
 from trainflow.tasks.validate import validate_data
@@ -43,10 +43,11 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
     ingested = ingest(config, fingerprint)
     runs = run_names(config, name)
     check_resume(config, ingested.spec.fingerprint, runs)
-    parts = split(ingested, config, name)
+    parts = split(ingested, config)
     prepared = preprocess(ingested, parts, config)
     runs = {f: r for f, r in runs.items() if f in prepared.budgets}  # auto leaves out a family that cannot fit
     validation = validate_data(config, prepared.preprocessor)
+    parts = record_split(ingested, config, parts, name)
     trainer = train.with_options(retries=config.failure.task_retries, retry_delay_seconds=config.failure.retry_delay_s)
     outcomes = {}
     # one task run per family, as many at once as the cluster holds worker groups

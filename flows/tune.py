@@ -11,7 +11,7 @@ from trainflow.tasks.ingest import ingest
 from trainflow.tasks.preprocess import preprocess
 from trainflow.tasks.run_name import resolve_run_name
 from trainflow.tasks.select import select
-from trainflow.tasks.split import split
+from trainflow.tasks.split import record_split, split
 from trainflow.tasks.tune import check_sweep, tune_sweep
 from trainflow.tasks.validate import validate_data
 from trainflow.config import load_config
@@ -29,9 +29,10 @@ def tune(config_path: str, overrides: dict[str, Any] | None = None, run_name: st
     sweep = resolve_run_name(run_name, prefix="tune")
     check_sweep(config, sweep, resume)
     ingested = ingest(config)
-    parts = split(ingested, config, sweep)
+    parts = split(ingested, config)
     prepared = preprocess(ingested, parts, config)
     validation = validate_data(config, prepared.preprocessor)
+    parts = record_split(ingested, config, parts, sweep)
     swept = tune_sweep(prepared, config, sweep, resume)
     best = swept.best_config
     selected = select(swept.outcome, best)

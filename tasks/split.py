@@ -3,7 +3,7 @@ assignment written with the run."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -13,10 +13,13 @@ from prefect.cache_policies import NO_CACHE
 
 from trainflow.config import Config
 from trainflow.data import plan_split, split_roles
-from trainflow.folds import PLAN_FILE, ROLE_NAMES, TEST, TRAIN, VALIDATION, FoldPlan, check_sizes
+from trainflow.folds import ROLE_NAMES, TEST, TRAIN, VALIDATION, FoldPlan, check_sizes
 from trainflow.storage import join, list_dir, write_text
 from trainflow.tasks.common import retry_unless_user_error
 from trainflow.tasks.ingest import Ingested
+
+
+ASSIGNMENT_PLAN = "_plan.json"
 
 
 @dataclass
@@ -41,33 +44,37 @@ def _assignment(batch: pa.Table, plan: FoldPlan, id_column: str | None) -> pa.Ta
 
 def write_assignment(ds: ray.data.Dataset, plan: FoldPlan, id_column: str | None, where: str) -> str:
     """The run's assignment as Parquet under where: each row's id (or its hash key in [0, 1)) and role, the plan
-    (split.json) written last; a rerun of the same run (same data, same plan) finds it written."""
-    if any(name == PLAN_FILE for name, _ in list_dir(where)):
+    (_plan.json, a name Parquet readers skip) written last; a rerun of the same run (same data, same plan) finds it."""
+    if any(name == ASSIGNMENT_PLAN for name, _ in list_dir(where)):
         return where
     ds.select_columns(list(dict.fromkeys([*plan.key_columns, *([plan.label] if plan.label else [])]))).map_batches(
         _assignment, fn_kwargs={"plan": plan, "id_column": id_column}, batch_format="pyarrow",
     ).write_parquet(where)
     import json
 
-    write_text(join(where, PLAN_FILE), json.dumps(plan.to_dict(), indent=1))
+    write_text(join(where, ASSIGNMENT_PLAN), json.dumps(plan.to_dict(), indent=1))
     return where
 
 
+@task(name="record-split", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error,
+      cache_policy=NO_CACHE)
+def record_split(ingested: Ingested, config: Config, parts: Split, run_name: str) -> Split:
+    """Write the run's assignment (each row's key and role) beside its runs, once the checks passed and training is
+    about to start; the split with its split_path."""
+    where = write_assignment(ingested.dataset, parts.plan, config.data.id_column,
+                             join(config.storage_path, f"{run_name}-split"))
+    return replace(parts, split_path=where)
+
+
 @task(name="split", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
-def split(ingested: Ingested, config: Config, run_name: str | None = None) -> Split:
-    """Split the table into training, validation and test rows (the fold plan); with run_name, write the assignment
-    beside the run."""
+def split(ingested: Ingested, config: Config) -> Split:
+    """Split the table into training, validation and test rows (the fold plan)."""
     keys = [config.data.id_column] if config.data.id_column else ingested.spec.feature_order + [config.data.label]
     plan = plan_split(ingested.dataset, config.task, config.data.label, config.split.test_fraction,
                       config.split.validation_fraction, config.split.seed, keys, ingested.spec.rows)
     check_sizes(plan.counts, ingested.spec.path, plan)
     parts = split_roles(ingested.dataset, plan, ingested.materialized)
-    where = None
-    if run_name is not None:
-        where = write_assignment(ingested.dataset, plan, config.data.id_column,
-                                 join(config.storage_path, f"{run_name}-split"))
     get_run_logger().info("split: %d training, %d validation, %d test rows (%s)", plan.counts["train"],
                           plan.counts["validation"], plan.counts.get("test", 0), plan.describe())
     return Split(parts[TRAIN], parts[VALIDATION], plan.counts["train"], plan.counts["validation"],
-                 ingested.materialized, test=parts.get(TEST), test_rows=plan.counts.get("test", 0), plan=plan,
-                 split_path=where)
+                 ingested.materialized, test=parts.get(TEST), test_rows=plan.counts.get("test", 0), plan=plan)

@@ -11,6 +11,7 @@ import mlflow
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pytest
 import ray.data
@@ -18,7 +19,7 @@ from mlflow import MlflowClient
 from prefect.artifacts import Artifact
 
 import trainflow
-from trainflow.tasks.promote import mlflow_key
+from trainflow.tracking import mlflow_key
 from tests.conftest import churn_config, flow_run_logs, info_logs_to_server, make_regression_table, write_parquet
 from trainflow.sample import make_churn_table
 from trainflow.trainer.checkpoint import read_metrics
@@ -116,19 +117,30 @@ def test_retrain_classification_end_to_end_then_boosters_replace_the_champion(tm
     np.testing.assert_allclose(out["proba_0"].to_numpy() + out["proba_1"].to_numpy(), 1.0, rtol=1e-6)
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
     _check_mlflow(summary, tracking, "churn-test")
-    # the first model becomes champion; the gate's score on the holdout is the train loop's own val_roc_auc
+    # three roles by the seeded id hash, written with the run: the test rows are read only after every choice
+    assert summary["train_rows"] + summary["validation_rows"] + summary["test_rows"] == 3000 and summary["test_rows"] > 400
+    roles = pads.dataset(summary["split_path"], format="parquet").to_table()
+    assert roles.num_rows == 3000 and pc.sum(pc.equal(roles["role"], "test")).as_py() == summary["test_rows"]
+    test_ids = pc.filter(roles["customer_id"], pc.equal(roles["role"], "test"))
+    train_table = pads.dataset(tmp_path / "data" / "train.parquet").to_table()
+    test_rows = ray.data.from_arrow(train_table.filter(pc.is_in(train_table["customer_id"], value_set=test_ids)))
+    # the first model becomes champion; the gate's score is its test_roc_auc, on every test row
     promo = summary["promotion"]
     assert (promo["decision"], promo["champion_version"], promo["serving_version"]) == ("promoted", None, "1")
-    assert promo["challenger_score"] == pytest.approx(summary["best_checkpoint"]["metrics"]["val_roc_auc"], rel=1e-4)
-    # calibration of the validation split: ECE, Brier and the reliability bins, in the summary and in MLflow
+    assert (promo["judged_on"], promo["rows"]) == ("test", summary["test_rows"])
+    assert promo["challenger_score"] == pytest.approx(summary["test_metrics"]["test_roc_auc"], rel=1e-6)
+    assert set(summary["test_metrics"]) >= {"test_loss", "test_accuracy", "test_f1", "test_roc_auc"}
+    # calibration (fitted on the validation rows), judged on the test rows: ECE, Brier and the reliability bins
     cal = summary["calibration"]
     assert 0.0 <= cal["ece"] < 0.5 and 0.0 < cal["brier"] < 0.5
-    assert sum(b["rows"] for b in cal["bins"]) == summary["validation_rows"]
+    assert sum(b["rows"] for b in cal["bins"]) == summary["test_rows"]
     fit = summary["calibration_fit"]
     assert (fit["method"], fit["why"]) == ("temperature", "train.class_weight is set") and fit["ece_after"] < fit["ece_before"]
-    assert cal["ece"] == pytest.approx(fit["ece_after"], abs=1e-6)  # the gate scored the calibrated model
-    # on fresh rows of the same population the stored calibration lowers the ECE of the probabilities as trained
     from trainflow.trainer.evaluate import score_checkpoint
+
+    # the gate scored the calibrated model, on the test rows the assignment names
+    assert cal["ece"] == pytest.approx(score_checkpoint(summary["best_checkpoint"]["path"], test_rows).calibration()["ece"])
+    # on fresh rows of the same population the stored calibration lowers the ECE of the probabilities as trained
 
     fresh = ray.data.from_arrow(make_churn_table(6000, seed=77))
     ece = {c: score_checkpoint(summary["best_checkpoint"]["path"], fresh, calibrated=c).calibration()["ece"] for c in (True, False)}
@@ -144,7 +156,8 @@ def test_retrain_classification_end_to_end_then_boosters_replace_the_champion(tm
     assert set(inputs) == {"training", "validation"}
     assert inputs["training"].digest == summary["data_fingerprint"].split(":", 1)[1]
     assert json.loads(inputs["training"].source)["uri"] == summary["data_path"]
-    assert logged["val_ece"] == pytest.approx(cal["ece"]) and logged["val_brier"] == pytest.approx(cal["brier"])
+    assert logged["test_ece"] == pytest.approx(cal["ece"]) and logged["test_brier"] == pytest.approx(cal["brier"])
+    assert logged["test_roc_auc"] == pytest.approx(summary["test_metrics"]["test_roc_auc"])
 
     # the registered model serves through MLflow's pyfunc API with the same predictions
     with tracking_uri(tracking):
@@ -242,14 +255,17 @@ def _boosters_replace_the_champion(tmp_path, cfg_path, score, tracking, capsys):
     assert promo["challenger_score"] > promo["champion_score"]
     rows = summary["feature_importance"]
     assert all("change" in r for r in rows) and rows[0]["importance"] > 0 and promo["confidence"]["gain_p05"] > 0
-    if winner == "ensemble":
-        # its candidate score is cross-fitted; the gate scores the weights fitted on the whole split
-        assert promo["challenger_score"] == pytest.approx(summary["ensemble"]["in_sample"]["val_roc_auc"], rel=1e-6)
-    else:
-        # the booster's selected round is the best reported one, and its gate score is its validation score
+    # both champion and challenger were trained under the same plan: judged on every test row; every candidate
+    # has its test score beside the validation score that ranked it
+    assert (promo["judged_on"], promo["rows"]) == ("test", summary["test_rows"])
+    assert promo["challenger_score"] == pytest.approx(summary["test_metrics"]["test_roc_auc"], rel=1e-6)
+    assert all(0.5 < c["test_roc_auc"] <= 1.0 for c in candidates)
+    assert next(c for c in candidates if c["family"] == winner)["test_roc_auc"] == pytest.approx(
+        summary["test_metrics"]["test_roc_auc"], rel=1e-6)
+    if winner != "ensemble":
+        # the booster's selected round is the best reported one
         hist = read_metrics(summary["best_checkpoint"]["path"])["history"]
         assert summary["best_checkpoint"]["epoch"] < len(hist) and hist[-1]["val_loss"] < hist[0]["val_loss"]
-        assert promo["challenger_score"] == pytest.approx(summary["best_checkpoint"]["metrics"]["val_roc_auc"], rel=1e-6)
         # the trees' own gain share beside the permutation scores
         assert sum(r["gain_share"] for r in rows) == pytest.approx(1.0)
     # every row predicted by the new champion, as its own checkpoint predicts them
@@ -291,7 +307,7 @@ def _unchanged_data_is_skipped_and_broken_data_is_refused(tmp_path, boosters, cl
     y = np.asarray(table["churned"].to_pylist())
     flipped = table.filter(pa.array((y == 1) | (rng.random(table.num_rows) < 0.15)))
     for name, broken, needle in (
-        ("few", table.slice(0, table.num_rows // 20), "the table: row_count was 2"),
+        ("few", table.slice(0, table.num_rows // 20), "the table: row_count was 19"),
         ("empty", emptied, "column 'monthly charges ($)': null_rate was 0.0"),
         ("flipped", flipped, "label_balance was {"),
     ):

@@ -345,3 +345,27 @@ def test_dataset_inputs_never_carry_credentials_of_the_table_uri(tmp_path):
         text = json.dumps([i.dataset.name, i.dataset.source, i.dataset.digest])
         assert "s3cret" not in text and "AKIAUSER" not in text and "bucket/tables/train.parquet" in text, text
         assert i.dataset.name.startswith("train.parquet (")
+
+
+def test_the_gate_judges_only_rows_held_out_from_both_models(tmp_path):
+    """A champion trained under another seed held out other rows: only the rows neither model trained or chose on
+    count, their number is stated, and too few of them means no promotion on that evidence."""
+    import trainflow.tasks.promote as promote
+    from trainflow.folds import FoldPlan
+
+    cfg, holdout, checkpoint = _gate_setup(tmp_path)
+    table = pa.concat_tables(ray.get(holdout.to_arrow_refs()))
+    champion_plan = FoldPlan(seed=1, key_columns=("x", "y"), test_fraction=0.3, validation_fraction=0.2)
+    weak = checkpoint(0.5)
+    champion_plan.save(weak)
+    promote.gate(cfg, holdout, weak, _register(cfg, weak))
+    held = int(champion_plan.held_out(table).sum())
+    assert 60 < held < 180
+    # a better challenger, but fewer rows held out from both than promotion.min_test_rows: no promotion
+    picky = cfg.model_copy(update={"promotion": cfg.promotion.model_copy(update={"min_test_rows": held + 1})})
+    refused = promote.gate(picky, holdout, checkpoint(1.0), _register(cfg, checkpoint(1.0)))
+    assert (refused.decision, refused.rows) == ("not_promoted", held)
+    assert f"only {held} test rows are held out from both" in refused.reason and "seed 1" in refused.reason
+    strong = promote.gate(cfg, holdout, checkpoint(1.0), _register(cfg, checkpoint(1.0)))
+    assert (strong.decision, strong.judged_on, strong.rows) == ("promoted", "test", held)
+    assert strong.challenger_score < strong.champion_score  # val_loss, on the same held-out rows

@@ -1,0 +1,65 @@
+"""The fold plan: three roles per row by a seeded hash, stratified, stable as a table grows, stored with a model and
+read back strictly; a table too small to judge anything is refused naming the counts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import ray.data
+
+from trainflow.data import plan_split, split_roles
+from trainflow.errors import DataError
+from trainflow.folds import MAX_TEST_ROWS, TEST, TRAIN, VALIDATION, FoldPlan, check_sizes, effective_test_fraction
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+
+def _table(rows: int, seed: int = 0) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    y = np.where(rng.random(rows) < 0.3, "yes", "no")
+    y[:4] = "rare"  # 4 rows: too few for a test or validation share of 0.2
+    return pa.table({"id": np.arange(rows), "x": rng.normal(size=rows), "y": y})
+
+
+def _ids(ds) -> np.ndarray:
+    return np.sort(np.concatenate([b["id"] for b in ds.iter_batches(batch_format="numpy")]))
+
+
+def test_three_roles_stratified_disjoint_and_the_same_materialized_or_streamed():
+    table = _table(3000)
+    ds = ray.data.from_arrow(table)
+    plan = plan_split(ds, "classification", "y", 0.2, 0.25, 7, ["id"], rows=3000)
+    parts = split_roles(ds, plan, materialize=True)
+    ids = {r: _ids(p) for r, p in parts.items()}
+    assert sum(len(v) for v in ids.values()) == 3000 and len(np.unique(np.concatenate(list(ids.values())))) == 3000
+    assert {k: len(ids[r]) for k, r in (("train", TRAIN), ("validation", VALIDATION), ("test", TEST))} == plan.counts
+    y = table["y"].to_numpy(zero_copy_only=False)
+    for cls in ("yes", "no"):  # a fifth of each class is test, a quarter of the rest validation
+        assert abs((y[ids[TEST]] == cls).sum() / (y == cls).sum() - 0.2) < 0.04
+        assert abs((y[ids[VALIDATION]] == cls).sum() / (y == cls).sum() - 0.8 * 0.25) < 0.04
+    assert set(range(4)) <= set(ids[TRAIN].tolist())  # the rare class is trained on, never judged alone
+    streamed = split_roles(ds, plan, materialize=False)
+    assert all(np.array_equal(ids[r], _ids(p)) for r, p in streamed.items())
+
+
+def test_a_table_that_grows_keeps_its_test_rows_and_a_stored_plan_reads_back():
+    small = plan_split(ray.data.from_arrow(_table(2000)), "regression", "x", 0.2, 0.2, 3, ["id"], rows=2000)
+    grown_table = _table(4000)
+    grown = plan_split(ray.data.from_arrow(grown_table), "regression", "x", 0.2, 0.2, 3, ["id"], rows=4000)
+    first = grown_table.slice(0, 2000)
+    assert np.array_equal(small.roles(first), grown.roles(first))  # the same rows keep the same roles
+    assert np.array_equal(small.held_out(first), small.roles(first) == TEST)
+    assert FoldPlan.from_dict(grown.to_dict()) == grown
+    with pytest.raises(ValueError, match="not a split plan"):
+        FoldPlan.from_dict({**grown.to_dict(), "test_fraction": 1.5})
+
+
+def test_the_test_role_is_capped_and_a_table_too_small_is_refused_naming_the_counts():
+    assert effective_test_fraction(0.2, 10_000_000) == MAX_TEST_ROWS / 10_000_000
+    assert effective_test_fraction(0.2, 1000) == 0.2 and effective_test_fraction(0.0, 1000) == 0.0
+    tiny = plan_split(ray.data.from_arrow(_table(40)), "regression", "x", 0.2, 0.2, 1, ["id"], rows=40)
+    with pytest.raises(DataError, match=r"t.parquet: 40 rows are too few .*train \d+, validation \d+, test \d+ rows"):
+        check_sizes(tiny.counts, "t.parquet", tiny)
+    ok = plan_split(ray.data.from_arrow(_table(150)), "classification", "y", 0.2, 0.2, 1, ["id"], rows=150)
+    check_sizes(ok.counts, "t.parquet", ok)  # 150 rows: enough to train, choose and judge
