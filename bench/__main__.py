@@ -2,10 +2,14 @@
 
 import sys
 
-from bench import beyond_memory, demo_e2e, drift_overhead, gbdt_parity, inference_throughput, model_quality, preprocess_throughput, training_parity, tune_parallelism
+from bench import (
+    beyond_memory, demo_e2e, drift_overhead, gate_honesty, gbdt_parity, inference_throughput, model_quality,
+    preprocess_throughput, training_parity, tune_parallelism,
+)
 
 BENCHES = {
     "model-quality": model_quality.main,
+    "gate-honesty": gate_honesty.main,
     "training-parity": training_parity.main,
     "gbdt-parity": gbdt_parity.main,
     "preprocess-throughput": preprocess_throughput.main,

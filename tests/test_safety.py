@@ -13,6 +13,7 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pytest
 import ray.data
@@ -22,6 +23,7 @@ from tests.conftest import write_config, write_parquet
 from trainflow.config import config_from_dict, load_config
 from trainflow.tracking import tracking
 from trainflow.errors import DataError, InfrastructureError
+from trainflow.folds import FoldPlan
 from trainflow.outputs import MANIFEST, guard_output, read_manifest, write_output
 
 pytestmark = pytest.mark.usefixtures("prefect_harness", "ray_local")
@@ -134,10 +136,14 @@ def _gate_setup(tmp_path, table=None, **sections):
     ds = ray.data.from_arrow(table)
     spec = table_spec(table.schema, cfg.data, cfg.task, "t")
     prep = fit_preprocessor(ds, spec, cfg.task)
+    # every model here was trained under one plan whose test rows are the gate's holdout
+    plan = FoldPlan(seed=0, key_columns=tuple(table.column_names), test_fraction=0.5, validation_fraction=0.2)
+    ds = ray.data.from_arrow(table.filter(pa.array(plan.held_out(table))))
 
     def checkpoint(weight: float) -> str:
         d = tmp_path / f"ckpt-{weight}"
         d.mkdir(exist_ok=True)
+        plan.save(d)
         state = {"0.weight": torch.tensor([[weight]], dtype=torch.float32), "0.bias": torch.zeros(1)}
         save_checkpoint(d, state, {"epoch": 0}, {"val_loss": 0.0}, [], prep.to_dict(), cfg.for_family("mlp").to_dict())
         return str(d)
@@ -252,10 +258,13 @@ def test_the_gate_judges_slices_and_noise(tmp_path):
     challenger = checkpoint(1.3 / scale)
     result = promote.gate(cfg, holdout, challenger, _register(cfg, challenger))
     assert result.decision == "not_promoted" and _champion(cfg) == "1", (result.reason, result.slices)
-    assert result.reason.startswith("on the slice group=a (300 rows) its val_loss") and "max_slice_drop 0.0002" in result.reason
+    held = pa.concat_tables(ray.get(holdout.to_arrow_refs()))
+    rows = {g: int(pc.sum(pc.equal(held["group"], g)).as_py()) for g in ("a", "b")}  # the test rows of each group
+    assert result.rows == held.num_rows == rows["a"] + rows["b"] and min(rows.values()) > 100
+    assert result.reason.startswith(f"on the slice group=a ({rows['a']} rows) its val_loss") and "max_slice_drop 0.0002" in result.reason
     assert result.challenger_score < result.champion_score  # better on average
     a, b = result.slices["group"]["a"], result.slices["group"]["b"]
-    assert a["rows"] == b["rows"] == 300 and a["judged"] and a["val_loss"] > a["champion_val_loss"]
+    assert (a["rows"], b["rows"]) == (rows["a"], rows["b"]) and a["judged"] and a["val_loss"] > a["champion_val_loss"]
     assert b["val_loss"] < b["champion_val_loss"]
     # without the slice rule it wins, and by far more than the holdout's noise
     loose = cfg.model_copy(update={"promotion": cfg.promotion.model_copy(update={"max_slice_drop": None})})
@@ -351,16 +360,15 @@ def test_the_gate_judges_only_rows_held_out_from_both_models(tmp_path):
     """A champion trained under another seed held out other rows: only the rows neither model trained or chose on
     count, their number is stated, and too few of them means no promotion on that evidence."""
     import trainflow.tasks.promote as promote
-    from trainflow.folds import FoldPlan
 
     cfg, holdout, checkpoint = _gate_setup(tmp_path)
     table = pa.concat_tables(ray.get(holdout.to_arrow_refs()))
-    champion_plan = FoldPlan(seed=1, key_columns=("x", "y"), test_fraction=0.3, validation_fraction=0.2)
+    champion_plan = FoldPlan(seed=1, key_columns=("x", "y"), test_fraction=0.5, validation_fraction=0.2)
     weak = checkpoint(0.5)
     champion_plan.save(weak)
     promote.gate(cfg, holdout, weak, _register(cfg, weak))
     held = int(champion_plan.held_out(table).sum())
-    assert 60 < held < 180
+    assert 50 < held < 150
     # a better challenger, but fewer rows held out from both than promotion.min_test_rows: no promotion
     picky = cfg.model_copy(update={"promotion": cfg.promotion.model_copy(update={"min_test_rows": held + 1})})
     refused = promote.gate(picky, holdout, checkpoint(1.0), _register(cfg, checkpoint(1.0)))
