@@ -111,7 +111,10 @@ def measure_live(config: Config, labels_path: str) -> dict[str, Any]:
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
     run_id = client.get_model_version(name, version).run_id
     metric, mode = config.promotion.metric, config.promotion.mode
-    validation = client.get_run(run_id).data.metrics.get(f"best_{metric}")
+    logged = client.get_run(run_id).data.metrics
+    # the version's figure on rows no choice touched (its test rows) when it has one, else its validation score
+    baseline_on = "test" if metric.replace("val_", "test_", 1) in logged else "validation"
+    validation = logged.get(metric.replace("val_", "test_", 1), logged.get(f"best_{metric}"))
     score = live.get(metric)
     drop = None
     if validation is not None and score is not None and math.isfinite(score):
@@ -123,7 +126,8 @@ def measure_live(config: Config, labels_path: str) -> dict[str, Any]:
     result = {"model_version": version, "model_uri": f"models:/{name}/{version}", "rows": joined.num_rows,
               "predictions": predictions.num_rows, "labels": truth.num_rows,
               "coverage": joined.num_rows / predictions.num_rows if predictions.num_rows else 0.0,
-              "metrics": live, "metric": metric, "validation_score": validation, "live_score": score, "drop": drop,
+              "metrics": live, "metric": metric, "validation_score": validation, "baseline_on": baseline_on,
+              "live_score": score, "drop": drop,
               "max_drop": config.monitor.max_drop, "min_rows": config.monitor.min_rows, "verdict": verdict,
               "degraded": degraded}
     if not enough:

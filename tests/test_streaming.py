@@ -46,8 +46,10 @@ def test_a_table_larger_than_the_object_store_streams_from_its_files(tmp_path):
     # chosen from the files' metadata against the object store: nothing of the table was materialized
     assert summary["data_materialized"] is False
     assert summary["data_fingerprint"].startswith("metadata:")  # not a second full read of the table
-    assert summary["train_rows"] + summary["validation_rows"] == 1_500_000
-    assert abs(summary["validation_rows"] / 1_500_000 - 0.2) < 0.01
+    assert summary["train_rows"] + summary["validation_rows"] + summary["test_rows"] == 1_500_000
+    # the test role is capped at 50,000 rows (the rest trains); validation is a fifth of the other rows
+    assert abs(summary["test_rows"] - 50_000) < 1_000
+    assert abs(summary["validation_rows"] / (1_500_000 - summary["test_rows"]) - 0.2) < 0.01
     assert summary["epochs_run"] == 1 and summary["best_checkpoint"]["metrics"]["val_r2"] > 0.9
     # every scoring row predicted, in input order, without materializing the scoring table either
     out = pads.dataset(summary["predictions_path"]).to_table(columns=["id"])
