@@ -402,8 +402,8 @@ class PromotionSection(_Section):
     # @champion, the first one included (None: no floor)
     min_score: float | None = None
     # noise: the challenger must beat the champion (by more than margin) in at least this share of paired
-    # bootstrap resamples of the validation rows (None: one comparison on the whole split decides)
-    confidence: float | None = Field(0.9, gt=0.0, lt=1.0)
+    # bootstrap resamples of the judged test rows (None: one comparison on the whole split decides)
+    confidence: float | None = Field(0.95, gt=0.0, lt=1.0)
     # slices: every metric per value of each column on the validation split; a challenger whose promotion.metric
     # falls more than max_slice_drop below the champion's on any slice of at least min_slice_rows rows is rejected
     slices: list[str] = Field(default_factory=list)

@@ -101,7 +101,7 @@ KEYS = {
     'promotion.mode': 'min or max (default: from the metric)',
     'promotion.margin': 'the challenger must beat the champion by more than this (default: 0.0)',
     'promotion.min_score': 'the floor: a model worse than this on promotion.metric is registered and tagged, never made @champion, the first one included (default: none)',
-    'promotion.confidence': 'the challenger must beat the champion (by more than margin) in at least this share of paired bootstrap resamples of the validation rows; null: the whole split decides once (default: 0.9)',
+    'promotion.confidence': 'the challenger must beat the champion (by more than margin) in at least this share of paired bootstrap resamples of the judged test rows; null: the whole split decides once (default: 0.95; at 0.95 a challenger no better than the champion is promoted in about 5% of runs, python -m bench gate-honesty)',
     'promotion.slices': 'columns whose values slice the validation split: every metric per value, with row counts (default: none)',
     'promotion.min_test_rows': 'the fewest test rows held out from both the challenger and the champion that a promotion may rest on; fewer: not promoted (default: 30)',
     'promotion.max_slice_drop': 'reject a challenger whose promotion.metric is more than this worse than the champion on any slice with min_slice_rows rows (default: none)',
