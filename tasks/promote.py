@@ -178,12 +178,16 @@ def gate(config: Config, holdout: ray.data.Dataset, challenger_path: str, regist
                 if champion_version not in scored:
                     path = resolve_checkpoint(f"models:/{name}/{champion_version}", allowed_class_paths(config), uri)
                     plan = champion_plan(path)
-                    theirs_all = _score(path, holdout, slices_asked, plan)
-                    ours_all = mine if plan is None else score_checkpoint(challenger_path, holdout, slices_asked,
-                                                                          held_out=plan)
-                    scored[champion_version] = (theirs_all, ours_all, path, plan)
-                theirs, ours, champion_path, plan = scored[champion_version]
-                if plan is not None and theirs is not None:  # only the rows neither model trained or chose on
+                    mine_plan = champion_plan(challenger_path)
+                    # the same split (the usual nightly case): every test row is held out from both, no row check
+                    same = plan is not None and mine_plan is not None and plan.holds_out_every_test_row_of(mine_plan)
+                    mask = None if same else plan
+                    theirs_all = _score(path, holdout, slices_asked, mask)
+                    ours_all = mine if mask is None else score_checkpoint(challenger_path, holdout, slices_asked,
+                                                                          held_out=mask)
+                    scored[champion_version] = (theirs_all, ours_all, path, plan, mask)
+                theirs, ours, champion_path, plan, mask = scored[champion_version]
+                if mask is not None and theirs is not None:  # only the rows neither model trained or chose on
                     theirs, ours = theirs.subset(theirs.held_out), ours.subset(ours.held_out)
                 judged_rows = len(ours.labels)
                 challenger_judged = ours.metrics().get(metric) if judged_rows else None

@@ -63,3 +63,16 @@ def test_the_test_role_is_capped_and_a_table_too_small_is_refused_naming_the_cou
         check_sizes(tiny.counts, "t.parquet", tiny)
     ok = plan_split(ray.data.from_arrow(_table(150)), "classification", "y", 0.2, 0.2, 1, ["id"], rows=150)
     check_sizes(ok.counts, "t.parquet", ok)  # 150 rows: enough to train, choose and judge
+
+
+def test_a_plan_knows_when_it_holds_out_every_test_row_of_another():
+    base = FoldPlan(seed=3, key_columns=("id",), test_fraction=0.2, validation_fraction=0.2)
+    from dataclasses import replace
+
+    assert base.holds_out_every_test_row_of(base)
+    assert replace(base, test_fraction=0.3).holds_out_every_test_row_of(base)  # a wider test range covers it
+    assert not base.holds_out_every_test_row_of(replace(base, test_fraction=0.3))
+    assert not replace(base, seed=4).holds_out_every_test_row_of(base)
+    table = _table(2000)
+    wide, narrow = replace(base, test_fraction=0.3), base
+    assert (wide.held_out(table) | ~narrow.held_out(table)).all()  # what the shortcut relies on

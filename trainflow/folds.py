@@ -94,6 +94,13 @@ class FoldPlan:
         plan without a test role, a model trained before there was one: its validation rows)."""
         return self.roles(batch) == (TEST if self.test_fraction > 0 else VALIDATION)
 
+    def holds_out_every_test_row_of(self, other: FoldPlan) -> bool:
+        """True when every row `other` puts in its test role is held out by this plan too (the same hash and classes,
+        a test range at least as wide): a gate between their models needs no row-by-row check."""
+        return (self.seed == other.seed and self.key_columns == other.key_columns and self.label == other.label
+                and self.test_classes == other.test_classes and other.test_fraction > 0
+                and self.test_fraction >= other.test_fraction)
+
     def describe(self) -> str:
         keyed = f"id column {self.key_columns[0]!r}" if len(self.key_columns) == 1 else "each row's values"
         return (f"test {self.test_fraction:.3g} of the rows, validation {self.validation_fraction:.3g} of the rest, "
