@@ -204,7 +204,7 @@ def gate(config: Config, holdout: ray.data.Dataset, challenger_path: str, regist
                     confidence, noisy = noise_check(ours, theirs, config)
                     if noisy:
                         promote_it, reason = False, noisy
-                if promote_it and champion_score is not None and judged_rows < config.promotion.min_test_rows:
+                if (promote_it or not judged_rows) and judged_rows < config.promotion.min_test_rows:
                     promote_it, reason = False, (
                         f"only {judged_rows} {judged_on} rows are held out from both the challenger and champion "
                         f"v{champion_version} ({_plans_differ(plan)}), fewer than promotion.min_test_rows "
