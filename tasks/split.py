@@ -14,7 +14,7 @@ from prefect.cache_policies import NO_CACHE
 from trainflow.config import Config
 from trainflow.data import plan_split, split_roles
 from trainflow.folds import ROLE_NAMES, TEST, TRAIN, VALIDATION, FoldPlan, check_sizes
-from trainflow.storage import join, list_dir, write_text
+from trainflow.storage import filesystem_for, join, list_dir, write_text
 from trainflow.tasks.common import retry_unless_user_error
 from trainflow.tasks.ingest import Ingested
 
@@ -45,8 +45,12 @@ def _assignment(batch: pa.Table, plan: FoldPlan, id_column: str | None) -> pa.Ta
 def write_assignment(ds: ray.data.Dataset, plan: FoldPlan, id_column: str | None, where: str) -> str:
     """The run's assignment as Parquet under where: each row's id (or its hash key in [0, 1)) and role, the plan
     (_plan.json, a name Parquet readers skip) written last; a rerun of the same run (same data, same plan) finds it."""
-    if any(name == ASSIGNMENT_PLAN for name, _ in list_dir(where)):
+    found = list_dir(where)
+    if any(name == ASSIGNMENT_PLAN for name, _ in found):
         return where
+    if found:  # a write of this run's own assignment folder cut short (no _plan.json): its files go, then again
+        fs, inner = filesystem_for(where)
+        fs.delete_dir_contents(inner, missing_dir_ok=True)
     ds.select_columns(list(dict.fromkeys([*plan.key_columns, *([plan.label] if plan.label else [])]))).map_batches(
         _assignment, fn_kwargs={"plan": plan, "id_column": id_column}, batch_format="pyarrow",
     ).write_parquet(where)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet  # noqa: F401 - pa.parquet
 import pytest
 import ray.data
 
@@ -76,3 +77,23 @@ def test_a_plan_knows_when_it_holds_out_every_test_row_of_another():
     table = _table(2000)
     wide, narrow = replace(base, test_fraction=0.3), base
     assert (wide.held_out(table) | ~narrow.held_out(table)).all()  # what the shortcut relies on
+
+
+def test_an_assignment_cut_short_is_written_again_whole(tmp_path):
+    from trainflow.tasks.split import ASSIGNMENT_PLAN, write_assignment
+    import pyarrow.dataset as pads
+
+    table = _table(500)
+    ds = ray.data.from_arrow(table)
+    plan = plan_split(ds, "classification", "y", 0.2, 0.2, 1, ["id"], rows=500)
+    where = tmp_path / "run-split"
+    where.mkdir()
+    pa.parquet.write_table(table.slice(0, 100).select(["id"]), where / "left-by-a-killed-run.parquet")
+    write_assignment(ds, plan, "id", str(where))
+    written = pads.dataset(where, format="parquet").to_table()
+    assert written.num_rows == 500 and (where / ASSIGNMENT_PLAN).is_file()
+    assert sorted(written["id"].to_pylist()) == list(range(500))
+    roles = dict(zip(written["id"].to_pylist(), written["role"].to_pylist()))
+    assert sum(r == "test" for r in roles.values()) == plan.counts["test"]
+    write_assignment(ds, plan, "id", str(where))  # a rerun finds it whole and leaves it
+    assert pads.dataset(where, format="parquet").to_table().num_rows == 500
