@@ -126,13 +126,13 @@ def slice_check(slices: dict, champion: Scored | None, config: Config) -> str | 
             f"champion's {other:.6g}, more than promotion.max_slice_drop {p.max_slice_drop:g}")
 
 
-def champion_plan(path: str) -> FoldPlan | None:
-    """The split the champion was trained under (its split.json, or what its config.json implies); None when
-    neither says (then every holdout row counts, and the reason says so)."""
+def stored_plan(path: str) -> FoldPlan | None:
+    """The split a registered checkpoint was trained under (its split.json, or what its config.json implies); None
+    when neither says (then every holdout row counts, and the reason says so)."""
     try:
         return FoldPlan.load(path)
     except ValueError as exc:
-        task_logger("promote").warning("the champion's split plan cannot be read (%s): judged on every holdout row", exc)
+        task_logger("promote").warning("a checkpoint's split plan cannot be read (%s): judged on every holdout row", exc)
         return None
 
 
@@ -177,8 +177,8 @@ def gate(config: Config, holdout: ray.data.Dataset, challenger_path: str, regist
             else:
                 if champion_version not in scored:
                     path = resolve_checkpoint(f"models:/{name}/{champion_version}", allowed_class_paths(config), uri)
-                    plan = champion_plan(path)
-                    mine_plan = champion_plan(challenger_path)
+                    plan = stored_plan(path)
+                    mine_plan = stored_plan(challenger_path)
                     # the same split (the usual nightly case): every test row is held out from both, no row check
                     same = plan is not None and mine_plan is not None and plan.holds_out_every_test_row_of(mine_plan)
                     mask = None if same else plan

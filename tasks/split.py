@@ -3,6 +3,7 @@ assignment written with the run."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -54,8 +55,6 @@ def write_assignment(ds: ray.data.Dataset, plan: FoldPlan, id_column: str | None
     ds.select_columns(list(dict.fromkeys([*plan.key_columns, *([plan.label] if plan.label else [])]))).map_batches(
         _assignment, fn_kwargs={"plan": plan, "id_column": id_column}, batch_format="pyarrow",
     ).write_parquet(where)
-    import json
-
     write_text(join(where, ASSIGNMENT_PLAN), json.dumps(plan.to_dict(), indent=1))
     return where
 

@@ -149,7 +149,7 @@ def _file_lock(kind: str, key: str, name: str, timeout_s: float) -> Iterator[str
 
 
 def _variable_name(name: str) -> str:
-    return name.replace("-", "_")  # Prefect variable names: lowercase letters, digits, underscores, dashes
+    return name.replace("-", "_")  # a Prefect variable name: lowercase letters, digits and underscores
 
 
 def _ensure_limit(name: str) -> None:
