@@ -81,8 +81,11 @@ def format_summary(s: dict[str, Any]) -> str:
            f"  checkpoint        {best.get('path')}"] if s.get("ensemble") and s.get("model_family") == "ensemble" else
           [_progress_line(s), f"  best checkpoint   {(s.get('training_budget') or {}).get('unit', 'epoch')} "
                               f"{best.get('epoch')}: {best.get('path')}"]),
-        "  validation        " + ", ".join(f"{k}={v:.4f}" for k, v in shown.items())
-        + f" ({s.get('validation_rows')} rows; chose the model)",
+        *(["  validation        " + ", ".join(f"{k}={v:.4f}" for k, v in shown.items())
+           + f" ({s.get('validation_rows')} rows; chose the model)"] if not s.get("oof_metrics") else
+          ["  out-of-fold       " + ", ".join(f"{k}={v:.4f}" for k, v in s["oof_metrics"].items() if k != "train_loss")
+           + f" ({s.get('oof_rows')} rows, each predicted by the one of {s.get('folds')} fold models that never saw it;"
+             " chose the model)"]),
         *(["  test              " + ", ".join(f"{k}={v:.4f}" for k, v in (s.get("test_metrics") or {}).items())
            + f" ({s.get('test_rows')} rows no choice touched)"] if s.get("test_metrics") else []),
         f"  mlflow            run {s.get('mlflow_run_id')}, model {s.get('model_uri')}",
@@ -103,13 +106,15 @@ def format_summary(s: dict[str, Any]) -> str:
     if s.get("candidates"):
         metric = (s.get("promotion") or {}).get("metric")
         tested = metric.replace("val_", "test_", 1) if metric else None
-        lines.append(f"  candidates        by {metric} on the validation split, best first"
+        where = "the validation split" if not s.get("oof_metrics") else "the out-of-fold predictions"
+        chose = metric.replace("val_", "oof_", 1) if metric and s.get("oof_metrics") else metric
+        lines.append(f"  candidates        by {chose} on {where}, best first"
                      + (f" ({tested} on the test rows beside it):" if s.get("test_metrics") else ":"))
         for c in s["candidates"]:
-            score, test = c.get(metric), c.get(tested)
+            score, test = c.get(chose), c.get(tested)
             how = (f"weights {_weights(s)}" if c["family"] == "ensemble" else
                    f"{c.get('unit', 'epoch')} {c['epoch']} of {c['epochs_run']}")
-            lines.append(f"    {c['family']:<10} {metric}={'-' if score is None else f'{score:.4f}'}"
+            lines.append(f"    {c['family']:<10} {chose}={'-' if score is None else f'{score:.4f}'}"
                          + (f"  {tested}={test:.4f}" if test is not None else "") + f" ({how}, run {c['run_name']})")
     for family, why in (s.get("families_left_out") or {}).items():
         lines.append(f"    {family:<10} left out (model.type auto): {why}")

@@ -24,15 +24,18 @@ from trainflow.tasks.select import Selected
 from trainflow.tasks.split import Split
 from trainflow.tasks.summary import summarize
 from trainflow.tasks.train import TrainOutcome
+from trainflow.trainer.evaluate import Scored
 
 
 def publish(config: Config, ingested: Ingested, parts: Split, outcome: TrainOutcome, selected: Selected,
-            extra: dict[str, Any], selections: dict[str, Selected] | None = None) -> dict[str, Any]:
+            extra: dict[str, Any], selections: dict[str, Selected] | None = None,
+            oof: Scored | None = None) -> dict[str, Any]:
     """Register the selected checkpoint, gate it against @champion, predict inference.input with whichever
     version serves after the gate (a rejected challenger never writes predictions), and report; the summary.
-    selections: every candidate's selected checkpoint (scored on the test rows beside the chosen one)."""
-    # stored in the checkpoint before it is registered (fitted on the validation rows)
-    fit, scored = calibrate(config, parts.val, selected, outcome.family)
+    selections: every candidate's selected checkpoint (scored on the test rows beside the chosen one); oof: the
+    chosen checkpoint's out-of-fold outputs (cross-fitting), which calibration is fitted on instead of validation rows."""
+    # stored in the checkpoint before it is registered (fitted on the validation rows or the out-of-fold outputs)
+    fit, scored = calibrate(config, parts.val, selected, outcome.family, oof)
     holdout, judged_on, tested = parts.val, "validation", None
     if parts.test is not None:  # the test rows, read once every choice is made: the final scores and the gate's
         tested = score_test(config, parts.test, selections or {outcome.family: selected}, outcome.family)

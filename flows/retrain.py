@@ -1,5 +1,6 @@
-"""The retrain flow: ingest -> split -> preprocess -> train (one run per model family, fanned out) -> select
--> [compare families] -> register -> promote -> infer -> summary."""
+"""The retrain flow: ingest -> split -> preprocess -> train (one run per model family, fanned out; with
+cross-fitting one per family and fold) -> select -> [out-of-fold predictions and bagged checkpoints] -> [ensemble]
+-> [compare families] -> calibrate -> score the test rows -> register -> promote -> infer -> summary."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from prefect import flow
 
 from trainflow.flows.publish import publish
 from trainflow.tasks.candidates import compare, run_names
+from trainflow.tasks.cross_fit import bag_folds, fold_config, fold_run_names, oof_names
 from trainflow.tasks.ensemble import ensemble
 from trainflow.tasks.infer import infer, resolve_checkpoint_task
 from trainflow.tasks.ingest import ingest, table_fingerprint
@@ -18,7 +20,7 @@ from trainflow.tasks.select import select
 from trainflow.tasks.skip import check_unchanged
 from trainflow.tasks.split import record_split, split
 from trainflow.tasks.summary import skipped_summary
-from trainflow.tasks.train import check_resume, train
+from trainflow.tasks.train import TrainOutcome, check_resume, train
 from trainflow.tasks.validate import validate_data
 from trainflow.trainer.resources import concurrent_runs
 from trainflow.config import ENSEMBLE, load_config
@@ -49,26 +51,49 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
     validation = validate_data(config, prepared.preprocessor)
     parts = record_split(ingested, config, parts, name)
     trainer = train.with_options(retries=config.failure.task_retries, retry_delay_seconds=config.failure.retry_delay_s)
-    outcomes = {}
-    # one task run per family, as many at once as the cluster holds worker groups
-    at_once = concurrent_runs(config.scaling.model_dump())
-    families = list(runs)
-    for wave in (families[i : i + at_once] for i in range(0, len(families), at_once)):
-        futures = {f: trainer.with_options(task_run_name=f"train-{f}").submit(prepared, config, runs[f], f) for f in wave}
-        outcomes.update({f: future.result() for f, future in futures.items()})
-    selections = {f: select(outcome, config) for f, outcome in outcomes.items()}
+    k = parts.fold_count
+    # one Ray Train run per family (and per fold with cross-fitting), as many at once as the cluster holds worker groups
+    jobs = [(f, fold) for f in runs for fold in range(k)]
+    names = fold_run_names(runs, k) if k > 1 else {f: [r] for f, r in runs.items()}
+    if k > 1:
+        check_resume(config, ingested.spec.fingerprint, names)
+    run_config = fold_config(config, parts.train_rows) if k > 1 else config
+    at_once = concurrent_runs(run_config.scaling.model_dump())
+    trained: dict[tuple[str, int], TrainOutcome] = {}
+    for wave in (jobs[i : i + at_once] for i in range(0, len(jobs), at_once)):
+        futures = {(f, i): trainer.with_options(task_run_name=f"train-{f}" + (f"-fold{i}" if k > 1 else "")).submit(
+                       prepared.for_fold(i) if k > 1 else prepared, run_config, names[f][i], f) for f, i in wave}
+        trained.update({job: future.result() for job, future in futures.items()})
+    decisions = None
+    if k > 1:  # each family's fold models: their out-of-fold predictions, and one bagged checkpoint serving them
+        fold_outcomes = {f: [trained[(f, i)] for i in range(k)] for f in runs}
+        fold_selections = {f: [select(o, config) for o in fold_outcomes[f]] for f in runs}
+        outcomes, selections, decisions = bag_folds(config, parts, runs, fold_outcomes, fold_selections,
+                                                    ingested.spec.fingerprint)
+    else:
+        outcomes = {f: trained[(f, 0)] for f in runs}
+        selections = {f: select(outcome, config) for f, outcome in outcomes.items()}
     built = None
     if ENSEMBLE in config.model.candidates:
-        built = ensemble(config, parts.val, outcomes, selections, name, ingested.spec.fingerprint)
+        built = ensemble(config, parts.val, outcomes, selections, name, ingested.spec.fingerprint, decisions)
         if built:
             outcomes[ENSEMBLE], selections[ENSEMBLE] = built.outcome, built.selected
-    candidates = compare(config, outcomes, selections) if len(runs) > 1 else None
+            if decisions is not None:
+                decisions = decisions.with_ensemble(ENSEMBLE, built.weights)
+    candidates = compare(config, outcomes, selections, "the validation split" if k == 1 else
+                         f"the out-of-fold predictions ({k} folds)") if len(runs) > 1 else None
     family = candidates.winner if candidates else next(iter(runs))
     outcome, selected = outcomes[family], selections[family]
+    oof = {}
+    if decisions is not None:  # the figures every choice read, under their own names
+        oof = {"folds": k, "oof_metrics": oof_names(selected.metrics), "oof_rows": len(decisions.labels)}
+        for row in (candidates.scores if candidates else []):
+            row.update(oof_names(selections[row["family"]].metrics))
     return publish(config, ingested, parts, outcome, selected,
                    {"candidates": candidates.scores if candidates else None, "validation": validation,
-                    "ensemble": built.record if built else None, "families_left_out": prepared.left_out or None},
-                   selections)
+                    "ensemble": built.record if built else None, "families_left_out": prepared.left_out or None,
+                    "folds": k, **oof},
+                   selections, decisions.scored(family) if decisions is not None else None)
 
 
 def skipped_run(config, run_name: str, skipped: dict[str, Any]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ def tune(config_path: str, overrides: dict[str, Any] | None = None, run_name: st
     sweep = resolve_run_name(run_name, prefix="tune")
     check_sweep(config, sweep, resume)
     ingested = ingest(config)
-    parts = split(ingested, config)
+    parts = split(ingested, config, folds=1)  # a trial trains one model: one validation split
     prepared = preprocess(ingested, parts, config)
     validation = validate_data(config, prepared.preprocessor)
     parts = record_split(ingested, config, parts, sweep)

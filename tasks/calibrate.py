@@ -22,17 +22,21 @@ FITS = {"temperature": fit_temperature, "platt": fit_platt}
 
 
 @task(name="calibrate", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def calibrate(config: Config, holdout: ray.data.Dataset, selected: Selected,
-              family: str) -> tuple[dict[str, Any] | None, Scored | None]:
+def calibrate(config: Config, holdout: ray.data.Dataset, selected: Selected, family: str,
+              raw: Scored | None = None) -> tuple[dict[str, Any] | None, Scored | None]:
     """Fit, check and store (calibration.json in the checkpoint) or remove a calibration and a decision threshold;
     what was done and why, with the validation ECE and Brier score before and after, and the validation split's
-    scored outputs as the checkpoint now serves them ((None, None) for regression)."""
+    scored outputs as the checkpoint now serves them ((None, None) for regression). raw: the checkpoint's
+    uncalibrated outputs on the rows to fit on when the caller has them (cross-fitting's out-of-fold outputs)."""
     if config.task != "classification":
         return None, None
-    raw = score_checkpoint(selected.path, holdout, tuple(config.promotion.slices), calibrated=False)
-    fitted, record = _fit(config, raw, family)
+    on = "validation" if raw is None else "out-of-fold"
+    if raw is None:
+        raw = score_checkpoint(selected.path, holdout, tuple(config.promotion.slices), calibrated=False)
+    fitted, record = _fit(config, raw, family, on)
     outputs = apply(fitted, raw.outputs)
-    threshold = _threshold(config, outputs, raw.labels, raw.prep.num_outputs, record)
+    threshold = _threshold(config, outputs, raw.labels, raw.prep.num_outputs, record, on)
+    record["fitted_on"] = f"{on} rows ({len(raw.labels)})"
     stored = {**(fitted or {}), **({"threshold": threshold} if threshold is not None else {})}
     write_calibration(selected.path, stored or None)  # the checked copy every later step serves
     if selected.uri and not is_uri(selected.uri) and selected.uri != selected.path:
@@ -44,7 +48,7 @@ def calibrate(config: Config, holdout: ray.data.Dataset, selected: Selected,
     return record, Scored(raw.prep, outputs, raw.labels, raw.columns)
 
 
-def _fit(config: Config, raw, family: str) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+def _fit(config: Config, raw, family: str, on: str) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """(the calibration to store or None, what the summary records)."""
     method, n = config.calibration.method, raw.prep.num_outputs
     if method == "none":
@@ -53,12 +57,12 @@ def _fit(config: Config, raw, family: str) -> tuple[dict[str, Any] | None, dict[
     record: dict[str, Any] = {"ece_before": before["ece"], "brier_before": before["brier"]}
     if method == "auto":
         if config.train.class_weight is None and before["ece"] <= config.calibration.max_ece:
-            return None, {**record, "method": None, "why": f"validation ECE {before['ece']:.4f} <= calibration.max_ece "
+            return None, {**record, "method": None, "why": f"{on} ECE {before['ece']:.4f} <= calibration.max_ece "
                                                            f"{config.calibration.max_ece:g}"}
         # two classes: the family's method (an ensemble of probabilities: Platt scaling); more: a temperature
         method = (FAMILIES[family].calibration if family in FAMILIES else "platt") if n == 2 else "temperature"
         why = "train.class_weight is set" if config.train.class_weight is not None else \
-            f"validation ECE {before['ece']:.4f} > calibration.max_ece {config.calibration.max_ece:g}"
+            f"{on} ECE {before['ece']:.4f} > calibration.max_ece {config.calibration.max_ece:g}"
     else:
         why = f"calibration.method: {method}"
     if method == "platt" and n != 2:
@@ -71,7 +75,8 @@ def _fit(config: Config, raw, family: str) -> tuple[dict[str, Any] | None, dict[
     return fitted, {**record, **fitted, "why": why}
 
 
-def _threshold(config: Config, outputs: np.ndarray, y: np.ndarray, n: int, record: dict[str, Any]) -> float | None:
+def _threshold(config: Config, outputs: np.ndarray, y: np.ndarray, n: int, record: dict[str, Any],
+               on: str = "validation") -> float | None:
     """calibration.decision_threshold for two classes: a number as given, or f1's (the positive class's probability
     that maximises F1 on the validation split, scikit-learn's precision_recall_curve); recorded in record."""
     asked = config.calibration.decision_threshold
@@ -91,5 +96,5 @@ def _threshold(config: Config, outputs: np.ndarray, y: np.ndarray, n: int, recor
     best = int(np.argmax(f1[:-1])) if len(cuts) else None
     if best is None:
         return None
-    record.update(threshold=float(cuts[best]), threshold_why=f"maximises validation F1 ({f1[best]:.4f})")
+    record.update(threshold=float(cuts[best]), threshold_why=f"maximises {on} F1 ({f1[best]:.4f})")
     return float(cuts[best])

@@ -1,4 +1,5 @@
-"""Task: with several model families in one run (model.type a list), keep the best on the validation split."""
+"""Task: with several model families in one run (model.type a list), keep the best on the validation split (or the
+out-of-fold predictions)."""
 
 from __future__ import annotations
 
@@ -31,8 +32,10 @@ def run_names(config: Config, run_name: str) -> dict[str, str]:
 
 
 @task(name="compare-families", cache_policy=NO_CACHE)
-def compare(config: Config, outcomes: dict[str, TrainOutcome], selections: dict[str, Selected]) -> Candidates:
-    """The family whose best checkpoint scores best by promotion.metric on the validation split."""
+def compare(config: Config, outcomes: dict[str, TrainOutcome], selections: dict[str, Selected],
+            on: str = "the validation split") -> Candidates:
+    """The family whose best checkpoint scores best by promotion.metric on the validation split (or, with
+    cross-fitting, on the out-of-fold predictions: on names them)."""
     metric, mode = config.promotion.metric, config.promotion.mode
     rows = []
     for family, selected in selections.items():
@@ -50,5 +53,5 @@ def compare(config: Config, outcomes: dict[str, TrainOutcome], selections: dict[
     for r in ranked:
         log.info("candidate %s (run %s): %s = %s at %s %s", r["family"], r["run_name"], metric, r[metric],
                  r.get("unit", "epoch"), r["epoch"])
-    log.info("best family on the validation split by %s (%s): %s", metric, mode, scored[0]["family"])
+    log.info("best family on %s by %s (%s): %s", on, metric, mode, scored[0]["family"])
     return Candidates(winner=scored[0]["family"], metric=metric, mode=mode, scores=ranked)

@@ -13,6 +13,7 @@ from prefect.cache_policies import NO_CACHE
 
 from trainflow.config import ENSEMBLE, Config
 from trainflow.storage import private_copy
+from trainflow.tasks.cross_fit import Decisions
 from trainflow.tasks.select import Selected
 from trainflow.tasks.train import TrainOutcome, lineage_for
 from trainflow.trainer.ensemble import ROUNDS, cross_fitted, ensemble_dir, greedy_weights, member_outputs, write_ensemble
@@ -25,24 +26,31 @@ class Built:
     outcome: TrainOutcome
     selected: Selected
     record: dict[str, Any]  # the summary's `ensemble`: members with weights and scores, how it was scored
+    weights: dict[str, float]  # the members kept, by family
 
 
 @task(name="ensemble", cache_policy=NO_CACHE)
-def ensemble(config: Config, holdout: ray.data.Dataset, outcomes: dict[str, TrainOutcome],
-             selections: dict[str, Selected], run_name: str, fingerprint: str) -> Built | None:
-    """Greedy ensemble selection over the families' selected checkpoints on the validation split; None when it
-    keeps a single member (that family is already a candidate). The ensemble's metrics are cross-fitted (each half
-    of the rows scored with weights fitted on the other half), so it competes with the members on equal terms."""
+def ensemble(config: Config, holdout: ray.data.Dataset | None, outcomes: dict[str, TrainOutcome],
+             selections: dict[str, Selected], run_name: str, fingerprint: str,
+             decisions: Decisions | None = None) -> Built | None:
+    """Greedy ensemble selection over the families' selected checkpoints on the validation split (or, with
+    cross-fitting, on their out-of-fold outputs: decisions); None when it keeps a single member (that family is
+    already a candidate). The ensemble's metrics are cross-fitted (each half of the rows scored with weights fitted
+    on the other half), so it competes with the members on equal terms."""
     log = get_run_logger()
-    servables = {f: load_servable(s.path, calibrated=False) for f, s in selections.items()}
-    prep = next(iter(servables.values())).preprocessor
-    outputs, labels = member_outputs({f: s.predict for f, s in servables.items()}, prep, holdout)
+    if decisions is None:
+        servables = {f: load_servable(s.path, calibrated=False) for f, s in selections.items()}
+        prep = next(iter(servables.values())).preprocessor
+        outputs, labels = member_outputs({f: s.predict for f, s in servables.items()}, prep, holdout)
+    else:
+        prep, outputs, labels = decisions.prep, {f: decisions.outputs[f] for f in selections}, decisions.labels
+    rows_are = "the validation split" if decisions is None else "the out-of-fold predictions"
     families = list(outputs)
     weights = greedy_weights(prep.task, [outputs[f] for f in families], labels)
     kept = {f: w for f, w in zip(families, weights) if w > 0}
     metric = config.promotion.metric
     if len(kept) < 2:
-        log.info("ensemble: greedy selection on the validation split kept %s alone; no ensemble candidate", list(kept))
+        log.info("ensemble: greedy selection on %s kept %s alone; no ensemble candidate", rows_are, list(kept))
         return None
     crossed = compute_metrics(prep.task, cross_fitted(prep.task, [outputs[f] for f in families], labels, config.split.seed),
                               labels, prep)
@@ -54,6 +62,7 @@ def ensemble(config: Config, holdout: ray.data.Dataset, outcomes: dict[str, Trai
                                         lineage_for(config, fingerprint, ENSEMBLE)))  # checked here, read after
     load_servable(local)  # proven loadable, as select proves a family's checkpoint
     record = {
+        "weighted_on": "out-of-fold" if decisions is not None else "validation",
         "members": [{"family": f, "weight": kept.get(f, 0.0), metric: selections[f].metrics.get(metric),
                      "checkpoint": selections[f].uri or selections[f].path} for f in families],
         "rounds": ROUNDS,
@@ -66,4 +75,4 @@ def ensemble(config: Config, holdout: ray.data.Dataset, outcomes: dict[str, Trai
                            checkpoints=[{"path": target, "epoch": 0, "metrics": crossed}], history=[],
                            budget={"description": f"no training of its own: the members' best checkpoints weighted "
                                                   f"{described}", "weights": kept})
-    return Built(outcome, Selected(path=local, epoch=0, metrics=crossed, skipped=[], uri=target), record)
+    return Built(outcome, Selected(path=local, epoch=0, metrics=crossed, skipped=[], uri=target), record, kept)

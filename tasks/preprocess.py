@@ -33,23 +33,38 @@ class Prepared:
     budgets: dict[str, Any]  # per model family that trains: its budget (batch size, epochs, patience; or rounds)
     fingerprint: str = ""  # the training table's, recorded in every checkpoint
     left_out: dict[str, str] = field(default_factory=dict)  # model.type auto: family -> why it does not fit
+    folds: list[tuple[ray.data.Dataset, ray.data.Dataset]] | None = None  # cross-fitting: each fold's, packed
+
+    def for_fold(self, k: int) -> Prepared:
+        """What fold model k trains on (its training rows) and early-stops on (its held-out fold)."""
+        train, val = self.folds[k]
+        return replace(self, train=train, val=val, folds=None)
 
 
 @task(name="preprocess", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
 def preprocess(ingested: Ingested, parts: Split, config: Config) -> Prepared:
-    """Fit on train, transform train and validation; materialize when the packed data fits in memory."""
+    """Fit on train (with folds: every non-test row; the preprocessor learns no label), transform train and
+    validation (or each fold's rows); materialize when the packed data fits in memory."""
     prep = fit_preprocessor(parts.train, ingested.spec, config.task, config.preprocess)
     if config.inference.input and config.inference.on_unseen == "error":
         # before any training: a scoring value this vocabulary lacks would fail the run after register and promote
         inp = config.inference.input
         score, _, _ = read_table(inp, infer_format(inp), csv=config.data.csv)
         check_unseen(count_unseen(score, prep), prep, inp)
-    budgets, estimate, left_out = size_families(config, prep, parts.train_rows, parts.val_rows,
+    k = parts.fold_count
+    fit_rows, held_rows = (parts.train_rows - parts.train_rows // k, parts.train_rows // k) if k > 1 else \
+        (parts.train_rows, parts.val_rows)
+    budgets, estimate, left_out = size_families(config, prep, fit_rows, held_rows,
                                                 ray.cluster_resources().get("memory", 0), ingested.spec.path)
     rows = parts.train_rows + parts.val_rows
     materialize = parts.materialized
+    folds = None
     try:
-        train, val = pack(parts.train, parts.val, prep, materialize)
+        if parts.folds:
+            folds = [pack(a, b, prep, materialize) for a, b in parts.folds]
+            train, val = folds[0]
+        else:
+            train, val = pack(parts.train, parts.val, prep, materialize)
     except Exception as exc:
         if is_out_of_memory(exc):
             raise out_of_memory_error("preprocessing", config.scaling.num_workers) from None
@@ -64,7 +79,7 @@ def preprocess(ingested: Ingested, parts: Split, config: Config) -> Prepared:
     get_run_logger().info(
         "packed size: %d bytes per row, %.1f MiB for %d rows", estimate["bytes_per_row"], estimate["table_bytes"] / 2**20, rows
     )
-    return Prepared(prep, train, val, materialize, budgets, ingested.spec.fingerprint, left_out)
+    return Prepared(prep, train, val, materialize, budgets, ingested.spec.fingerprint, left_out, folds)
 
 
 def size_families(config: Config, prep: TabularPreprocessor, train_rows: int, val_rows: int, memory: float,

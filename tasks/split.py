@@ -13,8 +13,8 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.config import Config
-from trainflow.data import plan_split, split_roles
-from trainflow.folds import ROLE_NAMES, TEST, TRAIN, VALIDATION, FoldPlan, check_sizes
+from trainflow.data import fold_parts, plan_split, split_roles
+from trainflow.folds import NO_FOLD, ROLE_NAMES, TEST, TRAIN, VALIDATION, FoldPlan, check_sizes
 from trainflow.storage import filesystem_for, join, list_dir, write_text
 from trainflow.tasks.common import retry_unless_user_error
 from trainflow.tasks.ingest import Ingested
@@ -33,14 +33,23 @@ class Split:
     test: ray.data.Dataset | None = None  # read once: the final scoring and the gate
     test_rows: int = 0
     plan: FoldPlan | None = None
-    split_path: str | None = None  # the assignment (key -> role), Parquet
+    split_path: str | None = None  # the assignment (key -> role and fold), Parquet
+    # cross-fitting (plan.folds > 1): per fold model, its (training rows, held-out rows); train holds every non-test row
+    # and val is empty (the held-out folds are the validation rows)
+    folds: list[tuple[ray.data.Dataset, ray.data.Dataset]] | None = None
+
+    @property
+    def fold_count(self) -> int:
+        return len(self.folds) if self.folds else 1
 
 
 def _assignment(batch: pa.Table, plan: FoldPlan, id_column: str | None) -> pa.Table:
     roles = plan.roles(batch)
     key = {id_column: batch[id_column]} if id_column else {"row_key": plan.keys(batch)}
     names = np.array([ROLE_NAMES[r] for r in (TRAIN, VALIDATION, TEST)], dtype=object)
-    return pa.table({**key, "role": pa.array(names[roles].tolist(), pa.string())})
+    folds = plan.fold_ids(batch)  # the fold model that holds the row out (null: a test row, or no folds)
+    return pa.table({**key, "role": pa.array(names[roles].tolist(), pa.string()),
+                     "fold": pa.array(folds, pa.int8(), mask=folds == NO_FOLD)})
 
 
 def write_assignment(ds: ray.data.Dataset, plan: FoldPlan, id_column: str | None, where: str) -> str:
@@ -70,14 +79,27 @@ def record_split(ingested: Ingested, config: Config, parts: Split, run_name: str
 
 
 @task(name="split", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
-def split(ingested: Ingested, config: Config) -> Split:
-    """Split the table into training, validation and test rows (the fold plan)."""
+def split(ingested: Ingested, config: Config, folds: int | str | None = None) -> Split:
+    """Split the table into training, validation and test rows (the fold plan), or into test rows and cross-fitting
+    folds (train.folds; folds overrides it: the tune flow's trials train on one split)."""
     keys = [config.data.id_column] if config.data.id_column else ingested.spec.feature_order + [config.data.label]
     plan = plan_split(ingested.dataset, config.task, config.data.label, config.split.test_fraction,
-                      config.split.validation_fraction, config.split.seed, keys, ingested.spec.rows)
+                      config.split.validation_fraction, config.split.seed, keys, ingested.spec.rows,
+                      config.train.folds if folds is None else folds)
     check_sizes(plan.counts, ingested.spec.path, plan)
     parts = split_roles(ingested.dataset, plan, ingested.materialized)
-    get_run_logger().info("split: %d training, %d validation, %d test rows (%s)", plan.counts["train"],
-                          plan.counts["validation"], plan.counts.get("test", 0), plan.describe())
+    log = get_run_logger()
+    if plan.folds > 1:
+        non_test = plan.counts["train"]
+        log.info("split: %d test rows; %d rows in %d cross-fitting folds (%s) (%s)", plan.counts["test"], non_test,
+                 plan.folds, ", ".join(str(plan.counts[f"fold {k}"]) for k in range(plan.folds)), plan.describe())
+        cut = [fold_parts(parts[TRAIN], plan, k, ingested.materialized) for k in range(plan.folds)]
+        if ingested.materialized:
+            cut = [(a.materialize(), b.materialize()) for a, b in cut]
+        empty = parts[TRAIN].limit(0)
+        return Split(parts[TRAIN], empty, non_test, 0, ingested.materialized, test=parts[TEST],
+                     test_rows=plan.counts["test"], plan=plan, folds=cut)
+    log.info("split: %d training, %d validation, %d test rows (%s)", plan.counts["train"],
+             plan.counts["validation"], plan.counts.get("test", 0), plan.describe())
     return Split(parts[TRAIN], parts[VALIDATION], plan.counts["train"], plan.counts["validation"],
                  ingested.materialized, test=parts.get(TEST), test_rows=plan.counts.get("test", 0), plan=plan)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -16,11 +17,13 @@ from trainflow.trainer.loop import STOP_REASON
 from trainflow.trainer.progress import ProgressLine, watch_progress
 from trainflow.trainer.recovery import read_events, recoveries, started_from
 from trainflow.trainer.resources import check_fits
-from trainflow.trainer.runner import build_trainer, fit_run, latest_epoch, latest_lineage, run_dir
+from trainflow.trainer.runner import build_trainer, checkpoints_on_disk, fit_run, latest_epoch, latest_lineage, run_dir
 from trainflow.config import Config
 from trainflow.errors import ConfigError, TrainingError
 from trainflow.runtime import ensure_ray
-from trainflow.storage import with_scheme
+from trainflow.storage import join, read_text, with_scheme, write_text
+
+FINISHED_FILE = "trainflow_finished.json"  # a run that trained to its end: what it kept, for a rerun to reuse
 
 
 @dataclass
@@ -41,10 +44,11 @@ def lineage_for(config: Config, fingerprint: str, family: str) -> dict[str, str]
 
 
 @task(name="check-resume", cache_policy=NO_CACHE)
-def check_resume(config: Config, fingerprint: str, runs: dict[str, str]) -> None:
-    """Before any training: a run name that already has checkpoints resumes only onto the same data and
-    training config (ConfigError naming both fingerprints otherwise)."""
-    for family, run_name in runs.items():
+def check_resume(config: Config, fingerprint: str, runs: dict[str, str | list[str]]) -> None:
+    """Before any training: a run name (family -> its run, or its fold runs) that already has checkpoints resumes
+    only onto the same data and training config (ConfigError naming both fingerprints otherwise)."""
+    pairs = [(f, r) for f, named in runs.items() for r in ([named] if isinstance(named, str) else named)]
+    for family, run_name in pairs:
         path = run_dir(config.for_family(family), run_name)
         before = latest_lineage(path)
         if before is None:
@@ -71,6 +75,13 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
     family = family or config.model.families[0]
     resolved = config.for_family(family)
     budget = prepared.budgets[family]
+    path = run_dir(resolved, run_name)
+    lineage = lineage_for(config, prepared.fingerprint, family)
+    done = finished_outcome(path, lineage, budget.to_dict())
+    if done is not None:
+        log.info("run %s finished before on the same data, training config and budget: its %d checkpoint(s) are "
+                 "used, nothing is trained again", run_name, len(done.checkpoints))
+        return done
     mlflow_run = open_run(config, run_name, family)  # metrics arrive in MLflow while the fit runs
     progress, logged = ProgressLine(family, budget.limit, budget.unit), set()
 
@@ -83,7 +94,6 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
         "training %s (%s): %d worker(s), gpu=%s, budget %s, storage %s", run_name, family,
         config.scaling.num_workers, config.scaling.use_gpu, budget.to_dict(), config.storage_path,
     )
-    path = run_dir(resolved, run_name)
     seen = len(read_events(path))
     existed = latest_epoch(path) is not None
     if existed:
@@ -92,7 +102,7 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
         trainer = build_trainer(
             resolved, prepared.preprocessor, prepared.train, prepared.val, run_name, cache_shards=prepared.materialized,
             streamed=not prepared.materialized, external_memory=getattr(budget, "external_memory", False),
-            lineage=lineage_for(config, prepared.fingerprint, family), callbacks=[callback],
+            lineage=lineage, callbacks=[callback],
         )
         result = fit_run(trainer, path, config.scaling.num_workers, config.data.materialize)
     if result.metrics and result.metrics.get(STOP_REASON):
@@ -112,8 +122,30 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
     events = read_events(path)
     final = history[-1] if history else {}
     log.info("trained %d epoch(s); last epoch: %s", len(history), {k: round(v, 4) for k, v in final.items()})
-    return TrainOutcome(
+    outcome = TrainOutcome(
         run_name=run_name, family=family, run_path=path, checkpoints=checkpoints, history=history,
         resumed_from_epoch=started_from(events[seen:]) if existed else None, recoveries=recoveries(events),
         budget=budget.to_dict(),
     )
+    write_text(join(path, FINISHED_FILE), json.dumps({"lineage": lineage, "budget": budget.to_dict(),
+                                                      "outcome": asdict(outcome)}, default=str))
+    return outcome
+
+
+def finished_outcome(path: str, lineage: dict[str, str], budget: dict[str, Any]) -> TrainOutcome | None:
+    """The outcome a finished run recorded (FINISHED_FILE), when it trained on the same data and training config
+    with the same budget and every checkpoint it names is still in the run's folder; None: train (or resume)."""
+    try:
+        record = json.loads(read_text(join(path, FINISHED_FILE)))
+        if record["lineage"] != lineage or record["budget"] != json.loads(json.dumps(budget, default=str)):
+            return None
+        outcome = TrainOutcome(**record["outcome"])
+    except (OSError, ValueError, KeyError, TypeError):  # none, or not one trainflow wrote: train
+        return None
+    # the checkpoints as they are in this run's own folder now (never a path or a metric read from the record)
+    on_disk = {c["path"].rstrip("/").rsplit("/", 1)[-1]: c for c in checkpoints_on_disk(path)}
+    names = [str(c.get("path", "")).rstrip("/").rsplit("/", 1)[-1] for c in outcome.checkpoints]
+    if not names or any(n not in on_disk for n in names):
+        return None
+    outcome.checkpoints = [on_disk[n] for n in names]
+    return outcome

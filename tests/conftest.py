@@ -107,7 +107,7 @@ def churn_config(tmp_path: Path, rows: int = 3000, **sections: Any) -> Path:
         "data": {"path": "data/train.parquet", "label": "churned", "id_column": "customer_id"},
         "task": "classification",
         "model": {"type": "mlp"},  # one family: the default (auto) trains three and their ensemble
-        "train": {"epochs": 3, "batch_size": 128, "learning_rate": 0.005},
+        "train": {"epochs": 3, "batch_size": 128, "learning_rate": 0.005, "folds": 1},  # one split: cross-fitting has its own tests
         "scaling": {"num_workers": 2},
         "checkpoint": {"num_to_keep": 3, "metric": "val_loss"},
         "storage_path": "runs",

@@ -100,26 +100,35 @@ def write_ensemble(target: str, members: dict[str, str], weights: dict[str, floa
                    preprocessor: dict[str, Any], config: dict[str, Any], lineage: dict[str, str]) -> str:
     """The ensemble checkpoint at target (local or a storage URI), written whole or not at all; a local folder
     holding its files (target itself when local). An existing one (the same digest) is kept as it is."""
-    if not is_uri(target) and Path(target, ENSEMBLE_FILE).exists():
+    model = {**config["model"], "type": ENSEMBLE, "members": list(weights)}
+    marker = json.dumps({"members": [{"family": f, "weight": w} for f, w in weights.items()], "rounds": ROUNDS}, indent=1)
+    return write_bundle(target, {member_dir("", f): path for f, path in members.items()}, ENSEMBLE_FILE, marker,
+                        metrics, preprocessor, {**config, "model": model}, lineage)
+
+
+def write_bundle(target: str, parts: dict[Path, str], marker_file: str, marker: str, metrics: dict[str, Any],
+                 preprocessor: dict[str, Any], config: dict[str, Any], lineage: dict[str, str]) -> str:
+    """A checkpoint made of other checkpoints (parts: relative folder -> a local checkpoint to copy there, without
+    training state or calibration) at target, written whole or not at all, its marker file last; a local folder
+    holding its files (target itself when local). An existing one (its marker present) is kept as it is."""
+    if not is_uri(target) and Path(target, marker_file).exists():
         return target
-    if is_uri(target) and any(name == ENSEMBLE_FILE for name, _ in list_dir(target)):
+    if is_uri(target) and any(name == marker_file for name, _ in list_dir(target)):
         return localize(target)
-    parent = Path(tempfile.mkdtemp(prefix="trainflow-ensemble-")) if is_uri(target) else Path(target).parent
+    parent = Path(tempfile.mkdtemp(prefix="trainflow-bundle-")) if is_uri(target) else Path(target).parent
     parent.mkdir(parents=True, exist_ok=True)
     staging = parent / f".{Path(target).name}.tmp-{uuid.uuid4().hex[:8]}"
-    for family, path in members.items():
-        shutil.copytree(path, member_dir(staging, family), ignore=shutil.ignore_patterns(*LEFT_OUT))
-    model = {**config["model"], "type": ENSEMBLE, "members": list(weights)}
-    write_common(staging, 0, metrics, [], preprocessor, {**config, "model": model}, lineage)
-    marker = json.dumps({"members": [{"family": f, "weight": w} for f, w in weights.items()], "rounds": ROUNDS}, indent=1)
-    if is_uri(target):  # ensemble.json last: a folder without it is an upload cut short, never read, written again
+    for where, path in parts.items():
+        shutil.copytree(path, staging / where, ignore=shutil.ignore_patterns(*LEFT_OUT))
+    write_common(staging, 0, metrics, [], preprocessor, config, lineage)
+    if is_uri(target):  # the marker last: a folder without it is an upload cut short, never read, written again
         upload_dir(str(staging), target)
-        write_text(join(target, ENSEMBLE_FILE), marker)
-        (staging / ENSEMBLE_FILE).write_text(marker)
+        write_text(join(target, marker_file), marker)
+        (staging / marker_file).write_text(marker)
         return str(staging)
-    (staging / ENSEMBLE_FILE).write_text(marker)
+    (staging / marker_file).write_text(marker)
     try:
         os.rename(staging, target)
-    except OSError:  # another run wrote the same ensemble meanwhile: theirs is the same, ours goes
+    except OSError:  # another run wrote the same checkpoint meanwhile: theirs is the same, ours goes
         shutil.rmtree(staging)
     return target

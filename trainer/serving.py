@@ -180,26 +180,86 @@ def member_dir(directory: str | Path, family: str) -> Path:
 
 
 def member_dirs(directory: str | Path) -> list[Path]:
-    """The member checkpoint folders of an ensemble checkpoint (none for any other family's)."""
-    if read_config(directory)["model"].get("type") != ENSEMBLE:
-        return []
-    return [member_dir(directory, family) for family, _ in read_ensemble(directory)]
+    """The checkpoint folders inside a checkpoint: an ensemble's members, and the fold models of a bagged one (or of
+    a bagged member); none for a plain checkpoint."""
+    members = []
+    if read_config(directory)["model"].get("type") == ENSEMBLE:
+        members = [member_dir(directory, family) for family, _ in read_ensemble(directory)]
+    return members + [fold_dir(d, k) for d in [Path(directory), *members] if (d / BAG_FILE).exists()
+                      for k in range(read_bag(d))]
+
+
+BAG_FILE = "bag.json"
+FOLDS_DIR = "folds"
+MAX_FOLDS = 20
+
+
+def fold_dir(directory: str | Path, fold: int) -> Path:
+    """Where a bagged checkpoint keeps fold model `fold` (never a path read from a file)."""
+    return Path(directory) / FOLDS_DIR / f"fold_{fold}"
+
+
+def read_bag(directory: str | Path) -> int:
+    """The number of fold models of a bagged checkpoint (bag.json), read strictly: an integer from 2 to MAX_FOLDS."""
+    path = Path(directory) / BAG_FILE
+    try:
+        folds = json.loads(path.read_text())["folds"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not a bagged checkpoint trainflow wrote ({type(exc).__name__}: {exc})") from None
+    if not isinstance(folds, int) or isinstance(folds, bool) or not 2 <= folds <= MAX_FOLDS:
+        raise ValueError(f"{path}: folds {folds!r} is not a whole number from 2 to {MAX_FOLDS}")
+    return folds
+
+
+def check_member(sub: Path, prep: TabularPreprocessor, family: str) -> dict[str, Any]:
+    """A checkpoint inside another (an ensemble member, a fold model): the same preprocessing and the family the
+    outer one names; its config."""
+    if TabularPreprocessor.load(sub).to_dict() != prep.to_dict():
+        raise ValueError(f"{sub}: its preprocessor.json differs from the checkpoint's that holds it")
+    member_config = read_config(sub)
+    if member_config["model"].get("type", "mlp") != family:
+        raise ValueError(f"{sub / 'config.json'}: model.type is not {family!r}, as the checkpoint that holds it says")
+    return member_config
+
+
+class BaggedPredictor:
+    """A family's fold models (folds/fold_<k>, each as the family's predictor, uncalibrated) served as one: their
+    probabilities (or values) averaged; calibration, when the checkpoint holds one, applies to the average."""
+
+    def __init__(self, directory: Path, prep: TabularPreprocessor, config: dict[str, Any], device: str = "cpu"):
+        family = config["model"].get("type", "mlp")
+        if family == ENSEMBLE or family not in PREDICTORS:
+            raise ValueError(f"{Path(directory) / BAG_FILE}: a bag of {family!r} models is not one trainflow serves")
+        self.task, self.members = prep.task, []
+        for k in range(read_bag(directory)):
+            sub = fold_dir(directory, k)
+            self.members.append(PREDICTORS[family](sub, prep, check_member(sub, prep, family), device))
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return combine(self.task, [member(x) for member in self.members], [1.0 / len(self.members)] * len(self.members))
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "native_importance" and all(hasattr(m, name) for m in self.__dict__.get("members", [])):
+            return lambda: np.mean([m.native_importance() for m in self.members], axis=0)
+        raise AttributeError(name)
+
+
+def predictor_for(directory: Path, prep: TabularPreprocessor, config: dict[str, Any], device: str = "cpu"):
+    """The predictor of a checkpoint folder: its family's, or a bag of its fold models (bag.json)."""
+    if (Path(directory) / BAG_FILE).exists():
+        return BaggedPredictor(directory, prep, config, device)
+    return PREDICTORS[config["model"].get("type", "mlp")](directory, prep, config, device)
 
 
 class EnsemblePredictor:
-    """Several families' checkpoints (members/<family>, each as its family's predictor, uncalibrated) weighted into
-    one model (ensemble.json); every member reads the ensemble's own preprocessing."""
+    """Several families' checkpoints (members/<family>, each as its family's predictor or bag of fold models,
+    uncalibrated) weighted into one model (ensemble.json); every member reads the ensemble's own preprocessing."""
 
     def __init__(self, directory: Path, prep: TabularPreprocessor, config: dict[str, Any], device: str = "cpu"):
         self.task, self.members, self.weights = prep.task, [], []
         for family, weight in read_ensemble(directory):
             sub = member_dir(directory, family)
-            if TabularPreprocessor.load(sub).to_dict() != prep.to_dict():
-                raise ValueError(f"{sub}: its preprocessor.json differs from the ensemble's")
-            member_config = read_config(sub)
-            if member_config["model"].get("type", "mlp") != family:
-                raise ValueError(f"{sub / 'config.json'}: model.type is not {family!r}, as ensemble.json says")
-            self.members.append(PREDICTORS[family](sub, prep, member_config, device))
+            self.members.append(predictor_for(sub, prep, check_member(sub, prep, family), device))
             self.weights.append(weight)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
@@ -246,7 +306,7 @@ def load_servable(directory: str | Path, device: str | torch.device = "cpu", cal
     if family not in PREDICTORS:
         raise ValueError(f"{directory / 'config.json'}: model.type {family!r} is not a family this trainflow serves "
                          f"({sorted(PREDICTORS)})")
-    predict = PREDICTORS[family](directory, prep, config, str(device))
+    predict = predictor_for(directory, prep, config, str(device))
     calibration = read_calibration(directory) if prep.task == "classification" else None
     if calibration and calibration.get("method") and calibrated:
         predict = CalibratedPredictor(predict, calibration)

@@ -268,6 +268,17 @@ class TrainSection(_Section):
     warmup_fraction: float = Field(0.05, ge=0.0, lt=1.0)
     early_stopping: EarlyStoppingSection = Field(default_factory=EarlyStoppingSection)
     class_weight: Literal["balanced"] | dict[str, float] | None = None
+    # cross-fitting: each family trains this many fold models on the rows outside the test role, and their
+    # out-of-fold predictions make every choice; the served model averages them. auto: 5 folds up to 4,000 such rows
+    # (trainflow/folds.py), one validation split above
+    folds: int | Literal["auto"] = "auto"
+
+    @field_validator("folds")
+    @classmethod
+    def _fold_count(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 1 <= v <= 20:
+            raise ValueError("must be 1 (one validation split), 2 to 20 folds, or 'auto'")
+        return v
 
     @field_validator("epochs", "batch_size")
     @classmethod
@@ -562,6 +573,10 @@ class Config(_Section):
             )
         if self.promotion.mode is None:
             self.promotion.mode = known[self.promotion.metric]
+        if isinstance(self.train.folds, int) and self.train.folds > 1 and self.split.test_fraction == 0:
+            raise ValueError(f"train.folds: {self.train.folds} folds with split.test_fraction 0 leave no row that the "
+                             "served model (every fold model averaged) did not train on, so nothing could judge it: "
+                             "set split.test_fraction above 0, or train.folds: 1")
         if self.tune is not None:
             if self.tune.metric is None:
                 self.tune.metric = self.checkpoint.metric

@@ -1,5 +1,5 @@
 """Ray Data over a table: reading it (materialized or streamed beside training), its schema, counts of rows, bad
-labels and nulls, and the seeded train/validation split."""
+labels and nulls, and the seeded split into roles and folds."""
 
 from __future__ import annotations
 
@@ -105,47 +105,63 @@ def count_rows_and_bad_labels(ds: ray.data.Dataset, label: str) -> tuple[int, in
     return int(agg.get("sum(rows)") or 0), int(agg.get("sum(bad)") or 0)
 
 def _role_counts(batch: pa.Table, plan) -> pa.Table:
-    """Per class (or for the whole batch): rows, rows in the test range and rows in the validation range."""
+    """Per class (or for the whole batch): rows, rows in the test range, rows in the validation range and, with
+    folds, rows per fold (f0, f1, ...)."""
     u = plan.keys(batch)
     test, val = u < plan.test_fraction, (u >= plan.test_fraction) & (u < plan.validation_cut)
+    folds = plan.fold_ids(batch) if plan.folds > 1 else None
     if plan.label is None:
-        return pa.table({"rows": [batch.num_rows], "test": [int(test.sum())], "val": [int(val.sum())]})
+        extra = {f"f{k}": [int((folds == k).sum())] for k in range(plan.folds)} if folds is not None else {}
+        return pa.table({"rows": [batch.num_rows], "test": [int(test.sum())], "val": [int(val.sum())], **extra})
     labels = pc.cast(batch[plan.label], pa.string()).to_numpy(zero_copy_only=False)
     values, inverse = np.unique(labels.astype(str), return_inverse=True)
     count = lambda w=None: np.bincount(inverse, weights=w, minlength=len(values)).astype(np.int64)  # noqa: E731
+    extra = {f"f{k}": count(folds == k) for k in range(plan.folds)} if folds is not None else {}
     return pa.table({"value": pa.array(values.tolist(), pa.string()), "rows": count(), "test": count(test),
-                     "val": count(val)})
+                     "val": count(val), **extra})
 
 
 def plan_split(ds: ray.data.Dataset, task: str, label: str, test_fraction: float, validation_fraction: float,
-               seed: int, key_columns: list[str], rows: int):
+               seed: int, key_columns: list[str], rows: int, folds: int | str = 1):
     """The fold plan for this table: one counting pass over the key and label columns gives the rows per class in
     each role, so every class with enough rows gets its share of test and validation rows (stratification) and a
-    class too small for a role keeps those rows for training."""
-    from trainflow.folds import FoldPlan, effective_test_fraction, eligible
+    class too small for a role keeps those rows for training. folds: train.folds (auto resolved from rows)."""
+    from trainflow.folds import FoldPlan, effective_test_fraction, eligible, resolve_folds
 
     by_label = label if task == "classification" else None
-    plan = FoldPlan(seed=seed, key_columns=tuple(key_columns), test_fraction=effective_test_fraction(test_fraction, rows),
-                    validation_fraction=validation_fraction, label=by_label)
+    test_share = effective_test_fraction(test_fraction, rows)
+    plan = FoldPlan(seed=seed, key_columns=tuple(key_columns), test_fraction=test_share,
+                    validation_fraction=validation_fraction, label=by_label,
+                    folds=resolve_folds(folds, round(rows * (1 - test_share)), test_share))
     counts = ds.select_columns(list(dict.fromkeys([*key_columns, label]))).map_batches(
         _role_counts, fn_kwargs={"plan": plan}, batch_format="pyarrow", batch_size=None,
     ).take_all()
+    fold_names = [f"f{k}" for k in range(plan.folds)] if plan.folds > 1 else []
     if by_label is None:
-        total = {"rows": sum(r["rows"] for r in counts), "test": sum(r["test"] for r in counts),
-                 "val": sum(r["val"] for r in counts)}
+        total = {c: sum(r[c] for r in counts) for c in ["rows", "test", "val", *fold_names]}
         return replace(plan, counts={"train": total["rows"] - total["test"] - total["val"], "validation": total["val"],
-                                     "test": total["test"]})
-    per_class: dict[str, list[int]] = {}
+                                     "test": total["test"], **_fold_counts(total, fold_names)})
+    per_class: dict[str, dict[str, int]] = {}
     for r in counts:
-        tot = per_class.setdefault(r["value"], [0, 0, 0])
-        tot[0], tot[1], tot[2] = tot[0] + r["rows"], tot[1] + r["test"], tot[2] + r["val"]
-    sizes = {v: t[0] for v, t in per_class.items()}
+        tot = per_class.setdefault(r["value"], {})
+        for c in ["rows", "test", "val", *fold_names]:
+            tot[c] = tot.get(c, 0) + r[c]
+    sizes = {v: t["rows"] for v, t in per_class.items()}
     test_classes = eligible(sizes, plan.test_fraction)
     val_classes = eligible(sizes, (1 - plan.test_fraction) * validation_fraction)
-    n_test = sum(per_class[v][1] for v in test_classes)
-    n_val = sum(per_class[v][2] for v in val_classes)
-    return replace(plan, test_classes=test_classes, validation_classes=val_classes,
-                   counts={"train": sum(sizes.values()) - n_test - n_val, "validation": n_val, "test": n_test})
+    n_test = sum(per_class[v]["test"] for v in test_classes)
+    n_val = sum(per_class[v]["val"] for v in val_classes) if plan.folds < 2 else 0
+    plan = replace(plan, test_classes=test_classes, validation_classes=val_classes)
+    if fold_names:  # a class kept out of the test role spreads its test-range rows over the folds: count again
+        counts = ds.select_columns(list(dict.fromkeys([*key_columns, label]))).map_batches(
+            _role_counts, fn_kwargs={"plan": plan}, batch_format="pyarrow", batch_size=None).take_all()
+    total = {c: sum(r[c] for r in counts) for c in fold_names}
+    return replace(plan, counts={"train": sum(sizes.values()) - n_test - n_val, "validation": n_val, "test": n_test,
+                                 **_fold_counts(total, fold_names)})
+
+
+def _fold_counts(total: dict[str, int], fold_names: list[str]) -> dict[str, int]:
+    return {f"fold {name[1:]}": int(total[name]) for name in fold_names}
 
 
 def _role(batch: pa.Table, plan, role: int) -> pa.Table:
@@ -155,16 +171,30 @@ def _role(batch: pa.Table, plan, role: int) -> pa.Table:
 def split_roles(ds: ray.data.Dataset, plan, materialize: bool) -> dict[int, ray.data.Dataset]:
     """The table's rows by role (folds.TRAIN, VALIDATION, TEST), read lazily or, with materialize, kept in the
     object store with the training rows shuffled once (SGD needs mixed batches; streamed tables are mixed per
-    epoch by the files' order and a fresh permutation of each block's rows on the workers instead)."""
+    epoch by the files' order and a fresh permutation of each block's rows on the workers instead). With folds,
+    TRAIN holds every non-test row (fold_parts cuts it)."""
     from trainflow.folds import TEST, TRAIN, VALIDATION
 
     task_args = {} if materialize else streamed_task_args()
-    roles = [TRAIN, VALIDATION] + ([TEST] if plan.test_fraction > 0 else [])
+    roles = [TRAIN] + ([VALIDATION] if plan.folds < 2 else []) + ([TEST] if plan.test_fraction > 0 else [])
     parts = {r: ds.map_batches(_role, fn_kwargs={"plan": plan, "role": r}, batch_format="pyarrow", **task_args)
              for r in roles}
     if materialize:
         parts = {r: (p.random_shuffle(seed=plan.seed) if r == TRAIN else p).materialize() for r, p in parts.items()}
     return parts
+
+
+def _fold(batch: pa.Table, plan, fold: int, held: bool) -> pa.Table:
+    ids = plan.fold_ids(batch)
+    return batch.filter(pa.array(ids == fold if held else (ids != fold)))
+
+
+def fold_parts(fit_rows: ray.data.Dataset, plan, fold: int, materialize: bool) -> tuple[ray.data.Dataset, ray.data.Dataset]:
+    """(training rows, held-out rows) of fold model `fold`: the non-test rows (split_roles' TRAIN) outside and inside
+    that fold."""
+    task_args = {} if materialize else streamed_task_args()
+    return tuple(fit_rows.map_batches(_fold, fn_kwargs={"plan": plan, "fold": fold, "held": held},
+                                      batch_format="pyarrow", **task_args) for held in (False, True))
 
 
 def split_table(ds: ray.data.Dataset, task: str, label: str, fraction: float, seed: int, key_columns: list[str],

@@ -9,6 +9,11 @@ plan cuts that range into roles:
                                             calibration and the decision threshold
     [validation_cut, 1)                     train
 
+With cross-fitting (folds > 1) the rows outside the test role are cut into `folds` equal ranges instead of a
+validation and a training range: fold model k trains on every fold but k, early-stops on fold k, and predicts fold k
+(its out-of-fold predictions). Every non-test row is then trained on by K-1 fold models and predicted by the one that
+never saw it, and those predictions drive the family choice, the ensemble weights, calibration and the threshold.
+
 A class with too few rows to give a role at least one row keeps those rows for training (classification), so
 every class the model is judged on was also trained on. A table that grows keeps its test rows as test rows, and
 a plan stored with a model (split.json in its checkpoint) says, for any later table, which rows that model never
@@ -35,6 +40,10 @@ PLAN_FILE = "split.json"
 # points at 50,000 rows): the rest trains
 MAX_TEST_ROWS = 50_000
 MIN_ROLE_ROWS = 10  # fewer test, validation or training rows than this judge nothing
+MAX_FOLDS = 20
+AUTO_FOLDS = 5  # train.folds: auto below AUTO_FOLD_ROWS rows outside the test role
+AUTO_FOLD_ROWS = 4_000  # where one holdout is as good (docs/performance.md, model-quality with and without folds)
+NO_FOLD = -1  # the fold column of a test row (and of every row without cross-fitting)
 
 
 def split_fraction_keys(batch: pa.Table, columns: list[str], seed: int) -> np.ndarray:
@@ -65,6 +74,7 @@ class FoldPlan:
     test_classes: tuple[str, ...] | None = None
     validation_classes: tuple[str, ...] | None = None
     counts: dict[str, int] = field(default_factory=dict, compare=False)  # rows per role when the plan was made
+    folds: int = 1  # cross-fitting: the non-test rows in this many folds (1: a validation role instead)
 
     @property
     def validation_cut(self) -> float:
@@ -74,12 +84,13 @@ class FoldPlan:
         """The number in [0, 1) of each row of batch (its key columns hashed with the plan's seed)."""
         return split_fraction_keys(batch, list(self.key_columns), self.seed)
 
-    def roles(self, batch: pa.Table) -> np.ndarray:
-        """The role code (TRAIN, VALIDATION, TEST) of every row of batch."""
-        u = self.keys(batch)
+    def roles(self, batch: pa.Table, u: np.ndarray | None = None) -> np.ndarray:
+        """The role code (TRAIN, VALIDATION, TEST) of every row of batch; with folds, every non-test row is TRAIN
+        (fold_ids says which fold holds it out). u: the batch's keys when the caller has them."""
+        u = self.keys(batch) if u is None else u
         roles = np.full(len(u), TRAIN, dtype=np.int8)
         test = u < self.test_fraction
-        val = (u >= self.test_fraction) & (u < self.validation_cut)
+        val = (u >= self.test_fraction) & (u < self.validation_cut) & (self.folds < 2)
         if self.label is not None:
             values = pc.cast(batch[self.label], pa.string())
             for mask, classes in ((test, self.test_classes), (val, self.validation_classes)):
@@ -88,6 +99,21 @@ class FoldPlan:
         roles[val] = VALIDATION
         roles[test] = TEST
         return roles
+
+    def fold_ids(self, batch: pa.Table) -> np.ndarray:
+        """The fold (0 .. folds-1) of every non-test row of batch, NO_FOLD for test rows (and without folds)."""
+        u = self.keys(batch)
+        roles = self.roles(batch, u)
+        out = np.full(len(u), NO_FOLD, dtype=np.int8)
+        if self.folds < 2:
+            return out
+        fit = roles != TEST
+        # the non-test share of [0, 1) stretched back to [0, 1): u past the test range, or (a class kept out of the
+        # test role) u inside it
+        t = self.test_fraction
+        spread = np.where(u >= t, (u - t) / (1.0 - t), u / t if t > 0 else u)
+        out[fit] = np.minimum((spread[fit] * self.folds).astype(np.int64), self.folds - 1)
+        return out
 
     def held_out(self, batch: pa.Table) -> np.ndarray:
         """Rows a model trained under this plan never trained on and no choice of its run read: its test rows (a
@@ -103,8 +129,9 @@ class FoldPlan:
 
     def describe(self) -> str:
         keyed = f"id column {self.key_columns[0]!r}" if len(self.key_columns) == 1 else "each row's values"
-        return (f"test {self.test_fraction:.3g} of the rows, validation {self.validation_fraction:.3g} of the rest, "
-                f"by a hash of {keyed} with seed {self.seed}")
+        rest = (f"{self.folds} cross-fitting folds of the rest" if self.folds > 1 else
+                f"validation {self.validation_fraction:.3g} of the rest")
+        return f"test {self.test_fraction:.3g} of the rows, {rest}, by a hash of {keyed} with seed {self.seed}"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,12 +147,14 @@ class FoldPlan:
                 test_classes=None if d.get("test_classes") is None else tuple(map(str, d["test_classes"])),
                 validation_classes=None if d.get("validation_classes") is None else tuple(map(str, d["validation_classes"])),
                 counts={str(k): int(v) for k, v in (d.get("counts") or {}).items()},
+                folds=int(d.get("folds", 1)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a split plan trainflow wrote ({type(exc).__name__}: {exc})") from None
-        if not (0.0 <= plan.test_fraction < 1.0 and 0.0 < plan.validation_fraction < 1.0 and plan.key_columns):
+        if not (0.0 <= plan.test_fraction < 1.0 and 0.0 < plan.validation_fraction < 1.0 and plan.key_columns
+                and 1 <= plan.folds <= MAX_FOLDS):
             raise ValueError(f"not a split plan trainflow wrote (fractions {plan.test_fraction}, "
-                             f"{plan.validation_fraction}; key columns {plan.key_columns})")
+                             f"{plan.validation_fraction}; folds {plan.folds}; key columns {plan.key_columns})")
         return plan
 
     def save(self, directory: str | Path) -> None:
@@ -159,6 +188,17 @@ class FoldPlan:
             return None
 
 
+def resolve_folds(asked: int | str, non_test_rows: int, test_fraction: float) -> int:
+    """train.folds: a number as given; auto: AUTO_FOLDS folds when the rows outside the test role are at most
+    AUTO_FOLD_ROWS (where a fifth of them for validation would judge on few rows and train on fewer), else 1. Without a
+    test role every row trains some fold model, so nothing would be left to judge the served model on: 1."""
+    if test_fraction <= 0:
+        return 1
+    if asked == "auto":
+        return AUTO_FOLDS if non_test_rows <= AUTO_FOLD_ROWS else 1
+    return int(asked)
+
+
 def effective_test_fraction(requested: float, rows: int) -> float:
     """split.test_fraction, capped so the test role holds at most MAX_TEST_ROWS rows."""
     if requested <= 0 or rows <= 0:
@@ -175,7 +215,9 @@ def check_sizes(counts: dict[str, int], source: str, plan: FoldPlan) -> None:
     """DataError naming the counts when a role is too small to judge anything."""
     from trainflow.errors import DataError
 
-    wanted = {"train": MIN_ROLE_ROWS, "validation": MIN_ROLE_ROWS}
+    wanted = {"train": MIN_ROLE_ROWS}
+    wanted.update({f"fold {k}": MIN_ROLE_ROWS for k in range(plan.folds)} if plan.folds > 1 else
+                  {"validation": MIN_ROLE_ROWS})
     if plan.test_fraction > 0:
         wanted["test"] = MIN_ROLE_ROWS
     short = [f"{role} {counts.get(role, 0)}" for role, least in wanted.items() if counts.get(role, 0) < least]
@@ -184,5 +226,6 @@ def check_sizes(counts: dict[str, int], source: str, plan: FoldPlan) -> None:
             f"{source}: {sum(counts.values())} rows are too few to train, choose and judge a model: "
             f"{', '.join(f'{r} {n}' for r, n in counts.items())} rows (at least {MIN_ROLE_ROWS} each are needed; "
             f"short: {', '.join(short)}); add rows, or change split.test_fraction / split.validation_fraction"
+            + (" / train.folds" if plan.folds > 1 else "")
         )
 

@@ -1,0 +1,124 @@
+"""Task: cross-fitting's last step. Each family's fold models predict the fold each never trained on (out-of-fold
+predictions, the rows in one order for every family), and become one bagged checkpoint that serves their average.
+
+The out-of-fold outputs are the rows every later choice reads (the family comparison, the ensemble weights,
+calibration and the threshold): no choice reads rows the model it judges trained on, and no test row is read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from trainflow.config import Config
+from trainflow.folds import AUTO_FOLD_ROWS
+from trainflow.preprocessors.tabular import TabularPreprocessor
+from trainflow.storage import join, private_copy
+from trainflow.tasks.common import retry_unless_user_error
+from trainflow.tasks.select import Selected
+from trainflow.tasks.split import Split
+from trainflow.tasks.train import TrainOutcome, lineage_for
+from trainflow.trainer.checkpoint import read_config
+from trainflow.trainer.ensemble import member_outputs, write_bundle
+from trainflow.trainer.evaluate import Scored
+from trainflow.trainer.metrics import compute_metrics
+from trainflow.trainer.serving import BAG_FILE, combine, fold_dir, load_servable
+
+
+@dataclass
+class Decisions:
+    """The rows the choices after training read: each candidate's uncalibrated outputs and the encoded labels, in one
+    row order (the out-of-fold predictions; an ensemble's added once it is built)."""
+
+    prep: TabularPreprocessor
+    outputs: dict[str, np.ndarray]
+    labels: np.ndarray
+
+    def scored(self, family: str) -> Scored:
+        """A candidate's out-of-fold outputs as calibration reads them."""
+        return Scored(self.prep, self.outputs[family], self.labels)
+
+    def with_ensemble(self, name: str, members: dict[str, float]) -> Decisions:
+        """The ensemble's out-of-fold outputs (its members' weighted) beside the families'."""
+        combined = combine(self.prep.task, [self.outputs[f] for f in members], list(members.values()))
+        return Decisions(self.prep, {**self.outputs, name: combined}, self.labels)
+
+
+def fold_run_names(runs: dict[str, str], folds: int) -> dict[str, list[str]]:
+    """Each family's fold runs: <family's run>-fold<k>, each a Ray Train run that resumes on its own."""
+    return {family: [f"{run}-fold{k}" for k in range(folds)] for family, run in runs.items()}
+
+
+def fold_config(config: Config, fit_rows: int) -> Config:
+    """The config fold models train with: on a small table (at most AUTO_FOLD_ROWS rows to cross-fit) one worker
+    each, so that several folds train side by side (a few thousand rows gain nothing from data-parallel training,
+    and each Ray Train run has a fixed start-up); else the configured scaling."""
+    workers = min(config.scaling.num_workers, 1) if fit_rows <= AUTO_FOLD_ROWS else config.scaling.num_workers
+    return config.model_copy(update={"scaling": config.scaling.model_copy(update={"num_workers": workers})})
+
+
+def oof_names(metrics: dict[str, Any]) -> dict[str, float]:
+    """val_loss -> oof_loss, ...: the same metric over the out-of-fold predictions."""
+    return {("oof_" + k[4:] if k.startswith("val_") else k): float(v) for k, v in metrics.items()
+            if isinstance(v, (int, float))}
+
+
+def bag_dir(storage_path: str, run_name: str, sources: list[str]) -> str:
+    """Where a family's bag lives: <storage>/<its run>-bag/bag_<digest of its fold checkpoints>, so a rerun over the
+    same fold checkpoints finds the one it wrote."""
+    digest = hashlib.blake2b(json.dumps(sources).encode(), digest_size=8).hexdigest()
+    return join(storage_path, f"{run_name}-bag", f"bag_{digest}")
+
+
+@task(name="out-of-fold", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error,
+      cache_policy=NO_CACHE)
+def bag_folds(config: Config, parts: Split, runs: dict[str, str], outcomes: dict[str, list[TrainOutcome]],
+              selections: dict[str, list[Selected]], fingerprint: str
+              ) -> tuple[dict[str, TrainOutcome], dict[str, Selected], Decisions]:
+    """Every family's out-of-fold outputs (fold k's held-out rows through fold model k, one pass per fold for all
+    families) and its bagged checkpoint, scored by them: (outcomes, selections, decisions) per family."""
+    log = get_run_logger()
+    families = list(selections)
+    servables = {f: [load_servable(s.path, calibrated=False) for s in selections[f]] for f in families}
+    prep = servables[families[0]][0].preprocessor
+    pieces: dict[str, list[np.ndarray]] = {f: [] for f in families}
+    labels = []
+    for k, (_, held) in enumerate(parts.folds):
+        outs, y = member_outputs({f: servables[f][k].predict for f in families}, prep, held)
+        for f in families:
+            pieces[f].append(outs[f])
+        labels.append(y)
+    decisions = Decisions(prep, {f: np.concatenate(p) for f, p in pieces.items()}, np.concatenate(labels))
+    bagged_outcomes, bagged = {}, {}
+    for f in families:
+        metrics = compute_metrics(prep.task, decisions.outputs[f], decisions.labels, prep)
+        folds, chosen = outcomes[f], selections[f]
+        sources = [s.uri or s.path for s in chosen]
+        target = bag_dir(config.storage_path, runs[f], sources)
+        written = write_bundle(target, {fold_dir("", k): s.path for k, s in enumerate(chosen)}, BAG_FILE,
+                               json.dumps({"folds": len(chosen), "fold_checkpoints": sources}, indent=1), metrics,
+                               prep.to_dict(), read_config(chosen[0].path), lineage_for(config, fingerprint, f))
+        local = private_copy(written)  # checked here, read by every later step
+        load_servable(local)
+        epochs = [s.epoch for s in chosen]
+        bagged_outcomes[f] = TrainOutcome(
+            run_name=runs[f], family=f, run_path=target.rsplit("/", 1)[0],
+            checkpoints=[{"path": target, "epoch": max(epochs), "metrics": metrics}], history=folds[0].history,
+            resumed_from_epoch=next((o.resumed_from_epoch for o in folds if o.resumed_from_epoch is not None), None),
+            recoveries=[r for o in folds for r in o.recoveries],
+            budget={**folds[0].budget, "folds": len(folds), "fold_runs": [o.run_name for o in folds],
+                    "fold_epochs": epochs},
+        )
+        bagged[f] = Selected(path=local, epoch=max(epochs), metrics=metrics,
+                             skipped=[s for c in chosen for s in c.skipped], uri=target)
+        metric = config.promotion.metric
+        log.info("%s: %d fold models (best %s %s); out-of-fold %s = %.5g over %d rows; bag %s", f, len(chosen),
+                 bagged_outcomes[f].budget.get("unit", "epoch") + "s", epochs, metric, metrics.get(metric, np.nan),
+                 len(decisions.labels), target)
+    return bagged_outcomes, bagged, decisions
