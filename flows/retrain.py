@@ -80,6 +80,7 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
             outcomes[ENSEMBLE], selections[ENSEMBLE] = built.outcome, built.selected
             if decisions is not None:
                 decisions = decisions.with_ensemble(ENSEMBLE, built.weights)
+                built.outcome.budget["folds"] = k
     candidates = compare(config, outcomes, selections, "the validation split" if k == 1 else
                          f"the out-of-fold predictions ({k} folds)") if len(runs) > 1 else None
     family = candidates.winner if candidates else next(iter(runs))

@@ -38,6 +38,7 @@ def validate(config_path: str, overrides: dict[str, Any] | None = None) -> dict[
         "train_rows": parts.train_rows,
         "validation_rows": parts.val_rows,
         "test_rows": parts.test_rows,
+        "folds": parts.fold_count,
         "split": parts.plan.describe() if parts.plan else None,
         "features": {"numeric": spec.numeric, "text": spec.categorical, "dates": spec.dates},
         "packed_features": prepared.preprocessor.num_features,

@@ -107,7 +107,9 @@ def _log_and_register(config: Config, ingested: Ingested, outcome: TrainOutcome,
             log_rows(config.mlflow.tracking_uri, run.info.run_id, outcome.history)
         mlflow.set_tags(lineage)
         log_datasets(config, ingested)
-        mlflow.log_metrics({f"best_{k}": float(v) for k, v in selected.metrics.items() if isinstance(v, (int, float))})
+        chose = "oof_" if outcome.budget.get("folds") else "val_"  # the rows that chose it, in the metric's name
+        mlflow.log_metrics({f"best_{chose}{k[4:]}" if k.startswith("val_") else f"best_{k}": float(v)
+                            for k, v in selected.metrics.items() if isinstance(v, (int, float))})
         mlflow.log_artifacts(selected.path, artifact_path="checkpoint")
         with tempfile.TemporaryDirectory(prefix="trainflow-code-") as code:
             info = mlflow.pyfunc.log_model(

@@ -150,16 +150,30 @@ def _family_line(config: Config, summary: dict[str, Any]) -> str:
         ens = summary["ensemble"]
         weights = ", ".join(f"`{m['family']}` {m['weight']:.2f}" for m in ens["members"] if m["weight"] > 0)
         return (f"- family `{family}`: the weighted mean of {weights} (greedy ensemble selection, {ens['rounds']} rounds "
-                f"on {ens['rows']} validation rows; scores cross-fitted over two halves of them)")
+                f"on {ens['rows']} {'out-of-fold' if ens.get('weighted_on') == 'out-of-fold' else 'validation'} rows; "
+                "scores cross-fitted over two halves of them)")
     return f"- family `{family}`: {FAMILIES[family].describe(config.model.for_family(family))}"
+
+
+def _chosen_on(summary: dict[str, Any]) -> str:
+    if summary.get("oof_metrics"):
+        return (f"Out-of-fold predictions chose it: each of {summary.get('oof_rows')} rows predicted by the one of "
+                f"{summary['folds']} fold models that never trained on it (early stopping on each model's own held-out "
+                "fold; the family, ensemble weights, calibration); the served model averages the fold models. The test "
+                "rows touched no choice.")
+    return "Validation rows chose it (early stopping, the family, calibration); the test rows touched no choice."
 
 
 def _candidates_lines(summary: dict[str, Any], metric: str) -> str:
     rows = summary.get("candidates")
     if not rows:
         return ""
-    lines = "\n".join(f"| {r['family']} | {_fmt(r[metric])} | {r['epoch']} | `{r['run_name']}` |" for r in rows)
-    return (f"\n\nCandidates trained in this run, best first by {metric} on the validation split:\n\n"
+    oof = bool(summary.get("oof_metrics"))
+    shown = metric.replace("val_", "oof_", 1) if oof else metric
+    lines = "\n".join(f"| {r['family']} | {_fmt(r.get(shown))} | {r['epoch']} | `{r['run_name']}` |" for r in rows)
+    metric = shown
+    return (f"\n\nCandidates trained in this run, best first by {metric} on "
+            f"{'the out-of-fold predictions' if oof else 'the validation split'}:\n\n"
             f"| family | {metric} | best epoch | Ray Train run |\n|---|---|---|---|\n{lines}")
 
 
@@ -205,12 +219,21 @@ def _serving_line(promo: dict[str, Any]) -> str:
     return serving + floor
 
 
-def _metric_rows(validation: dict[str, Any], test: dict[str, Any]) -> str:
+def _metric_rows(validation: dict[str, Any], test: dict[str, Any], chose: str = "val_") -> str:
     rows = []
     for k, v in sorted(validation.items()):
         t = test.get("test_" + k[4:]) if k.startswith("val_") else None
-        rows.append(f"| {k} | {_fmt(v)} | {'' if t is None else _fmt(t)} |")
+        name = chose + k[4:] if k.startswith("val_") else k
+        rows.append(f"| {name} | {_fmt(v)} | {'' if t is None else _fmt(t)} |")
     return "\n".join(rows)
+
+
+def _rows_line(summary: dict[str, Any]) -> str:
+    if (summary.get("folds") or 1) > 1:
+        return (f"{summary['training_rows']} ({summary.get('oof_rows')} in {summary['folds']} cross-fitting folds, "
+                f"{summary.get('test_rows') or 0} test)")
+    return (f"{summary['training_rows']} ({summary['train_rows']} training, {summary['validation_rows']} validation, "
+            f"{summary.get('test_rows') or 0} test)")
 
 
 def model_card(config: Config, summary: dict[str, Any], curve_uri: str, curve_png: str = "") -> str:
@@ -226,15 +249,15 @@ challenger v{promo['challenger_version']} {_fmt(promo['challenger_score'])}, cha
 ## Data
 - table: `{summary['data_path']}`
 - fingerprint: `{summary['data_fingerprint']}`
-- rows: {summary['training_rows']} ({summary['train_rows']} training, {summary['validation_rows']} validation, {summary.get('test_rows') or 0} test)
+- rows: {_rows_line(summary)}
 - split: {summary.get('split') or 'train/validation'}; assignment `{summary.get('split_path')}`
 
 ## Best checkpoint (epoch {best['epoch']} of {summary['epochs_run']} run this time)
-Validation rows chose it (early stopping, the family, calibration); the test rows touched no choice.
+{_chosen_on(summary)}
 
-| metric | validation | test |
+| metric | {"out-of-fold" if summary.get("oof_metrics") else "validation"} | test |
 |---|---|---|
-{_metric_rows(best['metrics'], summary.get('test_metrics') or {})}
+{_metric_rows(best['metrics'], summary.get('test_metrics') or {}, "oof_" if summary.get("oof_metrics") else "val_")}
 
 Loss curve (also `{curve_uri}` and the MLflow run's `{LOSS_CURVE}`):
 

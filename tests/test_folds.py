@@ -97,3 +97,38 @@ def test_an_assignment_cut_short_is_written_again_whole(tmp_path):
     assert sum(r == "test" for r in roles.values()) == plan.counts["test"]
     write_assignment(ds, plan, "id", str(where))  # a rerun finds it whole and leaves it
     assert pads.dataset(where, format="parquet").to_table().num_rows == 500
+
+
+def test_folds_cover_every_non_test_row_once_stay_put_as_the_table_grows_and_cut_disjoint_parts():
+    from trainflow.data import fold_parts
+
+    table = _table(3000)
+    ds = ray.data.from_arrow(table)
+    plan = plan_split(ds, "classification", "y", 0.2, 0.2, 7, ["id"], rows=3000, folds=4)
+    assert plan.folds == 4 and plan.counts["validation"] == 0
+    roles, folds = plan.roles(table), plan.fold_ids(table)
+    assert (folds[roles == TEST] == -1).all() and set(folds[roles != TEST].tolist()) == {0, 1, 2, 3}
+    sizes = np.bincount(folds[roles != TEST])
+    assert sizes.min() > 0.8 * sizes.max() and [plan.counts[f"fold {k}"] for k in range(4)] == sizes.tolist()
+    grown = plan_split(ray.data.from_arrow(_table(6000)), "classification", "y", 0.2, 0.2, 7, ["id"], rows=6000, folds=4)
+    assert np.array_equal(grown.fold_ids(table), folds)  # the same rows keep their folds (and roles)
+    fit_rows = split_roles(ds, plan, materialize=True)[TRAIN]
+    for k in range(4):
+        train, held = fold_parts(fit_rows, plan, k, materialize=False)
+        a, b = _ids(train), _ids(held)
+        assert not set(a) & set(b) and len(a) + len(b) == (roles != TEST).sum()
+        assert np.array_equal(np.sort(b), np.sort(table["id"].to_numpy()[folds == k]))
+    assert FoldPlan.from_dict(plan.to_dict()) == plan
+
+
+def test_auto_folds_follow_the_row_count_and_need_a_test_role():
+    from trainflow.folds import AUTO_FOLD_ROWS, AUTO_FOLDS, resolve_folds
+
+    assert resolve_folds("auto", AUTO_FOLD_ROWS, 0.2) == AUTO_FOLDS
+    assert resolve_folds("auto", AUTO_FOLD_ROWS + 1, 0.2) == 1
+    assert resolve_folds(3, 10**6, 0.2) == 3 and resolve_folds("auto", 100, 0.0) == 1
+    from trainflow.config import Config
+
+    with pytest.raises(ValueError, match="train.folds"):
+        Config.model_validate({"data": {"path": "t.parquet", "label": "y"}, "task": "regression",
+                               "train": {"folds": 5}, "split": {"test_fraction": 0}})

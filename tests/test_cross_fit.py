@@ -1,0 +1,76 @@
+"""Cross-fitting end to end: K fold models per family, each a Ray Train run of its own; every non-test row predicted
+by the fold model that never trained on it; a bagged checkpoint that serves the fold models' average; a rerun that
+trains no finished fold again."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from tests.conftest import churn_config
+from trainflow.flows.cli import main as cli_main
+from trainflow.trainer.predict import predict_table
+from trainflow.trainer.serving import BAG_FILE, fold_dir, load_servable
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_local")]
+
+FOLDS = 3
+
+
+def _checkpoint_folders(run_path) -> dict[str, float]:
+    return {p.name: p.stat().st_mtime for p in run_path.glob("checkpoint_*")}
+
+
+def test_folds_train_predict_out_of_fold_serve_the_average_and_a_rerun_skips_finished_folds(tmp_path, capsys):
+    cfg = churn_config(tmp_path, rows=600, train={"epochs": 2, "folds": FOLDS}, checkpoint={"metric": "val_loss"},
+                       scaling={"num_workers": 2})
+    summary_path = tmp_path / "s.json"
+    assert cli_main(["retrain", "--config", str(cfg), "--run-name", "cf", "--summary-json", str(summary_path)]) == 0
+    s = json.loads(summary_path.read_text())
+    printed = capsys.readouterr().out
+    assert "out-of-fold " in printed and f"of {FOLDS} fold models that never saw it" in printed
+
+    # every row is a test row or predicted out of fold, once
+    assert s["folds"] == FOLDS and s["oof_rows"] + s["test_rows"] == 600 and s["validation_rows"] == 0
+    assert set(s["oof_metrics"]) >= {"oof_loss", "oof_accuracy", "oof_roc_auc"}
+    assert s["oof_metrics"]["oof_loss"] == pytest.approx(s["best_checkpoint"]["metrics"]["val_loss"])
+    assert s["test_metrics"]["test_loss"] > 0 and s["calibration_fit"]["fitted_on"] == f"out-of-fold rows ({s['oof_rows']})"
+    assignment = pads.dataset(s["split_path"], format="parquet").to_table().to_pandas()
+    assert len(assignment) == 600
+    test_rows = assignment["role"] == "test"
+    assert assignment.loc[test_rows, "fold"].isna().all()
+    folds = assignment.loc[~test_rows, "fold"].astype(int)
+    assert sorted(folds.unique()) == list(range(FOLDS)) and folds.value_counts().min() > 600 * 0.8 / FOLDS * 0.6
+
+    # each fold model is a Ray Train run of its own, with one worker (a small table: folds train side by side)
+    runs = tmp_path / "runs"
+    fold_runs = [runs / f"cf-fold{k}" for k in range(FOLDS)]
+    assert all(_checkpoint_folders(r) for r in fold_runs)
+    assert json.loads((fold_runs[0] / "trainflow_finished.json").read_text())["outcome"]["run_name"] == "cf-fold0"
+
+    # the served model is the fold models' average (probabilities averaged; no calibration was needed here or it
+    # applies after the average)
+    bag = s["best_checkpoint"]["path"]
+    assert json.loads(open(f"{bag}/{BAG_FILE}").read())["folds"] == FOLDS
+    served = load_servable(bag, calibrated=False)
+    table = pq.read_table(tmp_path / "data" / "train.parquet").slice(0, 50)
+    x = served.preprocessor.transform_features(table, strict=False)
+    members = [load_servable(fold_dir(bag, k), calibrated=False).predict(x) for k in range(FOLDS)]
+    averaged = np.mean([torch.softmax(torch.from_numpy(m), 1).numpy() for m in members], axis=0)
+    got = torch.softmax(torch.from_numpy(served.predict(x)), 1).numpy()
+    assert np.allclose(got, averaged, atol=1e-5)
+    assert predict_table(load_servable(bag), table).num_rows == 50
+    assert s["output_rows"] == s["input_rows"] == 500
+
+    # a rerun of the same run name trains no finished fold again: the same bag, no new checkpoint
+    before = [_checkpoint_folders(r) for r in fold_runs]
+    again = tmp_path / "again.json"
+    assert cli_main(["retrain", "--config", str(cfg), "--run-name", "cf", "--force", "--summary-json", str(again)]) == 0
+    second = json.loads(again.read_text())
+    assert [_checkpoint_folders(r) for r in fold_runs] == before
+    assert second["best_checkpoint"]["uri"] == s["best_checkpoint"]["uri"] and second["oof_metrics"] == s["oof_metrics"]
