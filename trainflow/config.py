@@ -459,6 +459,9 @@ class FailureSection(_Section):
     hang_timeout_s: float | Literal["auto"] | None = "auto"
     task_retries: int = Field(2, ge=0)
     retry_delay_s: float = Field(5.0, ge=0)
+    # how long Ray Train waits for a worker group to start (its default, 60 s, expired on a loaded 2-core machine
+    # after a worker died, twice in a row); a group that truly cannot be placed is caught before training
+    worker_start_timeout_s: float = Field(180.0, gt=0)
 
     @field_validator("hang_timeout_s")
     @classmethod

@@ -78,6 +78,7 @@ KEYS = {
     'train.warmup_fraction': 'linear warm-up, as a fraction of all steps (default: 0.05)',
     'train.early_stopping.patience': 'epochs without an improvement of checkpoint.metric before stopping; auto: max(10, epochs / 10); off (default: auto)',
     'train.early_stopping.min_delta': 'the smallest change that counts as an improvement (default: 0.0001)',
+    'failure.worker_start_timeout_s': 'seconds Ray Train waits for a worker group to start before the attempt fails (default: 180)',
     'train.folds': "cross-fitting: each family trains this many fold models on the non-test rows, each early-stopped on its own held-out fold; their out-of-fold predictions choose the family, weight the ensemble and fit calibration and the threshold, and the served model averages the fold models; 1: one validation split; auto: 5 folds up to 4,000 non-test rows, else 1 (default: auto)",
     'train.class_weight': 'classification: balanced (n / (classes x count), as scikit-learn) or {class: weight} (default: none)',
     'scaling.num_workers': 'Ray Train workers (default: 2)',
