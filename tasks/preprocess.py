@@ -107,7 +107,9 @@ def size_families(config: Config, prep: TabularPreprocessor, train_rows: int, va
                 fits = check_packed_size(prep, train_rows + val_rows, budget.batch_size, max(1, workers), memory, source)
             else:
                 params = resolved.model.params
-                fits = check_booster_matrix(prep, train_rows, val_rows, max(1, workers), memory, source,
+                # a one-process family's single worker holds every training row
+                fits = check_booster_matrix(prep, train_rows, val_rows, 1 if family.one_process else max(1, workers),
+                                            memory, source,
                                             params.external_memory if family.external_memory else None)
                 budget = replace(budget, external_memory=fits["external_memory"])
         except DataError as exc:

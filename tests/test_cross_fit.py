@@ -19,7 +19,7 @@ from trainflow.trainer.serving import BAG_FILE, fold_dir, load_servable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_local")]
 
-FOLDS = 3
+FOLDS = 2
 
 
 def _checkpoint_folders(run_path) -> dict[str, float]:

@@ -4,6 +4,7 @@ champion: tests/test_e2e_retrain.py."""
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -183,3 +184,58 @@ def test_a_sweep_can_search_family_keys_and_the_family_itself():
                                "tune": {"search_space": {"train.learning_rate": {"choice": [0.001]}}}})
     with pytest.raises(ConfigError, match="search it: tune.search_space.model.type"):
         listed.require_tune()
+
+
+def _catboost_killed_once():
+    """CatBoost's worker: the first attempt snapshots every second and SIGKILLs its own process once a stored snapshot
+    holds 150 rounds; the next attempt continues from that snapshot."""
+
+    def train_fn(loop_config):
+        import json
+        import threading
+
+        from trainflow.storage import list_dir, read_text
+        from trainflow.trainer import catboost_fit
+
+        marker = Path(loop_config["run_dir"]).parent / "catboost-attempt"
+        if marker.exists():
+            return catboost_fit.catboost_train_fn(loop_config)
+        marker.touch()
+        catboost_fit.SNAPSHOT_S = 1
+
+        def kill_after_a_snapshot():
+            while True:
+                stored = [n for n, _ in list_dir(loop_config["run_dir"]) if n.endswith(".snapshot.json")]
+                if stored and len(json.loads(read_text(f"{loop_config['run_dir']}/{stored[0]}"))) >= 150:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                time.sleep(0.1)
+
+        threading.Thread(target=kill_after_a_snapshot, daemon=True).start()
+        catboost_fit.catboost_train_fn(loop_config)
+        raise AssertionError("the fit ended before a snapshot of 150 rounds was stored")
+
+    return train_fn
+
+
+@pytest.mark.e2e
+@pytest.mark.usefixtures("ray_local")
+def test_catboost_is_one_worker_with_the_group_cpus_and_a_killed_fit_continues_from_its_snapshot(tmp_path):
+    cfg, prep, train, val = small_run(tmp_path, hang_timeout_s=60.0)
+    cfg = trial_config(cfg.to_dict(), {"model.type": "catboost", "model.params.num_boost_round": 1500,
+                                       "model.params.early_stopping_rounds": "off", "model.params.learning_rate": 0.02})
+    from trainflow.trainer.families import FAMILIES
+
+    scaling = FAMILIES["catboost"].worker_scaling(cfg.scaling)
+    assert (scaling.num_workers, scaling.resources_per_worker["CPU"]) == (1, 2.0)  # the group's 2 CPUs, one process
+    result = build_trainer(cfg, prep, train, val, "cb-kill", train_fn=_catboost_killed_once()).fit()
+    with result.checkpoint.as_directory() as d:
+        history = read_metrics(d)["history"]
+        served = load_servable(d)
+    # every round once: the second attempt continued the stored snapshot, it did not start again
+    assert [h["epoch"] for h in history] == list(range(1500))
+    starts = [e for e in read_events(run_dir(cfg, "cb-kill")) if e["event"] == "worker_start"]
+    assert [e["from_epoch"] for e in starts][0] == 0 and starts[1]["from_epoch"] >= 150
+    (killed,) = recoveries(read_events(run_dir(cfg, "cb-kill")))
+    assert "died" in killed["error"] or "dead" in killed["error"]
+    assert served.family == "catboost" and served.predict.model.tree_count_ == 1500
+    assert result.metrics["val_r2"] > 0.8 and served.predict.native_importance().shape == (prep.num_features,)

@@ -43,6 +43,22 @@ def _lightgbm_trainer(train_fn: Callable, scaling: ScalingSection, **kwargs: Any
     return LightGBMTrainer(train_fn, lightgbm_config=LightGBMConfig(), **kwargs)
 
 
+def _one_process_trainer(train_fn: Callable, scaling: ScalingSection, **kwargs: Any):
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    return DataParallelTrainer(train_fn, **kwargs)
+
+
+def _catboost_fn(loop_config: dict[str, Any]) -> None:
+    from trainflow.trainer.catboost_fit import catboost_train_fn
+
+    catboost_train_fn(loop_config)
+
+
+def _one_process_data_config() -> DataConfig:
+    return DataConfig(datasets_to_split=[])  # its one worker reads every training and validation row
+
+
 def _xgboost_fn(loop_config: dict[str, Any]) -> None:
     from trainflow.trainer.boosting import xgboost_train_fn
 
@@ -104,6 +120,21 @@ class Family:
     external_memory: bool = False  # its workers can read their shard into an external-memory matrix (XGBoost)
     calibration: str = "temperature"  # what calibration.method auto fits for two classes (more: a temperature)
     class_weights: bool = True  # its loss takes train.class_weight
+    # one process per fit (no data-parallel training): its one Ray Train worker holds the CPUs of the worker group
+    one_process: bool = False
+
+    def worker_scaling(self, scaling: ScalingSection) -> ScalingSection:
+        """The scaling its Ray Train run asks for: the config's, or for a one-process family one CPU-only worker with
+        the group's CPUs (at most the largest node's, where one worker must fit)."""
+        if not self.one_process:
+            return scaling
+        from trainflow.trainer.resources import alive_nodes, worker_bundle
+
+        cpus = worker_bundle({**scaling.model_dump(), "use_gpu": False}).get("CPU", 1.0) * max(1, scaling.num_workers)
+        largest = max((n.get("CPU", 0.0) for n in alive_nodes()), default=cpus)
+        res = {k: v for k, v in (scaling.resources_per_worker or {}).items() if k != "GPU"}
+        return scaling.model_copy(update={"num_workers": 1, "use_gpu": False, "accelerator_type": None,
+                                          "resources_per_worker": {**res, "CPU": max(1.0, min(cpus, largest))}})
 
     def uses_external_memory(self, mode: str, chosen: bool) -> bool:
         """Whether this run's workers build external-memory matrices: model.params.external_memory always, or
@@ -122,6 +153,9 @@ FAMILIES: dict[str, Family] = {
     "lightgbm": Family("lightgbm", _lightgbm_trainer, _lightgbm_fn, _trees_data_config, _boost_budget, _no_check, False,
                        ("lightgbm",), _describe_booster("lightgbm"), calibration="platt",
                        class_weights=False),
+    "catboost": Family("catboost", _one_process_trainer, _catboost_fn, _one_process_data_config, _boost_budget,
+                       _no_check, False, ("catboost",), _describe_booster("catboost"), calibration="platt",
+                       class_weights=False, one_process=True),
 }
 
 

@@ -107,7 +107,7 @@ def build_trainer(
             "cache_shards": cache_shards, "streamed": streamed, "external_memory": external_memory,
             "lineage": lineage,
         },
-        scaling_config=scaling_config(config.scaling),
+        scaling_config=scaling_config(family.worker_scaling(config.scaling)),
         datasets={"train": train_ds, "val": val_ds},
         dataset_config=family.data_config(),
         run_config=RunConfig(

@@ -101,6 +101,47 @@ class LightGBMPredictor:
         return np.asarray(self.booster.feature_importance(importance_type="gain"), dtype=np.float64)
 
 
+CB_MODEL = "model.cbm"  # CatBoost's own binary model format (not a pickle)
+
+
+def catboost_frame(prep: TabularPreprocessor, x: np.ndarray):
+    """Packed features as the frame CatBoost reads: embedded text columns as integer categories, the rest numbers."""
+    import pandas as pd
+
+    frame = pd.DataFrame(np.asarray(x, dtype=np.float32), columns=[f"f{i}" for i in range(x.shape[1])])
+    for pos in categorical_positions(prep):
+        frame[f"f{pos}"] = np.nan_to_num(frame[f"f{pos}"].to_numpy(), nan=0.0).astype(np.int64)
+    return frame
+
+
+def catboost_outputs(model, prep: TabularPreprocessor, x: np.ndarray) -> np.ndarray:
+    from catboost import Pool
+
+    pool = Pool(catboost_frame(prep, x), cat_features=categorical_positions(prep) or None)
+    kind = "Probability" if prep.task == "classification" else "RawFormulaVal"
+    return outputs_from(prep.task, prep.num_outputs, model.predict(pool, prediction_type=kind))
+
+
+def load_catboost(path: Path):
+    from catboost import CatBoost
+
+    model = CatBoost()
+    model.load_model(str(path / CB_MODEL), format="cbm")
+    return model
+
+
+class CatBoostPredictor:
+    def __init__(self, directory: Path, prep: TabularPreprocessor, config: dict[str, Any], device: str = "cpu"):
+        self.model, self.prep = load_catboost(Path(directory)), prep
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return catboost_outputs(self.model, self.prep, x)
+
+    def native_importance(self) -> np.ndarray:
+        """CatBoost's prediction-value change per packed feature (its default importance, gain-like)."""
+        return np.asarray(self.model.get_feature_importance(), dtype=np.float64)
+
+
 @dataclass
 class ServableModel:
     """A checkpoint loaded for prediction: predict maps packed features to model outputs (logits or
@@ -269,6 +310,7 @@ class EnsemblePredictor:
 # each family's predictor, built from a checkpoint folder; the checkpoint's config.json names its family
 PREDICTORS: dict[str, Callable[..., Callable[[np.ndarray], np.ndarray]]] = {
     "mlp": TorchPredictor, "torch": TorchPredictor, "xgboost": XGBoostPredictor, "lightgbm": LightGBMPredictor,
+    "catboost": CatBoostPredictor,
     ENSEMBLE: EnsemblePredictor,
 }
 

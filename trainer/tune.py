@@ -105,7 +105,7 @@ def build_tuner(
         # rungs by epoch, not by report: short epochs are grouped into one report (checkpoint.min_interval_s)
         # (boosted trees report their round as the epoch)
         max_t = config.train.epochs if config.train.epochs != "auto" else MAX_AUTO_EPOCHS
-        if set(_searched_families(config)) & {"xgboost", "lightgbm"}:
+        if any(not FAMILIES[f].uses_minibatches for f in _searched_families(config)):  # boosters: rounds
             max_t = max(max_t, config.model.params.num_boost_round)
         scheduler = ASHAScheduler(
             time_attr="epoch", max_t=max_t,

@@ -95,17 +95,18 @@ class SplitSection(_Section):
     seed: int = 42
 
 
-FAMILIES = ("mlp", "torch", "xgboost", "lightgbm")
-FamilyName = Literal["mlp", "torch", "xgboost", "lightgbm"]
-BOOSTERS = ("xgboost", "lightgbm")
+FAMILIES = ("mlp", "torch", "xgboost", "lightgbm", "catboost")
+FamilyName = Literal["mlp", "torch", "xgboost", "lightgbm", "catboost"]
+BOOSTERS = ("xgboost", "lightgbm", "catboost")
 AUTO_FAMILIES = ("mlp", "xgboost", "lightgbm")  # model.type auto
 ENSEMBLE = "ensemble"  # what a checkpoint's model.type says when it weights several families' checkpoints
-_BOTH, _XGB, _LGB = BOOSTERS, ("xgboost",), ("lightgbm",)
-# which booster library takes each model.params key (trainflow passes the ones a family takes to it)
+_ALL, _BOTH, _XGB, _LGB = BOOSTERS, ("xgboost", "lightgbm"), ("xgboost",), ("lightgbm",)
+# which booster library takes each model.params key (trainflow passes the ones a family takes to it; CatBoost under
+# its own names: max_depth as depth, reg_lambda as l2_leaf_reg, max_bin as border_count)
 BOOSTER_KEYS: dict[str, tuple[str, ...]] = {
-    "num_boost_round": _BOTH, "early_stopping_rounds": _BOTH, "learning_rate": _BOTH, "max_depth": _BOTH,
-    "min_child_weight": _BOTH, "subsample": _BOTH, "colsample_bytree": _BOTH, "reg_lambda": _BOTH,
-    "reg_alpha": _BOTH, "max_bin": _BOTH,
+    "num_boost_round": _ALL, "early_stopping_rounds": _ALL, "learning_rate": _ALL, "max_depth": _ALL,
+    "min_child_weight": _BOTH, "subsample": _ALL, "colsample_bytree": _BOTH, "reg_lambda": _ALL,
+    "reg_alpha": _BOTH, "max_bin": _ALL,
     "gamma": _XGB, "colsample_bynode": _XGB, "tree_method": _XGB, "max_leaves": _XGB, "grow_policy": _XGB, "max_cat_to_onehot": _XGB,
     "external_memory": _XGB,
     "num_leaves": _LGB, "min_data_in_leaf": _LGB, "min_split_gain": _LGB, "cat_smooth": _LGB,
@@ -116,7 +117,8 @@ TRAINFLOW_KEYS = ("num_boost_round", "early_stopping_rounds", "external_memory")
 
 
 class BoosterParams(_Section):
-    """Gradient-boosted trees (model.type xgboost / lightgbm); unset keys keep each library's default."""
+    """Gradient-boosted trees (model.type xgboost / lightgbm / catboost); unset keys keep each library's default
+    (CatBoost's learning rate, unless set, is the one CatBoost picks for the table)."""
 
     num_boost_round: int = Field(1000, ge=1)  # an upper bound: early stopping ends most runs well before it
     early_stopping_rounds: int | Literal["off"] = 50  # rounds without a better validation loss
@@ -164,7 +166,8 @@ class BoosterParams(_Section):
 
 class ModelSection(_Section):
     """The model family: `mlp` (trainflow's network), `torch` (a user's nn.Module imported from class_path,
-    LightningCLI style), `xgboost` or `lightgbm` (gradient-boosted trees); a list trains each and keeps the best."""
+    LightningCLI style), `xgboost`, `lightgbm` or `catboost` (gradient-boosted trees); a list trains each and keeps the
+    best."""
 
     # auto (the default): every built-in family (AUTO_FAMILIES), each its own Ray Train run, and their weighted
     # ensemble; the best on the validation split is kept (docs/performance.md, "Against AutoGluon-Tabular")

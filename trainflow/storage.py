@@ -52,6 +52,19 @@ def read_text(uri: str) -> str:
         return f.read().decode()
 
 
+def read_bytes(uri: str) -> bytes:
+    fs, inner = filesystem_for(uri)
+    with fs.open_input_stream(inner) as f:
+        return f.read()
+
+
+def replace_bytes(uri: str, data: bytes) -> None:
+    """Write a file whole under a temporary name, then move it over uri: a reader never sees half of it."""
+    fs, inner = filesystem_for(uri)
+    write_bytes(uri + ".tmp", data)
+    fs.move(inner + ".tmp", inner)
+
+
 def write_text(uri: str, text: str) -> None:
     write_bytes(uri, text.encode())
 

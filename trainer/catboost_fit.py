@@ -1,0 +1,173 @@
+"""CatBoost as a trainflow family: one Ray Train worker that holds the CPUs of the whole worker group.
+
+CatBoost has no Ray trainer (ray#26687) and no data-parallel training from Python (catboost#2406): a fit is one
+process with thread_count set to its CPUs, as AutoGluon runs it (whose parallelism comes from folds, as trainflow's
+cross-fitting does). Text columns the preprocessor embeds reach CatBoost as native categorical features (their
+integer codes); early stopping on the validation rows keeps the best iteration (use_best_model).
+
+Resume: CatBoost writes a snapshot of the fit every few seconds; the worker copies it (with the rounds' history) to
+the run's folder under a name made of the run's lineage, so a restarted worker, or a rerun of the same run name on
+the same data and training config, continues that fit instead of starting again (an init_model continuation is
+broken for categorical features, catboost#2784). The run reports progress (rounds, training and validation loss)
+every few seconds, and one checkpoint: the model at its best iteration.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray.train
+
+from trainflow.config import Config
+from trainflow.preprocessors.tabular import TabularPreprocessor
+from trainflow.storage import join, read_bytes, replace_bytes
+from trainflow.trainer.boosting import STATE_JSON, boost_budget, shard_arrays
+from trainflow.trainer.checkpoint import write_common
+from trainflow.trainer.metrics import compute_metrics
+from trainflow.trainer.reporting import record_start
+from trainflow.trainer.serving import CB_MODEL, catboost_frame, catboost_outputs, categorical_positions
+from trainflow.trainer.watchdog import heartbeat
+
+SNAPSHOT_S = 5  # how often CatBoost writes its snapshot (and the worker copies a new one to storage)
+REPORT_S = 2.0  # progress reports at most this often
+# model.params keys CatBoost takes, under its own names
+CATBOOST_NAMES = {"learning_rate": "learning_rate", "max_depth": "depth", "reg_lambda": "l2_leaf_reg",
+                  "max_bin": "border_count", "subsample": "subsample"}
+
+
+def catboost_params(prep: TabularPreprocessor, cfg: Config, threads: int, work: Path) -> dict[str, Any]:
+    """CatBoost's parameters: loss for the task, model.params under CatBoost's names, seed, threads. An unset
+    learning rate is left to CatBoost, which picks it from the rows and the iterations (its strength as a default)."""
+    params_cfg, budget = cfg.model.params, boost_budget(cfg.model)
+    chosen = {CATBOOST_NAMES[k]: v for k, v in params_cfg.for_family("catboost").items() if k in CATBOOST_NAMES}
+    lr_default = type(params_cfg).model_fields["learning_rate"].default
+    if "learning_rate" not in params_cfg.model_fields_set or params_cfg.learning_rate == lr_default:
+        chosen.pop("learning_rate", None)
+    if prep.task == "regression":
+        loss = "RMSE"
+    elif prep.num_outputs == 2:
+        loss = "Logloss"
+    else:
+        loss = "MultiClass"
+    params = {"loss_function": loss, "eval_metric": loss, "iterations": budget.num_boost_round,
+              "random_seed": cfg.split.seed, "thread_count": threads, "train_dir": str(work), "verbose": False,
+              "use_best_model": True, **chosen}
+    if prep.task == "classification":
+        params["class_names"] = list(range(prep.num_outputs))  # every class a column, even one absent from a fold
+    if budget.early_stopping_rounds:
+        params["early_stopping_rounds"] = budget.early_stopping_rounds
+    return params
+
+
+def snapshot_uri(run_dir: str, lineage: dict[str, str] | None) -> str:
+    """The run's snapshot in storage, named by its data and training config (another config never continues it)."""
+    digest = hashlib.blake2b(json.dumps(lineage or {}, sort_keys=True).encode(), digest_size=8).hexdigest()
+    return join(run_dir, f"catboost-{digest}.snapshot")
+
+
+def _loss(task: str, value: float) -> float:
+    """CatBoost's RMSE as trainflow's val_loss (MSE on the standardized label); log loss as it is."""
+    return value * value if task == "regression" else value
+
+
+class Progress:
+    """CatBoost's callback: the history per round, the watchdog's heartbeat, progress reports every REPORT_S seconds
+    and a copy of each new snapshot in storage."""
+
+    def __init__(self, task: str, history: list[dict[str, float]], local: Path, remote: str):
+        self.task, self.history, self.local, self.remote = task, history, local, remote
+        self.last_report = self.last_copy = 0.0
+        self.copied_mtime = 0.0
+        self.round_start = time.perf_counter()
+
+    def after_iteration(self, info) -> bool:
+        rnd = int(info.iteration) - 1  # CatBoost counts from 1, trainflow's rounds from 0
+        heartbeat(f"boosting round {rnd}")
+        now = time.perf_counter()
+        del self.history[rnd:]  # rounds after the snapshot a restarted fit continues from are trained again
+        learn, val = info.metrics["learn"], info.metrics["validation"]
+        self.history.append({"epoch": rnd, "train_loss": _loss(self.task, next(iter(learn.values()))[-1]),
+                             "val_loss": _loss(self.task, next(iter(val.values()))[-1]),
+                             "epoch_time_s": now - self.round_start})
+        self.round_start = now
+        if now - self.last_copy >= SNAPSHOT_S:
+            self.copy_snapshot()
+        if now - self.last_report >= REPORT_S:
+            self.last_report = now
+            ray.train.report(dict(self.history[-1]))
+        return True
+
+    def copy_snapshot(self) -> None:
+        """The latest snapshot CatBoost wrote, and the history, to storage (written whole: temp + rename locally)."""
+        self.last_copy = time.perf_counter()
+        if not self.local.exists() or self.local.stat().st_mtime <= self.copied_mtime:
+            return
+        self.copied_mtime = self.local.stat().st_mtime
+        replace_bytes(self.remote, self.local.read_bytes())  # the snapshot first: a history never older than it
+        replace_bytes(self.remote + ".json", json.dumps(self.history).encode())
+
+
+def fetch_snapshot(remote: str, local: Path) -> list[dict[str, float]]:
+    """The stored snapshot copied to local (CatBoost continues from it) and its history; [] when there is none."""
+    try:
+        data, history = read_bytes(remote), json.loads(read_bytes(remote + ".json"))
+    except (OSError, ValueError):
+        return []
+    local.write_bytes(data)
+    return [h for h in history if isinstance(h, dict)]
+
+
+def catboost_train_fn(loop_config: dict[str, Any]) -> None:
+    """The worker's loop: continue the stored snapshot (or start), boost with early stopping, report the best
+    iteration's model as the run's checkpoint."""
+    from catboost import CatBoost, Pool
+
+    cfg: Config = loop_config["config"]
+    prep = TabularPreprocessor.from_dict(loop_config["preprocessor"])
+    if ray.train.get_checkpoint() is not None:  # the fit finished and reported its model: nothing left
+        record_start(loop_config, 0, boost_budget(cfg.model).num_boost_round, True)
+        return
+    threads = max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
+    work = Path(tempfile.mkdtemp(prefix="trainflow-catboost-"))
+    try:
+        local, remote = work / "snapshot", snapshot_uri(loop_config["run_dir"], loop_config.get("lineage"))
+        history = fetch_snapshot(remote, local)
+        record_start(loop_config, 0, len(history), bool(history))
+        x, y = shard_arrays(ray.train.get_dataset_shard("train"))
+        x_val, y_val = shard_arrays(ray.train.get_dataset_shard("val"))
+        cats = categorical_positions(prep)
+        label = (lambda v: v.astype(np.int64)) if prep.task == "classification" else (lambda v: v.astype(np.float64))
+        train_pool = Pool(catboost_frame(prep, x), label=label(y), cat_features=cats or None)
+        val_pool = Pool(catboost_frame(prep, x_val), label=label(y_val), cat_features=cats or None)
+        params = catboost_params(prep, cfg, threads, work)
+        if not history:
+            print(f"trainflow budget: up to {params['iterations']} boosting round(s) over {len(y)} training rows, "
+                  f"{threads} thread(s), learning rate {params.get('learning_rate', 'chosen by CatBoost')}")
+        progress = Progress(prep.task, history, local, remote)
+        model = CatBoost(params)
+        model.fit(train_pool, eval_set=val_pool, callbacks=[progress], save_snapshot=True, snapshot_file=str(local),
+                  snapshot_interval=SNAPSHOT_S)
+        best = int(model.get_best_iteration() if model.get_best_iteration() is not None else len(history) - 1)
+        metrics: dict[str, Any] = {"epoch": best, **compute_metrics(prep.task, catboost_outputs(model, prep, x_val),
+                                                                     y_val.astype(np.float32), prep)}
+        metrics["train_loss"] = float(history[min(best, len(history) - 1)]["train_loss"]) if history else float("nan")
+        out = work / "checkpoint"
+        out.mkdir()
+        model.save_model(str(out / CB_MODEL), format="cbm")
+        state = {"epoch": best, "seed": cfg.split.seed, "family": "catboost", "rounds_run": len(history),
+                 "learning_rate": float(model.get_all_params().get("learning_rate", float("nan")))}
+        (out / STATE_JSON).write_text(json.dumps(state))
+        write_common(out, best, metrics, history, loop_config["preprocessor"], cfg.to_dict(), loop_config.get("lineage"))
+        if best < len(history) - 1:
+            print(f"trainflow early stopping at round {len(history) - 1}: best validation loss "
+                  f"{history[best]['val_loss']:.6g} at round {best}")
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(out)))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
