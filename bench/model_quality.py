@@ -158,7 +158,8 @@ def run_trainflow(train: pd.DataFrame, test: pd.DataFrame, label: str, task: str
         "mlflow": {"experiment": "model-quality", "registered_model": f"quality-{work.name}"},
         "inference": {"input": "score.parquet", "output": "predictions"},
     }
-    config["model"] = {"type": family}  # the family's own defaults, nothing tuned
+    # the family's own defaults, nothing tuned; a+b trains both (and their ensemble)
+    config["model"] = {"type": family.split("+") if "+" in family else family}
     if folds != "default":
         config["train"] = {"folds": int(folds) if folds.isdigit() else folds}
     (work / "config.yaml").write_text(yaml.safe_dump(config))

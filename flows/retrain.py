@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import flow
+from prefect.futures import wait
 
 from trainflow.flows.publish import publish
 from trainflow.tasks.candidates import compare, run_names
@@ -95,10 +96,10 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
 
 def train_families(config: Config, prepared: Prepared, names: dict[str, list[str]], run_config: Config
                    ) -> tuple[dict[tuple[str, int], TrainOutcome], dict[str, str]]:
-    """Every family's runs (one per fold), as many at once as the cluster holds worker groups: ({(family, fold):
-    outcome}, {family: why it failed}). With several families, one that fails after its retries (a dead worker
-    group, a diverging loss, memory) is left out with the reason and the others go on; a bad config or table, a
-    stop request, or the failure of every family fails the run."""
+    """Every family's runs (one per fold), as many at once as the cluster holds worker groups, the next starting as
+    soon as one ends: ({(family, fold): outcome}, {family: why it failed}). With several families, one that fails
+    after its retries (a dead worker group, a diverging loss, memory) is left out with the reason and the others go
+    on; a bad config or table, a stop request, or the failure of every family fails the run."""
     trainer = train.with_options(retries=config.failure.task_retries, retry_delay_seconds=config.failure.retry_delay_s)
     k = len(next(iter(names.values())))
     jobs = [(f, i) for f in names for i in range(k)]
@@ -106,12 +107,16 @@ def train_families(config: Config, prepared: Prepared, names: dict[str, list[str
     trained: dict[tuple[str, int], TrainOutcome] = {}
     failed: dict[str, str] = {}
     errors: list[BaseException] = []
-    while jobs:
-        wave, jobs = jobs[:at_once], jobs[at_once:]
-        futures = {(f, i): trainer.with_options(task_run_name=f"train-{f}" + (f"-fold{i}" if k > 1 else "")).submit(
-                       prepared.for_fold(i) if k > 1 else prepared, run_config, names[f][i], f) for f, i in wave}
-        for (family, fold), future in futures.items():
-            future.wait()
+    running: dict[tuple[str, int], Any] = {}
+    while jobs or running:
+        while jobs and len(running) < at_once:
+            f, i = jobs.pop(0)
+            running[(f, i)] = trainer.with_options(task_run_name=f"train-{f}" + (f"-fold{i}" if k > 1 else "")).submit(
+                prepared.for_fold(i) if k > 1 else prepared, run_config, names[f][i], f)
+        done = wait(list(running.values()), timeout=1.0).done
+        for (family, fold), future in [(job, fut) for job, fut in running.items() if fut in done]:
+            del running[(family, fold)]
+            future.wait()  # done: this only records its final state on the future (else .state asks the API)
             if not future.state.is_failed() or len(names) == 1:
                 trained[(family, fold)] = future.result()  # raises a crash, a cancel, and the only family's failure
                 continue

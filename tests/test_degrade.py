@@ -18,11 +18,14 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_l
 
 def _kill_train_workers_once(ready, stop: threading.Event, killed: list[int]) -> None:
     """SIGKILL every Ray Train worker process that appears once ready() is true, until stop is set."""
+    import ray
     from ray.util.state import list_actors
 
+    address = ray.get_runtime_context().gcs_address  # this test's Ray, whatever else runs on the machine
     while not stop.is_set():
         if ready():
-            for actor in list_actors(filters=[("state", "=", "ALIVE"), ("class_name", "=", "RayTrainWorker")]):
+            for actor in list_actors(address=address,
+                                     filters=[("state", "=", "ALIVE"), ("class_name", "=", "RayTrainWorker")]):
                 pid = actor.pid
                 if pid and pid not in killed:
                     try:
