@@ -36,11 +36,12 @@ def test_model_type_and_params_are_validated_with_their_dotted_names():
         ({"type": "xgboost", "params": {"num_leaves": 15}}, "model.params.num_leaves: applies to lightgbm"),
         ({"type": "xgboost", "params": {"max_dept": 3}}, "model.params.max_dept: unknown key"),
         ({"type": "lightgbm", "params": {"learning_rate": -1}}, "model.params.learning_rate"),
-        ({"type": "mlp", "params": {"max_depth": 3}}, "model.params.max_depth: applies to xgboost and lightgbm"),
+        ({"type": "mlp", "params": {"max_depth": 3}}, "model.params.max_depth: applies to xgboost, lightgbm and catboost"),
+        ({"type": "catboost", "params": {"num_leaves": 15}}, "model.params.num_leaves: applies to lightgbm"),
         ({"type": ["xgboost", "xgboost"]}, "names a family more than once"),
         ({"type": "xgboost", "params": {"external_memory": "always", "tree_method": "exact"}}, "needs tree_method 'hist'"),
         ({"type": "lightgbm", "params": {"external_memory": "always"}}, "external_memory: applies to xgboost"),
-        ({"type": "catboost"}, "model.type"),
+        ({"type": "catbost"}, "model.type"),
     ]:
         with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
             _cfg(model)

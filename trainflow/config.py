@@ -235,7 +235,9 @@ class ModelSection(_Section):
                 continue
             takers = [f for f in BOOSTER_KEYS[key] if f in boosters]
             if not takers:
-                raise ValueError(f"model.params.{key}: applies to {' and '.join(BOOSTER_KEYS[key])}, "
+                takes = BOOSTER_KEYS[key]
+                named = " and ".join(takes) if len(takes) < 3 else ", ".join(takes[:-1]) + " and " + takes[-1]
+                raise ValueError(f"model.params.{key}: applies to {named}, "
                                  f"which model.type {families} does not train")
         return self
 
