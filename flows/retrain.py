@@ -15,6 +15,7 @@ from trainflow.tasks.cross_fit import bag_folds, fold_config, fold_run_names, oo
 from trainflow.tasks.ensemble import ensemble
 from trainflow.tasks.infer import infer, resolve_checkpoint_task
 from trainflow.tasks.ingest import ingest, table_fingerprint
+from trainflow.tasks.mlflow_run import end_runs
 from trainflow.tasks.preprocess import Prepared, preprocess
 from trainflow.tasks.run_name import resolve_run_name
 from trainflow.tasks.select import select
@@ -127,6 +128,7 @@ def train_families(config: Config, prepared: Prepared, names: dict[str, list[str
             failed[family] = redact_text(f"{names[family][fold]} failed (Prefect retries: {config.failure.task_retries})"
                                          f": {type(exc).__name__}: {exc}")[:2000]
             task_logger("retrain").warning("%s is left out, the other families go on: %s", family, failed[family])
+            end_runs(config, names[family], family, "FAILED")
         jobs = [(f, i) for f, i in jobs if f not in failed]  # a family's other folds are of no use without this one
     if len(failed) == len(names):
         raise errors[0]

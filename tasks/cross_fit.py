@@ -21,6 +21,7 @@ from trainflow.folds import AUTO_FOLD_ROWS
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.storage import join, private_copy
 from trainflow.tasks.common import retry_unless_user_error
+from trainflow.tasks.mlflow_run import end_runs
 from trainflow.tasks.select import Selected
 from trainflow.tasks.split import Split
 from trainflow.tasks.train import TrainOutcome, lineage_for
@@ -95,6 +96,8 @@ def bag_folds(config: Config, parts: Split, runs: dict[str, str], outcomes: dict
             pieces[f].append(outs[f])
         labels.append(y)
     decisions = Decisions(prep, {f: np.concatenate(p) for f, p in pieces.items()}, np.concatenate(labels))
+    for f in families:  # each fold model's MLflow run is complete: the bag is registered under its own run
+        end_runs(config, [o.run_name for o in outcomes[f]], f, "FINISHED")
     bagged_outcomes, bagged = {}, {}
     for f in families:
         metrics = compute_metrics(prep.task, decisions.outputs[f], decisions.labels, prep)

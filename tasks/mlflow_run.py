@@ -45,6 +45,22 @@ def open_run(config: Config, run_name: str, family: str) -> str:
     return run_id
 
 
+def end_runs(config: Config, run_names: list[str], family: str, status: str) -> None:
+    """Mark this flow run's MLflow runs of family under run_names ended with status (FINISHED, FAILED): runs nothing
+    will log to again (fold models once bagged, a family left out). Best effort: the training already happened."""
+    uri = config.mlflow.tracking_uri
+    client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+    try:
+        with tracking(uri):
+            exp_id = ensure_experiment(uri, config.mlflow.experiment)
+        for name in run_names:
+            run_id = find_run(client, exp_id, run_key(name, family))
+            if run_id is not None:
+                client.set_terminated(run_id, status)
+    except Exception as exc:  # noqa: BLE001 - a tracking blip must not undo finished training
+        task_logger("mlflow").warning("could not mark the MLflow runs of %s %s: %s", family, status, exc)
+
+
 def log_params(uri: str, run_id: str, config: Config, family: str) -> None:
     """The family's resolved config as flat params, secrets masked (MLflow takes at most 100 per request)."""
     items = [(mlflow_key(k), str(v)[:500]) for k, v in flatten(redact_config(config.for_family(family).to_dict())).items()]

@@ -73,4 +73,10 @@ def test_folds_train_predict_out_of_fold_serve_the_average_and_a_rerun_skips_fin
     assert cli_main(["retrain", "--config", str(cfg), "--run-name", "cf", "--force", "--summary-json", str(again)]) == 0
     second = json.loads(again.read_text())
     assert [_checkpoint_folders(r) for r in fold_runs] == before
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    statuses = {r.info.run_name: r.info.status for r in client.search_runs(
+        [e.experiment_id for e in client.search_experiments()]) if "-fold" in r.info.run_name}
+    assert set(statuses) == {f"cf-fold{k}" for k in range(FOLDS)} and set(statuses.values()) == {"FINISHED"}
     assert second["best_checkpoint"]["uri"] == s["best_checkpoint"]["uri"] and second["oof_metrics"] == s["oof_metrics"]

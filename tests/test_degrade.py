@@ -55,3 +55,9 @@ def test_a_family_whose_workers_keep_dying_is_left_out_and_the_others_go_on(tmp_
     assert list(s["families_failed"]) == ["lightgbm"] and "deg-lightgbm failed (Prefect retries: 0)" in s["families_failed"]["lightgbm"]
     assert s["candidates"] is None and s["test_metrics"]["test_loss"] > 0
     assert "lightgbm   failed, left out (the other families went on)" in capsys.readouterr().out
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = {r.info.run_name: r.info.status for r in client.search_runs(
+        [e.experiment_id for e in client.search_experiments()])}
+    assert runs["deg-lightgbm"] == "FAILED"  # the family left out says so in MLflow
