@@ -117,7 +117,12 @@ def format_summary(s: dict[str, Any]) -> str:
             lines.append(f"    {c['family']:<10} {chose}={'-' if score is None else f'{score:.4f}'}"
                          + (f"  {tested}={test:.4f}" if test is not None else "") + f" ({how}, run {c['run_name']})")
     for family, why in (s.get("families_left_out") or {}).items():
-        lines.append(f"    {family:<10} left out (model.type auto): {why}")
+        lines.append(f"    {family:<10} left out: {why}")
+    budget = s.get("time_budget") or {}
+    if budget.get("rule") or budget.get("cut_short"):
+        cut = ", ".join(f"{run} after step {step}" for run, step in (budget.get("cut_short") or {}).items())
+        lines.append(f"  time budget       training took {budget.get('training_s')} s; {budget.get('rule') or 'no limit'}"
+                     + (f"; stopped by it: {cut}" if cut else ""))
     for family, why in (s.get("families_failed") or {}).items():
         lines.append(f"    {family:<10} failed, left out (the other families went on): {why}")
     if s.get("feature_importance"):

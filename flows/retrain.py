@@ -4,6 +4,7 @@ cross-fitting one per family and fold) -> select -> [out-of-fold predictions and
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from prefect import flow
@@ -24,7 +25,9 @@ from trainflow.tasks.split import record_split, split
 from trainflow.tasks.summary import skipped_summary
 from trainflow.tasks.train import TrainOutcome, check_resume, train
 from trainflow.tasks.validate import validate_data
+from trainflow.trainer.deadline import MIN_RUN_S, TimeShare, write_deadline
 from trainflow.trainer.resources import concurrent_runs
+from trainflow.trainer.runner import run_dir
 from trainflow.config import ENSEMBLE, Config, load_config
 from trainflow.errors import ConfigError, DataError, disk_full
 from trainflow.redact import redact_text
@@ -59,8 +62,9 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
     names = fold_run_names(runs, k) if k > 1 else {f: [r] for f, r in runs.items()}
     if k > 1:
         check_resume(config, ingested.spec.fingerprint, names)
-    trained, failed = train_families(config, prepared, names, fold_config(config, parts.train_rows) if k > 1 else config)
-    runs = {f: r for f, r in runs.items() if f not in failed}
+    trained, failed, timed_out, time_budget = train_families(config, prepared, names,
+                                                             fold_config(config, parts.train_rows) if k > 1 else config)
+    runs = {f: r for f, r in runs.items() if f not in failed and f not in timed_out}
     decisions = None
     if k > 1:  # each family's fold models: their out-of-fold predictions, and one bagged checkpoint serving them
         fold_outcomes = {f: [trained[(f, i)] for i in range(k)] for f in runs}
@@ -89,50 +93,77 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
             row.update(oof_names(selections[row["family"]].metrics))
     return publish(config, ingested, parts, outcome, selected,
                    {"candidates": candidates.scores if candidates else None, "validation": validation,
-                    "ensemble": built.record if built else None, "families_left_out": prepared.left_out or None,
+                    "ensemble": built.record if built else None, "families_left_out": {**prepared.left_out, **timed_out} or None,
                     "families_failed": failed or None,
-                    "folds": k, **oof},
+                    "folds": k, "time_budget": {**time_budget, "cut_short": {
+                        o.run_name: o.time_limited_at for o in trained.values() if o.time_limited_at is not None}},
+                    **oof},
                    selections, decisions.scored(family) if decisions is not None else None)
 
 
 def train_families(config: Config, prepared: Prepared, names: dict[str, list[str]], run_config: Config
-                   ) -> tuple[dict[tuple[str, int], TrainOutcome], dict[str, str]]:
+                   ) -> tuple[dict[tuple[str, int], TrainOutcome], dict[str, str], dict[str, str], dict[str, Any]]:
     """Every family's runs (one per fold), as many at once as the cluster holds worker groups, the next starting as
-    soon as one ends: ({(family, fold): outcome}, {family: why it failed}). With several families, one that fails
-    after its retries (a dead worker group, a diverging loss, memory) is left out with the reason and the others go
-    on; a bad config or table, a stop request, or the failure of every family fails the run."""
+    soon as one ends, each with its share of train.time_limit (trainer/deadline.py): ({(family, fold): outcome},
+    {family: why it failed}, {family: why the time limit left it out}, the time budget's record). With several
+    families, one that fails after its retries (a dead worker group, a diverging loss, memory) is left out with the
+    reason and the others go on; a bad config or table, a stop request, or the failure of every family fails the run."""
     trainer = train.with_options(retries=config.failure.task_retries, retry_delay_seconds=config.failure.retry_delay_s)
     k = len(next(iter(names.values())))
     jobs = [(f, i) for f in names for i in range(k)]
     at_once = concurrent_runs(run_config.scaling.model_dump())
+    share = TimeShare(config.train.time_limit, list(names), at_once)
+    first = next(iter(names))
     trained: dict[tuple[str, int], TrainOutcome] = {}
     failed: dict[str, str] = {}
+    timed_out: dict[str, str] = {}
     errors: list[BaseException] = []
     running: dict[tuple[str, int], Any] = {}
+    started: set[str] = set()
+
+    def folder(family: str, fold: int) -> str:
+        return run_dir(config.for_family(family), names[family][fold])
+
     while jobs or running:
         while jobs and len(running) < at_once:
-            f, i = jobs.pop(0)
+            f, i = jobs[0]
+            why = None if f in started else share.too_late(f, len(jobs), k)
+            if why:  # a family starts all of its runs or none: its fold models are of no use one short
+                timed_out[f] = why
+                task_logger("retrain").warning("%s is left out: %s", f, why)
+                jobs = [j for j in jobs if j[0] != f]
+                continue
+            started.add(f)
+            jobs.pop(0)
+            ends_at = share.run_deadline(len(jobs) + 1)
+            if ends_at is not None:  # a family that started finishes its folds, each with at least a short run
+                ends_at = max(ends_at, time.time() + MIN_RUN_S)
+            write_deadline(folder(f, i), ends_at, share.why)  # always: a killed run's old deadline never applies
             running[(f, i)] = trainer.with_options(task_run_name=f"train-{f}" + (f"-fold{i}" if k > 1 else "")).submit(
-                prepared.for_fold(i) if k > 1 else prepared, run_config, names[f][i], f)
+                prepared.for_fold(i) if k > 1 else prepared, run_config, names[f][i], f, ends_at, share.why)
         done = wait(list(running.values()), timeout=1.0).done
         for (family, fold), future in [(job, fut) for job, fut in running.items() if fut in done]:
             del running[(family, fold)]
             future.wait()  # done: this only records its final state on the future (else .state asks the API)
             if not future.state.is_failed() or len(names) == 1:
                 trained[(family, fold)] = future.result()  # raises a crash, a cancel, and the only family's failure
-                continue
-            exc = future.result(raise_on_failure=False)
-            if isinstance(exc, (ConfigError, DataError)) or stop_requested(exc) or disk_full(exc):
-                raise exc
-            errors.append(exc)
-            failed[family] = redact_text(f"{names[family][fold]} failed (Prefect retries: {config.failure.task_retries})"
-                                         f": {type(exc).__name__}: {exc}")[:2000]
-            task_logger("retrain").warning("%s is left out, the other families go on: %s", family, failed[family])
-            end_runs(config, names[family], family, "FAILED")
-        jobs = [(f, i) for f, i in jobs if f not in failed]  # a family's other folds are of no use without this one
+            else:
+                exc = future.result(raise_on_failure=False)
+                if isinstance(exc, (ConfigError, DataError)) or stop_requested(exc) or disk_full(exc):
+                    raise exc
+                errors.append(exc)
+                failed[family] = redact_text(f"{names[family][fold]} failed (Prefect retries: "
+                                             f"{config.failure.task_retries}): {type(exc).__name__}: {exc}")[:2000]
+                task_logger("retrain").warning("%s is left out, the other families go on: %s", family, failed[family])
+                end_runs(config, names[family], family, "FAILED")
+                jobs = [j for j in jobs if j[0] != family]  # a family's other folds are of no use without this one
+            if all(j[0] != first for j in [*jobs, *running]) and share.first_family_ended():
+                task_logger("retrain").info("time budget: %s", share.why)
+                for f, i in running:  # the runs already training get the new deadline too
+                    write_deadline(folder(f, i), share.ends_at, share.why)
     if len(failed) == len(names):
         raise errors[0]
-    return {job: out for job, out in trained.items() if job[0] not in failed}, failed
+    return {job: out for job, out in trained.items() if job[0] not in failed}, failed, timed_out, share.record()
 
 
 def skipped_run(config, run_name: str, skipped: dict[str, Any]) -> dict[str, Any]:

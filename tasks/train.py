@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -38,6 +39,7 @@ class TrainOutcome:
     resumed_from_epoch: int | None = None
     recoveries: list[dict[str, Any]] = field(default_factory=list)
     budget: dict[str, Any] = field(default_factory=dict)  # the resolved batch size, epochs and patience
+    time_limited_at: int | None = None  # the epoch or round after which its train.time_limit share ran out
 
 
 def lineage_for(config: Config, fingerprint: str, family: str) -> dict[str, str]:
@@ -68,9 +70,11 @@ def check_resume(config: Config, fingerprint: str, runs: dict[str, str | list[st
 
 
 @task(name="train", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
-def train(prepared: Prepared, config: Config, run_name: str, family: str | None = None) -> TrainOutcome:
+def train(prepared: Prepared, config: Config, run_name: str, family: str | None = None, ends_at: float | None = None,
+          deadline_why: str = "") -> TrainOutcome:
     """Fit one model family (default: the first of model.type) with its Ray Train trainer; a rerun with the
-    same run_name resumes from its latest checkpoint."""
+    same run_name resumes from its latest checkpoint. ends_at: when its share of train.time_limit is spent (seconds
+    since the epoch; its workers then stop with the best so far)."""
     ensure_ray(config.ray.address, config.ray.runtime_env)
     check_fits(config.scaling.model_dump())  # again: a retry may find fewer nodes than ingest did
     log = get_run_logger()
@@ -96,6 +100,8 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
         "training %s (%s): %d worker(s), gpu=%s, budget %s, storage %s", run_name, family,
         config.scaling.num_workers, config.scaling.use_gpu, budget.to_dict(), config.storage_path,
     )
+    if ends_at is not None:  # the caller wrote it into the run's folder (trainer/deadline.py), where the workers read it
+        log.info("%s: its share of the time budget ends in %.0f s (%s)", run_name, ends_at - time.time(), deadline_why)
     seen = len(read_events(path))
     existed = latest_epoch(path) is not None
     if existed:
@@ -126,10 +132,11 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
     events = read_events(path)
     final = history[-1] if history else {}
     log.info("trained %d epoch(s); last epoch: %s", len(history), {k: round(v, 4) for k, v in final.items()})
+    cut = [int(e.get("epoch", -1)) for e in events[seen:] if e.get("event") == "time_limit"]
     outcome = TrainOutcome(
         run_name=run_name, family=family, run_path=path, checkpoints=checkpoints, history=history,
         resumed_from_epoch=started_from(events[seen:]) if existed else None, recoveries=recoveries(events),
-        budget=budget.to_dict(),
+        budget=budget.to_dict(), time_limited_at=cut[-1] if cut else None,
     )
     write_text(join(path, FINISHED_FILE), json.dumps({"lineage": lineage, "budget": budget.to_dict(),
                                                       "outcome": asdict(outcome)}, default=str))

@@ -29,7 +29,7 @@ from trainflow.trainer.serving import (
     LGB_MODEL, XGB_MODEL, load_lightgbm, load_xgboost, categorical_positions, outputs_from, xgb_feature_types, xgb_matrix,
 )
 from trainflow.trainer.metrics import compute_metrics
-from trainflow.trainer.reporting import ReportSchedule, record_start
+from trainflow.trainer.reporting import ReportSchedule, rank_zero_deadline, record_start, record_time_limit
 from trainflow.trainer.watchdog import heartbeat
 
 STATE_JSON = "train_state.json"
@@ -136,7 +136,8 @@ class RoundReporter:
         ctx = ray.train.get_context()
         self.rank = ctx.get_world_rank()
         self.schedule = ReportSchedule(self.cfg.checkpoint.min_interval_s, start_round,
-                                       _agree if ctx.get_world_size() > 1 else list, DECISION_S)
+                                       _agree if ctx.get_world_size() > 1 else list, DECISION_S,
+                                       rank_zero_deadline(loop_config, self.rank))
         self.round_start = time.perf_counter()
 
     def after_round(self, model: Any, rnd: int, train_loss: float, val_loss: float) -> bool:
@@ -153,7 +154,9 @@ class RoundReporter:
         if last and self.rank == 0 and self.stopper.should_stop:
             print(f"trainflow early stopping at round {rnd}: validation loss has not improved for "
                   f"{self.stopper.bad_epochs} round(s); best {self.stopper.best:.6g} at round {self.stopper.best_epoch}")
-        return last
+        if self.schedule.expired and self.rank == 0:
+            record_time_limit(self.loop_config, rnd, "round")
+        return last or self.schedule.expired
 
     def _report_up_to(self, model: Any, rnd: int) -> None:
         for step in self.schedule.to_report(rnd, self.stopper.best_epoch):

@@ -31,7 +31,8 @@ from trainflow.storage import join, read_bytes, replace_bytes
 from trainflow.trainer.boosting import STATE_JSON, boost_budget, shard_arrays
 from trainflow.trainer.checkpoint import write_common
 from trainflow.trainer.metrics import compute_metrics
-from trainflow.trainer.reporting import record_start
+from trainflow.trainer.deadline import Deadline
+from trainflow.trainer.reporting import record_start, record_time_limit
 from trainflow.trainer.serving import CB_MODEL, catboost_frame, catboost_outputs, categorical_positions
 from trainflow.trainer.watchdog import heartbeat
 
@@ -79,10 +80,13 @@ def _loss(task: str, value: float) -> float:
 
 class Progress:
     """CatBoost's callback: the history per round, the watchdog's heartbeat, progress reports every REPORT_S seconds
-    and a copy of each new snapshot in storage."""
+    a copy of each new snapshot in storage, and the run's deadline (False stops the fit; CatBoost then keeps its best
+    iteration)."""
 
-    def __init__(self, task: str, history: list[dict[str, float]], local: Path, remote: str):
+    def __init__(self, task: str, history: list[dict[str, float]], local: Path, remote: str,
+                 loop_config: dict[str, Any]):
         self.task, self.history, self.local, self.remote = task, history, local, remote
+        self.loop_config, self.deadline = loop_config, Deadline(loop_config.get("run_dir"))
         self.last_report = self.last_copy = 0.0
         self.copied_mtime = 0.0
         self.round_start = time.perf_counter()
@@ -102,6 +106,9 @@ class Progress:
         if now - self.last_report >= REPORT_S:
             self.last_report = now
             ray.train.report(dict(self.history[-1]))
+        if self.deadline.passed():
+            record_time_limit(self.loop_config, rnd, "round")
+            return False
         return True
 
     def copy_snapshot(self) -> None:
@@ -150,7 +157,7 @@ def catboost_train_fn(loop_config: dict[str, Any]) -> None:
         if not history:
             print(f"trainflow budget: up to {params['iterations']} boosting round(s) over {len(y)} training rows, "
                   f"{threads} thread(s), learning rate {params.get('learning_rate', 'chosen by CatBoost')}")
-        progress = Progress(prep.task, history, local, remote)
+        progress = Progress(prep.task, history, local, remote, loop_config)
         model = CatBoost(params)
         model.fit(train_pool, eval_set=val_pool, callbacks=[progress], save_snapshot=True, snapshot_file=str(local),
                   snapshot_interval=SNAPSHOT_S)

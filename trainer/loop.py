@@ -24,7 +24,7 @@ from trainflow.trainer.budget import EarlyStopping, lr_factor, resolve_budget
 from trainflow.trainer.metrics import compute_metrics
 from trainflow.trainer.checkpoint import load_train_state, load_weights, read_metrics, save_checkpoint
 from trainflow.trainer.model import model_for
-from trainflow.trainer.reporting import ReportSchedule, record_start
+from trainflow.trainer.reporting import ReportSchedule, rank_zero_deadline, record_start, record_time_limit
 from trainflow.trainer.watchdog import heartbeat
 
 STOP_REASON = "stop_reason"
@@ -336,7 +336,7 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
     cache = loop_config.get("cache_shards", False)
     metric = cfg.checkpoint.metric
     schedule = ReportSchedule(cfg.checkpoint.min_interval_s, start_epoch,
-                              functools.partial(_agree, device=device))
+                              functools.partial(_agree, device=device), deadline=rank_zero_deadline(loop_config, rank))
     pending_best = None  # the best epoch since the last report, kept until that report
     if stopper.should_stop:
         return history
@@ -365,7 +365,8 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
         metrics.update(validate_epoch(model, val_shard, _loss_fn(task), task, prep, max(batch_size * 4, 1024), device))
         history.append(metrics)
         improved = stopper.update(metrics.get(metric, float("nan")), epoch)
-        if not schedule.due(epoch, epoch == epochs - 1 or stopper.should_stop):
+        # an epoch that could not end before the run's deadline is not started (its time: this one's, validation included)
+        if not schedule.due(epoch, epoch == epochs - 1 or stopper.should_stop, time.perf_counter() - t0):
             if improved:
                 pending_best = _snapshot(model, optimizer, scheduler, stopper, epoch, seed, metrics, history)
             continue
@@ -375,6 +376,10 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
         pending_best = None
         _report(_snapshot(model, optimizer, scheduler, stopper, epoch, seed, metrics, history), rank, loop_config)
         schedule.reported_through(epoch)
+        if schedule.expired:
+            if rank == 0:
+                record_time_limit(loop_config, epoch, "epoch")
+            break
         if stopper.should_stop:
             if rank == 0:
                 print(f"trainflow early stopping at epoch {epoch}: {metric} has not improved for {stopper.bad_epochs} "

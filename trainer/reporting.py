@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import ray
 
+from trainflow.trainer.deadline import Deadline
 from trainflow.trainer.recovery import append_event
 
 
@@ -21,25 +22,32 @@ class ReportSchedule:
 
     Rank 0 decides and `agree` (a broadcast from rank 0 of a list of ints) hands its decision to the others, at most
     every `decide_every_s` of training: boosting rounds are too short to broadcast after each (0: after every step).
+    With a deadline (rank 0's; trainer/deadline.py) the same decision says when the run's time share is spent: that
+    step is reported and is the last (`expired`), on every rank alike.
     """
 
     def __init__(self, min_interval_s: float, start: int, agree: Callable[[list[int]], list[int]],
-                 decide_every_s: float = 0.0):
+                 decide_every_s: float = 0.0, deadline: Callable[[float], bool] | None = None):
         self.min_interval, self.agree, self.decide_every = float(min_interval_s), agree, decide_every_s
+        self.deadline = deadline  # rank 0 only: whether the time share ends within the given seconds
         self.reported = start - 1  # steps up to here are in a checkpoint already (the one resumed from)
         self.last_report = self.last_decision = time.monotonic()
         self.next_decision = start
+        self.expired = False
 
-    def due(self, step: int, last: bool) -> bool:
+    def due(self, step: int, last: bool, next_step_s: float = 0.0) -> bool:
         """Whether step is reported now. last: this is the final step (budget spent, early stop or a failed loss),
-        known alike on every rank."""
+        known alike on every rank. next_step_s: how long the next step would take (a step that cannot end before the
+        deadline is not started)."""
         if not last and step < self.next_decision:
             return False
         now = time.monotonic()
         per_step = (now - self.last_decision) / max(1, step - self.next_decision + 1)
         stride = max(1, int(self.decide_every / max(per_step, 1e-6))) if self.decide_every else 1
-        due, stride = self.agree([int(last or now - self.last_report >= self.min_interval), stride])
-        self.last_decision, self.next_decision = now, step + stride
+        expired = bool(self.deadline and not last and self.deadline(next_step_s))
+        due, stride, expired = self.agree([int(last or expired or now - self.last_report >= self.min_interval), stride,
+                                           int(expired)])
+        self.last_decision, self.next_decision, self.expired = now, step + stride, bool(expired)
         return bool(due)
 
     def to_report(self, step: int, best_step: int | None) -> list[int]:
@@ -61,3 +69,17 @@ def record_start(loop_config: dict[str, Any], rank: int, start: int, resumed: bo
         append_event(run_dir, {"event": "resume", "epoch": start})
     append_event(run_dir, {"event": "worker_start", "rank": rank, "node_id": ray.get_runtime_context().get_node_id(),
                            "from_epoch": start, **extra})
+
+
+def rank_zero_deadline(loop_config: dict[str, Any], rank: int) -> Callable[[float], bool] | None:
+    """Rank 0's view of the run's deadline (the other ranks follow its decision); None on the other ranks."""
+    run_dir = loop_config.get("run_dir")
+    return Deadline(run_dir).passed if rank == 0 and run_dir else None
+
+
+def record_time_limit(loop_config: dict[str, Any], step: int, unit: str) -> None:
+    """Rank 0: the run stopped because its time share was spent (the recovery log; the train task reads it)."""
+    print(f"trainflow time limit: the run's share of train.time_limit is spent; stopping after {unit} {step} with the "
+          "best so far")
+    if loop_config.get("run_dir"):
+        append_event(loop_config["run_dir"], {"event": "time_limit", "epoch": step})

@@ -277,6 +277,17 @@ class TrainSection(_Section):
     # out-of-fold predictions make every choice; the served model averages them. auto: 5 folds up to 4,000 such rows
     # (trainflow/folds.py), one validation split above
     folds: int | Literal["auto"] = "auto"
+    # seconds for all of the training (every family and fold): shared out over the runs, each stopping with its best
+    # so far when its share is spent, and a family that cannot start in time left out (trainer/deadline.py). auto: no
+    # limit until the first family's runs end, then the other families share max(that time, 300 s); off: no limit
+    time_limit: float | Literal["auto", "off"] = "auto"
+
+    @field_validator("time_limit")
+    @classmethod
+    def _time_limit(cls, v: float | str) -> float | str:
+        if isinstance(v, (int, float)) and not (math.isfinite(v) and v > 0):
+            raise ValueError("must be a positive number of seconds, 'auto' or 'off'")
+        return v
 
     @field_validator("folds")
     @classmethod
@@ -629,7 +640,7 @@ class Config(_Section):
     def training_hash(self, family: str) -> str:
         """A hash of what decides a model's weights, so a resume onto other settings is caught: the task, label,
         features, split, preprocessing, the family's model settings and the optimiser. Left out: what only extends
-        or stops a run (epochs, early stopping, rounds), scaling, storage, gate and inference settings. The ensemble's:
+        or stops a run (epochs, early stopping, rounds, the time limit), scaling, storage, gate and inference settings. The ensemble's:
         every member family's."""
         if family == ENSEMBLE:
             members = [self.training_hash(f) for f in self.model.families]
@@ -639,7 +650,7 @@ class Config(_Section):
         model.pop("ensemble", None)
         for key in ("num_boost_round", "early_stopping_rounds", "external_memory"):
             model["params"].pop(key, None)
-        train = self.train.model_dump(mode="json", exclude={"epochs", "early_stopping"})
+        train = self.train.model_dump(mode="json", exclude={"epochs", "early_stopping", "time_limit"})
         relevant = {"task": self.task, "label": self.data.label, "features": self.data.features,
                     "split": self.split.model_dump(mode="json"), "preprocess": self.preprocess.model_dump(mode="json"),
                     "model": model, "train": train}

@@ -80,6 +80,7 @@ KEYS = {
     'train.early_stopping.min_delta': 'the smallest change that counts as an improvement (default: 0.0001)',
     'failure.worker_start_timeout_s': 'seconds Ray Train waits for a worker group to start before the attempt fails (default: 180)',
     'train.folds': "cross-fitting: each family trains this many fold models on the non-test rows, each early-stopped on its own held-out fold; their out-of-fold predictions choose the family, weight the ensemble and fit calibration and the threshold, and the served model averages the fold models; 1: one validation split; auto: 5 folds up to 4,000 non-test rows, else 1 (default: auto)",
+    'train.time_limit': "seconds for all of the training, every family and fold: shared out over the runs (the time left over the runs still to start), each stopping with its best so far when its share is spent; a family that cannot start in time is left out with the reason; auto: no limit until the first family's runs end, then the other families share max(that time, 300 s); off: no limit (default: auto)",
     'train.class_weight': 'classification: balanced (n / (classes x count), as scikit-learn) or {class: weight} (default: none)',
     'scaling.num_workers': 'Ray Train workers (default: 2)',
     'scaling.use_gpu': 'one GPU per worker unless resources_per_worker.GPU says otherwise (default: false)',

@@ -1,0 +1,137 @@
+"""train.time_limit: one deadline shared out over every family's and fold's run; a run whose share is spent stops
+with its best so far (the network after an epoch, the boosters after a round), and a family that cannot start in time
+is left out with the reason."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.conftest import churn_config
+from tests.faults import small_run
+from trainflow.config import config_from_dict, trial_config
+from trainflow.errors import ConfigError
+from trainflow.trainer.checkpoint import read_metrics
+from trainflow.trainer.deadline import AUTO_FLOOR_S, MIN_RUN_S, Deadline, TimeShare, write_deadline
+from trainflow.trainer.recovery import read_events
+from trainflow.trainer.runner import build_trainer, run_dir
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_limit_is_shared_over_the_waves_of_runs_still_to_start_and_a_late_family_is_left_out():
+    clock = Clock()
+    share = TimeShare(120.0, ["mlp", "xgboost", "lightgbm"], at_once=2, clock=clock)
+    # 15 runs (3 families x 5 folds), two at a time: 8 waves share the 120 s
+    assert share.run_deadline(15) == pytest.approx(1000 + 120 / 8)
+    clock.now += 100  # 20 s left for the last 3 runs: 2 waves of 10 s, too short to start a family's runs
+    assert share.run_deadline(3) == pytest.approx(1100 + 10)
+    why = share.too_late("lightgbm", 3, 1)
+    assert why and "train.time_limit 120 s" in why and f"under the {MIN_RUN_S:.0f} s" in why
+    assert share.too_late("mlp", 3, 1) is None  # the first family always trains: a run ends with a model
+    clock.now += 30  # past the limit: the last run still gets a deadline (now), never a negative share
+    assert share.run_deadline(1) == pytest.approx(clock.now)
+    assert share.record()["training_s"] == 130.0
+
+
+def test_auto_gives_the_other_families_the_first_familys_time_and_off_gives_no_deadline():
+    clock = Clock()
+    share = TimeShare("auto", ["mlp", "xgboost"], at_once=1, clock=clock)
+    assert share.run_deadline(2) is None and share.too_late("xgboost", 1, 1) is None
+    clock.now += 2 * AUTO_FLOOR_S  # the network took 600 s: XGBoost gets 600 s more, the run at most twice the first's
+    assert share.first_family_ended() and not share.first_family_ended()  # once
+    assert share.run_deadline(1) == pytest.approx(clock.now + 2 * AUTO_FLOOR_S)
+    assert "mlp trained in 600 s" in share.why and share.record()["first_family_s"] == 600.0
+    quick = TimeShare("auto", ["mlp", "xgboost"], at_once=1, clock=clock)
+    clock.now += 5  # a small table: the floor, so auto never shortens a run that takes minutes at most
+    quick.first_family_ended()
+    assert quick.run_deadline(1) == pytest.approx(clock.now + AUTO_FLOOR_S)
+    off = TimeShare("off", ["mlp", "xgboost"], at_once=1, clock=clock)
+    assert not off.first_family_ended() and off.run_deadline(1) is None
+
+
+def test_the_limit_is_validated_and_never_changes_the_training_hash(tmp_path):
+    base = {"data": {"path": "x.parquet", "label": "y"}, "task": "classification"}
+    for bad in (0, -5, "soon"):
+        with pytest.raises(ConfigError, match="train.time_limit"):
+            config_from_dict({**base, "train": {"time_limit": bad}})
+    cfg = config_from_dict({**base, "train": {"time_limit": 90}})
+    assert cfg.train.time_limit == 90 and config_from_dict(base).train.time_limit == "auto"
+    # a rerun under another limit resumes the same runs
+    assert cfg.training_hash("xgboost") == config_from_dict(base).training_hash("xgboost")
+
+
+def test_a_deadline_is_read_from_the_run_folder_and_a_missing_or_bad_one_is_none(tmp_path):
+    clock = Clock()
+    write_deadline(str(tmp_path), 1010.0, "train.time_limit 60 s")
+    d = Deadline(str(tmp_path), clock=clock)
+    assert not d.passed() and d.passed(margin_s=10.0) and d.why == "train.time_limit 60 s"
+    clock.now = 1010.0
+    assert d.passed()
+    (tmp_path / "trainflow_deadline.json").write_text(json.dumps({"ends_at": "NaN"}))
+    assert not Deadline(str(tmp_path), clock=clock).passed()
+    assert not Deadline(str(tmp_path / "none"), clock=clock).passed()
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_the_network_stops_after_the_epoch_in_which_its_share_ran_out(tmp_path):
+    from ray.train import ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from trainflow.trainer.loop import train_fn_per_worker
+
+    cfg, prep, train, val = small_run(tmp_path)
+    cfg = trial_config(cfg.to_dict(), {"train.epochs": 500, "train.early_stopping.patience": "off"})
+    folder = tmp_path / "runs" / "net"
+    write_deadline(str(folder), time.time() - 1, "train.time_limit 1 s")
+    result = TorchTrainer(train_fn_per_worker, scaling_config=ScalingConfig(num_workers=0),
+                          train_loop_config={"config": cfg, "preprocessor": prep.to_dict(), "run_dir": str(folder)},
+                          datasets={"train": train, "val": val}).fit()
+    assert [h["epoch"] for h in result.return_value] == [0]  # the first epoch always trains: a run ends with a model
+    assert [e["epoch"] for e in read_events(str(folder)) if e["event"] == "time_limit"] == [0]
+
+
+@pytest.mark.e2e
+@pytest.mark.usefixtures("ray_local")
+@pytest.mark.parametrize("family", ["xgboost", "catboost"])
+def test_a_booster_stops_adding_rounds_when_its_share_is_spent_and_keeps_its_best_round(tmp_path, family):
+    cfg, prep, train, val = small_run(tmp_path)
+    cfg = trial_config(cfg.to_dict(), {"model.type": family, "model.params.num_boost_round": 1_000_000,
+                                       "model.params.early_stopping_rounds": "off", "model.params.learning_rate": 0.001})
+    write_deadline(run_dir(cfg, "cut"), time.time() + 8, "train.time_limit 8 s")
+    started = time.monotonic()
+    result = build_trainer(cfg, prep, train, val, "cut").fit()
+    assert time.monotonic() - started < 120  # a million rounds would take hours
+    with result.checkpoint.as_directory() as d:
+        history = read_metrics(d)["history"]
+    (stopped,) = [e["epoch"] for e in read_events(run_dir(cfg, "cut")) if e["event"] == "time_limit"]
+    assert 0 < len(history) < 1_000_000 and stopped == history[-1]["epoch"]
+    assert result.metrics["val_loss"] < history[0]["val_loss"]  # the best round so far, not the first
+
+
+@pytest.mark.e2e
+@pytest.mark.usefixtures("prefect_harness", "ray_local")
+def test_a_run_under_a_tight_limit_keeps_its_first_family_and_leaves_out_one_that_cannot_start(tmp_path, capsys):
+    from trainflow.flows.cli import main as cli_main
+
+    cfg = churn_config(tmp_path, rows=1500, model={"type": ["mlp", "xgboost"]},
+                       train={"epochs": 10_000, "time_limit": 4, "early_stopping": {"patience": "off"}},
+                       scaling={"num_workers": 1})
+    rc = cli_main(["retrain", "--config", str(cfg), "--run-name", "tb", "--summary-json", str(tmp_path / "s.json")])
+    assert rc == 0
+    s = json.loads((tmp_path / "s.json").read_text())
+    assert s["model_family"] == "mlp" and s["output_rows"] == 500 and s["test_metrics"]["test_loss"] > 0
+    assert list(s["families_left_out"]) == ["xgboost"] and "train.time_limit 4 s" in s["families_left_out"]["xgboost"]
+    budget = s["time_budget"]
+    assert budget["time_limit"] == 4 and budget["cut_short"]["tb-mlp"] < 10_000
+    assert s["epochs_run"] == budget["cut_short"]["tb-mlp"] + 1
+    out = capsys.readouterr().out
+    assert "xgboost    left out: train.time_limit 4 s" in out and "stopped by it: tb-mlp after step" in out
