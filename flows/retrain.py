@@ -59,6 +59,7 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
     validation = validate_data(config, prepared.preprocessor)
     parts = record_split(ingested, config, parts, name)
     k = parts.fold_count
+    runs = {f: runs[f] for f in config.model.training_order(k) if f in runs}  # the order is their time priority
     names = fold_run_names(runs, k) if k > 1 else {f: [r] for f, r in runs.items()}
     if k > 1:
         check_resume(config, ingested.spec.fingerprint, names)
@@ -127,7 +128,7 @@ def train_families(config: Config, prepared: Prepared, names: dict[str, list[str
     while jobs or running:
         while jobs and len(running) < at_once:
             f, i = jobs[0]
-            why = None if f in started else share.too_late(f, len(jobs), k)
+            why = None if f in started else share.too_late(f, k)
             if why:  # a family starts all of its runs or none: its fold models are of no use one short
                 timed_out[f] = why
                 task_logger("retrain").warning("%s is left out: %s", f, why)
@@ -135,7 +136,7 @@ def train_families(config: Config, prepared: Prepared, names: dict[str, list[str
                 continue
             started.add(f)
             jobs.pop(0)
-            ends_at = share.run_deadline(len(jobs) + 1)
+            ends_at = share.run_deadline(sum(j[0] == f for j in jobs) + 1)
             if ends_at is not None:  # a family that started finishes its folds, each with at least a short run
                 ends_at = max(ends_at, time.time() + MIN_RUN_S)
             write_deadline(folder(f, i), ends_at, share.why)  # always: a killed run's old deadline never applies

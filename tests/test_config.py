@@ -16,7 +16,7 @@ def test_defaults_and_relative_paths_resolve_against_config_folder(tmp_path):
     assert cfg.mlflow.tracking_uri == f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert cfg.checkpoint.mode == "min"  # inferred from val_loss
     # model.type auto: the built-in families and their weighted ensemble
-    assert cfg.model.candidates == ["mlp", "xgboost", "lightgbm", "ensemble"]
+    assert cfg.model.candidates == ["mlp", "xgboost", "lightgbm", "catboost", "ensemble"]
 
 
 def test_uri_paths_are_kept_and_format_is_inferred(tmp_path):
@@ -78,7 +78,12 @@ def test_shipped_configs_validate_and_share_the_sample():
 
 def test_model_type_auto_trains_every_built_in_family(tmp_path):
     cfg = config_from_dict({**BASE, "model": {"type": "auto", "params": {"num_leaves": 15}}}, base_dir=tmp_path)
-    assert cfg.model.families == ["mlp", "xgboost", "lightgbm"]
+    assert cfg.model.families == ["mlp", "xgboost", "lightgbm", "catboost"]
+    # cross-fitted (small tables): the strongest defaults train first, each time budget's first call; one split: as listed
+    assert cfg.model.training_order(5) == ["catboost", "lightgbm", "xgboost", "mlp"]
+    assert cfg.model.training_order(1) == cfg.model.families
+    listed = config_from_dict({**BASE, "model": {"type": ["mlp", "catboost"]}}, base_dir=tmp_path)
+    assert listed.model.training_order(5) == ["mlp", "catboost"]  # a user's list keeps its order
     assert cfg.for_family("lightgbm").model.type == "lightgbm"  # each its own run, as a listed type
     with pytest.raises(ConfigError, match="model.class_path and model.init_args are for model.type: torch"):
         config_from_dict({**BASE, "model": {"type": "auto", "class_path": "a.b:C"}}, base_dir=tmp_path)

@@ -27,17 +27,18 @@ class Clock:
         return self.now
 
 
-def test_a_limit_is_shared_over_the_waves_of_runs_still_to_start_and_a_late_family_is_left_out():
+def test_a_family_may_use_the_time_left_over_its_own_runs_and_a_late_family_is_left_out():
     clock = Clock()
-    share = TimeShare(120.0, ["mlp", "xgboost", "lightgbm"], at_once=2, clock=clock)
-    # 15 runs (3 families x 5 folds), two at a time: 8 waves share the 120 s
-    assert share.run_deadline(15) == pytest.approx(1000 + 120 / 8)
-    clock.now += 100  # 20 s left for the last 3 runs: 2 waves of 10 s, too short to start a family's runs
-    assert share.run_deadline(3) == pytest.approx(1100 + 10)
-    why = share.too_late("lightgbm", 3, 1)
-    assert why and "train.time_limit 120 s" in why and f"under the {MIN_RUN_S:.0f} s" in why
-    assert share.too_late("mlp", 3, 1) is None  # the first family always trains: a run ends with a model
-    clock.now += 30  # past the limit: the last run still gets a deadline (now), never a negative share
+    share = TimeShare(120.0, ["catboost", "lightgbm", "mlp"], at_once=2, clock=clock)
+    # 5 fold runs of the first family, two at a time: 3 waves may share all 120 s (what it leaves goes to the next)
+    assert share.run_deadline(5) == pytest.approx(1000 + 120 / 3)
+    assert share.run_deadline(1) == pytest.approx(1000 + 120)
+    clock.now += 100  # 20 s left for the next family's 5 runs: 3 waves of ~7 s, too short to start them
+    why = share.too_late("lightgbm", 5)
+    assert why and "train.time_limit 120 s: 20 s were left" in why and f"under the {MIN_RUN_S:.0f} s" in why
+    assert share.too_late("lightgbm", 1) is None  # one run may have all 20 s
+    assert share.too_late("catboost", 5) is None  # the first family always trains: a run ends with a model
+    clock.now += 30  # past the limit: a run still gets a deadline (now), never a negative share
     assert share.run_deadline(1) == pytest.approx(clock.now)
     assert share.record()["training_s"] == 130.0
 
@@ -45,7 +46,7 @@ def test_a_limit_is_shared_over_the_waves_of_runs_still_to_start_and_a_late_fami
 def test_auto_gives_the_other_families_the_first_familys_time_and_off_gives_no_deadline():
     clock = Clock()
     share = TimeShare("auto", ["mlp", "xgboost"], at_once=1, clock=clock)
-    assert share.run_deadline(2) is None and share.too_late("xgboost", 1, 1) is None
+    assert share.run_deadline(2) is None and share.too_late("xgboost", 1) is None
     clock.now += 2 * AUTO_FLOOR_S  # the network took 600 s: XGBoost gets 600 s more, the run at most twice the first's
     assert share.first_family_ended() and not share.first_family_ended()  # once
     assert share.run_deadline(1) == pytest.approx(clock.now + 2 * AUTO_FLOOR_S)

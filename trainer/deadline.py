@@ -64,9 +64,10 @@ class TimeShare:
 
     limit: seconds for all of the training, "auto" (no limit until the first family's runs end; then the others
     share max(that time, AUTO_FLOOR_S), so a large table's default run stays within about twice its first family's
-    time), or "off". A run starting now gets the time left divided by the waves of runs still to start (at_once run
-    side by side); a family whose runs would get less than MIN_RUN_S each is left out, except the first family
-    (a run must end with a model)."""
+    time), or "off". As AutoGluon shares its time_limit: a family may use all the time left, each of its runs the time
+    left over the waves of its own runs still to start (at_once run side by side); runs that stop early leave their
+    time to the next family, so the order of the families is their priority. A family whose runs would get less than
+    MIN_RUN_S each is left out, except the first (a run must end with a model)."""
 
     limit: float | str
     families: list[str]
@@ -83,25 +84,25 @@ class TimeShare:
             self.ends_at = self.started + float(self.limit)
             self.why = f"train.time_limit {float(self.limit):g} s"
 
-    def run_deadline(self, runs_left: int) -> float | None:
-        """The deadline of a run starting now; runs_left counts it and every run not started yet."""
+    def run_deadline(self, family_runs_left: int) -> float | None:
+        """The deadline of a run starting now; family_runs_left counts it and its family's runs not started yet."""
         if self.ends_at is None:
             return None
         now = self.clock()
-        waves = max(1, math.ceil(runs_left / max(1, self.at_once)))
+        waves = max(1, math.ceil(family_runs_left / max(1, self.at_once)))
         return now + max(0.0, self.ends_at - now) / waves
 
-    def too_late(self, family: str, runs_left: int, family_runs: int) -> str | None:
+    def too_late(self, family: str, family_runs: int) -> str | None:
         """Why family (whose family_runs runs start next) is left out, or None to start it."""
-        deadline = self.run_deadline(runs_left)
+        deadline = self.run_deadline(family_runs)
         if deadline is None or family == self.families[0]:
             return None
         share = deadline - self.clock()
         if share >= MIN_RUN_S:
             return None
         left = max(0.0, self.ends_at - self.clock())
-        return (f"{self.why}: {left:.0f} s were left for {runs_left} run(s), about {share:.0f} s for each of its "
-                f"{family_runs}, under the {MIN_RUN_S:.0f} s a run needs to start and train")
+        return (f"{self.why}: {left:.0f} s were left, about {share:.0f} s for each of its {family_runs} run(s), "
+                f"under the {MIN_RUN_S:.0f} s a run needs to start and train")
 
     def first_family_ended(self) -> bool:
         """auto: the first family's runs have all ended; the others get their shared deadline. True when it moved."""

@@ -98,7 +98,10 @@ class SplitSection(_Section):
 FAMILIES = ("mlp", "torch", "xgboost", "lightgbm", "catboost")
 FamilyName = Literal["mlp", "torch", "xgboost", "lightgbm", "catboost"]
 BOOSTERS = ("xgboost", "lightgbm", "catboost")
-AUTO_FAMILIES = ("mlp", "xgboost", "lightgbm")  # model.type auto
+AUTO_FAMILIES = ("mlp", "xgboost", "lightgbm", "catboost")  # model.type auto
+# the order auto trains them in when cross-fitting (small tables): the strongest defaults first, the network, whose fits
+# cost most there, last; a time limit gives each family what the ones before it left (trainer/deadline.py)
+AUTO_FOLDED_ORDER = ("catboost", "lightgbm", "xgboost", "mlp")
 ENSEMBLE = "ensemble"  # what a checkpoint's model.type says when it weights several families' checkpoints
 _ALL, _BOTH, _XGB, _LGB = BOOSTERS, ("xgboost", "lightgbm"), ("xgboost",), ("lightgbm",)
 # which booster library takes each model.params key (trainflow passes the ones a family takes to it; CatBoost under
@@ -196,6 +199,14 @@ class ModelSection(_Section):
         """What may win the run: each family, and the ensemble of them when there are several."""
         families = self.families
         return families + [ENSEMBLE] if self.ensemble and len(families) > 1 else families
+
+    def training_order(self, folds: int) -> list[str]:
+        """The families in the order their runs start: the config's, or under auto with cross-fitting
+        AUTO_FOLDED_ORDER (on one split the network stays first: on large tables its streamed epochs are the known
+        cost that train.time_limit auto measures the others against)."""
+        if self.auto and folds > 1:
+            return [f for f in AUTO_FOLDED_ORDER if f in self.families]
+        return self.families
 
     def for_family(self, family: str) -> dict[str, Any]:
         """This section as one family's config (model.type a single name)."""
