@@ -136,3 +136,28 @@ def test_a_run_under_a_tight_limit_keeps_its_first_family_and_leaves_out_one_tha
     assert s["epochs_run"] == budget["cut_short"]["tb-mlp"] + 1
     out = capsys.readouterr().out
     assert "xgboost    left out: train.time_limit 4 s" in out and "stopped by it: tb-mlp after step" in out
+
+
+def test_a_familys_training_hash_reads_only_its_own_keys_and_another_familys_keys_are_refused(tmp_path):
+    base = {"data": {"path": "x.parquet", "label": "y"}, "task": "classification"}
+    plain = config_from_dict(base)
+    wider = config_from_dict({**base, "model": {"hidden_sizes": [512, 256]}, "train": {"learning_rate": 0.01}})
+    deeper = config_from_dict({**base, "model": {"params": {"max_depth": 4, "num_leaves": 15}}})
+    # the network's layers and optimiser never change a booster's hash (its resume and the skip of an unchanged run)
+    assert all(wider.training_hash(f) == plain.training_hash(f) for f in ("xgboost", "lightgbm", "catboost"))
+    assert wider.training_hash("mlp") != plain.training_hash("mlp")
+    # nor a booster's keys the network's, or another booster's: num_leaves is LightGBM's alone
+    assert deeper.training_hash("mlp") == plain.training_hash("mlp")
+    assert deeper.training_hash("xgboost") != plain.training_hash("xgboost")
+    only_depth = config_from_dict({**base, "model": {"params": {"max_depth": 4}}})
+    assert deeper.training_hash("xgboost") == only_depth.training_hash("xgboost")
+    assert deeper.training_hash("lightgbm") != only_depth.training_hash("lightgbm")
+    with pytest.raises(ConfigError, match=r"model.hidden_sizes: applies to mlp, which model.type \['xgboost'\] does not"):
+        config_from_dict({**base, "model": {"type": "xgboost", "hidden_sizes": [64]}})
+    with pytest.raises(ConfigError, match="model.dropout: applies to mlp"):
+        config_from_dict({**base, "model": {"type": ["lightgbm", "catboost"], "dropout": 0.1}})
+    assert config_from_dict({**base, "model": {"type": "xgboost", "dropout": 0.3}})  # the default, written back
+    # a sweep over the family keeps the network's layers for its mlp trials, and its booster trials accept them
+    swept = config_from_dict({**base, "model": {"type": "mlp", "hidden_sizes": [64]},
+                              "tune": {"search_space": {"model.type": {"choice": ["mlp", "lightgbm"]}}}})
+    assert trial_config(swept.to_dict(), {"model.type": "lightgbm"}).model.families == ["lightgbm"]

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator,
+)
 
 from trainflow.errors import ConfigError
 from trainflow.redact import protect
@@ -117,6 +119,7 @@ BOOSTER_KEYS: dict[str, tuple[str, ...]] = {
 
 
 TRAINFLOW_KEYS = ("num_boost_round", "early_stopping_rounds", "external_memory")  # read by trainflow, not the library
+NETWORK_KEYS = {"mlp": ("hidden_sizes", "dropout"), "torch": ("class_path", "init_args")}  # the model keys each reads
 
 
 class BoosterParams(_Section):
@@ -229,7 +232,7 @@ class ModelSection(_Section):
         return self._auto
 
     @model_validator(mode="after")
-    def _family_keys(self) -> ModelSection:
+    def _family_keys(self, info: ValidationInfo) -> ModelSection:
         families = self.families
         if not families:
             raise ValueError(f"model.type: give a family or a list of them, from {list(FAMILIES)}")
@@ -239,6 +242,11 @@ class ModelSection(_Section):
             raise ValueError("model.type torch needs model.class_path, e.g. 'trainflow.examples.tabular_resnet:TabularResNet'")
         if "torch" not in families and (self.class_path or self.init_args):
             raise ValueError("model.class_path and model.init_args are for model.type: torch")
+        for key in NETWORK_KEYS["mlp"]:  # set to something else than its default, for a run without the network
+            default = type(self).model_fields[key].get_default(call_default_factory=True)
+            trial = bool((info.context or {}).get("trial"))  # a sweep's trial of another family keeps the user's layers
+            if not trial and key in self.model_fields_set and getattr(self, key) != default and "mlp" not in families:
+                raise ValueError(f"model.{key}: applies to mlp, which model.type {families} does not train")
         boosters = [f for f in families if f in BOOSTERS]
         for key, value in self.params.model_dump().items():
             # a default written back by model_dump (a tune trial's config) is not the user's choice
@@ -650,18 +658,20 @@ class Config(_Section):
 
     def training_hash(self, family: str) -> str:
         """A hash of what decides a model's weights, so a resume onto other settings is caught: the task, label,
-        features, split, preprocessing, the family's model settings and the optimiser. Left out: what only extends
+        features, split, preprocessing, the keys of the model section this family reads and (networks) the optimiser;
+        another family's keys never change it. Left out: what only extends
         or stops a run (epochs, early stopping, rounds, the time limit), scaling, storage, gate and inference settings. The ensemble's:
         every member family's."""
         if family == ENSEMBLE:
             members = [self.training_hash(f) for f in self.model.families]
             return "config:" + hashlib.blake2b(json.dumps(members).encode(), digest_size=12).hexdigest()
-        model = self.model.for_family(family)
-        model.pop("allowed_class_paths", None)
-        model.pop("ensemble", None)
-        for key in ("num_boost_round", "early_stopping_rounds", "external_memory"):
-            model["params"].pop(key, None)
-        train = self.train.model_dump(mode="json", exclude={"epochs", "early_stopping", "time_limit"})
+        if family in BOOSTERS:  # the library keys it takes; the networks' layers and optimiser never reach it
+            model: dict[str, Any] = {"type": family, "params": self.model.params.for_family(family)}
+            train: dict[str, Any] = {"folds": self.train.folds}
+        else:  # a booster's params never reach a network
+            dumped = self.model.model_dump(mode="json")
+            model = {"type": family, **{k: dumped[k] for k in NETWORK_KEYS[family]}}
+            train = self.train.model_dump(mode="json", exclude={"epochs", "early_stopping", "time_limit"})
         relevant = {"task": self.task, "label": self.data.label, "features": self.data.features,
                     "split": self.split.model_dump(mode="json"), "preprocess": self.preprocess.model_dump(mode="json"),
                     "model": model, "train": train}
@@ -782,7 +792,7 @@ def _check_search_space(cfg: Config, source: str) -> None:
 def trial_config(base: dict[str, Any], sampled: dict[str, Any]) -> Config:
     """A resolved config (as a dict) with one trial's sampled values set at their dotted keys, validated."""
     try:
-        return Config.model_validate(apply_overrides(base, sampled))
+        return Config.model_validate(apply_overrides(base, sampled), context={"trial": True})
     except ValidationError as err:
         raise ConfigError(_format_errors(err, "(trial)")) from None
 
