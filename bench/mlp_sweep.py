@@ -36,7 +36,9 @@ def run(name: str, variants: list[dict]) -> None:
     from trainflow.preprocessors.fit import check_text_columns, fit_preprocessor
     from trainflow.tables import table_spec
 
-    frame, label, task = TABLES[name]()
+    frame, label, task = TABLES[name.split("@")[0]]()
+    if "@" in name:  # table@rows: a seeded sample of that many rows, as model-quality draws it
+        frame = frame.sample(n=int(name.split("@")[1]), random_state=0).reset_index(drop=True)
     train, test = holdout(frame, label, task)
     fit_rows, val_rows = train_test_split(
         train, test_size=0.2, random_state=1, stratify=train[label] if task == "classification" else None
@@ -59,7 +61,7 @@ def run(name: str, variants: list[dict]) -> None:
     for variant in variants:
         cfg = base_cfg.model_copy(deep=True)
         for key, value in variant.items():
-            section = cfg.model if key in ("hidden_sizes", "dropout") else cfg.train
+            section = cfg.model if key in ("hidden_sizes", "dropout", "numeric_embedding") else cfg.train
             setattr(section, key, value)
         train_cfg = cfg.train.model_dump()
         budget = resolve_budget(cfg.train, len(ya), WORKERS)
@@ -72,6 +74,8 @@ def run(name: str, variants: list[dict]) -> None:
             lr_factor, total_steps=budget.epochs * steps, warmup_fraction=train_cfg["warmup_fraction"],
             schedule=train_cfg["schedule"]))
         stopper = EarlyStopping("min", budget.patience, train_cfg["early_stopping"]["min_delta"])
+        smooth = train_cfg["label_smoothing"]
+        fit_loss = torch.nn.CrossEntropyLoss(label_smoothing=smooth) if task == "classification" else loss_fn
         best_state = None
         for epoch in range(budget.epochs):
             model.train()
@@ -79,7 +83,7 @@ def run(name: str, variants: list[dict]) -> None:
             for i in range(0, len(ya), batch):
                 idx = order[i : i + batch]
                 opt.zero_grad()
-                loss_fn(model(xa[idx]), ya[idx]).backward()
+                fit_loss(model(xa[idx]), ya[idx]).backward()
                 opt.step()
                 sched.step()
             model.eval()

@@ -148,6 +148,13 @@ def train_families(config: Config, prepared: Prepared, names: dict[str, list[str
             future.wait()  # done: this only records its final state on the future (else .state asks the API)
             if not future.state.is_failed() or len(names) == 1:
                 trained[(family, fold)] = future.result()  # raises a crash, a cancel, and the only family's failure
+                cut = trained[(family, fold)].time_limited_at
+                if cut == 0 and family != first and family not in timed_out:  # one step: no model worth its time
+                    unit = trained[(family, fold)].budget.get("unit", "epoch")
+                    timed_out[family] = (f"{share.why}: its run {names[family][fold]} had time for its first {unit} "
+                                         "only; its other runs were not started")
+                    task_logger("retrain").warning("%s is left out: %s", family, timed_out[family])
+                    jobs = [j for j in jobs if j[0] != family]
             else:
                 exc = future.result(raise_on_failure=False)
                 if isinstance(exc, (ConfigError, DataError)) or stop_requested(exc) or disk_full(exc):
@@ -164,7 +171,13 @@ def train_families(config: Config, prepared: Prepared, names: dict[str, list[str
                     write_deadline(folder(f, i), share.ends_at, share.why)
     if len(failed) == len(names):
         raise errors[0]
-    return {job: out for job, out in trained.items() if job[0] not in failed}, failed, timed_out, share.record()
+    for family in timed_out:
+        if any(job[0] == family for job in trained):  # runs it had started end unused
+            end_runs(config, names[family], family, "KILLED")
+    dropped = {**failed, **timed_out}
+    if errors and all(job[0] in dropped for job in trained):  # the first family failed, the time left out the rest
+        raise errors[0]
+    return {job: out for job, out in trained.items() if job[0] not in dropped}, failed, timed_out, share.record()
 
 
 def skipped_run(config, run_name: str, skipped: dict[str, Any]) -> dict[str, Any]:

@@ -178,6 +178,18 @@ class TabularPreprocessor:
             pos += self._width(col)
         return slots
 
+    def continuous_positions(self) -> list[int]:
+        """Positions of the packed row that hold a continuous value: each number column's value and each date part
+        (not their null flags, one-hot slots or embedded codes)."""
+        out, pos = [], 0
+        for col in self.feature_order:
+            if col in self.numeric:
+                out.append(pos)
+            elif col in self.dates:
+                out += range(pos, pos + len(self.dates[col]["parts"]))
+            pos += self._width(col)
+        return out
+
     def feature_names(self) -> list[str]:
         names = []
         for col in self.feature_order:

@@ -120,9 +120,16 @@ def test_a_booster_stops_adding_rounds_when_its_share_is_spent_and_keeps_its_bes
 
 @pytest.mark.e2e
 @pytest.mark.usefixtures("prefect_harness", "ray_local")
-def test_a_run_under_a_tight_limit_keeps_its_first_family_and_leaves_out_one_that_cannot_start(tmp_path, capsys):
+def test_a_run_under_a_tight_limit_keeps_its_first_family_and_leaves_out_one_cut_at_its_first_round(tmp_path, capsys,
+                                                                                                    monkeypatch):
+    from trainflow.flows import retrain
     from trainflow.flows.cli import main as cli_main
+    from trainflow.trainer import deadline
 
+    # no minimum share: XGBoost starts after the limit is spent, trains one round and stops (deterministic), which
+    # is no model worth its time; the share arithmetic that leaves a family out before it starts is tested above
+    monkeypatch.setattr(deadline, "MIN_RUN_S", 0.0)
+    monkeypatch.setattr(retrain, "MIN_RUN_S", 0.0)
     cfg = churn_config(tmp_path, rows=1500, model={"type": ["mlp", "xgboost"]},
                        train={"epochs": 10_000, "time_limit": 4, "early_stopping": {"patience": "off"}},
                        scaling={"num_workers": 1})
@@ -130,12 +137,19 @@ def test_a_run_under_a_tight_limit_keeps_its_first_family_and_leaves_out_one_tha
     assert rc == 0
     s = json.loads((tmp_path / "s.json").read_text())
     assert s["model_family"] == "mlp" and s["output_rows"] == 500 and s["test_metrics"]["test_loss"] > 0
-    assert list(s["families_left_out"]) == ["xgboost"] and "train.time_limit 4 s" in s["families_left_out"]["xgboost"]
+    assert list(s["families_left_out"]) == ["xgboost"] and s["candidates"] is None
+    assert "train.time_limit 4 s: its run tb-xgboost had time for its first round only" in s["families_left_out"]["xgboost"]
     budget = s["time_budget"]
-    assert budget["time_limit"] == 4 and budget["cut_short"]["tb-mlp"] < 10_000
+    assert budget["time_limit"] == 4 and budget["cut_short"]["tb-mlp"] < 10_000 and "tb-xgboost" not in budget["cut_short"]
     assert s["epochs_run"] == budget["cut_short"]["tb-mlp"] + 1
     out = capsys.readouterr().out
     assert "xgboost    left out: train.time_limit 4 s" in out and "stopped by it: tb-mlp after step" in out
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = {r.info.run_name: r.info.status for r in client.search_runs(
+        [e.experiment_id for e in client.search_experiments()])}
+    assert runs["tb-xgboost"] == "KILLED"  # its MLflow run ends as it ended
 
 
 def test_a_familys_training_hash_reads_only_its_own_keys_and_another_familys_keys_are_refused(tmp_path):

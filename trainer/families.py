@@ -92,7 +92,8 @@ def _trees_data_config() -> DataConfig:
 
 
 def _describe_mlp(model: dict[str, Any]) -> str:
-    return f"hidden sizes {model['hidden_sizes']}, dropout {model['dropout']}"
+    periodic = f", numeric embedding {model.get('numeric_embedding', 'none')}"
+    return f"hidden sizes {model['hidden_sizes']}, dropout {model['dropout']}{periodic}"
 
 
 def _describe_module(model: dict[str, Any]) -> str:
@@ -144,7 +145,7 @@ class Family:
 
 FAMILIES: dict[str, Family] = {
     "mlp": Family("mlp", _torch_trainer, train_fn_per_worker, TrainValDataConfig, _torch_budget, check_model, True,
-                  describe=_describe_mlp),
+                  ("rtdl-num-embeddings",), describe=_describe_mlp),
     "torch": Family("torch", _torch_trainer, train_fn_per_worker, TrainValDataConfig, _torch_budget, check_model, True,
                     describe=_describe_module),
     "xgboost": Family("xgboost", _xgboost_trainer, _xgboost_fn, _trees_data_config, _boost_budget, _no_check, False,

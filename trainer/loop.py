@@ -52,8 +52,9 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _loss_fn(task: str, class_weight: torch.Tensor | None = None) -> nn.Module:
-    return nn.CrossEntropyLoss(weight=class_weight) if task == "classification" else nn.MSELoss()
+def _loss_fn(task: str, class_weight: torch.Tensor | None = None, label_smoothing: float = 0.0) -> nn.Module:
+    return nn.CrossEntropyLoss(weight=class_weight, label_smoothing=label_smoothing) if task == "classification" \
+        else nn.MSELoss()
 
 
 def iter_minibatches(shard, batch_size: int, device, generator: torch.Generator | None = None):
@@ -330,7 +331,8 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
             scheduler.load_state_dict(state["scheduler"])
 
     weights = class_weights(train_cfg, prep)
-    loss_fn = _loss_fn(task, None if weights is None else weights.to(device))  # validation metrics stay unweighted
+    # validation metrics stay unweighted and unsmoothed
+    loss_fn = _loss_fn(task, None if weights is None else weights.to(device), train_cfg.label_smoothing)
     train_shard = ray.train.get_dataset_shard("train")
     val_shard = ray.train.get_dataset_shard("val")
     cache = loop_config.get("cache_shards", False)

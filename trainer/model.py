@@ -25,34 +25,60 @@ def mlp(input_dim: int, output_dim: int, hidden_sizes: list[int], dropout: float
     return nn.Sequential(*layers)
 
 
+PERIODIC_DIM = 16  # width of each continuous value's periodic embedding (model.numeric_embedding: periodic)
+# numeric_embedding auto: periodic up to this many training rows; above, the plain values (a step costs about 3x with
+# periodic embeddings of 16 columns, and large tables' epochs are what a run's time is made of)
+PERIODIC_MAX_ROWS = 1_000_000
+
+
+def uses_periodic(prep, model_cfg: dict) -> bool:
+    """Whether the network embeds its continuous values periodically (decided from the fitted preprocessor, so the
+    checkpoint's network is rebuilt the same way when it is served)."""
+    mode = model_cfg.get("numeric_embedding", "none")
+    return mode == "periodic" or (mode == "auto" and prep.train_rows <= PERIODIC_MAX_ROWS)
+
+
 class EmbeddingMLP(nn.Module):
-    """Looks up the integer codes at the embedded positions, then runs the MLP over [dense values, embeddings]."""
+    """Looks up the integer codes at the embedded positions, and with `periodic` maps each continuous value through
+    rtdl_num_embeddings' periodic embedding (PLR: learned frequencies, sin and cos, a linear layer and ReLU; Gorishniy
+    et al., 2022), then runs the MLP over [the other values, code embeddings, periodic embeddings]."""
 
     def __init__(self, input_dim: int, output_dim: int, hidden_sizes: list[int], dropout: float,
-                 slots: Sequence[tuple[int, int, int]]):
+                 slots: Sequence[tuple[int, int, int]], periodic: Sequence[int] = ()):
         super().__init__()
         codes = [pos for pos, _, _ in slots]
+        taken = set(codes) | set(periodic)
         self.register_buffer("code_idx", torch.tensor(codes, dtype=torch.long), persistent=False)
+        self.register_buffer("num_idx", torch.tensor(list(periodic), dtype=torch.long), persistent=False)
         self.register_buffer(
-            "dense_idx", torch.tensor([i for i in range(input_dim) if i not in set(codes)], dtype=torch.long), persistent=False
+            "dense_idx", torch.tensor([i for i in range(input_dim) if i not in taken], dtype=torch.long), persistent=False
         )
         self.embeddings = nn.ModuleList(nn.Embedding(n, dim) for _, n, dim in slots)
-        self.mlp = mlp(len(self.dense_idx) + sum(dim for _, _, dim in slots), output_dim, hidden_sizes, dropout)
+        self.periodic = None
+        if periodic:
+            from rtdl_num_embeddings import PeriodicEmbeddings
+
+            self.periodic = PeriodicEmbeddings(len(periodic), PERIODIC_DIM, lite=False)
+        width = len(self.dense_idx) + sum(dim for _, _, dim in slots) + len(periodic) * PERIODIC_DIM
+        self.mlp = mlp(width, output_dim, hidden_sizes, dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         codes = x.index_select(1, self.code_idx).long()
         parts = [x.index_select(1, self.dense_idx)] + [emb(codes[:, i]) for i, emb in enumerate(self.embeddings)]
+        if self.periodic is not None:
+            parts.append(self.periodic(x.index_select(1, self.num_idx)).flatten(1))
         return self.mlp(torch.cat(parts, dim=1))
 
 
 def build_model(
     input_dim: int, output_dim: int, hidden_sizes: list[int], dropout: float,
-    embeddings: Sequence[tuple[int, int, int]] = (),
+    embeddings: Sequence[tuple[int, int, int]] = (), periodic: Sequence[int] = (),
 ) -> nn.Module:
-    """The plain MLP, or an EmbeddingMLP when the preprocessor embeds some columns ((position, codes, width) each)."""
-    if not embeddings:
+    """The plain MLP, or an EmbeddingMLP when the preprocessor embeds some columns ((position, codes, width) each) or
+    continuous values get periodic embeddings (their positions)."""
+    if not embeddings and not periodic:
         return mlp(input_dim, output_dim, hidden_sizes, dropout)
-    return EmbeddingMLP(input_dim, output_dim, hidden_sizes, dropout, embeddings)
+    return EmbeddingMLP(input_dim, output_dim, hidden_sizes, dropout, embeddings, periodic)
 
 
 def import_class(class_path: str) -> type:
@@ -90,6 +116,10 @@ def network_parameters(prep, model_cfg: dict) -> int | None:
     slots = prep.embedding_slots()
     width = prep.num_features - len(slots) + sum(dim for _, _, dim in slots)
     total = sum(codes * dim for _, codes, dim in slots)
+    if uses_periodic(prep, model_cfg):  # 48 frequencies, then Linear(96 -> PERIODIC_DIM)
+        n = len(prep.continuous_positions())
+        width += n * (PERIODIC_DIM - 1)
+        total += n * (48 + 96 * PERIODIC_DIM + PERIODIC_DIM)
     for h in [*model_cfg["hidden_sizes"], prep.num_outputs]:
         total += width * h + h
         width = h
@@ -135,8 +165,9 @@ def model_for(prep, model_cfg: dict) -> nn.Module:
         if "embeddings" in inspect.signature(cls).parameters:
             kwargs["embeddings"] = prep.embedding_slots()
         return cls(prep.num_features, prep.num_outputs, **kwargs)
+    periodic = prep.continuous_positions() if uses_periodic(prep, model_cfg) else ()
     return build_model(prep.num_features, prep.num_outputs, model_cfg["hidden_sizes"], model_cfg["dropout"],
-                       prep.embedding_slots())
+                       prep.embedding_slots(), periodic)
 
 
 def check_model(prep, model_cfg: dict) -> None:

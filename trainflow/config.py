@@ -119,7 +119,7 @@ BOOSTER_KEYS: dict[str, tuple[str, ...]] = {
 
 
 TRAINFLOW_KEYS = ("num_boost_round", "early_stopping_rounds", "external_memory")  # read by trainflow, not the library
-NETWORK_KEYS = {"mlp": ("hidden_sizes", "dropout"), "torch": ("class_path", "init_args")}  # the model keys each reads
+NETWORK_KEYS = {"mlp": ("hidden_sizes", "dropout", "numeric_embedding"), "torch": ("class_path", "init_args")}  # the model keys each reads
 
 
 class BoosterParams(_Section):
@@ -181,6 +181,9 @@ class ModelSection(_Section):
     # mlp: chosen on real tables against HistGradientBoosting (docs/performance.md, "Model quality")
     hidden_sizes: list[int] = Field(default_factory=lambda: [256, 128])
     dropout: float = Field(0.3, ge=0.0, lt=1.0)
+    # mlp: each continuous value (numbers, date parts) through a periodic embedding (rtdl_num_embeddings' PLR) before
+    # the layers; none: the standardized value as it is; auto: periodic up to 1,000,000 training rows (trainer/model.py)
+    numeric_embedding: Literal["auto", "none", "periodic"] = "auto"
     # torch: "package.module:ClassName", built as ClassName(in_features, out_features, **init_args)
     class_path: str | None = None
     init_args: dict[str, Any] = Field(default_factory=dict)
@@ -292,6 +295,9 @@ class TrainSection(_Section):
     warmup_fraction: float = Field(0.05, ge=0.0, lt=1.0)
     early_stopping: EarlyStoppingSection = Field(default_factory=EarlyStoppingSection)
     class_weight: Literal["balanced"] | dict[str, float] | None = None
+    # the networks' training loss for classification: cross-entropy against labels smoothed by this much (validation
+    # metrics and early stopping read the plain loss)
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0)
     # cross-fitting: each family trains this many fold models on the rows outside the test role, and their
     # out-of-fold predictions make every choice; the served model averages them. auto: 5 folds up to 4,000 such rows
     # (trainflow/folds.py), one validation split above
