@@ -62,7 +62,8 @@ def _members(tmp_path):
     write_parquet(table, tmp_path / "t.parquet")
     cfg = load_config(write_config(tmp_path, {
         "data": {"path": "t.parquet", "label": "y", "features": ["x"]}, "task": "regression",
-        "model": {"type": ["mlp", "xgboost", "lightgbm"], "hidden_sizes": []}, "storage_path": "runs",
+        "model": {"type": ["mlp", "xgboost", "lightgbm"], "hidden_sizes": [], "numeric_embedding": "none"},
+        "storage_path": "runs",
         "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "registered_model": "ens"},
     }))
     ds = ray.data.from_arrow(table)

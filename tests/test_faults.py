@@ -41,8 +41,8 @@ def test_select_skips_a_truncated_checkpoint(tmp_path):
     from trainflow.tasks.select import select
     from trainflow.tasks.train import TrainOutcome
 
-    cfg = config_from_dict({"data": {"path": "x", "label": "y"}, "task": "regression", "model": {"type": "mlp"}},
-                           base_dir=tmp_path)
+    cfg = config_from_dict({"data": {"path": "x", "label": "y"}, "task": "regression",
+                            "model": {"type": "mlp", "numeric_embedding": "none"}}, base_dir=tmp_path)
     from trainflow.preprocessors.tabular import TabularPreprocessor
 
     prep = TabularPreprocessor(task="regression", label="y", numeric={"a": {"mean": 0.0, "std": 1.0}}, feature_order=["a"])

@@ -84,6 +84,7 @@ def test_read_checkpoint_resume_and_predict_in_s3(s3_endpoint, tmp_path, capsys)
         "task": "classification",
         "model": {"type": "mlp"},
         "train": {"epochs": 2, "batch_size": 128, "learning_rate": 0.005, "folds": 1},
+        "checkpoint": {"min_interval_s": 0},  # each epoch its own report and checkpoint, however short
         "scaling": {"num_workers": 2, "env_vars": {"AWS_SESSION_TOKEN_X": SENTINELS[1]}},
         "ray": {"runtime_env": {"env_vars": {"MY_API_TOKEN": SENTINELS[2]}}},
         "storage_path": f"s3://{BUCKET}/runs",

@@ -130,7 +130,7 @@ def _gate_setup(tmp_path, table=None, **sections):
     write_parquet(table, tmp_path / "t.parquet")
     cfg = load_config(write_config(tmp_path, {
         "data": {"path": "t.parquet", "label": "y", "features": ["x"]}, "task": "regression",
-        "model": {"type": "mlp", "hidden_sizes": []},
+        "model": {"type": "mlp", "hidden_sizes": [], "numeric_embedding": "none"},
         "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "registered_model": "gate"}, **sections,
     }))
     ds = ray.data.from_arrow(table)

@@ -95,7 +95,7 @@ def test_early_stopping_ends_a_run_whose_metric_stopped_improving(tmp_path):
     noise = np.random.default_rng(0).normal(size=table.num_rows)
     table = table.set_column(table.column_names.index("target y"), "target y", pa.array(noise))
     result = _local_fit("regression", table, "target y", epochs=60, lr=0.01, tmp_path=tmp_path,
-                        checkpoint={"min_interval_s": 0})
+                        checkpoint={"min_interval_s": 0}, model={"type": "mlp", "numeric_embedding": "none"})
     history = result.return_value
     losses = [h["val_loss"] for h in history]
     best = int(np.argmin(losses))

@@ -214,9 +214,12 @@ def _gather(arr: np.ndarray) -> np.ndarray:
 def validate_epoch(model, shard, loss_fn, task: str, prep: TabularPreprocessor, batch_size: int, device) -> dict[str, float]:
     """Metrics over the whole validation set: every rank evaluates its shard, then all gather."""
     model.eval()
+    # the module itself, not its DDP wrapper: the ranks' validation shards are unequal, and DDP's forward broadcasts
+    # the module's buffers (the embedding index buffers) from rank 0, a collective the ranks would call unequally often
+    net = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
     outs, labels = [], []
     for xb, yb in _batches(shard, batch_size, device):
-        outs.append(model(xb).float().cpu().numpy())
+        outs.append(net(xb).float().cpu().numpy())
         labels.append(yb.cpu().numpy())
     width = prep.num_outputs
     out = _gather(np.concatenate(outs) if outs else np.zeros((0, width), np.float32))
