@@ -112,7 +112,9 @@ def bag_folds(config: Config, parts: Split, runs: dict[str, str], outcomes: dict
         epochs = [s.epoch for s in chosen]
         bagged_outcomes[f] = TrainOutcome(
             run_name=runs[f], family=f, run_path=target.rsplit("/", 1)[0],
-            checkpoints=[{"path": target, "epoch": max(epochs), "metrics": metrics}], history=folds[0].history,
+            # the longest fold's history: the bag's epoch (its folds' latest best) never lies past the steps it names
+            checkpoints=[{"path": target, "epoch": max(epochs), "metrics": metrics}],
+            history=max((o.history for o in folds), key=len),
             resumed_from_epoch=next((o.resumed_from_epoch for o in folds if o.resumed_from_epoch is not None), None),
             recoveries=[r for o in folds for r in o.recoveries],
             budget={**folds[0].budget, "folds": len(folds), "fold_runs": [o.run_name for o in folds],
