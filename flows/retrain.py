@@ -140,8 +140,11 @@ def train_families(config: Config, prepared: Prepared, names: dict[str, list[str
             if ends_at is not None:  # a family that started finishes its folds, each with at least a short run
                 ends_at = max(ends_at, time.time() + MIN_RUN_S)
             write_deadline(folder(f, i), ends_at, share.why)  # always: a killed run's old deadline never applies
+            if ends_at is not None:
+                task_logger("retrain").info("%s: its share of the time budget ends in %.0f s (%s)", names[f][i],
+                                            ends_at - time.time(), share.why)
             running[(f, i)] = trainer.with_options(task_run_name=f"train-{f}" + (f"-fold{i}" if k > 1 else "")).submit(
-                prepared.for_fold(i) if k > 1 else prepared, run_config, names[f][i], f, ends_at, share.why)
+                prepared.for_fold(i) if k > 1 else prepared, run_config, names[f][i], f)
         done = wait(list(running.values()), timeout=1.0).done
         for (family, fold), future in [(job, fut) for job, fut in running.items() if fut in done]:
             del running[(family, fold)]

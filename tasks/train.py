@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -70,11 +69,10 @@ def check_resume(config: Config, fingerprint: str, runs: dict[str, str | list[st
 
 
 @task(name="train", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
-def train(prepared: Prepared, config: Config, run_name: str, family: str | None = None, ends_at: float | None = None,
-          deadline_why: str = "") -> TrainOutcome:
+def train(prepared: Prepared, config: Config, run_name: str, family: str | None = None) -> TrainOutcome:
     """Fit one model family (default: the first of model.type) with its Ray Train trainer; a rerun with the
-    same run_name resumes from its latest checkpoint. ends_at: when its share of train.time_limit is spent (seconds
-    since the epoch; its workers then stop with the best so far)."""
+    same run_name resumes from its latest checkpoint; its workers stop at the deadline the caller wrote into the run's
+    folder (trainer/deadline.py), with the best so far."""
     ensure_ray(config.ray.address, config.ray.runtime_env)
     check_fits(config.scaling.model_dump())  # again: a retry may find fewer nodes than ingest did
     log = get_run_logger()
@@ -100,8 +98,6 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
         "training %s (%s): %d worker(s), gpu=%s, budget %s, storage %s", run_name, family,
         config.scaling.num_workers, config.scaling.use_gpu, budget.to_dict(), config.storage_path,
     )
-    if ends_at is not None:  # the caller wrote it into the run's folder (trainer/deadline.py), where the workers read it
-        log.info("%s: its share of the time budget ends in %.0f s (%s)", run_name, ends_at - time.time(), deadline_why)
     seen = len(read_events(path))
     existed = latest_epoch(path) is not None
     if existed:

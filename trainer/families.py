@@ -92,8 +92,8 @@ def _trees_data_config() -> DataConfig:
 
 
 def _describe_mlp(model: dict[str, Any]) -> str:
-    periodic = f", numeric embedding {model.get('numeric_embedding', 'none')}"
-    return f"hidden sizes {model['hidden_sizes']}, dropout {model['dropout']}{periodic}"
+    return (f"hidden sizes {model['hidden_sizes']}, dropout {model['dropout']}, "
+            f"numeric embedding {model.get('numeric_embedding', 'none')}")
 
 
 def _describe_module(model: dict[str, Any]) -> str:

@@ -26,6 +26,7 @@ def mlp(input_dim: int, output_dim: int, hidden_sizes: list[int], dropout: float
 
 
 PERIODIC_DIM = 16  # width of each continuous value's periodic embedding (model.numeric_embedding: periodic)
+PERIODIC_FREQUENCIES = 48  # its learned frequencies (sin and cos of each feed a linear layer to PERIODIC_DIM)
 # numeric_embedding auto: periodic up to this many training rows; above, the plain values (a step costs about 3x with
 # periodic embeddings of 16 columns, and large tables' epochs are what a run's time is made of)
 PERIODIC_MAX_ROWS = 1_000_000
@@ -58,7 +59,8 @@ class EmbeddingMLP(nn.Module):
         if periodic:
             from rtdl_num_embeddings import PeriodicEmbeddings
 
-            self.periodic = PeriodicEmbeddings(len(periodic), PERIODIC_DIM, lite=False)
+            self.periodic = PeriodicEmbeddings(len(periodic), PERIODIC_DIM, n_frequencies=PERIODIC_FREQUENCIES,
+                                               lite=False)
         width = len(self.dense_idx) + sum(dim for _, _, dim in slots) + len(periodic) * PERIODIC_DIM
         self.mlp = mlp(width, output_dim, hidden_sizes, dropout)
 
@@ -116,10 +118,10 @@ def network_parameters(prep, model_cfg: dict) -> int | None:
     slots = prep.embedding_slots()
     width = prep.num_features - len(slots) + sum(dim for _, _, dim in slots)
     total = sum(codes * dim for _, codes, dim in slots)
-    if uses_periodic(prep, model_cfg):  # 48 frequencies, then Linear(96 -> PERIODIC_DIM)
-        n = len(prep.continuous_positions())
+    if uses_periodic(prep, model_cfg):  # the frequencies, then Linear(2 x frequencies -> PERIODIC_DIM), per column
+        n, f = len(prep.continuous_positions()), PERIODIC_FREQUENCIES
         width += n * (PERIODIC_DIM - 1)
-        total += n * (48 + 96 * PERIODIC_DIM + PERIODIC_DIM)
+        total += n * (f + 2 * f * PERIODIC_DIM + PERIODIC_DIM)
     for h in [*model_cfg["hidden_sizes"], prep.num_outputs]:
         total += width * h + h
         width = h
