@@ -16,6 +16,11 @@ BEYOND_MEMORY_ROUNDS (30) rounds, early stopping off, once on external-memory ma
 (ratio), the largest resident memory of a Ray Train worker process in each (sampled every 0.2 s), and
 both validation RMSEs (the same trees: equal).
 
+beyond-memory-default: the default config (model.type auto, train.time_limit auto) on the streamed table
+(BEYOND_MEMORY_DEFAULT_ROWS, ROWS by default; small store) against each family alone with its defaults, each given at
+most half the default's wall time: the ratio is the default's wall over the fastest family's (target <= 2). Alone:
+`python -m bench.beyond_memory --default`.
+
 Each run is its own process with its own Ray, so the object store size is what the run sees.
 """
 
@@ -39,6 +44,7 @@ ROWS = int(os.environ.get("BEYOND_MEMORY_ROWS", 12_000_000))
 SMALL_STORE = int(os.environ.get("BEYOND_MEMORY_STORE_MB", 200)) * 2**20
 COLS = 16
 ROUNDS = int(os.environ.get("BEYOND_MEMORY_ROUNDS", 30))
+DEFAULT_ROWS = int(os.environ.get("BEYOND_MEMORY_DEFAULT_ROWS", ROWS))
 OUT = Path(__file__).with_name("out")
 
 
@@ -90,7 +96,8 @@ class PeakWorkerMemory:
 
 def child(store: int, train: str, score: str, work: str, model: dict | None = None) -> None:
     """One retrain in this process, on a Ray with an object store of `store` bytes; prints a JSON line.
-    model: the config's model section (default: trainflow's mlp)."""
+    model: the config's model section (default: trainflow's mlp with 2 epochs of 1,024 rows a batch; {"default": 1}:
+    the default config's model and train sections, {"default": 1, "type": F}: family F alone with its defaults)."""
     from ray._private.internal_api import memory_summary
 
     from trainflow.flows.cli import main as cli_main
@@ -98,11 +105,12 @@ def child(store: int, train: str, score: str, work: str, model: dict | None = No
 
     ensure_ray(num_cpus=os.cpu_count(), object_store_memory=store)
     cfg = Path(work) / "config.yaml"
+    default = bool((model or {}).pop("default", False))
     cfg.write_text(yaml.safe_dump({
         "data": {"path": train, "label": "y", "id_column": "id"}, "task": "regression",
-        "train": {"epochs": 2, "batch_size": 1024}, "scaling": {"num_workers": 2},
+        "train": {} if default else {"epochs": 2, "batch_size": 1024}, "scaling": {"num_workers": 2},
         "checkpoint": {"metric": "val_rmse", "min_interval_s": 0}, "storage_path": str(Path(work) / "runs"),
-        "model": model or {"type": "mlp"},
+        "model": model or ({} if default else {"type": "mlp"}),
         "mlflow": {"experiment": "beyond-memory", "registered_model": f"beyond-{Path(work).name}"},
         "inference": {"input": score, "output": str(Path(work) / "predictions"), "batch_size": 65536},
     }))
@@ -122,18 +130,61 @@ def child(store: int, train: str, score: str, work: str, model: dict | None = No
         "epoch_times": [h["epoch_time_s"] for h in history], "output_rows": summary.get("output_rows"),
         "input_rows": summary.get("input_rows"), "peak_worker_rss_mib": peak / 2**20,
         "val_rmse": (summary.get("best_checkpoint") or {}).get("metrics", {}).get("val_rmse"),
+        "test_rmse": (summary.get("test_metrics") or {}).get("test_rmse"), "family": summary.get("model_family"),
+        "time_budget": summary.get("time_budget"), "left_out": summary.get("families_left_out"),
+        "candidates": [(c["family"], c.get("test_rmse")) for c in summary.get("candidates") or []],
     }), flush=True)
 
 
-def run(store: int, train: Path, score: Path, work: Path, model: dict | None = None) -> dict:
+def run(store: int, train: Path, score: Path, work: Path, model: dict | None = None,
+        timeout: float = 3600) -> dict | None:
+    """One child retrain; None when it ran past timeout (its process group, Ray's processes included, killed)."""
+    import signal
+
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    proc = subprocess.run([sys.executable, "-m", "bench.beyond_memory", "--child", str(store), str(train), str(score), str(work),
-                           json.dumps(model or {})], capture_output=True, text=True, env=env, timeout=3600)
+    proc = subprocess.Popen([sys.executable, "-m", "bench.beyond_memory", "--child", str(store), str(train), str(score),
+                             str(work), json.dumps(model or {})], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)
+        return None
+    proc = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     found = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if not found:
         raise RuntimeError(f"beyond-memory child failed ({proc.returncode}): {(proc.stdout + proc.stderr)[-3000:]}")
     return json.loads(found[-1].removeprefix("RESULT "))
+
+
+def default_vs_fastest(rows: int) -> None:
+    """beyond-memory-default: the default config (model.type auto, train.time_limit auto) on a table larger than the
+    object store, against each family alone with its defaults on the same table, each given at most half the
+    default's wall time (so a family that finishes is one that makes the ratio exceed 2; none finishing: the ratio is
+    below 2 whatever their times)."""
+    train = make_table(OUT / f"beyond-{rows}.parquet", rows, 0)
+    score = make_table(OUT / f"beyond-score-{rows // 10}.parquet", rows // 10, 1, label=False)
+    with tempfile.TemporaryDirectory(prefix="trainflow-beyond-") as tmp:
+        auto = run(SMALL_STORE, train, score, Path(tmp) / "default", {"default": 1})
+        alone = {f: run(SMALL_STORE, train, score, Path(tmp) / f, {"default": 1, "type": f}, timeout=auto["wall"] / 2)
+                 for f in ("mlp", "xgboost", "lightgbm", "catboost")}
+    done = {f: r for f, r in alone.items() if r is not None and r["rc"] == 0}
+    fastest = min(done, key=lambda f: done[f]["wall"]) if done else None
+    base = done[fastest]["wall"] if fastest else auto["wall"] / 2
+    alone_s = ", ".join(f"{f} {r['wall']:.0f} s (test_rmse {r['test_rmse']:.4f})" if r and r["rc"] == 0 else
+                        f"{f} > {auto['wall'] / 2:.0f} s (stopped)" if r is None else f"{f} failed rc {r['rc']}"
+                        for f, r in alone.items())
+    budget = auto.get("time_budget") or {}
+    print(f"beyond-memory-default: trainflow {auto['wall']:.0f} s, baseline {'' if fastest else '> '}{base:.0f} s, "
+          f"ratio {'' if fastest else '< '}{auto['wall'] / base:.2f}  (the default config vs the fastest family alone "
+          f"({fastest or 'none finished in half the time'}), {rows} rows on a {SMALL_STORE / 2**20:.0f} MiB object "
+          f"store, wall incl. {auto['output_rows']} predictions; default won {auto['family']} test_rmse "
+          f"{auto['test_rmse']:.4f}, candidates {auto['candidates']}, left out {auto['left_out']}, training "
+          f"{budget.get('training_s')} s, {budget.get('rule')}, cut short {budget.get('cut_short')}; alone: {alone_s}; "
+          f"target ratio <= 2)", flush=True)
 
 
 def main() -> None:
@@ -170,10 +221,13 @@ def main() -> None:
           f"RSS {ext['peak_worker_rss_mib']:.0f} MiB vs {mem['peak_worker_rss_mib']:.0f} MiB; val_rmse {ext['val_rmse']:.4f} "
           f"vs {mem['val_rmse']:.4f}; wall {ext['wall']:.0f} s vs {mem['wall']:.0f} s incl. "
           f"{ext['output_rows']} predictions)", flush=True)
+    default_vs_fastest(DEFAULT_ROWS)
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], json.loads(sys.argv[6]) or None)
+    elif len(sys.argv) > 1 and sys.argv[1] == "--default":  # beyond-memory-default alone
+        default_vs_fastest(DEFAULT_ROWS)
     else:
         main()

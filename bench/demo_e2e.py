@@ -22,7 +22,7 @@ SAMPLE = REPO / "data" / "sample"
 
 BASELINE = r'''
 import sys, numpy as np, pyarrow.parquet as pq, pyarrow as pa, torch, yaml
-from trainflow.trainer.model import build_model
+from trainflow.trainer.families.network import build_model
 torch.manual_seed(0)
 cfg = yaml.safe_load(open(sys.argv[1]))
 train, score = pq.read_table(sys.argv[2]), pq.read_table(sys.argv[3])

@@ -51,9 +51,9 @@ def run_trainflow(path, storage: str):
     ray.shutdown()
     with result.checkpoint.as_directory() as d:
         history = read_metrics(d)["history"]
-    from trainflow.trainer.boosting import library_params
+    from trainflow.trainer.families import family_named
 
-    params = library_params("xgboost", prep, cfg)
+    params = family_named("xgboost").library_params(prep, cfg)
     return [h["epoch_time_s"] for h in history], wall, params, arrays, varrays
 
 

@@ -27,7 +27,7 @@ ACTORS = max(1, (os.cpu_count() or 1) - 1)
 def make_checkpoint(path, directory: str) -> str:
     """A checkpoint with a preprocessor fitted on the table and an (untrained) MLP: same work per row."""
     from trainflow.trainer.checkpoint import save_checkpoint
-    from trainflow.trainer.model import model_for
+    from trainflow.trainer.families.network import model_for
     from trainflow.config import config_from_dict
     from trainflow.data import arrow_schema, read_table
     from trainflow.preprocessors.fit import fit_preprocessor

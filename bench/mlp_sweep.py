@@ -31,7 +31,7 @@ def run(name: str, variants: list[dict]) -> None:
     from sklearn.model_selection import train_test_split
 
     from trainflow.trainer.budget import EarlyStopping, lr_factor, resolve_budget
-    from trainflow.trainer.model import model_for
+    from trainflow.trainer.families.network import model_for
     from trainflow.config import Config
     from trainflow.preprocessors.fit import check_text_columns, fit_preprocessor
     from trainflow.tables import table_spec

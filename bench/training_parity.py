@@ -83,7 +83,7 @@ def run_trainflow(path: Path, storage: str) -> tuple[list[float], float]:
 def run_plain(path: Path, fused: bool | None = None) -> list[float]:
     import torch
 
-    from trainflow.trainer.model import build_model
+    from trainflow.trainer.families.network import build_model
 
     torch.set_num_threads(1)  # the Ray Train worker holds 1 CPU, so Ray gives it OMP_NUM_THREADS=1
     table = pq.read_table(path)

@@ -118,6 +118,9 @@ def format_summary(s: dict[str, Any]) -> str:
                          + (f"  {tested}={test:.4f}" if test is not None else "") + f" ({how}, run {c['run_name']})")
     for family, why in (s.get("families_left_out") or {}).items():
         lines.append(f"    {family:<10} left out: {why}")
+    for member in (s.get("ensemble") or {}).get("members", []):
+        if member.get("left_out"):
+            lines.append(f"    {member['family']:<10} not in the ensemble: {member['left_out']}")
     budget = s.get("time_budget") or {}
     if budget.get("rule") or budget.get("cut_short"):
         cut = ", ".join(f"{run} after step {step}" for run, step in (budget.get("cut_short") or {}).items())

@@ -15,7 +15,7 @@ from trainflow.storage import is_uri
 from trainflow.tasks.select import Selected
 from trainflow.trainer.calibration import apply, fit_platt, fit_temperature, log_probs, write_calibration
 from trainflow.trainer.evaluate import Scored, score_checkpoint
-from trainflow.trainer.families import FAMILIES
+from trainflow.trainer.families import REGISTRY
 from trainflow.trainer.metrics import calibration
 
 FITS = {"temperature": fit_temperature, "platt": fit_platt}
@@ -60,7 +60,7 @@ def _fit(config: Config, raw, family: str, on: str) -> tuple[dict[str, Any] | No
             return None, {**record, "method": None, "why": f"{on} ECE {before['ece']:.4f} <= calibration.max_ece "
                                                            f"{config.calibration.max_ece:g}"}
         # two classes: the family's method (an ensemble of probabilities: Platt scaling); more: a temperature
-        method = (FAMILIES[family].calibration if family in FAMILIES else "platt") if n == 2 else "temperature"
+        method = (REGISTRY[family].calibration if family in REGISTRY else "platt") if n == 2 else "temperature"
         why = "train.class_weight is set" if config.train.class_weight is not None else \
             f"{on} ECE {before['ece']:.4f} > calibration.max_ece {config.calibration.max_ece:g}"
     else:

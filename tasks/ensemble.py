@@ -64,7 +64,10 @@ def ensemble(config: Config, holdout: ray.data.Dataset | None, outcomes: dict[st
     record = {
         "weighted_on": "out-of-fold" if decisions is not None else "validation",
         "members": [{"family": f, "weight": kept.get(f, 0.0), metric: selections[f].metrics.get(metric),
-                     "checkpoint": selections[f].uri or selections[f].path} for f in families],
+                     "checkpoint": selections[f].uri or selections[f].path,
+                     **({} if f in kept else {"left_out": f"greedy selection on {rows_are} gave it weight 0: adding "
+                                                          "it never lowered the ensemble's loss"})}
+                    for f in families],
         "rounds": ROUNDS,
         "cross_fitted": crossed, "in_sample": in_sample, "rows": int(len(labels)),
     }

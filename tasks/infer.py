@@ -15,7 +15,7 @@ from trainflow.preprocessors.tabular import SchemaDriftError, TabularPreprocesso
 from trainflow.tasks.common import retry_unless_user_error
 from trainflow.tasks.drift import markdown, measure, publish
 from trainflow.trainer.checkpoint import read_config
-from trainflow.trainer.model import user_class_path
+from trainflow.trainer.families.network import user_class_path
 from trainflow.trainer.serving import member_dirs
 from trainflow.trainer.predict import (
     IN_PROCESS_BYTES, CountCollector, NonFiniteOutput, predict_arrow, predict_dataset,

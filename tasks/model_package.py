@@ -14,7 +14,7 @@ from mlflow.models import ModelSignature
 from mlflow.types import ColSpec, Schema
 
 from trainflow.preprocessors.tabular import TabularPreprocessor
-from trainflow.trainer.families import FAMILIES
+from trainflow.trainer.families import FAMILY_MODULES, REGISTRY
 
 # MLflow "models from code": this file is the model's definition (nothing pickled)
 MODEL_CODE = str(Path(importlib.util.find_spec("trainflow.trainer").origin).with_name("pyfunc_model.py"))
@@ -23,8 +23,11 @@ SERVING_MODULES = (
     "trainflow", "trainflow.redact", "trainflow.errors", "trainflow.storage", "trainflow.tables",
     "trainflow.preprocessors", "trainflow.preprocessors.tabular", "trainflow.preprocessors.dates",
     "trainflow.preprocessors.baseline",
-    "trainflow.trainer", "trainflow.trainer.checkpoint", "trainflow.trainer.model", "trainflow.trainer.serving",
+    "trainflow.trainer", "trainflow.trainer.checkpoint", "trainflow.trainer.serving",
     "trainflow.trainer.predict", "trainflow.trainer.calibration",
+    # every family's file (the registry imports them all; each keeps its training imports inside its functions)
+    "trainflow.trainer.families", "trainflow.trainer.families.base", "trainflow.trainer.families._torch",
+    "trainflow.trainer.families.network", *(f"trainflow.trainer.families.{m}" for m in FAMILY_MODULES),
 )
 
 
@@ -41,7 +44,7 @@ def serving_code(dst: Path, class_path: str | None = None) -> list[str]:
     package (or the lone module file) as it is installed."""
     names = list(SERVING_MODULES)
     module = None
-    if class_path:  # 'package.module:ClassName' or 'package.module.ClassName', as trainer/model.py reads it
+    if class_path:  # 'package.module:ClassName' or 'package.module.ClassName', as trainer/families/network.py reads it
         module, sep, _ = class_path.partition(":")
         module = module if sep else class_path.rpartition(".")[0]
     paths = [str(dst / "trainflow")]
@@ -67,7 +70,7 @@ def serving_code(dst: Path, class_path: str | None = None) -> list[str]:
 def requirements(families: list[str]) -> list[str]:
     """The packages the registered model loads with: the serving code's and its families' libraries (an ensemble's
     members'), pinned."""
-    dists = ["torch", "numpy", "pandas", "pyarrow", *(d for f in families for d in FAMILIES[f].serving_packages)]
+    dists = ["torch", "numpy", "pandas", "pyarrow", *(d for f in families for d in REGISTRY[f].serving_packages)]
     return [f"{dist}=={version(dist)}" for dist in dict.fromkeys(dists)]
 
 

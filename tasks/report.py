@@ -19,7 +19,7 @@ from trainflow.redact import redact_config, redact_text
 from trainflow.storage import join, write_bytes
 from trainflow.tasks.common import md, md_code, png_data_uri
 from trainflow.tracking import mlflow_key, tracking
-from trainflow.trainer.families import FAMILIES
+from trainflow.trainer.families import REGISTRY
 
 LOSS_CURVE = "loss_curve.png"
 
@@ -152,7 +152,7 @@ def _family_line(config: Config, summary: dict[str, Any]) -> str:
         return (f"- family `{family}`: the weighted mean of {weights} (greedy ensemble selection, {ens['rounds']} rounds "
                 f"on {ens['rows']} {'out-of-fold' if ens.get('weighted_on') == 'out-of-fold' else 'validation'} rows; "
                 "scores cross-fitted over two halves of them)")
-    return f"- family `{family}`: {FAMILIES[family].describe(config.model.for_family(family))}"
+    return f"- family `{family}`: {REGISTRY[family].describe(config.model.for_family(family))}"
 
 
 def _chosen_on(summary: dict[str, Any]) -> str:

@@ -16,7 +16,7 @@ from trainflow.config import config_from_dict
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.trainer.calibration import CALIBRATION_FILE, write_calibration
 from trainflow.trainer.checkpoint import CONFIG_FILE, save_checkpoint
-from trainflow.trainer.model import check_model, model_for
+from trainflow.trainer.families.network import check_model, model_for
 from trainflow.trainer.predict import NonFiniteOutput, predict_table
 from trainflow.trainer.serving import load_servable
 

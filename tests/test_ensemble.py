@@ -54,7 +54,8 @@ def _members(tmp_path):
     from trainflow.preprocessors.fit import fit_preprocessor
     from trainflow.tables import table_spec
     from trainflow.trainer.checkpoint import save_checkpoint, write_common
-    from trainflow.trainer.serving import LGB_MODEL, XGB_MODEL, xgb_matrix
+    from trainflow.trainer.families.lightgbm_family import LGB_MODEL
+    from trainflow.trainer.families.xgboost_family import XGB_MODEL, xgb_matrix
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=2000)
@@ -105,6 +106,12 @@ def test_an_ensemble_checkpoint_is_served_registered_rebuilt_and_read_strictly(t
     built = ensemble(cfg, ds, outcomes, selections, "r", "fp:1")
     weights = {m["family"]: m["weight"] for m in built.record["members"]}
     assert weights["mlp"] > 0 and weights["xgboost"] > 0 and weights["lightgbm"] == 0
+    # the member greedy selection dropped says why, in the summary's record and its printed line
+    why = {m["family"]: m.get("left_out") for m in built.record["members"]}
+    assert why["mlp"] is None and why["xgboost"] is None and "weight 0" in why["lightgbm"]
+    from trainflow.flows.cli import format_summary
+
+    assert "lightgbm   not in the ensemble: greedy selection" in format_summary({"ensemble": built.record})
     assert sum(weights.values()) == pytest.approx(1.0)
     assert built.outcome.family == "ensemble" and built.outcome.run_name == "r-ensemble"
     assert built.selected.metrics["val_loss"] == built.record["cross_fitted"]["val_loss"]

@@ -52,8 +52,8 @@ def test_external_memory_matrices_grow_the_same_trees_and_are_chosen_when_memory
     import xgboost as xgb
 
     from trainflow.preprocessors.tabular import FEATURES, LABEL
-    from trainflow.trainer import extmem
-    from trainflow.trainer.boosting import shard_arrays
+    from trainflow.trainer.families import xgboost_extmem as extmem
+    from trainflow.trainer.families._trees import shard_arrays
     from trainflow.errors import DataError
     from trainflow.trainer.memory import check_booster_matrix
 
@@ -120,15 +120,15 @@ def _round_trip(family: str):
     checkpoint is registered; the next attempt resumes with the whole budget."""
 
     def train_fn(loop_config):
-        from trainflow.trainer.families import FAMILIES
+        from trainflow.trainer.families import REGISTRY
 
         rank = ray.train.get_context().get_world_rank()
         marker = Path(loop_config["run_dir"]).parent / f"attempt-{rank}"
         if marker.exists():
-            return FAMILIES[family].train_fn(loop_config)
+            return REGISTRY[family].train_fn(loop_config)
         marker.touch()
         first = trial_config(loop_config["config"].to_dict(), {"model.params.num_boost_round": 12})
-        FAMILIES[family].train_fn({**loop_config, "config": first})
+        REGISTRY[family].train_fn({**loop_config, "config": first})
         if rank == 1:
             wait_registered(loop_config["run_dir"], 11)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -197,11 +197,11 @@ def _catboost_killed_once():
         import threading
 
         from trainflow.storage import list_dir, read_text
-        from trainflow.trainer import catboost_fit
+        from trainflow.trainer.families import catboost_family as catboost_fit
 
         marker = Path(loop_config["run_dir"]).parent / "catboost-attempt"
         if marker.exists():
-            return catboost_fit.catboost_train_fn(loop_config)
+            return catboost_fit.train_fn(loop_config)
         marker.touch()
         catboost_fit.SNAPSHOT_S = 1
 
@@ -213,7 +213,7 @@ def _catboost_killed_once():
                 time.sleep(0.1)
 
         threading.Thread(target=kill_after_a_snapshot, daemon=True).start()
-        catboost_fit.catboost_train_fn(loop_config)
+        catboost_fit.train_fn(loop_config)
         raise AssertionError("the fit ended before a snapshot of 150 rounds was stored")
 
     return train_fn
@@ -225,9 +225,9 @@ def test_catboost_is_one_worker_with_the_group_cpus_and_a_killed_fit_continues_f
     cfg, prep, train, val = small_run(tmp_path, hang_timeout_s=60.0)
     cfg = trial_config(cfg.to_dict(), {"model.type": "catboost", "model.params.num_boost_round": 1500,
                                        "model.params.early_stopping_rounds": "off", "model.params.learning_rate": 0.02})
-    from trainflow.trainer.families import FAMILIES
+    from trainflow.trainer.families import REGISTRY
 
-    scaling = FAMILIES["catboost"].worker_scaling(cfg.scaling)
+    scaling = REGISTRY["catboost"].worker_scaling(cfg.scaling)
     assert (scaling.num_workers, scaling.resources_per_worker["CPU"]) == (1, 2.0)  # the group's 2 CPUs, one process
     result = build_trainer(cfg, prep, train, val, "cb-kill", train_fn=_catboost_killed_once()).fit()
     with result.checkpoint.as_directory() as d:

@@ -7,7 +7,7 @@ import torch
 
 from tests.faults import EPOCHS, small_run, successive_faults
 from trainflow.trainer.checkpoint import load_train_state, read_metrics, save_checkpoint
-from trainflow.trainer.model import build_model
+from trainflow.trainer.families.network import build_model
 from trainflow.trainer.recovery import read_events, recoveries
 from trainflow.trainer.runner import build_trainer, run_dir
 from trainflow.config import config_from_dict

@@ -20,9 +20,12 @@ BASE = {"trainflow.errors", "trainflow.storage", "trainflow.redact"}
 def _modules() -> dict[str, Path]:
     found = {}
     for folder, package in FOLDERS.items():
-        for path in sorted((ROOT / folder).glob("*.py")):
-            if path.name != "__init__.py":
-                found[f"{package}.{path.stem}"] = path
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            if ".venv" in path.parts or (folder == "trainflow" and len(parts) > 1) or parts == ("__init__",):
+                continue
+            name = ".".join((package, *parts))
+            found[name.removesuffix(".__init__")] = path
     return found
 
 
@@ -68,3 +71,27 @@ def test_imports_run_one_way_and_in_no_circle():
     for module in graph:
         if module not in state:
             visit(module, [])
+
+
+# where family names may be written: the families' own folder, and the config layer that declares the keys a user
+# writes (model.type's choices, which model.params key each booster takes, init's comments and the schema's text)
+FAMILY_HOMES = ("trainer/families/", "trainflow/config.py", "trainflow/config_schema.py", "trainflow/scaffold.py")
+
+
+def test_no_family_is_named_outside_its_folder():
+    """Adding a family is a file in trainer/families/ and a line in its REGISTRY: no task, flow, preprocessor or other
+    trainer module compares with, looks up or defaults to a family's name. ("torch" is also the package every network
+    needs, so it is left out of the search.)"""
+    from trainflow.trainer.families import REGISTRY
+
+    names = set(REGISTRY) - {"torch"}
+    assert {"mlp", "xgboost", "lightgbm", "catboost"} <= names
+    found = []
+    for module, path in _modules().items():
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith(FAMILY_HOMES):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in names:
+                found.append(f"{rel}:{node.lineno}: {node.value!r}")
+    assert found == []

@@ -10,7 +10,7 @@ import torch
 from tests.test_checkpoint_state import _prep, _table
 from trainflow.config import ConfigError, config_from_dict
 from trainflow.trainer.checkpoint import save_checkpoint
-from trainflow.trainer.model import EmbeddingMLP, check_model, model_for, network_parameters
+from trainflow.trainer.families.network import EmbeddingMLP, check_model, model_for, network_parameters
 from trainflow.trainer.serving import load_servable
 
 
@@ -49,7 +49,7 @@ def test_periodic_embeddings_take_the_continuous_values_and_serve_from_the_check
 
 
 def test_auto_embeds_periodically_up_to_a_million_training_rows(tmp_path, monkeypatch):
-    from trainflow.trainer import model as model_module
+    from trainflow.trainer.families import network as model_module
 
     prep, raw = _prep(), _config(tmp_path)
     assert raw["model"]["numeric_embedding"] == "auto" and model_for(prep, raw["model"]).periodic is not None

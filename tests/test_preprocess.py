@@ -237,7 +237,7 @@ def test_wide_text_is_embedded_with_rare_values_and_unseen_values_on_the_unknown
     x = prep.transform_features(scoring)
     assert (x[:10, 0] == 0).all() and (x[10:, 0] == 2).all()
     # JSON round trip keeps the vocabularies, and the network takes the packed rows
-    from trainflow.trainer.model import model_for
+    from trainflow.trainer.families.network import model_for
 
     loaded = TabularPreprocessor.from_dict(json.loads(json.dumps(prep.to_dict())))
     net = model_for(loaded, {"hidden_sizes": [8], "dropout": 0.0})

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from trainflow.preprocessors.tabular import TabularPreprocessor
-from trainflow.trainer.model import check_model, model_for
+from trainflow.trainer.families.network import check_model, model_for
 from trainflow.config import config_from_dict
 from trainflow.errors import ConfigError
 

@@ -23,7 +23,7 @@ from trainflow.preprocessors.tabular import FEATURES, LABEL, TabularPreprocessor
 from trainflow.trainer.budget import EarlyStopping, lr_factor, resolve_budget
 from trainflow.trainer.metrics import compute_metrics
 from trainflow.trainer.checkpoint import load_train_state, load_weights, read_metrics, save_checkpoint
-from trainflow.trainer.model import model_for
+from trainflow.trainer.families.network import model_for
 from trainflow.trainer.reporting import ReportSchedule, rank_zero_deadline, record_start, record_time_limit
 from trainflow.trainer.watchdog import heartbeat
 

@@ -92,14 +92,18 @@ def check_booster_matrix(
     if over and external_memory == "auto":
         estimate["external_memory"] = True
     if over and not estimate["external_memory"]:
-        way_out = ("model.params.external_memory: auto (now never), which reads the shard into XGBoost's "
+        from trainflow.trainer.families import REGISTRY
+
+        extmem = " or ".join(f.name for f in REGISTRY.values() if f.external_memory)
+        streams = " or ".join(f.name for f in REGISTRY.values() if f.uses_minibatches and not f.imports_user_code)
+        way_out = (f"model.params.external_memory: auto (now never), which reads the shard into {extmem}'s "
                    "external-memory matrix" if external_memory == "never" else
-                   "model.type xgboost, whose external-memory matrix reads the shard a batch at a time")
+                   f"model.type {extmem}, whose external-memory matrix reads the shard a batch at a time")
         raise DataError(
             f"{source}: a boosted-trees worker holds its {int(train_rows / max(1, num_workers)):,} training rows and "
             f"the {val_rows:,} validation rows as matrices, about {need / 2**30:.1f} GiB of the "
             f"{per_worker / 2**30:.1f} GiB each of {num_workers} worker(s) has. Use {way_out}; more workers across "
             "more machines (scaling.num_workers), a smaller split.validation_fraction, fewer columns (data.features), "
-            "or model.type mlp, which streams its mini-batches"
+            f"or model.type {streams}, which streams its mini-batches"
         )
     return estimate

@@ -94,7 +94,7 @@ def build_trainer(
     config: one family's (Config.for_family); train_fn replaces the family's per-worker loop (fault tests);
     cache_shards: torch workers keep their shard in memory after the first epoch (materialized data);
     streamed: the data is re-read from its files each epoch and each block's rows permuted on the workers;
-    external_memory: XGBoost workers build external-memory matrices (trainer/extmem.py);
+    external_memory: XGBoost workers build external-memory matrices (trainer/families/xgboost_extmem.py);
     lineage: written into every checkpoint (data fingerprint, training config hash), checked by a resume.
     """
     ckpt = config.checkpoint

@@ -16,131 +16,9 @@ import torch
 
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.trainer.calibration import apply as apply_calibration, read_calibration
-from trainflow.trainer.checkpoint import MODEL_FILE, load_weights, read_config, read_metrics
-from trainflow.trainer.model import check_network_size, model_for
-
-EPS = 1e-12
-
-
-def outputs_from(task: str, num_outputs: int, pred: np.ndarray) -> np.ndarray:
-    """The library's predictions as trainflow's model outputs: log-probabilities (a softmax gives the
-    probabilities back) for classification, the standardized value for regression."""
-    pred = np.asarray(pred, dtype=np.float64)
-    if task == "regression":
-        return pred.reshape(-1, 1).astype(np.float32)
-    if num_outputs == 2 and pred.ndim == 1:
-        pred = np.stack([1.0 - pred, pred], axis=1)
-    return np.log(np.clip(pred.reshape(len(pred), num_outputs), EPS, 1.0)).astype(np.float32)
-
-
-
-def categorical_positions(prep: TabularPreprocessor) -> list[int]:
-    return [pos for pos, _, _ in prep.embedding_slots()]
-
-
-
-XGB_MODEL = "model.ubj"
-
-
-def xgb_feature_types(prep: TabularPreprocessor) -> list[str]:
-    cats = set(categorical_positions(prep))
-    return ["c" if i in cats else "q" for i in range(prep.num_features)]
-
-
-def xgb_matrix(prep: TabularPreprocessor, x: np.ndarray, y: np.ndarray | None = None):
-    import xgboost as xgb
-
-    types = xgb_feature_types(prep)
-    return xgb.DMatrix(x, label=y, feature_types=types, enable_categorical="c" in types, nthread=-1)
-
-
-def load_xgboost(path: Path):
-    import xgboost as xgb
-
-    booster = xgb.Booster()
-    booster.load_model(str(path / XGB_MODEL))
-    return booster
-
-
-
-class XGBoostPredictor:
-    def __init__(self, directory: Path, prep: TabularPreprocessor, config: dict[str, Any], device: str = "cpu"):
-        self.booster, self.prep = load_xgboost(Path(directory)), prep
-        if str(device).startswith("cuda"):
-            self.booster.set_param({"device": "cuda"})
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        return outputs_from(self.prep.task, self.prep.num_outputs, self.booster.predict(xgb_matrix(self.prep, x)))
-
-    def native_importance(self) -> np.ndarray:
-        """XGBoost's total gain per packed feature (features no tree splits on get 0)."""
-        gains = self.booster.get_score(importance_type="total_gain")
-        return np.array([gains.get(f"f{i}", 0.0) for i in range(self.prep.num_features)], dtype=np.float64)
-
-
-
-LGB_MODEL = "model.txt"
-
-
-def load_lightgbm(path: Path):
-    import lightgbm as lgb
-
-    return lgb.Booster(model_file=str(path / LGB_MODEL))
-
-
-
-class LightGBMPredictor:
-    def __init__(self, directory: Path, prep: TabularPreprocessor, config: dict[str, Any], device: str = "cpu"):
-        self.booster, self.prep = load_lightgbm(Path(directory)), prep
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        return outputs_from(self.prep.task, self.prep.num_outputs, self.booster.predict(x))
-
-    def native_importance(self) -> np.ndarray:
-        """LightGBM's total gain per packed feature."""
-        return np.asarray(self.booster.feature_importance(importance_type="gain"), dtype=np.float64)
-
-
-CB_MODEL = "model.cbm"  # CatBoost's own binary model format (not a pickle)
-
-
-def catboost_frame(prep: TabularPreprocessor, x: np.ndarray):
-    """Packed features as the frame CatBoost reads: embedded text columns as integer categories, the rest numbers."""
-    import pandas as pd
-
-    frame = pd.DataFrame(np.asarray(x, dtype=np.float32), columns=[f"f{i}" for i in range(x.shape[1])])
-    for pos in categorical_positions(prep):
-        frame[f"f{pos}"] = np.nan_to_num(frame[f"f{pos}"].to_numpy(), nan=0.0).astype(np.int64)
-    return frame
-
-
-def catboost_outputs(model, prep: TabularPreprocessor, x: np.ndarray) -> np.ndarray:
-    from catboost import Pool
-
-    pool = Pool(catboost_frame(prep, x), cat_features=categorical_positions(prep) or None)
-    kind = "Probability" if prep.task == "classification" else "RawFormulaVal"
-    return outputs_from(prep.task, prep.num_outputs, model.predict(pool, prediction_type=kind))
-
-
-def load_catboost(path: Path):
-    from catboost import CatBoost
-
-    model = CatBoost()
-    model.load_model(str(path / CB_MODEL), format="cbm")
-    return model
-
-
-class CatBoostPredictor:
-    def __init__(self, directory: Path, prep: TabularPreprocessor, config: dict[str, Any], device: str = "cpu"):
-        self.model, self.prep = load_catboost(Path(directory)), prep
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        return catboost_outputs(self.model, self.prep, x)
-
-    def native_importance(self) -> np.ndarray:
-        """CatBoost's prediction-value change per packed feature (its default importance, gain-like)."""
-        return np.asarray(self.model.get_feature_importance(), dtype=np.float64)
-
+from trainflow.trainer.checkpoint import read_config, read_metrics
+from trainflow.trainer.families import REGISTRY, checkpoint_family
+from trainflow.trainer.families.base import EPS
 
 @dataclass
 class ServableModel:
@@ -157,28 +35,7 @@ class ServableModel:
 
     @property
     def family(self) -> str:
-        return self.config["model"].get("type", "mlp")
-
-
-class TorchPredictor:
-    """A torch family's network from model.pt, checked for non-finite weights."""
-
-    def __init__(self, directory: Path, prep: TabularPreprocessor, config: dict[str, Any], device="cpu"):
-        # the weights file bounds what its config may honestly ask for: check before building the network
-        weights = directory / MODEL_FILE
-        check_network_size(prep, config["model"], weights.stat().st_size + 2**20 if weights.is_file() else 0,
-                           f"the size of {weights}")
-        self.model = model_for(prep, config["model"])
-        self.model.load_state_dict(load_weights(directory))
-        for name, tensor in self.model.state_dict().items():
-            if not torch.isfinite(tensor).all():
-                raise ValueError(f"{directory / MODEL_FILE}: parameter {name} holds NaN or infinite values")
-        self.device = device
-        self.model.to(device).eval()
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        with torch.inference_mode():
-            return self.model(torch.from_numpy(x).to(self.device)).float().cpu().numpy()
+        return checkpoint_family(self.config)
 
 
 ENSEMBLE = "ensemble"
@@ -258,7 +115,7 @@ def check_member(sub: Path, prep: TabularPreprocessor, family: str) -> dict[str,
     if TabularPreprocessor.load(sub).to_dict() != prep.to_dict():
         raise ValueError(f"{sub}: its preprocessor.json differs from the checkpoint's that holds it")
     member_config = read_config(sub)
-    if member_config["model"].get("type", "mlp") != family:
+    if checkpoint_family(member_config) != family:
         raise ValueError(f"{sub / 'config.json'}: model.type is not {family!r}, as the checkpoint that holds it says")
     return member_config
 
@@ -268,13 +125,13 @@ class BaggedPredictor:
     probabilities (or values) averaged; calibration, when the checkpoint holds one, applies to the average."""
 
     def __init__(self, directory: Path, prep: TabularPreprocessor, config: dict[str, Any], device: str = "cpu"):
-        family = config["model"].get("type", "mlp")
-        if family == ENSEMBLE or family not in PREDICTORS:
+        family = checkpoint_family(config)
+        if family not in REGISTRY:
             raise ValueError(f"{Path(directory) / BAG_FILE}: a bag of {family!r} models is not one trainflow serves")
         self.task, self.members = prep.task, []
         for k in range(read_bag(directory)):
             sub = fold_dir(directory, k)
-            self.members.append(PREDICTORS[family](sub, prep, check_member(sub, prep, family), device))
+            self.members.append(REGISTRY[family].predictor(sub, prep, check_member(sub, prep, family), device))
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return combine(self.task, [member(x) for member in self.members], [1.0 / len(self.members)] * len(self.members))
@@ -289,7 +146,7 @@ def predictor_for(directory: Path, prep: TabularPreprocessor, config: dict[str, 
     """The predictor of a checkpoint folder: its family's, or a bag of its fold models (bag.json)."""
     if (Path(directory) / BAG_FILE).exists():
         return BaggedPredictor(directory, prep, config, device)
-    return PREDICTORS[config["model"].get("type", "mlp")](directory, prep, config, device)
+    return PREDICTORS[checkpoint_family(config)](directory, prep, config, device)
 
 
 class EnsemblePredictor:
@@ -307,17 +164,15 @@ class EnsemblePredictor:
         return combine(self.task, [member(x) for member in self.members], self.weights)
 
 
-# each family's predictor, built from a checkpoint folder; the checkpoint's config.json names its family
+# each family's predictor, and the ensemble's, built from a checkpoint folder; its config.json names which
 PREDICTORS: dict[str, Callable[..., Callable[[np.ndarray], np.ndarray]]] = {
-    "mlp": TorchPredictor, "torch": TorchPredictor, "xgboost": XGBoostPredictor, "lightgbm": LightGBMPredictor,
-    "catboost": CatBoostPredictor,
-    ENSEMBLE: EnsemblePredictor,
+    **{name: family.predictor for name, family in REGISTRY.items()}, ENSEMBLE: EnsemblePredictor,
 }
 
 
 def checkpoint_families(directory: str | Path) -> list[str]:
     """The families whose code serves a checkpoint: its own, or an ensemble's members'."""
-    family = read_config(directory)["model"].get("type", "mlp")
+    family = checkpoint_family(read_config(directory))
     return [f for f, _ in read_ensemble(directory)] if family == ENSEMBLE else [family]
 
 
@@ -344,7 +199,7 @@ def load_servable(directory: str | Path, device: str | torch.device = "cpu", cal
     prep = TabularPreprocessor.load(directory)
     config = read_config(directory)
     meta = read_metrics(directory)
-    family = config["model"].get("type", "mlp")
+    family = checkpoint_family(config)
     if family not in PREDICTORS:
         raise ValueError(f"{directory / 'config.json'}: model.type {family!r} is not a family this trainflow serves "
                          f"({sorted(PREDICTORS)})")

@@ -16,7 +16,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.trainer.budget import MAX_AUTO_EPOCHS
-from trainflow.trainer.families import FAMILIES
+from trainflow.trainer.families import REGISTRY
 from trainflow.trainer.progress import ProgressCallback
 from trainflow.trainer.runner import build_trainer, run_dir
 from trainflow.config import Config, trial_config
@@ -56,7 +56,7 @@ def train_driver_fn(
     cfg = trial_config(base_config, params["sampled"])
     name = trial_run_name(sweep, ray.tune.get_context().get_trial_id())
     family = cfg.model.type
-    external = FAMILIES[family].uses_external_memory(cfg.model.params.external_memory,
+    external = REGISTRY[family].uses_external_memory(cfg.model.params.external_memory,
                                                      (external_memory or {}).get(family, False))
     callbacks = [TuneReportCallback()]
     if progress is not None:
@@ -105,7 +105,7 @@ def build_tuner(
         # rungs by epoch, not by report: short epochs are grouped into one report (checkpoint.min_interval_s)
         # (boosted trees report their round as the epoch)
         max_t = config.train.epochs if config.train.epochs != "auto" else MAX_AUTO_EPOCHS
-        if any(not FAMILIES[f].uses_minibatches for f in _searched_families(config)):  # boosters: rounds
+        if any(not REGISTRY[f].uses_minibatches for f in _searched_families(config)):  # boosters: rounds
             max_t = max(max_t, config.model.params.num_boost_round)
         scheduler = ASHAScheduler(
             time_attr="epoch", max_t=max_t,

@@ -182,7 +182,7 @@ class ModelSection(_Section):
     hidden_sizes: list[int] = Field(default_factory=lambda: [256, 128])
     dropout: float = Field(0.3, ge=0.0, lt=1.0)
     # mlp: each continuous value (numbers, date parts) through a periodic embedding (rtdl_num_embeddings' PLR) before
-    # the layers; none: the standardized value as it is; auto: periodic up to 1,000,000 training rows (trainer/model.py)
+    # the layers; none: the standardized value as it is; auto: periodic up to 1,000,000 training rows (trainer/families/network.py)
     numeric_embedding: Literal["auto", "none", "periodic"] = "auto"
     # torch: "package.module:ClassName", built as ClassName(in_features, out_features, **init_args)
     class_path: str | None = None

@@ -1,4 +1,5 @@
-"""Gradient-boosted trees across Ray Train workers: XGBoost (XGBoostTrainer) and LightGBM (LightGBMTrainer).
+"""What the gradient-boosted tree families share: the budget in rounds, a worker's shard as arrays, and the round loop
+(resume, early stopping, reports, checkpoints, the deadline) that XGBoost and LightGBM run inside their own training.
 
 Each worker reads its Ray Data shard of the packed training rows into a matrix and the whole validation
 split (every rank then computes the same validation loss, so all stop at the same round); the libraries'
@@ -13,7 +14,6 @@ import json
 import math
 import tempfile
 import time
-from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -25,9 +25,6 @@ from trainflow.config import Config, ModelSection, ScalingSection
 from trainflow.preprocessors.tabular import FEATURES, LABEL, TabularPreprocessor
 from trainflow.trainer.budget import EarlyStopping
 from trainflow.trainer.checkpoint import read_metrics, write_common
-from trainflow.trainer.serving import (
-    LGB_MODEL, XGB_MODEL, load_lightgbm, load_xgboost, categorical_positions, outputs_from, xgb_feature_types, xgb_matrix,
-)
 from trainflow.trainer.metrics import compute_metrics
 from trainflow.trainer.reporting import ReportSchedule, rank_zero_deadline, record_start, record_time_limit
 from trainflow.trainer.watchdog import heartbeat
@@ -46,7 +43,7 @@ def _agree(decision: list[int]) -> list[int]:
 class BoostBudget:
     num_boost_round: int
     early_stopping_rounds: int | None
-    external_memory: bool = False  # XGBoost reads its shard into an ExtMemQuantileDMatrix (trainer/extmem.py)
+    external_memory: bool = False  # XGBoost reads its shard into an ExtMemQuantileDMatrix (xgboost_extmem.py)
     unit = "round"  # what one report's step counts, in progress lines
 
     @property
@@ -72,38 +69,6 @@ def worker_threads(scaling: ScalingSection) -> int:
     return max(1, int((scaling.resources_per_worker or {}).get("CPU", 1)))
 
 
-def library_params(family: str, prep: TabularPreprocessor, cfg: Config) -> dict[str, Any]:
-    """The booster's parameters: objective and loss for the task, model.params, seed, threads, device."""
-    chosen, scaling = cfg.model.params.for_family(family), cfg.scaling
-    classes = prep.num_outputs if prep.task == "classification" else 0
-    seed, threads = cfg.split.seed, worker_threads(scaling)
-    if family == "xgboost":
-        if prep.task == "regression":
-            objective, metric = {"objective": "reg:squarederror"}, "rmse"
-        elif classes == 2:
-            objective, metric = {"objective": "binary:logistic"}, "logloss"
-        else:
-            objective, metric = {"objective": "multi:softprob", "num_class": classes}, "mlogloss"
-        # colsample_bynode 0.5: better on the model-quality tables, never worse beyond noise (docs/performance.md)
-        params = {"tree_method": "hist", "colsample_bynode": 0.5, **objective, "eval_metric": metric, "seed": seed,
-                  "nthread": threads, **chosen}
-        if scaling.use_gpu:
-            params["device"] = "cuda"
-        return params
-    if prep.task == "regression":
-        objective = {"objective": "regression", "metric": "l2"}
-    elif classes == 2:
-        objective = {"objective": "binary", "metric": "binary_logloss"}
-    else:
-        objective = {"objective": "multiclass", "num_class": classes, "metric": "multi_logloss"}
-    params = {**objective, "seed": seed, "num_threads": threads, "verbosity": -1, "deterministic": True, **chosen}
-    if chosen.get("subsample", 1.0) < 1.0:
-        params["subsample_freq"] = 1  # LightGBM bags rows only with a bagging frequency
-    if scaling.use_gpu:
-        params["device_type"] = "gpu"
-    return params
-
-
 def shard_arrays(shard) -> tuple[np.ndarray, np.ndarray]:
     """A worker's Ray Data shard of packed rows as (features, labels) arrays."""
     xs, ys = [], []
@@ -114,11 +79,6 @@ def shard_arrays(shard) -> tuple[np.ndarray, np.ndarray]:
     if not xs:
         return np.zeros((0, 0), np.float32), np.zeros((0,), np.float32)
     return np.concatenate(xs), np.concatenate(ys)
-
-
-def val_loss_from(family: str, task: str, value: float) -> float:
-    """The library's validation metric as trainflow's val_loss (cross-entropy, or MSE on the standardized label)."""
-    return value * value if (family == "xgboost" and task == "regression") else value
 
 
 class RoundReporter:
@@ -206,7 +166,7 @@ class BoostRun:
                              self.y_val, save, predict)
 
 
-def _prepare(loop_config: dict[str, Any], load_model: Callable[[Path], Any]) -> BoostRun | None:
+def prepare(loop_config: dict[str, Any], load_model: Callable[[Path], Any]) -> BoostRun | None:
     """Read this worker's data (unless the budget says external memory) and resume from
     ray.train.get_checkpoint(); None when nothing is left to boost."""
     cfg: Config = loop_config["config"]
@@ -234,89 +194,3 @@ def _prepare(loop_config: dict[str, Any], load_model: Callable[[Path], Any]) -> 
     if start == 0 and ctx.get_world_rank() == 0:
         print(f"trainflow budget: {budget.to_dict()} over {prep.train_rows} training rows")
     return BoostRun(loop_config, prep, x, y, x_val, y_val, budget, model, start, history, stopper)
-
-
-# ---------------------------------------------------------------- XGBoost
-
-def xgboost_train_fn(loop_config: dict[str, Any]) -> None:
-    """XGBoostTrainer's per-worker loop: resume from the latest checkpoint's round, boost, report."""
-    run = _prepare(loop_config, load_xgboost)
-    if run is None:
-        return
-    prep = run.prep
-    params = library_params("xgboost", prep, loop_config["config"])
-    with ExitStack() as cleanup:
-        if run.budget.external_memory:
-            from trainflow.trainer.extmem import extmem_matrices
-
-            cache = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="trainflow-xgboost-")))
-            dtrain, dval, run.y_val = extmem_matrices(ray.train.get_dataset_shard("train"),
-                                                      ray.train.get_dataset_shard("val"), xgb_feature_types(prep), cache,
-                                                      params)
-        else:
-            dtrain, dval = xgb_matrix(prep, run.x, run.y), xgb_matrix(prep, run.x_val, run.y_val)
-        _xgb_boost(run, params, dtrain, dval)
-
-
-def _xgb_boost(run: BoostRun, params: dict[str, Any], dtrain, dval) -> None:
-    import xgboost as xgb
-
-    prep, metric = run.prep, params["eval_metric"]
-
-    def save(model, rnd: int, d: Path) -> None:
-        model[: rnd + 1].save_model(str(d / XGB_MODEL))
-
-    def predict(model, rnd: int) -> np.ndarray:
-        # on the DMatrix every rank built: building one on rank 0 alone is a collective call the others
-        # never join, which kills the worker group
-        return outputs_from(prep.task, prep.num_outputs, model.predict(dval, iteration_range=(0, rnd + 1)))
-
-    reporter = run.reporter("xgboost", save, predict)
-
-    class Report(xgb.callback.TrainingCallback):
-        def after_iteration(self, model, epoch: int, evals_log) -> bool:
-            train_loss = val_loss_from("xgboost", prep.task, evals_log["train"][metric][-1])
-            val_loss = val_loss_from("xgboost", prep.task, evals_log["val"][metric][-1])
-            # the callback's epoch counts from 0 again on a continued model; the booster's count is global
-            return reporter.after_round(model, model.num_boosted_rounds() - 1, train_loss, val_loss)
-
-    xgb.train(params, dtrain, num_boost_round=run.budget.num_boost_round - run.start,
-              evals=[(dtrain, "train"), (dval, "val")], xgb_model=run.model, callbacks=[Report()], verbose_eval=False)
-
-
-# ---------------------------------------------------------------- LightGBM
-
-def lightgbm_train_fn(loop_config: dict[str, Any]) -> None:
-    """LightGBMTrainer's per-worker loop: resume from the latest checkpoint's round, boost, report."""
-    import lightgbm as lgb
-
-    run = _prepare(loop_config, load_lightgbm)
-    if run is None:
-        return
-    prep = run.prep
-    params = library_params("lightgbm", prep, loop_config["config"])
-    if ray.train.get_context().get_world_size() > 1:
-        from ray.train.lightgbm import get_network_params
-
-        params.update({"tree_learner": "data_parallel", "pre_partition": True, **get_network_params()})
-    cats = categorical_positions(prep) or "auto"
-    train_set = lgb.Dataset(run.x, label=run.y, categorical_feature=cats, free_raw_data=False)
-    val_set = lgb.Dataset(run.x_val, label=run.y_val, categorical_feature=cats, reference=train_set, free_raw_data=False)
-
-    def save(model, rnd: int, d: Path) -> None:
-        model.save_model(str(d / LGB_MODEL), num_iteration=rnd + 1)
-
-    def predict(model, rnd: int) -> np.ndarray:
-        return outputs_from(prep.task, prep.num_outputs, model.predict(run.x_val, num_iteration=rnd + 1))
-
-    reporter = run.reporter("lightgbm", save, predict)
-
-    def report(env) -> None:
-        losses = {name: value for name, _, value, _ in env.evaluation_result_list}
-        if reporter.after_round(env.model, env.iteration, losses["train"], losses["val"]):
-            raise lgb.callback.EarlyStopException(env.iteration, env.evaluation_result_list)
-
-    report.order = 30  # after LightGBM's own callbacks
-
-    lgb.train(params, train_set, num_boost_round=run.budget.num_boost_round - run.start, valid_sets=[train_set, val_set],
-              valid_names=["train", "val"], init_model=run.model, callbacks=[report])

@@ -20,22 +20,18 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
-import ray.train
 
-from trainflow.config import Config
-from trainflow.preprocessors.tabular import TabularPreprocessor
-from trainflow.storage import join, read_bytes, replace_bytes
-from trainflow.trainer.boosting import STATE_JSON, boost_budget, shard_arrays
-from trainflow.trainer.checkpoint import write_common
-from trainflow.trainer.metrics import compute_metrics
-from trainflow.trainer.deadline import Deadline
-from trainflow.trainer.reporting import record_start, record_time_limit
-from trainflow.trainer.serving import CB_MODEL, catboost_frame, catboost_outputs, categorical_positions
-from trainflow.trainer.watchdog import heartbeat
+from trainflow.trainer.families.base import Family, booster_budget, categorical_positions, describe_booster, outputs_from
 
+if TYPE_CHECKING:
+    from trainflow.config import Config, ScalingSection
+    from trainflow.preprocessors.tabular import TabularPreprocessor
+
+NAME = "catboost"
+CB_MODEL = "model.cbm"  # CatBoost's own binary model format (not a pickle)
 SNAPSHOT_S = 5  # how often CatBoost writes its snapshot (and the worker copies a new one to storage)
 REPORT_S = 2.0  # progress reports at most this often
 # model.params keys CatBoost takes, under its own names
@@ -43,11 +39,51 @@ CATBOOST_NAMES = {"learning_rate": "learning_rate", "max_depth": "depth", "reg_l
                   "max_bin": "border_count", "subsample": "subsample"}
 
 
-def catboost_params(prep: TabularPreprocessor, cfg: Config, threads: int, work: Path) -> dict[str, Any]:
+def catboost_frame(prep: TabularPreprocessor, x: np.ndarray):
+    """Packed features as the frame CatBoost reads: embedded text columns as integer categories, the rest numbers."""
+    import pandas as pd
+
+    frame = pd.DataFrame(np.asarray(x, dtype=np.float32), columns=[f"f{i}" for i in range(x.shape[1])])
+    for pos in categorical_positions(prep):
+        frame[f"f{pos}"] = np.nan_to_num(frame[f"f{pos}"].to_numpy(), nan=0.0).astype(np.int64)
+    return frame
+
+
+def catboost_outputs(model, prep: TabularPreprocessor, x: np.ndarray) -> np.ndarray:
+    from catboost import Pool
+
+    pool = Pool(catboost_frame(prep, x), cat_features=categorical_positions(prep) or None)
+    kind = "Probability" if prep.task == "classification" else "RawFormulaVal"
+    return outputs_from(prep.task, prep.num_outputs, model.predict(pool, prediction_type=kind))
+
+
+def load_catboost(path: Path):
+    from catboost import CatBoost
+
+    model = CatBoost()
+    model.load_model(str(path / CB_MODEL), format="cbm")
+    return model
+
+
+class CatBoostPredictor:
+    def __init__(self, directory: Path, prep: TabularPreprocessor, config: dict[str, Any], device: str = "cpu"):
+        self.model, self.prep = load_catboost(Path(directory)), prep
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return catboost_outputs(self.model, self.prep, x)
+
+    def native_importance(self) -> np.ndarray:
+        """CatBoost's prediction-value change per packed feature (its default importance, gain-like)."""
+        return np.asarray(self.model.get_feature_importance(), dtype=np.float64)
+
+
+def library_params(prep: TabularPreprocessor, cfg: Config, threads: int = 1, work: Path | None = None) -> dict[str, Any]:
     """CatBoost's parameters: loss for the task, model.params under CatBoost's names, seed, threads. An unset
     learning rate is left to CatBoost, which picks it from the rows and the iterations (its strength as a default)."""
+    from trainflow.trainer.families._trees import boost_budget
+
     params_cfg, budget = cfg.model.params, boost_budget(cfg.model)
-    chosen = {CATBOOST_NAMES[k]: v for k, v in params_cfg.for_family("catboost").items() if k in CATBOOST_NAMES}
+    chosen = {CATBOOST_NAMES[k]: v for k, v in params_cfg.for_family(NAME).items() if k in CATBOOST_NAMES}
     lr_default = type(params_cfg).model_fields["learning_rate"].default
     if "learning_rate" not in params_cfg.model_fields_set or params_cfg.learning_rate == lr_default:
         chosen.pop("learning_rate", None)
@@ -58,17 +94,21 @@ def catboost_params(prep: TabularPreprocessor, cfg: Config, threads: int, work: 
     else:
         loss = "MultiClass"
     params = {"loss_function": loss, "eval_metric": loss, "iterations": budget.num_boost_round,
-              "random_seed": cfg.split.seed, "thread_count": threads, "train_dir": str(work), "verbose": False,
+              "random_seed": cfg.split.seed, "thread_count": threads, "verbose": False,
               "use_best_model": True, **chosen}
     if prep.task == "classification":
         params["class_names"] = list(range(prep.num_outputs))  # every class a column, even one absent from a fold
     if budget.early_stopping_rounds:
         params["early_stopping_rounds"] = budget.early_stopping_rounds
+    if work is not None:
+        params["train_dir"] = str(work)
     return params
 
 
 def snapshot_uri(run_dir: str, lineage: dict[str, str] | None) -> str:
     """The run's snapshot in storage, named by its data and training config (another config never continues it)."""
+    from trainflow.storage import join
+
     digest = hashlib.blake2b(json.dumps(lineage or {}, sort_keys=True).encode(), digest_size=8).hexdigest()
     return join(run_dir, f"catboost-{digest}.snapshot")
 
@@ -86,12 +126,19 @@ class Progress:
     def __init__(self, task: str, history: list[dict[str, float]], local: Path, remote: str,
                  loop_config: dict[str, Any]):
         self.task, self.history, self.local, self.remote = task, history, local, remote
+        from trainflow.trainer.deadline import Deadline
+
         self.loop_config, self.deadline = loop_config, Deadline(loop_config.get("run_dir"))
         self.last_report = self.last_copy = 0.0
         self.copied_mtime = 0.0
         self.round_start = time.perf_counter()
 
     def after_iteration(self, info) -> bool:
+        import ray.train
+
+        from trainflow.trainer.reporting import record_time_limit
+        from trainflow.trainer.watchdog import heartbeat
+
         rnd = int(info.iteration) - 1  # CatBoost counts from 1, trainflow's rounds from 0
         heartbeat(f"boosting round {rnd}")
         now = time.perf_counter()
@@ -116,6 +163,8 @@ class Progress:
         self.last_copy = time.perf_counter()
         if not self.local.exists() or self.local.stat().st_mtime <= self.copied_mtime:
             return
+        from trainflow.storage import replace_bytes
+
         self.copied_mtime = self.local.stat().st_mtime
         replace_bytes(self.remote, self.local.read_bytes())  # the snapshot first: a history never older than it
         replace_bytes(self.remote + ".json", json.dumps(self.history).encode())
@@ -123,6 +172,8 @@ class Progress:
 
 def fetch_snapshot(remote: str, local: Path) -> list[dict[str, float]]:
     """The stored snapshot copied to local (CatBoost continues from it) and its history; [] when there is none."""
+    from trainflow.storage import read_bytes
+
     try:
         data, history = read_bytes(remote), json.loads(read_bytes(remote + ".json"))
     except (OSError, ValueError):
@@ -131,10 +182,17 @@ def fetch_snapshot(remote: str, local: Path) -> list[dict[str, float]]:
     return [h for h in history if isinstance(h, dict)]
 
 
-def catboost_train_fn(loop_config: dict[str, Any]) -> None:
+def train_fn(loop_config: dict[str, Any]) -> None:
     """The worker's loop: continue the stored snapshot (or start), boost with early stopping, report the best
     iteration's model as the run's checkpoint."""
+    import ray.train
     from catboost import CatBoost, Pool
+
+    from trainflow.preprocessors.tabular import TabularPreprocessor
+    from trainflow.trainer.checkpoint import write_common
+    from trainflow.trainer.families._trees import STATE_JSON, boost_budget, shard_arrays
+    from trainflow.trainer.metrics import compute_metrics
+    from trainflow.trainer.reporting import record_start
 
     cfg: Config = loop_config["config"]
     prep = TabularPreprocessor.from_dict(loop_config["preprocessor"])
@@ -153,7 +211,7 @@ def catboost_train_fn(loop_config: dict[str, Any]) -> None:
         label = (lambda v: v.astype(np.int64)) if prep.task == "classification" else (lambda v: v.astype(np.float64))
         train_pool = Pool(catboost_frame(prep, x), label=label(y), cat_features=cats or None)
         val_pool = Pool(catboost_frame(prep, x_val), label=label(y_val), cat_features=cats or None)
-        params = catboost_params(prep, cfg, threads, work)
+        params = library_params(prep, cfg, threads, work)
         if not history:
             print(f"trainflow budget: up to {params['iterations']} boosting round(s) over {len(y)} training rows, "
                   f"{threads} thread(s), learning rate {params.get('learning_rate', 'chosen by CatBoost')}")
@@ -168,7 +226,7 @@ def catboost_train_fn(loop_config: dict[str, Any]) -> None:
         out = work / "checkpoint"
         out.mkdir()
         model.save_model(str(out / CB_MODEL), format="cbm")
-        state = {"epoch": best, "seed": cfg.split.seed, "family": "catboost", "rounds_run": len(history),
+        state = {"epoch": best, "seed": cfg.split.seed, "family": NAME, "rounds_run": len(history),
                  "learning_rate": float(model.get_all_params().get("learning_rate", float("nan")))}
         (out / STATE_JSON).write_text(json.dumps(state))
         write_common(out, best, metrics, history, loop_config["preprocessor"], cfg.to_dict(), loop_config.get("lineage"))
@@ -178,3 +236,20 @@ def catboost_train_fn(loop_config: dict[str, Any]) -> None:
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(out)))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _trainer(train_fn: Callable, scaling: ScalingSection, **kwargs: Any):
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    return DataParallelTrainer(train_fn, **kwargs)
+
+
+def _data_config():
+    from ray.train import DataConfig
+
+    return DataConfig(datasets_to_split=[])  # its one worker reads every training and validation row
+
+
+FAMILY = Family(NAME, _trainer, train_fn, _data_config, booster_budget, CatBoostPredictor,
+                serving_packages=("catboost",), describe=describe_booster(NAME), calibration="platt",
+                class_weights=False, one_process=True, library_params=library_params)

@@ -1,0 +1,76 @@
+"""What the torch families (trainflow's network, a user's nn.Module) share: the TorchTrainer over trainer/loop.py's
+per-worker loop, the epoch budget, and the predictor that serves model.pt."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+import torch
+
+from trainflow.trainer.checkpoint import MODEL_FILE, load_weights
+from trainflow.trainer.families.network import check_network_size, model_for
+
+if TYPE_CHECKING:
+    from trainflow.config import Config, ScalingSection
+    from trainflow.preprocessors.tabular import TabularPreprocessor
+
+
+def torch_config(scaling: ScalingSection):
+    """The process-group backend: scaling.backend, else Ray's default (NCCL with GPUs, Gloo without),
+    except for workers that share a GPU (a fraction of one each), which get Gloo: NCCL refuses two
+    ranks on one device ("Duplicate GPU detected"), Gloo all-reduces CUDA tensors through the host."""
+    from ray.train.torch import TorchConfig
+
+    from trainflow.config import workers_share_gpus
+
+    backend = scaling.backend
+    if backend is None and workers_share_gpus(scaling.num_workers, scaling.use_gpu, scaling.resources_per_worker):
+        backend = "gloo"
+    return TorchConfig(backend=backend)
+
+
+def torch_trainer(train_fn: Callable, scaling: ScalingSection, **kwargs: Any):
+    from ray.train.torch import TorchTrainer
+
+    return TorchTrainer(train_fn, torch_config=torch_config(scaling), **kwargs)
+
+
+def train_fn(loop_config: dict[str, Any]) -> None:
+    from trainflow.trainer.loop import train_fn_per_worker
+
+    train_fn_per_worker(loop_config)
+
+
+def data_config():
+    from trainflow.trainer.loop import TrainValDataConfig
+
+    return TrainValDataConfig()
+
+
+def epoch_budget(config: Config, train_rows: int, num_workers: int):
+    from trainflow.trainer.budget import resolve_budget
+
+    return resolve_budget(config.train, train_rows, num_workers)
+
+
+class TorchPredictor:
+    """A torch family's network from model.pt, checked for non-finite weights."""
+
+    def __init__(self, directory: Path, prep: TabularPreprocessor, config: dict[str, Any], device="cpu"):
+        # the weights file bounds what its config may honestly ask for: check before building the network
+        weights = directory / MODEL_FILE
+        check_network_size(prep, config["model"], weights.stat().st_size + 2**20 if weights.is_file() else 0,
+                           f"the size of {weights}")
+        self.model = model_for(prep, config["model"])
+        self.model.load_state_dict(load_weights(directory))
+        for name, tensor in self.model.state_dict().items():
+            if not torch.isfinite(tensor).all():
+                raise ValueError(f"{directory / MODEL_FILE}: parameter {name} holds NaN or infinite values")
+        self.device = device
+        self.model.to(device).eval()
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return self.model(torch.from_numpy(x).to(self.device)).float().cpu().numpy()

@@ -1,0 +1,110 @@
+"""The interface every model family implements, and what the families' predictors share.
+
+Nothing here imports Ray, the config module or a booster library at import time: the registered model ships this
+package as its serving code (tasks/model_package.py), so a family's file keeps its training imports inside the
+functions that train.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from trainflow.config import Config, ScalingSection
+    from trainflow.preprocessors.tabular import TabularPreprocessor
+
+EPS = 1e-12
+
+
+def outputs_from(task: str, num_outputs: int, pred: np.ndarray) -> np.ndarray:
+    """A library's predictions as trainflow's model outputs: log-probabilities (a softmax gives the
+    probabilities back) for classification, the standardized value for regression."""
+    pred = np.asarray(pred, dtype=np.float64)
+    if task == "regression":
+        return pred.reshape(-1, 1).astype(np.float32)
+    if num_outputs == 2 and pred.ndim == 1:
+        pred = np.stack([1.0 - pred, pred], axis=1)
+    return np.log(np.clip(pred.reshape(len(pred), num_outputs), EPS, 1.0)).astype(np.float32)
+
+
+def categorical_positions(prep: TabularPreprocessor) -> list[int]:
+    """The packed positions of the text columns the preprocessor embeds (their integer codes)."""
+    return [pos for pos, _, _ in prep.embedding_slots()]
+
+
+def no_check(prep: TabularPreprocessor, model_cfg: dict[str, Any]) -> None:
+    """Boosters take any packed width; their parameters were validated with the config."""
+
+
+# (directory, fitted preprocessor, the checkpoint's config.json, device) -> packed features -> model outputs
+Predictor = Callable[..., Callable[[np.ndarray], np.ndarray]]
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family: how it trains across Ray Train workers, what it checks before, and how its checkpoint serves.
+    Listed once in trainer/families/__init__.py's REGISTRY; nothing outside this folder names a family."""
+
+    name: str
+    make_trainer: Callable[..., Any]  # (train_fn, scaling section, **trainer kwargs) -> a Ray Train DataParallelTrainer
+    train_fn: Callable[[dict[str, Any]], Any]  # the per-worker loop, given {"config": the family's Config, ...}
+    data_config: Callable[[], Any]  # -> its ray.train.DataConfig (which datasets each worker gets a shard of)
+    budget: Callable[[Config, int, int], Any]  # (the family's config, training rows, workers) -> its budget
+    predictor: Predictor  # serves a checkpoint folder of this family
+    check: Callable[[TabularPreprocessor, dict[str, Any]], None] = no_check  # before training: raises ValueError
+    uses_minibatches: bool = False  # the torch loop's mini-batch memory check applies; it streams its epochs
+    serving_packages: tuple[str, ...] = ()  # distributions its predictor imports beyond torch, numpy, pandas, pyarrow
+    describe: Callable[[dict[str, Any]], str] = repr  # its settings from the resolved model section, for the model card
+    external_memory: bool = False  # its workers can read their shard into an external-memory matrix (XGBoost)
+    calibration: str = "temperature"  # what calibration.method auto fits for two classes (more: a temperature)
+    class_weights: bool = True  # its loss takes train.class_weight
+    # one process per fit (no data-parallel training): its one Ray Train worker holds the CPUs of the worker group
+    one_process: bool = False
+    imports_user_code: bool = False  # builds the nn.Module model.class_path names (the allow-list applies)
+    # boosters: (fitted preprocessor, the family's Config) -> the library's parameters for the run
+    library_params: Callable[[TabularPreprocessor, Config], dict[str, Any]] | None = None
+
+    def worker_scaling(self, scaling: ScalingSection) -> ScalingSection:
+        """The scaling its Ray Train run asks for: the config's, or for a one-process family one CPU-only worker with
+        the group's CPUs (at most the largest node's, where one worker must fit)."""
+        if not self.one_process:
+            return scaling
+        from trainflow.trainer.resources import alive_nodes, worker_bundle
+
+        cpus = worker_bundle({**scaling.model_dump(), "use_gpu": False}).get("CPU", 1.0) * max(1, scaling.num_workers)
+        largest = max((n.get("CPU", 0.0) for n in alive_nodes()), default=cpus)
+        res = {k: v for k, v in (scaling.resources_per_worker or {}).items() if k != "GPU"}
+        return scaling.model_copy(update={"num_workers": 1, "use_gpu": False, "accelerator_type": None,
+                                          "resources_per_worker": {**res, "CPU": max(1.0, min(cpus, largest))}})
+
+    def uses_external_memory(self, mode: str, chosen: bool) -> bool:
+        """Whether this run's workers build external-memory matrices: model.params.external_memory always, or
+        auto where the preprocess task's memory check chose them (chosen)."""
+        return self.external_memory and (mode == "always" or (mode == "auto" and chosen))
+
+
+def booster_budget(config: Config, train_rows: int, num_workers: int):
+    """A booster's budget: model.params' rounds and early stopping."""
+    from trainflow.trainer.families._trees import boost_budget
+
+    return boost_budget(config.model)
+
+
+def describe_booster(family: str) -> Callable[[dict[str, Any]], str]:
+    def describe(model: dict[str, Any]) -> str:
+        from trainflow.config import BoosterParams
+
+        return f"parameters {BoosterParams(**model['params']).for_family(family)}"
+
+    return describe
+
+
+def trees_data_config():
+    """Each worker boosts on its share of the training rows and evaluates the whole validation split, so every rank
+    computes the same validation loss and stops at the same round."""
+    from ray.train import DataConfig
+
+    return DataConfig(datasets_to_split=["train"])

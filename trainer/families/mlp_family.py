@@ -1,0 +1,21 @@
+"""trainflow's network (model.type mlp): an MLP over the packed features, with learned embeddings for wide text
+columns and periodic embeddings for continuous values (trainer/families/network.py), trained data-parallel by
+TorchTrainer with streaming_split (trainer/loop.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainflow.trainer.families import _torch
+from trainflow.trainer.families.base import Family
+from trainflow.trainer.families.network import check_model
+
+
+def _describe(model: dict[str, Any]) -> str:
+    return (f"hidden sizes {model['hidden_sizes']}, dropout {model['dropout']}, "
+            f"numeric embedding {model.get('numeric_embedding', 'none')}")
+
+
+FAMILY = Family("mlp", _torch.torch_trainer, _torch.train_fn, _torch.data_config, _torch.epoch_budget,
+                _torch.TorchPredictor, check_model, uses_minibatches=True, serving_packages=("rtdl-num-embeddings",),
+                describe=_describe)
