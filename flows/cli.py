@@ -159,32 +159,36 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("retrain", help="train, select, register and predict from a config")
-    r.add_argument("--config", required=True)
+    r.add_argument("--config", required=True, help="the YAML config file (trainflow init writes one)")
     r.add_argument("--run-name", help="Ray Train run name; an existing name resumes that run")
-    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key (YAML value)")
-    r.add_argument("--summary-json")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key (YAML value), e.g. train.epochs=5; repeatable")
+    r.add_argument("--summary-json", help="also write the summary as JSON to this file")
     r.add_argument("--force", action="store_true",
                    help="retrain even when the data and training config are those of the current champion")
 
     t = sub.add_parser("tune", help="Ray Tune sweep over the config's tune.search_space, then register the best")
-    t.add_argument("--config", required=True)
+    t.add_argument("--config", required=True, help="the YAML config file (trainflow init writes one)")
     t.add_argument("--run-name", help="sweep name")
     t.add_argument("--resume", action="store_true",
                    help="restore the sweep --run-name names from its folder (unpickles Ray Tune's state: only your own)")
-    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    t.add_argument("--summary-json")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key (YAML value), e.g. train.epochs=5; repeatable")
+    t.add_argument("--summary-json", help="also write the summary as JSON to this file")
 
     pr = sub.add_parser("predict", help="batch inference with a registered model or a checkpoint")
-    pr.add_argument("--config", required=True)
+    pr.add_argument("--config", required=True, help="the YAML config file (trainflow init writes one)")
     pr.add_argument("--model", help="models:/name@alias, models:/name/version, runs:/... or a checkpoint folder")
-    pr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    pr.add_argument("--summary-json")
+    pr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key (YAML value), e.g. train.epochs=5; repeatable")
+    pr.add_argument("--summary-json", help="also write the summary as JSON to this file")
 
     mo = sub.add_parser("monitor", help="live performance: join later-arriving labels with the written predictions")
-    mo.add_argument("--config", required=True)
+    mo.add_argument("--config", required=True, help="the YAML config file (trainflow init writes one)")
     mo.add_argument("--labels", required=True, help="a table (file, folder or URI) of id column + label")
-    mo.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    mo.add_argument("--summary-json")
+    mo.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key (YAML value), e.g. train.epochs=5; repeatable")
+    mo.add_argument("--summary-json", help="also write the summary as JSON to this file")
 
     sv = sub.add_parser("serve", help="serve deployments/prefect.yaml's deployments in this process (flow.serve)")
     sv.add_argument("--config", help="config_path for every served deployment (default: each one's own)")
@@ -193,9 +197,10 @@ def _parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("validate", help="every check a retrain makes before training (table, scoring table, output, "
                                         "memory, champion baseline); exit 0 or 2")
-    v.add_argument("--config", required=True)
-    v.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    v.add_argument("--summary-json")
+    v.add_argument("--config", required=True, help="the YAML config file (trainflow init writes one)")
+    v.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key (YAML value), e.g. train.epochs=5; repeatable")
+    v.add_argument("--summary-json", help="also write the summary as JSON to this file")
 
     i = sub.add_parser("init", help="write a commented config for a table and its label")
     i.add_argument("--data", required=True, help="the table: file, folder, glob or URI")
@@ -207,14 +212,15 @@ def _parser() -> argparse.ArgumentParser:
     csub = c.add_subparsers(dest="config_command", required=True)
     csub.add_parser("schema", help="print the JSON schema of the config, with a description for every key")
     cs = csub.add_parser("show", help="print the config as trainflow resolves it (defaults, paths, inferred task)")
-    cs.add_argument("--config", required=True)
-    cs.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    cs.add_argument("--config", required=True, help="the YAML config file (trainflow init writes one)")
+    cs.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key (YAML value), e.g. train.epochs=5; repeatable")
 
     s = sub.add_parser("sample", help="write the bundled synthetic sample tables")
-    s.add_argument("--out", default="data/sample")
-    s.add_argument("--rows", type=int, default=100_000)
-    s.add_argument("--score-rows", type=int, default=20_000)
-    s.add_argument("--seed", type=int, default=7)
+    s.add_argument("--out", default="data/sample", help="the folder to write train.parquet and score.parquet to")
+    s.add_argument("--rows", type=int, default=100_000, help="training table rows")
+    s.add_argument("--score-rows", type=int, default=20_000, help="scoring table rows")
+    s.add_argument("--seed", type=int, default=7, help="the generator's seed")
     s.add_argument("--force", action="store_true", help="rewrite even if the files exist")
     return p
 

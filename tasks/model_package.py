@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 from mlflow.models import ModelSignature
+from packaging.version import Version
 from mlflow.types import ColSpec, Schema
 
 from trainflow.preprocessors.tabular import TabularPreprocessor
@@ -69,9 +70,11 @@ def serving_code(dst: Path, class_path: str | None = None) -> list[str]:
 
 def requirements(families: list[str]) -> list[str]:
     """The packages the registered model loads with: the serving code's and its families' libraries (an ensemble's
-    members'), pinned."""
+    members'), pinned to the versions installed here."""
     dists = ["torch", "numpy", "pandas", "pyarrow", *(d for f in families for d in REGISTRY[f].serving_packages)]
-    return [f"{dist}=={version(dist)}" for dist in dict.fromkeys(dists)]
+    # the public version: a local tag (torch's "+cpu") names a build the public index does not serve, and PEP 440 lets
+    # "==2.13.0" match the local build here and the index's elsewhere
+    return [f"{dist}=={Version(version(dist)).public}" for dist in dict.fromkeys(dists)]
 
 
 def signature_for(prep: TabularPreprocessor, column_types: dict[str, str]) -> ModelSignature:

@@ -85,7 +85,7 @@ def split(ingested: Ingested, config: Config, folds: int | str | None = None) ->
     keys = [config.data.id_column] if config.data.id_column else ingested.spec.feature_order + [config.data.label]
     plan = plan_split(ingested.dataset, config.task, config.data.label, config.split.test_fraction,
                       config.split.validation_fraction, config.split.seed, keys, ingested.spec.rows,
-                      config.train.folds if folds is None else folds)
+                      config.train.folds if folds is None else folds, ingested.spec.path)
     check_sizes(plan.counts, ingested.spec.path, plan)
     parts = split_roles(ingested.dataset, plan, ingested.materialized)
     log = get_run_logger()

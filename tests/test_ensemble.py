@@ -126,7 +126,9 @@ def test_an_ensemble_checkpoint_is_served_registered_rebuilt_and_read_strictly(t
                                rtol=1e-5, atol=1e-6)
     assert not (tmp_path / "runs" / "r-ensemble" / (built.selected.path.rsplit("/", 1)[-1]) / "members" / "mlp"
                 / "train_state.pt").exists()
-    assert any(r.startswith("xgboost-cpu==") for r in requirements(checkpoint_families(built.selected.path)))
+    reqs = requirements(checkpoint_families(built.selected.path))
+    assert any(r.startswith("xgboost-cpu==") for r in reqs) and any(r.startswith("torch==") for r in reqs)
+    assert not [r for r in reqs if "+" in r]  # public versions only: "torch==2.13.0", never the local "+cpu" build
     # a rerun over the same best checkpoints (a resumed run) finds the ensemble it wrote, unchanged
     before = {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").rglob("*")}
     again = ensemble(cfg, ds, outcomes, selections, "r", "fp:1")

@@ -127,3 +127,22 @@ def test_init_never_replaces_a_file_that_appeared_while_it_wrote(tmp_path):
     assert target.read_text() == "theirs\n" and [p.name for p in tmp_path.iterdir()] == ["trainflow.yaml"]
     write_text_atomic(str(tmp_path / "new.yaml"), "ours\n", replace=False)
     assert (tmp_path / "new.yaml").read_text() == "ours\n" and len(list(tmp_path.iterdir())) == 2
+
+
+def test_every_cli_option_says_what_it_does():
+    import argparse
+
+    from trainflow.flows.cli import _parser
+
+    missing = []
+
+    def walk(parser: argparse.ArgumentParser, where: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, f"{where} {name}")
+            elif not isinstance(action, argparse._HelpAction) and not action.help:
+                missing.append(f"{where} {'/'.join(action.option_strings) or action.dest}")
+
+    walk(_parser(), "trainflow")
+    assert missing == []

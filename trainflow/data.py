@@ -122,11 +122,12 @@ def _role_counts(batch: pa.Table, plan) -> pa.Table:
 
 
 def plan_split(ds: ray.data.Dataset, task: str, label: str, test_fraction: float, validation_fraction: float,
-               seed: int, key_columns: list[str], rows: int, folds: int | str = 1):
+               seed: int, key_columns: list[str], rows: int, folds: int | str = 1, source: str = ""):
     """The fold plan for this table: one counting pass over the key and label columns gives the rows per class in
     each role, so every class with enough rows gets its share of test and validation rows (stratification) and a
-    class too small for a role keeps those rows for training. folds: train.folds (auto resolved from rows)."""
-    from trainflow.folds import FoldPlan, effective_test_fraction, eligible, resolve_folds
+    class too small for a role keeps those rows for training; a label whose classes are mostly too small for any is
+    refused (source names the table). folds: train.folds (auto resolved from rows)."""
+    from trainflow.folds import FoldPlan, check_class_sizes, effective_test_fraction, eligible, resolve_folds
 
     by_label = label if task == "classification" else None
     test_share = effective_test_fraction(test_fraction, rows)
@@ -147,6 +148,7 @@ def plan_split(ds: ray.data.Dataset, task: str, label: str, test_fraction: float
         for c in ["rows", "test", "val", *fold_names]:
             tot[c] = tot.get(c, 0) + r[c]
     sizes = {v: t["rows"] for v, t in per_class.items()}
+    check_class_sizes(source, label, sizes)
     test_classes = eligible(sizes, plan.test_fraction)
     val_classes = eligible(sizes, (1 - plan.test_fraction) * validation_fraction)
     n_test = sum(per_class[v]["test"] for v in test_classes)

@@ -211,6 +211,36 @@ def eligible(per_class: dict[str, int], share: float) -> tuple[str, ...]:
     return tuple(sorted(v for v, n in per_class.items() if n * share >= 1))
 
 
+MIN_CLASS_ROWS = 5  # the rows a typical class needs for a model to learn it and a split to judge it
+
+
+def _is_number(value) -> bool:
+    if isinstance(value, bool):
+        return False
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def check_class_sizes(path: str, label: str, label_counts: dict) -> None:
+    """DataError when most classes are too small to learn or to judge (the median class under MIN_CLASS_ROWS rows):
+    a quantity read as classes (a count, an amount in whole units) or a label that names rows rather than groups."""
+    from trainflow.errors import DataError
+
+    sizes = sorted(label_counts.values())
+    median = sizes[len(sizes) // 2]
+    if len(sizes) > 2 and median < MIN_CLASS_ROWS:
+        numeric = all(_is_number(k) for k in label_counts)
+        raise DataError(
+            f"{path}: label column {label!r} has {len(sizes):,} classes over {sum(sizes):,} rows, half of "
+            f"them with {median} row(s) or fewer: too few for a model to learn a class or for a split to judge it. "
+            + ("If the label is a quantity, set task: regression; otherwise " if numeric else "")
+            + "merge rare classes or gather more rows per class"
+        )
+
+
 def check_sizes(counts: dict[str, int], source: str, plan: FoldPlan) -> None:
     """DataError naming the counts when a role is too small to judge anything."""
     from trainflow.errors import DataError
