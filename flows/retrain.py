@@ -66,40 +66,48 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
     trained, failed, timed_out, time_budget = train_families(config, prepared, names,
                                                              fold_config(config, parts.train_rows) if k > 1 else config)
     runs = {f: r for f, r in runs.items() if f not in failed and f not in timed_out}
-    decisions = None
-    if k > 1:  # each family's fold models: their out-of-fold predictions, and one bagged checkpoint serving them
-        fold_outcomes = {f: [trained[(f, i)] for i in range(k)] for f in runs}
-        fold_selections = {f: [select(o, config) for o in fold_outcomes[f]] for f in runs}
-        outcomes, selections, decisions = bag_folds(config, parts, runs, fold_outcomes, fold_selections,
-                                                    ingested.spec.fingerprint)
-    else:
-        outcomes = {f: trained[(f, 0)] for f in runs}
-        selections = {f: select(outcome, config) for f, outcome in outcomes.items()}
-    built = None
-    if ENSEMBLE in config.model.candidates:
-        built = ensemble(config, parts.val, outcomes, selections, name, ingested.spec.fingerprint, decisions)
-        if built:
-            outcomes[ENSEMBLE], selections[ENSEMBLE] = built.outcome, built.selected
-            if decisions is not None:
-                decisions = decisions.with_ensemble(ENSEMBLE, built.weights)
-                built.outcome.budget["folds"] = k
-    candidates = compare(config, outcomes, selections, "the validation split" if k == 1 else
-                         f"the out-of-fold predictions ({k} folds)") if len(runs) > 1 else None
-    family = candidates.winner if candidates else next(iter(runs))
-    outcome, selected = outcomes[family], selections[family]
-    oof = {}
-    if decisions is not None:  # the figures every choice read, under their own names
-        oof = {"folds": k, "oof_metrics": oof_names(selected.metrics), "oof_rows": len(decisions.labels)}
-        for row in (candidates.scores if candidates else []):
-            row.update(oof_names(selections[row["family"]].metrics))
-    return publish(config, ingested, parts, outcome, selected,
-                   {"candidates": candidates.scores if candidates else None, "validation": validation,
-                    "ensemble": built.record if built else None, "families_left_out": {**prepared.left_out, **timed_out} or None,
-                    "families_failed": failed or None,
-                    "folds": k, "time_budget": {**time_budget, "cut_short": {
-                        o.run_name: o.time_limited_at for o in trained.values() if o.time_limited_at is not None}},
-                    **oof},
-                   selections, decisions.scored(family) if decisions is not None else None)
+    built, status = None, "FAILED"
+    try:
+        decisions = None
+        if k > 1:  # each family's fold models: their out-of-fold predictions, and one bagged checkpoint serving them
+            fold_outcomes = {f: [trained[(f, i)] for i in range(k)] for f in runs}
+            fold_selections = {f: [select(o, config) for o in fold_outcomes[f]] for f in runs}
+            outcomes, selections, decisions = bag_folds(config, parts, runs, fold_outcomes, fold_selections,
+                                                        ingested.spec.fingerprint)
+        else:
+            outcomes = {f: trained[(f, 0)] for f in runs}
+            selections = {f: select(outcome, config) for f, outcome in outcomes.items()}
+        if ENSEMBLE in config.model.candidates:
+            built = ensemble(config, parts.val, outcomes, selections, name, ingested.spec.fingerprint, decisions)
+            if built:
+                outcomes[ENSEMBLE], selections[ENSEMBLE] = built.outcome, built.selected
+                if decisions is not None:
+                    decisions = decisions.with_ensemble(ENSEMBLE, built.weights)
+                    built.outcome.budget["folds"] = k
+        candidates = compare(config, outcomes, selections, "the validation split" if k == 1 else
+                             f"the out-of-fold predictions ({k} folds)") if len(runs) > 1 else None
+        family = candidates.winner if candidates else next(iter(runs))
+        outcome, selected = outcomes[family], selections[family]
+        oof = {}
+        if decisions is not None:  # the figures every choice read, under their own names
+            oof = {"folds": k, "oof_metrics": oof_names(selected.metrics), "oof_rows": len(decisions.labels)}
+            for row in (candidates.scores if candidates else []):
+                row.update(oof_names(selections[row["family"]].metrics))
+        summary = publish(config, ingested, parts, outcome, selected,
+                          {"candidates": candidates.scores if candidates else None, "validation": validation,
+                           "ensemble": built.record if built else None,
+                           "families_left_out": {**prepared.left_out, **timed_out} or None,
+                           "families_failed": failed or None,
+                           "folds": k, "time_budget": {**time_budget, "cut_short": {
+                               o.run_name: o.time_limited_at for o in trained.values() if o.time_limited_at is not None}},
+                           **oof},
+                          selections, decisions.scored(family) if decisions is not None else None)
+        status = "FINISHED"
+        return summary
+    finally:  # every MLflow run of this retrain ends as the run did (the fold runs ended when bagged)
+        ended = {**{f: runs[f] for f in runs}, **({ENSEMBLE: built.outcome.run_name} if built else {})}
+        for f, run in ended.items():
+            end_runs(config, [run], f, "KILLED" if stop_requested() else status)
 
 
 def train_families(config: Config, prepared: Prepared, names: dict[str, list[str]], run_config: Config

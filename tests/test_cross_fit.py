@@ -79,6 +79,8 @@ def test_folds_train_predict_out_of_fold_serve_the_average_and_a_rerun_skips_fin
     statuses = {r.info.run_name: r.info.status for r in client.search_runs(
         [e.experiment_id for e in client.search_experiments()]) if "-fold" in r.info.run_name}
     assert set(statuses) == {f"cf-fold{k}" for k in range(FOLDS)} and set(statuses.values()) == {"FINISHED"}
+    every = {r.info.run_name: r.info.status for r in client.search_runs([e.experiment_id for e in client.search_experiments()])}
+    assert "RUNNING" not in every.values(), every  # the bag's run (registered) ended with the retrain too
     # the same fold models predict the same out-of-fold rows (float32 sums in other batch shapes: equal to 1e-6)
     assert second["best_checkpoint"]["uri"] == s["best_checkpoint"]["uri"]
     assert second["oof_metrics"] == pytest.approx(s["oof_metrics"], rel=1e-6)
