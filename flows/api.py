@@ -4,6 +4,7 @@
     summary = trainflow.retrain("configs/demo.yaml", train__epochs=5)       # a path, a dict or a Config
     model = trainflow.load_model("models:/churn-model@champion", tracking_uri="sqlite:///mlflow.db")
     model.predict(df)                                                      # prediction (+ proba_<class>) per row
+    model.predict_proba(df); model.evaluate(labelled_df)                   # class probabilities; metrics on your rows
 
 Each call is a local Prefect flow run (Prefect's temporary server and a local Ray start when none is configured),
 returning the summary dict that `--summary-json` writes; a bad config or table raises a TrainflowError subclass.
@@ -94,6 +95,46 @@ class Model:
         out.index = data.index
         return out
 
+    @property
+    def classes(self) -> list | None:
+        """A classifier's classes, in the order of predict_proba's columns (None for regression)."""
+        prep = self.servable.preprocessor
+        return list(prep.classes) if prep.task == "classification" else None
+
+    def predict_proba(self, data: pd.DataFrame, batch_size: int = 65_536) -> pd.DataFrame:
+        """A classifier's class probabilities for every row of data (calibrated when the model holds a calibration):
+        one column per class (Model.classes), rows summing to 1, in data's order and index."""
+        if self.classes is None:
+            raise ValueError(f"{self.uri}: predict_proba is for classification; this model predicts a quantity "
+                             "(use predict)")
+        out = self.predict(data, batch_size)
+        probs = out[[f"proba_{c}" for c in self.classes]]
+        probs.columns = self.classes
+        return probs
+
+    def evaluate(self, data: pd.DataFrame, batch_size: int = 65_536) -> dict[str, float]:
+        """The model's metrics (those of the summary's test_metrics, without the prefix: loss, accuracy, roc_auc, ...,
+        or rmse, mae, r2) on your own labelled rows: data holds the feature columns and the label column."""
+        import pyarrow as pa
+
+        from trainflow.trainer.metrics import compute_metrics
+
+        prep = self.servable.preprocessor
+        if prep.label not in data.columns:
+            raise ValueError(f"evaluate: the frame has no label column {prep.label!r} (columns: {list(data.columns)})")
+        table = pa.Table.from_pandas(pd.DataFrame(data), preserve_index=False)
+        if len(table) == 0:
+            raise ValueError("evaluate: the frame has no rows")
+        outs, labels = [], []
+        for i in range(0, len(table), batch_size):
+            part = table.slice(i, batch_size)
+            outs.append(self.servable.predict(prep.transform_features(part, strict=False)))
+            labels.append(prep.transform_label(part))
+        import numpy as np
+
+        metrics = compute_metrics(prep.task, np.concatenate(outs), np.concatenate(labels), prep)
+        return {k.removeprefix("val_"): v for k, v in metrics.items()}
+
     def __repr__(self) -> str:
         return f"trainflow.Model({self.uri!r}, family={self.family!r})"
 
@@ -109,3 +150,10 @@ def load_model(uri: str | os.PathLike, tracking_uri: str | None = None, allowed_
 
     uri = str(uri)
     return Model(load_servable(resolve_checkpoint(uri, set(allowed_class_paths), tracking_uri)), uri)
+
+
+def evaluate(model: Model | str | os.PathLike, data: pd.DataFrame, tracking_uri: str | None = None) -> dict[str, float]:
+    """A model's metrics on your own labelled rows (Model.evaluate); model: a Model or a URI load_model reads."""
+    if not isinstance(model, Model):
+        model = load_model(model, tracking_uri=tracking_uri)
+    return model.evaluate(data)

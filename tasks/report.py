@@ -236,6 +236,12 @@ def _rows_line(summary: dict[str, Any]) -> str:
             f"{summary.get('test_rows') or 0} test)")
 
 
+def _champion(promo: dict[str, Any]) -> str:
+    if promo.get("champion_version") is None:
+        return "no champion before it"
+    return f"champion v{promo['champion_version']} {_fmt(promo['champion_score'])}"
+
+
 def model_card(config: Config, summary: dict[str, Any], curve_uri: str, curve_png: str = "") -> str:
     """Markdown: data, metrics, promotion decision, lineage and the resolved config."""
     best = summary["best_checkpoint"]
@@ -243,7 +249,7 @@ def model_card(config: Config, summary: dict[str, Any], curve_uri: str, curve_pn
     return f"""# {summary['registered_model']} version {summary['model_version']}
 
 **Promotion: {promo['decision']}** on {promo['metric']} ({promo['mode']}, margin {promo['margin']:g}), judged on {promo.get('rows')} {promo.get('judged_on', 'validation')} rows:
-challenger v{promo['challenger_version']} {_fmt(promo['challenger_score'])}, champion v{promo['champion_version']} {_fmt(promo['champion_score'])}.
+challenger v{promo['challenger_version']} {_fmt(promo['challenger_score'])}, {_champion(promo)}.
 {promo['reason']}. {_serving_line(promo)}{_confidence_line(promo)}
 
 ## Data

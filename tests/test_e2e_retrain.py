@@ -167,6 +167,16 @@ def test_retrain_classification_end_to_end_then_boosters_replace_the_champion(tm
     assert list(pyfunc.input_example.columns) == load_servable(summary["best_checkpoint"]["path"]).preprocessor.feature_order
     assert len(pyfunc.predict(pyfunc.input_example)) == 1
     assert got["prediction"].tolist() == out["prediction"].to_pylist()[:50]
+    # the Python API: class probabilities as sklearn's predict_proba gives them, metrics on the user's labelled rows
+    model = trainflow.load_model(f"models:/churn-test/{summary['model_version']}", tracking_uri=tracking)
+    probs = model.predict_proba(score.slice(0, 50).to_pandas())
+    assert list(probs.columns) == model.classes == [0, 1] and np.allclose(probs.sum(axis=1), 1.0)
+    np.testing.assert_allclose(probs[1].to_numpy(), out["proba_1"].to_numpy()[:50], rtol=1e-5)
+    labelled = pads.dataset(str(tmp_path / "data" / "train.parquet")).to_table().to_pandas()
+    scores = trainflow.evaluate(model, labelled)
+    assert 0.5 < scores["roc_auc"] <= 1.0 and scores["loss"] > 0 and set(scores) >= {"accuracy", "f1"}
+    with pytest.raises(ValueError, match="no label column 'churned'"):
+        model.evaluate(labelled.drop(columns=["churned"]))
     # ... and where trainflow is not installed: the model's own code (code_paths) and its listed requirements
     _serves_without_trainflow(tmp_path / "isolated", tracking, f"models:/churn-test/{summary['model_version']}",
                               score.slice(0, 50).drop_columns(["customer_id"]).to_pandas(), got)
@@ -416,6 +426,9 @@ def test_retrain_regression_end_to_end(tmp_path, monkeypatch):
     got = model.predict(frame)
     written = pads.dataset(summary["predictions_path"]).to_table()
     assert list(got.columns) == ["prediction"] and list(got.index) == list(frame.index)
+    assert model.evaluate(train_table.to_pandas())["r2"] > 0.5 and model.classes is None
+    with pytest.raises(ValueError, match="predict_proba is for classification"):
+        model.predict_proba(frame)
     np.testing.assert_allclose(got["prediction"].to_numpy(), written["prediction"].to_numpy(), rtol=1e-5)
     # a registered challenger that is not promoted (champion kept, predictions from it, the artifacts that say
     # so): tests/test_s3.py's resumed rerun, which makes no fit of its own for it
