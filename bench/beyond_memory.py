@@ -123,7 +123,8 @@ def child(store: int, train: str, score: str, work: str, model: dict | None = No
     from trainflow.trainer.runner import checkpoints_on_disk
 
     # every epoch is in the last checkpoint's history (the best one's stops at its own epoch)
-    history = read_metrics(checkpoints_on_disk(summary["ray_run_path"])[-1]["path"])["history"] if summary else []
+    on_disk = checkpoints_on_disk(summary["ray_run_path"]) if summary else []  # none for an ensemble's run
+    history = read_metrics(on_disk[-1]["path"])["history"] if on_disk else []
     print("RESULT " + json.dumps({
         "rc": rc, "wall": wall, "spilled_mib": int(spilled.group(1)) if spilled else 0,
         "materialized": summary.get("data_materialized"), "train_rows": summary.get("train_rows"),

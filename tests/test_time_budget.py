@@ -52,9 +52,13 @@ def test_auto_gives_the_other_families_the_first_familys_time_and_off_gives_no_d
     assert share.run_deadline(1) == pytest.approx(clock.now + 2 * AUTO_FLOOR_S)
     assert "mlp trained in 600 s" in share.why and share.record()["first_family_s"] == 600.0
     quick = TimeShare("auto", ["mlp", "xgboost"], at_once=1, clock=clock)
-    clock.now += 5  # a small table: the floor, so auto never shortens a run that takes minutes at most
+    clock.now += 5  # a small table: all of the training may take the floor, so every family trains
     quick.first_family_ended()
-    assert quick.run_deadline(1) == pytest.approx(clock.now + AUTO_FLOOR_S)
+    assert quick.run_deadline(1) == pytest.approx(clock.now + AUTO_FLOOR_S - 5)
+    middle = TimeShare("auto", ["mlp", "xgboost"], at_once=1, clock=clock)
+    clock.now += 0.6 * AUTO_FLOOR_S  # past half the floor: the others get as long as the first took
+    middle.first_family_ended()
+    assert middle.run_deadline(1) == pytest.approx(clock.now + 0.6 * AUTO_FLOOR_S)
     off = TimeShare("off", ["mlp", "xgboost"], at_once=1, clock=clock)
     assert not off.first_family_ended() and off.run_deadline(1) is None
 

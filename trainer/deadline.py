@@ -21,7 +21,7 @@ from trainflow.storage import join, read_text, write_text
 DEADLINE_FILE = "trainflow_deadline.json"
 CHECK_S = 5.0  # how often a run's rank 0 reads its deadline
 MIN_RUN_S = 15.0  # a family whose runs would get less than this each is left out (a Ray Train start alone takes ~11 s)
-AUTO_FLOOR_S = 300.0  # auto: the families after the first share max(the first's training time, this)
+AUTO_FLOOR_S = 300.0  # auto: training takes at most max(twice the first family's time, this)
 
 
 def write_deadline(run_dir: str, ends_at: float | None, why: str = "") -> None:
@@ -62,9 +62,10 @@ class Deadline:
 class TimeShare:
     """The driver's side: train.time_limit shared out over the runs (family x fold), in the order they start.
 
-    limit: seconds for all of the training, "auto" (no limit until the first family's runs end; then the others
-    share max(that time, AUTO_FLOOR_S), so a large table's default run stays within about twice its first family's
-    time), or "off". As AutoGluon shares its time_limit: a family may use all the time left, each of its runs the time
+    limit: seconds for all of the training, "auto" (no limit until the first family's runs end, after T1 seconds;
+    then the others share max(T1, AUTO_FLOOR_S - T1): the whole training takes at most max(2 T1, AUTO_FLOOR_S), so a
+    large table's default run stays within twice its first family's time, and a small one trains every family), or
+    "off". As AutoGluon shares its time_limit: a family may use all the time left, each of its runs the time
     left over the waves of its own runs still to start (at_once run side by side); runs that stop early leave their
     time to the next family, so the order of the families is their priority. A family whose runs would get less than
     MIN_RUN_S each is left out, except the first (a run must end with a model)."""
@@ -110,10 +111,11 @@ class TimeShare:
             return False
         now = self.clock()
         self.first_done_s = now - self.started
-        share = max(self.first_done_s, AUTO_FLOOR_S)
+        share = max(self.first_done_s, AUTO_FLOOR_S - self.first_done_s)
         self.ends_at = now + share
         self.why = (f"train.time_limit auto ({self.families[0]} trained in {self.first_done_s:.0f} s, so the other "
-                    f"families share {share:.0f} s)")
+                    f"families share {share:.0f} s: training takes at most max(twice the first family's time, "
+                    f"{AUTO_FLOOR_S:.0f} s))")
         return True
 
     def record(self) -> dict[str, Any]:

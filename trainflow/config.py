@@ -101,9 +101,12 @@ FAMILIES = ("mlp", "torch", "xgboost", "lightgbm", "catboost")
 FamilyName = Literal["mlp", "torch", "xgboost", "lightgbm", "catboost"]
 BOOSTERS = ("xgboost", "lightgbm", "catboost")
 AUTO_FAMILIES = ("mlp", "xgboost", "lightgbm", "catboost")  # model.type auto
-# the order auto trains them in when cross-fitting (small tables): the strongest defaults first, the network, whose fits
-# cost most there, last; a time limit gives each family what the ones before it left (trainer/deadline.py)
+# the order auto trains them in, which is their priority for time (a time limit gives each family what the ones before
+# it left, trainer/deadline.py). Cross-fitting (small tables): the strongest defaults first, the network, whose fits
+# cost most there, last. One split (larger tables): the fastest first, as AutoGluon orders its models, because its
+# time sets train.time_limit auto's budget for the rest (at most max(twice that time, 300 s) in all)
 AUTO_FOLDED_ORDER = ("catboost", "lightgbm", "xgboost", "mlp")
+AUTO_SPLIT_ORDER = ("lightgbm", "xgboost", "catboost", "mlp")
 ENSEMBLE = "ensemble"  # what a checkpoint's model.type says when it weights several families' checkpoints
 _ALL, _BOTH, _XGB, _LGB = BOOSTERS, ("xgboost", "lightgbm"), ("xgboost",), ("lightgbm",)
 # which booster library takes each model.params key (trainflow passes the ones a family takes to it; CatBoost under
@@ -207,11 +210,10 @@ class ModelSection(_Section):
         return families + [ENSEMBLE] if self.ensemble and len(families) > 1 else families
 
     def training_order(self, folds: int) -> list[str]:
-        """The families in the order their runs start: the config's, or under auto with cross-fitting
-        AUTO_FOLDED_ORDER (on one split the network stays first: on large tables its streamed epochs are the known
-        cost that train.time_limit auto measures the others against)."""
-        if self.auto and folds > 1:
-            return [f for f in AUTO_FOLDED_ORDER if f in self.families]
+        """The families in the order their runs start: the config's, or under auto AUTO_FOLDED_ORDER when
+        cross-fitting and AUTO_SPLIT_ORDER on one split."""
+        if self.auto:
+            return [f for f in (AUTO_FOLDED_ORDER if folds > 1 else AUTO_SPLIT_ORDER) if f in self.families]
         return self.families
 
     def for_family(self, family: str) -> dict[str, Any]:
@@ -304,7 +306,8 @@ class TrainSection(_Section):
     folds: int | Literal["auto"] = "auto"
     # seconds for all of the training (every family and fold): shared out over the runs, each stopping with its best
     # so far when its share is spent, and a family that cannot start in time left out (trainer/deadline.py). auto: no
-    # limit until the first family's runs end, then the other families share max(that time, 300 s); off: no limit
+    # limit until the first family's runs end, then the others share what keeps all of the training within max(twice
+    # that time, 300 s); off: no limit
     time_limit: float | Literal["auto", "off"] = "auto"
 
     @field_validator("time_limit")
