@@ -96,8 +96,9 @@ class PeakWorkerMemory:
 
 def child(store: int, train: str, score: str, work: str, model: dict | None = None) -> None:
     """One retrain in this process, on a Ray with an object store of `store` bytes; prints a JSON line.
-    model: the config's model section (default: trainflow's mlp with 2 epochs of 1,024 rows a batch; {"default": 1}:
-    the default config's model and train sections, {"default": 1, "type": F}: family F alone with its defaults)."""
+    model: the config's model section (default: trainflow's mlp with 2 epochs of 1,024 rows a batch, a checkpoint every
+    epoch; {"default": 1}: the default config's model, train and checkpoint timing, {"default": 1, "type": F}: family
+    F alone with its defaults)."""
     from ray._private.internal_api import memory_summary
 
     from trainflow.flows.cli import main as cli_main
@@ -109,7 +110,8 @@ def child(store: int, train: str, score: str, work: str, model: dict | None = No
     cfg.write_text(yaml.safe_dump({
         "data": {"path": train, "label": "y", "id_column": "id"}, "task": "regression",
         "train": {} if default else {"epochs": 2, "batch_size": 1024}, "scaling": {"num_workers": 2},
-        "checkpoint": {"metric": "val_rmse", "min_interval_s": 0}, "storage_path": str(Path(work) / "runs"),
+        "checkpoint": {"metric": "val_rmse", **({} if default else {"min_interval_s": 0})},
+        "storage_path": str(Path(work) / "runs"),
         "model": model or ({} if default else {"type": "mlp"}),
         "mlflow": {"experiment": "beyond-memory", "registered_model": f"beyond-{Path(work).name}"},
         "inference": {"input": score, "output": str(Path(work) / "predictions"), "batch_size": 65536},
