@@ -102,7 +102,7 @@ class TimeShare:
         if share >= MIN_RUN_S:
             return None
         left = max(0.0, self.ends_at - self.clock())
-        return (f"{self.why}: {left:.0f} s were left, about {share:.0f} s for each of its {family_runs} run(s), "
+        return (f"{self.why}: {left:.0f} s were left, about {max(0.0, share):.0f} s for each of its {family_runs} run(s), "
                 f"under the {MIN_RUN_S:.0f} s a run needs to start and train")
 
     def first_family_ended(self) -> bool:
