@@ -106,7 +106,7 @@ AUTO_FAMILIES = ("mlp", "xgboost", "lightgbm", "catboost")  # model.type auto
 # cost most there, last. One split (larger tables): the fastest first, because its time sets train.time_limit auto's
 # budget for the rest (at most max(twice that time, 300 s) in all), then the family least like it (the ensemble gains
 # most from it), then CatBoost (strong, but one process a fit) and LightGBM, the booster most like XGBoost. Measured on
-# 4M streamed rows (docs/performance.md, beyond-memory-default): XGBoost 170 s, the network 317 s, LightGBM 381 s,
+# 4M streamed rows (docs/performance.md, beyond-memory-default): XGBoost 170 s, the network 317 s, LightGBM 364 s,
 # CatBoost over 380 s
 AUTO_FOLDED_ORDER = ("catboost", "lightgbm", "xgboost", "mlp")
 AUTO_SPLIT_ORDER = ("xgboost", "mlp", "catboost", "lightgbm")
