@@ -196,6 +196,15 @@ def fit_preprocessor(
                 f"{spec.path}: label column {spec.label!r} has only one class ({classes}) in the training rows; "
                 "classification needs at least two"
             )
+    elif len(stats.get("hist:__label__") or {}) <= 2:
+        # every value within a fine bin of one or two values (asinh steps): a class written as numbers, or no label
+        low, high = (float(np.sinh(STEP * k)) for k in (min(stats["hist:__label__"] or [0]),
+                                                       max(stats["hist:__label__"] or [0])))
+        raise DataError(
+            f"{spec.path}: label column {spec.label!r} under task: regression holds at most two values in its {rows:,} "
+            f"training rows (about {low:.4g} and {high:.4g}): that is a class, not a quantity to fit; set task: "
+            "classification"
+        )
     category_counts = {c: {None if k is None else str(k): v for k, v in counts(f"counts:{c}", True).items()}
                        for c in spec.categorical}
     baseline = {

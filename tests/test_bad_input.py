@@ -40,6 +40,7 @@ def _with_table(tmp_path, table):
         ("nan_label", "label column 'churned' has 3 missing"),
         ("one_class", "only one class"),
         ("too_many_classes", "has 150 classes over"),
+        ("two_valued_regression", "under task: regression holds at most two values"),
         ("score_missing_column", "inference input"),
         ("bad_config_key", "train.epochz: unknown key"),
         ("local_mode", "scaling.num_workers: the retrain pipeline needs at least 1 Ray Train worker"),
@@ -75,6 +76,8 @@ def test_bad_training_input(tmp_path, capsys, case, needle):
     elif case == "too_many_classes":  # a quantity in whole units under task: classification (2 rows a class)
         y = pa.array(np.arange(300, dtype=np.int64) // 2)
         cfg = _with_table(tmp_path, base.set_column(base.schema.get_field_index("churned"), "churned", y))
+    elif case == "two_valued_regression":  # a 0/1 class under task: regression
+        cfg = churn_config(tmp_path, task="regression", checkpoint={"metric": "val_loss"})
     elif case == "score_missing_column":
         cfg = churn_config(tmp_path)
         write_parquet(make_churn_table(50, seed=3, with_label=False).drop_columns(["region"]), tmp_path / "data" / "score.parquet")
