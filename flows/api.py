@@ -115,6 +115,7 @@ class Model:
     def evaluate(self, data: pd.DataFrame, batch_size: int = 65_536) -> dict[str, float]:
         """The model's metrics (those of the summary's test_metrics, without the prefix: loss, accuracy, roc_auc, ...,
         or rmse, mae, r2) on your own labelled rows: data holds the feature columns and the label column."""
+        import numpy as np
         import pyarrow as pa
 
         from trainflow.trainer.metrics import compute_metrics
@@ -130,8 +131,6 @@ class Model:
             part = table.slice(i, batch_size)
             outs.append(self.servable.predict(prep.transform_features(part, strict=False)))
             labels.append(prep.transform_label(part))
-        import numpy as np
-
         metrics = compute_metrics(prep.task, np.concatenate(outs), np.concatenate(labels), prep)
         return {k.removeprefix("val_"): v for k, v in metrics.items()}
 

@@ -35,6 +35,12 @@ def categorical_positions(prep: TabularPreprocessor) -> list[int]:
     return [pos for pos, _, _ in prep.embedding_slots()]
 
 
+def loss_from_metric(task: str, value: float) -> float:
+    """A booster's evaluation metric as trainflow's loss: RMSE squared (MSE on the standardized label) for regression,
+    log loss as it is."""
+    return value * value if task == "regression" else value
+
+
 def no_check(prep: TabularPreprocessor, model_cfg: dict[str, Any]) -> None:
     """Boosters take any packed width; their parameters were validated with the config."""
 

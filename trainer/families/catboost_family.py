@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from trainflow.trainer.families.base import Family, booster_budget, categorical_positions, describe_booster, outputs_from
+from trainflow.trainer.families.base import (
+    Family, booster_budget, categorical_positions, describe_booster, loss_from_metric, outputs_from,
+)
 
 if TYPE_CHECKING:
     from trainflow.config import Config, ScalingSection
@@ -113,11 +115,6 @@ def snapshot_uri(run_dir: str, lineage: dict[str, str] | None) -> str:
     return join(run_dir, f"catboost-{digest}.snapshot")
 
 
-def _loss(task: str, value: float) -> float:
-    """CatBoost's RMSE as trainflow's val_loss (MSE on the standardized label); log loss as it is."""
-    return value * value if task == "regression" else value
-
-
 class Progress:
     """CatBoost's callback: the history per round, the watchdog's heartbeat, progress reports every REPORT_S seconds
     a copy of each new snapshot in storage, and the run's deadline (False stops the fit; CatBoost then keeps its best
@@ -126,35 +123,36 @@ class Progress:
     def __init__(self, task: str, history: list[dict[str, float]], local: Path, remote: str,
                  loop_config: dict[str, Any]):
         self.task, self.history, self.local, self.remote = task, history, local, remote
-        from trainflow.trainer.deadline import Deadline
+        import ray.train
 
+        from trainflow.trainer.deadline import Deadline
+        from trainflow.trainer.reporting import record_time_limit
+        from trainflow.trainer.watchdog import heartbeat
+
+        # the training imports once per fit, not per round (this module also serves, where none of them exists)
+        self.report, self.record_time_limit, self.heartbeat = ray.train.report, record_time_limit, heartbeat
         self.loop_config, self.deadline = loop_config, Deadline(loop_config.get("run_dir"))
         self.last_report = self.last_copy = 0.0
         self.copied_mtime = 0.0
         self.round_start = time.perf_counter()
 
     def after_iteration(self, info) -> bool:
-        import ray.train
-
-        from trainflow.trainer.reporting import record_time_limit
-        from trainflow.trainer.watchdog import heartbeat
-
         rnd = int(info.iteration) - 1  # CatBoost counts from 1, trainflow's rounds from 0
-        heartbeat(f"boosting round {rnd}")
+        self.heartbeat(f"boosting round {rnd}")
         now = time.perf_counter()
         del self.history[rnd:]  # rounds after the snapshot a restarted fit continues from are trained again
         learn, val = info.metrics["learn"], info.metrics["validation"]
-        self.history.append({"epoch": rnd, "train_loss": _loss(self.task, next(iter(learn.values()))[-1]),
-                             "val_loss": _loss(self.task, next(iter(val.values()))[-1]),
+        self.history.append({"epoch": rnd, "train_loss": loss_from_metric(self.task, next(iter(learn.values()))[-1]),
+                             "val_loss": loss_from_metric(self.task, next(iter(val.values()))[-1]),
                              "epoch_time_s": now - self.round_start})
         self.round_start = now
         if now - self.last_copy >= SNAPSHOT_S:
             self.copy_snapshot()
         if now - self.last_report >= REPORT_S:
             self.last_report = now
-            ray.train.report(dict(self.history[-1]))
+            self.report(dict(self.history[-1]))
         if self.deadline.passed():
-            record_time_limit(self.loop_config, rnd, "round")
+            self.record_time_limit(self.loop_config, rnd, "round")
             return False
         return True
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from trainflow.trainer.families.base import (
-    Family, booster_budget, categorical_positions, describe_booster, outputs_from, trees_data_config,
+    Family, booster_budget, loss_from_metric, categorical_positions, describe_booster, outputs_from, trees_data_config,
 )
 
 if TYPE_CHECKING:
@@ -78,11 +78,6 @@ def library_params(prep: TabularPreprocessor, cfg: Config) -> dict[str, Any]:
     return params
 
 
-def _loss(task: str, value: float) -> float:
-    """XGBoost's RMSE as trainflow's val_loss (MSE on the standardized label); log loss as it is."""
-    return value * value if task == "regression" else value
-
-
 def train_fn(loop_config: dict[str, Any]) -> None:
     """XGBoostTrainer's per-worker loop: resume from the latest checkpoint's round, boost, report."""
     import ray.train
@@ -124,8 +119,8 @@ def _boost(run, params: dict[str, Any], dtrain, dval) -> None:
 
     class Report(xgb.callback.TrainingCallback):
         def after_iteration(self, model, epoch: int, evals_log) -> bool:
-            train_loss = _loss(prep.task, evals_log["train"][metric][-1])
-            val_loss = _loss(prep.task, evals_log["val"][metric][-1])
+            train_loss = loss_from_metric(prep.task, evals_log["train"][metric][-1])
+            val_loss = loss_from_metric(prep.task, evals_log["val"][metric][-1])
             # the callback's epoch counts from 0 again on a continued model; the booster's count is global
             return reporter.after_round(model, model.num_boosted_rounds() - 1, train_loss, val_loss)
 
