@@ -22,7 +22,7 @@ from trainflow.trainer.predict import predict_table, predict_dataset
 
 print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0), flush=True)
 from trainflow.runtime import TRAIN_ENV_DEFAULTS, LOCAL_TRAIN_ENV_DEFAULTS
-ray.init(num_cpus=8, include_dashboard=False, runtime_env={'env_vars': {**TRAIN_ENV_DEFAULTS, **LOCAL_TRAIN_ENV_DEFAULTS}})
+ray.init(address="local", num_cpus=8, include_dashboard=False, runtime_env={'env_vars': {**TRAIN_ENV_DEFAULTS, **LOCAL_TRAIN_ENV_DEFAULTS}})
 print("ray resources", ray.cluster_resources(), flush=True)
 rng = np.random.default_rng(0)
 n = 20000

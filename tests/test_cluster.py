@@ -27,10 +27,10 @@ TRAINER = {"trainer": 1}
 
 def test_retrain_on_an_existing_cluster_survives_losing_a_node(tmp_path):
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
-    first = cluster.add_node(num_cpus=0, resources=TRAINER)
-    second = cluster.add_node(num_cpus=0, resources=TRAINER)
-    cluster.wait_for_nodes()
-    try:
+    try:  # shut down however the test ends: a head left running is what ray.init() joins next
+        first = cluster.add_node(num_cpus=0, resources=TRAINER)
+        second = cluster.add_node(num_cpus=0, resources=TRAINER)
+        cluster.wait_for_nodes()
         cfg = churn_config(
             tmp_path, rows=6000, train={"epochs": 4, "batch_size": 64},
             scaling={"num_workers": 2, "placement_strategy": "SPREAD", "resources_per_worker": {"CPU": 0, **TRAINER}},

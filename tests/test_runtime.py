@@ -1,7 +1,10 @@
 """The CLI's background Ray start, in a fresh interpreter (as `trainflow retrain` runs it)."""
 
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -32,10 +35,22 @@ SCRIPT = textwrap.dedent(
 
 
 def test_ray_started_in_the_background_keeps_working():
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=180,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "answer 42" in proc.stdout
-    assert "paced True" in proc.stdout
-    assert "SIGTERM handler is not set" not in proc.stderr  # the CLI installs it from the main thread
+    # A dead cluster's address left in Ray's temp dir (a `ray start` or ray.cluster_utils head that was
+    # killed) must not be joined: with no address configured trainflow starts its own Ray. The temp dir is
+    # this test's own (short: Ray's socket paths must fit 107 characters).
+    ray_tmp = tempfile.mkdtemp(prefix="tfray", dir="/tmp")
+    try:
+        stale = Path(ray_tmp, "ray", "ray_current_cluster")
+        stale.parent.mkdir()
+        stale.write_text("127.0.0.1:9")
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_TMPDIR": ray_tmp}
+        proc = subprocess.run(
+            [sys.executable, "-c", SCRIPT], cwd=REPO, env=env, capture_output=True, text=True, timeout=180,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "answer 42" in proc.stdout
+        assert "paced True" in proc.stdout
+        assert "SIGTERM handler is not set" not in proc.stderr  # the CLI installs it from the main thread
+        assert stale.read_text() == "127.0.0.1:9"  # not trainflow's file: left as it was
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)

@@ -43,8 +43,13 @@ def ensure_ray(address: str | None = None, runtime_env: dict | None = None, num_
 def _init(address: str | None, runtime_env: dict | None, num_cpus: int | None, object_store_memory: int | None = None) -> None:
     runtime_env = dict(runtime_env or {})
     defaults = dict(TRAIN_ENV_DEFAULTS)
-    if address is None and not os.environ.get("RAY_ADDRESS"):
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is None:
         defaults.update(LOCAL_TRAIN_ENV_DEFAULTS)
+        # With no address, ray.init joins whatever /tmp/ray/ray_current_cluster names (the last `ray start`
+        # or ray.cluster_utils head on this machine), even a dead one: it then hangs on the dead GCS, or
+        # refuses num_cpus. trainflow's default is its own Ray; a cluster is joined only when named.
+        address = "local"
     runtime_env["env_vars"] = {**defaults, **(runtime_env.get("env_vars") or {})}
     # a hook of the user's own wins; then streamed pipelines run Ray's unpaced loop (trainflow/pacing.py)
     runtime_env.setdefault("worker_process_setup_hook", pacing.HOOK)
