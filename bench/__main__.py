@@ -3,7 +3,7 @@
 import sys
 
 from bench import (
-    beyond_memory, demo_e2e, drift_overhead, gate_honesty, gbdt_parity, inference_throughput, model_quality,
+    beyond_memory, demo_e2e, drift_overhead, front_door, gate_honesty, gbdt_parity, inference_throughput, model_quality,
     preprocess_throughput, training_parity, tune_parallelism,
 )
 
@@ -18,6 +18,7 @@ BENCHES = {
     "demo-e2e": demo_e2e.main,
     "beyond-memory": beyond_memory.main,  # also prints scale-linearity
     "drift-overhead": drift_overhead.main,  # also prints skip-unchanged
+    "front-door": front_door.main,
 }
 
 

@@ -64,10 +64,7 @@ def format_summary(s: dict[str, Any]) -> str:
     if s.get("skipped"):
         lines = ["", "trainflow summary", f"  skipped           {s['skipped']['reason']}",
                  f"  data              {s.get('data_path')} (fingerprint {s.get('data_fingerprint')})"]
-        if s.get("predictions_path"):
-            lines.append(f"  predictions       {s['predictions_path']} ({s.get('output_rows')} rows for {s.get('input_rows')} "
-                         f"inputs, model version {s.get('predictions_model_version')})")
-        return "\n".join(lines)
+        return "\n".join(lines + _scoring_lines(s))
     best = s.get("best_checkpoint") or {}
     metrics = best.get("metrics") or {}
     shown = {k: v for k, v in metrics.items() if k.startswith("val_") or k == "train_loss"}
@@ -138,11 +135,23 @@ def format_summary(s: dict[str, Any]) -> str:
         p = s["promotion"]
         lines.append(f"  promotion         {p.get('decision')} on {p.get('rows')} {p.get('judged_on', 'validation')} rows: "
                      f"{p.get('reason')}")
+    return "\n".join(lines + _scoring_lines(s))
+
+
+def format_predict_summary(s: dict[str, Any]) -> str:
+    """`trainflow predict`'s summary: the model that scored, where the predictions went, drift (the JSON behind it:
+    --summary-json)."""
+    lines = ["", "trainflow summary", f"  model             {s.get('model')}"
+             + (f" ({s['model_version_uri']})" if s.get("model_version_uri") not in (None, s.get("model")) else "")]
+    return "\n".join(lines + _scoring_lines({**s, "predictions_model_version": None}))
+
+
+def _scoring_lines(s: dict[str, Any]) -> list[str]:
+    lines = []
     if s.get("predictions_path"):
-        lines.append(
-            f"  predictions       {s['predictions_path']} ({s.get('output_rows')} rows for {s.get('input_rows')} inputs, "
-            f"model version {s.get('predictions_model_version')})"
-        )
+        version = s.get("predictions_model_version")
+        lines.append(f"  predictions       {s['predictions_path']} ({s.get('output_rows')} rows for {s.get('input_rows')} "
+                     f"inputs" + (f", model version {version})" if version else ")"))
     if s.get("drift") and s["drift"].get("columns"):
         d = s["drift"]
         lines.append(f"  drift             {', '.join(d['drifted_columns']) or 'none'} drifted of {len(d['columns'])} "
@@ -150,7 +159,7 @@ def format_summary(s: dict[str, Any]) -> str:
     if s.get("unseen_categories"):
         lines.append("  unseen values     " + ", ".join(f"{c}: {n} row(s)" for c, n in s["unseen_categories"].items())
                      + " (predicted with the unknown code)")
-    return "\n".join(lines)
+    return lines
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -271,6 +280,11 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
         config.require_tune()
         if args.resume and not args.run_name:
             raise TrainflowError("tune --resume needs the --run-name of the sweep to restore")
+    from trainflow.flows.local import run_here
+
+    summary = run_here(args.command, config, args)  # small work with no Prefect API: answered here, in seconds
+    if summary is not None:
+        return summary
     from trainflow.runtime import start_prefect_server_in_background, start_ray_in_background
 
     # Ray and Prefect's temporary server come up while this process imports the flow
@@ -396,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     if summary is not None:
         if args.command in ("retrain", "tune"):
             print(format_summary(summary))
+        elif args.command == "predict":
+            print(format_predict_summary(summary))
         else:
             print(json.dumps(summary, indent=2, default=str))
         if args.summary_json:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from prefect import flow
 
 from trainflow.tasks.infer import infer, resolve_checkpoint_task
-from trainflow.config import load_config
+from trainflow.tasks.summary import skipped_summary
+from trainflow.config import Config, load_config
 from trainflow.redact import redact_value
 from trainflow.runtime import watch_for_sigterm
 
@@ -16,12 +17,31 @@ from trainflow.runtime import watch_for_sigterm
 def batch_inference(config_path: str, overrides: dict[str, Any] | None = None, model: str | None = None) -> dict[str, Any]:
     """Predict inference.input into inference.output with model (default: models:/<registered_model>@champion)."""
     watch_for_sigterm()  # a cancel (SIGTERM) stops Ray at once and retries nothing, in every process that runs a flow
-    config = load_config(config_path, overrides)
+    return score(load_config(config_path, overrides), model)
+
+
+def _step(task: Any, in_flow: bool) -> Callable:
+    """A task as the flow calls it, or its plain function when the work runs without Prefect (flows/local.py)."""
+    return task if in_flow else task.fn
+
+
+def score(config: Config, model: str | None, in_flow: bool = True) -> dict[str, Any]:
+    """The flow's steps (in_flow=False: the same steps as plain functions, without Prefect)."""
     config.require_inference()
     model_uri = model or f"models:/{config.mlflow.registered_model}@champion"
-    checkpoint, pinned = resolve_checkpoint_task(model_uri, config)
-    predictions = infer(checkpoint, config, pinned)
+    checkpoint, pinned = _step(resolve_checkpoint_task, in_flow)(model_uri, config)
+    predictions = _step(infer, in_flow)(checkpoint, config, pinned)
     return redact_value({"model": model_uri, "model_version_uri": pinned, "checkpoint": checkpoint,
                          "predictions_path": predictions.path, "input_rows": predictions.input_rows,
                          "output_rows": predictions.output_rows, "unseen_categories": predictions.unseen,
                          "drift": predictions.drift})
+
+
+def skipped_run(config: Config, run_name: str, skipped: dict[str, Any], in_flow: bool = True) -> dict[str, Any]:
+    """A retrain with nothing to train: the champion scores inference.input (when configured); the summary says why."""
+    model = f"models:/{config.mlflow.registered_model}/{skipped['champion_version']}"
+    predictions = None
+    if config.inference.input:
+        checkpoint, pinned = _step(resolve_checkpoint_task, in_flow)(model, config)
+        predictions = _step(infer, in_flow)(checkpoint, config, pinned)
+    return _step(skipped_summary, in_flow)(config, run_name, skipped, model, predictions)

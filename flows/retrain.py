@@ -10,11 +10,11 @@ from typing import Any
 from prefect import flow
 from prefect.futures import wait
 
+from trainflow.flows.predict import skipped_run
 from trainflow.flows.publish import publish
 from trainflow.tasks.candidates import compare, run_names
 from trainflow.tasks.cross_fit import bag_folds, fold_config, fold_run_names, oof_names
 from trainflow.tasks.ensemble import ensemble
-from trainflow.tasks.infer import infer, resolve_checkpoint_task
 from trainflow.tasks.ingest import ingest, table_fingerprint
 from trainflow.tasks.mlflow_run import end_runs
 from trainflow.tasks.preprocess import Prepared, preprocess
@@ -22,7 +22,6 @@ from trainflow.tasks.run_name import resolve_run_name
 from trainflow.tasks.select import select
 from trainflow.tasks.skip import check_unchanged
 from trainflow.tasks.split import record_split, split
-from trainflow.tasks.summary import skipped_summary
 from trainflow.tasks.train import TrainOutcome, check_resume, train
 from trainflow.tasks.validate import validate_data
 from trainflow.trainer.deadline import MIN_RUN_S, TimeShare, write_deadline
@@ -189,13 +188,3 @@ def train_families(config: Config, prepared: Prepared, names: dict[str, list[str
     if errors and all(job[0] in dropped for job in trained):  # the first family failed, the time left out the rest
         raise errors[0]
     return {job: out for job, out in trained.items() if job[0] not in dropped}, failed, timed_out, share.record()
-
-
-def skipped_run(config, run_name: str, skipped: dict[str, Any]) -> dict[str, Any]:
-    """No training: the champion scores inference.input (when configured); the summary says why."""
-    model = f"models:/{config.mlflow.registered_model}/{skipped['champion_version']}"
-    predictions = None
-    if config.inference.input:
-        checkpoint, pinned = resolve_checkpoint_task(model, config)
-        predictions = infer(checkpoint, config, pinned)
-    return skipped_summary(config, run_name, skipped, model, predictions)

@@ -42,6 +42,14 @@ def task_logger(name: str):
         return logging.getLogger(f"trainflow.{name}")
 
 
+def in_prefect_run() -> bool:
+    """Whether this code runs inside a Prefect flow or task run: artifacts and events have a server to go to.
+    Small work run without Prefect (trainflow/flows/local.py) records in MLflow and the run folders only."""
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    return FlowRunContext.get() is not None or TaskRunContext.get() is not None
+
+
 def md(text: object) -> str:
     """Text from data (a column name, a value, a path) safe inside a Markdown table cell or line: HTML and
     Markdown's link, emphasis, code and table characters escaped, line breaks as spaces."""

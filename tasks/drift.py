@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from trainflow.tasks.common import md, md_code, png_data_uri
+from trainflow.tasks.common import in_prefect_run, md, md_code, png_data_uri, task_logger
 from trainflow.preprocessors.baseline import drift_report
 from trainflow.config import Config
 from trainflow.tracking import MODEL_URI, mlflow_key
@@ -57,18 +57,20 @@ def metric_name(column: str) -> str:
 def publish(config: Config, model: str, source: str, drift: dict[str, Any], text: str | None = None) -> None:
     """Log, artifact (text: markdown(drift, model, source) when drawn already), MLflow metrics on the model
     version's run, and an event when a column drifted."""
-    from prefect import get_run_logger
     from prefect.artifacts import create_markdown_artifact
     from prefect.events import emit_event
 
     from trainflow.tasks.report import artifact_key
 
-    log = get_run_logger()
+    log = task_logger("drift")
     if drift["drifted_columns"]:
-        log.warning("drift from the training data in %s: %s", source, {c: drift["columns"][c]["score"] for c in drift["drifted_columns"]})
+        log.warning("drift from the training data in %s: %s", source,
+                    {c: round(drift["columns"][c]["score"], 3) for c in drift["drifted_columns"]})
+    _log_to_mlflow(config, model, drift)
+    if not in_prefect_run():  # small work run without Prefect: the scores are in MLflow, the summary says the rest
+        return
     create_markdown_artifact(markdown=text or markdown(drift, model, source), key=artifact_key(config.mlflow.registered_model, "drift"),
                              description=f"Drift of {source} from the serving model's training data")
-    _log_to_mlflow(config, model, drift)
     if drift["drifted_columns"]:
         emit_event(event=DRIFT_EVENT, resource={"prefect.resource.id": f"trainflow.model.{config.mlflow.registered_model}"},
                    payload={"model": model, "input": source, "drifted_columns": drift["drifted_columns"],

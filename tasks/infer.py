@@ -8,11 +8,11 @@ from typing import Any
 from pathlib import Path
 
 import ray
-from prefect import get_run_logger, task
+from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.preprocessors.tabular import SchemaDriftError, TabularPreprocessor
-from trainflow.tasks.common import retry_unless_user_error
+from trainflow.tasks.common import in_prefect_run, retry_unless_user_error, task_logger
 from trainflow.tasks.drift import markdown, measure, publish
 from trainflow.trainer.checkpoint import read_config
 from trainflow.trainer.families.network import user_class_path
@@ -127,6 +127,18 @@ def resolve_checkpoint(model: str, allowed: set[str] | None = None, tracking_uri
     return path
 
 
+def scored_here(config: Config, table_bytes: int) -> bool:
+    """Whether a scoring table of table_bytes (decoded) is read, predicted and written by the calling process, with
+    no Ray: a CPU scoring of a table under IN_PROCESS_BYTES, unless data.materialize is never."""
+    return not config.inference.use_gpu and table_bytes <= IN_PROCESS_BYTES and config.data.materialize != "never"
+
+
+def scoring_table_bytes(config: Config) -> int:
+    """inference.input's decoded size from its files' metadata (no read)."""
+    fmt = infer_format(config.inference.input)
+    return in_memory_bytes(*list_files(config.inference.input, fmt), fmt)
+
+
 @task(name="infer", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
 def infer(checkpoint_path: str, config: Config, model: str = "") -> Predictions:
     """Predict every row of inference.input with the checkpoint's own preprocessor; one output row per input row.
@@ -136,16 +148,17 @@ def infer(checkpoint_path: str, config: Config, model: str = "") -> Predictions:
     input_path, output_path = inf.input, inf.output
     guard_output(output_path, config)
     check_writable(output_path)
-    ensure_ray(config.ray.address, config.ray.runtime_env)
-    log = get_run_logger()
-    if inf.use_gpu:
-        check_fits({"num_workers": inf.num_actors, "resources_per_worker": {"GPU": 1}, "use_gpu": True}, "inference")
+    log = task_logger("infer")
     prep = TabularPreprocessor.load(checkpoint_path)
     fmt = infer_format(input_path)
     fs, files = listed = list_files(input_path, fmt)
     table_bytes = in_memory_bytes(fs, files, fmt)
-    # a small table is read, counted, predicted and written by this process: no Ray task to start
-    here = not inf.use_gpu and table_bytes <= IN_PROCESS_BYTES and config.data.materialize != "never"
+    # a small table is read, counted, predicted and written by this process: no Ray to start
+    here = scored_here(config, table_bytes)
+    if not here:
+        ensure_ray(config.ray.address, config.ray.runtime_env)
+        if inf.use_gpu:
+            check_fits({"num_workers": inf.num_actors, "resources_per_worker": {"GPU": 1}, "use_gpu": True}, "inference")
     if here:
         ds = read_arrow(fs, files, fmt, config.data.csv, input_path)
         schema, materialize = ds.schema, True
@@ -185,7 +198,8 @@ def infer(checkpoint_path: str, config: Config, model: str = "") -> Predictions:
         if drifting and materialize:
             counts = count_drift_table(ds, prep.baseline) if here else count_drift(ds, prep.baseline)
             drift = measure(config, prep.baseline, counts, input_rows)
-            drawn = helper.submit(markdown, drift, model, input_path)  # the chart is drawn while the rows are predicted
+            if in_prefect_run():  # the artifact's chart, drawn while the rows are predicted (no artifact outside a run)
+                drawn = helper.submit(markdown, drift, model, input_path)
         collector = ray.remote(num_cpus=0)(CountCollector).remote() if drifting and not materialize else None
         if here:
             preds = predict_arrow(ds, checkpoint_path, id_column, prep.feature_order, inf.batch_size)

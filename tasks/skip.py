@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import mlflow
-from prefect import get_run_logger, task
+from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
-from trainflow.tasks.common import retry_unless_user_error
+from trainflow.tasks.common import in_prefect_run, retry_unless_user_error, task_logger
 from trainflow.config import Config
 from trainflow.tracking import champion_version
 
@@ -35,6 +35,7 @@ def check_unchanged(config: Config, fingerprint: str) -> dict[str, Any] | None:
     skipped = {"reason": f"the data ({fingerprint}) and the training config are those of {name} version {version}, "
                          "the champion: nothing to retrain (--force retrains anyway)",
                "champion_version": version, "data_fingerprint": fingerprint}
-    get_run_logger().info("skipped: %s", skipped["reason"])
-    emit_event(event=SKIP_EVENT, resource={"prefect.resource.id": f"trainflow.model.{name}"}, payload=skipped)
+    task_logger("skip").info("skipped: %s", skipped["reason"])
+    if in_prefect_run():  # else no server to tell (trainflow/flows/local.py)
+        emit_event(event=SKIP_EVENT, resource={"prefect.resource.id": f"trainflow.model.{name}"}, payload=skipped)
     return skipped

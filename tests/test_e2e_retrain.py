@@ -314,6 +314,7 @@ def _unchanged_data_is_skipped_and_broken_data_is_refused(tmp_path, boosters, cl
     assert skipped["predictions_model_version"] == "2" and skipped["output_rows"] == 500
     assert not (tmp_path / "runs" / "again-xgboost").exists()
     assert len(client.search_model_versions("name = 'churn-test'")) == versions
+    _small_work_without_prefect_or_ray(tmp_path, boosters)
     table = pads.dataset(tmp_path / "data" / "train.parquet").to_table()
     rng = np.random.default_rng(5)
     charges = np.asarray(table["monthly charges ($)"].to_pylist(), dtype=float)
@@ -333,6 +334,26 @@ def _unchanged_data_is_skipped_and_broken_data_is_refused(tmp_path, boosters, cl
         assert not list((tmp_path / "runs").glob(f"{name}*"))
     assert len(client.search_model_versions("name = 'churn-test'")) == versions
     _monitor_live_performance(tmp_path, boosters[1], client)
+
+
+def _small_work_without_prefect_or_ray(tmp_path, boosters):
+    """With no Prefect API configured, the skip and a predict of a small table run in the calling process: neither
+    Ray nor Prefect's temporary server starts, and the predictions are those the flow run wrote."""
+    # (Prefect's INFO lines shown: they would say "Starting temporary server")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")} | {"PREFECT_LOGGING_LEVEL": "INFO"}
+    out = tmp_path / "here"
+    for args in (["retrain", *boosters, "--run-name", "skip-here"], ["predict", *boosters[:2]]):
+        proc = subprocess.run([sys.executable, "-m", "trainflow.flows.cli", *args, "--set", f"inference.output={out}",
+                               "--summary-json", str(tmp_path / "here.json")],
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "Ray dashboard" not in proc.stderr and "temporary server" not in proc.stderr, proc.stderr[-3000:]
+        assert "trainflow summary" in proc.stdout and f"{out} (500 rows for 500 inputs" in proc.stdout, proc.stdout
+        assert "wrote 500 predictions for 500 input rows" in proc.stderr  # the task's lines, as in a flow run
+        assert pads.dataset(out).to_table()["prediction"].to_pylist() == \
+            pads.dataset(tmp_path / "out" / "predictions").to_table()["prediction"].to_pylist()
+    summary = json.loads((tmp_path / "here.json").read_text())
+    assert summary["model_version_uri"] == "models:/churn-test/2" and summary["drift"]["drifted_columns"] == []
 
 
 def _monitor_live_performance(tmp_path, cfg_path, client):

@@ -1,0 +1,83 @@
+"""Small work answered in this process, without Prefect's temporary server or Ray.
+
+With no Prefect API configured, `trainflow predict` of a scoring table small enough to score in this process, and a
+`trainflow retrain` whose table is the champion's own (a skip), run the flow's steps as plain functions: starting
+Ray and Prefect's temporary server would take most of their time, and nothing outlives that server to read its
+records. What such a run records: the predictions with their manifest, drift scores as metrics of the serving model
+version's MLflow run, and the summary it prints (and --summary-json). With a Prefect API configured (a server, a
+worker, a deployment) every command is a flow run there, as is any work past these (training, a large table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from trainflow.config import Config
+from trainflow.locks import prefect_server_configured
+
+
+def run_here(command: str, config: Config, args: argparse.Namespace) -> dict[str, Any] | None:
+    """The command's summary when it was small work done here; None when it needs the flow run (Prefect and Ray)."""
+    if prefect_server_configured() or command not in ("predict", "retrain"):
+        return None
+    if command == "retrain" and (args.force or not _scoring_fits(config, needed=False)):
+        return None
+    if command == "predict" and not _scoring_fits(config, needed=True):
+        return None
+    # the tasks log to trainflow.<task> outside Prefect: at INFO, Prefect's console handler shows them as in a flow run
+    logger = logging.getLogger("trainflow")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    summary = None
+    try:
+        summary = _small_work(command, config, args)
+    finally:
+        if summary is None:  # the flow run shows its own lines
+            logger.setLevel(level)
+    return summary
+
+
+def _small_work(command: str, config: Config, args: argparse.Namespace) -> dict[str, Any] | None:
+    from trainflow.flows.predict import score, skipped_run
+
+    if command == "predict":
+        return score(config, args.model, in_flow=False)
+    fingerprint = small_table_fingerprint(config)
+    if fingerprint is None:
+        return None
+    from trainflow.tasks.run_name import resolve_run_name
+    from trainflow.tasks.skip import check_unchanged
+
+    skipped = check_unchanged.fn(config, fingerprint)
+    if not skipped:
+        return None
+    return skipped_run(config, resolve_run_name.fn(args.run_name), skipped, in_flow=False)
+
+
+def _scoring_fits(config: Config, needed: bool) -> bool:
+    """Whether inference.input is scored in this process (no inference.input: needed says if that is a no)."""
+    if not config.inference.input:
+        return not needed
+    from trainflow.tasks.infer import scored_here, scoring_table_bytes
+
+    try:
+        return scored_here(config, scoring_table_bytes(config))
+    except Exception:  # noqa: BLE001 - a missing or unreadable table is reported by the flow, as before
+        return False
+
+
+def small_table_fingerprint(config: Config) -> str | None:
+    """The training table's fingerprint as ingest computes it for a table that fits in memory (its bytes), from the
+    files alone; None for a table ingest may stream (fingerprinted by metadata, as the object store's size decides)."""
+    from trainflow.tables import fingerprint, in_memory_bytes, list_files
+    from trainflow.trainer.predict import IN_PROCESS_BYTES
+
+    data = config.data
+    if data.materialize == "never":
+        return None
+    fs, files = list_files(data.path, data.format)
+    if in_memory_bytes(fs, files, data.format) > IN_PROCESS_BYTES:
+        return None
+    return fingerprint(fs, files, content=True, fmt=data.format, csv=data.csv)
