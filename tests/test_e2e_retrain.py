@@ -308,13 +308,11 @@ def _unchanged_data_is_skipped_and_broken_data_is_refused(tmp_path, boosters, cl
     """The same data and training config as the champion: nothing trains or registers, the champion scores.
     A table with 5% of the rows, a column 40% empty, or the class balance flipped: exit 2 before any training."""
     versions = len(client.search_model_versions("name = 'churn-test'"))
-    rc = cli_main(["retrain", *boosters, "--run-name", "again", "--summary-json", str(tmp_path / "skip.json")])
-    skipped = json.loads((tmp_path / "skip.json").read_text())
-    assert rc == 0 and skipped["skipped"]["champion_version"] == "2" and "--force" in skipped["skipped"]["reason"]
+    skipped = _small_work_without_prefect_or_ray(tmp_path, boosters)
+    assert skipped["skipped"]["champion_version"] == "2" and "--force" in skipped["skipped"]["reason"]
     assert skipped["predictions_model_version"] == "2" and skipped["output_rows"] == 500
-    assert not (tmp_path / "runs" / "again-xgboost").exists()
+    assert not list((tmp_path / "runs").glob("skip-here*"))
     assert len(client.search_model_versions("name = 'churn-test'")) == versions
-    _small_work_without_prefect_or_ray(tmp_path, boosters)
     table = pads.dataset(tmp_path / "data" / "train.parquet").to_table()
     rng = np.random.default_rng(5)
     charges = np.asarray(table["monthly charges ($)"].to_pylist(), dtype=float)
@@ -336,15 +334,17 @@ def _unchanged_data_is_skipped_and_broken_data_is_refused(tmp_path, boosters, cl
     _monitor_live_performance(tmp_path, boosters[1], client)
 
 
-def _small_work_without_prefect_or_ray(tmp_path, boosters):
-    """With no Prefect API configured, the skip and a predict of a small table run in the calling process: neither
-    Ray nor Prefect's temporary server starts, and the predictions are those the flow run wrote."""
+def _small_work_without_prefect_or_ray(tmp_path, boosters) -> dict:
+    """With no Prefect API configured, a retrain on the champion's own data and config (a skip: nothing trains, the
+    champion scores) and a predict of a small table run in the calling process: neither Ray nor Prefect's temporary
+    server starts, and the predictions are the flow run's. (The skip under a Prefect server: test_deployments.)
+    Returns the skip's summary."""
     # (Prefect's INFO lines shown: they would say "Starting temporary server")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")} | {"PREFECT_LOGGING_LEVEL": "INFO"}
-    out = tmp_path / "here"
+    out, summaries = tmp_path / "here", {}
     for args in (["retrain", *boosters, "--run-name", "skip-here"], ["predict", *boosters[:2]]):
         proc = subprocess.run([sys.executable, "-m", "trainflow.flows.cli", *args, "--set", f"inference.output={out}",
-                               "--summary-json", str(tmp_path / "here.json")],
+                               "--summary-json", str(tmp_path / f"{args[0]}.json")],
                               env=env, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "Ray dashboard" not in proc.stderr and "temporary server" not in proc.stderr, proc.stderr[-3000:]
@@ -352,8 +352,10 @@ def _small_work_without_prefect_or_ray(tmp_path, boosters):
         assert "wrote 500 predictions for 500 input rows" in proc.stderr  # the task's lines, as in a flow run
         assert pads.dataset(out).to_table()["prediction"].to_pylist() == \
             pads.dataset(tmp_path / "out" / "predictions").to_table()["prediction"].to_pylist()
-    summary = json.loads((tmp_path / "here.json").read_text())
-    assert summary["model_version_uri"] == "models:/churn-test/2" and summary["drift"]["drifted_columns"] == []
+        summaries[args[0]] = json.loads((tmp_path / f"{args[0]}.json").read_text())
+    assert summaries["predict"]["model_version_uri"] == "models:/churn-test/2"
+    assert summaries["predict"]["drift"]["drifted_columns"] == []
+    return summaries["retrain"]
 
 
 def _monitor_live_performance(tmp_path, cfg_path, client):
