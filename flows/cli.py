@@ -280,6 +280,10 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
         config.require_tune()
         if args.resume and not args.run_name:
             raise TrainflowError("tune --resume needs the --run-name of the sweep to restore")
+    if args.command in ("retrain", "tune", "validate"):
+        from trainflow.tables import preflight
+
+        preflight(config)  # the columns the config names, from the files' metadata: seconds, before anything starts
     from trainflow.flows.local import run_here
 
     summary = run_here(args.command, config, args)  # small work with no Prefect API: answered here, in seconds

@@ -29,8 +29,14 @@ def test_uri_paths_are_kept_and_format_is_inferred(tmp_path):
 @pytest.mark.parametrize(
     "raw, needle",
     [
-        ({**BASE, "trian": {}}, "trian: unknown key"),
-        ({**BASE, "train": {"epochz": 3}}, "train.epochz: unknown key"),
+        ({**BASE, "trian": {}}, "trian: unknown key; did you mean train?"),
+        ({**BASE, "train": {"epochz": 3}}, "train.epochz: unknown key; did you mean train.epochs?"),
+        # a value no member of the union takes: one line, every valid value (auto included), the closest one
+        ({**BASE, "model": {"type": "xgbost"}}, "model.type: Input should be 'auto', or 'mlp', 'torch', 'xgboost', "
+                                                "'lightgbm' or 'catboost', or a valid list (got 'xgbost'); did you mean 'xgboost'?"),
+        ({**BASE, "model": {"type": ["mlp", "catbost"]}}, "model.type.1: Input should be 'mlp'"),
+        ({**BASE, "train": {"epochs": "x"}}, "train.epochs: Input should be a valid integer, unable to parse string as an "
+                                             "integer, or 'auto' (got 'x')"),
         ({**BASE, "train": {"epochs": 0}}, "train.epochs"),
         ({**BASE, "split": {"validation_fraction": 1.5}}, "split.validation_fraction"),
         ({**BASE, "task": "ranking"}, "task"),

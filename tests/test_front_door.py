@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -146,3 +149,25 @@ def test_every_cli_option_says_what_it_does():
 
     walk(_parser(), "trainflow")
     assert missing == []
+
+
+def test_a_misspelled_column_is_refused_from_the_files_metadata_before_anything_starts(tmp_path, capsys):
+    """A label, id or scoring column the tables lack: exit 2 naming the file, the column and the closest name, from
+    the Parquet footers alone, before Ray or a Prefect server starts."""
+    cfg = churn_config(tmp_path, rows=300)
+    for setting, needle in (
+        ("data.label=churn", "train.parquet: label column 'churn' not found; did you mean 'churned'?"),
+        ("data.id_column=customerid", "train.parquet: id column 'customerid' not found; did you mean 'customer_id'?"),
+        ("promotion.slices=[regoin]", "promotion.slices names column(s) ['regoin'] that the table lacks; did you mean 'region'?"),
+    ):
+        for command in ("retrain", "validate"):
+            assert cli_main([command, "--config", str(cfg), "--set", setting]) == 2
+            assert needle in capsys.readouterr().err
+    write_parquet(make_churn_table(50, seed=3, with_label=False).drop_columns(["age"]), tmp_path / "data" / "score.parquet")
+    # as a user runs it: a fresh process, no Prefect API (Prefect's INFO lines would say "Starting temporary server")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")} | {"PREFECT_LOGGING_LEVEL": "INFO"}
+    proc = subprocess.run([sys.executable, "-m", "trainflow.flows.cli", "retrain", "--config", str(cfg)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "score.parquet: column(s) ['age'] not found" in proc.stderr, proc.stderr
+    assert "Ray dashboard" not in proc.stderr and "temporary server" not in proc.stderr
+    assert not (tmp_path / "runs").exists()

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import copy
+import difflib
 import hashlib
 import json
 import math
 import os
+import re
 import uuid
 from pathlib import Path
 from typing import Any, Literal
@@ -183,7 +185,7 @@ class ModelSection(_Section):
 
     # auto (the default): every built-in family (AUTO_FAMILIES), each its own Ray Train run, and their weighted
     # ensemble; the best on the validation split is kept (docs/performance.md, "Against AutoGluon-Tabular")
-    type: FamilyName | list[FamilyName] = "auto"
+    type: Literal["auto"] | FamilyName | list[FamilyName] = "auto"
     # mlp: chosen on real tables against HistGradientBoosting (docs/performance.md, "Model quality")
     hidden_sizes: list[int] = Field(default_factory=lambda: [256, 128])
     dropout: float = Field(0.3, ge=0.0, lt=1.0)
@@ -722,17 +724,53 @@ def _resolve(path: str | None, base: Path) -> str | None:
 
 
 def _format_errors(err: ValidationError, source: str) -> str:
-    lines = []
+    """One line per key: a misspelled key with the closest known one, and a value refused by every member of a
+    union (e.g. model.type: a family or a list of them) as one line listing what each would take."""
+    by_key: dict[str, list[dict]] = {}
     for e in err.errors():
-        key = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        # pydantic names union members in the location (literal['mlp',...], list[...]): the key is the rest
+        parts = [str(x) for x in e["loc"] if not (isinstance(x, str) and ("[" in x or "(" in x or x in _UNION_TAGS))]
+        by_key.setdefault(".".join(parts) or "(top level)", []).append(e)
+    lines = []
+    for key, errors in by_key.items():
+        if any(other.startswith(key + ".") for other in by_key):  # a list's item is named below: that line says it
+            continue
+        e = errors[0]
         if e["type"] == "extra_forbidden":
-            lines.append(f"  {key}: unknown key")
+            parent, name = key.rpartition(".")[::2]
+            lines.append(f"  {key}: unknown key" + _closest_key(name, parent))
         elif e["type"] == "missing":
             lines.append(f"  {key}: required key is missing")
         else:
-            msg = e["msg"].removeprefix("Value error, ")
-            lines.append(f"  {key}: {msg} (got {e.get('input')!r})" if "input" in e and not isinstance(e["input"], dict) else f"  {key}: {msg}")
+            msgs = list(dict.fromkeys(x["msg"].removeprefix("Value error, ") for x in errors))
+            msg = msgs[0] + "".join(f", or {m.removeprefix('Input should be ')}" for m in msgs[1:])
+            got = e.get("input")
+            choices = [c for x in errors for c in re.findall(r"'([^']*)'", (x.get("ctx") or {}).get("expected", ""))]
+            close = difflib.get_close_matches(got, choices, n=1, cutoff=0.6) if isinstance(got, str) else []
+            lines.append((f"  {key}: {msg} (got {got!r})" if "input" in e and not isinstance(got, dict) else f"  {key}: {msg}")
+                         + (f"; did you mean {close[0]!r}?" if close else ""))
     return f"invalid config {source}:\n" + "\n".join(lines)
+
+
+_UNION_TAGS = {"int", "float", "str", "bool", "none", "dict", "list"}  # how pydantic names a union's plain types
+
+
+def _closest_key(name: str, parent: str) -> str:
+    """'; did you mean <parent>.<key>?' for the known key of the section at parent closest to name."""
+    import typing
+
+    model: Any = Config
+    for part in [p for p in parent.split(".") if p]:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return ""
+        found = [a for a in (field.annotation, *typing.get_args(field.annotation))
+                 if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not found:
+            return ""
+        model = found[0]
+    close = difflib.get_close_matches(name, list(getattr(model, "model_fields", {})), n=1, cutoff=0.6)
+    return f"; did you mean {'.'.join(filter(None, [parent, close[0]]))}?" if close else ""
 
 
 def config_from_dict(raw: dict[str, Any], base_dir: str | Path = ".", source: str = "<dict>") -> Config:

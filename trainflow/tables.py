@@ -5,6 +5,7 @@ kinds, the fingerprint, the task a label implies, and whether an output location
 from __future__ import annotations
 
 import fnmatch
+import difflib
 import hashlib
 import json
 import uuid
@@ -257,18 +258,55 @@ def mlflow_type(t: pa.DataType) -> str:
         return "datetime"
     return "string"
 
+def did_you_mean(name: object, names: list[str]) -> str:
+    """"did you mean 'x'? " naming the closest of names to a misspelled name, or nothing."""
+    close = difflib.get_close_matches(str(name), [str(n) for n in names], n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
+def check_present(names: list[str], data: Any, source: str) -> None:
+    """The label, id and feature columns data names are among names (DataError naming the first missing one)."""
+    for role, col in (("label", data.label), ("id", data.id_column)):
+        if col is not None and col not in names:
+            raise DataError(f"{source}: {role} column {col!r} not found; {did_you_mean(col, names)}columns are {names}")
+    missing = [c for c in (data.features or []) if c not in names]
+    if missing:
+        raise DataError(f"{source}: feature column(s) {missing} not found; {did_you_mean(missing[0], names)}"
+                        f"columns are {names}")
+
+
+def preflight(config: Any) -> None:
+    """What the files' metadata can tell before Ray or Prefect start (Parquet footers, a CSV's header and first
+    block): the training table and the scoring table hold the columns the config names. DataError naming the file,
+    the column and the closest name; the flow checks the rest (types, values) as before."""
+    data = config.data
+    names = list(open_dataset(data.path, data.format, data.csv).schema.names)
+    check_names(names, data.path)
+    check_present(names, data, data.path)
+    missing = [c for c in config.promotion.slices if c not in names]
+    if missing:
+        raise DataError(f"{data.path}: promotion.slices names column(s) {missing} that the table lacks; "
+                        f"{did_you_mean(missing[0], names)}columns are {names}")
+    inp = config.inference.input
+    if inp:
+        from trainflow.config import infer_format
+
+        scored = list(open_dataset(inp, infer_format(inp), data.csv).schema.names)
+        features = data.features or [c for c in names if c not in (data.label, data.id_column)]
+        wanted = features + ([data.id_column] if data.id_column else [])
+        missing = [c for c in wanted if c not in scored]
+        if missing:
+            raise DataError(f"inference input {inp}: column(s) {missing} not found; {did_you_mean(missing[0], scored)}"
+                            f"columns are {scored}")
+
+
 def check_columns(
     schema: pa.Schema, data: Any, task: str, source: str
 ) -> tuple[list[str], list[str], list[str], list[str]]:
     """Check label/feature/id columns exist with usable types; return (features, numeric, categorical, dates)."""
     names = list(schema.names)
-    for role, col in (("label", data.label), ("id", data.id_column)):
-        if col is not None and col not in names:
-            raise DataError(f"{source}: {role} column {col!r} not found; columns are {names}")
+    check_present(names, data, source)
     features = data.features or [c for c in names if c not in (data.label, data.id_column)]
-    missing = [c for c in features if c not in names]
-    if missing:
-        raise DataError(f"{source}: feature column(s) {missing} not found; columns are {names}")
     if not features:
         raise DataError(f"{source}: no feature columns left besides the label and id")
     numeric, categorical, dates = [], [], []
