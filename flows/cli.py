@@ -146,6 +146,37 @@ def format_predict_summary(s: dict[str, Any]) -> str:
     return "\n".join(lines + _scoring_lines({**s, "predictions_model_version": None}))
 
 
+def format_monitor_summary(s: dict[str, Any]) -> str:
+    """`trainflow monitor`'s summary: the verdict and the figures behind it (the JSON: --summary-json)."""
+    m = s.get("monitor") or {}
+    f = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
+    return "\n".join([
+        "", "trainflow summary",
+        f"  model             {m.get('model_uri')}",
+        f"  labelled rows     {m.get('rows')} of {m.get('predictions')} predictions (coverage {m.get('coverage', 0):.0%})",
+        f"  {m.get('metric', 'metric'):<18}live {f(m.get('live_score'))}, at registration {f(m.get('validation_score'))}"
+        + (f" ({m['baseline_on']})" if m.get("baseline_on") else "") + f", drop {f(m.get('drop'))} (max {m.get('max_drop')})",
+        f"  verdict           {m.get('verdict')}",
+    ])
+
+
+def format_validate_summary(s: dict[str, Any]) -> str:
+    """`trainflow validate`'s summary: what a retrain would train on (the JSON: --summary-json)."""
+    feats = s.get("features") or {}
+    lines = ["", "trainflow summary", "  valid             yes: every check a retrain makes before training passed",
+             f"  data              {s.get('data_path')} ({s.get('rows')} rows, task {s.get('task')})",
+             f"  split             {s.get('train_rows')} training, {s.get('validation_rows')} validation, "
+             f"{s.get('test_rows')} test rows" + (f", {s['folds']} folds" if (s.get("folds") or 1) > 1 else ""),
+             f"  features          {len(feats.get('numeric') or [])} numeric, {len(feats.get('text') or [])} text, "
+             f"{len(feats.get('dates') or [])} date -> {s.get('packed_features')} packed",
+             f"  families          {', '.join(s.get('families') or {}) or '-'}"]
+    for family, why in (s.get("families_left_out") or {}).items():
+        lines.append(f"    {family:<10} left out: {why}")
+    if s.get("inference_input"):
+        lines.append(f"  scoring           {s['inference_input']} -> {s.get('inference_output')}")
+    return "\n".join(lines)
+
+
 def _scoring_lines(s: dict[str, Any]) -> list[str]:
     lines = []
     if s.get("predictions_path"):
@@ -162,9 +193,19 @@ def _scoring_lines(s: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("trainflow")
+    except PackageNotFoundError:  # a checkout run without installing it
+        return "unknown (not installed)"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trainflow", description=__doc__)
     p.add_argument("--debug", action="store_true", help="show full tracebacks")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}", help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("retrain", help="train, select, register and predict from a config")
@@ -416,6 +457,10 @@ def main(argv: list[str] | None = None) -> int:
             print(format_summary(summary))
         elif args.command == "predict":
             print(format_predict_summary(summary))
+        elif args.command == "monitor":
+            print(format_monitor_summary(summary))
+        elif args.command == "validate":
+            print(format_validate_summary(summary))
         else:
             print(json.dumps(summary, indent=2, default=str))
         if args.summary_json:

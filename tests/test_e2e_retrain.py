@@ -331,7 +331,7 @@ def _unchanged_data_is_skipped_and_broken_data_is_refused(tmp_path, boosters, cl
         assert rc == 2 and needle in err and "relax with validation." in err, err
         assert not list((tmp_path / "runs").glob(f"{name}*"))
     assert len(client.search_model_versions("name = 'churn-test'")) == versions
-    _monitor_live_performance(tmp_path, boosters[1], client)
+    _monitor_live_performance(tmp_path, boosters[1], client, capsys)
 
 
 def _small_work_without_prefect_or_ray(tmp_path, boosters) -> dict:
@@ -358,7 +358,7 @@ def _small_work_without_prefect_or_ray(tmp_path, boosters) -> dict:
     return summaries["retrain"]
 
 
-def _monitor_live_performance(tmp_path, cfg_path, client):
+def _monitor_live_performance(tmp_path, cfg_path, client, capsys):
     """The scoring rows' true labels arrive: the version that wrote the predictions (read from their manifest) scores
     about its validation score on them; with 40% of the labels flipped it is degraded."""
     truth = make_churn_table(500, seed=2, id_offset=10_000).select(["customer_id", "churned"])
@@ -367,11 +367,14 @@ def _monitor_live_performance(tmp_path, cfg_path, client):
     flip = np.random.default_rng(3).random(len(y)) < 0.4
     write_parquet(truth.set_column(1, "churned", pa.array(np.where(flip, 1 - y, y))), tmp_path / "labels" / "flipped.parquet")
     reports = {}
+    capsys.readouterr()
     for name in ("true", "flipped"):
         out = tmp_path / f"monitor-{name}.json"
         assert cli_main(["monitor", "--config", cfg_path, "--labels", str(tmp_path / "labels" / f"{name}.parquet"),
                          "--summary-json", str(out)]) == 0
         reports[name] = json.loads(out.read_text())["monitor"]
+        printed = capsys.readouterr().out  # a summary a person reads; the JSON is behind --summary-json
+        assert f"  verdict           {reports[name]['verdict']}" in printed and "  labelled rows     500 of 500" in printed
     good, bad = reports["true"], reports["flipped"]
     assert good["model_version"] == bad["model_version"] == "2" and good["rows"] == 500
     assert good["metric"] == "val_roc_auc" and abs(good["live_score"] - good["validation_score"]) < 0.1

@@ -109,6 +109,8 @@ def test_validate_runs_every_check_short_of_training(tmp_path, capsys):
     assert summary["valid"] and summary["rows"] == 600 and summary["train_rows"] + summary["validation_rows"] + summary["test_rows"] == 600
     assert set(summary["families"]) == {"mlp"} and summary["families"]["mlp"]["epochs"] == 3
     assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()  # nothing trained, nothing written
+    printed = capsys.readouterr().out  # a summary a person reads; the JSON is behind --summary-json
+    assert "  valid             yes" in printed and "  families          mlp" in printed and "{" not in printed
     # a scoring table without a feature the model needs: exit 2 naming the file and column, before any training
     write_parquet(make_churn_table(50, seed=3, with_label=False).drop_columns(["plan"]), tmp_path / "data" / "score.parquet")
     capsys.readouterr()
@@ -149,6 +151,9 @@ def test_every_cli_option_says_what_it_does():
 
     walk(_parser(), "trainflow")
     assert missing == []
+    with pytest.raises(SystemExit) as done:  # --version: the installed package's
+        _parser().parse_args(["--version"])
+    assert done.value.code == 0
 
 
 def test_a_misspelled_column_is_refused_from_the_files_metadata_before_anything_starts(tmp_path, capsys):
