@@ -71,8 +71,7 @@ def _scoring_fits(config: Config, needed: bool) -> bool:
 def small_table_fingerprint(config: Config) -> str | None:
     """The training table's fingerprint as ingest computes it for a table that fits in memory (its bytes), from the
     files alone; None for a table ingest may stream (fingerprinted by metadata, as the object store's size decides)."""
-    from trainflow.tables import fingerprint, in_memory_bytes, list_files
-    from trainflow.trainer.predict import IN_PROCESS_BYTES
+    from trainflow.tables import IN_PROCESS_BYTES, fingerprint, in_memory_bytes, list_files
 
     data = config.data
     if data.materialize == "never":

@@ -25,13 +25,16 @@ from trainflow.data import arrow_schema, streamed_task_args
 from trainflow.tables import TableSpec
 
 
-def check_text_columns(ds: ray.data.Dataset, spec: TableSpec, parse_dates: bool, source: str, sample: int = 2000) -> None:
-    """Look at a sample of each text column: ISO-8601 dates move to spec.dates (when parse_dates), and a
-    column of nearly all numbers with stray text is an error naming the value."""
+def check_text_columns(ds: ray.data.Dataset | pa.Table, spec: TableSpec, parse_dates: bool, source: str,
+                       sample: int = 2000) -> None:
+    """Look at a sample of each text column (of a Ray Dataset, or a table in this process's memory): ISO-8601 dates
+    move to spec.dates (when parse_dates), and a column of nearly all numbers with stray text is an error naming
+    the value."""
     text_columns = list(spec.categorical)
     if not text_columns:
         return
-    rows = ds.select_columns(text_columns).take(sample)
+    rows = (ds.select(text_columns).slice(0, sample).to_pylist() if isinstance(ds, pa.Table)
+            else ds.select_columns(text_columns).take(sample))
     for col in text_columns:
         values = [r[col] for r in rows if r[col] is not None and str(r[col]).strip() != ""]
         if parse_dates and looks_like_dates(values):

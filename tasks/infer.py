@@ -18,12 +18,12 @@ from trainflow.trainer.checkpoint import read_config
 from trainflow.trainer.families.network import user_class_path
 from trainflow.trainer.serving import member_dirs
 from trainflow.trainer.predict import (
-    IN_PROCESS_BYTES, CountCollector, NonFiniteOutput, predict_arrow, predict_dataset,
+    CountCollector, NonFiniteOutput, predict_arrow, predict_dataset,
 )
 from trainflow.config import Config, infer_format
 from trainflow.data import arrow_schema, read_table, should_materialize
 from trainflow.preprocessors.fit import check_unseen, count_drift, count_drift_table, count_unseen, count_unseen_table
-from trainflow.tables import check_writable, in_memory_bytes, list_files, read_arrow
+from trainflow.tables import IN_PROCESS_BYTES, check_writable, in_memory_bytes, list_files, read_arrow
 from trainflow.outputs import guard_output, write_output
 from trainflow.errors import CheckpointError, DataError, InfrastructureError
 from trainflow.runtime import ensure_ray

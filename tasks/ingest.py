@@ -4,18 +4,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pyarrow as pa
 import ray.data
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.tasks.common import retry_unless_user_error
 from trainflow.config import Config, infer_format
-from trainflow.data import arrow_schema, count_nulls, count_rows_and_bad_labels, read_table, should_materialize
+from trainflow.data import (
+    arrow_schema, count_nulls, count_rows_and_bad_labels, labels_in, read_table, should_materialize,
+)
 from trainflow.preprocessors.fit import check_text_columns
 from trainflow.tables import (
-    TableSpec, check_writable, fingerprint, in_memory_bytes, is_numeric_type, is_string_type, is_temporal_type, list_files,
-    table_spec,
+    IN_PROCESS_BYTES, TableSpec, check_writable, fingerprint, in_memory_bytes, is_numeric_type, is_string_type,
+    is_temporal_type, list_files, open_dataset, read_arrow, table_spec,
 )
+from trainflow.storage import with_scheme
 from trainflow.errors import DataError
 from trainflow.outputs import guard_output
 from trainflow.trainer.resources import check_fits
@@ -28,6 +32,8 @@ class Ingested:
     spec: TableSpec
     materialized: bool = True  # kept in the object store; else streamed from the files each time it is read
     table_bytes: int = 0  # in-memory size, from the files' metadata
+    table: pa.Table | None = None  # a small table read by this process (dataset holds the same rows): split and
+    # record-split cut it here
 
 
 def _kind(t) -> str:
@@ -39,8 +45,15 @@ def preflight_inference(config: Config, spec: TableSpec, train_schema) -> None:
     """Before any training: the scoring table has every feature column, of the kind the model is trained on,
     and ids without gaps."""
     inp = config.inference.input
-    ds, _, _ = read_table(inp, infer_format(inp), csv=config.data.csv)
-    schema = arrow_schema(ds, inp)
+    fmt = infer_format(inp)
+    fs, files = list_files(inp, fmt)
+    here = fmt == "parquet" and in_memory_bytes(fs, files, fmt) <= IN_PROCESS_BYTES  # no Ray pass for a small one
+    if here:
+        scoring = open_dataset(inp, fmt)
+        schema = scoring.schema
+    else:
+        ds, _, _ = read_table(inp, fmt, listed=(fs, files), csv=config.data.csv)
+        schema = arrow_schema(ds, inp)
     names = schema.names
     id_column = config.data.id_column
     missing = [c for c in spec.feature_order + ([id_column] if id_column else []) if c not in names]
@@ -54,7 +67,7 @@ def preflight_inference(config: Config, spec: TableSpec, train_schema) -> None:
                 f"{config.data.path} has it as {trained} ({train_schema.field(col).type}); store it as {trained}"
             )
     if id_column:
-        nulls = count_nulls(ds, id_column)
+        nulls = scoring.to_table(columns=[id_column]).column(id_column).null_count if here else count_nulls(ds, id_column)
         if nulls:
             raise DataError(f"inference input {inp}: id column {id_column!r} is empty in {nulls} row(s); "
                             "every prediction needs its id")
@@ -93,25 +106,33 @@ def ingest(config: Config, known_fingerprint: str | None = None) -> Ingested:
     if config.inference.output:  # a place trainflow may write: checked before anything is read
         guard_output(config.inference.output, config)
         check_writable(config.inference.output)
-    listed = list_files(data.path, data.format)  # once: a remote folder's listing is a request per page
-    ds, files, fs = read_table(data.path, data.format, listed=listed, csv=data.csv)
-    schema = arrow_schema(ds, data.path)
+    listed = fs, found = list_files(data.path, data.format)  # once: a remote folder's listing is a request per page
+    fp, materialize, table_bytes, why = _fingerprint(data, fs, found) if known_fingerprint is None else \
+        (known_fingerprint, *_sizing(data, fs, found))
+    # a small Parquet table is read by this process and handed to Ray Data whole (no read tasks, no passes for
+    # the checks); a CSV table keeps Ray Data's per-file type inference
+    table = read_arrow(fs, found, data.format, data.csv, data.path) if (
+        materialize and data.format == "parquet" and table_bytes <= IN_PROCESS_BYTES) else None
+    if table is not None:
+        ds, files, schema = ray.data.from_arrow(table), [with_scheme(data.path, f) for f in found], table.schema
+        why += "; read by this process"
+    else:
+        ds, files, _ = read_table(data.path, data.format, listed=listed, csv=data.csv)
+        schema = arrow_schema(ds, data.path)
     spec = table_spec(schema, data, config.task, data.path, files=files)
     missing = [c for c in config.promotion.slices if c not in schema.names]
     if missing:
         raise DataError(f"{data.path}: promotion.slices names column(s) {missing} that the table lacks; "
                         f"columns are {list(schema.names)}")
-    fp, materialize, table_bytes, why = _fingerprint(data, fs, files) if known_fingerprint is None else \
-        (known_fingerprint, *_sizing(data, fs, files))
-    if materialize:
+    if table is None and materialize:
         ds = ds.materialize()  # read once; the checks below and the split reuse it
-    else:
+    elif table is None:
         ds, _, _ = read_table(data.path, data.format, streamed=True, listed=listed, csv=data.csv)
     get_run_logger().info("table %s: %s", "materialized" if materialize else "streamed", why)
-    check_text_columns(ds, spec, config.preprocess.parse_dates, data.path)
+    check_text_columns(ds if table is None else table, spec, config.preprocess.parse_dates, data.path)
     if config.inference.input:
         preflight_inference(config, spec, schema)
-    rows, bad = count_rows_and_bad_labels(ds, data.label)
+    rows, bad = count_rows_and_bad_labels(ds, data.label) if table is None else labels_in(table, data.label)
     if rows == 0:
         raise DataError(f"{data.path}: the table has no rows")
     if bad:
@@ -124,4 +145,4 @@ def ingest(config: Config, known_fingerprint: str | None = None) -> Ingested:
         "read %d rows from %d file(s): %d numeric, %d text, %d date feature(s); fingerprint %s",
         rows, len(files), len(spec.numeric), len(spec.categorical), len(spec.dates), spec.fingerprint,
     )
-    return Ingested(ds, spec, materialize, table_bytes)
+    return Ingested(ds, spec, materialize, table_bytes, table)

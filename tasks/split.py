@@ -13,7 +13,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.config import Config
-from trainflow.data import fold_parts, plan_split, split_roles
+from trainflow.data import fold_parts, plan_split, split_roles, table_roles
 from trainflow.folds import NO_FOLD, ROLE_NAMES, TEST, TRAIN, VALIDATION, FoldPlan, check_sizes
 from trainflow.storage import filesystem_for, join, list_dir, write_text
 from trainflow.tasks.common import retry_unless_user_error
@@ -52,7 +52,7 @@ def _assignment(batch: pa.Table, plan: FoldPlan, id_column: str | None) -> pa.Ta
                      "fold": pa.array(folds, pa.int8(), mask=folds == NO_FOLD)})
 
 
-def write_assignment(ds: ray.data.Dataset, plan: FoldPlan, id_column: str | None, where: str) -> str:
+def write_assignment(ds: ray.data.Dataset | pa.Table, plan: FoldPlan, id_column: str | None, where: str) -> str:
     """The run's assignment as Parquet under where: each row's id (or its hash key in [0, 1)) and role, the plan
     (_plan.json, a name Parquet readers skip) written last; a rerun of the same run (same data, same plan) finds it."""
     found = list_dir(where)
@@ -61,9 +61,17 @@ def write_assignment(ds: ray.data.Dataset, plan: FoldPlan, id_column: str | None
     if found:  # a write of this run's own assignment folder cut short (no _plan.json): its files go, then again
         fs, inner = filesystem_for(where)
         fs.delete_dir_contents(inner, missing_dir_ok=True)
-    ds.select_columns(list(dict.fromkeys([*plan.key_columns, *([plan.label] if plan.label else [])]))).map_batches(
-        _assignment, fn_kwargs={"plan": plan, "id_column": id_column}, batch_format="pyarrow",
-    ).write_parquet(where)
+    columns = list(dict.fromkeys([*plan.key_columns, *([plan.label] if plan.label else [])]))
+    if isinstance(ds, pa.Table):  # a table in this process's memory: one file, written here
+        import pyarrow.parquet as pq
+
+        fs, inner = filesystem_for(where)
+        fs.create_dir(inner, recursive=True)
+        pq.write_table(_assignment(ds.select(columns), plan, id_column), f"{inner.rstrip('/')}/assignment.parquet",
+                       filesystem=fs)
+    else:
+        ds.select_columns(columns).map_batches(_assignment, fn_kwargs={"plan": plan, "id_column": id_column},
+                                               batch_format="pyarrow").write_parquet(where)
     write_text(join(where, ASSIGNMENT_PLAN), json.dumps(plan.to_dict(), indent=1))
     return where
 
@@ -73,7 +81,8 @@ def write_assignment(ds: ray.data.Dataset, plan: FoldPlan, id_column: str | None
 def record_split(ingested: Ingested, config: Config, parts: Split, run_name: str) -> Split:
     """Write the run's assignment (each row's key and role) beside its runs, once the checks passed and training is
     about to start; the split with its split_path."""
-    where = write_assignment(ingested.dataset, parts.plan, config.data.id_column,
+    where = write_assignment(ingested.dataset if ingested.table is None else ingested.table, parts.plan,
+                             config.data.id_column,
                              join(config.storage_path, f"{run_name}-split"))
     return replace(parts, split_path=where)
 
@@ -83,17 +92,21 @@ def split(ingested: Ingested, config: Config, folds: int | str | None = None) ->
     """Split the table into training, validation and test rows (the fold plan), or into test rows and cross-fitting
     folds (train.folds; folds overrides it: the tune flow's trials train on one split)."""
     keys = [config.data.id_column] if config.data.id_column else ingested.spec.feature_order + [config.data.label]
-    plan = plan_split(ingested.dataset, config.task, config.data.label, config.split.test_fraction,
-                      config.split.validation_fraction, config.split.seed, keys, ingested.spec.rows,
-                      config.train.folds if folds is None else folds, ingested.spec.path)
+    table = ingested.table  # read by this process: cut here, each part handed to Ray whole (no Ray passes)
+    plan = plan_split(ingested.dataset if table is None else table, config.task, config.data.label,
+                      config.split.test_fraction, config.split.validation_fraction, config.split.seed, keys,
+                      ingested.spec.rows, config.train.folds if folds is None else folds, ingested.spec.path)
     check_sizes(plan.counts, ingested.spec.path, plan)
-    parts = split_roles(ingested.dataset, plan, ingested.materialized)
+    tables = table_roles(table, plan) if table is not None else None
+    parts = split_roles(ingested.dataset, plan, ingested.materialized) if tables is None else \
+        {r: ray.data.from_arrow(t) for r, t in tables.items()}
     log = get_run_logger()
     if plan.folds > 1:
         non_test = plan.counts["train"]
         log.info("split: %d test rows; %d rows in %d cross-fitting folds (%s) (%s)", plan.counts["test"], non_test,
                  plan.folds, ", ".join(str(plan.counts[f"fold {k}"]) for k in range(plan.folds)), plan.describe())
-        cut = [fold_parts(parts[TRAIN], plan, k, ingested.materialized) for k in range(plan.folds)]
+        fit_rows = parts[TRAIN] if tables is None else tables[TRAIN]
+        cut = [fold_parts(fit_rows, plan, k, ingested.materialized) for k in range(plan.folds)]
         if ingested.materialized:
             cut = [(a.materialize(), b.materialize()) for a, b in cut]
         empty = parts[TRAIN].limit(0)

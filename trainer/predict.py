@@ -71,10 +71,7 @@ class BatchPredictor:
         return predict_table(self.servable, batch, self.id_column)
 
 
-# A scoring table up to this size (decoded) is read, predicted and written by the calling process: below it, starting a
-# Ray task or a predictor actor (a worker process importing torch, then loading the model) costs more than the work
-# (figures in docs/performance.md, skip-unchanged).
-IN_PROCESS_BYTES = 64 * 2**20
+
 
 
 def _columns(feature_order: list[str], id_column: str | None) -> list[str]:

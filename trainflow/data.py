@@ -98,6 +98,10 @@ def count_nulls(ds: ray.data.Dataset, column: str) -> int:
     out = ds.select_columns([column]).map_batches(_nulls, fn_kwargs={"column": column}, batch_format="pyarrow")
     return int(out.sum("nulls") or 0)
 
+def labels_in(table: pa.Table, label: str) -> tuple[int, int]:
+    """count_rows_and_bad_labels of a table in this process's memory."""
+    return table.num_rows, int(_bad_labels(table, label)["bad"][0])
+
 def count_rows_and_bad_labels(ds: ray.data.Dataset, label: str) -> tuple[int, int]:
     """(rows, labels that are null, NaN or infinite) in one vectorised pass."""
     out = ds.select_columns([label]).map_batches(_bad_labels, fn_kwargs={"label": label}, batch_format="pyarrow")
@@ -121,7 +125,15 @@ def _role_counts(batch: pa.Table, plan) -> pa.Table:
                      "val": count(val), **extra})
 
 
-def plan_split(ds: ray.data.Dataset, task: str, label: str, test_fraction: float, validation_fraction: float,
+def _counts(ds: ray.data.Dataset | pa.Table, plan, columns: list[str]) -> list[dict]:
+    """_role_counts over ds: Ray tasks, or this process for a table in its memory."""
+    if isinstance(ds, pa.Table):
+        return _role_counts(ds.select(columns), plan).to_pylist()
+    return ds.select_columns(columns).map_batches(_role_counts, fn_kwargs={"plan": plan}, batch_format="pyarrow",
+                                                  batch_size=None).take_all()
+
+
+def plan_split(ds: ray.data.Dataset | pa.Table, task: str, label: str, test_fraction: float, validation_fraction: float,
                seed: int, key_columns: list[str], rows: int, folds: int | str = 1, source: str = ""):
     """The fold plan for this table: one counting pass over the key and label columns gives the rows per class in
     each role, so every class with enough rows gets its share of test and validation rows (stratification) and a
@@ -134,9 +146,8 @@ def plan_split(ds: ray.data.Dataset, task: str, label: str, test_fraction: float
     plan = FoldPlan(seed=seed, key_columns=tuple(key_columns), test_fraction=test_share,
                     validation_fraction=validation_fraction, label=by_label,
                     folds=resolve_folds(folds, round(rows * (1 - test_share)), test_share))
-    counts = ds.select_columns(list(dict.fromkeys([*key_columns, label]))).map_batches(
-        _role_counts, fn_kwargs={"plan": plan}, batch_format="pyarrow", batch_size=None,
-    ).take_all()
+    columns = list(dict.fromkeys([*key_columns, label]))
+    counts = _counts(ds, plan, columns)
     fold_names = [f"f{k}" for k in range(plan.folds)] if plan.folds > 1 else []
     if by_label is None:
         total = {c: sum(r[c] for r in counts) for c in ["rows", "test", "val", *fold_names]}
@@ -155,8 +166,7 @@ def plan_split(ds: ray.data.Dataset, task: str, label: str, test_fraction: float
     n_val = sum(per_class[v]["val"] for v in val_classes) if plan.folds < 2 else 0
     plan = replace(plan, test_classes=test_classes, validation_classes=val_classes)
     if fold_names:  # a class kept out of the test role spreads its test-range rows over the folds: count again
-        counts = ds.select_columns(list(dict.fromkeys([*key_columns, label]))).map_batches(
-            _role_counts, fn_kwargs={"plan": plan}, batch_format="pyarrow", batch_size=None).take_all()
+        counts = _counts(ds, plan, columns)
     total = {c: sum(r[c] for r in counts) for c in fold_names}
     return replace(plan, counts={"train": sum(sizes.values()) - n_test - n_val, "validation": n_val, "test": n_test,
                                  **_fold_counts(total, fold_names)})
@@ -170,15 +180,31 @@ def _role(batch: pa.Table, plan, role: int) -> pa.Table:
     return batch.filter(pa.array(plan.roles(batch) == role))
 
 
+def plan_roles(plan) -> list[int]:
+    """The roles the plan gives rows: training, validation on one split, test when it has a test share."""
+    from trainflow.folds import TEST, TRAIN, VALIDATION
+
+    return [TRAIN] + ([VALIDATION] if plan.folds < 2 else []) + ([TEST] if plan.test_fraction > 0 else [])
+
+
+def table_roles(table: pa.Table, plan) -> dict[int, pa.Table]:
+    """split_roles of a table in this process's memory, as tables: the training rows in a seeded random order."""
+    from trainflow.folds import TRAIN
+
+    parts = {r: _role(table, plan, r) for r in plan_roles(plan)}
+    parts[TRAIN] = parts[TRAIN].take(np.random.default_rng(plan.seed).permutation(parts[TRAIN].num_rows))
+    return parts
+
+
 def split_roles(ds: ray.data.Dataset, plan, materialize: bool) -> dict[int, ray.data.Dataset]:
     """The table's rows by role (folds.TRAIN, VALIDATION, TEST), read lazily or, with materialize, kept in the
     object store with the training rows shuffled once (SGD needs mixed batches; streamed tables are mixed per
     epoch by the files' order and a fresh permutation of each block's rows on the workers instead). With folds,
     TRAIN holds every non-test row (fold_parts cuts it)."""
-    from trainflow.folds import TEST, TRAIN, VALIDATION
+    from trainflow.folds import TRAIN
 
+    roles = plan_roles(plan)
     task_args = {} if materialize else streamed_task_args()
-    roles = [TRAIN] + ([VALIDATION] if plan.folds < 2 else []) + ([TEST] if plan.test_fraction > 0 else [])
     parts = {r: ds.map_batches(_role, fn_kwargs={"plan": plan, "role": r}, batch_format="pyarrow", **task_args)
              for r in roles}
     if materialize:
@@ -191,9 +217,12 @@ def _fold(batch: pa.Table, plan, fold: int, held: bool) -> pa.Table:
     return batch.filter(pa.array(ids == fold if held else (ids != fold)))
 
 
-def fold_parts(fit_rows: ray.data.Dataset, plan, fold: int, materialize: bool) -> tuple[ray.data.Dataset, ray.data.Dataset]:
+def fold_parts(fit_rows: ray.data.Dataset | pa.Table, plan, fold: int, materialize: bool
+               ) -> tuple[ray.data.Dataset, ray.data.Dataset]:
     """(training rows, held-out rows) of fold model `fold`: the non-test rows (split_roles' TRAIN) outside and inside
-    that fold."""
+    that fold; cut by this process for a table in its memory."""
+    if isinstance(fit_rows, pa.Table):
+        return tuple(ray.data.from_arrow(_fold(fit_rows, plan, fold, held)) for held in (False, True))
     task_args = {} if materialize else streamed_task_args()
     return tuple(fit_rows.map_batches(_fold, fn_kwargs={"plan": plan, "fold": fold, "held": held},
                                       batch_format="pyarrow", **task_args) for held in (False, True))

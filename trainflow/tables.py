@@ -69,6 +69,12 @@ def csv_arguments(csv: Any) -> dict[str, Any]:
             "read_options": pacsv.ReadOptions(encoding=csv.encoding)}
 
 
+# A table up to this size (decoded) is read, checked and scored by the calling process: below it, starting a Ray task
+# or a predictor actor (a worker process importing torch, then loading the model) costs more than the work (figures in
+# docs/performance.md, skip-unchanged and front-door).
+IN_PROCESS_BYTES = 64 * 2**20
+
+
 def read_arrow(fs: pafs.FileSystem, files: list[str], fmt: str, csv: Any, source: str) -> pa.Table:
     """A small table read whole into this process with pyarrow.dataset, its files in order (the in-process
     scoring path: no Ray task)."""
