@@ -322,7 +322,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
         if args.resume and not args.run_name:
             raise TrainflowError("tune --resume needs the --run-name of the sweep to restore")
     if args.command in ("retrain", "tune", "validate"):
-        from trainflow.tables import preflight
+        from trainflow.flows.local import preflight
 
         preflight(config)  # the columns the config names, from the files' metadata: seconds, before anything starts
     from trainflow.flows.local import run_here
@@ -422,6 +422,8 @@ def _short_failure_logs(enabled: bool):
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # Prefect's temporary server would try to send usage telemetry (an ERROR line offline); a user's setting wins
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
         with _short_failure_logs(not args.debug):
             summary = _run(args)

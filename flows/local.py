@@ -1,4 +1,5 @@
-"""Small work answered in this process, without Prefect's temporary server or Ray.
+"""Small work answered in this process, without Prefect's temporary server or Ray; the pre-flight checks that
+every command makes from the files' metadata before anything starts.
 
 With no Prefect API configured, `trainflow predict` of a scoring table small enough to score in this process, and a
 `trainflow retrain` whose table is the champion's own (a skip), run the flow's steps as plain functions: starting
@@ -14,7 +15,9 @@ import argparse
 import logging
 from typing import Any
 
-from trainflow.config import Config
+from trainflow.config import Config, infer_format
+from trainflow.errors import DataError
+from trainflow.tables import check_names, check_present, did_you_mean, open_dataset
 from trainflow.locks import prefect_server_configured
 
 
@@ -80,3 +83,26 @@ def small_table_fingerprint(config: Config) -> str | None:
     if in_memory_bytes(fs, files, data.format) > IN_PROCESS_BYTES:
         return None
     return fingerprint(fs, files, content=True, fmt=data.format, csv=data.csv)
+
+
+def preflight(config: Config) -> None:
+    """What the files' metadata can tell before Ray or Prefect start (Parquet footers, a CSV's header and first
+    block): the training table and the scoring table hold the columns the config names. DataError naming the file,
+    the column and the closest name; the flow checks the rest (types, values) as before."""
+    data = config.data
+    names = list(open_dataset(data.path, data.format, data.csv).schema.names)
+    check_names(names, data.path)
+    check_present(names, data, data.path)
+    missing = [c for c in config.promotion.slices if c not in names]
+    if missing:
+        raise DataError(f"{data.path}: promotion.slices names column(s) {missing} that the table lacks; "
+                        f"{did_you_mean(missing[0], names)}columns are {names}")
+    inp = config.inference.input
+    if inp:
+        scored = list(open_dataset(inp, infer_format(inp), data.csv).schema.names)
+        features = data.features or [c for c in names if c not in (data.label, data.id_column)]
+        wanted = features + ([data.id_column] if data.id_column else [])
+        missing = [c for c in wanted if c not in scored]
+        if missing:
+            raise DataError(f"inference input {inp}: column(s) {missing} not found; {did_you_mean(missing[0], scored)}"
+                            f"columns are {scored}")

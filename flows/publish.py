@@ -18,7 +18,7 @@ from trainflow.tasks.final_score import score_test
 from trainflow.tasks.infer import infer
 from trainflow.tasks.ingest import Ingested
 from trainflow.tasks.promote import promote
-from trainflow.tasks.register import register
+from trainflow.tasks.register import describe_version, register
 from trainflow.tasks.report import report
 from trainflow.tasks.select import Selected
 from trainflow.tasks.split import Split
@@ -58,4 +58,5 @@ def publish(config: Config, ingested: Ingested, parts: Split, outcome: TrainOutc
                                "split": parts.plan.describe() if parts.plan else None, "split_path": parts.split_path,
                                **extra})
     report(config, outcome.history, summary)
+    describe_version(config, summary)
     return summary

@@ -16,7 +16,7 @@ from trainflow.tasks.candidates import compare, run_names
 from trainflow.tasks.cross_fit import bag_folds, fold_config, fold_run_names, oof_names
 from trainflow.tasks.ensemble import ensemble
 from trainflow.tasks.ingest import ingest, table_fingerprint
-from trainflow.tasks.mlflow_run import end_runs
+from trainflow.tasks.mlflow_run import end_parent, end_runs, open_parent
 from trainflow.tasks.preprocess import Prepared, preprocess
 from trainflow.tasks.run_name import resolve_run_name
 from trainflow.tasks.select import select
@@ -49,6 +49,20 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
     skipped = check_unchanged(config, fingerprint) if fingerprint else None
     if skipped:
         return skipped_run(config, name, skipped)
+    parent: list[str | None] = []  # the retrain's MLflow run, once opened (every check passed, training starts)
+    status, summary = "FAILED", None
+    try:
+        summary = _retrain(config, name, fingerprint, parent)
+        status = "FINISHED"
+        return summary
+    finally:
+        if parent:
+            end_parent(config, "KILLED" if stop_requested() else status, summary)
+
+
+def _retrain(config: Config, name: str, fingerprint: str | None, parent: list[str | None]) -> dict[str, Any]:
+    """Everything a retrain does once it knows there is something to train; the summary. parent: gets the id of
+    the retrain's MLflow run when training starts (each family's run nests under it)."""
     ingested = ingest(config, fingerprint)
     runs = run_names(config, name)
     check_resume(config, ingested.spec.fingerprint, runs)
@@ -62,6 +76,7 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
     names = fold_run_names(runs, k) if k > 1 else {f: [r] for f, r in runs.items()}
     if k > 1:
         check_resume(config, ingested.spec.fingerprint, names)
+    parent.append(open_parent(config, name))
     trained, failed, timed_out, time_budget = train_families(config, prepared, names,
                                                              fold_config(config, parts.train_rows) if k > 1 else config)
     runs = {f: r for f, r in runs.items() if f not in failed and f not in timed_out}

@@ -3,6 +3,7 @@ the rest of the per-epoch history after the fit; register finds the same run (by
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -31,8 +32,12 @@ def find_run(client: mlflow.MlflowClient, exp_id: str, key: str) -> str | None:
     return runs[0].info.run_id if runs else None
 
 
+PARENT = "retrain"  # the family name of a flow run's parent run, in its key
+
+
 def open_run(config: Config, run_name: str, family: str) -> str:
-    """The family's MLflow run in this flow run (a retried task finds its own), with the config's params."""
+    """The family's MLflow run in this flow run (a retried task finds its own), with the config's params; nested
+    under the flow run's parent run (open_parent) when it has one."""
     uri = config.mlflow.tracking_uri
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
     with tracking(uri):
@@ -40,9 +45,54 @@ def open_run(config: Config, run_name: str, family: str) -> str:
     key = run_key(run_name, family)
     run_id = find_run(client, exp_id, key)
     if run_id is None:
-        run_id = client.create_run(exp_id, run_name=run_name, tags={REGISTER_KEY: key} if key else None).info.run_id
+        parent = find_run(client, exp_id, parent_key())
+        tags = {**({REGISTER_KEY: key} if key else {}), **({"mlflow.parentRunId": parent} if parent else {})}
+        run_id = client.create_run(exp_id, run_name=run_name, tags=tags or None).info.run_id
         log_params(uri, run_id, config, family)
     return run_id
+
+
+def parent_key() -> str:
+    """The key of this flow run's parent run (empty outside a flow run: no parent)."""
+    flow_run_id = str(flow_run.get_id() or "")
+    return f"{flow_run_id}:{PARENT}" if flow_run_id else ""
+
+
+def open_parent(config: Config, run_name: str) -> str | None:
+    """One MLflow run for the whole retrain (the flow run), found again by a retried flow run: every family's run
+    and the ensemble's nest under it; the summary ends up on it (end_parent). None outside a flow run."""
+    key = parent_key()
+    if not key:
+        return None
+    uri = config.mlflow.tracking_uri
+    client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+    with tracking(uri):
+        exp_id = ensure_experiment(uri, config.mlflow.experiment)
+    run_id = find_run(client, exp_id, key)
+    if run_id is None:
+        run_id = client.create_run(exp_id, run_name=run_name, tags={
+            REGISTER_KEY: key, "trainflow.prefect_flow_run_id": key.split(":")[0],
+            "mlflow.note.content": f"trainflow retrain {run_name}: one nested run per model family (and the ensemble)",
+        }).info.run_id
+    return run_id
+
+
+def end_parent(config: Config, status: str, summary: dict[str, Any] | None = None) -> None:
+    """End this flow run's parent run with status (FINISHED, FAILED, KILLED), with the summary (summary.json, the
+    candidates' scores included) as its artifact when given. Best effort, like end_runs."""
+    uri = config.mlflow.tracking_uri
+    try:
+        client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+        with tracking(uri):
+            exp_id = ensure_experiment(uri, config.mlflow.experiment)
+        run_id = find_run(client, exp_id, parent_key())
+        if run_id is None:
+            return
+        if summary is not None:
+            client.log_text(run_id, json.dumps(summary, indent=2, default=str), "summary.json")
+        client.set_terminated(run_id, status)
+    except Exception as exc:  # noqa: BLE001 - a tracking blip must not undo finished training
+        task_logger("mlflow").warning("could not end the retrain's MLflow run %s: %s", status, exc)
 
 
 def end_runs(config: Config, run_names: list[str], family: str, status: str) -> None:

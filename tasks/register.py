@@ -6,6 +6,7 @@ import hashlib
 import json
 import tempfile
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 import mlflow
@@ -21,7 +22,7 @@ from trainflow.tasks.train import TrainOutcome
 from trainflow.config import Config
 from trainflow.folds import FoldPlan
 from trainflow.redact import redact_text, redact_value
-from trainflow.tasks.mlflow_run import REGISTER_KEY, find_run, log_params, log_rows, run_key
+from trainflow.tasks.mlflow_run import REGISTER_KEY, find_run, log_params, log_rows, parent_key, run_key
 from trainflow.tasks.model_package import MODEL_CODE, example_input, requirements, serving_code, signature_for
 from trainflow.tracking import ensure_experiment, tracking
 from trainflow.trainer.serving import checkpoint_families
@@ -99,9 +100,10 @@ def _log_and_register(config: Config, ingested: Ingested, outcome: TrainOutcome,
                       prep: TabularPreprocessor, lineage: dict[str, str], exp_id: str, run_id: str | None,
                       key: str) -> tuple[str, str]:
     """Log params, metrics and the checkpoint into the run (a new one, or the earlier attempt's) and register it."""
+    parent = find_run(mlflow.MlflowClient(), exp_id, parent_key()) if not run_id else None  # the retrain's run
+    tags = {**({REGISTER_KEY: key} if key else {}), **({"mlflow.parentRunId": parent} if parent else {})}
     with mlflow.start_run(run_id=run_id, experiment_id=None if run_id else exp_id,
-                          run_name=None if run_id else outcome.run_name,
-                          tags={REGISTER_KEY: key} if key and not run_id else None) as run:
+                          run_name=None if run_id else outcome.run_name, tags=tags if tags and not run_id else None) as run:
         if run_id is None:  # no train task opened it (outside a flow run): params and history now
             log_params(config.mlflow.tracking_uri, run.info.run_id, config, outcome.family)
             log_rows(config.mlflow.tracking_uri, run.info.run_id, outcome.history)
@@ -123,3 +125,22 @@ def _log_and_register(config: Config, ingested: Ingested, outcome: TrainOutcome,
                 registered_model_name=config.mlflow.registered_model,
             )
         return run.info.run_id, str(info.registered_model_version)
+
+
+def describe_version(config: Config, summary: dict[str, Any]) -> None:
+    """The registered version's description, as a reviewer reads it in MLflow: the family, the data, the scores on
+    rows no choice touched and the gate's decision. Best effort: the version and its tags are what count."""
+    version, promotion = summary.get("model_version"), summary.get("promotion") or {}
+    if version is None:
+        return
+    test = ", ".join(f"{k} {v:.4g}" for k, v in (summary.get("test_metrics") or {}).items() if isinstance(v, (int, float)))
+    text = (f"trainflow {summary.get('model_family')} trained on {redact_text(str(summary.get('data_path')))} "
+            f"({summary.get('training_rows')} rows, fingerprint {summary.get('data_fingerprint')}), run "
+            f"{summary.get('run_name')}. " + (f"Test ({summary.get('test_rows')} rows no choice touched): {test}. " if test else "")
+            + f"Gate: {promotion.get('decision')}: {promotion.get('reason')}")
+    uri = config.mlflow.tracking_uri
+    try:
+        mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri).update_model_version(
+            config.mlflow.registered_model, str(version), description=text[:5000])
+    except Exception as exc:  # noqa: BLE001 - a tracking blip must not fail a registered, gated model
+        get_run_logger().warning("could not describe %s version %s: %s", config.mlflow.registered_model, version, exc)

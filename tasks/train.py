@@ -94,10 +94,8 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
         log_rows(config.mlflow.tracking_uri, mlflow_run, [metrics])
         logged.add(int(metrics.get("epoch", -1)))
 
-    log.info(
-        "training %s (%s): %d worker(s), gpu=%s, budget %s, storage %s", run_name, family,
-        config.scaling.num_workers, config.scaling.use_gpu, budget.to_dict(), config.storage_path,
-    )
+    log.info("training %s (%s): %d worker(s)%s; %s; storage %s", run_name, family, config.scaling.num_workers,
+             ", GPU" if config.scaling.use_gpu else "", budget.describe(), config.storage_path)
     seen = len(read_events(path))
     existed = latest_epoch(path) is not None
     if existed:
@@ -127,7 +125,9 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
     log_rows(config.mlflow.tracking_uri, mlflow_run, [h for h in history if int(h.get("epoch", -1)) not in logged])
     events = read_events(path)
     final = history[-1] if history else {}
-    log.info("trained %d epoch(s); last epoch: %s", len(history), {k: round(v, 4) for k, v in final.items()})
+    unit = getattr(budget, "unit", "epoch")
+    log.info("trained %d %s(s); the last: %s", len(history), unit,
+             ", ".join(f"{k} {v:.4g}" for k, v in final.items() if k not in ("epoch", "epoch_time_s", "learning_rate")))
     cut = [int(e.get("epoch", -1)) for e in events[seen:] if e.get("event") == "time_limit"]
     outcome = TrainOutcome(
         run_name=run_name, family=family, run_path=path, checkpoints=checkpoints, history=history,

@@ -141,7 +141,9 @@ def test_deploy_worker_and_deployment_run(prefect_server, ray_local, tmp_path):
     assert str(champion.version) == "1"
     assert champion.tags["trainflow.prefect_flow_run_id"] == retrain_run["id"]
     runs = client.search_runs([client.get_experiment_by_name("test").experiment_id])
-    assert [int(r.data.params["train.epochs"]) for r in runs] == [2]
+    [parent] = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]  # the retrain's run; its family's nested
+    assert [int(r.data.params["train.epochs"]) for r in runs if r is not parent] == [2]
+    assert parent.data.tags["trainflow.prefect_flow_run_id"] == retrain_run["id"] and parent.info.status == "FINISHED"
     # predictions from the retrain run and from batch-inference/champion: every scoring row, same values
     first = pads.dataset(tmp_path / "out" / "predictions").to_table()
     second = pads.dataset(scored).to_table()

@@ -294,6 +294,20 @@ def _boosters_replace_the_champion(tmp_path, cfg_path, score, tracking, capsys):
     assert run.data.tags["trainflow.model_family"] == winner
     assert run.data.params["model.type"] == (str(["xgboost", "lightgbm"]) if winner == "ensemble" else winner)
     assert len(client.get_metric_history(run.info.run_id, "val_loss")) == summary["epochs_run"]
+    # one parent run for the retrain, every family's run (and the ensemble's) nested under it, all ended; the
+    # summary is the parent's artifact; the version says what it is and why the gate decided as it did
+    parent = client.get_run(run.data.tags["mlflow.parentRunId"])
+    children = client.search_runs([run.info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert {c.info.run_name for c in children} >= {"trees-xgboost", "trees-lightgbm"}
+    assert parent.info.run_name == "trees" and parent.info.status == "FINISHED"
+    assert {c.info.status for c in children} == {"FINISHED"}
+    with tracking_uri(tracking):
+        stored = json.loads(Path(mlflow.artifacts.download_artifacts(
+            run_id=parent.info.run_id, artifact_path="summary.json", dst_path=str(tmp_path / "parent"))).read_text())
+    assert stored["model_version"] == summary["model_version"] and stored["candidates"] == summary["candidates"]
+    description = client.get_model_version("churn-test", summary["model_version"]).description
+    assert f"trainflow {winner} trained on" in description and "Gate: promoted" in description, description
     with tracking_uri(tracking):
         pyfunc = mlflow.pyfunc.load_model("models:/churn-test@champion")
     got = pyfunc.predict(score.slice(0, 40).drop_columns(["customer_id"]).to_pandas())

@@ -27,6 +27,14 @@ TRAIN_ENV_DEFAULTS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
 LOCAL_TRAIN_ENV_DEFAULTS = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
 
 
+class _KnownNotice(logging.Filter):
+    """Drops a notice Ray prints on every local start that asks nothing of the user (docs/operations.md says it once):
+    its local cluster turns token authentication on by itself."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
+
+
 def ensure_ray(address: str | None = None, runtime_env: dict | None = None, num_cpus: int | None = None,
                object_store_memory: int | None = None) -> None:
     """Join the cluster at address (ray.address / RAY_ADDRESS) if given, else start a local Ray (of num_cpus
@@ -51,6 +59,8 @@ def _init(address: str | None, runtime_env: dict | None, num_cpus: int | None, o
         # refuses num_cpus. trainflow's default is its own Ray; a cluster is joined only when named.
         address = "local"
     runtime_env["env_vars"] = {**defaults, **(runtime_env.get("env_vars") or {})}
+    if address == "local":
+        logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(_KnownNotice())
     # a hook of the user's own wins; then streamed pipelines run Ray's unpaced loop (trainflow/pacing.py)
     runtime_env.setdefault("worker_process_setup_hook", pacing.HOOK)
     context = ray.init(

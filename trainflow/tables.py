@@ -281,31 +281,6 @@ def check_present(names: list[str], data: Any, source: str) -> None:
                         f"columns are {names}")
 
 
-def preflight(config: Any) -> None:
-    """What the files' metadata can tell before Ray or Prefect start (Parquet footers, a CSV's header and first
-    block): the training table and the scoring table hold the columns the config names. DataError naming the file,
-    the column and the closest name; the flow checks the rest (types, values) as before."""
-    data = config.data
-    names = list(open_dataset(data.path, data.format, data.csv).schema.names)
-    check_names(names, data.path)
-    check_present(names, data, data.path)
-    missing = [c for c in config.promotion.slices if c not in names]
-    if missing:
-        raise DataError(f"{data.path}: promotion.slices names column(s) {missing} that the table lacks; "
-                        f"{did_you_mean(missing[0], names)}columns are {names}")
-    inp = config.inference.input
-    if inp:
-        from trainflow.config import infer_format
-
-        scored = list(open_dataset(inp, infer_format(inp), data.csv).schema.names)
-        features = data.features or [c for c in names if c not in (data.label, data.id_column)]
-        wanted = features + ([data.id_column] if data.id_column else [])
-        missing = [c for c in wanted if c not in scored]
-        if missing:
-            raise DataError(f"inference input {inp}: column(s) {missing} not found; {did_you_mean(missing[0], scored)}"
-                            f"columns are {scored}")
-
-
 def check_columns(
     schema: pa.Schema, data: Any, task: str, source: str
 ) -> tuple[list[str], list[str], list[str], list[str]]:
