@@ -74,7 +74,8 @@ def format_summary(s: dict[str, Any]) -> str:
         f"  run name          {s.get('run_name')}",
         f"  data              {s.get('data_path')} ({s.get('training_rows')} rows, fingerprint {s.get('data_fingerprint')})",
         f"  model family      {s.get('model_family')}",
-        *([f"  ensemble          {_weights(s)} (greedy ensemble selection; its scores cross-fitted)",
+        *([f"  ensemble          {_weights(s)} (greedy ensemble selection"
+           + ("; its scores cross-fitted)" if s.get("oof_metrics") else " on the validation split)"),
            f"  checkpoint        {best.get('path')}"] if s.get("ensemble") and s.get("model_family") == "ensemble" else
           [_progress_line(s), f"  best checkpoint   {(s.get('training_budget') or {}).get('unit', 'epoch')} "
                               f"{best.get('epoch')}: {best.get('path')}"]),
