@@ -23,11 +23,9 @@ from trainflow.locks import prefect_server_configured
 
 def run_here(command: str, config: Config, args: argparse.Namespace) -> dict[str, Any] | None:
     """The command's summary when it was small work done here; None when it needs the flow run (Prefect and Ray)."""
-    if prefect_server_configured() or command not in ("predict", "retrain"):
+    if prefect_server_configured() or command not in ("predict", "retrain") or (command == "retrain" and args.force):
         return None
-    if command == "retrain" and (args.force or not _scoring_fits(config, needed=False)):
-        return None
-    if command == "predict" and not _scoring_fits(config, needed=True):
+    if config.inference.input and not _scored_here(config):  # (predict without one: refused here, at once)
         return None
     # the tasks log to trainflow.<task> outside Prefect: at INFO, Prefect's console handler shows them as in a flow run
     logger = logging.getLogger("trainflow")
@@ -59,10 +57,8 @@ def _small_work(command: str, config: Config, args: argparse.Namespace) -> dict[
     return skipped_run(config, resolve_run_name.fn(args.run_name), skipped, in_flow=False)
 
 
-def _scoring_fits(config: Config, needed: bool) -> bool:
-    """Whether inference.input is scored in this process (no inference.input: needed says if that is a no)."""
-    if not config.inference.input:
-        return not needed
+def _scored_here(config: Config) -> bool:
+    """Whether inference.input is scored in this process (tasks/infer.py's rule)."""
     from trainflow.tasks.infer import scored_here, scoring_table_bytes
 
     try:

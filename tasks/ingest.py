@@ -12,7 +12,7 @@ from prefect.cache_policies import NO_CACHE
 from trainflow.tasks.common import retry_unless_user_error
 from trainflow.config import Config, infer_format
 from trainflow.data import (
-    arrow_schema, count_nulls, count_rows_and_bad_labels, labels_in, read_table, should_materialize,
+    arrow_schema, count_nulls, count_rows_and_bad_labels, read_table, should_materialize,
 )
 from trainflow.preprocessors.fit import check_text_columns
 from trainflow.tables import (
@@ -28,12 +28,10 @@ from trainflow.runtime import ensure_ray
 
 @dataclass
 class Ingested:
-    dataset: ray.data.Dataset
+    dataset: ray.data.Dataset | pa.Table  # a small Parquet table: read by this process, cut by the split here
     spec: TableSpec
-    materialized: bool = True  # kept in the object store; else streamed from the files each time it is read
+    materialized: bool = True  # kept in memory; else streamed from the files each time it is read
     table_bytes: int = 0  # in-memory size, from the files' metadata
-    table: pa.Table | None = None  # a small table read by this process (dataset holds the same rows): split and
-    # record-split cut it here
 
 
 def _kind(t) -> str:
@@ -114,7 +112,7 @@ def ingest(config: Config, known_fingerprint: str | None = None) -> Ingested:
     table = read_arrow(fs, found, data.format, data.csv, data.path) if (
         materialize and data.format == "parquet" and table_bytes <= IN_PROCESS_BYTES) else None
     if table is not None:
-        ds, files, schema = ray.data.from_arrow(table), [with_scheme(data.path, f) for f in found], table.schema
+        ds, files, schema = table, [with_scheme(data.path, f) for f in found], table.schema
         why += "; read by this process"
     else:
         ds, files, _ = read_table(data.path, data.format, listed=listed, csv=data.csv)
@@ -129,10 +127,10 @@ def ingest(config: Config, known_fingerprint: str | None = None) -> Ingested:
     elif table is None:
         ds, _, _ = read_table(data.path, data.format, streamed=True, listed=listed, csv=data.csv)
     get_run_logger().info("table %s: %s", "materialized" if materialize else "streamed", why)
-    check_text_columns(ds if table is None else table, spec, config.preprocess.parse_dates, data.path)
+    check_text_columns(ds, spec, config.preprocess.parse_dates, data.path)
     if config.inference.input:
         preflight_inference(config, spec, schema)
-    rows, bad = count_rows_and_bad_labels(ds, data.label) if table is None else labels_in(table, data.label)
+    rows, bad = count_rows_and_bad_labels(ds, data.label)
     if rows == 0:
         raise DataError(f"{data.path}: the table has no rows")
     if bad:
@@ -145,4 +143,4 @@ def ingest(config: Config, known_fingerprint: str | None = None) -> Ingested:
         "read %d rows from %d file(s): %d numeric, %d text, %d date feature(s); fingerprint %s",
         rows, len(files), len(spec.numeric), len(spec.categorical), len(spec.dates), spec.fingerprint,
     )
-    return Ingested(ds, spec, materialize, table_bytes, table)
+    return Ingested(ds, spec, materialize, table_bytes)

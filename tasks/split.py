@@ -81,8 +81,7 @@ def write_assignment(ds: ray.data.Dataset | pa.Table, plan: FoldPlan, id_column:
 def record_split(ingested: Ingested, config: Config, parts: Split, run_name: str) -> Split:
     """Write the run's assignment (each row's key and role) beside its runs, once the checks passed and training is
     about to start; the split with its split_path."""
-    where = write_assignment(ingested.dataset if ingested.table is None else ingested.table, parts.plan,
-                             config.data.id_column,
+    where = write_assignment(ingested.dataset, parts.plan, config.data.id_column,
                              join(config.storage_path, f"{run_name}-split"))
     return replace(parts, split_path=where)
 
@@ -92,20 +91,22 @@ def split(ingested: Ingested, config: Config, folds: int | str | None = None) ->
     """Split the table into training, validation and test rows (the fold plan), or into test rows and cross-fitting
     folds (train.folds; folds overrides it: the tune flow's trials train on one split)."""
     keys = [config.data.id_column] if config.data.id_column else ingested.spec.feature_order + [config.data.label]
-    table = ingested.table  # read by this process: cut here, each part handed to Ray whole (no Ray passes)
-    plan = plan_split(ingested.dataset if table is None else table, config.task, config.data.label,
-                      config.split.test_fraction, config.split.validation_fraction, config.split.seed, keys,
-                      ingested.spec.rows, config.train.folds if folds is None else folds, ingested.spec.path)
+    rows = ingested.dataset
+    plan = plan_split(rows, config.task, config.data.label, config.split.test_fraction,
+                      config.split.validation_fraction, config.split.seed, keys, ingested.spec.rows,
+                      config.train.folds if folds is None else folds, ingested.spec.path)
     check_sizes(plan.counts, ingested.spec.path, plan)
-    tables = table_roles(table, plan) if table is not None else None
-    parts = split_roles(ingested.dataset, plan, ingested.materialized) if tables is None else \
-        {r: ray.data.from_arrow(t) for r, t in tables.items()}
+    if isinstance(rows, pa.Table):  # read by this process: cut here, each part handed to Ray whole (no Ray passes)
+        tables = table_roles(rows, plan)
+        parts, fit_rows = {r: ray.data.from_arrow(t) for r, t in tables.items()}, tables[TRAIN]
+    else:
+        parts = split_roles(rows, plan, ingested.materialized)
+        fit_rows = parts[TRAIN]
     log = get_run_logger()
     if plan.folds > 1:
         non_test = plan.counts["train"]
         log.info("split: %d test rows; %d rows in %d cross-fitting folds (%s) (%s)", plan.counts["test"], non_test,
                  plan.folds, ", ".join(str(plan.counts[f"fold {k}"]) for k in range(plan.folds)), plan.describe())
-        fit_rows = parts[TRAIN] if tables is None else tables[TRAIN]
         cut = [fold_parts(fit_rows, plan, k, ingested.materialized) for k in range(plan.folds)]
         if ingested.materialized:
             cut = [(a.materialize(), b.materialize()) for a, b in cut]

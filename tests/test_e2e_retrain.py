@@ -465,6 +465,15 @@ def test_retrain_regression_end_to_end(tmp_path, monkeypatch):
     assert summary["unseen_categories"] == {"store": sum(v not in known for v in score["store"].to_pylist())}
     _check_mlflow(summary, tracking, "reg-test")
     assert summary["promotion"]["decision"] == "promoted"
+    # the retrain's parent run holds the summary, the version its description: neither holds the workers' secret
+    client = MlflowClient(tracking_uri=tracking)
+    parent = client.get_run(client.get_run(summary["mlflow_run_id"]).data.tags["mlflow.parentRunId"])
+    assert parent.info.status == "FINISHED" and parent.info.run_name == "reg-e2e"
+    with tracking_uri(tracking):
+        stored = Path(mlflow.artifacts.download_artifacts(run_id=parent.info.run_id, artifact_path="summary.json",
+                                                          dst_path=str(tmp_path / "parent"))).read_text()
+    description = client.get_model_version("reg-test", summary["model_version"]).description
+    assert "s3cr3t" not in stored and "s3cr3t" not in description and "Gate: promoted" in description
     # the registered model in this process (Python API): the batch output's columns for every row
     model = trainflow.load_model(summary["model_uri"], tracking_uri=tracking)
     frame = score.to_pandas().set_index("row id", drop=False)

@@ -98,12 +98,10 @@ def count_nulls(ds: ray.data.Dataset, column: str) -> int:
     out = ds.select_columns([column]).map_batches(_nulls, fn_kwargs={"column": column}, batch_format="pyarrow")
     return int(out.sum("nulls") or 0)
 
-def labels_in(table: pa.Table, label: str) -> tuple[int, int]:
-    """count_rows_and_bad_labels of a table in this process's memory."""
-    return table.num_rows, int(_bad_labels(table, label)["bad"][0])
-
-def count_rows_and_bad_labels(ds: ray.data.Dataset, label: str) -> tuple[int, int]:
-    """(rows, labels that are null, NaN or infinite) in one vectorised pass."""
+def count_rows_and_bad_labels(ds: ray.data.Dataset | pa.Table, label: str) -> tuple[int, int]:
+    """(rows, labels that are null, NaN or infinite) in one vectorised pass (this process's, for a table in its memory)."""
+    if isinstance(ds, pa.Table):
+        return ds.num_rows, int(_bad_labels(ds, label)["bad"][0])
     out = ds.select_columns([label]).map_batches(_bad_labels, fn_kwargs={"label": label}, batch_format="pyarrow")
     agg = out.sum(["rows", "bad"]) or {}
     return int(agg.get("sum(rows)") or 0), int(agg.get("sum(bad)") or 0)
