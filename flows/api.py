@@ -2,6 +2,8 @@
 
     import trainflow
     summary = trainflow.retrain("configs/demo.yaml", train__epochs=5)       # a path, a dict or a Config
+    summary = trainflow.retrain(cfg, data=df)                              # a DataFrame (or Ray Dataset) as the table
+    trainflow.leaderboard(summary)                                         # every candidate's scores and time
     model = trainflow.load_model("models:/churn-model@champion", tracking_uri="sqlite:///mlflow.db")
     model.predict(df)                                                      # prediction (+ proba_<class>) per row
     model.predict_proba(df); model.evaluate(labelled_df)                   # class probabilities; metrics on your rows
@@ -17,8 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow.fs as pafs
+from ray.data.datasource import FilenameProvider
 
-from trainflow.config import Config, apply_overrides, config_from_dict, forget, hand_over, load_config
+from trainflow.config import (
+    Config, apply_overrides, config_from_dict, forget, hand_over, load_config, storage_path_of,
+)
 
 ConfigLike = str | os.PathLike | dict | Config
 
@@ -28,8 +34,66 @@ def _dotted(overrides: dict[str, Any]) -> dict[str, Any] | None:
     return {k.replace("__", "."): v for k, v in overrides.items()} or None
 
 
-def _call(flow, config: ConfigLike, overrides: dict[str, Any], **params) -> dict[str, Any]:
-    overrides = _dotted(overrides)
+SNAPSHOTS = "snapshots"  # under storage_path: the tables handed to retrain(data=...), as Parquet
+
+
+class _BlockFiles(FilenameProvider):
+    """A Ray Dataset's snapshot files named by their place in the write, not by its id: the same rows in the same
+    blocks give the same names, hence the same content fingerprint (a skip, a resume) in another folder."""
+
+    def get_filename_for_block(self, block, write_uuid, task_index, block_index):  # noqa: ANN001 - Ray's signature
+        return f"part-{task_index:05d}-{block_index:05d}.parquet"
+
+
+def snapshot(data: Any, storage_path: str) -> str:
+    """A table handed over in memory, written as Parquet under storage_path/snapshots, where a retrain reads it like
+    any table (its lineage, resume and skip follow its bytes): a pandas DataFrame or pyarrow Table as one file in a
+    folder named by the hash of its Parquet bytes (the same frame again: the same file, not written twice); a Ray
+    Dataset by its blocks in a new folder (its file names and bytes, hence its fingerprint, are the same for the
+    same rows). The path; TypeError for anything else."""
+    import hashlib
+    import uuid
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import ray.data
+
+    from trainflow.storage import filesystem_for, join, with_scheme
+
+    if isinstance(data, ray.data.Dataset):
+        where = join(storage_path, SNAPSHOTS, f"ray-{uuid.uuid4().hex[:16]}")
+        fs, inner = filesystem_for(where)
+        data.write_parquet(inner, filesystem=fs, filename_provider=_BlockFiles())
+        return where
+    if isinstance(data, pd.DataFrame):
+        data = pa.Table.from_pandas(data, preserve_index=False)
+    if not isinstance(data, pa.Table):
+        raise TypeError(f"data: expected a pandas DataFrame, a pyarrow Table or a Ray Dataset, got {type(data).__name__}")
+    sink = pa.BufferOutputStream()
+    pq.write_table(data, sink)
+    body = sink.getvalue()
+    where = join(storage_path, SNAPSHOTS, hashlib.blake2b(body, digest_size=16).hexdigest(), "table.parquet")
+    fs, inner = filesystem_for(where)
+    if fs.get_file_info(inner).type == pafs.FileType.File:
+        return where  # these very bytes, written before
+    fs.create_dir(inner.rsplit("/", 1)[0], recursive=True)
+    part = f"{inner}.{uuid.uuid4().hex[:8]}.tmp"  # whole or not at all: a reader never sees half of it
+    with fs.open_output_stream(part) as f:
+        f.write(body)
+    fs.move(part, inner)
+    return with_scheme(where, inner)
+
+
+def _with_data(config: ConfigLike, overrides: dict[str, Any] | None, data: Any) -> dict[str, Any] | None:
+    """overrides with data.path naming data's snapshot, under the config's storage_path."""
+    if data is None:
+        return overrides
+    where = config.storage_path if isinstance(config, Config) else storage_path_of(config, overrides)
+    return {**(overrides or {}), "data.path": snapshot(data, where)}
+
+
+def _call(flow, config: ConfigLike, overrides: dict[str, Any], data: Any = None, **params) -> dict[str, Any]:
+    overrides = _with_data(config, _dotted(overrides), data)
     if isinstance(config, (str, os.PathLike)):
         path = str(Path(config).resolve())
         load_config(path, overrides)  # a bad config fails here, before Prefect and Ray start
@@ -46,11 +110,25 @@ def _call(flow, config: ConfigLike, overrides: dict[str, Any], **params) -> dict
         forget(key)
 
 
-def retrain(config: ConfigLike, *, run_name: str | None = None, force: bool = False, **overrides: Any) -> dict[str, Any]:
-    """Train, select, register, gate and predict, as `trainflow retrain`; the run's summary."""
+def retrain(config: ConfigLike, *, data: Any = None, run_name: str | None = None, force: bool = False,
+            **overrides: Any) -> dict[str, Any]:
+    """Train, select, register, gate and predict, as `trainflow retrain`; the run's summary (leaderboard(summary):
+    its candidates as a table). data: the table itself (a pandas DataFrame, pyarrow Table or Ray Dataset) instead of
+    data.path, kept as a Parquet snapshot under storage_path/snapshots (snapshot())."""
     from trainflow.flows.retrain import retrain as flow
 
-    return _call(flow, config, overrides, run_name=run_name, force=force)
+    return _call(flow, config, overrides, data, run_name=run_name, force=force)
+
+
+def leaderboard(summary: dict[str, Any]) -> pd.DataFrame:
+    """A retrain's candidates, best first: each family (and the ensemble) with its validation (or out-of-fold) and
+    test scores, the epoch or round kept, the epochs or rounds run and the training seconds (the parent MLflow run's
+    leaderboard.json)."""
+    from trainflow.tasks.mlflow_run import leaderboard_table
+
+    if not summary.get("candidates"):
+        raise ValueError("this summary has one model and no candidates to compare: model.type named a single family")
+    return pd.DataFrame(leaderboard_table(summary))
 
 
 def tune(config: ConfigLike, *, run_name: str | None = None, resume: bool = False, **overrides: Any) -> dict[str, Any]:

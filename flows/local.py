@@ -1,11 +1,12 @@
 """Small work answered in this process, without Prefect's temporary server or Ray; the pre-flight checks that
 every command makes from the files' metadata before anything starts.
 
-With no Prefect API configured, `trainflow predict` of a scoring table small enough to score in this process, and a
-`trainflow retrain` whose table is the champion's own (a skip), run the flow's steps as plain functions: starting
-Ray and Prefect's temporary server would take most of their time, and nothing outlives that server to read its
-records. What such a run records: the predictions with their manifest, drift scores as metrics of the serving model
-version's MLflow run, and the summary it prints (and --summary-json). With a Prefect API configured (a server, a
+With no Prefect API configured, `trainflow predict` of a scoring table small enough to score in this process, a
+`trainflow retrain` whose table is the champion's own (a skip), and `trainflow validate` run the flow's steps as
+plain functions: starting Ray and Prefect's temporary server would take most of their time, and nothing outlives
+that server to read its records (validate starts Ray only to read a table through Ray Data: a CSV, a large table, a
+named cluster). What such a run records: the predictions with their manifest, drift scores as metrics of the serving
+model version's MLflow run, and the summary it prints (and --summary-json). With a Prefect API configured (a server, a
 worker, a deployment) every command is a flow run there, as is any work past these (training, a large table).
 """
 
@@ -23,10 +24,11 @@ from trainflow.locks import prefect_server_configured
 
 def run_here(command: str, config: Config, args: argparse.Namespace) -> dict[str, Any] | None:
     """The command's summary when it was small work done here; None when it needs the flow run (Prefect and Ray)."""
-    if prefect_server_configured() or command not in ("predict", "retrain") or (command == "retrain" and args.force):
+    if prefect_server_configured() or command not in ("predict", "retrain", "validate") or \
+            (command == "retrain" and args.force):
         return None
-    if config.inference.input and not _scored_here(config):  # (predict without one: refused here, at once)
-        return None
+    if command != "validate" and config.inference.input and not _scored_here(config):
+        return None  # (predict without inference.input: refused here, at once)
     # the tasks log to trainflow.<task> outside Prefect: at INFO, Prefect's console handler shows them as in a flow run
     logger = logging.getLogger("trainflow")
     level = logger.level
@@ -43,6 +45,10 @@ def run_here(command: str, config: Config, args: argparse.Namespace) -> dict[str
 def _small_work(command: str, config: Config, args: argparse.Namespace) -> dict[str, Any] | None:
     from trainflow.flows.predict import score, skipped_run
 
+    if command == "validate":  # every check, nothing trained: Ray only where a step reads through it
+        from trainflow.flows.validate import checks
+
+        return checks(config, in_flow=False)
     if command == "predict":
         return score(config, args.model, in_flow=False)
     fingerprint = small_table_fingerprint(config)

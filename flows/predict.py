@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from prefect import flow
 
 from trainflow.tasks.infer import infer, resolve_checkpoint_task
+from trainflow.tasks.common import step
 from trainflow.tasks.summary import skipped_summary
 from trainflow.config import Config, load_config
 from trainflow.redact import redact_value
@@ -20,17 +21,12 @@ def batch_inference(config_path: str, overrides: dict[str, Any] | None = None, m
     return score(load_config(config_path, overrides), model)
 
 
-def _step(task: Any, in_flow: bool) -> Callable:
-    """A task as the flow calls it, or its plain function when the work runs without Prefect (flows/local.py)."""
-    return task if in_flow else task.fn
-
-
 def score(config: Config, model: str | None, in_flow: bool = True) -> dict[str, Any]:
     """The flow's steps (in_flow=False: the same steps as plain functions, without Prefect)."""
     config.require_inference()
     model_uri = model or f"models:/{config.mlflow.registered_model}@champion"
-    checkpoint, pinned = _step(resolve_checkpoint_task, in_flow)(model_uri, config)
-    predictions = _step(infer, in_flow)(checkpoint, config, pinned)
+    checkpoint, pinned = step(resolve_checkpoint_task, in_flow)(model_uri, config)
+    predictions = step(infer, in_flow)(checkpoint, config, pinned)
     return redact_value({"model": model_uri, "model_version_uri": pinned, "checkpoint": checkpoint,
                          "predictions_path": predictions.path, "input_rows": predictions.input_rows,
                          "output_rows": predictions.output_rows, "unseen_categories": predictions.unseen,
@@ -42,6 +38,6 @@ def skipped_run(config: Config, run_name: str, skipped: dict[str, Any], in_flow:
     model = f"models:/{config.mlflow.registered_model}/{skipped['champion_version']}"
     predictions = None
     if config.inference.input:
-        checkpoint, pinned = _step(resolve_checkpoint_task, in_flow)(model, config)
-        predictions = _step(infer, in_flow)(checkpoint, config, pinned)
-    return _step(skipped_summary, in_flow)(config, run_name, skipped, model, predictions)
+        checkpoint, pinned = step(resolve_checkpoint_task, in_flow)(model, config)
+        predictions = step(infer, in_flow)(checkpoint, config, pinned)
+    return step(skipped_summary, in_flow)(config, run_name, skipped, model, predictions)

@@ -102,6 +102,9 @@ def _retrain(config: Config, name: str, fingerprint: str | None, parent: list[st
                              f"the out-of-fold predictions ({k} folds)") if len(runs) > 1 else None
         family = candidates.winner if candidates else next(iter(runs))
         outcome, selected = outcomes[family], selections[family]
+        for row in (candidates.scores if candidates else []):  # the leaderboard's cost column (folds summed)
+            row["train_s"] = round(sum(o.train_s or 0.0 for (f, _), o in trained.items() if f == row["family"]), 1) \
+                if row["family"] in runs else None
         oof = {}
         if decisions is not None:  # the figures every choice read, under their own names
             oof = {"folds": k, "oof_metrics": oof_names(selected.metrics), "oof_rows": len(decisions.labels)}

@@ -7,9 +7,10 @@ from typing import Any
 
 from prefect import flow
 
-from trainflow.config import load_config
+from trainflow.config import Config, load_config
 from trainflow.redact import redact_value
 from trainflow.runtime import watch_for_sigterm
+from trainflow.tasks.common import step
 from trainflow.tasks.ingest import ingest
 from trainflow.tasks.preprocess import preprocess
 from trainflow.tasks.split import split
@@ -25,10 +26,16 @@ def validate(config_path: str, overrides: dict[str, Any] | None = None) -> dict[
     config = load_config(config_path, overrides)
     if config.task_inferred:
         print(config.task_inferred)
-    ingested = ingest(config)
-    parts = split(ingested, config)
-    prepared = preprocess(ingested, parts, config)
-    validation = validate_data(config, prepared.preprocessor)
+    return checks(config)
+
+
+def checks(config: Config, in_flow: bool = True) -> dict[str, Any]:
+    """The flow's steps (in_flow=False: the same steps as plain functions, without Prefect: flows/local.py). Ray
+    starts only for a step that needs it: a table read through Ray Data (a CSV, a large one) or a named cluster."""
+    ingested = step(ingest, in_flow)(config)
+    parts = step(split, in_flow)(ingested, config)
+    prepared = step(preprocess, in_flow)(ingested, parts, config, packed=False)
+    validation = step(validate_data, in_flow)(config, prepared.preprocessor)
     spec = ingested.spec
     return redact_value({
         "valid": True,

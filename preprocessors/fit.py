@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import ray
 import ray.data
+from ray.data.block import BlockAccessor
 from ray.data.aggregate import AggregateFnV2, Count, Max, Mean, Min, Std, ValueCounter
 
 from trainflow import pacing
@@ -21,7 +22,7 @@ from trainflow.preprocessors.baseline import (
 from trainflow.preprocessors.dates import date_parts, looks_like_dates, parts_for
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.config import PreprocessSection
-from trainflow.data import arrow_schema, streamed_task_args
+from trainflow.data import Rows, arrow_schema, streamed_task_args
 from trainflow.tables import TableSpec
 
 
@@ -144,13 +145,18 @@ class BoundedValueCounter(ValueCounter):
         writable = {"values": list(current_accumulator["values"]), "counts": list(current_accumulator["counts"])}
         return self._cut(super().combine(writable, new_accumulator))
 
+def aggregate_table(table: pa.Table, aggs: list) -> dict[str, Any]:
+    """aggregate_streaming of a table in this process's memory: the same aggregate functions, one block, here."""
+    return {agg.name: agg.finalize(agg.accumulate_block(agg.init(None), table)) for agg in aggs}
+
 def fit_preprocessor(
-    train: ray.data.Dataset, spec: TableSpec, task: str, options: PreprocessSection | None = None
+    train: Rows, spec: TableSpec, task: str, options: PreprocessSection | None = None
 ) -> TabularPreprocessor:
     """Fit imputation, missing indicators, scaling, date parts and text vocabularies on the training split
-    with Ray Data aggregates (one pass)."""
+    with Ray Data's aggregate functions (one pass; in this process for a table in its memory)."""
     options = options or PreprocessSection()
-    schema = arrow_schema(train, spec.path)
+    in_process = isinstance(train, pa.Table)
+    schema = train.schema if in_process else arrow_schema(train, spec.path)
     dates = {c: parts_for(schema.field(c).type) for c in spec.dates}
     date_cols = {c: [f"{c}{DATE_PART_SEP}{p}" for p in parts] for c, parts in dates.items()}
     aggs = [Count()]
@@ -175,12 +181,15 @@ def fit_preprocessor(
     casts = {c: pa.float64() for c in numeric if not _has_aggregate_kernels(schema.field(c).type)}
     if task == "classification" and pa.types.is_decimal(schema.field(spec.label).type):
         casts[spec.label] = pa.float64()  # decimal classes as numbers: JSON (the checkpoint) has no decimal
-    projected = train.select_columns(cols)
-    if casts:
-        projected = projected.map_batches(_cast_columns, fn_kwargs={"casts": casts}, batch_format="pyarrow")
-    if dates:
-        projected = projected.map_batches(_expand_dates, fn_kwargs={"dates": dates}, batch_format="pyarrow")
-    stats = aggregate_streaming(projected, aggs)
+    if in_process:
+        stats = aggregate_table(_expand_dates(_cast_columns(train.select(cols), casts), dates), aggs)
+    else:
+        projected = train.select_columns(cols)
+        if casts:
+            projected = projected.map_batches(_cast_columns, fn_kwargs={"casts": casts}, batch_format="pyarrow")
+        if dates:
+            projected = projected.map_batches(_expand_dates, fn_kwargs={"dates": dates}, batch_format="pyarrow")
+        stats = aggregate_streaming(projected, aggs)
     rows = stats["count()"]
 
     def counts(key: str, with_null: bool = False) -> dict:
@@ -312,11 +321,18 @@ def apply_preprocessor(ds: ray.data.Dataset, prep: TabularPreprocessor, streamed
         _transform, fn_kwargs={"prep": prep.to_dict(), "strict": False}, batch_format="pyarrow", batch_size=None
     )
 
+def _packed(rows: pa.Table, prep: TabularPreprocessor) -> ray.data.Dataset:
+    # transformed here, put in the object store as one block of tensor columns (what map_batches would make)
+    return ray.data.from_arrow(BlockAccessor.batch_to_block(prep.transform_batch(rows, strict=False)))
+
 def pack(
-    train: ray.data.Dataset, val: ray.data.Dataset, prep: TabularPreprocessor, materialize: bool
+    train: Rows, val: Rows, prep: TabularPreprocessor, materialize: bool
 ) -> tuple[ray.data.Dataset, ray.data.Dataset]:
     """Both splits as packed tensor columns: materialized in the object store, or lazy to be streamed (the
-    files are read in a random order and the workers permute each block's rows)."""
+    files are read in a random order and the workers permute each block's rows). A table in this process's memory
+    is transformed here."""
+    if isinstance(train, pa.Table):
+        return _packed(train, prep), _packed(val, prep)
     train, val = apply_preprocessor(train, prep, not materialize), apply_preprocessor(val, prep, not materialize)
     if materialize:
         return train.materialize(), val.materialize()

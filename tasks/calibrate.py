@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import ray.data
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from trainflow.data import Rows
 from trainflow.config import Config
 from trainflow.storage import is_uri
 from trainflow.tasks.select import Selected
@@ -22,7 +22,7 @@ FITS = {"temperature": fit_temperature, "platt": fit_platt}
 
 
 @task(name="calibrate", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def calibrate(config: Config, holdout: ray.data.Dataset, selected: Selected, family: str,
+def calibrate(config: Config, holdout: Rows, selected: Selected, family: str,
               raw: Scored | None = None) -> tuple[dict[str, Any] | None, Scored | None]:
     """Fit, check and store (calibration.json in the checkpoint) or remove a calibration and a decision threshold;
     what was done and why, with the validation ECE and Brier score before and after, and the validation split's

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import logging
+from typing import Any, Callable
 
 from prefect import get_run_logger
 from prefect.exceptions import MissingContextError
@@ -40,6 +41,11 @@ def task_logger(name: str):
         return get_run_logger()
     except MissingContextError:
         return logging.getLogger(f"trainflow.{name}")
+
+
+def step(task: Any, in_flow: bool) -> Callable:
+    """A task as a flow calls it, or its plain function when the work runs without Prefect (flows/local.py)."""
+    return task if in_flow else task.fn
 
 
 def in_prefect_run() -> bool:

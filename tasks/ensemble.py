@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import ray.data
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from trainflow.data import Rows
 from trainflow.config import ENSEMBLE, Config
 from trainflow.storage import private_copy
 from trainflow.tasks.cross_fit import Decisions
@@ -30,7 +30,7 @@ class Built:
 
 
 @task(name="ensemble", cache_policy=NO_CACHE)
-def ensemble(config: Config, holdout: ray.data.Dataset | None, outcomes: dict[str, TrainOutcome],
+def ensemble(config: Config, holdout: Rows | None, outcomes: dict[str, TrainOutcome],
              selections: dict[str, Selected], run_name: str, fingerprint: str,
              decisions: Decisions | None = None) -> Built | None:
     """Greedy ensemble selection over the families' selected checkpoints on the validation split (or, with

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
-import ray.data
 from mlflow.entities import Metric
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from trainflow.data import Rows, first_rows
 from trainflow.config import Config
 from trainflow.tasks.promote import Promotion
 from trainflow.tracking import mlflow_key
@@ -42,15 +42,14 @@ def champion_importance(client: mlflow.MlflowClient, name: str, version: str | N
 
 
 @task(name="explain", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def explain(config: Config, holdout: ray.data.Dataset, checkpoint_path: str, promotion: Promotion,
+def explain(config: Config, holdout: Rows, checkpoint_path: str, promotion: Promotion,
             registered: Registered) -> list[dict[str, Any]]:
     """Permutation importance of every feature column on up to IMPORTANCE_ROWS validation rows (seeded by
     split.seed), on promotion.metric; for tree families their gain share too; with the change against the champion
     the gate compared with."""
     servable = load_servable(checkpoint_path)
     prep = servable.preprocessor
-    sample = holdout.select_columns(list(dict.fromkeys([*prep.feature_order, prep.label]))).take_batch(
-        IMPORTANCE_ROWS, batch_format="pyarrow")
+    sample = first_rows(holdout, list(dict.fromkeys([*prep.feature_order, prep.label])), IMPORTANCE_ROWS)
     metric, mode = config.promotion.metric, config.promotion.mode
     rows = feature_importance(servable, sample, metric, mode, seed=config.split.seed)
     uri = config.mlflow.tracking_uri

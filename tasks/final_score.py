@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import ray.data
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from trainflow.data import Rows
 from trainflow.config import Config
 from trainflow.tasks.common import retry_unless_user_error
 from trainflow.tasks.select import Selected
@@ -32,7 +32,7 @@ def test_names(metrics: dict[str, Any]) -> dict[str, float]:
 
 @task(name="score-test", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error,
       cache_policy=NO_CACHE)
-def score_test(config: Config, test: ray.data.Dataset, selections: dict[str, Selected], chosen: str) -> TestScores:
+def score_test(config: Config, test: Rows, selections: dict[str, Selected], chosen: str) -> TestScores:
     """Every candidate's test metrics (the chosen one as it serves, calibration applied; the others as trained), and
     the chosen one's scored test rows."""
     metrics, chosen_scored = {}, None

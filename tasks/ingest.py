@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import ray.data
-from prefect import get_run_logger, task
+from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from trainflow.tasks.common import retry_unless_user_error
+from trainflow.tasks.common import retry_unless_user_error, task_logger
 from trainflow.config import Config, infer_format
 from trainflow.data import (
     arrow_schema, count_nulls, count_rows_and_bad_labels, read_table, should_materialize,
@@ -23,7 +23,7 @@ from trainflow.storage import with_scheme
 from trainflow.errors import DataError
 from trainflow.outputs import guard_output
 from trainflow.trainer.resources import check_fits
-from trainflow.runtime import ensure_ray
+from trainflow.runtime import cluster_named, ensure_ray
 
 
 @dataclass
@@ -50,6 +50,7 @@ def preflight_inference(config: Config, spec: TableSpec, train_schema) -> None:
         scoring = open_dataset(inp, fmt)
         schema = scoring.schema
     else:
+        ensure_ray(config.ray.address, config.ray.runtime_env)
         ds, _, _ = read_table(inp, fmt, listed=(fs, files), csv=config.data.csv)
         schema = arrow_schema(ds, inp)
     names = schema.names
@@ -88,7 +89,8 @@ def _fingerprint(data, fs, files) -> tuple[str, bool, int, str]:
 def table_fingerprint(config: Config) -> str:
     """The training table's fingerprint as ingest computes it, from the files alone (no Ray Data read): enough to
     tell that a retrain would train on the champion's own data (which its run checked already)."""
-    ensure_ray(config.ray.address, config.ray.runtime_env)  # the object store's size decides content or metadata
+    if cluster_named(config.ray.address):  # its object store's size decides content or metadata
+        ensure_ray(config.ray.address, config.ray.runtime_env)
     fs, files = list_files(config.data.path, config.data.format)
     return _fingerprint(config.data, fs, files)[0]
 
@@ -98,7 +100,8 @@ def ingest(config: Config, known_fingerprint: str | None = None) -> Ingested:
     """Read and check the training table; compute its content fingerprint (known_fingerprint: table_fingerprint's
     answer for it, not computed again)."""
     config.require_workers()
-    ensure_ray(config.ray.address, config.ray.runtime_env)
+    if cluster_named(config.ray.address):  # else this process reads a small table without Ray (runtime.nodes)
+        ensure_ray(config.ray.address, config.ray.runtime_env)
     check_fits(config.scaling.model_dump())  # seconds, not a placement group that waits forever
     data = config.data
     if config.inference.output:  # a place trainflow may write: checked before anything is read
@@ -115,6 +118,7 @@ def ingest(config: Config, known_fingerprint: str | None = None) -> Ingested:
         ds, files, schema = table, [with_scheme(data.path, f) for f in found], table.schema
         why += "; read by this process"
     else:
+        ensure_ray(config.ray.address, config.ray.runtime_env)
         ds, files, _ = read_table(data.path, data.format, listed=listed, csv=data.csv)
         schema = arrow_schema(ds, data.path)
     spec = table_spec(schema, data, config.task, data.path, files=files)
@@ -126,7 +130,7 @@ def ingest(config: Config, known_fingerprint: str | None = None) -> Ingested:
         ds = ds.materialize()  # read once; the checks below and the split reuse it
     elif table is None:
         ds, _, _ = read_table(data.path, data.format, streamed=True, listed=listed, csv=data.csv)
-    get_run_logger().info("table %s: %s", "materialized" if materialize else "streamed", why)
+    task_logger("ingest").info("table %s: %s", "materialized" if materialize else "streamed", why)
     check_text_columns(ds, spec, config.preprocess.parse_dates, data.path)
     if config.inference.input:
         preflight_inference(config, spec, schema)
@@ -139,7 +143,7 @@ def ingest(config: Config, known_fingerprint: str | None = None) -> Ingested:
             "drop or fix those rows"
         )
     spec.rows, spec.fingerprint = rows, fp
-    get_run_logger().info(
+    task_logger("ingest").info(
         "read %d rows from %d file(s): %d numeric, %d text, %d date feature(s); fingerprint %s",
         rows, len(files), len(spec.numeric), len(spec.categorical), len(spec.dates), spec.fingerprint,
     )

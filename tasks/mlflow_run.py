@@ -77,19 +77,40 @@ def open_parent(config: Config, run_name: str) -> str | None:
     return run_id
 
 
+def parent_run(config: Config) -> str | None:
+    """The id of this flow run's parent run (open_parent), or None (none opened, outside a flow run)."""
+    uri = config.mlflow.tracking_uri
+    with tracking(uri):
+        exp_id = ensure_experiment(uri, config.mlflow.experiment)
+    return find_run(mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri), exp_id, parent_key())
+
+
+LEADERBOARD_FILE = "leaderboard.json"
+
+
+def leaderboard_table(summary: dict[str, Any]) -> dict[str, list]:
+    """The candidates (every family that trained, and the ensemble), best first, as columns: family, each
+    validation (or out-of-fold) and test figure, the epochs or rounds kept and run, the training seconds."""
+    rows = summary.get("candidates") or []
+    skip = {"run_name", "checkpoint"}
+    columns = list(dict.fromkeys(k for r in rows for k in r if k not in skip))
+    return {c: [r.get(c) for r in rows] for c in columns}
+
+
 def end_parent(config: Config, status: str, summary: dict[str, Any] | None = None) -> None:
-    """End this flow run's parent run with status (FINISHED, FAILED, KILLED), with the summary (summary.json, the
-    candidates' scores included) as its artifact when given. Best effort, like end_runs."""
+    """End this flow run's parent run with status (FINISHED, FAILED, KILLED), with the summary (summary.json) and
+    the candidates' leaderboard (leaderboard.json, a table MLflow shows) as its artifacts when given. Best effort,
+    like end_runs."""
     uri = config.mlflow.tracking_uri
     try:
         client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
-        with tracking(uri):
-            exp_id = ensure_experiment(uri, config.mlflow.experiment)
-        run_id = find_run(client, exp_id, parent_key())
+        run_id = parent_run(config)
         if run_id is None:
             return
         if summary is not None:
             client.log_text(run_id, json.dumps(summary, indent=2, default=str), "summary.json")
+            if summary.get("candidates"):
+                client.log_table(run_id, leaderboard_table(summary), LEADERBOARD_FILE)
         client.set_terminated(run_id, status)
     except Exception as exc:  # noqa: BLE001 - a tracking blip must not undo finished training
         task_logger("mlflow").warning("could not end the retrain's MLflow run %s: %s", status, exc)

@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import ray
 import ray.data
-from prefect import get_run_logger, task
+from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.preprocessors.tabular import TabularPreprocessor
@@ -20,15 +19,17 @@ from trainflow.redact import redact_text
 from trainflow.trainer.families import family_for
 from trainflow.trainer.loop import class_weights
 from trainflow.data import read_table
-from trainflow.preprocessors.fit import check_unseen, count_unseen, fit_preprocessor, pack
+from trainflow.preprocessors.fit import check_unseen, count_unseen, count_unseen_table, fit_preprocessor, pack
+from trainflow.runtime import cluster_resources, ensure_ray
+from trainflow.tables import IN_PROCESS_BYTES, in_memory_bytes, list_files, read_arrow
 from trainflow.trainer.memory import check_booster_matrix, check_packed_size, is_out_of_memory, out_of_memory_error
 
 
 @dataclass
 class Prepared:
     preprocessor: TabularPreprocessor
-    train: ray.data.Dataset
-    val: ray.data.Dataset
+    train: ray.data.Dataset | None  # None: validate's checks only (preprocess(packed=False))
+    val: ray.data.Dataset | None
     materialized: bool
     budgets: dict[str, Any]  # per model family that trains: its budget (batch size, epochs, patience; or rounds)
     fingerprint: str = ""  # the training table's, recorded in every checkpoint
@@ -41,42 +42,56 @@ class Prepared:
         return replace(self, train=train, val=val, folds=None)
 
 
+def _unseen_in_scoring_table(config: Config, prep: TabularPreprocessor) -> dict[str, dict]:
+    """count_unseen over inference.input: read by this process when infer would score it here, else by Ray Data."""
+    inp = config.inference.input
+    fmt = infer_format(inp)
+    fs, files = listed = list_files(inp, fmt)
+    if in_memory_bytes(fs, files, fmt) <= IN_PROCESS_BYTES:
+        return count_unseen_table(read_arrow(fs, files, fmt, config.data.csv, inp), prep)
+    ensure_ray(config.ray.address, config.ray.runtime_env)
+    return count_unseen(read_table(inp, fmt, listed=listed, csv=config.data.csv)[0], prep)
+
+
 @task(name="preprocess", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
-def preprocess(ingested: Ingested, parts: Split, config: Config) -> Prepared:
+def preprocess(ingested: Ingested, parts: Split, config: Config, packed: bool = True) -> Prepared:
     """Fit on train (with folds: every non-test row; the preprocessor learns no label), transform train and
-    validation (or each fold's rows); materialize when the packed data fits in memory."""
+    validation (or each fold's rows); materialize when the packed data fits in memory. A small table's rows (tables
+    in this process's memory) are fitted on and transformed here. packed=False: the fit and every family's checks
+    only (validate), with train and val left None."""
     prep = fit_preprocessor(parts.train, ingested.spec, config.task, config.preprocess)
     if config.inference.input and config.inference.on_unseen == "error":
         # before any training: a scoring value this vocabulary lacks would fail the run after register and promote
-        inp = config.inference.input
-        score, _, _ = read_table(inp, infer_format(inp), csv=config.data.csv)
-        check_unseen(count_unseen(score, prep), prep, inp)
+        check_unseen(_unseen_in_scoring_table(config, prep), prep, config.inference.input)
     k = parts.fold_count
     fit_rows, held_rows = (parts.train_rows - parts.train_rows // k, parts.train_rows // k) if k > 1 else \
         (parts.train_rows, parts.val_rows)
     budgets, estimate, left_out = size_families(config, prep, fit_rows, held_rows,
-                                                ray.cluster_resources().get("memory", 0), ingested.spec.path)
+                                                cluster_resources().get("memory", 0), ingested.spec.path)
     rows = parts.train_rows + parts.val_rows
     materialize = parts.materialized
-    folds = None
+    folds, train, val = None, None, None
+    if packed:
+        ensure_ray(config.ray.address, config.ray.runtime_env)  # the packed rows go to Ray Train's workers
     try:
-        if parts.folds:
+        if packed and parts.folds:
             folds = [pack(a, b, prep, materialize) for a, b in parts.folds]
             train, val = folds[0]
-        else:
+        elif packed:
             train, val = pack(parts.train, parts.val, prep, materialize)
     except Exception as exc:
         if is_out_of_memory(exc):
             raise out_of_memory_error("preprocessing", config.scaling.num_workers) from None
         raise
-    get_run_logger().info(
+    task_logger("preprocess").info(
         "preprocessor: %d input columns -> %d features (%d one-hot, %d embedded: %s; %d date column(s))%s; training set %s",
         len(prep.feature_order), prep.num_features, len(prep.categorical), len(prep.embedded),
         {c: f"{len(s['categories'])} values, dim {s['dim']}" for c, s in prep.embedded.items()}, len(prep.dates),
         f", classes {prep.classes}" if prep.classes is not None else "",
-        "materialized in the object store" if materialize else "streamed from the files each epoch",
+        ("" if packed else "to be ") + ("materialized in the object store" if materialize else
+                                         "streamed from the files each epoch"),
     )
-    get_run_logger().info(
+    task_logger("preprocess").info(
         "packed size: %d bytes per row, %.1f MiB for %d rows", estimate["bytes_per_row"], estimate["table_bytes"] / 2**20, rows
     )
     return Prepared(prep, train, val, materialize, budgets, ingested.spec.fingerprint, left_out, folds)

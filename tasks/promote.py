@@ -7,12 +7,12 @@ import time
 from dataclasses import asdict, dataclass
 
 import mlflow
-import ray.data
 from mlflow.entities import Metric, RunTag
 from prefect import task
 from prefect.events import emit_event
 from prefect.cache_policies import NO_CACHE
 
+from trainflow.data import Rows
 from trainflow.preprocessors.tabular import SchemaDriftError
 from trainflow.tasks.common import retry_unless_user_error, task_logger
 from trainflow.tasks.infer import allowed_class_paths, resolve_checkpoint
@@ -80,7 +80,7 @@ def _before_alias_move(version: str) -> None:
     """Test hook: called under the lock, after both models are scored and before the alias is re-read and moved."""
 
 
-def _score(path: str, holdout: ray.data.Dataset, slices: tuple[str, ...], plan: FoldPlan | None = None) -> Scored | None:
+def _score(path: str, holdout: Rows, slices: tuple[str, ...], plan: FoldPlan | None = None) -> Scored | None:
     try:
         return score_checkpoint(path, holdout, slices, held_out=plan)
     except SchemaDriftError as exc:
@@ -144,7 +144,7 @@ def _plans_differ(plan: FoldPlan | None) -> str:
     return "its split is unknown" if plan is None else f"it was trained with {plan.describe()}"
 
 
-def gate(config: Config, holdout: ray.data.Dataset, challenger_path: str, registered: Registered,
+def gate(config: Config, holdout: Rows, challenger_path: str, registered: Registered,
          scored: Scored | None = None, judged_on: str = "test") -> Promotion:
     """Score the challenger and the current @champion on the same holdout and move the alias on a win, as one
     compare-and-set: under a lock per registered model (CLI, deployments and tune all take it), and the alias
@@ -309,7 +309,7 @@ def evaluation_metrics(result: Promotion) -> list[Metric]:
 
 
 @task(name="promote", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
-def promote(config: Config, holdout: ray.data.Dataset, selected: Selected, registered: Registered,
+def promote(config: Config, holdout: Rows, selected: Selected, registered: Registered,
             scored: Scored | None = None, judged_on: str = "test") -> Promotion:
     """Score the new version (or take its scored holdout) and the current @champion on the same holdout rows (with a
     champion: the ones neither trained or chose on); move the alias only on a win."""

@@ -18,10 +18,12 @@ from trainflow.config import ENSEMBLE, Config, is_uri
 from trainflow.redact import redact_config, redact_text
 from trainflow.storage import join, write_bytes
 from trainflow.tasks.common import md, md_code, png_data_uri
+from trainflow.tasks.mlflow_run import parent_run
 from trainflow.tracking import mlflow_key, tracking
 from trainflow.trainer.families import REGISTRY
 
 LOSS_CURVE = "loss_curve.png"
+MODEL_CARD_FILE = "model_card.md"
 
 
 def artifact_key(model_name: str, what: str) -> str:
@@ -170,11 +172,14 @@ def _candidates_lines(summary: dict[str, Any], metric: str) -> str:
         return ""
     oof = bool(summary.get("oof_metrics"))
     shown = metric.replace("val_", "oof_", 1) if oof else metric
-    lines = "\n".join(f"| {r['family']} | {_fmt(r.get(shown))} | {r['epoch']} | `{r['run_name']}` |" for r in rows)
-    metric = shown
-    return (f"\n\nCandidates trained in this run, best first by {metric} on "
-            f"{'the out-of-fold predictions' if oof else 'the validation split'}:\n\n"
-            f"| family | {metric} | best epoch | Ray Train run |\n|---|---|---|---|\n{lines}")
+    test = metric.replace("val_", "test_", 1)
+    lines = "\n".join(f"| {r['family']} | {_fmt(r.get(shown))} | {_fmt(r.get(test))} | {r['epoch']} | "
+                      f"{_fmt(r.get('train_s'))} | `{r['run_name']}` |" for r in rows)
+    return (f"\n\nCandidates trained in this run, best first by {shown} on "
+            f"{'the out-of-fold predictions' if oof else 'the validation split'} (the test rows scored each once every "
+            f"choice was made; also the parent MLflow run's leaderboard.json):\n\n"
+            f"| family | {shown} | {test} | best epoch or round | training s | Ray Train run |\n"
+            f"|---|---|---|---|---|---|\n{lines}")
 
 
 def _predictions_line(summary: dict[str, Any]) -> str:
@@ -334,6 +339,11 @@ def report(config: Config, history: list[dict[str, float]], summary: dict[str, A
             + ([Metric("validation.anomalies", float(len(validation["anomalies"])), int(time.time() * 1000), 0)]
                if validation.get("checks") else []),
         )
+    card = model_card(config, summary, curve_uri, png)
+    with tracking(config.mlflow.tracking_uri):
+        client = mlflow.MlflowClient()
+        for run_id in [r for r in dict.fromkeys([summary["mlflow_run_id"], parent_run(config)]) if r]:
+            client.log_text(run_id, card, MODEL_CARD_FILE)  # the version's run, and the retrain's parent run
     ids = {
         "metrics": create_table_artifact(
             table=[{k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()} for row in history],
@@ -341,7 +351,7 @@ def report(config: Config, history: list[dict[str, float]], summary: dict[str, A
             description=f"Per-epoch metrics of Ray Train run {summary['run_name']}",
         ),
         "model_card": create_markdown_artifact(
-            markdown=model_card(config, summary, curve_uri, png),
+            markdown=card,
             key=artifact_key(name, "model-card"),
             description=f"Model card of {name} version {summary['model_version']}",
         ),

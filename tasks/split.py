@@ -8,15 +8,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
-import ray.data
-from prefect import get_run_logger, task
+from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.config import Config
-from trainflow.data import fold_parts, plan_split, split_roles, table_roles
+from trainflow.data import Rows, fold_parts, plan_split, split_roles, table_roles
 from trainflow.folds import NO_FOLD, ROLE_NAMES, TEST, TRAIN, VALIDATION, FoldPlan, check_sizes
 from trainflow.storage import filesystem_for, join, list_dir, write_text
-from trainflow.tasks.common import retry_unless_user_error
+from trainflow.tasks.common import retry_unless_user_error, task_logger
 from trainflow.tasks.ingest import Ingested
 
 
@@ -25,18 +24,20 @@ ASSIGNMENT_PLAN = "_plan.json"
 
 @dataclass
 class Split:
-    train: ray.data.Dataset
-    val: ray.data.Dataset
+    """The rows of each role: Ray Datasets, or pyarrow tables for a small table read by this process (ingest's
+    rule); training wraps them as Datasets when it starts (preprocess's pack)."""
+    train: Rows
+    val: Rows
     train_rows: int
     val_rows: int
     materialized: bool = True
-    test: ray.data.Dataset | None = None  # read once: the final scoring and the gate
+    test: Rows | None = None  # read once: the final scoring and the gate
     test_rows: int = 0
     plan: FoldPlan | None = None
     split_path: str | None = None  # the assignment (key -> role and fold), Parquet
     # cross-fitting (plan.folds > 1): per fold model, its (training rows, held-out rows); train holds every non-test row
     # and val is empty (the held-out folds are the validation rows)
-    folds: list[tuple[ray.data.Dataset, ray.data.Dataset]] | None = None
+    folds: list[tuple[Rows, Rows]] | None = None
 
     @property
     def fold_count(self) -> int:
@@ -52,7 +53,7 @@ def _assignment(batch: pa.Table, plan: FoldPlan, id_column: str | None) -> pa.Ta
                      "fold": pa.array(folds, pa.int8(), mask=folds == NO_FOLD)})
 
 
-def write_assignment(ds: ray.data.Dataset | pa.Table, plan: FoldPlan, id_column: str | None, where: str) -> str:
+def write_assignment(ds: Rows, plan: FoldPlan, id_column: str | None, where: str) -> str:
     """The run's assignment as Parquet under where: each row's id (or its hash key in [0, 1)) and role, the plan
     (_plan.json, a name Parquet readers skip) written last; a rerun of the same run (same data, same plan) finds it."""
     found = list_dir(where)
@@ -96,21 +97,17 @@ def split(ingested: Ingested, config: Config, folds: int | str | None = None) ->
                       config.split.validation_fraction, config.split.seed, keys, ingested.spec.rows,
                       config.train.folds if folds is None else folds, ingested.spec.path)
     check_sizes(plan.counts, ingested.spec.path, plan)
-    if isinstance(rows, pa.Table):  # read by this process: cut here, each part handed to Ray whole (no Ray passes)
-        tables = table_roles(rows, plan)
-        parts, fit_rows = {r: ray.data.from_arrow(t) for r, t in tables.items()}, tables[TRAIN]
-    else:
-        parts = split_roles(rows, plan, ingested.materialized)
-        fit_rows = parts[TRAIN]
-    log = get_run_logger()
+    in_process = isinstance(rows, pa.Table)  # read by this process: cut here, as tables (no Ray passes)
+    parts = table_roles(rows, plan) if in_process else split_roles(rows, plan, ingested.materialized)
+    log = task_logger("split")
     if plan.folds > 1:
         non_test = plan.counts["train"]
         log.info("split: %d test rows; %d rows in %d cross-fitting folds (%s) (%s)", plan.counts["test"], non_test,
                  plan.folds, ", ".join(str(plan.counts[f"fold {k}"]) for k in range(plan.folds)), plan.describe())
-        cut = [fold_parts(fit_rows, plan, k, ingested.materialized) for k in range(plan.folds)]
-        if ingested.materialized:
+        cut = [fold_parts(parts[TRAIN], plan, k, ingested.materialized) for k in range(plan.folds)]
+        if ingested.materialized and not in_process:
             cut = [(a.materialize(), b.materialize()) for a, b in cut]
-        empty = parts[TRAIN].limit(0)
+        empty = parts[TRAIN].slice(0, 0) if in_process else parts[TRAIN].limit(0)
         return Split(parts[TRAIN], empty, non_test, 0, ingested.materialized, test=parts[TEST],
                      test_rows=plan.counts["test"], plan=plan, folds=cut)
     log.info("split: %d training, %d validation, %d test rows (%s)", plan.counts["train"],

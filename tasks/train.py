@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -39,6 +40,7 @@ class TrainOutcome:
     recoveries: list[dict[str, Any]] = field(default_factory=list)
     budget: dict[str, Any] = field(default_factory=dict)  # the resolved batch size, epochs and patience
     time_limited_at: int | None = None  # the epoch or round after which its train.time_limit share ran out
+    train_s: float | None = None  # wall time of its fit in this flow run (worker start included)
 
 
 def lineage_for(config: Config, fingerprint: str, family: str) -> dict[str, str]:
@@ -102,6 +104,7 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
         log.info("run %s exists in %s: resuming from its latest checkpoint", run_name, config.storage_path)
     # read by Ray Train's controller and passed on from this process (Ray's own default is 60 s)
     os.environ[WORKER_GROUP_START_TIMEOUT] = f"{config.failure.worker_start_timeout_s:g}"
+    started = time.monotonic()
     with watch_progress(on_report) as callback:
         trainer = build_trainer(
             resolved, prepared.preprocessor, prepared.train, prepared.val, run_name, cache_shards=prepared.materialized,
@@ -132,7 +135,7 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
     outcome = TrainOutcome(
         run_name=run_name, family=family, run_path=path, checkpoints=checkpoints, history=history,
         resumed_from_epoch=started_from(events[seen:]) if existed else None, recoveries=recoveries(events),
-        budget=budget.to_dict(), time_limited_at=cut[-1] if cut else None,
+        budget=budget.to_dict(), time_limited_at=cut[-1] if cut else None, train_s=round(time.monotonic() - started, 1),
     )
     write_text(join(path, FINISHED_FILE), json.dumps({"lineage": lineage, "budget": budget.to_dict(),
                                                       "outcome": asdict(outcome)}, default=str))

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import get_run_logger, task
+from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
 from trainflow.preprocessors.baseline import compare_baselines
 from trainflow.preprocessors.tabular import TabularPreprocessor
-from trainflow.tasks.common import retry_unless_user_error
+from trainflow.tasks.common import in_prefect_run, retry_unless_user_error, task_logger
 from trainflow.tasks.infer import allowed_class_paths, resolve_checkpoint
 from trainflow.config import Config
 from trainflow.errors import DataError
@@ -31,7 +31,7 @@ def validate_data(config: Config, preprocessor: TabularPreprocessor) -> dict[str
     """Compare this run's training split (its fitted baseline) with the @champion's; with validation.on_anomaly
     fail, any anomaly ends the run (exit 2) before training, naming the column, the check, both values and the
     key that relaxes it. Returns the summary's `validation`."""
-    log = get_run_logger()
+    log = task_logger("validate")
     uri, name = config.mlflow.tracking_uri, config.mlflow.registered_model
     version = champion_version(uri, name)
     if version is None:
@@ -43,9 +43,10 @@ def validate_data(config: Config, preprocessor: TabularPreprocessor) -> dict[str
     anomalies = [describe(c) for c in checks if c["anomaly"]]
     result = {"champion_version": version, "on_anomaly": config.validation.on_anomaly, "checks": checks,
               "anomalies": anomalies}
-    if anomalies:
+    if anomalies and in_prefect_run():
         emit_event(event=VALIDATION_EVENT, resource={"prefect.resource.id": f"trainflow.model.{name}"},
                    payload={"data_path": config.data.path, "champion_version": version, "anomalies": anomalies})
+    if anomalies:
         if config.validation.on_anomaly == "fail":
             raise DataError(f"{config.data.path}: the training data fails validation against {name} version {version}'s "
                             "training data: " + "; ".join(anomalies) + " (or set validation.on_anomaly: warn)")

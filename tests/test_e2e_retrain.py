@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -306,6 +307,15 @@ def _boosters_replace_the_champion(tmp_path, cfg_path, score, tracking, capsys):
         stored = json.loads(Path(mlflow.artifacts.download_artifacts(
             run_id=parent.info.run_id, artifact_path="summary.json", dst_path=str(tmp_path / "parent"))).read_text())
     assert stored["model_version"] == summary["model_version"] and stored["candidates"] == summary["candidates"]
+    # the leaderboard (every candidate: validation and test scores, training seconds) and the model card beside it
+    with tracking_uri(tracking):
+        board = mlflow.load_table("leaderboard.json", run_ids=[parent.info.run_id])
+        card = Path(mlflow.artifacts.download_artifacts(run_id=parent.info.run_id, artifact_path="model_card.md",
+                                                        dst_path=str(tmp_path / "parent"))).read_text()
+    assert list(board["family"]) == [c["family"] for c in summary["candidates"]]
+    assert {"val_roc_auc", "test_roc_auc", "train_s"} <= set(board.columns)
+    assert all(board.loc[board["family"] != "ensemble", "train_s"] > 0)
+    assert card.startswith("# ") and f"version {summary['model_version']}" in card, card[:300]
     description = client.get_model_version("churn-test", summary["model_version"]).description
     assert f"trainflow {winner} trained on" in description and "Gate: promoted" in description, description
     with tracking_uri(tracking):
@@ -369,6 +379,13 @@ def _small_work_without_prefect_or_ray(tmp_path, boosters) -> dict:
         summaries[args[0]] = json.loads((tmp_path / f"{args[0]}.json").read_text())
     assert summaries["predict"]["model_version_uri"] == "models:/churn-test/2"
     assert summaries["predict"]["drift"]["drifted_columns"] == []
+    # validate: every check (the split, the fit, each family's memory, the data against the champion's), no Ray
+    proc = subprocess.run([sys.executable, "-m", "trainflow.flows.cli", "validate", *boosters[:2]], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Ray dashboard" not in proc.stderr and "temporary server" not in proc.stderr, proc.stderr[-3000:]
+    assert "  valid             yes" in proc.stdout, proc.stdout
+    assert re.search(r"validation against version 2: \d+ check\(s\), 0 anomal", proc.stderr), proc.stderr[-3000:]
     return summaries["retrain"]
 
 

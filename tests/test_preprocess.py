@@ -322,3 +322,52 @@ def test_distinct_text_values_are_counted_in_bounded_memory():
     assert len(counted["values"]) <= 64
     got = dict(zip(counted["values"], counted["counts"]))
     assert (got["hot-a"], got["hot-b"], got["hot-c"], got[None]) == (500, 500, 500, 7)
+
+
+def _close(a, b):
+    """Equal fitted states, floats to 1e-9 relative (Ray merges per-block partial sums; here it is one block)."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _close(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _close(x, y)
+    elif isinstance(a, float):
+        assert a == pytest.approx(b, rel=1e-9, abs=1e-12, nan_ok=True)
+    else:
+        assert a == b
+
+
+@pytest.mark.parametrize("task", ["classification", "regression"])
+def test_a_table_in_memory_is_fitted_and_packed_here_as_ray_data_does_it(task):
+    """A small table's split parts are pyarrow tables (ingest reads it in this process): the fit (numbers, booleans,
+    decimals, text, dates, the drift baseline) and the packed rows equal Ray Data's over the same rows."""
+    import datetime
+    import decimal
+
+    from trainflow.preprocessors.fit import pack
+
+    n = 700
+    rng = np.random.default_rng(3)
+    table = _table(n, seed=3).append_column(
+        "when", pa.array([datetime.datetime(2020, 1, 1) + datetime.timedelta(hours=int(h)) for h in rng.integers(0, 9000, n)],
+                         pa.timestamp("us"))).append_column(
+        "price", pa.array([decimal.Decimal(f"{v:.2f}") for v in rng.normal(50, 9, n)], pa.decimal128(9, 2)))
+    if task == "regression":
+        table = table.set_column(table.schema.get_field_index("y"), "y", pa.array(rng.normal(3, 2, n)))
+    spec = table_spec(table.schema, DataSection(path="mem", label="y", id_column="id"), task, "mem")
+    assert spec.dates == ["when"] and "price" in spec.numeric
+    here = fit_preprocessor(table, spec, task)
+    there = fit_preprocessor(ray.data.from_arrow(table), spec, task)
+    _close(here.to_dict(), there.to_dict())
+    train, val = table.slice(0, 500), table.slice(500)
+    packed_here = pack(train, val, here, materialize=True)
+    packed_there = pack(ray.data.from_arrow(train), ray.data.from_arrow(val), here, materialize=True)
+    for a, b in zip(packed_here, packed_there):
+        rows_a = np.concatenate([r["features"] for r in a.iter_batches(batch_format="numpy")])
+        rows_b = np.concatenate([r["features"] for r in b.iter_batches(batch_format="numpy")])
+        np.testing.assert_array_equal(rows_a, rows_b)
+        labels = [np.concatenate([r["label"] for r in d.iter_batches(batch_format="numpy")]) for d in (a, b)]
+        np.testing.assert_array_equal(*labels)

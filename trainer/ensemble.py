@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-import ray.data
 import torch
 
+from trainflow.data import Rows, arrow_batches
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.storage import is_uri, join, list_dir, localize, upload_dir, write_text
 from trainflow.trainer.checkpoint import write_common
@@ -32,12 +32,12 @@ LEFT_OUT = ("train_state.pt", "train_state.json", "calibration.json")  # what se
 
 
 def member_outputs(predictors: dict[str, Callable[[np.ndarray], np.ndarray]], prep: TabularPreprocessor,
-                   ds: ray.data.Dataset, batch_size: int = 65536) -> tuple[dict[str, np.ndarray], np.ndarray]:
+                   ds: Rows, batch_size: int = 65536) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Every member's raw outputs on every row of ds, the same rows in one pass, and the encoded labels."""
     outs: dict[str, list[np.ndarray]] = {f: [] for f in predictors}
     labels = []
     wanted = list(dict.fromkeys([*prep.feature_order, prep.label]))
-    for batch in ds.select_columns(wanted).iter_batches(batch_size=batch_size, batch_format="pyarrow"):
+    for batch in arrow_batches(ds, wanted, batch_size):
         x = prep.transform_features(batch, strict=False)
         labels.append(prep.transform_label(batch))
         for family, predict in predictors.items():

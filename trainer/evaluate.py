@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import ray.data
 
+from trainflow.data import Rows, arrow_batches, column_names
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.trainer.metrics import calibration, compute_metrics
 from trainflow.trainer.serving import load_servable
@@ -41,7 +41,7 @@ class Scored:
         return calibration(self.outputs, self.labels, self.prep.num_outputs) if self.prep.task == "classification" else None
 
 
-def score_checkpoint(checkpoint_path: str, ds: ray.data.Dataset, columns: tuple[str, ...] = (),
+def score_checkpoint(checkpoint_path: str, ds: Rows, columns: tuple[str, ...] = (),
                      batch_size: int = 65536, calibrated: bool = True, held_out=None) -> Scored:
     """The checkpoint's outputs over every row of ds, through the preprocessor stored in its own checkpoint, so an
     older champion is judged on the same rows as a new challenger even when their fitted preprocessing differs.
@@ -51,10 +51,9 @@ def score_checkpoint(checkpoint_path: str, ds: ray.data.Dataset, columns: tuple[
     prep = servable.preprocessor
     plan_columns = [*held_out.key_columns, *([held_out.label] if held_out.label else [])] if held_out else []
     wanted = list(dict.fromkeys([*prep.feature_order, prep.label, *columns, *plan_columns]))
-    missing = [c for c in plan_columns if c not in ds.schema().names]
+    missing = [c for c in plan_columns if c not in column_names(ds)]
     outs, labels, raw, marks = [], [], {c: [] for c in columns}, []
-    for batch in ds.select_columns([c for c in wanted if c not in missing]).iter_batches(batch_size=batch_size,
-                                                                                         batch_format="pyarrow"):
+    for batch in arrow_batches(ds, [c for c in wanted if c not in missing], batch_size):
         x = prep.transform_features(batch, strict=False)
         labels.append(prep.transform_label(batch))
         outs.append(servable.predict(x))
@@ -71,7 +70,7 @@ def score_checkpoint(checkpoint_path: str, ds: ray.data.Dataset, columns: tuple[
                   np.concatenate(marks) if held_out is not None else None)
 
 
-def evaluate_checkpoint(checkpoint_path: str, ds: ray.data.Dataset, batch_size: int = 65536) -> dict[str, float]:
+def evaluate_checkpoint(checkpoint_path: str, ds: Rows, batch_size: int = 65536) -> dict[str, float]:
     """Validation metrics of the checkpoint over every row of ds, computed like the train loop's."""
     scored = score_checkpoint(checkpoint_path, ds, batch_size=batch_size)
     return scored.metrics() if len(scored.labels) else {"val_loss": float("nan")}

@@ -5,9 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import ray
-
 from trainflow.errors import ConfigError
+from trainflow.runtime import nodes
 
 
 def worker_bundle(scaling: dict[str, Any]) -> dict[str, float]:
@@ -24,8 +23,8 @@ def worker_bundle(scaling: dict[str, Any]) -> dict[str, float]:
 
 
 def alive_nodes() -> list[dict[str, float]]:
-    """The resources of each alive node of the connected cluster."""
-    return [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    """The resources of each alive node of the connected cluster (before trainflow's own Ray starts: its node)."""
+    return nodes()
 
 
 def workers_that_fit(bundle: dict[str, float], nodes: list[dict[str, float]]) -> int:

@@ -892,6 +892,21 @@ def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
 
 
+def storage_path_of(config: str | Path | dict[str, Any], overrides: dict[str, Any] | None = None) -> str:
+    """The storage_path a config file or mapping names (resolved as load_config resolves it), read without
+    validating the rest: the Python API writes a table handed over in memory there before data.path exists."""
+    if isinstance(config, dict):
+        raw, base = config, Path.cwd()
+    else:
+        path = Path(config).resolve()
+        try:
+            raw, base = load_yaml(path.read_text()) or {}, path.parent
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    raw = apply_overrides(raw if isinstance(raw, dict) else {}, overrides)
+    return _resolve(str(raw.get("storage_path") or Config.model_fields["storage_path"].default), base)
+
+
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
     """Read a YAML config file, apply dotted overrides, validate, and resolve paths (or return the config that
     hand_over gave this key)."""

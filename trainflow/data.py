@@ -4,7 +4,7 @@ labels and nulls, and the seeded split into roles and folds."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -14,9 +14,41 @@ import ray
 import ray.data
 
 from trainflow.errors import DataError
+from trainflow.runtime import cluster_resources
 
 from trainflow.storage import with_scheme
 from trainflow.tables import check_csv_header, check_names, csv_arguments, list_files
+
+
+Rows = ray.data.Dataset | pa.Table  # a split's rows: Ray Data's, or a small table's in this process's memory
+
+
+def column_names(rows: Rows) -> list[str]:
+    """The rows' column names."""
+    return list(rows.schema.names if isinstance(rows, pa.Table) else rows.schema().names)
+
+
+def arrow_batches(rows: Rows, columns: list[str], batch_size: int = 65536) -> Iterator[pa.Table]:
+    """The rows' columns as pyarrow batches of at most batch_size rows: read here for a table in this process's
+    memory, through Ray Data's iterator otherwise."""
+    if isinstance(rows, pa.Table):
+        table = rows.select(columns)
+        for start in range(0, table.num_rows, batch_size):
+            yield table.slice(start, batch_size)
+        return
+    yield from rows.select_columns(columns).iter_batches(batch_size=batch_size, batch_format="pyarrow")
+
+
+def first_rows(rows: Rows, columns: list[str], n: int) -> pa.Table:
+    """The first n rows' columns as one pyarrow table."""
+    if isinstance(rows, pa.Table):
+        return rows.select(columns).slice(0, n)
+    return rows.select_columns(columns).take_batch(n, batch_format="pyarrow")
+
+
+def as_dataset(rows: Rows) -> ray.data.Dataset:
+    """The rows as a Ray Dataset (a table in this process's memory is put in the object store as one block)."""
+    return ray.data.from_arrow(rows) if isinstance(rows, pa.Table) else rows
 
 
 def streamed_task_args() -> dict:
@@ -64,7 +96,7 @@ def should_materialize(mode: str, table_bytes: int, fraction: float = 0.25) -> t
     The materialized path holds the table, then its split parts and their packed copies: about four
     times the table, hence a quarter of the store.
     """
-    store = ray.cluster_resources().get("object_store_memory", 0)
+    store = cluster_resources().get("object_store_memory", 0)
     sizes = f"{table_bytes / 2**20:,.0f} MiB in memory, object store {store / 2**20:,.0f} MiB"
     if mode == "always":
         return True, f"data.materialize: always ({sizes})"
@@ -98,7 +130,7 @@ def count_nulls(ds: ray.data.Dataset, column: str) -> int:
     out = ds.select_columns([column]).map_batches(_nulls, fn_kwargs={"column": column}, batch_format="pyarrow")
     return int(out.sum("nulls") or 0)
 
-def count_rows_and_bad_labels(ds: ray.data.Dataset | pa.Table, label: str) -> tuple[int, int]:
+def count_rows_and_bad_labels(ds: Rows, label: str) -> tuple[int, int]:
     """(rows, labels that are null, NaN or infinite) in one vectorised pass (this process's, for a table in its memory)."""
     if isinstance(ds, pa.Table):
         return ds.num_rows, int(_bad_labels(ds, label)["bad"][0])
@@ -123,7 +155,7 @@ def _role_counts(batch: pa.Table, plan) -> pa.Table:
                      "val": count(val), **extra})
 
 
-def _counts(ds: ray.data.Dataset | pa.Table, plan, columns: list[str]) -> list[dict]:
+def _counts(ds: Rows, plan, columns: list[str]) -> list[dict]:
     """_role_counts over ds: Ray tasks, or this process for a table in its memory."""
     if isinstance(ds, pa.Table):
         return _role_counts(ds.select(columns), plan).to_pylist()
@@ -131,7 +163,7 @@ def _counts(ds: ray.data.Dataset | pa.Table, plan, columns: list[str]) -> list[d
                                                   batch_size=None).take_all()
 
 
-def plan_split(ds: ray.data.Dataset | pa.Table, task: str, label: str, test_fraction: float, validation_fraction: float,
+def plan_split(ds: Rows, task: str, label: str, test_fraction: float, validation_fraction: float,
                seed: int, key_columns: list[str], rows: int, folds: int | str = 1, source: str = ""):
     """The fold plan for this table: one counting pass over the key and label columns gives the rows per class in
     each role, so every class with enough rows gets its share of test and validation rows (stratification) and a
@@ -215,12 +247,11 @@ def _fold(batch: pa.Table, plan, fold: int, held: bool) -> pa.Table:
     return batch.filter(pa.array(ids == fold if held else (ids != fold)))
 
 
-def fold_parts(fit_rows: ray.data.Dataset | pa.Table, plan, fold: int, materialize: bool
-               ) -> tuple[ray.data.Dataset, ray.data.Dataset]:
+def fold_parts(fit_rows: Rows, plan, fold: int, materialize: bool) -> tuple[Rows, Rows]:
     """(training rows, held-out rows) of fold model `fold`: the non-test rows (split_roles' TRAIN) outside and inside
-    that fold; cut by this process for a table in its memory."""
+    that fold; cut by this process, as tables, for a table in its memory."""
     if isinstance(fit_rows, pa.Table):
-        return tuple(ray.data.from_arrow(_fold(fit_rows, plan, fold, held)) for held in (False, True))
+        return tuple(_fold(fit_rows, plan, fold, held) for held in (False, True))
     task_args = {} if materialize else streamed_task_args()
     return tuple(fit_rows.map_batches(_fold, fn_kwargs={"plan": plan, "fold": fold, "held": held},
                                       batch_format="pyarrow", **task_args) for held in (False, True))

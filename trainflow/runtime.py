@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -35,6 +36,32 @@ class _KnownNotice(logging.Filter):
         return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
 
 
+def cluster_named(address: str | None) -> bool:
+    """Whether a run joins an existing cluster (ray.address, else RAY_ADDRESS) rather than starting its own Ray."""
+    return bool(address or os.environ.get("RAY_ADDRESS"))
+
+
+def nodes() -> list[dict[str, float]]:
+    """Each alive node's resources (CPU, GPU, memory, object_store_memory ...): the connected Ray's; with none
+    connected, the one node trainflow's own local Ray will be, as Ray resolves this machine when it starts (its
+    CPUs, GPUs and memory), without starting it. A run on a named cluster joins it (ensure_ray) before asking."""
+    if ray.is_initialized():
+        return [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    return [dict(_local_node())]
+
+
+def cluster_resources() -> dict[str, float]:
+    """ray.cluster_resources(), or before trainflow's own local Ray starts, what it will have (nodes())."""
+    return ray.cluster_resources() if ray.is_initialized() else dict(_local_node())
+
+
+@functools.cache
+def _local_node() -> dict[str, float]:
+    from ray._private.resource_and_label_spec import ResourceAndLabelSpec  # what ray.init resolves for its node
+
+    return ResourceAndLabelSpec().resolve(is_head=True, node_ip_address="127.0.0.1").to_resource_dict()
+
+
 def ensure_ray(address: str | None = None, runtime_env: dict | None = None, num_cpus: int | None = None,
                object_store_memory: int | None = None) -> None:
     """Join the cluster at address (ray.address / RAY_ADDRESS) if given, else start a local Ray (of num_cpus
@@ -52,7 +79,7 @@ def _init(address: str | None, runtime_env: dict | None, num_cpus: int | None, o
     runtime_env = dict(runtime_env or {})
     defaults = dict(TRAIN_ENV_DEFAULTS)
     address = address or os.environ.get("RAY_ADDRESS") or None
-    if address is None:
+    if not cluster_named(address):
         defaults.update(LOCAL_TRAIN_ENV_DEFAULTS)
         # With no address, ray.init joins whatever /tmp/ray/ray_current_cluster names (the last `ray start`
         # or ray.cluster_utils head on this machine), even a dead one: it then hangs on the dead GCS, or

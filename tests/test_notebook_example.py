@@ -1,0 +1,27 @@
+"""examples/notebook.py as a user runs it: a DataFrame in (no data.path), the leaderboard, predict_proba and evaluate
+on rows kept back; the same frame again is the champion's own data (a skip)."""
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_local")]
+
+
+def test_the_notebook_example_trains_from_a_dataframe_and_reads_back_its_leaderboard(tmp_path):
+    import trainflow
+    from trainflow.examples.notebook import main
+
+    out = main(tmp_path)
+    summary, proba, kept_back = out["summary"], out["proba"], out["kept_back"]
+    # the frame became a Parquet snapshot under storage_path, and the run's lineage names it
+    assert summary["data_path"].startswith(str(tmp_path / "runs" / "snapshots")) and summary["data_path"].endswith(".parquet")
+    board = trainflow.leaderboard(summary)
+    assert {"lightgbm", "xgboost"} <= set(board["family"])  # (and the ensemble, when its weights earn it)
+    assert {"val_roc_auc", "test_roc_auc", "train_s", "epochs_run"} <= set(board.columns)
+    assert board["val_roc_auc"].is_monotonic_decreasing  # best first
+    assert list(proba.columns) == ["proba_0", "proba_1"] and len(proba) == len(kept_back)
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-6)
+    assert out["scores"]["val_accuracy"] > 0.9  # rows no choice saw: breast cancer is an easy table
+    # the same rows again: the same snapshot file, the champion's own data: nothing trains
+    again = trainflow.retrain(out["config"], data=out["train"])
+    assert again["data_path"] == summary["data_path"] and again["skipped"]["champion_version"] == "1"
