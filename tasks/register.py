@@ -10,6 +10,7 @@ from typing import Any
 from pathlib import Path
 
 import mlflow
+from mlflow.data.meta_dataset import MetaDataset
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
@@ -65,7 +66,8 @@ def register(config: Config, ingested: Ingested, outcome: TrainOutcome, selected
         versions = mlflow.MlflowClient().search_model_versions(f"run_id = '{run_id}'") if run_id else []
         version = str(versions[0].version) if versions else None
         if version is None:
-            run_id, version = _log_and_register(config, ingested, outcome, selected, prep, lineage, exp_id, run_id, key)
+            run_id, version = _log_and_register(config, ingested, outcome, selected, prep, lineage, exp_id, run_id, key,
+                                                plan)
         else:
             get_run_logger().info("register: this training run is already version %s (run %s)", version, run_id)
         client = mlflow.MlflowClient()
@@ -76,13 +78,16 @@ def register(config: Config, ingested: Ingested, outcome: TrainOutcome, selected
     return Registered(run_id=run_id, model_name=config.mlflow.registered_model, model_version=version, model_uri=uri)
 
 
-def log_datasets(config: Config, ingested: Ingested) -> None:
+def log_datasets(config: Config, ingested: Ingested, plan: FoldPlan | None = None,
+                 prep: TabularPreprocessor | None = None) -> None:
     """The training and validation tables as the active run's MLflow dataset inputs: source data.path, digest
-    trainflow's fingerprint (the validation split's: with the split settings), nothing loaded."""
+    trainflow's fingerprint (the validation split's: with the split settings), the schema (every feature column and
+    the label, as MLflow types) and a profile (rows of the table and of each role, the fitted training rows' missing
+    values per column); nothing loaded."""
     import warnings
 
     from mlflow.data.dataset_source_registry import resolve_dataset_source
-    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.types import ColSpec, Schema
 
     path = redact_text(ingested.spec.path)  # a URI's user-info and credential query values masked
     with warnings.catch_warnings():  # a local path reads as more than one kind of source; MLflow picks the local one
@@ -92,13 +97,37 @@ def log_datasets(config: Config, ingested: Ingested) -> None:
     split = hashlib.blake2b(f"{fp}:{json.dumps(config.split.model_dump(mode='json'), sort_keys=True)}".encode(),
                             digest_size=16).hexdigest()
     name = path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+    spec = ingested.spec
+    schema = Schema([ColSpec(t, c) for c, t in spec.mlflow_types.items()]) if spec.mlflow_types else None
+    counts = (plan.counts if plan is not None else None) or {}
+    missing = (prep.baseline.get("columns") or {}) if prep is not None else {}  # the fitted training rows' counts
+    profile = {"table_rows": spec.rows, "columns": len(spec.feature_order) + 1, "task": config.task,
+               **{f"{role}_rows": n for role, n in counts.items() if " " not in role},
+               "folds": plan.folds if plan is not None else 1,
+               "missing_rate": {c: round(b["nulls"] / b["rows"], 6) for c, b in missing.items() if b.get("rows")}}
     for context, digest in (("training", fp), ("validation", split)):
-        mlflow.log_input(MetaDataset(source, name=f"{name} ({context})", digest=digest[:32]), context=context)
+        mlflow.log_input(_ProfiledDataset(source, name=f"{name} ({context})", digest=digest[:32], schema=schema,
+                                          profile=profile), context=context)
+
+
+class _ProfiledDataset(MetaDataset):
+    """MLflow's metadata-only dataset with a profile (MetaDataset keeps none): what MLflow shows beside the schema."""
+
+    def __init__(self, *args: Any, profile: dict[str, Any] | None = None, **kwargs: Any):
+        self._profile = profile
+        super().__init__(*args, **kwargs)
+
+    @property
+    def profile(self) -> dict[str, Any] | None:
+        return self._profile
+
+    def to_dict(self) -> dict[str, str]:
+        return {**super().to_dict(), **({"profile": json.dumps(self._profile)} if self._profile else {})}
 
 
 def _log_and_register(config: Config, ingested: Ingested, outcome: TrainOutcome, selected: Selected,
                       prep: TabularPreprocessor, lineage: dict[str, str], exp_id: str, run_id: str | None,
-                      key: str) -> tuple[str, str]:
+                      key: str, plan: FoldPlan | None = None) -> tuple[str, str]:
     """Log params, metrics and the checkpoint into the run (a new one, or the earlier attempt's) and register it."""
     parent = find_run(mlflow.MlflowClient(), exp_id, parent_key()) if not run_id else None  # the retrain's run
     tags = {**({REGISTER_KEY: key} if key else {}), **({"mlflow.parentRunId": parent} if parent else {})}
@@ -108,7 +137,7 @@ def _log_and_register(config: Config, ingested: Ingested, outcome: TrainOutcome,
             log_params(config.mlflow.tracking_uri, run.info.run_id, config, outcome.family)
             log_rows(config.mlflow.tracking_uri, run.info.run_id, outcome.history)
         mlflow.set_tags(lineage)
-        log_datasets(config, ingested)
+        log_datasets(config, ingested, plan, prep)
         chose = "oof_" if outcome.budget.get("folds") else "val_"  # the rows that chose it, in the metric's name
         mlflow.log_metrics({f"best_{chose}{k[4:]}" if k.startswith("val_") else f"best_{k}": float(v)
                             for k, v in selected.metrics.items() if isinstance(v, (int, float))})

@@ -157,6 +157,12 @@ def test_retrain_classification_end_to_end_then_boosters_replace_the_champion(tm
     assert set(inputs) == {"training", "validation"}
     assert inputs["training"].digest == summary["data_fingerprint"].split(":", 1)[1]
     assert json.loads(inputs["training"].source)["uri"] == summary["data_path"]
+    # with their schema (every feature and the label) and a profile (rows per role, missing rates of the fit)
+    columns = {c["name"]: c["type"] for c in json.loads(inputs["training"].schema)["mlflow_colspec"]}
+    assert columns["churned"] == "long" and columns["plan"] == "string" and "customer_id" not in columns
+    profile = json.loads(inputs["validation"].profile)
+    assert profile["table_rows"] == summary["training_rows"] and profile["test_rows"] == summary["test_rows"]
+    assert profile["train_rows"] == summary["train_rows"] and 0 <= profile["missing_rate"]["age"] < 1
     assert logged["test_ece"] == pytest.approx(cal["ece"]) and logged["test_brier"] == pytest.approx(cal["brier"])
     assert logged["test_roc_auc"] == pytest.approx(summary["test_metrics"]["test_roc_auc"])
 
@@ -309,7 +315,8 @@ def _boosters_replace_the_champion(tmp_path, cfg_path, score, tracking, capsys):
     assert stored["model_version"] == summary["model_version"] and stored["candidates"] == summary["candidates"]
     # the leaderboard (every candidate: validation and test scores, training seconds) and the model card beside it
     with tracking_uri(tracking):
-        board = mlflow.load_table("leaderboard.json", run_ids=[parent.info.run_id])
+        board = pd.read_json(mlflow.artifacts.download_artifacts(run_id=parent.info.run_id, artifact_path="leaderboard.json",
+                                                                 dst_path=str(tmp_path / "parent")), orient="split")
         card = Path(mlflow.artifacts.download_artifacts(run_id=parent.info.run_id, artifact_path="model_card.md",
                                                         dst_path=str(tmp_path / "parent"))).read_text()
     assert list(board["family"]) == [c["family"] for c in summary["candidates"]]

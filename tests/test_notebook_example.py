@@ -17,11 +17,12 @@ def test_the_notebook_example_trains_from_a_dataframe_and_reads_back_its_leaderb
     assert summary["data_path"].startswith(str(tmp_path / "runs" / "snapshots")) and summary["data_path"].endswith(".parquet")
     board = trainflow.leaderboard(summary)
     assert {"lightgbm", "xgboost"} <= set(board["family"])  # (and the ensemble, when its weights earn it)
-    assert {"val_roc_auc", "test_roc_auc", "train_s", "epochs_run"} <= set(board.columns)
-    assert board["val_roc_auc"].is_monotonic_decreasing  # best first
-    assert list(proba.columns) == ["proba_0", "proba_1"] and len(proba) == len(kept_back)
+    assert {"val_loss", "test_roc_auc", "test_loss", "train_s", "epochs_run"} <= set(board.columns)
+    assert board["val_loss"].is_monotonic_increasing  # best first (promotion.metric val_loss, mode min)
+    assert (board.loc[board["family"] != "ensemble", "train_s"] > 0).all()
+    assert list(proba.columns) == [0, 1] and len(proba) == len(kept_back)  # a column per class
     np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-6)
-    assert out["scores"]["val_accuracy"] > 0.9  # rows no choice saw: breast cancer is an easy table
+    assert out["scores"]["accuracy"] > 0.9  # rows no choice saw: breast cancer is an easy table
     # the same rows again: the same snapshot file, the champion's own data: nothing trains
     again = trainflow.retrain(out["config"], data=out["train"])
     assert again["data_path"] == summary["data_path"] and again["skipped"]["champion_version"] == "1"

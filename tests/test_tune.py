@@ -79,3 +79,27 @@ def test_tune_sweep_end_to_end(tmp_path, capsys):
     assert cli_main(["tune", "--config", str(cfg), "--run-name", "planted"]) == 2
     assert "pass --resume if this is your sweep" in capsys.readouterr().err
     assert not marker.exists()
+
+
+def test_a_sweep_without_a_search_space_searches_each_familys_default_space_and_the_family(tmp_path):
+    """`trainflow tune` on the config `trainflow init` writes (model.type auto, no tune section): each family's own
+    default space, the family a search dimension; every default value is one the config accepts."""
+    from trainflow.config import AUTO_FAMILIES, config_from_dict
+    from trainflow.errors import ConfigError
+    from trainflow.trainer.families import REGISTRY
+    from trainflow.trainer.tune import sweep_space
+
+    base = {"data": {"path": str(tmp_path / "t.parquet"), "label": "y"}, "task": "classification"}
+    space = sweep_space(config_from_dict(base))
+    assert space["model.type"] == {"choice": list(AUTO_FAMILIES)}
+    assert {"train.learning_rate", "model.dropout", "model.params.learning_rate", "model.params.max_depth"} <= set(space)
+    for family in AUTO_FAMILIES:  # each default space passes the config's own check of a user's search space
+        own = REGISTRY[family].search_space
+        assert own, family
+        config = config_from_dict({**base, "model": {"type": family}, "tune": {"search_space": own}})
+        assert sweep_space(config) == own
+    # a user's space under auto: the family is searched beside it; a family with no default space needs one
+    mine = config_from_dict({**base, "tune": {"search_space": {"train.learning_rate": {"loguniform": [0.001, 0.01]}}}})
+    assert set(sweep_space(mine)) == {"train.learning_rate", "model.type"}
+    with pytest.raises(ConfigError, match="no default search space"):
+        sweep_space(config_from_dict({**base, "model": {"type": "torch", "class_path": "x.y:Z"}}))

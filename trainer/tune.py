@@ -36,8 +36,24 @@ def search_space(space: dict[str, dict[str, list[Any]]]) -> dict[str, Any]:
     return {key: make[kind](args) for key, spec in space.items() for kind, args in spec.items()}
 
 
+def sweep_space(config: Config) -> dict[str, dict[str, list[Any]]]:
+    """What a sweep samples: tune.search_space, or else every trained family's default space (its Family's
+    search_space, keys it does not read are ignored by the others); with several families (model.type auto or a
+    list) the family itself is searched too (model.type: choice), unless the space names it."""
+    space = dict(config.require_tune().search_space)
+    families = config.model.families
+    if not space:
+        for family in families:
+            space.update(REGISTRY[family].search_space)
+        if not space:
+            raise ConfigError(f"tune: model.type {families[0]} has no default search space; give tune.search_space")
+    if len(families) > 1 and "model.type" not in space:
+        space["model.type"] = {"choice": list(families)}
+    return space
+
+
 def _searched_families(config: Config) -> list[str]:
-    spec = config.tune.search_space.get("model.type")
+    spec = sweep_space(config).get("model.type")
     return config.model.families if spec is None else list(next(iter(spec.values())))
 
 
@@ -116,7 +132,7 @@ def build_tuner(
         scheduler = FIFOScheduler()
     return ray.tune.Tuner(
         trainable,
-        param_space={"sampled": search_space(tune_cfg.search_space)},
+        param_space={"sampled": search_space(sweep_space(config))},
         tune_config=ray.tune.TuneConfig(
             metric=tune_cfg.metric, mode=tune_cfg.mode, num_samples=tune_cfg.num_samples,
             max_concurrent_trials=max_concurrent_trials, scheduler=scheduler,

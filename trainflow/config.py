@@ -639,14 +639,10 @@ class Config(_Section):
         return self
 
     def require_tune(self) -> TuneSection:
-        if self.tune is None or not self.tune.search_space:
-            raise ConfigError("tune: add a tune section with a search_space to run a sweep (see the README)")
-        if len(self.model.families) > 1:
-            given = "model.type auto" if self.model.auto else "the list"
-            raise ConfigError(f"model.type: a sweep trains one family per trial; instead of {given} "
-                              f"{self.model.families}, name one (model.type: mlp) or search it: "
-                              f"tune.search_space.model.type: {{choice: {self.model.families}}}")
-        return self.tune
+        """The sweep's settings: the tune section, or its defaults. Without tune.search_space each family searches
+        its own default space, and with several families (auto, a list) the family is a search dimension too
+        (trainer/tune.py sweep_space)."""
+        return self.tune or TuneSection()
 
     def require_workers(self) -> None:
         """The retrain pipeline keeps checkpoints, which Ray Train's local mode (num_workers=0) does not."""

@@ -131,7 +131,7 @@ KEYS = {
     'tune.scheduler': 'asha (early stopping over epochs) or fifo (default: asha)',
     'tune.grace_period': "ASHA's minimum epochs and halving rate (default: 1, 2)",
     'tune.reduction_factor': "ASHA's minimum epochs and halving rate (default: 1, 2)",
-    'tune.search_space': 'dotted config key → {loguniform: [lo, hi]}, {uniform: [lo, hi]}, {randint: [lo, hi]}, {choice: [...]} or {grid: [...]} (default: —)',
+    'tune.search_space': 'dotted config key → {loguniform: [lo, hi]}, {uniform: [lo, hi]}, {randint: [lo, hi]}, {choice: [...]} or {grid: [...]} (default: each family\'s own default space, the family searched too)',
 }
 
 

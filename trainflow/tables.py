@@ -250,7 +250,7 @@ class TableSpec:
     rows: int = 0
     fingerprint: str = ""
     feature_order: list[str] = field(default_factory=list)
-    mlflow_types: dict[str, str] = field(default_factory=dict)  # column -> MLflow ColSpec type
+    mlflow_types: dict[str, str] = field(default_factory=dict)  # feature or label column -> MLflow ColSpec type
 
 def mlflow_type(t: pa.DataType) -> str:
     """The MLflow signature type of an arrow column type."""
@@ -323,7 +323,7 @@ def table_spec(schema: pa.Schema, data: Any, task: str, source: str, files: list
     return TableSpec(
         path=source, files=files or [], label=data.label, id_column=data.id_column, numeric=numeric,
         categorical=categorical, dates=dates, feature_order=features,
-        mlflow_types={c: mlflow_type(schema.field(c).type) for c in features},
+        mlflow_types={c: mlflow_type(schema.field(c).type) for c in [*features, data.label]},
     )
 
 def check_writable(output: str) -> None:

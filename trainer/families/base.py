@@ -7,7 +7,7 @@ functions that train.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -49,6 +49,15 @@ def no_check(prep: TabularPreprocessor, model_cfg: dict[str, Any]) -> None:
 Predictor = Callable[..., Callable[[np.ndarray], np.ndarray]]
 
 
+# the boosters' default sweep (model.params keys every booster maps to its library's own: trainflow/config.py)
+BOOSTER_SPACE = {
+    "model.params.learning_rate": {"loguniform": [0.01, 0.3]},
+    "model.params.max_depth": {"randint": [3, 11]},
+    "model.params.subsample": {"uniform": [0.6, 1.0]},
+    "model.params.reg_lambda": {"loguniform": [0.01, 10.0]},
+}
+
+
 @dataclass(frozen=True)
 class Family:
     """One model family: how it trains across Ray Train workers, what it checks before, and how its checkpoint serves.
@@ -72,6 +81,9 @@ class Family:
     imports_user_code: bool = False  # builds the nn.Module model.class_path names (the allow-list applies)
     # boosters: (fitted preprocessor, the family's Config) -> the library's parameters for the run
     library_params: Callable[[TabularPreprocessor, Config], dict[str, Any]] | None = None
+    # `trainflow tune` without tune.search_space: its default space (dotted config key -> {kind: args})
+    search_space: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+
 
     def worker_scaling(self, scaling: ScalingSection) -> ScalingSection:
         """The scaling its Ray Train run asks for: the config's, or for a one-process family one CPU-only worker with

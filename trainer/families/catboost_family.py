@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from trainflow.trainer.families.base import (
-    Family, booster_budget, categorical_positions, describe_booster, loss_from_metric, outputs_from,
+    BOOSTER_SPACE, Family, booster_budget, categorical_positions, describe_booster, loss_from_metric, outputs_from,
 )
 
 if TYPE_CHECKING:
@@ -250,4 +250,4 @@ def _data_config():
 
 FAMILY = Family(NAME, _trainer, train_fn, _data_config, booster_budget, CatBoostPredictor,
                 serving_packages=("catboost",), describe=describe_booster(NAME), calibration="platt",
-                class_weights=False, one_process=True, library_params=library_params)
+                class_weights=False, one_process=True, library_params=library_params, search_space=BOOSTER_SPACE)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from trainflow.trainer.families.base import (
-    Family, booster_budget, categorical_positions, describe_booster, outputs_from, trees_data_config,
+    BOOSTER_SPACE, Family, booster_budget, categorical_positions, describe_booster, outputs_from, trees_data_config,
 )
 
 if TYPE_CHECKING:
@@ -106,4 +106,4 @@ def _trainer(train_fn: Callable, scaling: ScalingSection, **kwargs: Any):
 
 FAMILY = Family(NAME, _trainer, train_fn, trees_data_config, booster_budget, LightGBMPredictor,
                 serving_packages=("lightgbm",), describe=describe_booster(NAME), calibration="platt",
-                class_weights=False, library_params=library_params)
+                class_weights=False, library_params=library_params, search_space=BOOSTER_SPACE)

@@ -18,4 +18,9 @@ def _describe(model: dict[str, Any]) -> str:
 
 FAMILY = Family("mlp", _torch.torch_trainer, _torch.train_fn, _torch.data_config, _torch.epoch_budget,
                 _torch.TorchPredictor, check_model, uses_minibatches=True, serving_packages=("rtdl-num-embeddings",),
-                describe=_describe)
+                describe=_describe, search_space={
+                    "train.learning_rate": {"loguniform": [0.0003, 0.003]},
+                    "train.weight_decay": {"loguniform": [0.0001, 0.1]},
+                    "model.dropout": {"uniform": [0.0, 0.4]},
+                    "model.hidden_sizes": {"choice": [[256, 128], [512, 256], [256, 256, 128]]},
+                })

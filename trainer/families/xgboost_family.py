@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from trainflow.trainer.families.base import (
-    Family, booster_budget, loss_from_metric, categorical_positions, describe_booster, outputs_from, trees_data_config,
+    BOOSTER_SPACE, Family, booster_budget, loss_from_metric, categorical_positions, describe_booster, outputs_from,
+    trees_data_config,
 )
 
 if TYPE_CHECKING:
@@ -136,4 +137,4 @@ def _trainer(train_fn: Callable, scaling: ScalingSection, **kwargs: Any):
 
 FAMILY = Family(NAME, _trainer, train_fn, trees_data_config, booster_budget, XGBoostPredictor,
                 serving_packages=("xgboost-cpu",), describe=describe_booster(NAME), external_memory=True,
-                calibration="platt", class_weights=False, library_params=library_params)
+                calibration="platt", class_weights=False, library_params=library_params, search_space=BOOSTER_SPACE)
