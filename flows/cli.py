@@ -267,6 +267,19 @@ def _parser() -> argparse.ArgumentParser:
     cs.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (YAML value), e.g. train.epochs=5; repeatable")
 
+    ch = sub.add_parser("champion", help="the @champion alias's history, or a rollback to an earlier version")
+    chsub = ch.add_subparsers(dest="champion_command", required=True)
+    chh = chsub.add_parser("history", help="every version that served as @champion: since, until, why, replaced by")
+    chh.add_argument("--config", required=True, help="the config naming the registered model and tracking URI")
+    chh.add_argument("--at", help="only the version that served at this time (ISO 8601, e.g. 2026-11-24T03:00; UTC "
+                                  "when no offset is given)")
+    chr_ = chsub.add_parser("rollback", help="move @champion back to a version, through the gate's lock and records")
+    chr_.add_argument("--config", required=True, help="the config naming the registered model and tracking URI")
+    chr_.add_argument("--to", required=True, metavar="VERSION", help="the model version to serve again")
+    chr_.add_argument("--reason", required=True, help="why: recorded with the move")
+    for parser in (chh, chr_):
+        parser.add_argument("--summary-json", help="also write the answer as JSON to this file")
+
     s = sub.add_parser("sample", help="write the bundled synthetic sample tables")
     s.add_argument("--out", default="data/sample", help="the folder to write train.parquet and score.parquet to")
     s.add_argument("--rows", type=int, default=100_000, help="training table rows")
@@ -305,6 +318,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
         return _init(args)
     if args.command == "config":
         return _config_command(args)
+    if args.command == "champion":
+        return _champion_command(args)
     from trainflow.config import load_config
 
     if args.command == "serve":
@@ -376,6 +391,45 @@ def _config_command(args: argparse.Namespace) -> None:
     if config.task_inferred:
         print(f"# {config.task_inferred}")
     print(yaml.safe_dump(redact_config(config.to_dict()), sort_keys=False, allow_unicode=True), end="")
+
+
+def _champion_command(args: argparse.Namespace) -> dict[str, Any]:
+    import datetime as dt
+
+    import mlflow
+
+    from trainflow.champion import history, rollback, serving_at
+    from trainflow.config import load_config
+
+    config = load_config(args.config)
+    uri, name = config.mlflow.tracking_uri, config.mlflow.registered_model
+    if args.champion_command == "rollback":
+        return rollback(uri, name, args.to, args.reason)
+    client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+    if args.at:
+        try:
+            when = dt.datetime.fromisoformat(args.at)
+        except ValueError:
+            raise TrainflowError(f"--at {args.at!r}: expected an ISO 8601 time, e.g. 2026-11-24T03:00") from None
+        when = when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)
+        return {"model": name, "at": when.isoformat(), "period": serving_at(client, name, when)}
+    return {"model": name, "history": history(client, name)}
+
+
+def format_champion_summary(s: dict[str, Any]) -> str:
+    """`trainflow champion`'s answer for a person (the JSON: --summary-json)."""
+    if "moved" in s:
+        return (f"{s['model']}@champion -> version {s['champion']} ({s['why']}; was {s.get('previous')}, {s.get('by')})"
+                if s["moved"] else f"{s['model']}: {s['why']}; nothing moved")
+    rows = s["history"] if "history" in s else [s["period"]] if s.get("period") else []
+    if not rows:
+        return f"{s['model']}: no recorded @champion period" + (f" covers {s['at']}" if "at" in s else "")
+    lines = [f"{'version':>7}  {'since':25}  {'until':25}  why"]
+    for r in rows:
+        replaced = f"; replaced by v{r['replaced_by']}: {r.get('replaced_why')}" if r.get("replaced_by") else ""
+        lines.append(f"{r['version']:>7}  {r.get('since') or '?':25}  {r.get('until') or 'serving':25}  "
+                     f"{r.get('why')} ({r.get('by')}){replaced}")
+    return "\n".join(lines)
 
 
 def _flow(command: str):
@@ -464,6 +518,8 @@ def main(argv: list[str] | None = None) -> int:
             print(format_monitor_summary(summary))
         elif args.command == "validate":
             print(format_validate_summary(summary))
+        elif args.command == "champion":
+            print(format_champion_summary(summary))
         else:
             print(json.dumps(summary, indent=2, default=str))
         if args.summary_json:

@@ -5,14 +5,16 @@ ISO-8601 text into dates."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import ray
 import ray.data
 from ray.data.block import BlockAccessor
-from ray.data.aggregate import AggregateFnV2, Count, Max, Mean, Min, Std, ValueCounter
+from ray.data.aggregate import AggregateFnV2, Count, ValueCounter
 
 from trainflow import pacing
 from trainflow.errors import DataError
@@ -54,27 +56,62 @@ def check_text_columns(ds: ray.data.Dataset | pa.Table, spec: TableSpec, parse_d
                 "fix or blank those values"
             )
 
-class FineHistogram(AggregateFnV2):
+def _fine_histogram(column) -> dict[int, int]:
     """Counts of floor(asinh(x) / STEP) over a numeric column (nulls and NaN left out): mergeable, range-free."""
+    x = column.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+    keys = np.floor(np.arcsinh(x[np.isfinite(x)]) / STEP).astype(np.int64)
+    if not keys.size:
+        return {}
+    low = int(keys.min())
+    counts = np.bincount(keys - low)  # a few thousand bins at most (asinh of a float64 is within +-711)
+    found = np.flatnonzero(counts)
+    return dict(zip((found + low).tolist(), counts[found].tolist()))
 
-    def __init__(self, on: str, alias_name: str):
-        super().__init__(alias_name, on=on, ignore_nulls=True, zero_factory=dict)
 
-    def aggregate_block(self, block: pa.Table) -> dict[int, int]:
-        x = block[self._target_col_name].to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
-        keys = np.floor(np.arcsinh(x[np.isfinite(x)]) / STEP).astype(np.int64)
-        if not keys.size:
-            return {}
-        low = int(keys.min())
-        counts = np.bincount(keys - low)  # a few thousand bins at most (asinh of a float64 is within +-711)
-        found = np.flatnonzero(counts)
-        return dict(zip((found + low).tolist(), counts[found].tolist()))
+def _add_counts(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, 0) + v
+    return out
 
-    def combine(self, current_accumulator: dict, new_accumulator: dict) -> dict:
-        out = dict(current_accumulator)
-        for k, v in new_accumulator.items():
-            out[k] = out.get(k, 0) + v
-        return out
+
+class ColumnStats(AggregateFnV2):
+    """One numeric column's count of values, mean, standard deviation (ddof 0), min, max and (histogram=True) its
+    fine histogram (_fine_histogram), in one pass per block with pyarrow compute, merged across blocks with the
+    parallel variance update that Ray's own Std uses. Nulls are left out; a NaN makes the mean and spread NaN, as in
+    Ray's Mean and Std. Finalized: {"count", "mean", "std", "min", "max", "hist"}."""
+
+    def __init__(self, on: str, alias_name: str, histogram: bool = True):
+        super().__init__(alias_name, on=on, ignore_nulls=True, zero_factory=lambda: None)
+        self.histogram = histogram
+
+    def aggregate_block(self, block: pa.Table) -> list | None:
+        col = block[self._target_col_name]
+        count = pc.count(col).as_py()
+        if not count:
+            return None
+        mean = pc.mean(col).as_py()
+        m2 = pc.variance(col, ddof=0).as_py() * count
+        bounds = pc.min_max(col).as_py()
+        return [count, mean, m2, bounds["min"], bounds["max"], _fine_histogram(col) if self.histogram else {}]
+
+    def combine(self, current_accumulator: list, new_accumulator: list) -> list:
+        n_a, mean_a, m2_a, low_a, high_a, hist_a = current_accumulator
+        n_b, mean_b, m2_b, low_b, high_b, hist_b = new_accumulator
+        n = n_a + n_b
+        delta = mean_b - mean_a
+        return [n, (mean_a * n_a + mean_b * n_b) / n, m2_a + m2_b + delta * delta * n_a * n_b / n,
+                min(low_a, low_b), max(high_a, high_b), _add_counts(hist_a, hist_b)]
+
+    def finalize(self, accumulator: list) -> dict[str, Any]:
+        count, mean, m2, low, high, hist = accumulator
+        return {"count": count, "mean": mean, "std": math.sqrt(m2 / count) if count else None, "min": low,
+                "max": high, "hist": hist}
+
+
+def _column_stats(stats: dict[str, Any], col: str) -> dict[str, Any]:
+    """ColumnStats' answer for col; an all-null (or empty) column's: no values."""
+    return stats[f"stats:{col}"] or {"count": 0, "mean": None, "std": None, "min": None, "max": None, "hist": {}}
 
 def _has_aggregate_kernels(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t)
@@ -160,20 +197,16 @@ def fit_preprocessor(
     dates = {c: parts_for(schema.field(c).type) for c in spec.dates}
     date_cols = {c: [f"{c}{DATE_PART_SEP}{p}" for p in parts] for c, parts in dates.items()}
     aggs = [Count()]
-    for col in spec.numeric + [p for parts in date_cols.values() for p in parts]:
-        aggs += [Mean(col, ignore_nulls=True, alias_name=f"mean:{col}"), Std(col, ddof=0, ignore_nulls=True, alias_name=f"std:{col}"),
-                 Count(col, ignore_nulls=True, alias_name=f"present:{col}")]
-    for col in spec.numeric:
-        aggs += [Min(col, ignore_nulls=True, alias_name=f"min:{col}"), Max(col, ignore_nulls=True, alias_name=f"max:{col}"),
-                 FineHistogram(col, alias_name=f"hist:{col}")]
+    parts = [p for names in date_cols.values() for p in names]
+    # one fused aggregate per number column (count, mean, spread, range, histogram for drift): one pass each
+    aggs += [ColumnStats(col, f"stats:{col}", histogram=col not in parts) for col in spec.numeric + parts]
     keep = 2 * options.max_categories + 1000  # the kept vocabulary, with room for values near its cut
     for col in spec.categorical:
         aggs.append(BoundedValueCounter(col, alias_name=f"counts:{col}", keep=keep))
     if task == "classification":
         aggs.append(ValueCounter(spec.label, alias_name="counts:__label__"))
     else:
-        aggs += [Mean(spec.label, alias_name="mean:__label__"), Std(spec.label, ddof=0, alias_name="std:__label__"),
-                 FineHistogram(spec.label, alias_name="hist:__label__")]
+        aggs.append(ColumnStats(spec.label, "stats:__label__"))
     cols = spec.feature_order + [spec.label]
     # only the columns Ray's aggregates cannot take as they are: casting every column to float64 doubles the
     # fit's time for no change in the result
@@ -191,6 +224,10 @@ def fit_preprocessor(
             projected = projected.map_batches(_expand_dates, fn_kwargs={"dates": dates}, batch_format="pyarrow")
         stats = aggregate_streaming(projected, aggs)
     rows = stats["count()"]
+    for col in [*spec.numeric, *parts, *([] if task == "classification" else ["__label__"])]:
+        found = _column_stats(stats, col)
+        stats.update({f"mean:{col}": found["mean"], f"std:{col}": found["std"], f"present:{col}": found["count"],
+                      f"min:{col}": found["min"], f"max:{col}": found["max"], f"hist:{col}": found["hist"]})
 
     def counts(key: str, with_null: bool = False) -> dict:
         vc = stats[key] or {"values": [], "counts": []}

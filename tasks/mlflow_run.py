@@ -4,6 +4,8 @@ the rest of the per-epoch history after the fit; register finds the same run (by
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
 from typing import Any
 
@@ -13,6 +15,7 @@ from prefect.runtime import flow_run
 
 from trainflow.config import Config
 from trainflow.redact import redact_config
+from trainflow.storage import process_alive
 from trainflow.tasks.common import task_logger
 from trainflow.tracking import ensure_experiment, flatten, mlflow_key, tracking
 
@@ -71,10 +74,42 @@ def open_parent(config: Config, run_name: str) -> str | None:
     run_id = find_run(client, exp_id, key)
     if run_id is None:
         run_id = client.create_run(exp_id, run_name=run_name, tags={
-            REGISTER_KEY: key, "trainflow.prefect_flow_run_id": key.split(":")[0],
+            REGISTER_KEY: key, "trainflow.prefect_flow_run_id": key.split(":")[0], RETRAIN_TAG: run_name,
+            PROCESS_TAG: f"{socket.gethostname()}:{os.getpid()}",
             "mlflow.note.content": f"trainflow retrain {run_name}: one nested run per model family (and the ensemble)",
         }).info.run_id
+    end_stale_runs(client, exp_id, run_name, run_id)
     return run_id
+
+
+RETRAIN_TAG = "trainflow.retrain"  # a parent run's retrain name (--run-name)
+PROCESS_TAG = "trainflow.process"  # "host:pid" of the process that opened a parent run
+ENDED_BY_TAG = "trainflow.ended_by"
+
+
+def end_stale_runs(client: mlflow.MlflowClient, exp_id: str, run_name: str, own: str) -> list[str]:
+    """An earlier start of this retrain (the same run name) killed without ending its MLflow runs (SIGKILL, a lost
+    machine): its parent run, still RUNNING, and the RUNNING runs nested under it end KILLED, tagged with why, when
+    this rerun starts. Only a process known gone counts: one on this host whose pid no longer exists. A run opened on
+    another host, or by a live process (a run of the same name at the same time), is left as it is. The ids ended."""
+    ended = []
+    stale = client.search_runs([exp_id], filter_string=f"tags.`{RETRAIN_TAG}` = '{run_name}' and "
+                                                       "attributes.status = 'RUNNING'")
+    for parent in stale:
+        host, _, pid = parent.data.tags.get(PROCESS_TAG, "").rpartition(":")
+        if parent.info.run_id == own or host != socket.gethostname() or not pid.isdigit() or process_alive(int(pid)):
+            continue
+        children = client.search_runs([exp_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}' and "
+                                                              "attributes.status = 'RUNNING'")
+        why = f"its process ({host}, pid {pid}) ended without ending this run; found by the rerun's parent run {own}"
+        for run in [*children, parent]:
+            client.set_tag(run.info.run_id, ENDED_BY_TAG, why)
+            client.set_terminated(run.info.run_id, "KILLED")
+            ended.append(run.info.run_id)
+    if ended:
+        task_logger("mlflow").info("ended %d MLflow run(s) of an earlier start of %s KILLED: its process is gone",
+                                   len(ended), run_name)
+    return ended
 
 
 def parent_run(config: Config) -> str | None:

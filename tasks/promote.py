@@ -10,6 +10,7 @@ import mlflow
 from mlflow.entities import Metric, RunTag
 from prefect import task
 from prefect.events import emit_event
+from prefect.runtime import flow_run
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.data import Rows
@@ -22,6 +23,7 @@ from trainflow.trainer.evaluate import Scored, paired_bootstrap, score_checkpoin
 from trainflow.config import Config
 from trainflow.errors import InfrastructureError
 from trainflow.folds import FoldPlan
+from trainflow.champion import record_move
 from trainflow.locks import exclusive
 from trainflow.tracking import CHAMPION, current_champion, mlflow_key
 
@@ -227,6 +229,13 @@ def gate(config: Config, holdout: Rows, challenger_path: str, registered: Regist
             break
         else:
             raise InfrastructureError(f"{name}@{CHAMPION} kept moving during the gate; the alias was left as it is")
+        if promote_it and champion_version != version:  # the alias's history (trainflow/champion.py), still locked
+            try:
+                record_move(client, name, champion_version, version, reason,
+                            f"the gate (MLflow run {registered.run_id}, Prefect flow run {flow_run.get_id() or 'none'})")
+            except Exception as exc:  # noqa: BLE001 - the alias moved; a history MLflow refuses is a warning
+                log.warning("promotion: v%s is @%s; the move was not added to its history: %s: %s", version,
+                            CHAMPION, type(exc).__name__, exc)
         result = Promotion(
             decision=PROMOTED if promote_it else NOT_PROMOTED,
             reason=reason,

@@ -325,6 +325,12 @@ def _boosters_replace_the_champion(tmp_path, cfg_path, score, tracking, capsys):
     assert card.startswith("# ") and f"version {summary['model_version']}" in card, card[:300]
     description = client.get_model_version("churn-test", summary["model_version"]).description
     assert f"trainflow {winner} trained on" in description and "Gate: promoted" in description, description
+    # the alias's history: v1 served from the first run until the gate replaced it with v2, saying why
+    from trainflow.champion import history
+
+    served = history(client, "churn-test")
+    assert [(r["version"], r["replaced_by"] if r["until"] else None) for r in served] == [("1", "2"), ("2", None)]
+    assert served[0]["replaced_why"] == summary["promotion"]["reason"] and served[1]["by"].startswith("the gate")
     with tracking_uri(tracking):
         pyfunc = mlflow.pyfunc.load_model("models:/churn-test@champion")
     got = pyfunc.predict(score.slice(0, 40).drop_columns(["customer_id"]).to_pandas())

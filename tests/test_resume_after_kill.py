@@ -79,6 +79,17 @@ def test_rerun_with_same_name_resumes_after_sigterm_then_sigkill(tmp_path, capsy
     assert starts[:2] == [0, 0] and starts[-2:] == [summary["resumed_from_epoch"]] * 2 and len(starts) == 6
     assert 1 <= starts[2] == starts[3] <= stops[1]
     assert any(r["resumed_from_epoch"] == summary["resumed_from_epoch"] for r in summary["recoveries"])
+    # MLflow: the SIGKILLed start's parent run and the family run nested in it, left RUNNING by the dead process,
+    # were ended KILLED by the rerun, saying why; nothing of this retrain is RUNNING any more
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("test").experiment_id])
+    assert [r.info.run_name for r in runs if r.info.status == "RUNNING"] == []
+    ended = [r for r in runs if "trainflow.ended_by" in r.data.tags]
+    assert ended and all(r.info.status == "KILLED" and "ended without ending this run" in r.data.tags["trainflow.ended_by"]
+                         for r in ended)
+    assert {r.info.run_name for r in ended} >= {"killed-run"}
 
     # the same run name onto other data (100 rows fewer) or another training config fails before any training,
     # naming both fingerprints; the checkpoints stay as they were

@@ -89,7 +89,7 @@ _PRIVATE_ROOT_NAME = re.compile(r"^trainflow-(\d+)-[a-z0-9_]{8}$")
 _private_lock = threading.Lock()
 
 
-def _process_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -110,7 +110,7 @@ def private_dir(prefix: str) -> str:
             for entry in os.scandir(tmp):
                 m = _PRIVATE_ROOT_NAME.match(entry.name)
                 if (m and int(m[1]) != os.getpid() and entry.is_dir(follow_symlinks=False)
-                        and entry.stat(follow_symlinks=False).st_uid == os.getuid() and not _process_alive(int(m[1]))):
+                        and entry.stat(follow_symlinks=False).st_uid == os.getuid() and not process_alive(int(m[1]))):
                     shutil.rmtree(entry.path, ignore_errors=True)
             _PRIVATE_ROOT = tempfile.mkdtemp(prefix=f"trainflow-{os.getpid()}-")
             atexit.register(shutil.rmtree, _PRIVATE_ROOT, True)

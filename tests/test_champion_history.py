@@ -1,0 +1,71 @@
+"""The @champion alias's history and rollback on a real MLflow registry (SQLite): every move trainflow makes is
+recorded on the versions it touches; a rollback goes through the champion lock and records who and why."""
+
+import datetime as dt
+import json
+
+import mlflow
+import pytest
+
+from tests.conftest import write_config
+from trainflow.champion import PERIODS_TAG, history, record_move, serving_at
+from trainflow.flows.cli import main as cli_main
+from trainflow.tracking import CHAMPION
+
+
+@pytest.fixture
+def registry(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+    client.create_registered_model("m")
+    (tmp_path / "model").mkdir()
+    for _ in range(3):
+        client.create_model_version("m", str(tmp_path / "model"))
+    cfg = write_config(tmp_path, {"data": {"path": str(tmp_path / "t.parquet"), "label": "y"}, "task": "regression",
+                                  "mlflow": {"tracking_uri": uri, "registered_model": "m"}})
+    return client, cfg
+
+
+def test_moves_are_recorded_and_a_rollback_goes_back_with_its_reason(registry, capsys):
+    client, cfg = registry
+    client.set_registered_model_alias("m", CHAMPION, "1")  # the gate's moves, as tasks/promote.py records them
+    record_move(client, "m", None, "1", "first model: there is no champion yet", "the gate (run a)")
+    client.set_registered_model_alias("m", CHAMPION, "2")
+    record_move(client, "m", "1", "2", "val_loss 0.4 beats 0.5", "the gate (run b)")
+    rows = history(client, "m")
+    assert [(r["version"], r["until"] is None) for r in rows] == [("1", False), ("2", True)]
+    assert rows[0]["replaced_by"] == "2" and rows[0]["replaced_why"] == "val_loss 0.4 beats 0.5"
+    assert serving_at(client, "m", dt.datetime.fromisoformat(rows[1]["since"]))["version"] == "2"
+    assert serving_at(client, "m", dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)) is None
+
+    # version 3 set by hand in MLflow (no record); a rollback to 1 closes 2's open period and 3's unknown one, and
+    # says who and why
+    client.set_registered_model_alias("m", CHAMPION, "3")
+    out = cfg.parent / "rollback.json"
+    assert cli_main(["champion", "rollback", "--config", str(cfg), "--to", "1", "--reason", "v2 mislabels refunds",
+                     "--summary-json", str(out)]) == 0
+    moved = json.loads(out.read_text())
+    assert moved["moved"] and moved["previous"] == "3" and moved["champion"] == "1"
+    assert str(client.get_model_version_by_alias("m", CHAMPION).version) == "1"
+    rows = history(client, "m")
+    assert [r["version"] for r in rows if r["until"] is None] == ["1"]  # one version serving
+    by_version = {r["version"]: r for r in rows if r["version"] != "1"}
+    assert by_version["2"]["replaced_why"].startswith("the alias was moved outside trainflow")
+    assert by_version["3"]["since"] is None and by_version["3"]["why"] == "set outside trainflow"
+    assert rows[-1]["version"] == "1" and rows[-1]["why"] == "rollback: v2 mislabels refunds"
+    assert rows[-1]["by"].startswith("rollback by ") and rows[-1]["replaced"] == "3"
+    capsys.readouterr()
+    assert cli_main(["champion", "history", "--config", str(cfg)]) == 0
+    printed = capsys.readouterr().out
+    assert "serving" in printed and "rollback: v2 mislabels refunds" in printed
+
+    # nothing to move, a version that does not exist, no reason: exit 0 / 2 with the alias untouched
+    assert cli_main(["champion", "rollback", "--config", str(cfg), "--to", "1", "--reason", "again"]) == 0
+    assert "nothing moved" in capsys.readouterr().out
+    assert cli_main(["champion", "rollback", "--config", str(cfg), "--to", "9", "--reason", "x"]) == 2
+    assert "has no version '9'" in capsys.readouterr().err
+    assert cli_main(["champion", "rollback", "--config", str(cfg), "--to", "2", "--reason", " "]) == 2
+    assert str(client.get_model_version_by_alias("m", CHAMPION).version) == "1"
+    # a tag someone else wrote is not trusted as history, and never fails a move
+    client.set_model_version_tag("m", "2", PERIODS_TAG, "not json")
+    assert all(r["version"] != "2" for r in history(client, "m"))

@@ -1,0 +1,120 @@
+"""The @champion alias's history, and a rollback that goes through the same lock and records as the gate.
+
+MLflow keeps only where an alias points now (its issue asking for alias history has been open since 2019). Every
+move trainflow makes (the gate's promotion, a rollback) is recorded on the versions it touches, as the model version
+tag `trainflow.champion.periods`: a JSON list of the times that version served, each with since and until (UTC,
+ISO 8601), why it became champion and by whom (a Prefect flow run, a person's rollback), and what replaced it and
+why. history() reads them back across versions; serving_at() answers "which version served then".
+
+A move made outside trainflow (the alias set by hand in MLflow) leaves no period: history() shows the gap, and the
+next move trainflow makes closes the hand-set version's period from the time it found it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import getpass
+import json
+import socket
+from typing import Any
+
+import mlflow
+
+from trainflow.errors import ConfigError
+from trainflow.tracking import CHAMPION, current_champion
+
+PERIODS_TAG = "trainflow.champion.periods"
+MAX_PERIODS = 20  # per version (MLflow's 5,000-character tag value); the oldest go first
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _periods(client: mlflow.MlflowClient, name: str, version: str) -> list[dict[str, Any]]:
+    raw = client.get_model_version(name, version).tags.get(PERIODS_TAG)
+    try:
+        periods = json.loads(raw) if raw else []
+    except ValueError:  # a tag someone else wrote: history starts again from here
+        return []
+    return [p for p in periods if isinstance(p, dict)] if isinstance(periods, list) else []
+
+
+def _write(client: mlflow.MlflowClient, name: str, version: str, periods: list[dict[str, Any]]) -> None:
+    while True:
+        text = json.dumps(periods[-MAX_PERIODS:], separators=(",", ":"))
+        if len(text) <= 5000 or len(periods) <= 1:
+            break
+        periods = periods[1:]
+    client.set_model_version_tag(name, version, PERIODS_TAG, text[:5000])
+
+
+def record_move(client: mlflow.MlflowClient, name: str, old: str | None, new: str, why: str, by: str) -> None:
+    """After @champion moved from old to new (the caller holds the champion lock): old's period ends and new's
+    begins. A period left open on another version (the alias moved by hand since) ends now too, saying so; old set by
+    hand gets a period whose start is unknown."""
+    now = _now()
+    closed = set()
+    for mv in client.search_model_versions(f"name = '{name}'"):
+        version = str(mv.version)
+        periods = _periods(client, name, version)
+        if version == new or not periods or periods[-1].get("until"):
+            continue
+        periods[-1].update(until=now, replaced_by=new, replaced_why=why[:500] if version == old else
+                           f"the alias was moved outside trainflow before {now}")
+        _write(client, name, version, periods)
+        closed.add(version)
+    if old is not None and old != new and old not in closed:
+        periods = _periods(client, name, old)
+        periods.append({"since": None, "why": "set outside trainflow", "by": None, "until": now, "replaced_by": new,
+                        "replaced_why": why[:500]})
+        _write(client, name, old, periods)
+    periods = _periods(client, name, new)
+    periods.append({"since": now, "why": why[:500], "by": by, "replaced": old})
+    _write(client, name, new, periods)
+
+
+def history(client: mlflow.MlflowClient, name: str) -> list[dict[str, Any]]:
+    """Every period a version of name served as @champion that trainflow recorded, oldest first: version, since,
+    until (None: serving now), why, by, replaced (the version before), replaced_by and replaced_why."""
+    rows = []
+    for mv in client.search_model_versions(f"name = '{name}'"):
+        raw = mv.tags.get(PERIODS_TAG)
+        try:
+            periods = json.loads(raw) if raw else []
+        except ValueError:
+            continue
+        rows += [{"version": str(mv.version), "since": None, "until": None, "why": None, "by": None, **p}
+                 for p in periods if isinstance(p, dict)]
+    return sorted(rows, key=lambda r: (r.get("since") or "", r.get("until") or "9999"))
+
+
+def serving_at(client: mlflow.MlflowClient, name: str, when: dt.datetime) -> dict[str, Any] | None:
+    """The recorded period that covers when (a timezone-aware time), or None."""
+    at = when.astimezone(dt.timezone.utc).isoformat(timespec="seconds")
+    for row in reversed(history(client, name)):
+        if (row.get("since") or "") <= at and (row.get("until") is None or at < row["until"]):
+            return row
+    return None
+
+
+def rollback(uri: str, name: str, version: str, reason: str) -> dict[str, Any]:
+    """Move @champion of name back to version under the champion lock, recording who, when and why; the move."""
+    from trainflow.locks import exclusive
+
+    if not reason.strip():
+        raise ConfigError("rollback: say why (--reason): it is recorded with the move")
+    client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+    try:
+        target = client.get_model_version(name, version)
+    except mlflow.exceptions.MlflowException:
+        raise ConfigError(f"rollback: {name} has no version {version!r} in {uri}") from None
+    by = f"rollback by {getpass.getuser()}@{socket.gethostname()}"
+    with exclusive("champion", name, uri):
+        old = current_champion(client, name)
+        if old == str(target.version):
+            return {"model": name, "champion": old, "moved": False, "why": f"version {old} is @champion already"}
+        client.set_registered_model_alias(name, CHAMPION, str(target.version))
+        record_move(client, name, old, str(target.version), f"rollback: {reason.strip()}", by)
+    return {"model": name, "champion": str(target.version), "previous": old, "moved": True,
+            "why": f"rollback: {reason.strip()}", "by": by}
