@@ -15,13 +15,13 @@ from trainflow.flows.publish import publish
 from trainflow.tasks.candidates import compare, run_names
 from trainflow.tasks.cross_fit import bag_folds, fold_config, fold_run_names, oof_names
 from trainflow.tasks.ensemble import ensemble
-from trainflow.tasks.ingest import ingest, table_fingerprint
+from trainflow.tasks.ingest import Ingested, ingest, table_fingerprint
 from trainflow.tasks.mlflow_run import end_parent, end_runs, open_parent
 from trainflow.tasks.preprocess import Prepared, preprocess
 from trainflow.tasks.run_name import resolve_run_name
 from trainflow.tasks.select import select
 from trainflow.tasks.skip import check_unchanged
-from trainflow.tasks.split import record_split, split
+from trainflow.tasks.split import Split, record_split, split
 from trainflow.tasks.train import TrainOutcome, check_resume, train
 from trainflow.tasks.validate import validate_data
 from trainflow.trainer.deadline import MIN_RUN_S, TimeShare, write_deadline
@@ -49,20 +49,13 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
     skipped = check_unchanged(config, fingerprint) if fingerprint else None
     if skipped:
         return skipped_run(config, name, skipped)
-    parent: list[str | None] = []  # the retrain's MLflow run, once opened (every check passed, training starts)
-    status, summary = "FAILED", None
-    try:
-        summary = _retrain(config, name, fingerprint, parent)
-        status = "FINISHED"
-        return summary
-    finally:
-        if parent:
-            end_parent(config, "KILLED" if stop_requested() else status, summary)
+    return _retrain(config, name, fingerprint)
 
 
-def _retrain(config: Config, name: str, fingerprint: str | None, parent: list[str | None]) -> dict[str, Any]:
-    """Everything a retrain does once it knows there is something to train; the summary. parent: gets the id of
-    the retrain's MLflow run when training starts (each family's run nests under it)."""
+def _retrain(config: Config, name: str, fingerprint: str | None) -> dict[str, Any]:
+    """Everything a retrain does once it knows there is something to train; the summary. Once every check passed,
+    the retrain's MLflow run opens (each family's run nests under it) and ends as the retrain does (a refused
+    config or table writes no MLflow record)."""
     ingested = ingest(config, fingerprint)
     runs = run_names(config, name)
     check_resume(config, ingested.spec.fingerprint, runs)
@@ -76,12 +69,26 @@ def _retrain(config: Config, name: str, fingerprint: str | None, parent: list[st
     names = fold_run_names(runs, k) if k > 1 else {f: [r] for f, r in runs.items()}
     if k > 1:
         check_resume(config, ingested.spec.fingerprint, names)
-    parent.append(open_parent(config, name))
-    trained, failed, timed_out, time_budget = train_families(config, prepared, names,
-                                                             fold_config(config, parts.train_rows) if k > 1 else config)
-    runs = {f: r for f, r in runs.items() if f not in failed and f not in timed_out}
-    built, status = None, "FAILED"
+    open_parent(config, name)
+    status, summary = "FAILED", None
     try:
+        summary = _train_and_publish(config, name, ingested, parts, prepared, runs, names, validation)
+        status = "FINISHED"
+        return summary
+    finally:
+        end_parent(config, "KILLED" if stop_requested() else status, summary)
+
+
+def _train_and_publish(config: Config, name: str, ingested: Ingested, parts: Split, prepared: Prepared,
+                       runs: dict[str, str], names: dict[str, list[str]], validation: dict[str, Any]) -> dict[str, Any]:
+    """Train every family (and fold), then bag, ensemble, compare and publish; every family's MLflow run ends as
+    the run did."""
+    k = parts.fold_count
+    trained, built, status = None, None, "FAILED"
+    try:
+        trained, failed, timed_out, time_budget = train_families(
+            config, prepared, names, fold_config(config, parts.train_rows) if k > 1 else config)
+        runs = {f: r for f, r in runs.items() if f not in failed and f not in timed_out}
         decisions = None
         if k > 1:  # each family's fold models: their out-of-fold predictions, and one bagged checkpoint serving them
             fold_outcomes = {f: [trained[(f, i)] for i in range(k)] for f in runs}
@@ -122,9 +129,13 @@ def _retrain(config: Config, name: str, fingerprint: str | None, parent: list[st
         status = "FINISHED"
         return summary
     finally:  # every MLflow run of this retrain ends as the run did (the fold runs ended when bagged)
-        ended = {**{f: runs[f] for f in runs}, **({ENSEMBLE: built.outcome.run_name} if built else {})}
-        for f, run in ended.items():
-            end_runs(config, [run], f, "KILLED" if stop_requested() else status)
+        ended = status if not stop_requested() else "KILLED"
+        if trained is None:  # stopped or failed while training: every run it may have opened, folds included
+            for f, fold_runs in names.items():
+                end_runs(config, fold_runs, f, ended)
+        else:
+            for f, run in {**runs, **({ENSEMBLE: built.outcome.run_name} if built else {})}.items():
+                end_runs(config, [run], f, ended)
 
 
 def train_families(config: Config, prepared: Prepared, names: dict[str, list[str]], run_config: Config

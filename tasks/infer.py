@@ -23,7 +23,7 @@ from trainflow.trainer.predict import (
 from trainflow.config import Config, infer_format
 from trainflow.data import arrow_schema, read_table, should_materialize
 from trainflow.preprocessors.fit import check_unseen, count_drift, count_drift_table, count_unseen, count_unseen_table
-from trainflow.tables import IN_PROCESS_BYTES, check_writable, in_memory_bytes, list_files, read_arrow
+from trainflow.tables import check_writable, in_memory_bytes, list_files, read_arrow, scoring_in_process_bytes
 from trainflow.outputs import guard_output, write_output
 from trainflow.errors import CheckpointError, DataError, InfrastructureError
 from trainflow.runtime import ensure_ray
@@ -129,8 +129,10 @@ def resolve_checkpoint(model: str, allowed: set[str] | None = None, tracking_uri
 
 def scored_here(config: Config, table_bytes: int) -> bool:
     """Whether a scoring table of table_bytes (decoded) is read, predicted and written by the calling process, with
-    no Ray: a CPU scoring of a table under IN_PROCESS_BYTES, unless data.materialize is never."""
-    return not config.inference.use_gpu and table_bytes <= IN_PROCESS_BYTES and config.data.materialize != "never"
+    no Ray: a CPU scoring of a table under scoring_in_process_bytes() (512 MiB on a machine of 4 GiB or more),
+    unless data.materialize is never."""
+    return (not config.inference.use_gpu and table_bytes <= scoring_in_process_bytes()
+            and config.data.materialize != "never")
 
 
 def scoring_table_bytes(config: Config) -> int:

@@ -89,20 +89,19 @@ ENDED_BY_TAG = "trainflow.ended_by"
 
 def end_stale_runs(client: mlflow.MlflowClient, exp_id: str, run_name: str, own: str) -> list[str]:
     """An earlier start of this retrain (the same run name) killed without ending its MLflow runs (SIGKILL, a lost
-    machine): its parent run, still RUNNING, and the RUNNING runs nested under it end KILLED, tagged with why, when
-    this rerun starts. Only a process known gone counts: one on this host whose pid no longer exists. A run opened on
-    another host, or by a live process (a run of the same name at the same time), is left as it is. The ids ended."""
+    machine, a stop while a family trained): the RUNNING runs nested under its parent run, and that parent when still
+    RUNNING, end KILLED, tagged with why, when this rerun starts. Only a process known gone counts: one on this host
+    whose pid no longer exists. A run opened on another host, or by a live process (a run of the same name at the
+    same time), is left as it is. The ids ended."""
     ended = []
-    stale = client.search_runs([exp_id], filter_string=f"tags.`{RETRAIN_TAG}` = '{run_name}' and "
-                                                       "attributes.status = 'RUNNING'")
-    for parent in stale:
+    for parent in client.search_runs([exp_id], filter_string=f"tags.`{RETRAIN_TAG}` = '{run_name}'"):
         host, _, pid = parent.data.tags.get(PROCESS_TAG, "").rpartition(":")
         if parent.info.run_id == own or host != socket.gethostname() or not pid.isdigit() or process_alive(int(pid)):
             continue
         children = client.search_runs([exp_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}' and "
                                                               "attributes.status = 'RUNNING'")
         why = f"its process ({host}, pid {pid}) ended without ending this run; found by the rerun's parent run {own}"
-        for run in [*children, parent]:
+        for run in [*children, *([parent] if parent.info.status == "RUNNING" else [])]:
             client.set_tag(run.info.run_id, ENDED_BY_TAG, why)
             client.set_terminated(run.info.run_id, "KILLED")
             ended.append(run.info.run_id)

@@ -21,7 +21,8 @@ from trainflow.trainer.loop import class_weights
 from trainflow.data import read_table
 from trainflow.preprocessors.fit import check_unseen, count_unseen, count_unseen_table, fit_preprocessor, pack
 from trainflow.runtime import cluster_resources, ensure_ray
-from trainflow.tables import IN_PROCESS_BYTES, in_memory_bytes, list_files, read_arrow
+from trainflow.tables import in_memory_bytes, list_files, read_arrow
+from trainflow.tasks.infer import scored_here
 from trainflow.trainer.memory import check_booster_matrix, check_packed_size, is_out_of_memory, out_of_memory_error
 
 
@@ -43,11 +44,11 @@ class Prepared:
 
 
 def _unseen_in_scoring_table(config: Config, prep: TabularPreprocessor) -> dict[str, dict]:
-    """count_unseen over inference.input: read by this process when infer would score it here, else by Ray Data."""
+    """count_unseen over inference.input: read by this process where infer scores it here, else by Ray Data."""
     inp = config.inference.input
     fmt = infer_format(inp)
     fs, files = listed = list_files(inp, fmt)
-    if in_memory_bytes(fs, files, fmt) <= IN_PROCESS_BYTES:
+    if scored_here(config, in_memory_bytes(fs, files, fmt)):
         return count_unseen_table(read_arrow(fs, files, fmt, config.data.csv, inp), prep)
     ensure_ray(config.ray.address, config.ray.runtime_env)
     return count_unseen(read_table(inp, fmt, listed=listed, csv=config.data.csv)[0], prep)

@@ -85,7 +85,9 @@ def test_rerun_with_same_name_resumes_after_sigterm_then_sigkill(tmp_path, capsy
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("test").experiment_id])
-    assert [r.info.run_name for r in runs if r.info.status == "RUNNING"] == []
+    assert [r.info.run_name for r in runs if r.info.status == "RUNNING"] == [], [
+        (r.info.run_id, r.info.run_name, r.info.status, r.data.tags.get("trainflow.process"),
+         r.data.tags.get("mlflow.parentRunId"), r.data.tags.get("trainflow.register_key")) for r in runs]
     ended = [r for r in runs if "trainflow.ended_by" in r.data.tags]
     assert ended and all(r.info.status == "KILLED" and "ended without ending this run" in r.data.tags["trainflow.ended_by"]
                          for r in ended)

@@ -56,7 +56,7 @@ KEYS = {
     'preprocess.min_frequency': 'embedded columns: values seen fewer times share the unknown code (default: 5)',
     'preprocess.max_categories': 'embedded columns keep at most this many (most frequent) values (default: 100000)',
     'preprocess.parse_dates': 'text columns whose values parse as ISO-8601 become date parts (default: true)',
-    'model.type': "mlp (trainflow's network), xgboost, lightgbm, catboost or torch (your own nn.Module), a list of them (each trained, with their weighted ensemble (model.ensemble); the best on the validation split kept), or auto: [mlp, xgboost, lightgbm, catboost] (default: auto; a sweep needs one family per trial)",
+    'model.type': "mlp (trainflow's network), xgboost, lightgbm, catboost or torch (your own nn.Module), a list of them (each trained, with their weighted ensemble (model.ensemble); the best on the validation split kept), or auto: [mlp, xgboost, lightgbm, catboost] (default: auto; a sweep (tune) trains one per trial and searches the family)",
     'model.params': "xgboost/lightgbm/catboost: num_boost_round, early_stopping_rounds, learning_rate, max_depth, ... (default: the libraries' defaults, learning rate 0.1, 1,000 rounds, early stopping after 50, external memory auto)",
     'model.class_path': 'torch: package.module:ClassName of your module (default: none)',
     'validation.on_anomaly': "fail or warn when the training data departs from the champion's (docs/monitoring.md lists the checks and their keys) (default: fail)",

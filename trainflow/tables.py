@@ -8,6 +8,7 @@ import fnmatch
 import difflib
 import hashlib
 import json
+import os
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,6 +74,18 @@ def csv_arguments(csv: Any) -> dict[str, Any]:
 # or a predictor actor (a worker process importing torch, then loading the model) costs more than the work (figures in
 # docs/performance.md, skip-unchanged and front-door).
 IN_PROCESS_BYTES = 64 * 2**20
+# a scoring table (predict, the retrain's inference) this process reads and predicts itself, a batch at a time: up
+# to 512 MiB decoded, or an eighth of the machine's memory where that is less; larger ones go to Ray Data's actors
+SCORING_IN_PROCESS_BYTES = 512 * 2**20
+
+
+def scoring_in_process_bytes() -> int:
+    """The largest scoring table (decoded bytes) the calling process predicts itself (SCORING_IN_PROCESS_BYTES)."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # no sysconf: the smaller rule
+        return IN_PROCESS_BYTES
+    return max(IN_PROCESS_BYTES, min(SCORING_IN_PROCESS_BYTES, memory // 8))
 
 
 def read_arrow(fs: pafs.FileSystem, files: list[str], fmt: str, csv: Any, source: str) -> pa.Table:
