@@ -52,8 +52,12 @@ def run_baseline(path) -> float:
     for name in [f"f{i}" for i in range(COLS)] + ["y"]:
         col = table[name]
         x = col.to_numpy(zero_copy_only=False).astype(np.float64)
-        finite = x[np.isfinite(x)]
-        keys, counts = np.unique(np.floor(np.arcsinh(finite) / STEP).astype(np.int64), return_counts=True)
+        keys = np.floor(np.arcsinh(x[np.isfinite(x)]) / STEP).astype(np.int64)
+        low = int(keys.min()) if keys.size else 0
+        counts = np.bincount(keys - low)  # the fastest numpy count of a few thousand small integers
+        keys = np.flatnonzero(counts)
+        counts = counts[keys]
+        keys = keys + low
         bounds = pc.min_max(col).as_py()
         stats[name] = {"count": pc.count(col).as_py(), "nulls": col.null_count, "mean": pc.mean(col).as_py(),
                        "std": pc.stddev(col).as_py(), "min": bounds["min"], "max": bounds["max"],
