@@ -72,8 +72,10 @@ def _trained_model(work: Path) -> tuple[Path, Path]:
     import mlflow
 
     summary = json.loads((work / "trained.json").read_text())
-    model_dir = mlflow.artifacts.download_artifacts(summary["model_uri"], dst_path=str(work / "model"),
-                                                    tracking_uri=f"sqlite:///{work / 'mlflow.db'}")
+    uri = f"sqlite:///{work / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)  # models:/ URIs resolve through the registry
+    model_dir = mlflow.artifacts.download_artifacts(summary["model_uri"], dst_path=str(work / "model"))
     return Path(model_dir), work / "data" / "score.parquet"
 
 
@@ -87,7 +89,7 @@ def portable_model(work: Path) -> None:
     _run([bin_dir / "pip", "install", "--quiet", "-r", model_dir / "requirements.txt"], work)
     _run([bin_dir / "python", "-c", PREDICT, model_dir, score, work / "plain.parquet"], work)
     wall = time.perf_counter() - t0
-    found = subprocess.run([bin_dir / "python", "-c", "import trainflow"], capture_output=True)
+    found = subprocess.run([bin_dir / "python", "-c", "import trainflow"], capture_output=True, cwd=work)
     assert found.returncode != 0, "the plain venv can import trainflow: the check proves nothing"
     here, plain = pd.read_parquet(work / "here.parquet"), pd.read_parquet(work / "plain.parquet")
     pd.testing.assert_frame_equal(here, plain)

@@ -479,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     # Prefect's temporary server would try to send usage telemetry (an ERROR line offline); a user's setting wins
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # MLflow's transfer bars in a terminal only (trainflow.runtime.plain_progress, which imports Ray: not here)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "true" if sys.stderr.isatty() else "false")
     try:
         with _short_failure_logs(not args.debug):
             summary = _run(args)

@@ -9,13 +9,14 @@ from prefect import flow
 from trainflow.tasks.monitor import measure_live
 from trainflow.config import load_config
 from trainflow.redact import redact_value
-from trainflow.runtime import ensure_ray, watch_for_sigterm
+from trainflow.runtime import ensure_ray, plain_progress, watch_for_sigterm
 
 
 @flow(name="monitor", log_prints=True)
 def monitor(config_path: str, labels: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """Score the predictions under inference.output against labels (a table of id column + label)."""
     watch_for_sigterm()
+    plain_progress()  # MLflow's transfer bars in a terminal only
     config = load_config(config_path, overrides)
     ensure_ray(config.ray.address, config.ray.runtime_env)
     return redact_value({"monitor": measure_live(config, labels)})

@@ -11,13 +11,14 @@ from trainflow.tasks.common import step
 from trainflow.tasks.summary import skipped_summary
 from trainflow.config import Config, load_config
 from trainflow.redact import redact_value
-from trainflow.runtime import watch_for_sigterm
+from trainflow.runtime import plain_progress, watch_for_sigterm
 
 
 @flow(name="batch-inference", log_prints=True)
 def batch_inference(config_path: str, overrides: dict[str, Any] | None = None, model: str | None = None) -> dict[str, Any]:
     """Predict inference.input into inference.output with model (default: models:/<registered_model>@champion)."""
     watch_for_sigterm()  # a cancel (SIGTERM) stops Ray at once and retries nothing, in every process that runs a flow
+    plain_progress()  # MLflow's transfer bars in a terminal only
     return score(load_config(config_path, overrides), model)
 
 

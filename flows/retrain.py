@@ -30,7 +30,7 @@ from trainflow.trainer.runner import run_dir
 from trainflow.config import ENSEMBLE, Config, load_config
 from trainflow.errors import ConfigError, DataError, disk_full
 from trainflow.redact import redact_text
-from trainflow.runtime import stop_requested, watch_for_sigterm
+from trainflow.runtime import plain_progress, stop_requested, watch_for_sigterm
 from trainflow.tasks.common import task_logger
 
 
@@ -40,6 +40,7 @@ def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name:
     """Train, select, register and predict from one config file; returns the run summary. A run on the champion's
     own data and training config registers nothing (the champion still scores inference.input) unless force."""
     watch_for_sigterm()  # a cancel (SIGTERM) stops Ray at once and retries nothing, in every process that runs a flow
+    plain_progress()  # MLflow's transfer bars in a terminal only
     config = load_config(config_path, overrides)
     if config.task_inferred:
         print(config.task_inferred)

@@ -16,7 +16,7 @@ from trainflow.tasks.tune import check_sweep, tune_sweep
 from trainflow.tasks.validate import validate_data
 from trainflow.config import load_config
 from trainflow.trainer.tune import sweep_space
-from trainflow.runtime import watch_for_sigterm
+from trainflow.runtime import plain_progress, watch_for_sigterm
 
 
 @flow(name="tune", log_prints=True)
@@ -25,6 +25,7 @@ def tune(config_path: str, overrides: dict[str, Any] | None = None, run_name: st
     """Sweep the config's tune.search_space; the best trial's best checkpoint is registered and gated.
     resume: restore the sweep named run_name from its folder (which unpickles Ray Tune's state: your own only)."""
     watch_for_sigterm()  # a cancel (SIGTERM) stops Ray at once and retries nothing, in every process that runs a flow
+    plain_progress()  # MLflow's transfer bars in a terminal only
     config = load_config(config_path, overrides)
     sweep_space(config)  # before any work: a family with no default space and no tune.search_space fails here
     sweep = resolve_run_name(run_name, prefix="tune")

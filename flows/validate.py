@@ -9,7 +9,7 @@ from prefect import flow
 
 from trainflow.config import Config, load_config
 from trainflow.redact import redact_value
-from trainflow.runtime import watch_for_sigterm
+from trainflow.runtime import plain_progress, watch_for_sigterm
 from trainflow.tasks.common import step
 from trainflow.tasks.ingest import ingest
 from trainflow.tasks.preprocess import preprocess
@@ -23,6 +23,7 @@ def validate(config_path: str, overrides: dict[str, Any] | None = None) -> dict[
     values when on_unseen is error), the cluster's fit, memory of the packed data per family, and the data against
     the champion's baseline; a failed check raises with the file, column or key to fix. Trains nothing."""
     watch_for_sigterm()
+    plain_progress()  # MLflow's transfer bars in a terminal only
     config = load_config(config_path, overrides)
     if config.task_inferred:
         print(config.task_inferred)

@@ -385,6 +385,7 @@ def _small_work_without_prefect_or_ray(tmp_path, boosters) -> dict:
                               env=env, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "Ray dashboard" not in proc.stderr and "temporary server" not in proc.stderr, proc.stderr[-3000:]
+        assert "Downloading artifacts" not in proc.stderr  # MLflow's progress bars only in a terminal
         assert "trainflow summary" in proc.stdout and f"{out} (500 rows for 500 inputs" in proc.stdout, proc.stdout
         assert "wrote 500 predictions for 500 input rows" in proc.stderr  # the task's lines, as in a flow run
         assert pads.dataset(out).to_table()["prediction"].to_pylist() == \

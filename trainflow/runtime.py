@@ -149,6 +149,13 @@ def _on_sigterm(signum: int, frame: object) -> None:
 _watching = False
 
 
+def plain_progress() -> None:
+    """Progress bars only where a person watches a terminal: MLflow's artifact transfers draw tqdm bars, which in a
+    worker's log or a file are hundreds of characters of noise per download. A user's
+    MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR wins. (Ray Data's bars: configure_ray_data.)"""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "true" if sys.stderr.isatty() else "false")
+
+
 def watch_for_sigterm() -> None:
     """React to SIGTERM at once, even while the main thread is blocked inside a Ray call.
 
