@@ -154,8 +154,11 @@ def format_monitor_summary(s: dict[str, Any]) -> str:
     return "\n".join([
         "", "trainflow summary",
         f"  model             {m.get('model_uri')}",
-        f"  labelled rows     {m.get('rows')} of {m.get('predictions')} predictions (coverage {m.get('coverage', 0):.0%})",
-        f"  {m.get('metric', 'metric'):<18}live {f(m.get('live_score'))}, at registration {f(m.get('validation_score'))}"
+        f"  labelled rows     {m.get('rows')} of {m.get('predictions')} predictions (coverage {m.get('coverage', 0):.0%})"
+        if not m.get("estimated") else f"  estimated         from the probabilities of {m.get('predictions')} predictions "
+                                       "(CBPE: no labels; holds while they stay calibrated)",
+        f"  {m.get('metric', 'metric'):<18}{'estimated' if m.get('estimated') else 'live'} {f(m.get('live_score'))}, "
+        f"at registration {f(m.get('validation_score'))}"
         + (f" ({m['baseline_on']})" if m.get("baseline_on") else "") + f", drop {f(m.get('drop'))} (max {m.get('max_drop')})",
         f"  verdict           {m.get('verdict')}",
     ])
@@ -236,7 +239,8 @@ def _parser() -> argparse.ArgumentParser:
 
     mo = sub.add_parser("monitor", help="live performance: join later-arriving labels with the written predictions")
     mo.add_argument("--config", required=True, help="the YAML config file (trainflow init writes one)")
-    mo.add_argument("--labels", required=True, help="a table (file, folder or URI) of id column + label")
+    mo.add_argument("--labels", help="a table (file, folder or URI) of id column + label; without it a classifier's "
+                                     "performance is estimated from its probabilities (CBPE)")
     mo.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (YAML value), e.g. train.epochs=5; repeatable")
     mo.add_argument("--summary-json", help="also write the summary as JSON to this file")

@@ -1,4 +1,5 @@
-"""The monitor flow: live performance of the deployed model once the true labels of its predictions arrive."""
+"""The monitor flow: live performance of the deployed model once the true labels of its predictions arrive, or
+estimated from its probabilities before they do."""
 
 from __future__ import annotations
 
@@ -9,14 +10,14 @@ from prefect import flow
 from trainflow.tasks.monitor import measure_live
 from trainflow.config import load_config
 from trainflow.redact import redact_value
-from trainflow.runtime import ensure_ray, plain_progress, watch_for_sigterm
+from trainflow.runtime import plain_progress, watch_for_sigterm
 
 
 @flow(name="monitor", log_prints=True)
-def monitor(config_path: str, labels: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Score the predictions under inference.output against labels (a table of id column + label)."""
+def monitor(config_path: str, labels: str | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Score the predictions under inference.output against labels (a table of id column + label); without labels,
+    estimate a classifier's performance from its probabilities (CBPE). Reads with pyarrow: no Ray."""
     watch_for_sigterm()
     plain_progress()  # MLflow's transfer bars in a terminal only
     config = load_config(config_path, overrides)
-    ensure_ray(config.ray.address, config.ray.runtime_env)
     return redact_value({"monitor": measure_live(config, labels)})

@@ -77,12 +77,39 @@ def join_labels(predictions: pa.Table, truth: pa.Table, id_col: str, label: str,
 
 
 @task(name="monitor", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
-def measure_live(config: Config, labels_path: str) -> dict[str, Any]:
+def estimate_metrics(prep: TabularPreprocessor, predictions: pa.Table) -> dict[str, float]:
+    """Confidence-based performance estimation (CBPE) of a classifier from its written predictions alone: with
+    calibrated probabilities (the served calibration), the expected accuracy is the mean probability of the predicted
+    class, the expected log loss the mean entropy, and for two classes the expected confusion matrix (each row counts
+    p towards a positive and 1 - p towards a negative) gives F1 and, over every threshold, ROC AUC. Valid while the
+    probabilities stay calibrated, i.e. under covariate shift but not under concept shift (P(y|x) changing)."""
+    probs = np.exp(model_outputs(prep, predictions).astype(np.float64))
+    probs /= probs.sum(axis=1, keepdims=True)
+    index = {str(c): i for i, c in enumerate(prep.classes)}
+    chosen = np.array([index[str(v)] for v in predictions["prediction"].to_pylist()], dtype=np.int64)
+    rows = np.arange(len(chosen))
+    out = {"val_loss": float(-(probs * np.log(np.clip(probs, 1e-12, 1.0))).sum(axis=1).mean()),
+           "val_accuracy": float(probs[rows, chosen].mean())}
+    if probs.shape[1] == 2:
+        p = probs[:, 1]
+        positive = chosen == 1
+        tp, fp, fn = p[positive].sum(), (1 - p[positive]).sum(), p[~positive].sum()
+        out["val_f1"] = float(2 * tp / (2 * tp + fp + fn)) if tp + fp + fn > 0 else 0.0
+        order = np.argsort(-p, kind="stable")
+        tpr = np.concatenate([[0.0], np.cumsum(p[order])]) / max(p.sum(), 1e-12)
+        fpr = np.concatenate([[0.0], np.cumsum(1 - p[order])]) / max((1 - p).sum(), 1e-12)
+        out["val_roc_auc"] = float(np.trapezoid(tpr, fpr))
+    return out
+
+
+def measure_live(config: Config, labels_path: str | None) -> dict[str, Any]:
     """Join later-arriving labels (id column + label) with the predictions under inference.output, score the model
-    version that wrote them with the training metric code, and compare with that version's validation score."""
+    version that wrote them with the training metric code, and compare with that version's validation score.
+    labels_path None: a classifier's performance estimated from its probabilities alone (estimate_metrics), with
+    the same comparison and verdict, marked estimated."""
     log = get_run_logger()
     id_col, label = config.data.id_column, config.data.label
-    if not id_col:
+    if labels_path is not None and not id_col:
         raise DataError("monitor joins labels to predictions by data.id_column; set it in the config")
     if not config.inference.output:
         raise DataError("monitor reads the predictions under inference.output; set it in the config")
@@ -96,18 +123,24 @@ def measure_live(config: Config, labels_path: str) -> dict[str, Any]:
     name, version = m["name"], m["version"]
     fs, _ = filesystem_for(config.inference.output)
     predictions = pq.read_table(output_files(config.inference.output), filesystem=fs)
-    fmt = infer_format(labels_path)
-    truth = read_arrow(*list_files(labels_path, fmt), fmt, config.data.csv, labels_path)
-    joined = join_labels(predictions, truth, id_col, label, labels_path)
     uri = config.mlflow.tracking_uri
     prep = TabularPreprocessor.load(resolve_checkpoint(f"models:/{name}/{version}", allowed_class_paths(config), uri))
-    try:
-        y = prep.transform_label(joined)
-    except (SchemaDriftError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise DataError(f"{labels_path}: column {label!r} ({joined.schema.field(label).type}) does not read as the "
-                        f"model's classes {prep.classes if prep.task == 'classification' else '(numbers)'}: "
-                        f"{str(exc).splitlines()[0]}") from None
-    live = compute_metrics(prep.task, model_outputs(prep, joined), y, prep)
+    if labels_path is None:
+        if prep.task != "classification":
+            raise DataError("monitor without --labels estimates a classifier's performance from its probabilities; "
+                            f"{name} v{version} predicts a quantity: give the true values with --labels")
+        joined, truth, live = predictions, None, estimate_metrics(prep, predictions)
+    else:
+        fmt = infer_format(labels_path)
+        truth = read_arrow(*list_files(labels_path, fmt), fmt, config.data.csv, labels_path)
+        joined = join_labels(predictions, truth, id_col, label, labels_path)
+        try:
+            y = prep.transform_label(joined)
+        except (SchemaDriftError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise DataError(f"{labels_path}: column {label!r} ({joined.schema.field(label).type}) does not read as the "
+                            f"model's classes {prep.classes if prep.task == 'classification' else '(numbers)'}: "
+                            f"{str(exc).splitlines()[0]}") from None
+        live = compute_metrics(prep.task, model_outputs(prep, joined), y, prep)
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
     run_id = client.get_model_version(name, version).run_id
     metric, mode = config.promotion.metric, config.promotion.mode
@@ -123,8 +156,11 @@ def measure_live(config: Config, labels_path: str) -> dict[str, Any]:
     degraded = enough and drop is not None and drop > config.monitor.max_drop
     verdict = ("degraded" if degraded else "ok") if enough else (
         f"none: {joined.num_rows} labelled predictions, fewer than monitor.min_rows {config.monitor.min_rows}")
+    estimated = labels_path is None
     result = {"model_version": version, "model_uri": f"models:/{name}/{version}", "rows": joined.num_rows,
-              "predictions": predictions.num_rows, "labels": truth.num_rows,
+              "predictions": predictions.num_rows, "labels": truth.num_rows if truth is not None else 0,
+              "estimated": estimated, "method": "CBPE: expected metrics from the calibrated probabilities, no labels"
+              if estimated else "the true labels joined by id",
               "coverage": joined.num_rows / predictions.num_rows if predictions.num_rows else 0.0,
               "metrics": live, "metric": metric, "validation_score": validation, "baseline_on": baseline_on,
               "live_score": score, "drop": drop,
@@ -133,11 +169,13 @@ def measure_live(config: Config, labels_path: str) -> dict[str, Any]:
     if not enough:
         log.warning("monitor: no verdict for %s v%s: %s", name, version, verdict)
     now = int(time.time())
-    client.log_batch(run_id, metrics=[Metric(f"live_{k}", float(v), now * 1000, now) for k, v in live.items()
+    prefix = "estimated_" if estimated else "live_"
+    client.log_batch(run_id, metrics=[Metric(f"{prefix}{k}", float(v), now * 1000, now) for k, v in live.items()
                                       if isinstance(v, float) and math.isfinite(v)])
     create_markdown_artifact(
         key=artifact_key(name, "monitor"), description=f"Live performance of {name} version {version}",
-        markdown=(f"# {name} version {version} on {joined.num_rows} labelled predictions\n\n"
+        markdown=(f"# {name} version {version} on {joined.num_rows} "
+                  f"{'predictions (estimated, no labels)' if estimated else 'labelled predictions'}\n\n"
                   f"**{verdict}**: {metric} live {score} vs validation {validation} "
                   f"(coverage {result['coverage']:.1%} of {predictions.num_rows} predictions) "
                   f"(drop {drop}, max_drop {config.monitor.max_drop})\n\n| metric | live |\n|---|---|\n"
@@ -146,5 +184,6 @@ def measure_live(config: Config, labels_path: str) -> dict[str, Any]:
     if degraded:
         emit_event(event=DEGRADED_EVENT, resource={"prefect.resource.id": f"trainflow.model.{name}"}, payload=result)
         log.warning("%s v%s degraded: %s %s live vs %s at validation", name, version, metric, score, validation)
-    log.info("monitor: %s v%s on %d labelled rows: %s", name, version, joined.num_rows, live)
+    log.info("monitor: %s v%s on %d %s: %s", name, version, joined.num_rows,
+             "predictions, estimated without labels (CBPE)" if estimated else "labelled rows", live)
     return result

@@ -104,7 +104,9 @@ def log_datasets(config: Config, ingested: Ingested, plan: FoldPlan | None = Non
     profile = {"table_rows": spec.rows, "columns": len(spec.feature_order) + 1, "task": config.task,
                **{f"{role}_rows": n for role, n in counts.items() if " " not in role},
                "folds": plan.folds if plan is not None else 1,
-               "missing_rate": {c: round(b["nulls"] / b["rows"], 6) for c, b in missing.items() if b.get("rows")}}
+               # the columns with any missing value, the most missing first, at most 200 (a wide table's profile stays small)
+               "missing_rate": dict(sorted(((c, round(b["nulls"] / b["rows"], 6)) for c, b in missing.items()
+                                           if b.get("rows") and b.get("nulls")), key=lambda kv: -kv[1])[:200])}
     for context, digest in (("training", fp), ("validation", split)):
         mlflow.log_input(_ProfiledDataset(source, name=f"{name} ({context})", digest=digest[:32], schema=schema,
                                           profile=profile), context=context)

@@ -162,7 +162,8 @@ def test_retrain_classification_end_to_end_then_boosters_replace_the_champion(tm
     assert columns["churned"] == "long" and columns["plan"] == "string" and "customer_id" not in columns
     profile = json.loads(inputs["validation"].profile)
     assert profile["table_rows"] == summary["training_rows"] and profile["test_rows"] == summary["test_rows"]
-    assert profile["train_rows"] == summary["train_rows"] and 0 <= profile["missing_rate"]["age"] < 1
+    assert profile["train_rows"] == summary["train_rows"] and 0 < profile["missing_rate"]["age"] < 0.1
+    assert "tenure (months)" not in profile["missing_rate"]  # only columns with missing values
     assert logged["test_ece"] == pytest.approx(cal["ece"]) and logged["test_brier"] == pytest.approx(cal["brier"])
     assert logged["test_roc_auc"] == pytest.approx(summary["test_metrics"]["test_roc_auc"])
 
@@ -428,6 +429,16 @@ def _monitor_live_performance(tmp_path, cfg_path, client, capsys):
     assert good["coverage"] == 1.0 and good["verdict"] == "ok" and bad["verdict"] == "degraded"
     run = client.get_model_version("churn-test", "2").run_id
     assert len(client.get_metric_history(run, "live_val_roc_auc")) == 2
+    # before the labels arrive: the same figures estimated from the calibrated probabilities alone (CBPE), close to
+    # what the true labels then measured
+    out = tmp_path / "monitor-estimated.json"
+    assert cli_main(["monitor", "--config", cfg_path, "--summary-json", str(out)]) == 0
+    estimated = json.loads(out.read_text())["monitor"]
+    assert estimated["estimated"] is True and estimated["labels"] == 0 and estimated["verdict"] == "ok"
+    for metric in ("val_accuracy", "val_roc_auc"):  # (F1 at a tuned threshold on 500 rows is noisier: unit-tested)
+        assert abs(estimated["metrics"][metric] - good["metrics"][metric]) < 0.06, (metric, estimated, good)
+    assert "  estimated         from the probabilities of 500 predictions" in capsys.readouterr().out
+    assert len(client.get_metric_history(run, "estimated_val_roc_auc")) == 1
     # 100 ids repeated 20 times would count 20 rows each: refused with the count, nothing logged
     write_parquet(pa.concat_tables([truth.slice(0, 100)] * 20), tmp_path / "labels" / "repeated.parquet")
     assert cli_main(["monitor", "--config", cfg_path, "--labels", str(tmp_path / "labels" / "repeated.parquet")]) == 2

@@ -36,3 +36,27 @@ def test_each_labelled_prediction_counts_once_with_ids_of_another_integer_width(
     repeated_predictions = pa.concat_tables([PREDICTIONS.slice(0, 10)] * 2)
     with pytest.raises(DataError, match="the predictions: 10 'id' value"):
         join_labels(repeated_predictions, truth, "id", "y", "labels.csv")
+
+
+def test_performance_estimated_from_calibrated_probabilities_matches_what_labels_then_measure():
+    """CBPE: labels drawn from the probabilities themselves (a calibrated model): the expected accuracy, F1 and ROC
+    AUC from the probabilities alone equal what those labels measure, to sampling noise."""
+    import numpy as np
+    from sklearn.metrics import accuracy_score, f1_score, roc_auc_score
+
+    from trainflow.preprocessors.tabular import TabularPreprocessor
+    from trainflow.tasks.monitor import estimate_metrics
+
+    rng = np.random.default_rng(0)
+    p = rng.beta(2, 3, 20_000)
+    y = (rng.random(p.size) < p).astype(int)
+    chosen = (p >= 0.5).astype(int)
+    prep = TabularPreprocessor.from_stats("classification", "y", ["x"], {"x": (0.0, 1.0, 0.0, 1.0)}, {}, [0, 1],
+                                          None, p.size)
+    estimated = estimate_metrics(prep, pa.table({"prediction": chosen, "proba_0": 1 - p, "proba_1": p}))
+    assert estimated["val_accuracy"] == pytest.approx(accuracy_score(y, chosen), abs=0.015)
+    assert estimated["val_f1"] == pytest.approx(f1_score(y, chosen), abs=0.02)
+    assert estimated["val_roc_auc"] == pytest.approx(roc_auc_score(y, p), abs=0.015)
+    # a model whose probabilities are all 0.5 knows nothing: chance, whatever it predicts
+    flat = estimate_metrics(prep, pa.table({"prediction": chosen, "proba_0": [0.5] * p.size, "proba_1": [0.5] * p.size}))
+    assert flat["val_accuracy"] == pytest.approx(0.5) and flat["val_roc_auc"] == pytest.approx(0.5, abs=1e-9)
