@@ -1,4 +1,5 @@
-"""The `trainflow` command: retrain, predict and sample, each a local Prefect flow run."""
+"""The `trainflow` command: each work command is a Prefect flow run (on a configured Prefect server, or Prefect's
+temporary one); with no Prefect API configured, a small predict, a skipped retrain and validate run in this process."""
 
 from __future__ import annotations
 
@@ -237,7 +238,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="override a config key (YAML value), e.g. train.epochs=5; repeatable")
     pr.add_argument("--summary-json", help="also write the summary as JSON to this file")
 
-    mo = sub.add_parser("monitor", help="live performance: join later-arriving labels with the written predictions")
+    mo = sub.add_parser("monitor", help="live performance: join later-arriving labels with the written predictions "
+                                          "(without labels: a classifier's estimated from its probabilities)")
     mo.add_argument("--config", required=True, help="the YAML config file (trainflow init writes one)")
     mo.add_argument("--labels", help="a table (file, folder or URI) of id column + label; without it a classifier's "
                                      "performance is estimated from its probabilities (CBPE)")
