@@ -20,7 +20,6 @@ from typing import Any
 
 import pandas as pd
 import pyarrow.fs as pafs
-from ray.data.datasource import FilenameProvider
 
 from trainflow.config import (
     Config, apply_overrides, config_from_dict, forget, hand_over, load_config, storage_path_of,
@@ -37,14 +36,6 @@ def _dotted(overrides: dict[str, Any]) -> dict[str, Any] | None:
 SNAPSHOTS = "snapshots"  # under storage_path: the tables handed to retrain(data=...), as Parquet
 
 
-class _BlockFiles(FilenameProvider):
-    """A Ray Dataset's snapshot files named by their place in the write, not by its id: the same rows in the same
-    blocks give the same names, hence the same content fingerprint (a skip, a resume) in another folder."""
-
-    def get_filename_for_block(self, block, write_uuid, task_index, block_index):  # noqa: ANN001 - Ray's signature
-        return f"part-{task_index:05d}-{block_index:05d}.parquet"
-
-
 def snapshot(data: Any, storage_path: str) -> str:
     """A table handed over in memory, written as Parquet under storage_path/snapshots, where a retrain reads it like
     any table (its lineage, resume and skip follow its bytes): a pandas DataFrame or pyarrow Table as one file in a
@@ -57,13 +48,21 @@ def snapshot(data: Any, storage_path: str) -> str:
     import pyarrow as pa
     import pyarrow.parquet as pq
     import ray.data
+    from ray.data.datasource import FilenameProvider
 
-    from trainflow.storage import filesystem_for, join, with_scheme
+    from trainflow.storage import filesystem_for, join, replace_bytes
+
+    class BlockFiles(FilenameProvider):
+        """Files named by their place in the write, not by its id: the same rows in the same blocks give the same
+        names, hence the same content fingerprint (a skip, a resume) in another folder."""
+
+        def get_filename_for_block(self, block, write_uuid, task_index, block_index):  # noqa: ANN001 - Ray's
+            return f"part-{task_index:05d}-{block_index:05d}.parquet"
 
     if isinstance(data, ray.data.Dataset):
         where = join(storage_path, SNAPSHOTS, f"ray-{uuid.uuid4().hex[:16]}")
         fs, inner = filesystem_for(where)
-        data.write_parquet(inner, filesystem=fs, filename_provider=_BlockFiles())
+        data.write_parquet(inner, filesystem=fs, filename_provider=BlockFiles())
         return where
     if isinstance(data, pd.DataFrame):
         data = pa.Table.from_pandas(data, preserve_index=False)
@@ -74,14 +73,9 @@ def snapshot(data: Any, storage_path: str) -> str:
     body = sink.getvalue()
     where = join(storage_path, SNAPSHOTS, hashlib.blake2b(body, digest_size=16).hexdigest(), "table.parquet")
     fs, inner = filesystem_for(where)
-    if fs.get_file_info(inner).type == pafs.FileType.File:
-        return where  # these very bytes, written before
-    fs.create_dir(inner.rsplit("/", 1)[0], recursive=True)
-    part = f"{inner}.{uuid.uuid4().hex[:8]}.tmp"  # whole or not at all: a reader never sees half of it
-    with fs.open_output_stream(part) as f:
-        f.write(body)
-    fs.move(part, inner)
-    return with_scheme(where, inner)
+    if fs.get_file_info(inner).type != pafs.FileType.File:  # else these very bytes, written before
+        replace_bytes(where, body)  # whole or not at all: a reader never sees half of it
+    return where
 
 
 def _with_data(config: ConfigLike, overrides: dict[str, Any] | None, data: Any) -> dict[str, Any] | None:

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import pyarrow as pa
-import ray.data
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.tasks.common import retry_unless_user_error, task_logger
 from trainflow.config import Config, infer_format
 from trainflow.data import (
-    arrow_schema, count_nulls, count_rows_and_bad_labels, read_table, should_materialize,
+    Rows, arrow_schema, count_nulls, count_rows_and_bad_labels, read_table, should_materialize,
 )
 from trainflow.preprocessors.fit import check_text_columns
 from trainflow.tables import (
@@ -28,7 +26,7 @@ from trainflow.runtime import cluster_named, ensure_ray
 
 @dataclass
 class Ingested:
-    dataset: ray.data.Dataset | pa.Table  # a small Parquet table: read by this process, cut by the split here
+    dataset: Rows  # a small Parquet table: read by this process, cut by the split here
     spec: TableSpec
     materialized: bool = True  # kept in memory; else streamed from the files each time it is read
     table_bytes: int = 0  # in-memory size, from the files' metadata
@@ -45,7 +43,7 @@ def preflight_inference(config: Config, spec: TableSpec, train_schema) -> None:
     inp = config.inference.input
     fmt = infer_format(inp)
     fs, files = list_files(inp, fmt)
-    here = fmt == "parquet" and in_memory_bytes(fs, files, fmt) <= IN_PROCESS_BYTES  # no Ray pass for a small one
+    here = fmt == "parquet"  # its footers say the schema, and the id column is read alone: no Ray pass at any size
     if here:
         scoring = open_dataset(inp, fmt)
         schema = scoring.schema
