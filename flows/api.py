@@ -50,7 +50,8 @@ def snapshot(data: Any, storage_path: str) -> str:
     import ray.data
     from ray.data.datasource import FilenameProvider
 
-    from trainflow.storage import filesystem_for, join, replace_bytes
+    from trainflow.errors import DataError
+    from trainflow.storage import filesystem_for, join, read_bytes, replace_bytes
 
     class BlockFiles(FilenameProvider):
         """Files named by their place in the write, not by its id: the same rows in the same blocks give the same
@@ -73,8 +74,12 @@ def snapshot(data: Any, storage_path: str) -> str:
     body = sink.getvalue()
     where = join(storage_path, SNAPSHOTS, hashlib.blake2b(body, digest_size=16).hexdigest(), "table.parquet")
     fs, inner = filesystem_for(where)
-    if fs.get_file_info(inner).type != pafs.FileType.File:  # else these very bytes, written before
+    if fs.get_file_info(inner).type != pafs.FileType.File:
         replace_bytes(where, body)  # whole or not at all: a reader never sees half of it
+    elif hashlib.blake2b(read_bytes(where), digest_size=16).hexdigest() != where.rsplit("/", 2)[-2]:
+        # a file at this name that is not these bytes was put there by someone else: never trained on, never replaced
+        raise DataError(f"{where}: this snapshot's bytes do not match its name (edited or planted in storage); "
+                        "trainflow neither trains on it nor replaces it: remove it, or use another storage_path")
     return where
 
 

@@ -26,3 +26,24 @@ def test_the_notebook_example_trains_from_a_dataframe_and_reads_back_its_leaderb
     # the same rows again: the same snapshot file, the champion's own data: nothing trains
     again = trainflow.retrain(out["config"], data=out["train"])
     assert again["data_path"] == summary["data_path"] and again["skipped"]["champion_version"] == "1"
+
+
+def test_a_snapshot_is_written_once_and_one_edited_in_storage_is_refused(tmp_path):
+    """The same frame again names the same file (not rewritten); a file at that name holding other bytes (planted
+    or edited in a shared bucket) is neither trained on nor replaced."""
+    import os
+
+    import pandas as pd
+
+    import trainflow
+    from trainflow.errors import DataError
+
+    frame = pd.DataFrame({"x": [1.0, 2.0, 3.0], "y": [0, 1, 0]})
+    first = trainflow.snapshot(frame, str(tmp_path))
+    written = os.stat(first).st_mtime_ns
+    assert trainflow.snapshot(frame, str(tmp_path)) == first and os.stat(first).st_mtime_ns == written
+    with open(first, "ab") as f:
+        f.write(b"planted")
+    with pytest.raises(DataError, match="do not match its name"):
+        trainflow.snapshot(frame, str(tmp_path))
+    assert open(first, "rb").read().endswith(b"planted")  # left as it is
