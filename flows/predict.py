@@ -37,6 +37,9 @@ def score(config: Config, model: str | None, in_flow: bool = True) -> dict[str, 
 def skipped_run(config: Config, run_name: str, skipped: dict[str, Any], in_flow: bool = True) -> dict[str, Any]:
     """A retrain with nothing to train: the champion scores inference.input (when configured); the summary says why."""
     model = f"models:/{config.mlflow.registered_model}/{skipped['champion_version']}"
+    from trainflow.tasks.mlflow_run import end_earlier_starts
+
+    end_earlier_starts(None, None, run_name, None, config)  # a start of this name killed after the champion's gate
     predictions = None
     if config.inference.input:
         checkpoint, pinned = step(resolve_checkpoint_task, in_flow)(model, config)

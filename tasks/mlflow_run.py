@@ -78,8 +78,26 @@ def open_parent(config: Config, run_name: str) -> str | None:
             PROCESS_TAG: f"{socket.gethostname()}:{os.getpid()}",
             "mlflow.note.content": f"trainflow retrain {run_name}: one nested run per model family (and the ensemble)",
         }).info.run_id
-    end_stale_runs(client, exp_id, run_name, run_id)
+    end_earlier_starts(client, exp_id, run_name, run_id)
     return run_id
+
+
+def end_earlier_starts(client: mlflow.MlflowClient | None, exp_id: str | None, run_name: str, own: str | None,
+                       config: Config | None = None) -> None:
+    """end_stale_runs as housekeeping: an error is a warning, and the run goes on. Without a client (a rerun that
+    finds nothing to train, after a start killed once the champion's gate had recorded): config's experiment."""
+    try:
+        if client is None and config is not None:
+            uri = config.mlflow.tracking_uri
+            client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+            experiment = client.get_experiment_by_name(config.mlflow.experiment)
+            exp_id = experiment.experiment_id if experiment else None
+        if client is None or exp_id is None:
+            return
+        end_stale_runs(client, exp_id, run_name, own)
+    except Exception as exc:  # noqa: BLE001 - those runs stay as they are
+        task_logger("mlflow").warning("the MLflow runs of earlier starts of %s were not checked (%s: %s); a killed "
+                                      "start's runs may stay RUNNING", run_name, type(exc).__name__, exc)
 
 
 RETRAIN_TAG = "trainflow.retrain"  # a parent run's retrain name (--run-name)
@@ -87,7 +105,7 @@ PROCESS_TAG = "trainflow.process"  # "host:pid" of the process that opened a par
 ENDED_BY_TAG = "trainflow.ended_by"
 
 
-def end_stale_runs(client: mlflow.MlflowClient, exp_id: str, run_name: str, own: str) -> list[str]:
+def end_stale_runs(client: mlflow.MlflowClient, exp_id: str, run_name: str, own: str | None) -> list[str]:
     """An earlier start of this retrain (the same run name) killed without ending its MLflow runs (SIGKILL, a lost
     machine, a stop while a family trained): the RUNNING runs nested under its parent run, and that parent when still
     RUNNING, end KILLED, tagged with why, when this rerun starts. Only a process known gone counts: one on this host
@@ -100,7 +118,8 @@ def end_stale_runs(client: mlflow.MlflowClient, exp_id: str, run_name: str, own:
             continue
         children = client.search_runs([exp_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}' and "
                                                               "attributes.status = 'RUNNING'")
-        why = f"its process ({host}, pid {pid}) ended without ending this run; found by the rerun's parent run {own}"
+        why = (f"its process ({host}, pid {pid}) ended without ending this run; found by "
+               + (f"the rerun's parent run {own}" if own else "a rerun that had nothing to train"))
         for run in [*children, *([parent] if parent.info.status == "RUNNING" else [])]:
             client.set_tag(run.info.run_id, ENDED_BY_TAG, why)
             client.set_terminated(run.info.run_id, "KILLED")

@@ -23,9 +23,9 @@ from trainflow.trainer.evaluate import Scored, paired_bootstrap, score_checkpoin
 from trainflow.config import Config
 from trainflow.errors import InfrastructureError
 from trainflow.folds import FoldPlan
-from trainflow.champion import record_move
+from trainflow.champion import record_missed_move, record_move
 from trainflow.locks import exclusive
-from trainflow.tracking import CHAMPION, current_champion, mlflow_key
+from trainflow.tracking import CHAMPION, DECISION_TAG, current_champion, mlflow_key
 
 PROMOTED, NOT_PROMOTED = "promoted", "not_promoted"
 
@@ -175,7 +175,7 @@ def gate(config: Config, holdout: Rows, challenger_path: str, registered: Regist
                 promote_it, reason = True, "first model: there is no champion yet"
             elif champion_version == version:  # a retry of this task after the alias moved
                 champion_score, champion_path = challenger, challenger_path
-                promote_it, reason = True, "already the champion (task retried)"
+                promote_it, reason = True, "already the champion (its earlier gate moved the alias: a retried task or a rerun)"
             else:
                 if champion_version not in scored:
                     path = resolve_checkpoint(f"models:/{name}/{champion_version}", allowed_class_paths(config), uri)
@@ -229,10 +229,13 @@ def gate(config: Config, holdout: Rows, challenger_path: str, registered: Regist
             break
         else:
             raise InfrastructureError(f"{name}@{CHAMPION} kept moving during the gate; the alias was left as it is")
-        if promote_it and champion_version != version:  # the alias's history (trainflow/champion.py), still locked
+        if promote_it:  # the alias's history (trainflow/champion.py), still locked
+            by = f"the gate (MLflow run {registered.run_id}, Prefect flow run {flow_run.get_id() or 'none'})"
             try:
-                record_move(client, name, champion_version, version, reason,
-                            f"the gate (MLflow run {registered.run_id}, Prefect flow run {flow_run.get_id() or 'none'})")
+                if champion_version != version:
+                    record_move(client, name, champion_version, version, reason, by)
+                else:  # moved by this version's earlier gate, which may have died before recording it
+                    record_missed_move(client, name, version, reason, by)
             except Exception as exc:  # noqa: BLE001 - the alias moved; a history MLflow refuses is a warning
                 log.warning("promotion: v%s is @%s; the move was not added to its history: %s: %s", version,
                             CHAMPION, type(exc).__name__, exc)
@@ -258,7 +261,7 @@ def gate(config: Config, holdout: Rows, challenger_path: str, registered: Regist
             rows=judged_rows,
         )
         tags = {
-            "trainflow.promotion.decision": result.decision,
+            DECISION_TAG: result.decision,
             "trainflow.promotion.reason": reason,
             "trainflow.promotion.metric": f"{metric} ({mode}, margin {margin:g})",
             "trainflow.promotion.challenger_score": str(challenger),

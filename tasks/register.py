@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import tempfile
@@ -25,7 +26,7 @@ from trainflow.folds import FoldPlan
 from trainflow.redact import redact_text, redact_value
 from trainflow.tasks.mlflow_run import REGISTER_KEY, find_run, log_params, log_rows, parent_key, run_key
 from trainflow.tasks.model_package import MODEL_CODE, example_input, requirements, serving_code, signature_for
-from trainflow.tracking import ensure_experiment, tracking
+from trainflow.tracking import CHECKPOINT_KEY, PUBLISHED_TAG, ensure_experiment, tracking
 from trainflow.trainer.serving import checkpoint_families
 
 
@@ -57,6 +58,11 @@ def register(config: Config, ingested: Ingested, outcome: TrainOutcome, selected
         "trainflow.prefect_flow_run_id": str(flow_run.get_id() or ""),
         "trainflow.config_hash": config.training_hash(outcome.family),
     }
+    # one version per selected checkpoint: the same checkpoint of the same data and training config, registered
+    # by a start of this retrain that was killed before it finished, is found again (a digest: paths may hold quotes)
+    lineage[CHECKPOINT_KEY] = hashlib.blake2b("\x1f".join([
+        config.mlflow.registered_model, selected.uri or selected.path, ingested.spec.fingerprint,
+        lineage["trainflow.config_hash"]]).encode(), digest_size=16).hexdigest()
     lineage = redact_value(lineage)
     # one MLflow run and one version per training run: a retried task (or flow run) finds its earlier attempt
     key = run_key(outcome.run_name, outcome.family)
@@ -64,6 +70,8 @@ def register(config: Config, ingested: Ingested, outcome: TrainOutcome, selected
         exp_id = ensure_experiment(config.mlflow.tracking_uri, config.mlflow.experiment)
         run_id = find_run(mlflow.MlflowClient(), exp_id, key)  # the train task's, or an earlier attempt's
         versions = mlflow.MlflowClient().search_model_versions(f"run_id = '{run_id}'") if run_id else []
+        if not versions:  # a rerun of a killed start: its run (and version, when it got that far)
+            run_id, versions = registered_before(config, exp_id, lineage[CHECKPOINT_KEY]) or (run_id, [])
         version = str(versions[0].version) if versions else None
         if version is None:
             run_id, version = _log_and_register(config, ingested, outcome, selected, prep, lineage, exp_id, run_id, key,
@@ -127,6 +135,20 @@ class _ProfiledDataset(MetaDataset):
         return {**super().to_dict(), **({"profile": json.dumps(self._profile)} if self._profile else {})}
 
 
+def registered_before(config: Config, exp_id: str, checkpoint_key: str) -> tuple[str, list[Any]] | None:
+    """(the MLflow run, its versions of the registered model) that an earlier start registered this checkpoint in
+    (or began to: a run without a version is logged into again), or None."""
+    client = mlflow.MlflowClient()
+    runs = client.search_runs([exp_id], filter_string=f"tags.`{CHECKPOINT_KEY}` = '{checkpoint_key}'",
+                              order_by=["attributes.start_time ASC"])
+    for run in runs:
+        versions = [v for v in client.search_model_versions(f"run_id = '{run.info.run_id}'")
+                    if v.name == config.mlflow.registered_model]
+        if versions:
+            return run.info.run_id, versions
+    return (runs[-1].info.run_id, []) if runs else None
+
+
 def _log_and_register(config: Config, ingested: Ingested, outcome: TrainOutcome, selected: Selected,
                       prep: TabularPreprocessor, lineage: dict[str, str], exp_id: str, run_id: str | None,
                       key: str, plan: FoldPlan | None = None) -> tuple[str, str]:
@@ -171,7 +193,10 @@ def describe_version(config: Config, summary: dict[str, Any]) -> None:
             + f"Gate: {promotion.get('decision')}: {promotion.get('reason')}")
     uri = config.mlflow.tracking_uri
     try:
-        mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri).update_model_version(
-            config.mlflow.registered_model, str(version), description=text[:5000])
+        client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+        client.update_model_version(config.mlflow.registered_model, str(version), description=text[:5000])
+        # the last record of a retrain: until it is there, a rerun on the same data finishes the publishing
+        client.set_model_version_tag(config.mlflow.registered_model, str(version), PUBLISHED_TAG,
+                                     dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
     except Exception as exc:  # noqa: BLE001 - a tracking blip must not fail a registered, gated model
         get_run_logger().warning("could not describe %s version %s: %s", config.mlflow.registered_model, version, exc)

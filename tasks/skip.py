@@ -11,7 +11,7 @@ from prefect.events import emit_event
 
 from trainflow.tasks.common import in_prefect_run, retry_unless_user_error, task_logger
 from trainflow.config import Config
-from trainflow.tracking import champion_version
+from trainflow.tracking import CHECKPOINT_KEY, PUBLISHED_TAG, champion_version
 
 SKIP_EVENT = "trainflow.retrain.skipped"
 CONFIG_HASH_TAG, FINGERPRINT_TAG, FAMILY_TAG = "trainflow.config_hash", "trainflow.data_fingerprint", "trainflow.model_family"
@@ -21,7 +21,7 @@ CONFIG_HASH_TAG, FINGERPRINT_TAG, FAMILY_TAG = "trainflow.config_hash", "trainfl
       cache_policy=NO_CACHE)
 def check_unchanged(config: Config, fingerprint: str) -> dict[str, Any] | None:
     """The summary's `skipped` when the @champion was trained on this very data (fingerprint) with this training
-    config (hash of the training-relevant keys), else None."""
+    config (hash of the training-relevant keys) and the retrain that registered it finished, else None."""
     uri, name = config.mlflow.tracking_uri, config.mlflow.registered_model
     version = champion_version(uri, name)
     if version is None:
@@ -31,6 +31,11 @@ def check_unchanged(config: Config, fingerprint: str) -> dict[str, Any] | None:
     if family not in config.model.candidates or tags.get(FINGERPRINT_TAG) != fingerprint:
         return None
     if tags.get(CONFIG_HASH_TAG) != config.training_hash(family):
+        return None
+    if CHECKPOINT_KEY in tags and PUBLISHED_TAG not in tags:  # its retrain stopped before the end: a rerun finishes
+        task_logger("skip").info("%s version %s is @champion on this data, but the retrain that registered it stopped "
+                                 "before it finished (no %s tag): the rerun finishes it, reusing what is done",
+                                 name, version, PUBLISHED_TAG)
         return None
     skipped = {"reason": f"the data ({fingerprint}) and the training config are those of {name} version {version}, "
                          "the champion: nothing to retrain (--force retrains anyway)",

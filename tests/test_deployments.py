@@ -106,6 +106,7 @@ def test_deploy_worker_and_deployment_run(prefect_server, ray_local, tmp_path):
     # the README's commands, in order
     _prefect(env, "work-pool", "create", POOL, "--type", "process")
     _prefect(env, "deploy", "--prefect-file", "deployments/prefect.yaml", "--all")
+    _pause_schedules(env, "watch-data/watch")
     cfg = churn_config(tmp_path, rows=2000)
     # the worker runs somewhere else: the deployment's pull step must bring flows back to the checkout
     worker = _start([str(BIN / "prefect"), "worker", "start", "--pool", POOL], env, tmp_path / "worker.log", tmp_path)
@@ -150,6 +151,25 @@ def test_deploy_worker_and_deployment_run(prefect_server, ray_local, tmp_path):
     assert first.num_rows == second.num_rows == 500
     assert first["customer_id"].to_pylist() == second["customer_id"].to_pylist()
     assert first["prediction"].to_pylist() == second["prediction"].to_pylist()
+
+
+def _api(env: dict[str, str], method: str, path: str, body: dict | None = None) -> None:
+    req = urllib.request.Request(f"{env['PREFECT_API_URL']}{path}", method=method, headers={"Content-Type": "application/json"},
+                                 data=json.dumps(body).encode() if body is not None else None)
+    with urllib.request.urlopen(req, timeout=10):
+        pass
+
+
+def _pause_schedules(env: dict[str, str], name: str) -> None:
+    """The deployment's schedules paused and the runs they made deleted: watch-data/watch looks at the demo's table
+    every minute, and its runs would hold the deployment's one slot (concurrency_limit 1) while this test's own
+    runs of it wait 20-30 s for it."""
+    dep = _deployment(env, name)
+    for schedule in dep["schedules"]:
+        _api(env, "PATCH", f"/deployments/{dep['id']}/schedules/{schedule['id']}", {"active": False})
+    for run in _flow_runs(env, dep["id"]):
+        if run["state"]["type"] == "SCHEDULED" and run.get("auto_scheduled"):
+            _api(env, "DELETE", f"/flow_runs/{run['id']}")
 
 
 def _a_changed_table_starts_one_retrain(env, cfg, tmp_path):
@@ -213,8 +233,10 @@ def _deployment_missing(env: dict[str, str], name: str) -> bool:
         raise
 
 
-def test_trainflow_serve_registers_the_same_deployments_and_a_cancel_stops_the_run(prefect_server, tmp_path):
-    env = prefect_server
+def test_trainflow_serve_registers_the_same_deployments_and_a_cancel_stops_the_run(prefect_server, ray_local, tmp_path):
+    # the served runs join the tests' running Ray, as on an existing cluster
+    env = {**prefect_server, "RAY_ADDRESS": ray_local.get_runtime_context().gcs_address,
+           **{k: v for k, v in os.environ.items() if k.startswith("RAY_AUTH_")}}
     serve = _start([str(BIN / "trainflow"), "serve", "--limit", "1"], env, tmp_path / "serve.log", tmp_path)
     try:
         demo = str(REPO / "configs" / "demo.yaml")

@@ -163,6 +163,31 @@ def test_an_ensemble_checkpoint_is_served_registered_rebuilt_and_read_strictly(t
             load_servable(planted)
 
 
+def test_a_killed_writers_staging_folder_is_removed_by_the_next_writer_and_a_living_ones_kept(tmp_path):
+    """A checkpoint bundle (an ensemble, bagged folds) is written in a staging folder named for its writer, then
+    renamed: the next writer of the same bundle removes what a dead process on this host left, nothing else."""
+    import os
+    import socket
+    import subprocess
+
+    from trainflow.storage import staging_folder
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    host = socket.gethostname()
+    dead = tmp_path / f".ensemble_ab.tmp-{host}-{gone.pid}-0123abcd"
+    living = tmp_path / f".ensemble_ab.tmp-{host}-{os.getppid()}-0123abcd"
+    elsewhere = tmp_path / f".ensemble_ab.tmp-another-host-{gone.pid}-0123abcd"  # its process may be alive there
+    other_bundle = tmp_path / f".ensemble_cd.tmp-{host}-{gone.pid}-0123abcd"
+    not_ours = tmp_path / ".ensemble_ab.tmp-notes"
+    for folder in (dead, living, elsewhere, other_bundle, not_ours):
+        folder.mkdir()
+        (folder / "weights.pt").write_bytes(b"half a file")
+    mine = staging_folder(tmp_path, "ensemble_ab")
+    assert not dead.exists() and all(f.exists() for f in (living, elsewhere, other_bundle, not_ours))
+    assert mine.parent == tmp_path and mine.name.startswith(f".ensemble_ab.tmp-{host}-{os.getpid()}-") and not mine.exists()
+
+
 def test_an_ensemble_in_remote_storage_is_uploaded_whole_and_found_again(tmp_path, s3_endpoint):
     from trainflow.storage import list_dir
     from trainflow.tasks.ensemble import ensemble

@@ -1,5 +1,7 @@
-"""The flow's own process is sent SIGTERM (a cancel), then SIGKILLed, each after a checkpoint; a rerun with the
-same name resumes each time."""
+"""Exactly once: one retrain SIGKILLed at every step boundary in turn (after ingest, mid-training, after training,
+after selection, while the ensemble is written, after register, inside the gate with the champion lock held,
+between the alias move and its record, and while the predictions are committed); each rerun with the same name resumes where the one before stopped, and the last one
+ends with one model version, one alias move, one complete output and no MLflow run left RUNNING."""
 
 import contextlib
 import json
@@ -7,7 +9,9 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.dataset as pads
 import pytest
 
@@ -17,81 +21,143 @@ from trainflow.trainer.checkpoint import read_metrics
 from trainflow.trainer.recovery import read_events
 from trainflow.trainer.runner import checkpoints_on_disk
 from trainflow.flows.cli import main as cli_main
+from trainflow.locks import lock_name
+from trainflow.outputs import MANIFEST, read_manifest, write_output
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_local")]
 EPOCHS = 8  # long enough that both stops land mid-run, even when the killed workers run on a while
+REPO = Path(__file__).resolve().parents[1]
+# the boundaries after training, in the order a retrain reaches them (tests/kill_at.py)
+AFTER_TRAINING = ("after-train", "after-select", "ensemble-build", "after-register", "promote-locked",
+                  "promote-moved", "output-commit")
 
 
-def _start(cfg, env):
+def _start(cfg, env, log, kill_at=None):
+    args = ["-m", "tests.kill_at", kill_at] if kill_at else ["-m", "trainflow.flows.cli"]
     return subprocess.Popen(
-        [sys.executable, "-m", "trainflow.flows.cli", "retrain", "--config", str(cfg), "--run-name", "killed-run"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [sys.executable, *args, "retrain", "--config", str(cfg), "--run-name", "killed-run"],
+        env=env, cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
     )
+
+
+def _stop(proc) -> None:
+    with contextlib.suppress(ProcessLookupError):  # the flow process may have ended its group already
+        os.killpg(proc.pid, signal.SIGKILL)  # the flow process and what it started (its temporary Prefect server)
+    proc.wait()
 
 
 def _done(run) -> int:
     return max(read_metrics(d)["epoch"] for d in run.glob("checkpoint_*") if (d / "metrics.json").exists())
 
 
-def test_rerun_with_same_name_resumes_after_sigterm_then_sigkill(tmp_path, capsys):
-    # one run stopped twice: a cancel (SIGTERM) after its first checkpoint, then its rerun SIGKILLed after a
-    # later one; the third start finishes, each start resuming where the one before stopped
-    cfg = churn_config(tmp_path, rows=6000, train={"epochs": EPOCHS, "batch_size": 32},
+def test_a_retrain_killed_at_every_step_boundary_ends_exactly_once(tmp_path, capsys, ray_local):
+    cfg = churn_config(tmp_path, rows=6000, model={"type": ["mlp", "xgboost"], "params": {"num_boost_round": 30}},
+                       train={"epochs": EPOCHS, "batch_size": 32},  # two families: an ensemble too
+                       scaling={"num_workers": 1},  # one worker group start less per run: DDP is not under test
                        checkpoint={"min_interval_s": 0})  # a checkpoint per epoch, however fast the epochs
-    run = tmp_path / "runs" / "killed-run"
-    from prefect.settings import PREFECT_API_URL
+    runs = tmp_path / "runs"
+    run = runs / "killed-run-mlp"
+    output = tmp_path / "out" / "predictions"
+    home = tmp_path / "prefect-home"
+    # local runs as a user starts them (Prefect's temporary server, file locks under its home) that join this test's
+    # Ray as they would an existing cluster (its token authentication included)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env.update(PYTHONUNBUFFERED="1", PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               RAY_ADDRESS=ray_local.get_runtime_context().gcs_address)
+    logs = iter(tmp_path / f"start-{i}.log" for i in range(20))
 
-    # the killed flows report to the session's test server instead of starting a temporary one of their own
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PREFECT_API_URL": PREFECT_API_URL.value()}
-    stops = []
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        after = _done(run) + 1 if stops else 0
-        proc = _start(cfg, env)
+    def killed_at(boundary):
+        log = next(logs)
+        proc = _start(cfg, env, log, boundary)
         try:
-            # stop as soon as Ray's controller has registered a new checkpoint (what a rerun resumes from)
-            wait_registered(run, after, timeout_s=300, alive=lambda: proc.poll() is None)
-            if sig == signal.SIGTERM:
-                # what Prefect sends to cancel: the CLI stops Ray at once, even with its main thread inside the
-                # fit, and retries nothing (before, the signal surfaced as a SystemError that the train task
-                # retried). Its exit status is 143 from a shell with Prefect's temporary server; under this
-                # test's external Prefect API the process ends with SIGABRT after printing its stop message
-                # (Ray's C-level SIGTERM handler, not resolved), so only the end of the process is asserted.
-                os.kill(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=120)
+            code = proc.wait(timeout=300)
         finally:
-            with contextlib.suppress(ProcessLookupError):  # after SIGTERM the whole group may have ended already
-                os.killpg(proc.pid, signal.SIGKILL)  # the flow process and the local Ray it started (SIGKILL case)
-            proc.wait()
-        stops.append(_done(run))
-    assert stops[0] < stops[1] < EPOCHS - 1, f"checkpoints at the stops: {stops}"
+            _stop(proc)
+        assert code == -signal.SIGKILL, f"{boundary}: exit {code}, not killed there:\n{log.read_text()[-4000:]}"
+
+    killed_at("after-ingest")
+    assert not runs.exists() or not any(runs.glob("killed-run*/checkpoint_*"))
+
+    # mid-training: SIGKILLed once Ray's controller has registered the network's first checkpoint (what a rerun
+    # resumes from; a cancel's SIGTERM mid-training is tests/test_deployments.py's)
+    proc = _start(cfg, env, next(logs))
+    try:
+        wait_registered(run, 0, timeout_s=300, alive=lambda: proc.poll() is None)
+    finally:
+        _stop(proc)
+    stopped = _done(run)
+    assert stopped < EPOCHS - 1, f"the checkpoint at the stop: {stopped}"
+
+    # an earlier trainflow output where the predictions go: the kill during the commit must leave it whole
+    earlier = pa.table({"customer_id": [1, 2], "prediction": [0, 1]})
+    write_output(earlier, str(output), 2, {"model": "an earlier run"})
+    before = {p.name: p.read_bytes() for p in output.iterdir()}
+    model = "churn-test"
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    for boundary in AFTER_TRAINING:
+        killed_at(boundary)
+        versions = client.search_model_versions(f"name = '{model}'") if boundary != "after-train" else []
+        aliases = client.get_registered_model(model).aliases if versions else {}
+        if boundary == "after-train":  # both families trained to the end: no rerun trains them again
+            assert all((runs / f"killed-run-{f}" / "trainflow_finished.json").exists() for f in ("mlp", "xgboost"))
+        elif boundary == "after-register":
+            assert len(versions) == 1 and not aliases
+        elif boundary == "promote-locked":  # the kill freed the champion lock at once: it is free now
+            assert len(versions) == 1 and not aliases
+            _assert_free(home, lock_name("champion", model, f"sqlite:///{tmp_path / 'mlflow.db'}"))
+        elif boundary == "promote-moved":  # the alias moved; the killed run never recorded the move
+            assert len(versions) == 1 and aliases == {"champion": 1}
+            assert "trainflow.champion.periods" not in versions[0].tags
+        elif boundary == "output-commit":  # the earlier output untouched; the staged one hidden beside it
+            assert {p.name: p.read_bytes() for p in output.iterdir()} == before
+            assert read_manifest(str(output))["model"] == "an earlier run"
 
     summary_path = tmp_path / "summary.json"
     assert cli_main(["retrain", "--config", str(cfg), "--run-name", "killed-run", "--summary-json", str(summary_path)]) == 0
     summary = json.loads(summary_path.read_text())
-    # Ray resumes from the latest checkpoint its controller registered; the stopped run's workers may still
-    # have registered one or two more before Ray noticed their driver was gone
-    assert stops[1] <= summary["resumed_from_epoch"] < EPOCHS
-    # the reruns trained only the remaining epochs: every epoch once in the final history, and each start's
-    # workers began at the epoch it resumed from (the best checkpoint may be an earlier one, so read the last)
-    last = checkpoints_on_disk(summary["ray_run_path"])[-1]
-    assert [h["epoch"] for h in read_metrics(last["path"])["history"]] == list(range(EPOCHS))
-    starts = sorted(e["from_epoch"] for e in read_events(summary["ray_run_path"]) if e["event"] == "worker_start")
-    assert starts[:2] == [0, 0] and starts[-2:] == [summary["resumed_from_epoch"]] * 2 and len(starts) == 6
-    assert 1 <= starts[2] == starts[3] <= stops[1]
-    assert any(r["resumed_from_epoch"] == summary["resumed_from_epoch"] for r in summary["recoveries"])
-    # MLflow: the SIGKILLed start's parent run and the family run nested in it, left RUNNING by the dead process,
-    # were ended KILLED by the rerun, saying why; nothing of this retrain is RUNNING any more
-    from mlflow import MlflowClient
+    # one model version for this training, @champion, moved once (the rerun recorded the move the killed run made)
+    # (the champion's own data and config, but the retrain that registered it never finished: this one does, and
+    # the one after it has nothing to train)
+    assert summary["model_version"] == "1" and summary["promotion"]["serving_version"] == "1"
+    [version] = client.search_model_versions(f"name = '{model}'")
+    version = client.get_model_version(model, version.version)
+    assert client.get_registered_model(model).aliases == {"champion": 1}
+    from trainflow.champion import history
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name("test").experiment_id])
-    assert [r.info.run_name for r in runs if r.info.status == "RUNNING"] == [], [
+    [period] = history(client, model)
+    assert period["version"] == "1" and period["until"] is None and "recorded by a rerun" in period["why"], period
+    assert version.tags["trainflow.promotion.decision"] == "promoted" and "Gate: promoted" in version.description
+    # one complete output, the earlier one replaced whole, nothing staged left beside it
+    manifest = read_manifest(str(output))
+    assert manifest["rows"] == 500 == pads.dataset(output, format="parquet").to_table().num_rows
+    assert [p.name for p in output.parent.iterdir()] == ["predictions"] and (output / MANIFEST).exists()
+    assert not list(runs.glob("*/.*.tmp-*"))  # no staging folder of a checkpoint bundle left (tests/test_ensemble.py)
+
+    # Ray resumes from the latest checkpoint its controller registered; the killed run's worker may still have
+    # registered another before Ray noticed its driver was gone
+    mlp = json.loads((run / "trainflow_finished.json").read_text())["outcome"]
+    assert stopped <= mlp["resumed_from_epoch"] < EPOCHS
+    # the rerun trained only the remaining epochs: every epoch once in the final history, and each start's
+    # worker began at the epoch it resumed from (the best checkpoint may be an earlier one, so read the last)
+    last = checkpoints_on_disk(str(run))[-1]
+    assert [h["epoch"] for h in read_metrics(last["path"])["history"]] == list(range(EPOCHS))
+    starts = [e["from_epoch"] for e in read_events(str(run)) if e["event"] == "worker_start"]
+    assert starts == [0, mlp["resumed_from_epoch"]], starts
+    # MLflow: every killed start's runs (the parent, the families', the ensemble's), left RUNNING by the dead
+    # process, were ended KILLED by the rerun, saying why; nothing of this retrain is RUNNING any more
+    runs_ = client.search_runs([client.get_experiment_by_name("test").experiment_id])
+    assert [r.info.run_name for r in runs_ if r.info.status == "RUNNING"] == [], [
         (r.info.run_id, r.info.run_name, r.info.status, r.data.tags.get("trainflow.process"),
-         r.data.tags.get("mlflow.parentRunId"), r.data.tags.get("trainflow.register_key")) for r in runs]
-    ended = [r for r in runs if "trainflow.ended_by" in r.data.tags]
+         r.data.tags.get("mlflow.parentRunId"), r.data.tags.get("trainflow.register_key")) for r in runs_]
+    ended = [r for r in runs_ if "trainflow.ended_by" in r.data.tags]
     assert ended and all(r.info.status == "KILLED" and "ended without ending this run" in r.data.tags["trainflow.ended_by"]
                          for r in ended)
     assert {r.info.run_name for r in ended} >= {"killed-run"}
+
+    assert cli_main(["retrain", "--config", str(cfg), "--run-name", "killed-run", "--summary-json", str(summary_path)]) == 0
+    assert json.loads(summary_path.read_text())["skipped"]["champion_version"] == "1"
 
     # the same run name onto other data (100 rows fewer) or another training config fails before any training,
     # naming both fingerprints; the checkpoints stay as they were
@@ -105,3 +171,16 @@ def test_rerun_with_same_name_resumes_after_sigterm_then_sigkill(tmp_path, capsy
     assert cli_main(["retrain", "--config", str(cfg), "--run-name", "killed-run", "--set", "train.learning_rate=0.5"]) == 2
     assert "the training config changed" in capsys.readouterr().err
     assert sorted(p.name for p in run.glob("checkpoint_*")) == kept
+
+
+def _assert_free(home: Path, name: str) -> None:
+    """The file lock `name` under the Prefect home can be taken at once (no process holds it)."""
+    import fcntl
+
+    path = home / "trainflow-locks" / f"{name}.lock"
+    assert path.exists(), f"the run never took the lock {path}"
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError if a living process held it
+    finally:
+        os.close(fd)

@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import tempfile
-import uuid
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,7 +22,7 @@ import torch
 
 from trainflow.data import Rows, arrow_batches
 from trainflow.preprocessors.tabular import TabularPreprocessor
-from trainflow.storage import is_uri, join, list_dir, localize, upload_dir, write_text
+from trainflow.storage import is_uri, join, list_dir, localize, staging_folder, upload_dir, write_text
 from trainflow.trainer.checkpoint import write_common
 from trainflow.trainer.serving import ENSEMBLE, ENSEMBLE_FILE, combine, member_dir
 
@@ -117,7 +116,7 @@ def write_bundle(target: str, parts: dict[Path, str], marker_file: str, marker: 
         return localize(target)
     parent = Path(tempfile.mkdtemp(prefix="trainflow-bundle-")) if is_uri(target) else Path(target).parent
     parent.mkdir(parents=True, exist_ok=True)
-    staging = parent / f".{Path(target).name}.tmp-{uuid.uuid4().hex[:8]}"
+    staging = staging_folder(parent, Path(target).name)
     for where, path in parts.items():
         shutil.copytree(path, staging / where, ignore=shutil.ignore_patterns(*LEFT_OUT))
     write_common(staging, 0, metrics, [], preprocessor, config, lineage)

@@ -74,6 +74,23 @@ def record_move(client: mlflow.MlflowClient, name: str, old: str | None, new: st
     _write(client, name, new, periods)
 
 
+def record_missed_move(client: mlflow.MlflowClient, name: str, version: str, why: str, by: str) -> bool:
+    """When version is @champion but its history has no open period (the run that moved the alias died before
+    recording the move, and its rerun finds the alias already moved): the move recorded now, from the version whose
+    period is still open, saying so. False when the move is recorded already (the caller holds the champion lock)."""
+    still_open = []
+    for mv in client.search_model_versions(f"name = '{name}'"):
+        periods = _periods(client, name, str(mv.version))
+        if periods and not periods[-1].get("until"):
+            still_open.append(str(mv.version))
+    if version in still_open:
+        return False
+    old = next((v for v in still_open if v != version), None)
+    record_move(client, name, old, version, f"{why}; recorded by a rerun: the run that moved the alias stopped "
+                                           "before recording the move", by)
+    return True
+
+
 def history(client: mlflow.MlflowClient, name: str) -> list[dict[str, Any]]:
     """Every period a version of name served as @champion that trainflow recorded, oldest first: version, since,
     until (None: serving now), why, by, replaced (the version before), replaced_by and replaced_why."""

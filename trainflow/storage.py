@@ -10,8 +10,10 @@ import atexit
 import os
 import re
 import shutil
+import socket
 import tempfile
 import threading
+import uuid
 from pathlib import Path
 
 import pyarrow as pa
@@ -97,6 +99,19 @@ def process_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def staging_folder(parent: Path, name: str) -> Path:
+    """A hidden sibling of parent/name to write it whole in before one rename, named for its writer (host, pid);
+    the staging folders of name that processes on this host left when they died (SIGKILL) are removed first.
+    Another host's, and a living process's, are left alone: they may still be writing."""
+    pattern = re.compile(rf"^\.{re.escape(name)}\.tmp-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{{8}}$")
+    host = socket.gethostname()
+    for entry in (os.listdir(parent) if parent.is_dir() else []):
+        m = pattern.match(entry)
+        if m and m["host"] == host and int(m["pid"]) != os.getpid() and not process_alive(int(m["pid"])):
+            shutil.rmtree(parent / entry, ignore_errors=True)
+    return parent / f".{name}.tmp-{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 def private_dir(prefix: str) -> str:

@@ -16,6 +16,9 @@ from trainflow.errors import InfrastructureError
 # models:/name/3 or models:/name@alias
 MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))$")
 CHAMPION = "champion"
+DECISION_TAG = "trainflow.promotion.decision"  # the gate's decision on a version, recorded after the alias moved
+CHECKPOINT_KEY = "trainflow.checkpoint_key"  # a digest of the registered model, checkpoint, data and training config
+PUBLISHED_TAG = "trainflow.published"  # when the retrain that registered a version finished publishing it
 MAX_KEY = 250  # MLflow's limit for metric, param and tag keys
 
 
