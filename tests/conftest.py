@@ -110,11 +110,13 @@ def empty_mlflow_store() -> Path:
 
 
 def write_config(directory: Path, raw: dict[str, Any], name: str = "config.yaml") -> Path:
-    """The config as YAML in directory; with no tracking URI set (MLflow in directory/mlflow.db beside a relative
-    storage_path), an empty MLflow store is put there first."""
-    if not (raw.get("mlflow") or {}).get("tracking_uri") and not (directory / "mlflow.db").exists():
-        directory.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(empty_mlflow_store(), directory / "mlflow.db")
+    """The config as YAML in directory; its MLflow SQLite store (directory/mlflow.db when no tracking URI is set,
+    beside a relative storage_path), when it does not exist yet, starts as a copy of an empty one."""
+    uri = (raw.get("mlflow") or {}).get("tracking_uri") or f"sqlite:///{directory / 'mlflow.db'}"
+    db = Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:////") else None
+    if db is not None and not db.exists():
+        db.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(empty_mlflow_store(), db)
     path = directory / name
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
@@ -131,7 +133,7 @@ def churn_config(tmp_path: Path, rows: int = 3000, **sections: Any) -> Path:
         "task": "classification",
         "model": {"type": "mlp"},  # one family: the default (auto) trains three and their ensemble
         "train": {"epochs": 3, "batch_size": 128, "learning_rate": 0.005, "folds": 1},  # one split: cross-fitting has its own tests
-        "scaling": {"num_workers": 2},
+        "scaling": {"num_workers": 1},  # one worker: DDP across workers has its own tests (each run starts less)
         "checkpoint": {"num_to_keep": 3, "metric": "val_loss"},
         "storage_path": "runs",
         "mlflow": {"experiment": "test", "registered_model": "churn-test"},
