@@ -38,7 +38,8 @@ def _kill_train_workers_once(ready, stop: threading.Event, killed: list[int]) ->
 
 def test_a_family_whose_workers_keep_dying_is_left_out_and_the_others_go_on(tmp_path, capsys):
     cfg = churn_config(tmp_path, rows=1500, model={"type": ["mlp", "lightgbm"]}, train={"epochs": 2},
-                       failure={"max_failures": 0, "task_retries": 0})
+                       failure={"max_failures": 0, "task_retries": 0},
+                       scaling={"num_workers": 2})  # a worker group fills the cluster: LightGBM starts after the network
     network_done = tmp_path / "runs" / "deg-mlp" / "trainflow_finished.json"
     stop, killed = threading.Event(), []
     killer = threading.Thread(target=_kill_train_workers_once, args=(network_done.exists, stop, killed), daemon=True)

@@ -275,7 +275,7 @@ def _cancel_stops_a_served_run(env, serve, tmp_path):
     assert state == "CANCELLED", (tmp_path / "serve.log").read_text()[-4000:]
     starts = [e for e in read_events(str(run)) if e["event"] == "worker_start"]
     time.sleep(5)  # a retried train task would start a new worker group now
-    assert [e for e in read_events(str(run)) if e["event"] == "worker_start"] == starts and len(starts) == 2
+    assert [e for e in read_events(str(run)) if e["event"] == "worker_start"] == starts and len(starts) == 1  # one worker
     assert checkpoints_on_disk(str(run)), "the checkpoint a rerun resumes from is gone"
 
 

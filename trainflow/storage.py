@@ -7,6 +7,7 @@ AWS_ACCESS_KEY_ID, ...) or from the URI's query (s3://bucket/key?endpoint_overri
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import re
 import shutil
@@ -61,10 +62,17 @@ def read_bytes(uri: str) -> bytes:
 
 
 def replace_bytes(uri: str, data: bytes) -> None:
-    """Write a file whole under a temporary name, then move it over uri: a reader never sees half of it."""
+    """Write a file whole under a temporary name of this writer's own, then move it over uri: a reader never sees
+    half of it, and two writers at once never share a temporary file (the last move wins, whole)."""
     fs, inner = filesystem_for(uri)
-    write_bytes(uri + ".tmp", data)
-    fs.move(inner + ".tmp", inner)
+    suffix = f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    write_bytes(uri + suffix, data)
+    try:
+        fs.move(inner + suffix, inner)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            fs.delete_file(inner + suffix)
+        raise
 
 
 def write_text(uri: str, text: str) -> None:
