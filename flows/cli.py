@@ -283,6 +283,8 @@ def _parser() -> argparse.ArgumentParser:
     chr_.add_argument("--config", required=True, help="the config naming the registered model and tracking URI")
     chr_.add_argument("--to", required=True, metavar="VERSION", help="the model version to serve again")
     chr_.add_argument("--reason", required=True, help="why: recorded with the move")
+    chr_.add_argument("--force", action="store_true",
+                      help="roll back even to a version whose recorded score misses promotion.min_score")
     for parser in (chh, chr_):
         parser.add_argument("--summary-json", help="also write the answer as JSON to this file")
 
@@ -410,7 +412,7 @@ def _champion_command(args: argparse.Namespace) -> dict[str, Any]:
     config = load_config(args.config)
     uri, name = config.mlflow.tracking_uri, config.mlflow.registered_model
     if args.champion_command == "rollback":
-        return rollback(uri, name, args.to, args.reason)
+        return rollback(uri, name, args.to, args.reason, config.promotion.min_score, config.promotion.mode, args.force)
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
     if args.at:
         try:

@@ -14,7 +14,7 @@ BOUNDARIES = {
     "after-ingest": ("trainflow.flows.retrain", "split"),  # the table read, nothing split or trained
     "after-train": ("trainflow.flows.retrain", "select"),  # every family's runs trained, none selected
     "after-select": ("trainflow.flows.retrain", "ensemble"),  # checkpoints selected, no ensemble yet
-    "ensemble-build": ("trainflow.tasks.ensemble", "greedy_weights"),  # the members' outputs computed, not weighed
+    "ensemble-build": ("trainflow.tasks.ensemble", "greedy_weights"),  # selected; the members' outputs, no weights
     "after-register": ("trainflow.flows.publish", "promote"),  # a model version registered, not yet judged
     "promote-locked": ("trainflow.tasks.promote", "_before_alias_move"),  # the champion lock held, alias not moved
     "promote-moved": ("trainflow.tasks.promote", "record_move"),  # the alias moved, its history not yet written

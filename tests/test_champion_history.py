@@ -6,6 +6,7 @@ import json
 
 import mlflow
 import pytest
+import yaml
 
 from tests.conftest import write_config
 from trainflow.champion import PERIODS_TAG, history, record_move, serving_at
@@ -66,6 +67,21 @@ def test_moves_are_recorded_and_a_rollback_goes_back_with_its_reason(registry, c
     assert "has no version '9'" in capsys.readouterr().err
     assert cli_main(["champion", "rollback", "--config", str(cfg), "--to", "2", "--reason", " "]) == 2
     assert str(client.get_model_version_by_alias("m", CHAMPION).version) == "1"
+    # under a floor (promotion.min_score): a version whose gate's recorded score misses it, or has none, is refused
+    # (exit 2, nothing moved) unless --force, which the history says
+    floored = write_config(cfg.parent, {**yaml.safe_load(cfg.read_text()), "promotion": {"metric": "val_r2", "mode": "max",
+                                                                                          "min_score": 0.5}}, "floor.yaml")
+    client.set_model_version_tag("m", "2", "trainflow.promotion.challenger_score", "0.31")
+    client.set_model_version_tag("m", "3", "trainflow.promotion.challenger_score", "0.72")
+    assert cli_main(["champion", "rollback", "--config", str(floored), "--to", "2", "--reason", "x"]) == 2
+    assert "its gate's score 0.31 misses promotion.min_score 0.5" in capsys.readouterr().err
+    assert str(client.get_model_version_by_alias("m", CHAMPION).version) == "1"
+    assert cli_main(["champion", "rollback", "--config", str(floored), "--to", "3", "--reason", "v3 is fine"]) == 0
+    assert cli_main(["champion", "rollback", "--config", str(floored), "--to", "1", "--reason", "back"]) == 2
+    assert "its score is not recorded" in capsys.readouterr().err
+    assert cli_main(["champion", "rollback", "--config", str(floored), "--to", "2", "--reason", "needed", "--force"]) == 0
+    assert str(client.get_model_version_by_alias("m", CHAMPION).version) == "2"
+    assert history(client, "m")[-1]["why"] == "rollback: needed (forced: its gate's score 0.31 misses promotion.min_score 0.5)"
     # a tag someone else wrote is not trusted as history, and never fails a move
     client.set_model_version_tag("m", "2", PERIODS_TAG, "not json")
     assert all(r["version"] != "2" for r in history(client, "m"))

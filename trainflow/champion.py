@@ -115,8 +115,30 @@ def serving_at(client: mlflow.MlflowClient, name: str, when: dt.datetime) -> dic
     return None
 
 
-def rollback(uri: str, name: str, version: str, reason: str) -> dict[str, Any]:
-    """Move @champion of name back to version under the champion lock, recording who, when and why; the move."""
+SCORE_TAG = "trainflow.promotion.challenger_score"  # a version's score on its gate's rows, as its gate recorded it
+
+
+def below_the_floor(target: Any, floor: float | None, mode: str) -> str | None:
+    """Why version target may not serve under promotion.min_score floor (its gate's recorded score misses it, or it
+    has none), or None."""
+    if floor is None:
+        return None
+    try:
+        score = float(target.tags.get(SCORE_TAG, "nan"))
+    except ValueError:
+        score = float("nan")
+    if score != score:  # NaN: not recorded
+        return f"its score is not recorded (no {SCORE_TAG} tag), so it cannot be shown to meet promotion.min_score {floor:g}"
+    if (score < floor) if mode == "max" else (score > floor):
+        return f"its gate's score {score:.6g} misses promotion.min_score {floor:g}"
+    return None
+
+
+def rollback(uri: str, name: str, version: str, reason: str, floor: float | None = None, mode: str = "max",
+             force: bool = False) -> dict[str, Any]:
+    """Move @champion of name back to version under the champion lock, recording who, when and why; the move. A
+    version whose recorded score misses promotion.min_score (floor) is refused unless force. A Prefect event
+    (trainflow.model.rolled_back) says so where a Prefect API is configured."""
     from trainflow.locks import exclusive
 
     if not reason.strip():
@@ -126,12 +148,33 @@ def rollback(uri: str, name: str, version: str, reason: str) -> dict[str, Any]:
         target = client.get_model_version(name, version)
     except mlflow.exceptions.MlflowException:
         raise ConfigError(f"rollback: {name} has no version {version!r} in {uri}") from None
+    missed = below_the_floor(target, floor, mode)
+    if missed and not force:
+        raise ConfigError(f"rollback: {name} version {version}: {missed}; nothing moved (--force rolls back anyway)")
     by = f"rollback by {getpass.getuser()}@{socket.gethostname()}"
     with exclusive("champion", name, uri):
         old = current_champion(client, name)
         if old == str(target.version):
             return {"model": name, "champion": old, "moved": False, "why": f"version {old} is @champion already"}
+        why = f"rollback: {reason.strip()}" + (f" (forced: {missed})" if missed else "")
         client.set_registered_model_alias(name, CHAMPION, str(target.version))
-        record_move(client, name, old, str(target.version), f"rollback: {reason.strip()}", by)
-    return {"model": name, "champion": str(target.version), "previous": old, "moved": True,
-            "why": f"rollback: {reason.strip()}", "by": by}
+        record_move(client, name, old, str(target.version), why, by)
+    moved = {"model": name, "champion": str(target.version), "previous": old, "moved": True, "why": why, "by": by}
+    _emit_rolled_back(name, moved)
+    return moved
+
+
+def _emit_rolled_back(name: str, moved: dict[str, Any]) -> None:
+    """The move as a Prefect event, as the gate emits its decisions; only where a Prefect API is configured (a
+    local rollback has no server to tell), and never failing the move."""
+    from trainflow.locks import prefect_server_configured
+
+    if not prefect_server_configured():
+        return
+    try:
+        from prefect.events import emit_event
+
+        emit_event(event="trainflow.model.rolled_back", resource={"prefect.resource.id": f"trainflow.model.{name}"},
+                   payload=moved)
+    except Exception:  # noqa: BLE001 - the move stands whatever the event bus says
+        pass
