@@ -78,6 +78,29 @@ def test_config_schema_describes_every_key_and_show_resolves_without_secrets(tmp
     assert "s3cr3t-value" not in out and shown["scaling"]["env_vars"]["AWS_SECRET_ACCESS_KEY"] == "***"
 
 
+def test_each_key_is_described_once_and_the_docs_table_and_init_comments_are_made_from_it(tmp_path):
+    from trainflow import config_schema
+
+    # the docs' key table is what the config's descriptions make: a key added or re-described without
+    # `python -m trainflow.config_schema --write` fails here
+    docs = config_schema.DOCS.read_text()
+    assert config_schema.docs_with_table(docs) == docs
+    table = config_schema.key_table()
+    assert "| `model.params.max_depth` | the library's | xgboost, lightgbm and catboost's own `max_depth`" in table
+    assert "| `train.folds` | `auto` | cross-fitting:" in table and "| `data.label` | required |" in table
+    # the schema's descriptions are the same text
+    schema = config_schema.config_schema()
+    assert schema["$defs"]["TrainSection"]["properties"]["folds"]["description"] == config_schema.description("train.folds")
+    assert config_schema.description("train.nope") is None
+    # init's comments are the first clause of the same descriptions
+    write_parquet(make_churn_table(120, seed=2), tmp_path / "churn.parquet")
+    assert cli_main(["init", "--data", str(tmp_path / "churn.parquet"), "--label", "churned",
+                     "--out", str(tmp_path / "c.yaml")]) == 0
+    text = (tmp_path / "c.yaml").read_text()
+    for key in ("scaling.num_workers", "storage_path", "mlflow.registered_model", "data.id_column"):
+        assert f"# {config_schema.brief(key)}" in text, key
+
+
 def test_init_writes_a_commented_config_that_loads_and_never_replaces_one(tmp_path, capsys):
     write_parquet(make_churn_table(300, seed=1), tmp_path / "tables" / "churn.parquet")
     out = tmp_path / "conf" / "churn.yaml"

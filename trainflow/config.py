@@ -30,12 +30,24 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+def key(default: Any = ..., doc: str = "", *, shown: str | None = None, **constraints: Any) -> Any:
+    """A config key: its default, its meaning and (shown) its default as a person reads it where the value alone does
+    not say it. The one place a key is described: the schema (`trainflow config schema`), `trainflow init`'s comments
+    and docs/configuration.md's key table (`python -m trainflow.config_schema`) are made from it. The first clause of
+    doc (up to the first `;`) stands alone: init's comments are that clause."""
+    extra = {"x-default": shown} if shown else None
+    if "default_factory" in constraints:
+        return Field(description=doc, json_schema_extra=extra, **constraints)
+    return Field(default, description=doc, json_schema_extra=extra, **constraints)
+
+
 class CsvSection(_Section):
     """How CSV files are parsed (pyarrow.csv): a delimiter, a quote character and the text encoding."""
 
-    delimiter: str = Field(",", min_length=1, max_length=1)
-    quote_char: str = Field('"', min_length=1, max_length=1)
-    encoding: str = "utf8"  # e.g. latin-1, cp1252
+    delimiter: str = key(",", "the character between a CSV file's values (a tab: `\"\\t\"`)",
+                         min_length=1, max_length=1)
+    quote_char: str = key('"', "the character that quotes a CSV value holding the delimiter", min_length=1, max_length=1)
+    encoding: str = key("utf8", "the CSV files' text encoding, e.g. `latin-1`, `cp1252`")
 
     @field_validator("encoding")
     @classmethod
@@ -50,15 +62,20 @@ class CsvSection(_Section):
 
 
 class DataSection(_Section):
-    path: str
-    format: Literal["parquet", "csv"] | None = None
-    csv: CsvSection = Field(default_factory=CsvSection)
-    label: str
-    features: list[str] | None = None
-    id_column: str | None = None
-    # auto: keep the table in Ray's object store when its in-memory size (from the files' metadata) is
-    # under a quarter of the store, else stream it from the files every epoch; always / never force it
-    materialize: Literal["auto", "always", "never"] = "auto"
+    path: str = key(doc="file, folder, glob or URI (`s3://...`) of the training table; files are picked by their "
+                        "extension (`.csv`, `.tsv`, `.parquet`, `.parq`, `.pq`, optionally compressed)")
+    format: Literal["parquet", "csv"] | None = key(None, "`parquet` or `csv`",
+                                                   shown="from the extension (`.csv` → csv, else parquet)")
+    csv: CsvSection = key(doc="how CSV files are parsed (pyarrow.csv)", default_factory=CsvSection)
+    label: str = key(doc="label column (any name, spaces and punctuation allowed)")
+    features: list[str] | None = key(None, "feature columns: numbers, text, dates/timestamps",
+                                     shown="every column but label and id")
+    id_column: str | None = key(None, "carried into the predictions; also the split's key when given (not `prediction` "
+                                      "or `proba_*`)")
+    materialize: Literal["auto", "always", "never"] = key(
+        "auto", "keep the table in Ray's object store (`always`) or stream it from its files every epoch (`never`); "
+                "`auto`: materialize when its in-memory size (from the files' metadata) is under a quarter of the store "
+                "([pipeline.md](pipeline.md))")
 
     @model_validator(mode="after")
     def _infer_format(self) -> DataSection:
@@ -83,20 +100,23 @@ class DataSection(_Section):
 class PreprocessSection(_Section):
     """How text and date columns become features."""
 
-    # text columns with at most this many distinct values are one-hot; wider ones get a learned embedding
-    max_onehot: int = Field(16, ge=1)
-    # embedded columns: values seen fewer times than this share the "unknown" code with unseen ones
-    min_frequency: int = Field(5, ge=1)
-    max_categories: int = Field(100_000, ge=1)  # embedded columns keep at most this many (most frequent) values
-    # text columns whose values parse as ISO-8601 dates/timestamps become date parts
-    parse_dates: bool = True
+    max_onehot: int = key(16, "text columns with at most this many distinct values are one-hot; wider ones get a "
+                              "learned embedding", ge=1)
+    min_frequency: int = key(5, "embedded columns: values seen fewer times share the unknown code with unseen ones", ge=1)
+    max_categories: int = key(100_000, "embedded columns keep at most this many (most frequent) values", ge=1)
+    parse_dates: bool = key(True, "text columns whose values parse as ISO-8601 dates or timestamps become date parts")
 
 
 class SplitSection(_Section):
-    # test: rows read once, by the final scoring and the gate (capped at folds.MAX_TEST_ROWS rows; 0: no test role)
-    test_fraction: float = Field(0.2, ge=0.0, lt=1.0)
-    validation_fraction: float = Field(0.2, gt=0.0, lt=1.0)  # of the rows outside the test role
-    seed: int = 42
+    test_fraction: float = key(
+        0.2, "fraction of rows in the test role, read once by the final scoring and the gate, 0 <= f < 1, at most 50,000 "
+             "rows; a seeded hash of each row's id (or of its values) decides, so a table that grows keeps its test "
+             "rows; 0: no test role", ge=0.0, lt=1.0)
+    validation_fraction: float = key(
+        0.2, "fraction of the non-test rows held out for early stopping, the family choice, the ensemble's weights and "
+             "calibration when `train.folds` is 1, 0 < f < 1; a class with too few rows for a role keeps them in "
+             "training", gt=0.0, lt=1.0)
+    seed: int = key(42, "seeds the split and training")
 
 
 FAMILIES = ("mlp", "torch", "xgboost", "lightgbm", "catboost")
@@ -130,33 +150,44 @@ TRAINFLOW_KEYS = ("num_boost_round", "early_stopping_rounds", "external_memory")
 NETWORK_KEYS = {"mlp": ("hidden_sizes", "dropout", "numeric_embedding"), "torch": ("class_path", "init_args")}  # the model keys each reads
 
 
+def _library(name: str, shown: str = "the library's", **constraints: Any) -> Any:
+    """A booster key passed as it is to the libraries that take it (BOOSTER_KEYS; CatBoost's under its own names)."""
+    takes = BOOSTER_KEYS[name]
+    libs = takes[0] if len(takes) == 1 else ", ".join(takes[:-1]) + " and " + takes[-1]
+    own = {"max_depth": "depth", "reg_lambda": "l2_leaf_reg", "max_bin": "border_count"}.get(name)
+    return key(None, f"{libs}'s own `{name}`" + (f" (catboost's `{own}`)" if own else ""), shown=shown, **constraints)
+
+
 class BoosterParams(_Section):
     """Gradient-boosted trees (model.type xgboost / lightgbm / catboost); unset keys keep each library's default
     (CatBoost's learning rate, unless set, is the one CatBoost picks for the table)."""
 
-    num_boost_round: int = Field(1000, ge=1)  # an upper bound: early stopping ends most runs well before it
-    early_stopping_rounds: int | Literal["off"] = 50  # rounds without a better validation loss
-    learning_rate: float = Field(0.1, gt=0.0)  # HistGradientBoosting's and LightGBM's default; XGBoost's is 0.3
-    max_depth: int | None = Field(None, ge=-1)
-    min_child_weight: float | None = Field(None, ge=0.0)
-    subsample: float | None = Field(None, gt=0.0, le=1.0)
-    colsample_bytree: float | None = Field(None, gt=0.0, le=1.0)
-    reg_lambda: float | None = Field(None, ge=0.0)
-    reg_alpha: float | None = Field(None, ge=0.0)
-    max_bin: int | None = Field(None, ge=2)
-    gamma: float | None = Field(None, ge=0.0)
-    colsample_bynode: float | None = Field(None, gt=0.0, le=1.0)  # trainflow's xgboost default: 0.5
-    tree_method: Literal["hist", "approx", "exact"] | None = None
-    max_leaves: int | None = Field(None, ge=0)
-    grow_policy: Literal["depthwise", "lossguide"] | None = None
-    max_cat_to_onehot: int | None = Field(None, ge=1)
-    num_leaves: int | None = Field(None, ge=2)
-    min_data_in_leaf: int | None = Field(None, ge=0)
-    min_split_gain: float | None = Field(None, ge=0.0)
-    cat_smooth: float | None = Field(None, ge=0.0)
-    # trainflow's, not the library's: read the shard into XGBoost's external-memory matrix (ExtMemQuantileDMatrix,
-    # pages on the worker's disk) instead of an in-memory one; auto: when the in-memory matrices would not fit
-    external_memory: Literal["auto", "always", "never"] = "auto"
+    num_boost_round: int = key(1000, "the most boosting rounds; early stopping ends most runs well before", ge=1)
+    early_stopping_rounds: int | Literal["off"] = key(50, "rounds without a better validation loss before stopping, "
+                                                          "or `off`")
+    learning_rate: float = key(0.1, "the boosters' step size (HistGradientBoosting's and LightGBM's default; "
+                                    "XGBoost's own is 0.3; CatBoost picks its own for the table unless this is set)",
+                               gt=0.0)
+    max_depth: int | None = _library("max_depth", ge=-1)
+    min_child_weight: float | None = _library("min_child_weight", ge=0.0)
+    subsample: float | None = _library("subsample", gt=0.0, le=1.0)
+    colsample_bytree: float | None = _library("colsample_bytree", gt=0.0, le=1.0)
+    reg_lambda: float | None = _library("reg_lambda", ge=0.0)
+    reg_alpha: float | None = _library("reg_alpha", ge=0.0)
+    max_bin: int | None = _library("max_bin", ge=2)
+    gamma: float | None = _library("gamma", ge=0.0)
+    colsample_bynode: float | None = _library("colsample_bynode", "`0.5` (trainflow's)", gt=0.0, le=1.0)
+    tree_method: Literal["hist", "approx", "exact"] | None = _library("tree_method")
+    max_leaves: int | None = _library("max_leaves", ge=0)
+    grow_policy: Literal["depthwise", "lossguide"] | None = _library("grow_policy")
+    max_cat_to_onehot: int | None = _library("max_cat_to_onehot", ge=1)
+    num_leaves: int | None = _library("num_leaves", ge=2)
+    min_data_in_leaf: int | None = _library("min_data_in_leaf", ge=0)
+    min_split_gain: float | None = _library("min_split_gain", ge=0.0)
+    cat_smooth: float | None = _library("cat_smooth", ge=0.0)
+    external_memory: Literal["auto", "always", "never"] = key(
+        "auto", "xgboost: read the shard into XGBoost's external-memory matrix (ExtMemQuantileDMatrix, pages on the "
+                "worker's disk) instead of an in-memory one; `auto`: when the in-memory matrices would not fit")
 
     @field_validator("early_stopping_rounds")
     @classmethod
@@ -183,26 +214,31 @@ class ModelSection(_Section):
     LightningCLI style), `xgboost`, `lightgbm` or `catboost` (gradient-boosted trees); a list trains each and keeps the
     best."""
 
-    # auto (the default): every built-in family (AUTO_FAMILIES), each its own Ray Train run, and their weighted
-    # ensemble; the best on the validation split is kept (docs/performance.md, "Against AutoGluon-Tabular")
-    type: Literal["auto"] | FamilyName | list[FamilyName] = "auto"
-    # mlp: chosen on real tables against HistGradientBoosting (docs/performance.md, "Model quality")
-    hidden_sizes: list[int] = Field(default_factory=lambda: [256, 128])
-    dropout: float = Field(0.3, ge=0.0, lt=1.0)
-    # mlp: each continuous value (numbers, date parts) through a periodic embedding (rtdl_num_embeddings' PLR) before
-    # the layers; none: the standardized value as it is; auto: periodic up to 1,000,000 training rows (trainer/families/network.py)
-    numeric_embedding: Literal["auto", "none", "periodic"] = "auto"
-    # torch: "package.module:ClassName", built as ClassName(in_features, out_features, **init_args)
-    class_path: str | None = None
-    init_args: dict[str, Any] = Field(default_factory=dict)
-    # a model read from the registry or storage (the champion, `predict --model`) may import its own class_path only
-    # when it is this config's class_path or listed here: storage someone else can write to never chooses the code
-    allowed_class_paths: list[str] = Field(default_factory=list)
-    # xgboost / lightgbm
-    params: BoosterParams = Field(default_factory=BoosterParams)
-    # several families: also a weighted ensemble of their best checkpoints (greedy ensemble selection on the
-    # validation split, trainer/ensemble.py), a candidate beside them
-    ensemble: bool = True
+    type: Literal["auto"] | FamilyName | list[FamilyName] = key(
+        "auto", "the families trained: `auto` (`[mlp, xgboost, lightgbm, catboost]`), `mlp` (trainflow's network), "
+                "`xgboost`, `lightgbm`, `catboost` or `torch` (your own `nn.Module`), or a list of them; each family "
+                "trains as its own Ray Train run, with their weighted ensemble (`model.ensemble`), and the best on rows "
+                "its training never saw goes on ([families.md](families.md)). `auto` leaves out a family that cannot "
+                "fit or fails (summary `families_left_out`); a single family you name fails the run instead. A sweep "
+                "(`tune`) trains one family per trial and searches the family when there are several")
+    hidden_sizes: list[int] = key(doc="mlp: the hidden layers' widths", default_factory=lambda: [256, 128])
+    dropout: float = key(0.3, "mlp: dropout after each hidden layer", ge=0.0, lt=1.0)
+    numeric_embedding: Literal["auto", "none", "periodic"] = key(
+        "auto", "mlp: `periodic` passes each continuous value (numbers, date parts) through a periodic embedding "
+                "(`rtdl_num_embeddings`' PLR: learned frequencies, sin and cos, a linear layer) before the layers; "
+                "`none`: the standardized value as it is; `auto`: periodic up to 1,000,000 training rows "
+                "([families.md](families.md#the-network))")
+    class_path: str | None = key(None, "torch: `package.module:ClassName` of your module, built as "
+                                       "`ClassName(in_features, out_features, **init_args)`")
+    init_args: dict[str, Any] = key(doc="torch: keyword arguments of your module's constructor", default_factory=dict)
+    allowed_class_paths: list[str] = key(
+        doc="module classes a model read from the registry or storage may import besides `model.class_path` (the "
+            "gate's champion, `predict --model`); any other is refused, never imported: storage someone else can write "
+            "to never chooses the code", default_factory=list)
+    params: BoosterParams = key(doc="the gradient-boosted trees' parameters (xgboost, lightgbm, catboost); a key no "
+                                    "trained family takes is refused", default_factory=BoosterParams)
+    ensemble: bool = key(True, "with two or more families: also a weighted ensemble of their best checkpoints (greedy "
+                               "ensemble selection on out-of-fold or validation predictions), a candidate beside them")
 
     @property
     def families(self) -> list[str]:
@@ -281,8 +317,10 @@ class ModelSection(_Section):
 class EarlyStoppingSection(_Section):
     """Stop when checkpoint.metric has not improved by min_delta for patience epochs."""
 
-    patience: int | Literal["auto", "off"] = "auto"  # auto: max(10, a tenth of the epoch budget)
-    min_delta: float = Field(1e-4, ge=0.0)
+    patience: int | Literal["auto", "off"] = key(
+        "auto", "epochs without an improvement of `checkpoint.metric` before stopping; `auto`: max(10, epochs / 10); "
+                "`off`: never stop early")
+    min_delta: float = key(1e-4, "the smallest change that counts as an improvement", ge=0.0)
 
     @field_validator("patience")
     @classmethod
@@ -293,27 +331,38 @@ class EarlyStoppingSection(_Section):
 
 
 class TrainSection(_Section):
-    # auto: from the training rows and the number of workers (trainer/budget.py); an explicit value wins
-    epochs: int | Literal["auto"] = "auto"
-    batch_size: int | Literal["auto"] = "auto"
-    learning_rate: float = Field(1e-3, gt=0.0)
-    weight_decay: float = Field(0.01, ge=0.0)  # AdamW's decoupled weight decay
-    schedule: Literal["cosine", "constant"] = "cosine"  # per step, after a linear warm-up
-    warmup_fraction: float = Field(0.05, ge=0.0, lt=1.0)
-    early_stopping: EarlyStoppingSection = Field(default_factory=EarlyStoppingSection)
-    class_weight: Literal["balanced"] | dict[str, float] | None = None
-    # the networks' training loss for classification: cross-entropy against labels smoothed by this much (validation
-    # metrics and early stopping read the plain loss)
-    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0)
-    # cross-fitting: each family trains this many fold models on the rows outside the test role, and their
-    # out-of-fold predictions make every choice; the served model averages them. auto: 5 folds up to 4,000 such rows
-    # (trainflow/folds.py), one validation split above
-    folds: int | Literal["auto"] = "auto"
-    # seconds for all of the training (every family and fold): shared out over the runs, each stopping with its best
-    # so far when its share is spent, and a family that cannot start in time left out (trainer/deadline.py). auto: no
-    # limit until the first family's runs end, then the others share what keeps all of the training within max(twice
-    # that time, 300 s); off: no limit
-    time_limit: float | Literal["auto", "off"] = "auto"
+    epochs: int | Literal["auto"] = key(
+        "auto", "the networks' most epochs (early stopping may end sooner); `auto`: about 4,000 optimizer steps per "
+                "worker, 10-300 epochs, from the training rows and the workers")
+    batch_size: int | Literal["auto"] = key(
+        "auto", "the networks' rows per optimizer step per worker; `auto`: rows per worker / 32 as a power of two, 16-512")
+    learning_rate: float = key(1e-3, "the networks' AdamW peak learning rate", gt=0.0)
+    weight_decay: float = key(0.01, "the networks' AdamW decoupled weight decay", ge=0.0)
+    schedule: Literal["cosine", "constant"] = key(
+        "cosine", "the networks' per-step learning rate after the warm-up: `cosine` (to 0 at the last epoch) or `constant`")
+    warmup_fraction: float = key(0.05, "the networks' linear warm-up, as a fraction of all steps", ge=0.0, lt=1.0)
+    early_stopping: EarlyStoppingSection = key(doc="the networks stop when `checkpoint.metric` stops improving",
+                                               default_factory=EarlyStoppingSection)
+    class_weight: Literal["balanced"] | dict[str, float] | None = key(
+        None, "classification: `balanced` (n / (classes x count), as scikit-learn) or `{class: weight}`; the loss of "
+              "`mlp` and `torch` takes it (the boosters do not, and say so in the log); their probabilities are "
+              "recalibrated (`calibration.method: auto`)")
+    label_smoothing: float = key(
+        0.0, "classification, the networks: train on cross-entropy against labels smoothed by this much; validation "
+             "metrics, early stopping and every choice read the plain loss", ge=0.0, lt=1.0)
+    folds: int | Literal["auto"] = key(
+        "auto", "cross-fitting: K (2-20) fold models per family on the non-test rows, each early-stopped on its own "
+                "held-out fold; their out-of-fold predictions choose the family, weight the ensemble and fit "
+                "calibration and the threshold, and the served model averages them; `1`: one validation split; `auto`: "
+                "5 folds up to 4,000 non-test rows, else 1 "
+                "([pipeline.md](pipeline.md#cross-fitting-every-non-test-row-trains-and-is-judged))")
+    time_limit: float | Literal["auto", "off"] = key(
+        "auto", "seconds for all of the training, every family and fold; in the families' order each may use the time "
+                "left, each of its runs the time left divided by the waves of its own runs still to start, and a run "
+                "stops adding epochs or rounds when its share is spent, keeping its best so far; a family whose runs "
+                "would get under 15 s each is left out with the reason; `auto`: no limit until the first family's runs "
+                "end, then the others share what keeps all of the training within max(twice that time, 300 s); `off`: "
+                "no limit ([families.md](families.md#one-time-budget))")
 
     @field_validator("time_limit")
     @classmethod
@@ -373,14 +422,21 @@ def workers_share_gpus(num_workers: int, use_gpu: bool, resources_per_worker: di
 
 
 class ScalingSection(_Section):
-    num_workers: int = Field(2, ge=0)
-    use_gpu: bool = False
-    resources_per_worker: dict[str, float] | None = None
-    accelerator_type: str | None = None
-    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
-    backend: Literal["gloo", "nccl", "hccl"] | None = None
-    env_vars: dict[str, str] = Field(default_factory=dict)
-    wait_for_resources: bool = False
+    num_workers: int = key(2, "Ray Train workers, each a process with a share of the data", ge=0)
+    use_gpu: bool = key(False, "one GPU per worker unless `resources_per_worker.GPU` says otherwise")
+    resources_per_worker: dict[str, float] | None = key(None, "e.g. `{CPU: 2, GPU: 0.5}`; GPU needs `use_gpu: true`",
+                                                        shown="Ray's default")
+    accelerator_type: str | None = key(None, "the GPU type the workers ask for, e.g. `A100`")
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = key(
+        "PACK", "how the workers are placed on the nodes: `PACK`, `SPREAD`, `STRICT_PACK`, `STRICT_SPREAD`")
+    backend: Literal["gloo", "nccl", "hccl"] | None = key(
+        None, "the networks' collective backend: `gloo`, `nccl` (needs `use_gpu`, and a whole GPU per worker when there "
+              "are several), `hccl`",
+        shown="Ray's: `nccl` with GPUs, `gloo` without; `gloo` for workers that share a GPU (NCCL refuses two ranks on "
+              "one device, \"Duplicate GPU detected\")")
+    env_vars: dict[str, str] = key(doc="environment of every Train worker, e.g. `{NCCL_SOCKET_IFNAME: eth0}`; shown "
+                                       "and logged with secret-looking values masked", default_factory=dict)
+    wait_for_resources: bool = key(False, "skip the pre-start fit check and wait for an autoscaler")
 
     @model_validator(mode="before")
     @classmethod
@@ -415,14 +471,20 @@ SEARCH_KINDS = {"loguniform": 2, "uniform": 2, "randint": 2, "choice": None, "gr
 
 
 class TuneSection(_Section):
-    num_samples: int = Field(4, ge=1)
-    max_concurrent_trials: int | None = Field(None, ge=1)
-    metric: str | None = None
-    mode: Literal["min", "max"] | None = None
-    scheduler: Literal["asha", "fifo"] = "asha"
-    grace_period: int = Field(1, ge=1)
-    reduction_factor: float = Field(2.0, gt=1.0)
-    search_space: dict[str, dict[str, list[Any]]] = Field(default_factory=dict)
+    num_samples: int = key(4, "trials, each a full Ray Train run", ge=1)
+    max_concurrent_trials: int | None = key(None, "the most trials at once", shown="as many as the cluster holds", ge=1)
+    metric: str | None = key(None, "what the sweep optimises", shown="`checkpoint.metric`")
+    mode: Literal["min", "max"] | None = key(None, "`min` or `max`", shown="from the metric")
+    scheduler: Literal["asha", "fifo"] = key("asha", "`asha` (early stopping over epochs) or `fifo`")
+    grace_period: int = key(1, "ASHA's minimum epochs", ge=1)
+    reduction_factor: float = key(2.0, "ASHA's halving rate", gt=1.0)
+    search_space: dict[str, dict[str, list[Any]]] = key(
+        doc="dotted config key → `{loguniform: [lo, hi]}`, `{uniform: [lo, hi]}`, `{randint: [lo, hi]}`, "
+            "`{choice: [...]}` or `{grid: [...]}`; left out: each family's own default space (the network: "
+            "`train.learning_rate`, `train.weight_decay`, `model.dropout`, `model.hidden_sizes`; the boosters: "
+            "`model.params.learning_rate`, `max_depth`, `subsample`, `reg_lambda`), the family searched too when there "
+            "are several; a key one family does not read is ignored by it",
+        shown="each family's default space", default_factory=dict)
 
     @field_validator("search_space")
     @classmethod
@@ -441,36 +503,43 @@ class TuneSection(_Section):
 
 
 class RaySection(_Section):
-    address: str | None = None  # an existing cluster ("auto", "ray://host:10001", "host:6379"); default: start one
-    runtime_env: dict[str, Any] | None = None
+    address: str | None = key(
+        None, "join an existing cluster (`auto`, `host:6379`, `ray://host:10001`)",
+        shown="`$RAY_ADDRESS`, else start a local Ray (a cluster `ray start` left on the machine is joined only when "
+              "named, e.g. `auto`)")
+    runtime_env: dict[str, Any] | None = key(None, "passed to `ray.init`, e.g. `{working_dir: .}` for a cluster "
+                                                   "without trainflow installed")
 
 
 class CheckpointSection(_Section):
-    num_to_keep: int | None = Field(3, ge=1)
-    metric: str = "val_loss"
-    mode: Literal["min", "max"] | None = None
-    # Each Ray Train report waits for the controller's poll (0.5 s here), so epochs shorter than this are
-    # grouped into one report; the best epoch of each group is always reported with its own checkpoint.
-    min_interval_s: float = Field(2.0, ge=0.0)
+    num_to_keep: int | None = key(3, "best checkpoints kept (the latest is always kept too)", ge=1)
+    metric: str = key("val_loss", "the metric that ranks checkpoints; must be reported for the task")
+    mode: Literal["min", "max"] | None = key(None, "`min` or `max`", shown="`min` for losses and errors, `max` otherwise")
+    # each Ray Train report waits for the controller's poll (0.5 s here)
+    min_interval_s: float = key(2.0, "epochs shorter than this are grouped into one Ray Train report; the best epoch "
+                                     "of each group is always reported with its checkpoint", ge=0.0)
 
 
 class PromotionSection(_Section):
-    metric: str | None = None
-    mode: Literal["min", "max"] | None = None
-    margin: float = Field(0.0, ge=0.0)
-    # the floor: a model scoring worse than this on promotion.metric is registered and tagged but never made
-    # @champion, the first one included (None: no floor)
-    min_score: float | None = None
-    # noise: the challenger must beat the champion (by more than margin) in at least this share of paired
-    # bootstrap resamples of the judged test rows (None: one comparison on the whole split decides)
-    confidence: float | None = Field(0.95, gt=0.0, lt=1.0)
-    # slices: every metric per value of each column on the validation split; a challenger whose promotion.metric
-    # falls more than max_slice_drop below the champion's on any slice of at least min_slice_rows rows is rejected
-    slices: list[str] = Field(default_factory=list)
-    max_slice_drop: float | None = Field(None, ge=0.0)
-    min_slice_rows: int = Field(30, ge=1)
-    # the fewest test rows, held out from both the challenger and the champion, that a promotion may rest on
-    min_test_rows: int = Field(30, ge=1)
+    metric: str | None = key(None, "the metric of the champion/challenger gate, scored on the test rows",
+                             shown="`checkpoint.metric` (`val_loss` if that is `train_loss`)")
+    mode: Literal["min", "max"] | None = key(None, "`min` or `max`", shown="from the metric")
+    margin: float = key(0.0, "the challenger must beat the champion by more than this", ge=0.0)
+    min_score: float | None = key(
+        None, "the floor: a model worse than this on `promotion.metric` is registered and tagged "
+              "(`trainflow.promotion.floor`) but never made `@champion`, the first one included; with no champion yet "
+              "nothing is predicted")
+    confidence: float | None = key(
+        0.95, "the challenger must beat the champion by more than the margin in at least this share of 100 paired "
+              "bootstrap resamples of the judged test rows (about 5% false promotions, `python -m bench "
+              "gate-honesty`); `null`: one comparison on the whole split decides", gt=0.0, lt=1.0)
+    slices: list[str] = key(doc="columns whose values slice the test rows: every metric per value, with row counts",
+                            default_factory=list)
+    max_slice_drop: float | None = key(None, "reject a challenger whose `promotion.metric` is more than this worse "
+                                             "than the champion's on any slice of `min_slice_rows` rows or more", ge=0.0)
+    min_slice_rows: int = key(30, "slices with fewer rows are reported, not judged", ge=1)
+    min_test_rows: int = key(30, "the fewest test rows, held out from both the challenger and the champion, that a "
+                                 "promotion may rest on; fewer: not promoted", ge=1)
 
     @field_validator("margin", "min_score")
     @classmethod
@@ -486,11 +555,15 @@ class CalibrationSection(_Section):
     max_ece, the family's method (a temperature for networks, Platt scaling for boosters' two classes), kept only
     when it lowers the ECE; temperature | platt: always that one; none: never."""
 
-    method: Literal["auto", "temperature", "platt", "none"] = "auto"
-    max_ece: float = Field(0.03, ge=0.0, le=1.0)
-    # two classes: the `prediction` column is the positive class when its probability reaches this threshold;
-    # f1: the one that maximises F1 on the validation split; none: the most probable class
-    decision_threshold: Literal["none", "f1"] | float = "none"
+    method: Literal["auto", "temperature", "platt", "none"] = key(
+        "auto", "classification: `auto` recalibrates on the out-of-fold or validation predictions when "
+                "`train.class_weight` is set or their expected calibration error is above `max_ece` (a temperature for "
+                "networks, Platt scaling for boosters; kept only when it lowers the ECE); `temperature`, `platt`, `none`")
+    max_ece: float = key(0.03, "`auto` recalibrates above this expected calibration error", ge=0.0, le=1.0)
+    decision_threshold: Literal["none", "f1"] | float = key(
+        "none", "two classes: the `prediction` column is the positive class when its probability reaches this; `f1`: "
+                "the threshold that maximises F1 on the out-of-fold or validation predictions; `none`: the most "
+                "probable class")
 
     @field_validator("decision_threshold")
     @classmethod
@@ -501,16 +574,18 @@ class CalibrationSection(_Section):
 
 
 class FailureSection(_Section):
-    max_failures: int = Field(2, ge=-1)
-    # a worker with no progress (no mini-batch, no report) for this long is killed and the group restarted;
-    # auto: 20x the longest gap between progress marks measured so far in this attempt, at least 60 s
-    # (120 s until the first mark: start-up and the first block)
-    hang_timeout_s: float | Literal["auto"] | None = "auto"
-    task_retries: int = Field(2, ge=0)
-    retry_delay_s: float = Field(5.0, ge=0)
-    # how long Ray Train waits for a worker group to start (its default, 60 s, expired on a loaded 2-core machine
-    # after a worker died, twice in a row); a group that truly cannot be placed is caught before training
-    worker_start_timeout_s: float = Field(180.0, gt=0)
+    max_failures: int = key(2, "Ray Train worker-group restarts (`-1`: unlimited)", ge=-1)
+    hang_timeout_s: float | Literal["auto"] | None = key(
+        "auto", "a worker with no progress this long is killed and the group restarted (`null`: never); `auto`: 20x "
+                "the longest gap between progress marks (mini-batches, blocks, reports, boosting rounds) measured in "
+                "that attempt, at least 60 s, and 120 s until the first mark; a run whose attempts all stall ends with "
+                "an error naming what to change (not retried)")
+    task_retries: int = key(2, "Prefect retries of the `train` task once Ray Train gives up", ge=0)
+    retry_delay_s: float = key(5.0, "seconds between those retries", ge=0)
+    worker_start_timeout_s: float = key(
+        180.0, "seconds Ray Train waits for a worker group to start before that attempt fails (Ray's own default, "
+               "60 s, expired on a loaded two-core machine after a worker died); a group that cannot be placed at all "
+               "is caught before training", gt=0)
 
     @field_validator("hang_timeout_s")
     @classmethod
@@ -523,46 +598,59 @@ class FailureSection(_Section):
 class ValidationSection(_Section):
     """Checks of the training data against the current champion's training baseline, before any training."""
 
-    on_anomaly: Literal["fail", "warn"] = "fail"
-    min_row_ratio: float = Field(0.5, ge=0.0, le=1.0)  # training rows below this share of the champion's: a collapse
-    max_null_increase: float = Field(0.1, ge=0.0, le=1.0)  # a column's null rate rising by more than this
-    max_label_shift: float = Field(0.1, ge=0.0, le=1.0)  # class shares (L-infinity); a number label: Jensen-Shannon
-    max_numeric_drift: float = Field(0.2, ge=0.0, le=1.0)  # Jensen-Shannon divergence (base 2) of a number's distribution
-    max_category_drift: float = Field(0.2, ge=0.0, le=1.0)  # L-infinity distance of a text column's category shares
-    min_rows: int = Field(100, ge=1)  # distributions of fewer training rows are not judged (row count and columns are)
+    on_anomaly: Literal["fail", "warn"] = key(
+        "fail", "`fail` or `warn` when the training data departs from the champion's "
+                "([monitoring.md](monitoring.md) lists the checks)")
+    min_row_ratio: float = key(0.5, "training rows below this share of the champion's are a collapse", ge=0.0, le=1.0)
+    max_null_increase: float = key(0.1, "a column's null rate rising by more than this is an anomaly", ge=0.0, le=1.0)
+    max_label_shift: float = key(0.1, "class shares moving by more than this (L-infinity; a number label: "
+                                      "Jensen-Shannon) is an anomaly", ge=0.0, le=1.0)
+    max_numeric_drift: float = key(0.2, "a number column's Jensen-Shannon divergence (base 2) above this is an anomaly",
+                                   ge=0.0, le=1.0)
+    max_category_drift: float = key(0.2, "a text column's category shares moving by more than this (L-infinity) is an "
+                                         "anomaly", ge=0.0, le=1.0)
+    min_rows: int = key(100, "distributions of fewer training rows are not judged (the row count and columns are)", ge=1)
 
 
 class MonitorSection(_Section):
     """Live performance once labels arrive (trainflow monitor)."""
 
-    max_drop: float = Field(0.05, ge=0.0)  # degraded: promotion.metric worse than the version's validation score by more
-    min_rows: int = Field(100, ge=1)  # no verdict (ok or degraded) from fewer labelled predictions than this
+    max_drop: float = key(0.05, "degraded when the live (or, before labels, estimated) `promotion.metric` is worse "
+                                "than the version's held-out score by more", ge=0.0)
+    min_rows: int = key(100, "the fewest labelled predictions a verdict (ok or degraded) rests on; fewer are reported "
+                             "without one", ge=1)
 
 
 class MlflowSection(_Section):
-    tracking_uri: str | None = None
-    experiment: str = "trainflow"
-    registered_model: str = "trainflow-model"
+    tracking_uri: str | None = key(None, "the MLflow tracking server or store",
+                                   shown="`$MLFLOW_TRACKING_URI`, else `sqlite:///<storage_path>/../mlflow.db`")
+    experiment: str = key("trainflow", "the MLflow experiment of the runs")
+    registered_model: str = key("trainflow-model", "the registered model: its versions, and the `@champion` alias the "
+                                                   "gate moves")
 
 
 class DriftSection(_Section):
     """Drift of a scoring table from the serving model's training baseline, per feature (TFDV's measures)."""
 
-    enabled: bool = True
-    numeric_threshold: float = Field(0.1, gt=0.0, le=1.0)  # Jensen-Shannon divergence, base 2 (0 same, 1 disjoint)
-    categorical_threshold: float = Field(0.1, gt=0.0, le=1.0)  # L-infinity distance of the category frequencies
-    min_rows: int = Field(100, ge=1)  # fewer scoring rows are reported as too few, not judged
+    enabled: bool = key(True, "measure drift in the prediction pass")
+    numeric_threshold: float = key(0.1, "a number feature drifts above this Jensen-Shannon divergence (base 2; 0 "
+                                        "same, 1 disjoint)", gt=0.0, le=1.0)
+    categorical_threshold: float = key(0.1, "a text feature drifts above this L-infinity distance of its category "
+                                            "frequencies", gt=0.0, le=1.0)
+    min_rows: int = key(100, "fewer scoring rows are reported as too few, not judged", ge=1)
 
 
 class InferenceSection(_Section):
-    input: str | None = None
-    # a text value the model never saw: predict with the "unknown" code and count it, or fail the run
-    on_unseen: Literal["unknown", "error"] = "unknown"
-    output: str | None = None
-    batch_size: int = Field(4096, ge=1)
-    num_actors: int = Field(1, ge=1)
-    use_gpu: bool = False
-    drift: DriftSection = Field(default_factory=DriftSection)
+    input: str | None = key(None, "the table to score after each retrain (give both input and output, or neither)")
+    on_unseen: Literal["unknown", "error"] = key(
+        "unknown", "a text value never seen in training: predict with the unknown code and count it (`unknown`), or "
+                   "fail the run (`error`)")
+    output: str | None = key(None, "the Parquet output folder (local or URI)")
+    batch_size: int = key(4096, "rows per inference batch", ge=1)
+    num_actors: int = key(1, "inference actors, for a table too large to score in the calling process", ge=1)
+    use_gpu: bool = key(False, "each inference actor asks for a GPU and predicts on it")
+    drift: DriftSection = key(doc="drift of the scoring table from the model's training baseline, per feature",
+                              default_factory=DriftSection)
 
     @model_validator(mode="after")
     def _both_or_neither(self) -> InferenceSection:
@@ -572,24 +660,38 @@ class InferenceSection(_Section):
 
 
 class Config(_Section):
-    data: DataSection
-    task: Literal["classification", "regression"]
-    split: SplitSection = Field(default_factory=SplitSection)
-    preprocess: PreprocessSection = Field(default_factory=PreprocessSection)
-    model: ModelSection = Field(default_factory=ModelSection)
-    train: TrainSection = Field(default_factory=TrainSection)
-    scaling: ScalingSection = Field(default_factory=ScalingSection)
-    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
-    failure: FailureSection = Field(default_factory=FailureSection)
-    promotion: PromotionSection = Field(default_factory=PromotionSection)
-    calibration: CalibrationSection = Field(default_factory=CalibrationSection)
-    validation: ValidationSection = Field(default_factory=ValidationSection)
-    monitor: MonitorSection = Field(default_factory=MonitorSection)
-    storage_path: str = "runs"
-    mlflow: MlflowSection = Field(default_factory=MlflowSection)
-    ray: RaySection = Field(default_factory=RaySection)
-    tune: TuneSection | None = None
-    inference: InferenceSection = Field(default_factory=InferenceSection)
+    data: DataSection = key(doc="the training table: where it is, its label, features and id column")
+    task: Literal["classification", "regression"] = key(
+        doc="`classification` or `regression`; may be left out when the label decides it: text or true/false values "
+            "are classes, fractional numbers a quantity, two distinct whole numbers a binary class (more whole "
+            "numbers: set it)", shown="from the label")
+    split: SplitSection = key(doc="the seeded test/validation/train split of the rows", default_factory=SplitSection)
+    preprocess: PreprocessSection = key(doc="how text and date columns become features",
+                                        default_factory=PreprocessSection)
+    model: ModelSection = key(doc="the model families and their settings", default_factory=ModelSection)
+    train: TrainSection = key(doc="the training: folds, the time limit, and the networks' epochs, batch size, optimizer "
+                                  "and schedule (sized to the table by default)", default_factory=TrainSection)
+    scaling: ScalingSection = key(doc="Ray Train's workers: how many, CPU or GPU, resources per worker",
+                                  default_factory=ScalingSection)
+    checkpoint: CheckpointSection = key(doc="which checkpoints are kept and which one is best",
+                                        default_factory=CheckpointSection)
+    failure: FailureSection = key(doc="retries of failed workers and tasks, and the hang watchdog",
+                                  default_factory=FailureSection)
+    promotion: PromotionSection = key(doc="the champion gate: when a new version becomes `@champion`",
+                                      default_factory=PromotionSection)
+    calibration: CalibrationSection = key(doc="classification: probabilities recalibrated where training distorted them, "
+                                              "and the decision threshold", default_factory=CalibrationSection)
+    validation: ValidationSection = key(doc="checks of the training data against the champion's training baseline, "
+                                            "before any training", default_factory=ValidationSection)
+    monitor: MonitorSection = key(doc="the served model's performance, measured once labels arrive and estimated "
+                                      "before (`trainflow monitor`)", default_factory=MonitorSection)
+    storage_path: str = key("runs", "where Ray Train writes runs and checkpoints (local or URI); the root folder and "
+                                    "the home folder are refused")
+    mlflow: MlflowSection = key(doc="MLflow tracking and the model registry", default_factory=MlflowSection)
+    ray: RaySection = key(doc="the Ray cluster to use", default_factory=RaySection)
+    tune: TuneSection | None = key(None, "a Ray Tune sweep (`trainflow tune`)", shown="the sweep's defaults")
+    inference: InferenceSection = key(doc="batch inference after a retrain (and `trainflow predict`)",
+                                      default_factory=InferenceSection)
     # the config file's folder (load_config), which an output must not replace; not part of the config's data
     _source_dir: str | None = PrivateAttr(default=None)
     # why `task` is what it is, when the config left it out and the label decided it

@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 import yaml
 
 from trainflow.config import config_from_dict, infer_format, load_yaml
+from trainflow.config_schema import brief, default_of
 from trainflow.errors import ConfigError
 from trainflow.storage import is_uri
 from trainflow.tables import infer_task, open_dataset
@@ -30,6 +31,29 @@ def _comment(text: str) -> str:
     """Text from outside (a path, a column name) safe inside a YAML comment: line breaks and control characters
     escaped, so nothing after them can become a key."""
     return json.dumps(text, ensure_ascii=False)[1:-1]
+
+
+def _wrapped(text: str, room: int) -> list[str]:
+    out, current = [], ""
+    for word in text.split():
+        if current and len(current) + 1 + len(word) > room:
+            out.append(current)
+            current = word
+        else:
+            current = f"{current} {word}".strip()
+    return out + [current]
+
+
+def _noted(line: str, note: str, width: int = 118, column: int = 34) -> list[str]:
+    """line with note as a comment from column on, wrapped onto comment lines of its own within width; a line too
+    long for that gets its comment on the lines above it."""
+    if len(line) >= column:
+        indent = " " * (len(line) - len(line.lstrip()))
+        return [f"{indent}# {part}" for part in _wrapped(note, width - len(indent) - 2)] + [line]
+    if not line:
+        return [f"# {part}" for part in _wrapped(note, width - 2)]
+    parts = _wrapped(note, width - column - 2)
+    return [f"{line.ljust(column)}# {parts[0]}"] + [f"{' ' * column}# {part}" for part in parts[1:]]
 
 
 def _guess_task(dataset, label: str) -> tuple[str, str]:
@@ -69,31 +93,29 @@ def scaffold(data: str, label: str, out: str) -> str:
     id_col = _id_column(schema, label)
     features = [n for n in schema.names if n not in (label, id_col)]
     rows = dataset.count_rows()
+    shown = ", ".join(_q(f) for f in features[:6]) + (", ..." if len(features) > 6 else "")
     lines = [
         f"# trainflow config for {_comment(path)}: {rows:,} rows, {len(schema.names)} columns; written by `trainflow init`.",
         "# Every key with its meaning: `trainflow config schema`; this file resolved: `trainflow config show --config FILE`;",
         "# every check short of training: `trainflow validate --config FILE`. Relative paths resolve against this folder.",
         "data:",
-        f"  path: {_q(where)}",
-        f"  label: {_q(label)}",
-        (f"  id_column: {_q(id_col)}                # carried into the predictions and the split's key" if id_col else
-         "  # id_column: ...                # a column carried into the predictions (and the split's key)"),
-        f"  # features: [{', '.join(_q(f) for f in features[:6])}{', ...' if len(features) > 6 else ''}]"
-        "   # default: every column but the label and id",
-        f"task: {task}                    # {_comment(task_comment)}",
+        *_noted(f"  path: {_q(where)}", brief("data.path")),
+        *_noted(f"  label: {_q(label)}", brief("data.label")),
+        *_noted(f"  id_column: {_q(id_col)}" if id_col else "  # id_column: ...", brief("data.id_column")),
+        *_noted(f"  # features: [{shown}]", f"default: {default_of('data.features')}"),
+        *_noted(f"task: {task}", _comment(task_comment)),
         "model:",
-        "  type: auto                      # mlp, xgboost, lightgbm and catboost, each trained, and their weighted ensemble;",
-        "                                  # the best on the validation split goes on (one family, e.g. catboost, trains faster)",
-        "# train: the epochs, batch size and schedule are sized to the table; set train.epochs etc. to override",
+        *_noted("  type: auto", brief("model.type")),
+        *_noted("", f"train: {brief('train')}"),
         "scaling:",
-        "  num_workers: 2                  # Ray Train workers (each a process with a share of the data)",
-        "  use_gpu: false",
-        "storage_path: runs                # Ray Train runs and checkpoints; an existing run name resumes",
+        *_noted("  num_workers: 2", brief("scaling.num_workers")),
+        *_noted("  use_gpu: false", brief("scaling.use_gpu")),
+        *_noted("storage_path: runs", brief("storage_path")),
         "mlflow:",
-        "  # tracking_uri: sqlite:///mlflow.db   # default: mlflow.db beside storage_path",
-        f"  experiment: {stem}",
-        f"  registered_model: {stem}-model  # versions, and the @champion alias the gate moves",
-        "# inference:                      # after each retrain, the champion predicts every row of input",
+        *_noted("  # tracking_uri: ...", f"default: {default_of('mlflow.tracking_uri')}"),
+        *_noted(f"  experiment: {stem}", brief("mlflow.experiment")),
+        *_noted(f"  registered_model: {stem}-model", brief("mlflow.registered_model")),
+        *_noted("# inference:", brief("inference")),
         "#   input: path/to/score.parquet",
         f"#   output: predictions/{stem}",
     ]
