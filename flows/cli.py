@@ -350,7 +350,9 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
 
         preflight(config)  # the columns the config names, from the files' metadata: seconds, before anything starts
     from trainflow.flows.local import run_here
+    from trainflow.services import prefect_client_retries, wait_for_prefect
 
+    wait_for_prefect()  # a configured Prefect API that does not answer yet is waited for (services.prefect_wait_s)
     summary = run_here(args.command, config, args)  # small work with no Prefect API: answered here, in seconds
     if summary is not None:
         return summary
@@ -363,15 +365,11 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     if server is not None:
         server.join()
     params = {"config_path": str(Path(args.config).resolve()), "overrides": overrides or None}
-    if args.command == "retrain":
-        return flow(**params, run_name=args.run_name, force=args.force)
-    if args.command == "tune":
-        return flow(**params, run_name=args.run_name, resume=args.resume)
-    if args.command == "monitor":
-        return flow(**params, labels=args.labels)
-    if args.command == "validate":
-        return flow(**params)
-    return flow(**params, model=args.model)
+    named = {"retrain": ("run_name", "force"), "tune": ("run_name", "resume"), "monitor": ("labels",),
+             "validate": (), "predict": ("model",)}[args.command]
+    extra = {name: getattr(args, name) for name in named}
+    with prefect_client_retries():  # the API gone mid-run is waited out as long (services.prefect_wait_s)
+        return flow(**params, **extra)
 
 
 def _init(args: argparse.Namespace) -> None:
@@ -412,6 +410,9 @@ def _champion_command(args: argparse.Namespace) -> dict[str, Any]:
     config = load_config(args.config)
     uri, name = config.mlflow.tracking_uri, config.mlflow.registered_model
     if args.champion_command == "rollback":
+        from trainflow.services import wait_for_prefect
+
+        wait_for_prefect()  # the champion lock is the Prefect server's when one is configured
         return rollback(uri, name, args.to, args.reason, config.promotion.min_score, config.promotion.mode, args.force)
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
     if args.at:
@@ -513,6 +514,12 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, TrainflowError):
             print(f"trainflow: error: {redact_text(str(exc))}", file=sys.stderr)
             return 2
+        from trainflow.services import explain
+
+        absent = explain(exc)  # a service that stayed away longer than the run waits for it: named, exit 1
+        if absent is not None:
+            print(f"trainflow: failed: {redact_text(str(absent))}", file=sys.stderr)
+            return 1
         if args.debug:
             traceback.print_exc()
         print(f"trainflow: failed: {type(exc).__name__}: {redact_text(str(exc).splitlines()[0]) if str(exc) else ''}",

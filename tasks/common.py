@@ -12,6 +12,7 @@ from prefect.exceptions import MissingContextError
 
 from trainflow.errors import TrainflowError, disk_full
 from trainflow.runtime import stop_requested
+from trainflow.services import explain
 
 
 def png_data_uri(fig) -> tuple[bytes, str]:
@@ -31,7 +32,8 @@ def retry_unless_user_error(task, task_run, state) -> bool:
     except TrainflowError:
         return False
     except Exception as exc:  # noqa: BLE001 - anything else is infrastructure until proven otherwise
-        return not (stop_requested(exc) or disk_full(exc))
+        # a service that stayed away for its whole wait (services.*_wait_s) is not waited for again
+        return not (stop_requested(exc) or disk_full(exc) or explain(exc) is not None)
     return False
 
 

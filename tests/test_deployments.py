@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,6 +17,8 @@ from mlflow import MlflowClient
 
 from tests.conftest import churn_config, free_port
 from tests.faults import wait_registered
+from tests.servers import prefect_env, start as _start, stop as _stop
+from tests.servers import prefect_server as prefect_server_process
 from trainflow.trainer.recovery import read_events
 from trainflow.trainer.runner import checkpoints_on_disk
 
@@ -28,48 +29,14 @@ BIN = Path(sys.executable).parent
 POOL = "trainflow-process"
 
 
-def _start(args: list[str], env: dict[str, str], log: Path, cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        args, env=env, cwd=cwd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
-    )
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """Stop a process and everything it started (a worker's flow-run processes, the server's children)."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-
-
 @pytest.fixture(scope="module")
 def prefect_server(tmp_path_factory):
     """`prefect server start` on a free loopback port with its own PREFECT_HOME; the env to reach it."""
     home = tmp_path_factory.mktemp("prefect-home")
     port = free_port()
-    base = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "RAY_ADDRESS"}
-    base.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_LOGGING_LEVEL="INFO")
-    server = _start(
-        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        base, home / "server.log", home,
-    )
-    url = f"http://127.0.0.1:{port}/api"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if server.poll() is not None or time.monotonic() > deadline:
-            _stop(server)
-            pytest.fail(f"prefect server did not start:\n{(home / 'server.log').read_text()[-3000:]}")
-        time.sleep(0.5)
-    env = {**base, "PREFECT_API_URL": url, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "5"}
+    server = prefect_server_process(home, port)
+    env = {**prefect_env(home), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "PREFECT_WORKER_QUERY_SECONDS": "1",
+           "PREFECT_WORKER_PREFETCH_SECONDS": "5"}
     yield env
     _stop(server)
 

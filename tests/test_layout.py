@@ -14,7 +14,7 @@ FOLDERS = {"flows": "trainflow.flows", "tasks": "trainflow.tasks", "trainer": "t
 RANK = {"trainflow.flows": 5, "trainflow.tasks": 4, "trainflow.trainer": 3, "trainflow.preprocessors": 2.5}
 TABLES = {"trainflow.data", "trainflow.outputs"}
 TABLE_FILES = {"trainflow.tables"}
-BASE = {"trainflow.errors", "trainflow.storage", "trainflow.redact"}
+BASE = {"trainflow.errors", "trainflow.services", "trainflow.storage", "trainflow.redact"}
 
 
 def _modules() -> dict[str, Path]:

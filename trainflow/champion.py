@@ -146,7 +146,9 @@ def rollback(uri: str, name: str, version: str, reason: str, floor: float | None
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
     try:
         target = client.get_model_version(name, version)
-    except mlflow.exceptions.MlflowException:
+    except mlflow.exceptions.MlflowException as exc:
+        if exc.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            raise  # the registry failing (or gone away: trainflow.services) is no missing version
         raise ConfigError(f"rollback: {name} has no version {version!r} in {uri}") from None
     missed = below_the_floor(target, floor, mode)
     if missed and not force:

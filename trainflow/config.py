@@ -659,6 +659,22 @@ class InferenceSection(_Section):
         return self
 
 
+class ServicesSection(_Section):
+    """How long a run waits out a service that does not answer before it fails naming it (trainflow/services.py)."""
+
+    mlflow_wait_s: float = key(
+        300.0, "seconds a run waits for an MLflow tracking server (HTTP) that does not answer, retrying with growing "
+               "pauses and saying what it waits for, before failing with exit 1 naming it; a rerun resumes (MLflow's "
+               "client retries at most 10 times, 120 s apart: at most 1,080)", ge=0.0, le=1080.0)
+    prefect_wait_s: float = key(
+        300.0, "seconds a run waits for a configured Prefect API (`PREFECT_API_URL`) that does not answer, before it "
+               "starts and in the middle, before failing with exit 1 naming it", ge=0.0)
+    storage_wait_s: float = key(
+        300.0, "seconds trainflow's own reads and writes of an object store (`s3://`, `gs://`, ...) wait for it to "
+               "answer before the run fails with exit 1 naming it; Ray's workers read and write with their own "
+               "retries (a training run then resumes from its last checkpoint)", ge=0.0)
+
+
 class Config(_Section):
     data: DataSection = key(doc="the training table: where it is, its label, features and id column")
     task: Literal["classification", "regression"] = key(
@@ -692,6 +708,9 @@ class Config(_Section):
     tune: TuneSection | None = key(None, "a Ray Tune sweep (`trainflow tune`)", shown="the sweep's defaults")
     inference: InferenceSection = key(doc="batch inference after a retrain (and `trainflow predict`)",
                                       default_factory=InferenceSection)
+    services: ServicesSection = key(doc="how long a run waits out the MLflow server, the Prefect API and the object "
+                                        "store when they do not answer ([operations.md](operations.md))",
+                                    default_factory=ServicesSection)
     # the config file's folder (load_config), which an output must not replace; not part of the config's data
     _source_dir: str | None = PrivateAttr(default=None)
     # why `task` is what it is, when the config left it out and the label decided it
@@ -876,6 +895,7 @@ def config_from_dict(raw: dict[str, Any], base_dir: str | Path = ".", source: st
     if not isinstance(raw, dict):
         raise ConfigError(f"invalid config {source}: expected a mapping of sections, got {type(raw).__name__}")
     base = Path(base_dir).resolve()
+    _apply_waits(raw.get("services"), None)  # reading the table to infer the task already waits as the config says
     raw, task_note = _with_task(raw, base)
     try:
         cfg = Config.model_validate(raw)
@@ -901,10 +921,24 @@ def config_from_dict(raw: dict[str, Any], base_dir: str | Path = ".", source: st
         uri = _resolve(uri, base)
     cfg.mlflow.tracking_uri = uri
     cfg.ray.address = cfg.ray.address or os.environ.get("RAY_ADDRESS") or None
+    _apply_waits(cfg.services, uri)
     if cfg.tune is not None:
         _check_search_space(cfg, source)
     protect(cfg.to_dict())  # its secrets are masked in every log line from here on
     return cfg
+
+
+def _apply_waits(services: ServicesSection | dict | None, tracking_uri: str | None) -> None:
+    """This process waits out absent services for as long as the config says (an invalid section: the defaults, and
+    validation names the problem)."""
+    from trainflow import services as waits
+
+    if not isinstance(services, ServicesSection):
+        try:
+            services = ServicesSection.model_validate(services or {})
+        except ValidationError:
+            services = ServicesSection()
+    waits.apply(services.mlflow_wait_s, services.prefect_wait_s, services.storage_wait_s, tracking_uri)
 
 
 def _with_task(raw: dict[str, Any], base: Path) -> tuple[dict[str, Any], str | None]:

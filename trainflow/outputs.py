@@ -14,11 +14,13 @@ Every output carries a manifest, `_trainflow_output.json` (model, rows, time, fi
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import datetime as dt
 import errno
 import json
+import logging
 import os
 import re
 import shutil
@@ -31,7 +33,10 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from trainflow.errors import DataError
+from trainflow.services import is_down, patient_storage
 from trainflow.storage import filesystem_for, is_uri
+
+log = logging.getLogger("trainflow.outputs")
 
 MANIFEST = "_trainflow_output.json"
 GENERATION = re.compile(r"^gen-\d{8}T\d{6}-[0-9a-f]{12}$")
@@ -98,10 +103,18 @@ def check_overlap(output: str, protected: list[tuple[str, str, bool]]) -> None:
 def read_manifest(output: str) -> dict[str, Any] | None:
     """The output's manifest, or None when there is none (or it is not trainflow's)."""
     fs, inner = filesystem_for(output)
-    try:
+
+    def read() -> bytes:
         with fs.open_input_stream(f"{inner.rstrip('/')}/{MANIFEST}") as f:
-            data = json.loads(f.read().decode())
-    except (FileNotFoundError, OSError, ValueError):
+            return f.read()
+
+    try:
+        data = json.loads((patient_storage(read, output) if is_uri(output) else read()).decode())
+    except (FileNotFoundError, ValueError):
+        return None
+    except OSError as exc:
+        if is_down(exc):
+            raise
         return None
     return data if isinstance(data, dict) and data.get("trainflow_output") == 1 else None
 
@@ -257,13 +270,20 @@ def _write_object_store(ds, fs: pafs.FileSystem, inner: str, output: str, expect
             f.write(_manifest(rel, written, meta, generation))
         committed = True
     finally:
-        if not committed:
-            fs.delete_dir_contents(prefix, missing_dir_ok=True)
+        if not committed:  # a store gone away keeps them: the next write removes every generation its manifest lacks
+            with contextlib.suppress(OSError):
+                fs.delete_dir_contents(prefix, missing_dir_ok=True)
     # after the commit: the generations the manifest no longer names (the previous one, and any a crashed
-    # write left) are trainflow's own, by their name under a trainflow output
-    for info in fs.get_file_info(pafs.FileSelector(inner)):
-        if info.type == pafs.FileType.Directory and GENERATION.match(info.base_name) and info.base_name != generation:
-            fs.delete_dir(info.path)
+    # write left) are trainflow's own, by their name under a trainflow output; a store gone away after the commit
+    # leaves them to the next write
+    try:
+        for info in fs.get_file_info(pafs.FileSelector(inner)):
+            if info.type == pafs.FileType.Directory and GENERATION.match(info.base_name) and info.base_name != generation:
+                fs.delete_dir(info.path)
+    except OSError as exc:
+        if not is_down(exc):
+            raise
+        log.warning("the output %s is committed; its earlier generations stay until the next write (%s)", output, exc)
     return written
 
 
@@ -286,4 +306,5 @@ def write_output(ds, output: str, expected_rows: int, meta: dict[str, Any], conf
             check_owned(output)
         if isinstance(fs, pafs.LocalFileSystem):
             return _write_local(ds, fs, inner, expected_rows, meta)
-        return _write_object_store(ds, fs, inner, output, expected_rows, meta)
+        # each try writes a generation of its own, and only its manifest's one PUT makes it the output
+        return patient_storage(lambda: _write_object_store(ds, fs, inner, output, expected_rows, meta), output)

@@ -21,6 +21,20 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from trainflow.errors import DataError
+from trainflow.services import patient_storage
+
+
+def _patient(fn):
+    """fn(uri, ...) with an object store's absence waited out (services.storage_wait_s); local paths as they are."""
+    import functools
+
+    @functools.wraps(fn)
+    def call(uri: str, *args, **kwargs):
+        if not is_uri(uri):
+            return fn(uri, *args, **kwargs)
+        return patient_storage(lambda: fn(uri, *args, **kwargs), uri)
+
+    return call
 
 
 def is_uri(path: str) -> bool:
@@ -49,24 +63,27 @@ def join(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
 
 
+@_patient
 def read_text(uri: str) -> str:
     fs, inner = filesystem_for(uri)
     with fs.open_input_stream(inner) as f:
         return f.read().decode()
 
 
+@_patient
 def read_bytes(uri: str) -> bytes:
     fs, inner = filesystem_for(uri)
     with fs.open_input_stream(inner) as f:
         return f.read()
 
 
+@_patient
 def replace_bytes(uri: str, data: bytes) -> None:
     """Write a file whole under a temporary name of this writer's own, then move it over uri: a reader never sees
     half of it, and two writers at once never share a temporary file (the last move wins, whole)."""
     fs, inner = filesystem_for(uri)
     suffix = f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    write_bytes(uri + suffix, data)
+    write_bytes.__wrapped__(uri + suffix, data)  # this call as a whole waits out the store's absence
     try:
         fs.move(inner + suffix, inner)
     except BaseException:
@@ -79,6 +96,7 @@ def write_text(uri: str, text: str) -> None:
     write_bytes(uri, text.encode())
 
 
+@_patient
 def write_bytes(uri: str, data: bytes) -> None:
     """Write a small file whole (object stores have no append); parents are created as needed."""
     fs, inner = filesystem_for(uri)
@@ -87,6 +105,7 @@ def write_bytes(uri: str, data: bytes) -> None:
         f.write(data)
 
 
+@_patient
 def list_dir(uri: str) -> list[tuple[str, bool]]:
     """(name, is_dir) of the entries directly under uri; empty when it does not exist."""
     fs, inner = filesystem_for(uri)
@@ -140,6 +159,7 @@ def private_dir(prefix: str) -> str:
         return tempfile.mkdtemp(prefix=prefix, dir=_PRIVATE_ROOT)
 
 
+@_patient
 def private_copy(uri: str) -> str:
     """A copy of the folder at uri (local or in storage) that only this process can change: what is checked in it
     is what every later step reads, whatever happens to the original meanwhile (a shared bucket, a shared disk)."""
@@ -162,6 +182,13 @@ def localize(uri: str) -> str:
 
 def upload_dir(local: str, uri: str) -> None:
     """Copy a local folder's files under uri; parents are created as needed."""
+    if is_uri(uri):
+        patient_storage(lambda: _upload_dir(local, uri), uri)
+    else:
+        _upload_dir(local, uri)
+
+
+def _upload_dir(local: str, uri: str) -> None:
     fs, inner = filesystem_for(uri)
     fs.create_dir(inner, recursive=True)
     pafs.copy_files(local, inner, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)

@@ -25,7 +25,16 @@ GLOB_CHARS = "*?["
 
 
 def list_files(path: str, fmt: str) -> tuple[pafs.FileSystem, list[str]]:
-    """Expand a file, folder or glob into the sorted data files it names; DataError if none."""
+    """Expand a file, folder or glob into the sorted data files it names; DataError if none. An object store that
+    does not answer is waited for (services.storage_wait_s)."""
+    if is_uri(path):
+        from trainflow.services import patient_storage
+
+        return patient_storage(lambda: _list_files(path, fmt), path)
+    return _list_files(path, fmt)
+
+
+def _list_files(path: str, fmt: str) -> tuple[pafs.FileSystem, list[str]]:
     fs, inner = filesystem_for(path)
     if any(ch in inner for ch in GLOB_CHARS):
         base = inner[: min(inner.find(ch) for ch in GLOB_CHARS if ch in inner)].rsplit("/", 1)[0] or "/"

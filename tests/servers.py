@@ -1,0 +1,75 @@
+"""Real servers on loopback for the tests: `prefect server start` and `mlflow server`, each in a process group of
+its own that a test can stop (a service gone away) and start again on the same port and store."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+
+
+def start(args: list[str], env: dict[str, str], log: Path, cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        args, env=env, cwd=cwd, stdout=log.open("a"), stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Stop a process and everything it started (a worker's flow-run processes, the server's children)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop(proc)
+            pytest.fail(f"{url} did not answer:\n{log.read_text()[-3000:]}")
+        time.sleep(0.25)
+
+
+def prefect_env(home: Path) -> dict[str, str]:
+    """This environment without Prefect's settings (and Ray's address), with a Prefect home of its own."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "RAY_ADDRESS"}
+    base.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_LOGGING_LEVEL="INFO")
+    return base
+
+
+def prefect_server(home: Path, port: int) -> subprocess.Popen:
+    """`prefect server start` on 127.0.0.1:port with its database under home, once it answers."""
+    proc = start([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                 prefect_env(home), home / "server.log", home)
+    wait_healthy(f"http://127.0.0.1:{port}/api/health", proc, home / "server.log")
+    return proc
+
+
+def mlflow_server(folder: Path, port: int) -> subprocess.Popen:
+    """`mlflow server` on 127.0.0.1:port, its store a SQLite file and its artifacts a folder under folder (without
+    MLflow's job consumers, which this suite does not use), once it answers."""
+    folder.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    proc = start([str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}",
+                  "--artifacts-destination", str(folder / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+                  "--workers", "1"], env, folder / "server.log", folder)
+    wait_healthy(f"http://127.0.0.1:{port}/health", proc, folder / "server.log")
+    return proc

@@ -1,0 +1,188 @@
+"""Services that go away for longer than their clients retry: a real `mlflow server`, `prefect server start` and
+moto's S3 server on loopback, each stopped while trainflow needs it. Within its wait (services.*_wait_s) the run
+says what it waits for and completes when the service is back; past it the run fails with exit 1 naming the service,
+having moved or written nothing (the same command completing once the service is back is the first half). Waits are shortened to seconds here;
+`python -m bench outage-soak` does the same with minutes-long outages."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+
+import mlflow
+import pytest
+import yaml
+
+from tests.conftest import BUCKET, churn_config, free_port, write_config
+from tests.servers import BIN, mlflow_server, prefect_env, prefect_server, stop
+from trainflow.flows.cli import main as cli_main
+from trainflow.sample import make_churn_table
+from trainflow.tracking import CHAMPION
+
+
+def _later(seconds: float, start):
+    """start() on a thread after seconds: the service coming back while the command waits."""
+    box: dict = {}
+
+    def run() -> None:
+        time.sleep(seconds)
+        box["server"] = start()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, box
+
+
+def _registry(client: mlflow.MlflowClient, name: str, versions: int) -> None:
+    client.create_registered_model(name)
+    experiment = client.create_experiment("outage")
+    for _ in range(versions):
+        run = client.create_run(experiment)
+        client.log_text(run.info.run_id, "a model", "model/MLmodel")
+        client.create_model_version(name, f"{run.info.artifact_uri}/model", run_id=run.info.run_id)
+        client.set_terminated(run.info.run_id)
+
+
+def _champion(client: mlflow.MlflowClient, name: str) -> str:
+    return str(client.get_model_version_by_alias(name, CHAMPION).version)
+
+
+def test_an_mlflow_server_away_is_waited_for_within_its_wait_and_named_past_it(tmp_path, capsys, caplog):
+    port = free_port()
+    uri, folder = f"http://127.0.0.1:{port}", tmp_path / "mlflow"
+    server = mlflow_server(folder, port)
+    client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+    _registry(client, "m", 3)
+    client.set_registered_model_alias("m", CHAMPION, "3")
+    raw = {"data": {"path": str(tmp_path / "t.parquet"), "label": "y"}, "task": "regression",
+           "mlflow": {"tracking_uri": uri, "registered_model": "m"}, "services": {"mlflow_wait_s": 60}}
+    cfg = write_config(tmp_path, raw)
+    rollback = ["champion", "rollback", "--config", str(cfg), "--reason", "v3 mislabels refunds"]
+
+    # away for a few seconds, within the wait: the rollback says what it waits for, then completes
+    stop(server)
+    thread, box = _later(1, lambda: mlflow_server(folder, port))
+    caplog.set_level("WARNING", logger="trainflow.services")
+    try:
+        assert cli_main([*rollback, "--to", "1"]) == 0, capsys.readouterr().err
+    finally:
+        thread.join()
+    server = box["server"]
+    said = [r.getMessage() for r in caplog.records if r.name == "trainflow.services"]
+    assert any(f"waiting for the MLflow tracking server at {uri}" in m and "services.mlflow_wait_s" in m
+               for m in said), said
+    assert _champion(client, "m") == "1"
+
+    # away for longer than the wait: exit 1 naming the server and the key, nothing moved; back, the rerun moves it
+    raw["services"]["mlflow_wait_s"] = 3
+    write_config(tmp_path, raw)
+    stop(server)
+    capsys.readouterr()
+    started = time.monotonic()
+    assert cli_main([*rollback, "--to", "2"]) == 1
+    err = capsys.readouterr().err
+    assert f"the MLflow tracking server at {uri} did not answer" in err and "services.mlflow_wait_s" in err, err
+    assert time.monotonic() - started < 30  # bounded by the wait, not MLflow's default four minutes
+    stored = f"sqlite:///{folder / 'mlflow.db'}"  # the server's own store, read while it is away
+    assert _champion(mlflow.MlflowClient(tracking_uri=stored, registry_uri=stored), "m") == "1"
+
+
+def test_a_prefect_api_away_is_waited_for_before_the_run_and_named_past_its_wait(tmp_path):
+    home, port = tmp_path / "prefect", free_port()
+    home.mkdir()
+    server = prefect_server(home, port)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(tracking_uri=store, registry_uri=store)
+    client.create_registered_model("m")
+    (tmp_path / "model").mkdir()
+    for _ in range(3):
+        client.create_model_version("m", str(tmp_path / "model"))
+    client.set_registered_model_alias("m", CHAMPION, "3")
+    raw = {"data": {"path": str(tmp_path / "t.parquet"), "label": "y"}, "task": "regression",
+           "mlflow": {"tracking_uri": store, "registered_model": "m"}, "services": {"prefect_wait_s": 90}}
+    cfg = write_config(tmp_path, raw)
+    env = {**prefect_env(home), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
+
+    def rollback(to: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(BIN / "trainflow"), "champion", "rollback", "--config", str(cfg), "--to", to,
+                               "--reason", "v3 mislabels refunds"], env=env, capture_output=True, text=True, timeout=240)
+
+    # the API away when the command starts (Prefect's client retries only after a first connection): trainflow
+    # waits for it, saying so, and the rollback goes through the Prefect server's lock once it is back
+    stop(server)
+    thread, box = _later(1, lambda: prefect_server(home, port))
+    try:
+        done = rollback("1")
+    finally:
+        thread.join()
+    server = box["server"]
+    try:
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert f"waiting for the Prefect API at http://127.0.0.1:{port}/api" in done.stderr, done.stderr[-3000:]
+        assert _champion(client, "m") == "1"
+
+        # away for longer than the wait: exit 1 naming the API and the key; nothing moved
+        raw["services"]["prefect_wait_s"] = 3
+        write_config(tmp_path, raw)
+        stop(server)
+        failed = rollback("2")
+        assert failed.returncode == 1, failed.stderr[-3000:]
+        assert f"the Prefect API at http://127.0.0.1:{port}/api did not answer" in failed.stderr
+        assert "services.prefect_wait_s" in failed.stderr and _champion(client, "m") == "1"
+    finally:
+        stop(server)
+
+
+def _moto(port: int):
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    return server
+
+
+@pytest.mark.usefixtures("prefect_harness", "ray_local")
+def test_an_object_store_away_is_waited_for_and_named_past_its_wait(tmp_path, capsys, caplog, monkeypatch):
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    for key, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                       "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(key, value)
+    moto = _moto(port)
+    fs = pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", allow_bucket_creation=True)
+    fs.create_dir(BUCKET)
+    pq.write_table(make_churn_table(400, seed=4), f"{BUCKET}/churn.parquet", filesystem=fs)
+    cfg = churn_config(tmp_path, rows=50)
+    raw = yaml.safe_load(cfg.read_text())
+    raw["data"]["path"] = f"s3://{BUCKET}/churn.parquet"
+    raw["services"] = {"storage_wait_s": 60}
+    write_config(tmp_path, raw)
+    caplog.set_level("WARNING", logger="trainflow.services")
+    try:
+        # away when validate reads the table, for longer than pyarrow's own retries (about 6 s): it waits, saying
+        # so, and validates once the store is back
+        moto.stop()
+        thread, box = _later(9, lambda: _moto(port))
+        try:
+            assert cli_main(["validate", "--config", str(cfg)]) == 0, capsys.readouterr().err
+        finally:
+            thread.join()
+        moto = box["server"]
+        said = [r.getMessage() for r in caplog.records if r.name == "trainflow.services"]
+        assert any(f"waiting for the object store at {endpoint}" in m and "services.storage_wait_s" in m
+                   for m in said), said
+
+        # away for longer than the wait: exit 1 naming the store, before anything starts
+        raw["services"]["storage_wait_s"] = 2
+        write_config(tmp_path, raw)
+        moto.stop()
+        capsys.readouterr()
+        assert cli_main(["validate", "--config", str(cfg)]) == 1
+        err = capsys.readouterr().err
+        assert f"the object store at {endpoint}" in err and "services.storage_wait_s" in err, err
+    finally:
+        moto.stop()
