@@ -21,7 +21,7 @@ from trainflow.trainer.families import FAMILY_MODULES, REGISTRY
 MODEL_CODE = str(Path(importlib.util.find_spec("trainflow.trainer").origin).with_name("pyfunc_model.py"))
 # what MODEL_CODE imports to serve a checkpoint of any family: no Ray, Prefect or MLflow code of trainflow's
 SERVING_MODULES = (
-    "trainflow", "trainflow.redact", "trainflow.errors", "trainflow.storage", "trainflow.tables",
+    "trainflow", "trainflow.redact", "trainflow.errors", "trainflow.services", "trainflow.storage", "trainflow.tables",
     "trainflow.preprocessors", "trainflow.preprocessors.tabular", "trainflow.preprocessors.dates",
     "trainflow.preprocessors.baseline",
     "trainflow.trainer", "trainflow.trainer.checkpoint", "trainflow.trainer.serving",

@@ -48,7 +48,10 @@ def _stop(proc) -> None:
 
 
 def _done(run) -> int:
-    return max(read_metrics(d)["epoch"] for d in run.glob("checkpoint_*") if (d / "metrics.json").exists())
+    """The latest epoch whose checkpoint Ray's controller registered (what a rerun resumes from at least; a worker's
+    checkpoint folder on disk may be one the controller never took)."""
+    snapshot = json.loads((run / "checkpoint_manager_snapshot.json").read_text())
+    return max(r["metrics"]["epoch"] for r in snapshot["checkpoint_results"])
 
 
 def test_a_retrain_killed_at_every_step_boundary_ends_exactly_once(tmp_path, capsys, ray_local):
