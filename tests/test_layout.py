@@ -73,9 +73,10 @@ def test_imports_run_one_way_and_in_no_circle():
             visit(module, [])
 
 
-# where family names may be written: the families' own folder, and the config layer that declares the keys a user
-# writes (model.type's choices, which model.params key each booster takes, init's comments and the schema's text)
-FAMILY_HOMES = ("trainer/families/", "trainflow/config.py", "trainflow/config_schema.py", "trainflow/scaffold.py")
+# where family names may be written: the families' own folder, and the config that declares the keys a user writes
+# (model.type's choices, which model.params key each booster takes, and their descriptions, which the schema, the
+# docs' key table and init's comments are made from)
+FAMILY_HOMES = ("trainer/families/", "trainflow/config.py")
 
 
 def test_no_family_is_named_outside_its_folder():
