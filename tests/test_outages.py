@@ -88,7 +88,7 @@ def test_an_mlflow_server_away_is_waited_for_within_its_wait_and_named_past_it(t
     assert _champion(mlflow.MlflowClient(tracking_uri=stored, registry_uri=stored), "m") == "1"
 
 
-def test_a_prefect_api_away_is_waited_for_before_the_run_and_named_past_its_wait(tmp_path):
+def test_a_prefect_api_away_is_waited_for_mid_run_and_before_it_and_named_past_its_wait(tmp_path, caplog):
     home, port = tmp_path / "prefect", free_port()
     home.mkdir()
     server = prefect_server(home, port)
@@ -107,6 +107,28 @@ def test_a_prefect_api_away_is_waited_for_before_the_run_and_named_past_its_wait
     def rollback(to: str) -> subprocess.CompletedProcess:
         return subprocess.run([str(BIN / "trainflow"), "champion", "rollback", "--config", str(cfg), "--to", to,
                                "--reason", "v3 mislabels refunds"], env=env, capture_output=True, text=True, timeout=240)
+
+    # the API away in the middle of a run: the Prefect client's retries, sized to the wait, carry the run over
+    # the gap, and trainflow's line says what it waits for
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from trainflow import services
+
+    services.apply(60, 60, 60, None)
+    with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}), services.prefect_client_retries():
+        with get_client(sync_client=True) as prefect:
+            prefect.hello()  # connected once: from here on the client retries a refused connection
+            stop(server)
+            thread, box = _later(1, lambda: prefect_server(home, port))
+            try:
+                caplog.set_level("WARNING", logger="trainflow.services")
+                assert prefect.read_flows(limit=1) is not None
+            finally:
+                thread.join()
+    server = box["server"]
+    said = [r.getMessage() for r in caplog.records if r.name == "trainflow.services"]
+    assert any(f"waiting for the Prefect API at http://127.0.0.1:{port}/api" in m for m in said), said
 
     # the API away when the command starts (Prefect's client retries only after a first connection): trainflow
     # waits for it, saying so, and the rollback goes through the Prefect server's lock once it is back

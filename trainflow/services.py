@@ -206,14 +206,70 @@ def prefect_api() -> str | None:
     return str(url).rstrip("/") if url else None
 
 
+class _PrefectRetryLine(logging.Filter):
+    """The Prefect client says each retry at DEBUG ("Encountered retryable exception during request. Another attempt
+    will be made in 8s. This is attempt 3/9."): that becomes a line saying what the run waits for (at once, then at
+    most every WAIT_NOTE_S seconds); the client's other DEBUG lines stay hidden, its INFO and above pass as before."""
+
+    def __init__(self, api: str, shown: int):
+        super().__init__()
+        self.api, self.shown, self.note = api, shown, _Note()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "Another attempt will be made" in message:
+            attempt = message.rsplit("This is attempt", 1)[-1].strip(" .")
+            self.note.say("waiting for the Prefect API at %s, which does not answer: attempt %s, up to %.0f s "
+                          "(services.prefect_wait_s)", self.api, attempt, WAITS.prefect)
+            return False
+        return record.levelno >= self.shown
+
+
+class _Sparse(logging.Filter):
+    """A warning repeated while a service is away (Prefect's events client tries its websocket every few seconds)
+    passes at most once every WAIT_NOTE_S seconds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key, now = record.getMessage()[:80], time.monotonic()
+        if now - self.last.get(key, -WAIT_NOTE_S) < WAIT_NOTE_S:
+            return False
+        self.last[key] = now
+        return True
+
+
 @contextlib.contextmanager
 def prefect_client_retries() -> Iterator[None]:
     """The Prefect client's retries of a request that fails mid-run (the API went away after the run reached it),
-    sized to services.prefect_wait_s, while the block runs."""
+    sized to services.prefect_wait_s and said in a line, while the block runs."""
     from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
-    with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: max(prefect_retries(WAITS.prefect), 1)}):
-        yield
+    client_log = logging.getLogger("prefect.client")
+    level, api = client_log.level, prefect_api()
+    line = _PrefectRetryLine(api or "", client_log.getEffectiveLevel())
+    # its children (prefect.client.subscriptions) keep the level they had, not the DEBUG set below
+    children = [logging.getLogger(n) for n in list(logging.root.manager.loggerDict) if n.startswith("prefect.client.")]
+    children = [c for c in children if c.level == logging.NOTSET]
+    events_log, sparse = logging.getLogger("prefect.events.clients"), _Sparse()
+    if api:
+        for child in children:
+            child.setLevel(line.shown)
+        events_log.addFilter(sparse)
+        client_log.addFilter(line)
+        client_log.setLevel(logging.DEBUG)  # its retry record is made only at DEBUG; the filter keeps the rest as it was
+    try:
+        with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: max(prefect_retries(WAITS.prefect), 1)}):
+            yield
+    finally:
+        if api:
+            events_log.removeFilter(sparse)
+            client_log.removeFilter(line)
+            client_log.setLevel(level)
+            for child in children:
+                child.setLevel(logging.NOTSET)
 
 
 def wait_for_prefect() -> None:
