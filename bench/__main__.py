@@ -4,7 +4,7 @@ import sys
 
 from bench import (
     beyond_memory, demo_e2e, drift_overhead, front_door, gate_honesty, gbdt_parity, inference_throughput, model_quality,
-    outage_soak, portable, preprocess_throughput, training_parity, tune_parallelism,
+    monitor_estimate, outage_soak, portable, preprocess_throughput, training_parity, tune_parallelism,
 )
 
 BENCHES = {
@@ -19,6 +19,7 @@ BENCHES = {
     "beyond-memory": beyond_memory.main,  # also prints scale-linearity
     "drift-overhead": drift_overhead.main,  # also prints skip-unchanged
     "front-door": front_door.main,
+    "monitor-estimate": monitor_estimate.main,  # CBPE's estimate vs the labels, under covariate shift and concept drift
     "outage-soak": outage_soak.main,  # a retrain through 3-minute MLflow and Prefect outages: about 10 minutes
     "portable": portable.main,  # portable-model and portable-package: fresh venvs, minutes
 }

@@ -162,6 +162,9 @@ def format_monitor_summary(s: dict[str, Any]) -> str:
         f"at registration {f(m.get('validation_score'))}"
         + (f" ({m['baseline_on']})" if m.get("baseline_on") else "") + f", drop {f(m.get('drop'))} (max {m.get('max_drop')})",
         f"  verdict           {m.get('verdict')}",
+        *([f"  estimated         {m['metric']} {f(m['estimated_metrics'].get(m['metric']))} from the probabilities of "
+           f"the same rows (CBPE), against {f(m.get('live_score'))} from their labels"]
+          if m.get("estimated_metrics") and m.get("metric") in m["estimated_metrics"] else []),
     ])
 
 
@@ -192,6 +195,9 @@ def _scoring_lines(s: dict[str, Any]) -> list[str]:
         d = s["drift"]
         lines.append(f"  drift             {', '.join(d['drifted_columns']) or 'none'} drifted of {len(d['columns'])} "
                      f"feature(s) over {d['rows']} scoring rows" + (" (too few rows to judge)" if d["rows"] < d["min_rows"] else ""))
+    if s.get("estimated_metrics"):
+        lines.append("  estimated         " + ", ".join(f"{k.removeprefix('val_')} {v:.4f}" for k, v in s["estimated_metrics"].items())
+                     + " (CBPE: from the calibrated probabilities, no labels; trainflow monitor --labels measures)")
     if s.get("unseen_categories"):
         lines.append("  unseen values     " + ", ".join(f"{c}: {n} row(s)" for c, n in s["unseen_categories"].items())
                      + " (predicted with the unknown code)")

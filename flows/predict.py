@@ -31,7 +31,7 @@ def score(config: Config, model: str | None, in_flow: bool = True) -> dict[str, 
     return redact_value({"model": model_uri, "model_version_uri": pinned, "checkpoint": checkpoint,
                          "predictions_path": predictions.path, "input_rows": predictions.input_rows,
                          "output_rows": predictions.output_rows, "unseen_categories": predictions.unseen,
-                         "drift": predictions.drift})
+                         "drift": predictions.drift, "estimated_metrics": predictions.estimated})
 
 
 def skipped_run(config: Config, run_name: str, skipped: dict[str, Any], in_flow: bool = True) -> dict[str, Any]:

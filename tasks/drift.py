@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -79,15 +80,30 @@ def publish(config: Config, model: str, source: str, drift: dict[str, Any], text
 
 def _log_to_mlflow(config: Config, model: str, drift: dict[str, Any]) -> None:
     """Scores as metrics of the serving version's MLflow run, one point per scoring run (step: its time)."""
+    scored = {metric_name(c): r["score"] for c, r in drift["columns"].items() if r["score"] is not None}
+    log_to_version_run(config, model, scored)
+
+
+def publish_estimate(config: Config, model: str, source: str, estimated: dict[str, float]) -> None:
+    """A classifier's performance on a scoring table estimated from its calibrated probabilities (CBPE, no labels),
+    recorded beside the drift scores: logged, and `estimated_<metric>` on the serving version's MLflow run, one point
+    per scoring run (`trainflow monitor` later puts the labels' figures beside them)."""
+    task_logger("drift").info("estimated without labels on %s (CBPE, from the calibrated probabilities): %s", source,
+                              ", ".join(f"{k.removeprefix('val_')} {v:.4f}" for k, v in estimated.items()))
+    log_to_version_run(config, model, {f"estimated_{k}": v for k, v in estimated.items()})
+
+
+def log_to_version_run(config: Config, model: str, values: dict[str, float]) -> None:
+    """values as metrics of the MLflow run behind a registered version's URI (models:/name/N); nothing otherwise."""
     import mlflow
     from mlflow.entities import Metric
 
     m = MODEL_URI.match(model or "")
-    scored = {c: r["score"] for c, r in drift["columns"].items() if r["score"] is not None}
+    scored = {k: v for k, v in values.items() if v is not None and math.isfinite(v)}
     if m is None or m["version"] is None or not scored:
         return
     uri = config.mlflow.tracking_uri
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
     run_id = client.get_model_version(m["name"], m["version"]).run_id
     now = int(time.time())
-    client.log_batch(run_id, metrics=[Metric(metric_name(c), float(v), now * 1000, now) for c, v in scored.items()])
+    client.log_batch(run_id, metrics=[Metric(k, float(v), now * 1000, now) for k, v in scored.items()])

@@ -13,7 +13,7 @@ from prefect.cache_policies import NO_CACHE
 
 from trainflow.preprocessors.tabular import SchemaDriftError, TabularPreprocessor
 from trainflow.tasks.common import in_prefect_run, retry_unless_user_error, task_logger
-from trainflow.tasks.drift import markdown, measure, publish
+from trainflow.tasks.drift import markdown, measure, publish, publish_estimate
 from trainflow.trainer.checkpoint import read_config
 from trainflow.trainer.families.network import user_class_path
 from trainflow.trainer.serving import member_dirs
@@ -40,6 +40,8 @@ class Predictions:
     unseen: dict[str, int] = field(default_factory=dict)  # text column -> rows with a value never seen in training
     drift: dict[str, Any] = field(default_factory=dict)  # per feature: score, threshold, verdict; drifted_columns
     model: str = ""  # the model that predicted (a registry URI or a checkpoint folder)
+    # a classifier scored in this process: its metrics estimated from the calibrated probabilities (CBPE, no labels)
+    estimated: dict[str, float] = field(default_factory=dict)
 
 
 def non_finite_cause(exc: BaseException | None) -> NonFiniteOutput | None:
@@ -221,10 +223,16 @@ def infer(checkpoint_path: str, config: Config, model: str = "") -> Predictions:
             ray.kill(collector)
         if drifting:
             publish(config, model, input_path, drift, drawn.result() if drawn else None)
+    estimated = {}
+    if here and prep.task == "classification":  # the predictions are in this process (larger tables: trainflow monitor)
+        from trainflow.tasks.monitor import estimate_metrics
+
+        estimated = estimate_metrics(prep, preds)
+        publish_estimate(config, model, input_path, estimated)
     log.info("wrote %d predictions for %d input rows to %s", rows, input_rows, output_path)
     return Predictions(
         path=output_path, input_rows=input_rows, output_rows=rows, unseen={c: f["rows"] for c, f in unseen.items()},
-        drift=drift, model=model
+        drift=drift, model=model, estimated=estimated
     )
 
 

@@ -76,7 +76,6 @@ def join_labels(predictions: pa.Table, truth: pa.Table, id_col: str, label: str,
     return joined
 
 
-@task(name="monitor", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
 def estimate_metrics(prep: TabularPreprocessor, predictions: pa.Table) -> dict[str, float]:
     """Confidence-based performance estimation (CBPE) of a classifier from its written predictions alone: with
     calibrated probabilities (the served calibration), the expected accuracy is the mean probability of the predicted
@@ -102,6 +101,7 @@ def estimate_metrics(prep: TabularPreprocessor, predictions: pa.Table) -> dict[s
     return out
 
 
+@task(name="monitor", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
 def measure_live(config: Config, labels_path: str | None) -> dict[str, Any]:
     """Join later-arriving labels (id column + label) with the predictions under inference.output, score the model
     version that wrote them with the training metric code, and compare with that version's validation score.
@@ -141,6 +141,9 @@ def measure_live(config: Config, labels_path: str | None) -> dict[str, Any]:
                             f"model's classes {prep.classes if prep.task == 'classification' else '(numbers)'}: "
                             f"{str(exc).splitlines()[0]}") from None
         live = compute_metrics(prep.task, model_outputs(prep, joined), y, prep)
+    # beside the labels' figures, what the probabilities alone said of the same rows (CBPE): how far to trust the
+    # estimate a scoring run made before these labels came
+    estimate = estimate_metrics(prep, joined) if labels_path is not None and prep.task == "classification" else {}
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
     run_id = client.get_model_version(name, version).run_id
     metric, mode = config.promotion.metric, config.promotion.mode
@@ -165,7 +168,7 @@ def measure_live(config: Config, labels_path: str | None) -> dict[str, Any]:
               "metrics": live, "metric": metric, "validation_score": validation, "baseline_on": baseline_on,
               "live_score": score, "drop": drop,
               "max_drop": config.monitor.max_drop, "min_rows": config.monitor.min_rows, "verdict": verdict,
-              "degraded": degraded}
+              "degraded": degraded, "estimated_metrics": estimate}
     if not enough:
         log.warning("monitor: no verdict for %s v%s: %s", name, version, verdict)
     now = int(time.time())
@@ -183,6 +186,13 @@ def measure_live(config: Config, labels_path: str | None) -> dict[str, Any]:
     )
     if degraded:
         emit_event(event=DEGRADED_EVENT, resource={"prefect.resource.id": f"trainflow.model.{name}"}, payload=result)
+        if estimated:  # an estimated drop is news before any label: the event drift raises, for the same automations
+            from trainflow.tasks.drift import DRIFT_EVENT
+
+            emit_event(event=DRIFT_EVENT, resource={"prefect.resource.id": f"trainflow.model.{name}"},
+                       payload={"model": result["model_uri"], "input": config.inference.output, "drifted_columns": [],
+                                "estimated_drop": {metric: drop}, "reason": "the estimated performance (CBPE) fell "
+                                f"by {drop:.4f} > monitor.max_drop {config.monitor.max_drop}"})
         log.warning("%s v%s degraded: %s %s live vs %s at validation", name, version, metric, score, validation)
     log.info("monitor: %s v%s on %d %s: %s", name, version, joined.num_rows,
              "predictions, estimated without labels (CBPE)" if estimated else "labelled rows", live)

@@ -394,6 +394,8 @@ def _small_work_without_prefect_or_ray(tmp_path, boosters) -> dict:
         summaries[args[0]] = json.loads((tmp_path / f"{args[0]}.json").read_text())
     assert summaries["predict"]["model_version_uri"] == "models:/churn-test/2"
     assert summaries["predict"]["drift"]["drifted_columns"] == []
+    # beside drift, the scoring run's CBPE estimate (a classifier scored in this process)
+    assert set(summaries["predict"]["estimated_metrics"]) >= {"val_accuracy", "val_roc_auc"}
     # validate: every check (the split, the fit, each family's memory, the data against the champion's), no Ray
     proc = subprocess.run([sys.executable, "-m", "trainflow.flows.cli", "validate", *boosters[:2]], env=env,
                           capture_output=True, text=True, timeout=120)
@@ -431,6 +433,9 @@ def _monitor_live_performance(tmp_path, cfg_path, client, capsys):
     assert len(client.get_metric_history(run, "live_val_roc_auc")) == 2
     # before the labels arrive: the same figures estimated from the calibrated probabilities alone (CBPE), close to
     # what the true labels then measured
+    # the labels' report puts the estimate of the same rows beside what they measured
+    assert abs(good["estimated_metrics"]["val_accuracy"] - good["metrics"]["val_accuracy"]) < 0.06, good
+    logged = len(client.get_metric_history(run, "estimated_val_roc_auc"))  # the scoring runs' estimates so far
     out = tmp_path / "monitor-estimated.json"
     assert cli_main(["monitor", "--config", cfg_path, "--summary-json", str(out)]) == 0
     estimated = json.loads(out.read_text())["monitor"]
@@ -438,7 +443,7 @@ def _monitor_live_performance(tmp_path, cfg_path, client, capsys):
     for metric in ("val_accuracy", "val_roc_auc"):  # (F1 at a tuned threshold on 500 rows is noisier: unit-tested)
         assert abs(estimated["metrics"][metric] - good["metrics"][metric]) < 0.06, (metric, estimated, good)
     assert "  estimated         from the probabilities of 500 predictions" in capsys.readouterr().out
-    assert len(client.get_metric_history(run, "estimated_val_roc_auc")) == 1
+    assert len(client.get_metric_history(run, "estimated_val_roc_auc")) == logged + 1
     # 100 ids repeated 20 times would count 20 rows each: refused with the count, nothing logged
     write_parquet(pa.concat_tables([truth.slice(0, 100)] * 20), tmp_path / "labels" / "repeated.parquet")
     assert cli_main(["monitor", "--config", cfg_path, "--labels", str(tmp_path / "labels" / "repeated.parquet")]) == 2
