@@ -109,6 +109,19 @@ def empty_mlflow_store() -> Path:
     return _MLFLOW_TEMPLATE[0]
 
 
+def sqlite_registry(directory: Path, name: str = "m", versions: int = 3):
+    """A real MLflow SQLite registry under directory holding `versions` versions of model `name` (a local source)."""
+    import mlflow
+
+    uri = f"sqlite:///{directory / 'mlflow.db'}"
+    client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+    client.create_registered_model(name)
+    (directory / "model").mkdir(exist_ok=True)
+    for _ in range(versions):
+        client.create_model_version(name, str(directory / "model"))
+    return client, uri
+
+
 def write_config(directory: Path, raw: dict[str, Any], name: str = "config.yaml") -> Path:
     """The config as YAML in directory; its MLflow SQLite store (directory/mlflow.db when no tracking URI is set,
     beside a relative storage_path), when it does not exist yet, starts as a copy of an empty one."""

@@ -4,11 +4,10 @@ recorded on the versions it touches; a rollback goes through the champion lock a
 import datetime as dt
 import json
 
-import mlflow
 import pytest
 import yaml
 
-from tests.conftest import write_config
+from tests.conftest import sqlite_registry, write_config
 from trainflow.champion import PERIODS_TAG, history, record_move, serving_at
 from trainflow.flows.cli import main as cli_main
 from trainflow.tracking import CHAMPION
@@ -16,12 +15,7 @@ from trainflow.tracking import CHAMPION
 
 @pytest.fixture
 def registry(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
-    client.create_registered_model("m")
-    (tmp_path / "model").mkdir()
-    for _ in range(3):
-        client.create_model_version("m", str(tmp_path / "model"))
+    client, uri = sqlite_registry(tmp_path)
     cfg = write_config(tmp_path, {"data": {"path": str(tmp_path / "t.parquet"), "label": "y"}, "task": "regression",
                                   "mlflow": {"tracking_uri": uri, "registered_model": "m"}})
     return client, cfg

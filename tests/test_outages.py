@@ -14,7 +14,7 @@ import mlflow
 import pytest
 import yaml
 
-from tests.conftest import BUCKET, churn_config, free_port, write_config
+from tests.conftest import BUCKET, churn_config, free_port, sqlite_registry, write_config
 from tests.servers import BIN, mlflow_server, prefect_env, prefect_server, stop
 from trainflow.flows.cli import main as cli_main
 from trainflow.sample import make_churn_table
@@ -32,6 +32,18 @@ def _later(seconds: float, start):
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread, box
+
+
+def _waits_then_passes(command, thread, box: dict, caplog, service: str, where: str, key: str):
+    """command() returns 0 while the service comes back on thread; it said it waited for service at where (key). The
+    service started again."""
+    try:
+        assert command() == 0
+    finally:
+        thread.join()
+    said = [r.getMessage() for r in caplog.records if r.name == "trainflow.services"]
+    assert any(f"waiting for {service} at {where}" in m and f"services.{key}" in m for m in said), said
+    return box["server"]
 
 
 def _registry(client: mlflow.MlflowClient, name: str, versions: int) -> None:
@@ -64,14 +76,8 @@ def test_an_mlflow_server_away_is_waited_for_within_its_wait_and_named_past_it(t
     stop(server)
     thread, box = _later(1, lambda: mlflow_server(folder, port))
     caplog.set_level("WARNING", logger="trainflow.services")
-    try:
-        assert cli_main([*rollback, "--to", "1"]) == 0, capsys.readouterr().err
-    finally:
-        thread.join()
-    server = box["server"]
-    said = [r.getMessage() for r in caplog.records if r.name == "trainflow.services"]
-    assert any(f"waiting for the MLflow tracking server at {uri}" in m and "services.mlflow_wait_s" in m
-               for m in said), said
+    server = _waits_then_passes(lambda: cli_main([*rollback, "--to", "1"]), thread, box, caplog,
+                                "the MLflow tracking server", uri, "mlflow_wait_s")
     assert _champion(client, "m") == "1"
 
     # away for longer than the wait: exit 1 naming the server and the key, nothing moved; back, the rerun moves it
@@ -92,12 +98,7 @@ def test_a_prefect_api_away_is_waited_for_mid_run_and_before_it_and_named_past_i
     home, port = tmp_path / "prefect", free_port()
     home.mkdir()
     server = prefect_server(home, port)
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = mlflow.MlflowClient(tracking_uri=store, registry_uri=store)
-    client.create_registered_model("m")
-    (tmp_path / "model").mkdir()
-    for _ in range(3):
-        client.create_model_version("m", str(tmp_path / "model"))
+    client, store = sqlite_registry(tmp_path)
     client.set_registered_model_alias("m", CHAMPION, "3")
     raw = {"data": {"path": str(tmp_path / "t.parquet"), "label": "y"}, "task": "regression",
            "mlflow": {"tracking_uri": store, "registered_model": "m"}, "services": {"prefect_wait_s": 90}}
@@ -189,14 +190,8 @@ def test_an_object_store_away_is_waited_for_and_named_past_its_wait(tmp_path, ca
         # so, and validates once the store is back
         moto.stop()
         thread, box = _later(9, lambda: _moto(port))
-        try:
-            assert cli_main(["validate", "--config", str(cfg)]) == 0, capsys.readouterr().err
-        finally:
-            thread.join()
-        moto = box["server"]
-        said = [r.getMessage() for r in caplog.records if r.name == "trainflow.services"]
-        assert any(f"waiting for the object store at {endpoint}" in m and "services.storage_wait_s" in m
-                   for m in said), said
+        moto = _waits_then_passes(lambda: cli_main(["validate", "--config", str(cfg)]), thread, box, caplog,
+                                  "the object store", endpoint, "storage_wait_s")
 
         # away for longer than the wait: exit 1 naming the store, before anything starts
         raw["services"]["storage_wait_s"] = 2
