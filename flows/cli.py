@@ -281,18 +281,23 @@ def _parser() -> argparse.ArgumentParser:
 
     ch = sub.add_parser("champion", help="the @champion alias's history, or a rollback to an earlier version")
     chsub = ch.add_subparsers(dest="champion_command", required=True)
-    chh = chsub.add_parser("history", help="every version that served as @champion: since, until, why, replaced by")
-    chh.add_argument("--config", required=True, help="the config naming the registered model and tracking URI")
-    chh.add_argument("--at", help="only the version that served at this time (ISO 8601, e.g. 2026-11-24T03:00; UTC "
-                                  "when no offset is given)")
-    chr_ = chsub.add_parser("rollback", help="move @champion back to a version, through the gate's lock and records")
-    chr_.add_argument("--config", required=True, help="the config naming the registered model and tracking URI")
-    chr_.add_argument("--to", required=True, metavar="VERSION", help="the model version to serve again")
-    chr_.add_argument("--reason", required=True, help="why: recorded with the move")
-    chr_.add_argument("--force", action="store_true",
-                      help="roll back even to a version whose recorded score misses promotion.min_score")
-    for parser in (chh, chr_):
-        parser.add_argument("--summary-json", help="also write the answer as JSON to this file")
+    for holder, name in ((chsub, "history"), (sub, "history"), (chsub, "rollback"), (sub, "rollback")):
+        short = holder is sub  # `trainflow history` and `trainflow rollback`: the same as `trainflow champion ...`
+        if name == "history":
+            cp = holder.add_parser(name, help="every version that served as @champion: since, until, why, replaced by"
+                                  + (" (trainflow champion history)" if short else ""))
+            cp.add_argument("--at", help="only the version that served at this time (ISO 8601, e.g. 2026-11-24T03:00; "
+                                        "UTC when no offset is given)")
+        else:
+            cp = holder.add_parser(name, help="move @champion back to a version, through the gate's lock and records"
+                                  + (" (trainflow champion rollback)" if short else ""))
+            cp.add_argument("--to", metavar="VERSION", help="the model version to serve again (default: the one the "
+                                                           "current champion replaced)")
+            cp.add_argument("--reason", required=True, help="why: recorded with the move")
+            cp.add_argument("--force", action="store_true",
+                           help="roll back even to a version whose recorded score misses promotion.min_score")
+        cp.add_argument("--config", required=True, help="the config naming the registered model and tracking URI")
+        cp.add_argument("--summary-json", help="also write the answer as JSON to this file")
 
     s = sub.add_parser("sample", help="write the bundled synthetic sample tables")
     s.add_argument("--out", default="data/sample", help="the folder to write train.parquet and score.parquet to")
@@ -416,9 +421,12 @@ def _champion_command(args: argparse.Namespace) -> dict[str, Any]:
     config = load_config(args.config)
     uri, name = config.mlflow.tracking_uri, config.mlflow.registered_model
     if args.champion_command == "rollback":
+        from trainflow.champion import previous_champion
         from trainflow.services import wait_for_prefect
 
         wait_for_prefect()  # the champion lock is the Prefect server's when one is configured
+        if args.to is None:
+            args.to = previous_champion(mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri), name)
         return rollback(uri, name, args.to, args.reason, config.promotion.min_score, config.promotion.mode, args.force)
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
     if args.at:
@@ -492,6 +500,8 @@ def _short_failure_logs(enabled: bool):
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command in ("history", "rollback"):  # `trainflow rollback` is `trainflow champion rollback`
+        args.command, args.champion_command = "champion", args.command
     # Prefect's temporary server would try to send usage telemetry (an ERROR line offline); a user's setting wins
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # MLflow's transfer bars in a terminal only (trainflow.runtime.plain_progress, which imports Ray: not here)

@@ -76,6 +76,17 @@ def test_moves_are_recorded_and_a_rollback_goes_back_with_its_reason(registry, c
     assert cli_main(["champion", "rollback", "--config", str(floored), "--to", "2", "--reason", "needed", "--force"]) == 0
     assert str(client.get_model_version_by_alias("m", CHAMPION).version) == "2"
     assert history(client, "m")[-1]["why"] == "rollback: needed (forced: its gate's score 0.31 misses promotion.min_score 0.5)"
+    # `trainflow rollback` without --to: back to the version the serving champion replaced (3), as the history says;
+    # `trainflow history` is `trainflow champion history`
+    assert cli_main(["rollback", "--config", str(floored), "--reason", "2 was a mistake"]) == 0
+    assert str(client.get_model_version_by_alias("m", CHAMPION).version) == "3"
+    capsys.readouterr()
+    assert cli_main(["history", "--config", str(cfg), "--at", history(client, "m")[-1]["since"]]) == 0
+    assert "rollback: 2 was a mistake" in capsys.readouterr().out
+    client.set_registered_model_alias("m", CHAMPION, "2")  # set by hand: no record of what it replaced
+    assert cli_main(["rollback", "--config", str(cfg), "--reason", "x"]) == 2
+    assert "records no version before the serving @champion" in capsys.readouterr().err
+    client.set_registered_model_alias("m", CHAMPION, "3")
     # a tag someone else wrote is not trusted as history, and never fails a move
     client.set_model_version_tag("m", "2", PERIODS_TAG, "not json")
     assert all(r["version"] != "2" for r in history(client, "m"))

@@ -115,6 +115,17 @@ def serving_at(client: mlflow.MlflowClient, name: str, when: dt.datetime) -> dic
     return None
 
 
+def previous_champion(client: mlflow.MlflowClient, name: str) -> str:
+    """The version the serving @champion replaced, as its recorded period says (a rollback without --to); a champion
+    set by hand (no period of its own) names none."""
+    current = current_champion(client, name)
+    serving = [r for r in history(client, name) if r.get("until") is None and r["version"] == current]
+    if not serving or not serving[-1].get("replaced"):
+        raise ConfigError(f"rollback: {name}'s history records no version before the serving @champion; name one "
+                          "with --to")
+    return str(serving[-1]["replaced"])
+
+
 SCORE_TAG = "trainflow.promotion.challenger_score"  # a version's score on its gate's rows, as its gate recorded it
 
 
