@@ -61,6 +61,7 @@ def summarize(
         "output_rows": predictions.output_rows if predictions else None,
         "unseen_categories": predictions.unseen if predictions else None,
         "drift": predictions.drift if predictions else None,
+        "estimated_metrics": predictions.estimated if predictions else None,
         "predictions_model_version": promotion.serving_version if predictions else None,
         **(extra or {}),
     })
@@ -82,5 +83,6 @@ def skipped_summary(config: Config, run_name: str, skipped: dict[str, Any], mode
         "output_rows": predictions.output_rows if predictions else None,
         "unseen_categories": predictions.unseen if predictions else None,
         "drift": predictions.drift if predictions else None,
+        "estimated_metrics": predictions.estimated if predictions else None,
         "predictions_model_version": skipped["champion_version"] if predictions else None,
     })
