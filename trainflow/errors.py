@@ -26,16 +26,19 @@ class InfrastructureError(RuntimeError):
     task's retries, then the run fails without having changed what it guards (the champion alias, outputs)."""
 
 
+def exception_chain(exc: BaseException | None) -> list[BaseException]:
+    """exc and the exceptions behind it (__cause__, else __context__), each once, outermost first."""
+    chain: list[BaseException] = []
+    while exc is not None and all(exc is not seen for seen in chain):
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return chain
+
+
 def disk_full(exc: BaseException | None) -> bool:
     """Whether exc (or an exception in its chain) is a full disk (ENOSPC): retrying would fill it again."""
     import errno
 
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-            return True
-        if "No space left on device" in str(exc):  # pyarrow and Ray pass it on as text
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
+    # pyarrow and Ray pass ENOSPC on as text
+    return any((isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e)
+               for e in exception_chain(exc))

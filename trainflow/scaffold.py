@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import textwrap
 from pathlib import Path
 
 import pyarrow as pa
@@ -34,14 +35,7 @@ def _comment(text: str) -> str:
 
 
 def _wrapped(text: str, room: int) -> list[str]:
-    out, current = [], ""
-    for word in text.split():
-        if current and len(current) + 1 + len(word) > room:
-            out.append(current)
-            current = word
-        else:
-            current = f"{current} {word}".strip()
-    return out + [current]
+    return textwrap.wrap(text, room, break_long_words=False, break_on_hyphens=False)
 
 
 def _noted(line: str, note: str, width: int = 118, column: int = 34) -> list[str]:

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, TypeVar
 
-from trainflow.errors import InfrastructureError
+from trainflow.errors import InfrastructureError, exception_chain
 
 log = logging.getLogger("trainflow.services")
 T = TypeVar("T")
@@ -60,13 +60,8 @@ class ServiceUnavailable(InfrastructureError):
 
 def is_down(exc: BaseException | None) -> bool:
     """Whether exc (or an exception in its chain) says a service could not be reached."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, (ConnectionError, TimeoutError)) or any(s in str(exc) for s in _DOWN):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
+    return any(isinstance(e, (ConnectionError, TimeoutError)) or any(s in str(e) for s in _DOWN)
+               for e in exception_chain(exc))
 
 
 def _first_line(exc: BaseException) -> str:
@@ -289,12 +284,7 @@ def wait_for_prefect() -> None:
 def explain(exc: BaseException) -> ServiceUnavailable | None:
     """A run that failed because a service stayed away past its clients' retries, as ServiceUnavailable naming it;
     None for any other failure."""
-    seen: set[int] = set()
-    chain: list[BaseException] = []
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        chain.append(exc)
-        exc = exc.__cause__ or exc.__context__
+    chain = exception_chain(exc)
     for e in chain:
         if isinstance(e, ServiceUnavailable):
             return e
@@ -309,6 +299,6 @@ def explain(exc: BaseException) -> ServiceUnavailable | None:
     if api and (api.split("://", 1)[-1].split("/", 1)[0] in text or any("httpx" in type(e).__module__ for e in chain)):
         return ServiceUnavailable("the Prefect API", api, WAITS.prefect, "prefect_wait_s", _first_line(chain[-1]))
     if "AWS Error" in text or "curlCode" in text:
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "s3"
-        return ServiceUnavailable("the object store", endpoint, WAITS.storage, "storage_wait_s", _first_line(chain[-1]))
+        return ServiceUnavailable("the object store", storage_endpoint("s3://"), WAITS.storage, "storage_wait_s",
+                                  _first_line(chain[-1]))
     return None
