@@ -55,27 +55,38 @@ def metric_name(column: str) -> str:
     return mlflow_key(f"drift.{column}")
 
 
-def publish(config: Config, model: str, source: str, drift: dict[str, Any], text: str | None = None) -> None:
+def publish(config: Config, model: str, source: str, drift: dict[str, Any], text: str | None = None,
+            estimated_drop: dict[str, float] | None = None) -> None:
     """Log, artifact (text: markdown(drift, model, source) when drawn already), MLflow metrics on the model
-    version's run, and an event when a column drifted."""
+    version's run, and one event when a column drifted or the estimated performance fell (estimated_drop, from
+    publish_estimate): the automations that retrain on drift retrain on either."""
     from prefect.artifacts import create_markdown_artifact
     from prefect.events import emit_event
 
     from trainflow.tasks.report import artifact_key
 
     log = task_logger("drift")
-    if drift["drifted_columns"]:
+    drifted = drift.get("drifted_columns", [])
+    if drifted:
         log.warning("drift from the training data in %s: %s", source,
-                    {c: round(drift["columns"][c]["score"], 3) for c in drift["drifted_columns"]})
-    _log_to_mlflow(config, model, drift)
+                    {c: round(drift["columns"][c]["score"], 3) for c in drifted})
+    if drift:
+        _log_to_mlflow(config, model, drift)
     if not in_prefect_run():  # small work run without Prefect: the scores are in MLflow, the summary says the rest
         return
-    create_markdown_artifact(markdown=text or markdown(drift, model, source), key=artifact_key(config.mlflow.registered_model, "drift"),
-                             description=f"Drift of {source} from the serving model's training data")
-    if drift["drifted_columns"]:
+    if drift:
+        create_markdown_artifact(markdown=text or markdown(drift, model, source),
+                                 key=artifact_key(config.mlflow.registered_model, "drift"),
+                                 description=f"Drift of {source} from the serving model's training data")
+    if drifted or estimated_drop:
+        payload = {"model": model, "input": source, "drifted_columns": drifted,
+                   "scores": {c: drift["columns"][c]["score"] for c in drifted}}
+        if estimated_drop:
+            [(metric, drop)] = estimated_drop.items()
+            payload.update(estimated_drop=estimated_drop, reason=f"the estimated {metric} (CBPE) fell by {drop:.4f} "
+                                                                 f"> monitor.max_drop {config.monitor.max_drop}")
         emit_event(event=DRIFT_EVENT, resource={"prefect.resource.id": f"trainflow.model.{config.mlflow.registered_model}"},
-                   payload={"model": model, "input": source, "drifted_columns": drift["drifted_columns"],
-                            "scores": {c: drift["columns"][c]["score"] for c in drift["drifted_columns"]}})
+                   payload=payload)
 
 
 def _log_to_mlflow(config: Config, model: str, drift: dict[str, Any]) -> None:
@@ -84,26 +95,57 @@ def _log_to_mlflow(config: Config, model: str, drift: dict[str, Any]) -> None:
     log_to_version_run(config, model, scored)
 
 
-def publish_estimate(config: Config, model: str, source: str, estimated: dict[str, float]) -> None:
+def publish_estimate(config: Config, model: str, source: str, estimated: dict[str, float],
+                     rows: int) -> dict[str, float] | None:
     """A classifier's performance on a scoring table estimated from its calibrated probabilities (CBPE, no labels),
     recorded beside the drift scores: logged, and `estimated_<metric>` on the serving version's MLflow run, one point
-    per scoring run (`trainflow monitor` later puts the labels' figures beside them)."""
-    task_logger("drift").info("estimated without labels on %s (CBPE, from the calibrated probabilities): %s", source,
-                              ", ".join(f"{k.removeprefix('val_')} {v:.4f}" for k, v in estimated.items()))
-    log_to_version_run(config, model, {f"estimated_{k}": v for k, v in estimated.items()})
+    per scoring run (`trainflow monitor` later puts the labels' figures beside them). An estimated `promotion.metric`
+    worse than the version's held-out score by more than `monitor.max_drop` (on at least `monitor.min_rows` rows)
+    is news before any label: a warning, and {metric: drop} returned for the drift event (publish)."""
+    log = task_logger("drift")
+    log.info("estimated without labels on %s (CBPE, from the calibrated probabilities): %s", source,
+             ", ".join(f"{k.removeprefix('val_')} {v:.4f}" for k, v in estimated.items()))
+    logged = log_to_version_run(config, model, {f"estimated_{k}": v for k, v in estimated.items()})
+    metric = config.promotion.metric
+    baseline, _ = held_out_score(logged or {}, metric)
+    drop = score_drop(config, baseline, estimated.get(metric))
+    if drop is None or drop <= config.monitor.max_drop or rows < config.monitor.min_rows:
+        return None
+    log.warning("estimated %s on %s is %.4f, %.4f below the version's held-out %.4f (monitor.max_drop %s)",
+                metric.removeprefix("val_"), source, estimated[metric], drop, baseline, config.monitor.max_drop)
+    return {metric: drop}
 
 
-def log_to_version_run(config: Config, model: str, values: dict[str, float]) -> None:
-    """values as metrics of the MLflow run behind a registered version's URI (models:/name/N); nothing otherwise."""
+def held_out_score(logged: dict[str, float], metric: str) -> tuple[float | None, str]:
+    """A registered version's figure of metric on rows no choice touched (its test rows) when its run logged one,
+    else its best validation score; and which of the two it is."""
+    test = metric.replace("val_", "test_", 1)
+    if test in logged:
+        return logged[test], "test"
+    return logged.get(f"best_{metric}"), "validation"
+
+
+def score_drop(config: Config, baseline: float | None, score: float | None) -> float | None:
+    """How much worse score is than baseline in `promotion.metric`'s direction (negative: better); None without both."""
+    if baseline is None or score is None or not math.isfinite(score):
+        return None
+    return (baseline - score) if config.promotion.mode == "max" else (score - baseline)
+
+
+def log_to_version_run(config: Config, model: str, values: dict[str, float]) -> dict[str, float] | None:
+    """values as metrics of the MLflow run behind a registered version's URI (models:/name/N), and that run's
+    metrics as they were; nothing (None) for another URI."""
     import mlflow
     from mlflow.entities import Metric
 
     m = MODEL_URI.match(model or "")
+    if m is None or m["version"] is None:
+        return None
     scored = {k: v for k, v in values.items() if v is not None and math.isfinite(v)}
-    if m is None or m["version"] is None or not scored:
-        return
     uri = config.mlflow.tracking_uri
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
     run_id = client.get_model_version(m["name"], m["version"]).run_id
     now = int(time.time())
-    client.log_batch(run_id, metrics=[Metric(k, float(v), now * 1000, now) for k, v in scored.items()])
+    if scored:
+        client.log_batch(run_id, metrics=[Metric(k, float(v), now * 1000, now) for k, v in scored.items()])
+    return client.get_run(run_id).data.metrics

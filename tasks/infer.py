@@ -221,14 +221,14 @@ def infer(checkpoint_path: str, config: Config, model: str = "") -> Predictions:
         if collector is not None:
             drift = measure(config, prep.baseline, ray.get(collector.total.remote()), input_rows)
             ray.kill(collector)
-        if drifting:
-            publish(config, model, input_path, drift, drawn.result() if drawn else None)
-    estimated = {}
-    if here and prep.task == "classification":  # the predictions are in this process (larger tables: trainflow monitor)
-        from trainflow.tasks.monitor import estimate_metrics
+        estimated, dropped = {}, None
+        if here and prep.task == "classification":  # the predictions are in this process (larger tables: monitor)
+            from trainflow.tasks.monitor import estimate_metrics
 
-        estimated = estimate_metrics(prep, preds)
-        publish_estimate(config, model, input_path, estimated)
+            estimated = estimate_metrics(prep, preds)
+            dropped = publish_estimate(config, model, input_path, estimated, rows)
+        if drifting or dropped:  # one drift event for the run, whether columns moved or the estimate fell
+            publish(config, model, input_path, drift, drawn.result() if drawn else None, dropped)
     log.info("wrote %d predictions for %d input rows to %s", rows, input_rows, output_path)
     return Predictions(
         path=output_path, input_rows=input_rows, output_rows=rows, unseen={c: f["rows"] for c, f in unseen.items()},

@@ -19,6 +19,7 @@ from prefect.events import emit_event
 
 from trainflow.preprocessors.tabular import SchemaDriftError, TabularPreprocessor
 from trainflow.tasks.common import retry_unless_user_error
+from trainflow.tasks.drift import held_out_score, publish, score_drop
 from trainflow.tasks.infer import allowed_class_paths, resolve_checkpoint
 from trainflow.tasks.report import artifact_key
 from trainflow.trainer.metrics import compute_metrics
@@ -146,15 +147,10 @@ def measure_live(config: Config, labels_path: str | None) -> dict[str, Any]:
     estimate = estimate_metrics(prep, joined) if labels_path is not None and prep.task == "classification" else {}
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
     run_id = client.get_model_version(name, version).run_id
-    metric, mode = config.promotion.metric, config.promotion.mode
-    logged = client.get_run(run_id).data.metrics
-    # the version's figure on rows no choice touched (its test rows) when it has one, else its validation score
-    baseline_on = "test" if metric.replace("val_", "test_", 1) in logged else "validation"
-    validation = logged.get(metric.replace("val_", "test_", 1), logged.get(f"best_{metric}"))
+    metric = config.promotion.metric
+    validation, baseline_on = held_out_score(client.get_run(run_id).data.metrics, metric)
     score = live.get(metric)
-    drop = None
-    if validation is not None and score is not None and math.isfinite(score):
-        drop = (validation - score) if mode == "max" else (score - validation)
+    drop = score_drop(config, validation, score)
     enough = joined.num_rows >= config.monitor.min_rows
     degraded = enough and drop is not None and drop > config.monitor.max_drop
     verdict = ("degraded" if degraded else "ok") if enough else (
@@ -187,12 +183,7 @@ def measure_live(config: Config, labels_path: str | None) -> dict[str, Any]:
     if degraded:
         emit_event(event=DEGRADED_EVENT, resource={"prefect.resource.id": f"trainflow.model.{name}"}, payload=result)
         if estimated:  # an estimated drop is news before any label: the event drift raises, for the same automations
-            from trainflow.tasks.drift import DRIFT_EVENT
-
-            emit_event(event=DRIFT_EVENT, resource={"prefect.resource.id": f"trainflow.model.{name}"},
-                       payload={"model": result["model_uri"], "input": config.inference.output, "drifted_columns": [],
-                                "estimated_drop": {metric: drop}, "reason": "the estimated performance (CBPE) fell "
-                                f"by {drop:.4f} > monitor.max_drop {config.monitor.max_drop}"})
+            publish(config, result["model_uri"], config.inference.output, {}, estimated_drop={metric: drop})
         log.warning("%s v%s degraded: %s %s live vs %s at validation", name, version, metric, score, validation)
     log.info("monitor: %s v%s on %d %s: %s", name, version, joined.num_rows,
              "predictions, estimated without labels (CBPE)" if estimated else "labelled rows", live)

@@ -7,6 +7,7 @@ import logging
 import os
 import shutil
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -201,6 +202,22 @@ def flow_run_logs(flow_run_id: str) -> list:
 
     with get_client(sync_client=True) as client:
         return client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), limit=200)
+
+
+def prefect_events(name: str, since, count: int = 1, timeout_s: float = 30.0) -> list:
+    """The events called name that the Prefect server stored since `since` (a datetime), oldest first, read until
+    `count` are there or timeout_s passes (the server persists events in batches, a few seconds apart)."""
+    from prefect.client.orchestration import get_client
+    from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with get_client(sync_client=True) as client:
+            events = client.read_events(EventFilter(occurred=EventOccurredFilter(since=since),
+                                                    event=EventNameFilter(name=[name])), limit=50).events
+        if len(events) >= count or time.monotonic() > deadline:
+            return sorted(events, key=lambda e: e.occurred)
+        time.sleep(1)
 
 
 BUCKET = "trainflow-test"

@@ -1,5 +1,6 @@
 """End-to-end local flow runs of `retrain` and `batch-inference` with 2 Ray Train workers."""
 
+import datetime
 import json
 import os
 import re
@@ -21,8 +22,11 @@ from prefect.artifacts import Artifact
 
 import trainflow
 from trainflow.tracking import mlflow_key
-from tests.conftest import churn_config, flow_run_logs, info_logs_to_server, make_regression_table, write_parquet
+from tests.conftest import (churn_config, flow_run_logs, info_logs_to_server, make_regression_table, prefect_events,
+                            write_parquet)
 from trainflow.sample import make_churn_table
+from trainflow.tasks.drift import DRIFT_EVENT
+from trainflow.tasks.monitor import DEGRADED_EVENT
 from trainflow.trainer.checkpoint import read_metrics
 from trainflow.trainer.serving import load_servable
 from trainflow.trainer.predict import predict_table
@@ -444,10 +448,36 @@ def _monitor_live_performance(tmp_path, cfg_path, client, capsys):
         assert abs(estimated["metrics"][metric] - good["metrics"][metric]) < 0.06, (metric, estimated, good)
     assert "  estimated         from the probabilities of 500 predictions" in capsys.readouterr().out
     assert len(client.get_metric_history(run, "estimated_val_roc_auc")) == logged + 1
+    _an_estimated_drop_raises_the_drift_event(tmp_path, cfg_path, good["validation_score"])
     # 100 ids repeated 20 times would count 20 rows each: refused with the count, nothing logged
     write_parquet(pa.concat_tables([truth.slice(0, 100)] * 20), tmp_path / "labels" / "repeated.parquet")
     assert cli_main(["monitor", "--config", cfg_path, "--labels", str(tmp_path / "labels" / "repeated.parquet")]) == 2
     assert len(client.get_metric_history(run, "live_val_roc_auc")) == 2
+
+
+def _an_estimated_drop_raises_the_drift_event(tmp_path, cfg_path, held_out):
+    """Rows the model cannot tell apart (one scoring row 500 times): every probability alike, an estimated ROC AUC
+    of 0.5, far below the version's held-out score. The scoring run itself says so and raises the drift event (before
+    any label, for the automations that retrain on drift), and monitor's estimate of that output is degraded."""
+    since = datetime.datetime.now(datetime.timezone.utc)
+    row = make_churn_table(1, seed=4, with_label=False)
+    same = pa.concat_tables([row] * 500).set_column(0, "customer_id", pa.array(np.arange(500) + 50_000))
+    write_parquet(same, tmp_path / "same" / "score.parquet")
+    where = ["--config", str(cfg_path), "--set", f"inference.output={tmp_path / 'same-out'}"]
+    assert cli_main(["predict", *where, "--set", f"inference.input={tmp_path / 'same' / 'score.parquet'}",
+                     "--summary-json", str(tmp_path / "same.json")]) == 0
+    assert json.loads((tmp_path / "same.json").read_text())["estimated_metrics"]["val_roc_auc"] == pytest.approx(0.5)
+    assert cli_main(["monitor", *where, "--summary-json", str(tmp_path / "same-monitor.json")]) == 0
+    report = json.loads((tmp_path / "same-monitor.json").read_text())["monitor"]
+    assert report["estimated"] is True and report["verdict"] == "degraded"
+    assert report["drop"] == pytest.approx(held_out - 0.5)
+    # one drift event per run: the scoring run's names its drifted columns (one row repeated moves every feature's
+    # distribution) beside the estimated drop, monitor's the drop alone
+    scoring, monitoring = prefect_events(DRIFT_EVENT, since, count=2)
+    assert [e.payload["estimated_drop"]["val_roc_auc"] for e in (scoring, monitoring)] == pytest.approx([held_out - 0.5] * 2)
+    assert "age" in scoring.payload["drifted_columns"] and monitoring.payload["drifted_columns"] == []
+    assert scoring.resource.id == monitoring.resource.id == "trainflow.model.churn-test"
+    assert len(prefect_events(DEGRADED_EVENT, since)) == 1
 
 
 def _with_store_and_visit(table: pa.Table, seed: int, codes: int) -> pa.Table:

@@ -4,7 +4,6 @@ champion: tests/test_e2e_retrain.py."""
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import numpy as np
@@ -192,11 +191,10 @@ def test_a_sweep_can_search_family_keys_and_the_family_itself():
 
 def _catboost_killed_once():
     """CatBoost's worker: the first attempt snapshots every second and SIGKILLs its own process once a stored snapshot
-    holds 150 rounds; the next attempt continues from that snapshot."""
+    holds 150 rounds (right after storing it); the next attempt continues from that snapshot."""
 
     def train_fn(loop_config):
         import json
-        import threading
 
         from trainflow.storage import list_dir, read_text
         from trainflow.trainer.families import catboost_family as catboost_fit
@@ -207,14 +205,15 @@ def _catboost_killed_once():
         marker.touch()
         catboost_fit.SNAPSHOT_S = 1
 
-        def kill_after_a_snapshot():
-            while True:
-                stored = [n for n, _ in list_dir(loop_config["run_dir"]) if n.endswith(".snapshot.json")]
-                if stored and len(json.loads(read_text(f"{loop_config['run_dir']}/{stored[0]}"))) >= 150:
-                    os.kill(os.getpid(), signal.SIGKILL)
-                time.sleep(0.1)
+        copy = catboost_fit.Progress.copy_snapshot
 
-        threading.Thread(target=kill_after_a_snapshot, daemon=True).start()
+        def copy_then_die(progress):  # killed right after storing a snapshot of 150 rounds or more, however fast
+            copy(progress)
+            stored = [n for n, _ in list_dir(loop_config["run_dir"]) if n.endswith(".snapshot.json")]
+            if stored and len(json.loads(read_text(f"{loop_config['run_dir']}/{stored[0]}"))) >= 150:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        catboost_fit.Progress.copy_snapshot = copy_then_die
         catboost_fit.train_fn(loop_config)
         raise AssertionError("the fit ended before a snapshot of 150 rounds was stored")
 
