@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from prefect.client.schemas.schedules import construct_schedule
 from prefect.events import DeploymentEventTrigger
 
 from trainflow.errors import ConfigError
+from trainflow.services import WAITS, prefect_retries
 
 PREFECT_FILE = Path(__file__).resolve().parents[1] / "deployments" / "prefect.yaml"
 
@@ -66,4 +68,7 @@ def runner_deployments(prefect_file: str | Path = PREFECT_FILE, parameters: dict
 def serve_all(prefect_file: str | Path = PREFECT_FILE, config_path: str | None = None, limit: int | None = None) -> None:
     """Register and run the deployments until interrupted (Ctrl-C pauses their schedules)."""
     params = {"config_path": str(Path(config_path).resolve())} if config_path else None
+    # the runs it starts inherit this process's environment: their Prefect client waits out an API away as long as
+    # the deployed runs do (deployments/prefect.yaml's job variables), unless the user set it
+    os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", str(prefect_retries(WAITS.prefect)))
     serve(*runner_deployments(prefect_file, params), limit=limit)

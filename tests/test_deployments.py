@@ -185,6 +185,12 @@ def test_schedule_and_concurrency_registered_as_declared(prefect_server):
     for name in ("retrain/scheduled", "retrain/manual"):
         limit = _deployment(env, name)["global_concurrency_limit"]
         assert limit["limit"] == 1, name
+    # every deployed run's Prefect client waits out an API away for about services.prefect_wait_s' default
+    from trainflow.services import WAITS, prefect_retries
+
+    for name in ("retrain/scheduled", "retrain/manual", "batch-inference/champion", "monitor/live", "watch-data/watch"):
+        job_env = _deployment(env, name)["job_variables"]["env"]
+        assert job_env["PREFECT_CLIENT_MAX_RETRIES"] == str(prefect_retries(WAITS.prefect)), name
     # a worker would run the scheduled flow from the checkout deploy ran in
     steps = scheduled["pull_steps"]
     assert steps == [{"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}]
