@@ -16,7 +16,7 @@ from trainflow.runtime import ensure_ray
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("own_ray")]
 
 STORE = 100 * 2**20  # Ray's object store for this module (its minimum is 75 MiB)
-ROWS = 1_000_000  # 136 MB in memory: more than the store holds
+ROWS = 800_000  # 112 MB in memory: more than the store holds
 
 
 def _table(rows: int, seed: int, label: bool = True) -> pa.Table:
