@@ -92,11 +92,14 @@ def _with_data(config: ConfigLike, overrides: dict[str, Any] | None, data: Any) 
 
 
 def _call(flow, config: ConfigLike, overrides: dict[str, Any], data: Any = None, **params) -> dict[str, Any]:
+    from trainflow.runtime import local_flow_settings
+
     overrides = _with_data(config, _dotted(overrides), data)
     if isinstance(config, (str, os.PathLike)):
         path = str(Path(config).resolve())
         load_config(path, overrides)  # a bad config fails here, before Prefect and Ray start
-        return flow(config_path=path, overrides=overrides, **params)
+        with local_flow_settings():
+            return flow(config_path=path, overrides=overrides, **params)
     if isinstance(config, Config):
         config = config.to_dict()
     if not isinstance(config, dict):
@@ -104,7 +107,8 @@ def _call(flow, config: ConfigLike, overrides: dict[str, Any], data: Any = None,
     # relative paths in a dict resolve against the working directory, as a config file's do against its folder
     key = hand_over(config_from_dict(apply_overrides(config, overrides), base_dir=Path.cwd(), source="<dict>"))
     try:
-        return flow(config_path=key, **params)
+        with local_flow_settings():
+            return flow(config_path=key, **params)
     finally:
         forget(key)
 

@@ -361,6 +361,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
 
         preflight(config)  # the columns the config names, from the files' metadata: seconds, before anything starts
     from trainflow.flows.local import run_here
+    from trainflow.runtime import local_flow_settings
     from trainflow.services import prefect_client_retries, wait_for_prefect
 
     wait_for_prefect()  # a configured Prefect API that does not answer yet is waited for (services.prefect_wait_s)
@@ -379,7 +380,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     named = {"retrain": ("run_name", "force"), "tune": ("run_name", "resume"), "monitor": ("labels",),
              "validate": (), "predict": ("model",)}[args.command]
     extra = {name: getattr(args, name) for name in named}
-    with prefect_client_retries():  # the API gone mid-run is waited out as long (services.prefect_wait_s)
+    # the API gone mid-run is waited out as long (services.prefect_wait_s)
+    with prefect_client_retries(), local_flow_settings():
         return flow(**params, **extra)
 
 

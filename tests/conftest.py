@@ -31,10 +31,15 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def prefect_harness():
+    """Prefect's test server, without flow-run heartbeats, as a local run has none on its temporary server
+    (trainflow.runtime.local_flow_settings): nothing here reads them, and each flow run's end would wait up to a
+    second for the heartbeat thread."""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        with prefect_test_harness(server_startup_timeout=120):
+            yield
 
 
 @pytest.fixture(scope="session")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import sys
 import signal
 import threading
+from collections.abc import Iterator
 
 import ray
 
@@ -267,6 +269,21 @@ def start_prefect_server_in_background() -> threading.Thread | None:
     thread = threading.Thread(target=start, name="trainflow-prefect-start", daemon=True)
     thread.start()
     return thread
+
+
+@contextlib.contextmanager
+def local_flow_settings() -> Iterator[None]:
+    """Prefect settings for a flow run of this process. On the temporary server (no PREFECT_API_URL), no flow-run
+    heartbeats: they tell a server that a run crashed, but this server ends with the process, and the heartbeat
+    thread, which sleeps in 1-s steps, holds every run's end for up to a second more. With a server configured,
+    Prefect's settings as they are."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    if PREFECT_API_URL.value():
+        yield
+        return
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        yield
 
 
 def configure_ray_data() -> None:
