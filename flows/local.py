@@ -99,6 +99,7 @@ def preflight(config: Config) -> None:
     if missing:
         raise DataError(f"{data.path}: promotion.slices names column(s) {missing} that the table lacks; "
                         f"{did_you_mean(missing[0], names)}columns are {names}")
+    check_label_values(config)
     inp = config.inference.input
     if inp:
         scored = list(open_dataset(inp, infer_format(inp), data.csv).schema.names)
@@ -108,3 +109,42 @@ def preflight(config: Config) -> None:
         if missing:
             raise DataError(f"inference input {inp}: column(s) {missing} not found; {did_you_mean(missing[0], scored)}"
                             f"columns are {scored}")
+
+
+def check_label_values(config: Config) -> None:
+    """A training table small enough for this process (tables.IN_PROCESS_BYTES): the label's values against the task,
+    from the label column alone, in a second: missing values, one class, classes too small to learn, a regression
+    label of two values. Ingest, the split and the fit check the same on any table, in the flow."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from trainflow.folds import check_class_sizes
+    from trainflow.tables import IN_PROCESS_BYTES, in_memory_bytes, list_files
+
+    data = config.data
+    fs, files = list_files(data.path, data.format)
+    if data.materialize == "never" or in_memory_bytes(fs, files, data.format) > IN_PROCESS_BYTES:
+        return
+    values = open_dataset(data.path, data.format, data.csv).to_table(columns=[data.label])[data.label]
+    rows = len(values)
+    if rows == 0:
+        raise DataError(f"{data.path}: the table has no rows")
+    bad = values.null_count
+    if pa.types.is_floating(values.type):  # NaN and infinities too
+        bad += int(np.count_nonzero(~np.isfinite(values.to_numpy(zero_copy_only=False)))) - values.null_count
+    if bad:
+        raise DataError(f"{data.path}: label column {data.label!r} has {bad} missing, NaN or infinite value(s) out of "
+                        f"{rows} rows; drop or fix those rows")
+    found = pc.value_counts(values)
+    counts = dict(zip(map(str, found.field("values").to_pylist()), found.field("counts").to_pylist()))
+    if config.task == "classification":
+        if len(counts) < 2:
+            raise DataError(f"{data.path}: label column {data.label!r} has only one class ({list(counts)}) in its "
+                            f"{rows:,} rows; classification needs at least two")
+        check_class_sizes(data.path, data.label, counts)
+    elif config.task == "regression" and len(counts) <= 2:
+        raise DataError(f"{data.path}: label column {data.label!r} under task: regression holds at most two values in "
+                        f"its {rows:,} rows ({', '.join(counts)}): that is a class, not a quantity to fit; set task: "
+                        "classification")
+

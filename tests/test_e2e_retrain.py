@@ -108,8 +108,12 @@ def test_retrain_classification_end_to_end_then_boosters_replace_the_champion(tm
     cfg_path = churn_config(tmp_path, model=user_model, train={"epochs": 2, "learning_rate": 1e-4, "class_weight": "balanced"},
                             checkpoint={"metric": "val_roc_auc"}, calibration={"decision_threshold": "f1"})
     summary_path = tmp_path / "summary.json"
+    since = datetime.datetime.now(datetime.timezone.utc)
     assert cli_main(["retrain", "--config", str(cfg_path), "--run-name", "clf-e2e", "--summary-json", str(summary_path)]) == 0
     summary = json.loads(summary_path.read_text())
+    # the gate's decision is an event an automation can act on, with the summary's promotion record as payload
+    [promoted] = prefect_events("trainflow.model.promoted", since)
+    assert promoted.payload == summary["promotion"] and promoted.resource.id == "trainflow.model.churn-test"
     for key in ("run_name", "data_fingerprint", "best_checkpoint", "mlflow_run_id", "model_version",
                 "predictions_path", "input_rows", "output_rows"):
         assert summary[key] is not None, key

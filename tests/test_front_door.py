@@ -199,3 +199,13 @@ def test_a_misspelled_column_is_refused_from_the_files_metadata_before_anything_
     assert proc.returncode == 2 and "score.parquet: column(s) ['age'] not found" in proc.stderr, proc.stderr
     assert "Ray dashboard" not in proc.stderr and "temporary server" not in proc.stderr
     assert not (tmp_path / "runs").exists()
+    # the label's values against the task, from the label column alone (a small table): one class
+    write_parquet(make_churn_table(50, seed=3, with_label=False), tmp_path / "data" / "score.parquet")
+    one = make_churn_table(300, seed=1)
+    write_parquet(one.set_column(one.schema.get_field_index("churned"), "churned", pa.array([1] * 300)),
+                  tmp_path / "data" / "train.parquet")
+    proc = subprocess.run([sys.executable, "-m", "trainflow.flows.cli", "retrain", "--config", str(cfg)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "label column 'churned' has only one class (['1']) in its 300 rows" in proc.stderr
+    assert "Ray dashboard" not in proc.stderr and "temporary server" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "runs").exists()
