@@ -279,15 +279,21 @@ def _parser() -> argparse.ArgumentParser:
     cs.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (YAML value), e.g. train.epochs=5; repeatable")
 
-    ch = sub.add_parser("champion", help="the @champion alias's history, or a rollback to an earlier version")
-    chsub = ch.add_subparsers(dest="champion_command", required=True)
+    at_help = "only the version that served at this time (ISO 8601, e.g. 2026-11-24T03:00; UTC when no offset is given)"
+    ch = sub.add_parser("champion", help="which version served as @champion at a time (--at), its history, or a "
+                                         "rollback to an earlier version")
+    # `trainflow champion --at TIME --config F`: `trainflow champion history --at TIME --config F`
+    ch.add_argument("--at", help=at_help)
+    ch.add_argument("--config", help="the config naming the registered model and tracking URI (with --at, or alone "
+                                     "for the whole history)")
+    ch.add_argument("--summary-json", help="also write the answer as JSON to this file")
+    chsub = ch.add_subparsers(dest="champion_command")
     for holder, name in ((chsub, "history"), (sub, "history"), (chsub, "rollback"), (sub, "rollback")):
         short = holder is sub  # `trainflow history` and `trainflow rollback`: the same as `trainflow champion ...`
         if name == "history":
             cp = holder.add_parser(name, help="every version that served as @champion: since, until, why, replaced by"
                                   + (" (trainflow champion history)" if short else ""))
-            cp.add_argument("--at", help="only the version that served at this time (ISO 8601, e.g. 2026-11-24T03:00; "
-                                        "UTC when no offset is given)")
+            cp.add_argument("--at", help=at_help)
         else:
             cp = holder.add_parser(name, help="move @champion back to a version, through the gate's lock and records"
                                   + (" (trainflow champion rollback)" if short else ""))
@@ -501,9 +507,15 @@ def _short_failure_logs(enabled: bool):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     if args.command in ("history", "rollback"):  # `trainflow rollback` is `trainflow champion rollback`
         args.command, args.champion_command = "champion", args.command
+    if args.command == "champion" and args.champion_command is None:  # `trainflow champion --at T --config F`
+        if not args.config:
+            parser.error("trainflow champion: give --config (with --at TIME: the version that served then), or a "
+                         "command: history, rollback")
+        args.champion_command = "history"
     # Prefect's temporary server would try to send usage telemetry (an ERROR line offline); a user's setting wins
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # MLflow's transfer bars in a terminal only (trainflow.runtime.plain_progress, which imports Ray: not here)

@@ -83,6 +83,11 @@ def test_moves_are_recorded_and_a_rollback_goes_back_with_its_reason(registry, c
     capsys.readouterr()
     assert cli_main(["history", "--config", str(cfg), "--at", history(client, "m")[-1]["since"]]) == 0
     assert "rollback: 2 was a mistake" in capsys.readouterr().out
+    # `trainflow champion --at TIME` answers the same: which version served then
+    assert cli_main(["champion", "--at", history(client, "m")[-1]["since"], "--config", str(cfg)]) == 0
+    assert "rollback: 2 was a mistake" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # neither a command nor --config: argparse's usage error, exit 2
+        cli_main(["champion", "--at", history(client, "m")[-1]["since"]])
     client.set_registered_model_alias("m", CHAMPION, "2")  # set by hand: no record of what it replaced
     assert cli_main(["rollback", "--config", str(cfg), "--reason", "x"]) == 2
     assert "records no version before the serving @champion" in capsys.readouterr().err
