@@ -111,7 +111,7 @@ def publish_estimate(config: Config, model: str, source: str, estimated: dict[st
     drop = score_drop(config, baseline, estimated.get(metric))
     if drop is None or drop <= config.monitor.max_drop or rows < config.monitor.min_rows:
         return None
-    log.warning("estimated %s on %s is %.4f, %.4f below the version's held-out %.4f (monitor.max_drop %s)",
+    log.warning("estimated %s on %s is %.4f, worse by %.4f than the version's held-out %.4f (monitor.max_drop %s)",
                 metric.removeprefix("val_"), source, estimated[metric], drop, baseline, config.monitor.max_drop)
     return {metric: drop}
 
@@ -133,8 +133,8 @@ def score_drop(config: Config, baseline: float | None, score: float | None) -> f
 
 
 def log_to_version_run(config: Config, model: str, values: dict[str, float]) -> dict[str, float] | None:
-    """values as metrics of the MLflow run behind a registered version's URI (models:/name/N), and that run's
-    metrics as they were; nothing (None) for another URI."""
+    """values as metrics of the MLflow run behind a registered version's URI (models:/name/N); returns that run's
+    metrics (the latest value of each, these included), or None for another URI."""
     import mlflow
     from mlflow.entities import Metric
 
