@@ -115,10 +115,9 @@ def check_label_values(config: Config) -> None:
     """A training table small enough for this process (tables.IN_PROCESS_BYTES): the label's values against the task,
     from the label column alone, in a second: missing values, one class, classes too small to learn, a regression
     label of two values. Ingest, the split and the fit check the same on any table, in the flow."""
-    import numpy as np
-    import pyarrow as pa
     import pyarrow.compute as pc
 
+    from trainflow.data import count_rows_and_bad_labels
     from trainflow.folds import check_class_sizes
     from trainflow.tables import IN_PROCESS_BYTES, in_memory_bytes, list_files
 
@@ -126,13 +125,11 @@ def check_label_values(config: Config) -> None:
     fs, files = list_files(data.path, data.format)
     if data.materialize == "never" or in_memory_bytes(fs, files, data.format) > IN_PROCESS_BYTES:
         return
-    values = open_dataset(data.path, data.format, data.csv).to_table(columns=[data.label])[data.label]
-    rows = len(values)
+    table = open_dataset(data.path, data.format, data.csv).to_table(columns=[data.label])
+    values = table[data.label]
+    rows, bad = count_rows_and_bad_labels(table, data.label)  # ingest's count
     if rows == 0:
         raise DataError(f"{data.path}: the table has no rows")
-    bad = values.null_count
-    if pa.types.is_floating(values.type):  # NaN and infinities too
-        bad += int(np.count_nonzero(~np.isfinite(values.to_numpy(zero_copy_only=False)))) - values.null_count
     if bad:
         raise DataError(f"{data.path}: label column {data.label!r} has {bad} missing, NaN or infinite value(s) out of "
                         f"{rows} rows; drop or fix those rows")
