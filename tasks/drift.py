@@ -10,6 +10,7 @@ from typing import Any
 from trainflow.tasks.common import in_prefect_run, md, md_code, png_data_uri, task_logger
 from trainflow.preprocessors.baseline import drift_report
 from trainflow.config import Config
+from trainflow.redact import redact_text
 from trainflow.tracking import MODEL_URI, mlflow_key
 
 DRIFT_EVENT = "trainflow.drift.detected"
@@ -65,6 +66,7 @@ def publish(config: Config, model: str, source: str, drift: dict[str, Any], text
 
     from trainflow.tasks.report import artifact_key
 
+    source = redact_text(source)  # the artifact and the event never carry a URI's credentials
     log = task_logger("drift")
     drifted = drift.get("drifted_columns", [])
     if drifted:

@@ -377,3 +377,22 @@ def test_the_gate_judges_only_rows_held_out_from_both_models(tmp_path):
     strong = promote.gate(cfg, holdout, checkpoint(1.0), _register(cfg, checkpoint(1.0)))
     assert (strong.decision, strong.judged_on, strong.rows) == ("promoted", "test", held)
     assert strong.challenger_score < strong.champion_score  # val_loss, on the same held-out rows
+
+
+def test_a_drift_event_never_carries_the_credentials_of_the_scoring_uri(tmp_path):
+    """The scoring table's URI with user-info (a secret) goes into the drift event's payload and the artifact's
+    description masked, as into the logs."""
+    import datetime
+
+    from prefect import flow
+
+    from tests.conftest import prefect_events
+    from trainflow.tasks.drift import DRIFT_EVENT, publish
+
+    cfg = config_from_dict({"data": {"path": "x", "label": "y"}, "task": "classification",
+                            "mlflow": {"registered_model": "redacted-test"}}, base_dir=tmp_path)
+    since = datetime.datetime.now(datetime.timezone.utc)
+    flow(name="drift-redaction")(publish)(cfg, "models:/redacted-test/1", "s3://AKIAUSER:hunter2secret@bucket/t.parquet",
+                                         {}, estimated_drop={"val_roc_auc": 0.2})
+    [event] = prefect_events(DRIFT_EVENT, since)
+    assert "hunter2secret" not in json.dumps(event.payload) and event.payload["input"].endswith("@bucket/t.parquet")
