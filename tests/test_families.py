@@ -190,11 +190,13 @@ def test_a_sweep_can_search_family_keys_and_the_family_itself():
 
 
 def _catboost_killed_once():
-    """CatBoost's worker: the first attempt snapshots every second and SIGKILLs its own process once a stored snapshot
-    holds 150 rounds (right after storing it); the next attempt continues from that snapshot."""
+    """CatBoost's worker: the first attempt snapshots every second, takes at least 5 ms a round (a fast machine's whole
+    fit fits between two snapshots otherwise) and SIGKILLs its own process once a stored snapshot holds 150 rounds
+    (right after storing it); the next attempt continues from that snapshot."""
 
     def train_fn(loop_config):
         import json
+        import time
 
         from trainflow.storage import list_dir, read_text
         from trainflow.trainer.families import catboost_family as catboost_fit
@@ -214,6 +216,13 @@ def _catboost_killed_once():
                 os.kill(os.getpid(), signal.SIGKILL)
 
         catboost_fit.Progress.copy_snapshot = copy_then_die
+        after = catboost_fit.Progress.after_iteration
+
+        def slowed(progress, info):  # 5 ms a round: CatBoost writes a snapshot each second however fast the machine
+            time.sleep(0.005)
+            return after(progress, info)
+
+        catboost_fit.Progress.after_iteration = slowed
         catboost_fit.train_fn(loop_config)
         raise AssertionError("the fit ended before a snapshot of 150 rounds was stored")
 
