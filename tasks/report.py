@@ -307,6 +307,15 @@ predictions `{summary['predictions_path']}` (by version {summary.get('prediction
 """
 
 
+def new_params(client: mlflow.MlflowClient, run_id: str, values: dict[str, Any], prefix: str) -> list[Param]:
+    """values as the run's params under prefix, but for the ones it already has: a version an earlier retrain
+    registered (its checkpoint chosen again by a resumed retrain with more epochs) keeps the budget it was trained
+    under (MLflow refuses to change a param; the run records that training)."""
+    logged = client.get_run(run_id).data.params
+    params = {mlflow_key(f"{prefix}{k}"): str(v)[:6000] for k, v in values.items()}
+    return [Param(k, v) for k, v in params.items() if k not in logged]
+
+
 @task(name="report", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
 def report(config: Config, history: list[dict[str, float]], summary: dict[str, Any]) -> dict[str, str]:
     """Per-epoch metrics table, model card and loss curve as Prefect artifacts; the curve also in MLflow."""
@@ -331,7 +340,7 @@ def report(config: Config, history: list[dict[str, float]], summary: dict[str, A
         # what `auto` resolved to, and the scoring rows whose text values the model never saw
         client.log_batch(
             summary["mlflow_run_id"],
-            params=[Param(mlflow_key(f"budget.{k}"), str(v)[:6000]) for k, v in (summary.get("training_budget") or {}).items()],
+            params=new_params(client, summary["mlflow_run_id"], summary.get("training_budget") or {}, "budget."),
             metrics=[Metric(k, float(v), int(time.time() * 1000), 0) for k, v in (summary.get("test_metrics") or {}).items()
                      if math.isfinite(v)]
             + [Metric(mlflow_key(f"unseen_rows.{c}"), float(n), int(time.time() * 1000), 0)

@@ -228,31 +228,54 @@ def prefect_events(name: str, since, count: int = 1, timeout_s: float = 30.0) ->
 BUCKET = "trainflow-test"
 
 
+class Moto:
+    """moto's S3 server on a loopback port that a test can stop and start again: the buckets live in this process
+    (moto's backends), so what was stored is there again after a restart, as with a real store back from an outage."""
+
+    def __init__(self, port: int):
+        self.port, self.server = port, None
+        self.start()
+
+    def start(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port)
+        self.server.start()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+
 @pytest.fixture(scope="module")
-def s3_endpoint():
-    """moto's S3 server on a free loopback port; AWS settings point pyarrow (and the Ray workers) at it."""
+def moto_server():
+    """moto's S3 server on a free loopback port (a Moto); AWS settings point pyarrow (and the Ray workers) at it."""
     import pyarrow.fs as pafs
-    from moto.server import ThreadedMotoServer
 
-    from trainflow.storage import filesystem_for
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
+    moto = Moto(free_port())
     saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
     os.environ.update(
-        AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+        AWS_ENDPOINT_URL=f"http://127.0.0.1:{moto.port}", AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
         AWS_DEFAULT_REGION="us-east-1",
     )
     pafs.S3FileSystem(
-        endpoint_override=f"127.0.0.1:{port}", scheme="http", access_key="testing", secret_key="testing",
+        endpoint_override=f"127.0.0.1:{moto.port}", scheme="http", access_key="testing", secret_key="testing",
         allow_bucket_creation=True,
     ).create_dir(BUCKET)
-    fs, _ = filesystem_for(f"s3://{BUCKET}")
-    yield fs
+    yield moto
     for k, v in saved.items():
         if v is None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
-    server.stop()
+    moto.stop()
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint(moto_server):
+    """The pyarrow filesystem of moto_server's S3, as trainflow opens it."""
+    from trainflow.storage import filesystem_for
+
+    fs, _ = filesystem_for(f"s3://{BUCKET}")
+    yield fs

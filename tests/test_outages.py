@@ -14,7 +14,7 @@ import mlflow
 import pytest
 import yaml
 
-from tests.conftest import BUCKET, churn_config, free_port, sqlite_registry, write_config
+from tests.conftest import BUCKET, Moto, churn_config, free_port, sqlite_registry, write_config
 from tests.servers import BIN, mlflow_server, prefect_env, prefect_server, stop
 from trainflow.flows.cli import main as cli_main
 from trainflow.sample import make_churn_table
@@ -157,14 +157,6 @@ def test_a_prefect_api_away_is_waited_for_mid_run_and_before_it_and_named_past_i
         stop(server)
 
 
-def _moto(port: int):
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    return server
-
-
 @pytest.mark.usefixtures("prefect_harness", "ray_local")
 def test_an_object_store_away_is_waited_for_and_named_past_its_wait(tmp_path, capsys, caplog, monkeypatch):
     import pyarrow.fs as pafs
@@ -175,7 +167,7 @@ def test_an_object_store_away_is_waited_for_and_named_past_its_wait(tmp_path, ca
     for key, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
                        "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
         monkeypatch.setenv(key, value)
-    moto = _moto(port)
+    moto = Moto(port)
     fs = pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", allow_bucket_creation=True)
     fs.create_dir(BUCKET)
     pq.write_table(make_churn_table(400, seed=4), f"{BUCKET}/churn.parquet", filesystem=fs)
@@ -189,8 +181,8 @@ def test_an_object_store_away_is_waited_for_and_named_past_its_wait(tmp_path, ca
         # away when validate reads the table, for longer than pyarrow's own retries (about 6 s): it waits, saying
         # so, and validates once the store is back
         moto.stop()
-        thread, box = _later(9, lambda: _moto(port))
-        moto = _waits_then_passes(lambda: cli_main(["validate", "--config", str(cfg)]), thread, box, caplog,
+        thread, box = _later(9, moto.start)
+        _waits_then_passes(lambda: cli_main(["validate", "--config", str(cfg)]), thread, box, caplog,
                                   "the object store", endpoint, "storage_wait_s")
 
         # away for longer than the wait: exit 1 naming the store, before anything starts
@@ -203,3 +195,22 @@ def test_an_object_store_away_is_waited_for_and_named_past_its_wait(tmp_path, ca
         assert f"the object store at {endpoint}" in err and "services.storage_wait_s" in err, err
     finally:
         moto.stop()
+
+
+def test_a_worker_waits_as_its_run_says_and_an_outage_raised_there_reaches_the_driver_whole():
+    """Ray Train's workers take the run's waits (services.*) from the config they are given, not the defaults, and
+    ServiceUnavailable survives the pickling that carries a worker's error to the driver."""
+    import pickle
+
+    from trainflow.config import config_from_dict
+    from trainflow.services import WAITS, ServiceUnavailable
+    from trainflow.trainer.watchdog import Watched
+
+    cfg = config_from_dict({"data": {"path": "x", "label": "y"}, "task": "regression",
+                            "services": {"storage_wait_s": 7, "mlflow_wait_s": 8, "prefect_wait_s": 9}})
+    WAITS.storage = WAITS.mlflow = WAITS.prefect = 300.0  # a fresh worker process's defaults
+    seen = Watched(lambda loop_config: (WAITS.storage, WAITS.mlflow, WAITS.prefect), None)({"config": cfg})
+    assert seen == (7, 8, 9)
+    exc = ServiceUnavailable("the object store", "http://127.0.0.1:9 (s3)", 6.2, "storage_wait_s", "curlCode: 7")
+    back = pickle.loads(pickle.dumps(exc))
+    assert (type(back), str(back), back.service, back.where) == (ServiceUnavailable, str(exc), exc.service, exc.where)

@@ -313,6 +313,18 @@ def test_register_is_idempotent_across_task_retries(tmp_path):
     assert len(client.get_metric_history(first.run_id, "val_loss")) == 1
 
 
+def test_a_version_registered_before_keeps_the_budget_it_was_trained_under(tmp_path):
+    """A resumed retrain with more epochs that chooses an earlier retrain's checkpoint again reports into that
+    version's run: the budget params it has stay (MLflow refuses a changed param), new ones are added."""
+    from trainflow.tasks.report import new_params
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run_id = client.create_run(client.create_experiment("budget")).info.run_id
+    client.log_batch(run_id, params=new_params(client, run_id, {"epochs": 5, "limit": 5}, "budget."))
+    client.log_batch(run_id, params=new_params(client, run_id, {"epochs": 6, "limit": 6, "unit": "epoch"}, "budget."))
+    assert client.get_run(run_id).data.params == {"budget.epochs": "5", "budget.limit": "5", "budget.unit": "epoch"}
+
+
 def test_a_full_disk_is_one_clear_error_and_never_retried(capsys, monkeypatch):
     import errno
 

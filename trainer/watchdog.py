@@ -82,12 +82,16 @@ class Watchdog:
 
 
 class Watched:
-    """A train function run under a Watchdog (picklable, so Ray can ship it to the workers)."""
+    """A train function run under a Watchdog (picklable, so Ray can ship it to the workers), in a worker that waits
+    out absent services as the run's config says (services.*: an object store away while a checkpoint is written)
+    and masks the config's secrets in its log lines."""
 
     def __init__(self, train_fn: Callable[[dict[str, Any]], Any], timeout_s: float | str | None):
         self.train_fn, self.timeout_s = train_fn, timeout_s
 
     def __call__(self, loop_config: dict[str, Any]) -> Any:
+        if loop_config.get("config") is not None:
+            loop_config["config"].apply_to_process()
         if not self.timeout_s:
             return self.train_fn(loop_config)
         import ray.train

@@ -777,6 +777,12 @@ class Config(_Section):
         if not self.inference.input:
             raise ConfigError("inference.input and inference.output must be set to run batch inference")
 
+    def apply_to_process(self) -> None:
+        """This process waits out absent services as long as `services` says and masks this config's secrets in its
+        log lines: load_config does it for the driver, each Ray Train worker for itself (trainer/watchdog.Watched)."""
+        _apply_waits(self.services, self.mlflow.tracking_uri)
+        protect(self.to_dict())
+
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
@@ -921,10 +927,9 @@ def config_from_dict(raw: dict[str, Any], base_dir: str | Path = ".", source: st
         uri = _resolve(uri, base)
     cfg.mlflow.tracking_uri = uri
     cfg.ray.address = cfg.ray.address or os.environ.get("RAY_ADDRESS") or None
-    _apply_waits(cfg.services, uri)
     if cfg.tune is not None:
         _check_search_space(cfg, source)
-    protect(cfg.to_dict())  # its secrets are masked in every log line from here on
+    cfg.apply_to_process()  # its waits from here on, and its secrets masked in every log line
     return cfg
 
 

@@ -53,9 +53,13 @@ class ServiceUnavailable(InfrastructureError):
 
     def __init__(self, service: str, where: str, waited_s: float, key: str, reason: str):
         self.service, self.where = service, where
+        self._args = (service, where, waited_s, key, reason)
         super().__init__(f"{service} at {where} did not answer for {waited_s:.0f} s (services.{key}; {reason}); "
                          "nothing was published half-done: run the same command again when it is back (a retrain "
                          "resumes from its last checkpoint and finishes what it had not)")
+
+    def __reduce__(self):  # raised in a Ray worker, it reaches the driver whole (an exception pickles its args)
+        return type(self), self._args
 
 
 def is_down(exc: BaseException | None) -> bool:
