@@ -125,7 +125,7 @@ def check_label_values(config: Config) -> None:
     fs, files = list_files(data.path, data.format)
     if data.materialize == "never" or in_memory_bytes(fs, files, data.format) > IN_PROCESS_BYTES:
         return
-    table = open_dataset(data.path, data.format, data.csv).to_table(columns=[data.label])
+    table = open_dataset(data.path, data.format, data.csv, (fs, files)).to_table(columns=[data.label])
     values = table[data.label]
     rows, bad = count_rows_and_bad_labels(table, data.label)  # ingest's count
     if rows == 0:

@@ -141,11 +141,12 @@ def check_csv_header(fs: pafs.FileSystem, first: str, csv: Any, source: str) -> 
     check_names(list(names), source)
 
 
-def open_dataset(path: str, fmt: str, csv: Any = None):
-    """A pyarrow dataset over the table's files (no rows read yet); DataError when they cannot be opened."""
+def open_dataset(path: str, fmt: str, csv: Any = None, listed: tuple[pafs.FileSystem, list[str]] | None = None):
+    """A pyarrow dataset over the table's files (listed: list_files' answer when the caller has it; no rows read
+    yet); DataError when they cannot be opened."""
     import pyarrow.dataset as pads
 
-    fs, files = list_files(path, fmt)
+    fs, files = listed or list_files(path, fmt)
     if fmt == "csv":
         check_csv_header(fs, files[0], csv, path)
         args = csv_arguments(csv)
