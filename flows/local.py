@@ -118,7 +118,7 @@ def check_label_values(config: Config) -> None:
     import pyarrow.compute as pc
 
     from trainflow.data import count_rows_and_bad_labels
-    from trainflow.folds import check_class_sizes
+    from trainflow.folds import check_class_sizes, label_unfit_for_task
     from trainflow.tables import IN_PROCESS_BYTES, in_memory_bytes, list_files
 
     data = config.data
@@ -135,13 +135,10 @@ def check_label_values(config: Config) -> None:
                         f"{rows} rows; drop or fix those rows")
     found = pc.value_counts(values)
     counts = dict(zip(map(str, found.field("values").to_pylist()), found.field("counts").to_pylist()))
-    if config.task == "classification":
-        if len(counts) < 2:
-            raise DataError(f"{data.path}: label column {data.label!r} has only one class ({list(counts)}) in its "
-                            f"{rows:,} rows; classification needs at least two")
+    classes = config.task == "classification"
+    if len(counts) < (2 if classes else 3):  # one class; a "quantity" of one or two values
+        raise label_unfit_for_task(data.path, data.label, config.task, f"its {rows:,} rows",
+                                   str(list(counts)) if classes else ", ".join(counts))
+    if classes:
         check_class_sizes(data.path, data.label, counts)
-    elif config.task == "regression" and len(counts) <= 2:
-        raise DataError(f"{data.path}: label column {data.label!r} under task: regression holds at most two values in "
-                        f"its {rows:,} rows ({', '.join(counts)}): that is a class, not a quantity to fit; set task: "
-                        "classification")
 

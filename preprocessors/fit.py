@@ -18,6 +18,7 @@ from ray.data.aggregate import AggregateFnV2, Count, ValueCounter
 
 from trainflow import pacing
 from trainflow.errors import DataError
+from trainflow.folds import label_unfit_for_task
 from trainflow.preprocessors.baseline import (
     STEP, categorical_baseline, count_batch, label_baseline, merge_counts, numeric_baseline,
 )
@@ -241,19 +242,13 @@ def fit_preprocessor(
         label_counts = counts("counts:__label__")
         classes = list(label_counts)
         if len(classes) < 2:
-            raise DataError(
-                f"{spec.path}: label column {spec.label!r} has only one class ({classes}) in the training rows; "
-                "classification needs at least two"
-            )
+            raise label_unfit_for_task(spec.path, spec.label, task, "the training rows", str(classes))
     elif len(stats.get("hist:__label__") or {}) <= 2:
         # every value within a fine bin of one or two values (asinh steps): a class written as numbers, or no label
         low, high = (float(np.sinh(STEP * k)) for k in (min(stats["hist:__label__"] or [0]),
                                                        max(stats["hist:__label__"] or [0])))
-        raise DataError(
-            f"{spec.path}: label column {spec.label!r} under task: regression holds at most two values in its {rows:,} "
-            f"training rows (about {low:.4g} and {high:.4g}): that is a class, not a quantity to fit; set task: "
-            "classification"
-        )
+        raise label_unfit_for_task(spec.path, spec.label, task, f"its {rows:,} training rows",
+                                   f"about {low:.4g} and {high:.4g}")
     category_counts = {c: {None if k is None else str(k): v for k, v in counts(f"counts:{c}", True).items()}
                        for c in spec.categorical}
     baseline = {

@@ -1,6 +1,7 @@
 """Split and preprocessing on real Ray Data: fit on train only, vectorised transform, JSON round trip."""
 
 import json
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -371,3 +372,16 @@ def test_a_table_in_memory_is_fitted_and_packed_here_as_ray_data_does_it(task):
         np.testing.assert_array_equal(rows_a, rows_b)
         labels = [np.concatenate([r["label"] for r in d.iter_batches(batch_format="numpy")]) for d in (a, b)]
         np.testing.assert_array_equal(*labels)
+
+
+@pytest.mark.parametrize("task, label, said", [
+    ("classification", [1] * 40, "has only one class ([1]) in the training rows; classification needs at least two"),
+    ("regression", [0.0, 1.0] * 20, "under task: regression holds at most two values in its 40 training rows (about 0 and "
+                                    "0.9981): that is a class"),  # the fine asinh bins the values fall in
+])
+def test_the_fit_refuses_a_label_that_cannot_be_what_the_task_says(task, label, said):
+    """The fit's own check on the training rows (the pre-flight makes it on small tables before anything starts)."""
+    table = pa.table({"x": np.arange(40, dtype=np.float64), "y": label})
+    spec = table_spec(table.schema, DataSection(path="t.parquet", label="y"), task, "t.parquet")
+    with pytest.raises(DataError, match=re.escape(f"t.parquet: label column 'y' {said}")):
+        fit_preprocessor(table, spec, task)

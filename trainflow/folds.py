@@ -224,6 +224,18 @@ def _is_number(value) -> bool:
     return True
 
 
+def label_unfit_for_task(path: str, label: str, task: str, rows: str, values: str):
+    """The DataError for a label that cannot be what the task says: one class under classification, at most two
+    values under regression. rows: which rows were read ("its 300 rows"); values: what was found in them."""
+    from trainflow.errors import DataError
+
+    if task == "classification":
+        return DataError(f"{path}: label column {label!r} has only one class ({values}) in {rows}; classification "
+                         "needs at least two")
+    return DataError(f"{path}: label column {label!r} under task: regression holds at most two values in {rows} "
+                     f"({values}): that is a class, not a quantity to fit; set task: classification")
+
+
 def check_class_sizes(path: str, label: str, label_counts: dict) -> None:
     """DataError when most classes are too small to learn or to judge (the median class under MIN_CLASS_ROWS rows):
     a quantity read as classes (a count, an amount in whole units) or a label that names rows rather than groups."""
