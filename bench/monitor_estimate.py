@@ -81,11 +81,18 @@ def main() -> None:
                 figures[kind] = json.loads(out.read_text())["monitor"]["metrics"]
             est, real = figures["estimated"], figures["realised"]
             error = est["val_accuracy"] - real["val_accuracy"]
+            # the accuracy these predictions have in expectation under the true P(y | x), free of the labels' draw:
+            # estimate - expected is the estimate's own bias, realised - expected the sampling noise
+            preds = pq.read_table(tmp / case, columns=["row_id", "prediction"]).sort_by("row_id")
+            p_true = 1 / (1 + np.exp(-(xs @ w)))
+            hit = np.where(preds["prediction"].to_numpy() == 1, p_true, 1 - p_true)
+            expected, se = float(hit.mean()), float(np.sqrt(np.sum(hit * (1 - hit))) / len(hit))
             target = "target |error| <= 0.02" if case != "concept-drift" else "P(y|x) changed: no target, it breaks"
             report(f"monitor-estimate-{case}", est["val_accuracy"], real["val_accuracy"], "accuracy",
                    est["val_accuracy"] / real["val_accuracy"],
                    f"{SCORE_ROWS} scoring rows: accuracy estimated without labels vs realised with them, error "
-                   f"{error:+.3f}; ROC AUC {est.get('val_roc_auc', float('nan')):.3f} vs "
+                   f"{error:+.3f}; expected under the true P(y|x) {expected:.4f} (the labels' draw: SE {se:.4f}), "
+                   f"estimate - expected {est['val_accuracy'] - expected:+.3f}; ROC AUC {est.get('val_roc_auc', float('nan')):.3f} vs "
                    f"{real.get('val_roc_auc', float('nan')):.3f}; {target}", digits=3)
 
 
