@@ -197,9 +197,10 @@ def test_an_object_store_away_is_waited_for_and_named_past_its_wait(tmp_path, ca
         moto.stop()
 
 
-def test_a_worker_waits_as_its_run_says_and_an_outage_raised_there_reaches_the_driver_whole():
-    """Ray Train's workers take the run's waits (services.*) from the config they are given, not the defaults, and
-    ServiceUnavailable survives the pickling that carries a worker's error to the driver."""
+def test_a_worker_waits_as_its_run_says_and_an_outage_raised_there_reaches_the_driver_whole(tmp_path):
+    """Ray Train's workers, and trainflow's callback in its controller, take the run's waits (services.*) from the
+    config they are given, not the defaults (the controller waited 292 s for a store the run said to wait 2 s for),
+    and ServiceUnavailable survives the pickling that carries a worker's error to the driver."""
     import pickle
 
     from trainflow.config import config_from_dict
@@ -211,6 +212,11 @@ def test_a_worker_waits_as_its_run_says_and_an_outage_raised_there_reaches_the_d
     WAITS.storage = WAITS.mlflow = WAITS.prefect = 300.0  # a fresh worker process's defaults
     seen = Watched(lambda loop_config: (WAITS.storage, WAITS.mlflow, WAITS.prefect), None)({"config": cfg})
     assert seen == (7, 8, 9)
+    from trainflow.trainer.recovery import RecoveryLog, read_events
+
+    WAITS.storage = 300.0  # the controller's defaults
+    RecoveryLog(str(tmp_path), cfg).after_exception(None, {0: RuntimeError("worker lost")})
+    assert WAITS.storage == 7 and read_events(str(tmp_path))[-1]["error"] == "worker 0: RuntimeError: worker lost"
     exc = ServiceUnavailable("the object store", "http://127.0.0.1:9 (s3)", 6.2, "storage_wait_s", "curlCode: 7")
     back = pickle.loads(pickle.dumps(exc))
     assert (type(back), str(back), back.service, back.where) == (ServiceUnavailable, str(exc), exc.service, exc.where)

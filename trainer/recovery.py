@@ -63,12 +63,16 @@ def started_from(events: list[dict[str, Any]]) -> int | None:
 
 
 class RecoveryLog(UserCallback):
-    """Records each worker-group failure that Ray Train handles (or gives up on)."""
+    """Records each worker-group failure that Ray Train handles (or gives up on). It runs in Ray Train's controller,
+    a process of its own: it waits out an absent object store as the run's config says (services.storage_wait_s),
+    not for the default."""
 
-    def __init__(self, run_dir: str):
-        self.run_dir = run_dir
+    def __init__(self, run_dir: str, config: Any = None):
+        self.run_dir, self.config = run_dir, config
 
     def after_exception(self, run_context, worker_exceptions: dict[int, Exception]) -> None:
+        if self.config is not None:
+            self.config.apply_to_process()
         rank, exc = sorted(worker_exceptions.items())[0]
         msg = str(exc).strip().splitlines()
         detail = next((ln for ln in reversed(msg) if ln.strip()), type(exc).__name__)

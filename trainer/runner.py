@@ -120,7 +120,7 @@ def build_trainer(
                 checkpoint_score_order=ckpt.mode,
             ),
             failure_config=failure_config(config.failure.max_failures),
-            callbacks=[RecoveryLog(run_dir(config, run_name)), *(callbacks or [])],
+            callbacks=[RecoveryLog(run_dir(config, run_name), config), *(callbacks or [])],
             worker_runtime_env={"env_vars": dict(config.scaling.env_vars)},
         ),
     )
