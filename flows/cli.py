@@ -374,10 +374,13 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     summary = run_here(args.command, config, args)  # small work with no Prefect API: answered here, in seconds
     if summary is not None:
         return summary
+    from trainflow.flows.local import scored_in_process
     from trainflow.runtime import start_prefect_server_in_background, start_ray_in_background
 
-    # Ray and Prefect's temporary server come up while this process imports the flow
-    start_ray_in_background(config.ray.address, config.ray.runtime_env)
+    # Ray and Prefect's temporary server come up while this process imports the flow (Ray not for a predict that
+    # scores its table in this process: no step of it needs Ray)
+    if not (args.command == "predict" and scored_in_process(config)):
+        start_ray_in_background(config.ray.address, config.ray.runtime_env)
     server = start_prefect_server_in_background()
     flow = _flow(args.command)
     if server is not None:

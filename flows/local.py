@@ -27,7 +27,7 @@ def run_here(command: str, config: Config, args: argparse.Namespace) -> dict[str
     if prefect_server_configured() or command not in ("predict", "retrain", "validate") or \
             (command == "retrain" and args.force):
         return None
-    if command != "validate" and config.inference.input and not _scored_here(config):
+    if command != "validate" and config.inference.input and not scored_in_process(config):
         return None  # (predict without inference.input: refused here, at once)
     # the tasks log to trainflow.<task> outside Prefect: at INFO, Prefect's console handler shows them as in a flow run
     logger = logging.getLogger("trainflow")
@@ -63,7 +63,7 @@ def _small_work(command: str, config: Config, args: argparse.Namespace) -> dict[
     return skipped_run(config, resolve_run_name.fn(args.run_name), skipped, in_flow=False)
 
 
-def _scored_here(config: Config) -> bool:
+def scored_in_process(config: Config) -> bool:
     """Whether inference.input is scored in this process (tasks/infer.py's rule)."""
     from trainflow.tasks.infer import scored_here, scoring_table_bytes
 

@@ -128,6 +128,45 @@ def sqlite_registry(directory: Path, name: str = "m", versions: int = 3):
     return client, uri
 
 
+def tiny_preprocessor():
+    """A fitted classification preprocessor built from its numbers (no table, no Ray): x1, x2, kind, city -> y."""
+    from trainflow.preprocessors.tabular import TabularPreprocessor
+
+    return TabularPreprocessor.from_stats(
+        "classification", "y", ["x1", "x2", "kind", "city"],
+        {"x1": (0.0, 1.0, -3.0, 3.0), "x2": (5.0, 2.0, 0.0, 10.0)},
+        {"kind": {"a": 10, "b": 20}, "city": {f"c{i}": 10 for i in range(40)}},
+        ["no", "yes"], None, 100, {"no": 60, "yes": 40},
+    )
+
+
+def tiny_checkpoint(tmp_path: Path, hidden=(8,)) -> Path:
+    """An untrained network's checkpoint over tiny_preprocessor, temperature-calibrated, as trainflow writes one
+    (tmp_path/ckpt): what serving, registering and scoring read, without a training run."""
+    from trainflow.config import config_from_dict
+    from trainflow.trainer.calibration import write_calibration
+    from trainflow.trainer.checkpoint import save_checkpoint
+    from trainflow.trainer.families.network import model_for
+
+    prep = tiny_preprocessor()
+    cfg = config_from_dict({"data": {"path": "mem", "label": "y"}, "task": "classification",
+                            "model": {"type": "mlp", "hidden_sizes": list(hidden)}}, base_dir=tmp_path)
+    raw = cfg.to_dict()
+    model = model_for(prep, raw["model"])
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    save_checkpoint(d, model.state_dict(), {"epoch": 0}, {"val_loss": 0.5}, [], prep.to_dict(), raw)
+    write_calibration(d, {"method": "temperature", "temperature": 1.5})
+    return d
+
+
+def tiny_table(rows: int = 50) -> pa.Table:
+    """Rows tiny_checkpoint scores (id, x1, x2, kind, city; no label)."""
+    rng = np.random.default_rng(0)
+    return pa.table({"id": np.arange(rows), "x1": rng.normal(size=rows), "x2": rng.normal(5, 2, rows),
+                     "kind": rng.choice(["a", "b"], rows), "city": rng.choice([f"c{i}" for i in range(40)], rows)})
+
+
 def write_config(directory: Path, raw: dict[str, Any], name: str = "config.yaml") -> Path:
     """The config as YAML in directory; its MLflow SQLite store (directory/mlflow.db when no tracking URI is set,
     beside a relative storage_path), when it does not exist yet, starts as a copy of an empty one."""

@@ -8,45 +8,14 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
 import pytest
 
-from trainflow.config import config_from_dict
-from trainflow.preprocessors.tabular import TabularPreprocessor
-from trainflow.trainer.calibration import CALIBRATION_FILE, write_calibration
-from trainflow.trainer.checkpoint import CONFIG_FILE, save_checkpoint
-from trainflow.trainer.families.network import check_model, model_for
+from tests.conftest import tiny_checkpoint, tiny_preprocessor, tiny_table
+from trainflow.trainer.calibration import CALIBRATION_FILE
+from trainflow.trainer.checkpoint import CONFIG_FILE
+from trainflow.trainer.families.network import check_model
 from trainflow.trainer.predict import NonFiniteOutput, predict_table
 from trainflow.trainer.serving import load_servable
-
-
-def _prep() -> TabularPreprocessor:
-    return TabularPreprocessor.from_stats(
-        "classification", "y", ["x1", "x2", "kind", "city"],
-        {"x1": (0.0, 1.0, -3.0, 3.0), "x2": (5.0, 2.0, 0.0, 10.0)},
-        {"kind": {"a": 10, "b": 20}, "city": {f"c{i}": 10 for i in range(40)}},
-        ["no", "yes"], None, 100, {"no": 60, "yes": 40},
-    )
-
-
-def _checkpoint(tmp_path: Path, hidden=(8,)) -> Path:
-    prep = _prep()
-    cfg = config_from_dict({"data": {"path": "mem", "label": "y"}, "task": "classification",
-                            "model": {"type": "mlp", "hidden_sizes": list(hidden)}}, base_dir=tmp_path)
-    raw = cfg.to_dict()
-    model = model_for(prep, raw["model"])
-    d = tmp_path / "ckpt"
-    d.mkdir()
-    save_checkpoint(d, model.state_dict(), {"epoch": 0}, {"val_loss": 0.5}, [], prep.to_dict(), raw)
-    write_calibration(d, {"method": "temperature", "temperature": 1.5})
-    return d
-
-
-def _table(rows: int = 50) -> pa.Table:
-    rng = np.random.default_rng(0)
-    return pa.table({"id": np.arange(rows), "x1": rng.normal(size=rows), "x2": rng.normal(5, 2, rows),
-                     "kind": rng.choice(["a", "b"], rows), "city": rng.choice([f"c{i}" for i in range(40)], rows)})
 
 
 def _edit(path: Path, change) -> None:
@@ -70,7 +39,7 @@ PREPROCESSOR_EDITS = {
 
 @pytest.mark.parametrize("edit", list(PREPROCESSOR_EDITS), ids=list(PREPROCESSOR_EDITS))
 def test_an_edited_preprocessor_is_refused_naming_its_file_before_anything_is_built(tmp_path, edit):
-    d = _checkpoint(tmp_path)
+    d = tiny_checkpoint(tmp_path)
     change, message = PREPROCESSOR_EDITS[edit]
     _edit(d / "preprocessor.json", change)
     start = time.monotonic()
@@ -92,14 +61,14 @@ CALIBRATION_EDITS = {
 
 @pytest.mark.parametrize("edit", list(CALIBRATION_EDITS), ids=list(CALIBRATION_EDITS))
 def test_a_calibration_outside_what_fitting_produces_is_refused(tmp_path, edit):
-    d = _checkpoint(tmp_path)
+    d = tiny_checkpoint(tmp_path)
     (d / CALIBRATION_FILE).write_text(json.dumps(CALIBRATION_EDITS[edit]))
     with pytest.raises(ValueError, match="calibration.json: not a calibration trainflow wrote"):
         load_servable(d)
 
 
 def test_network_sizes_are_refused_before_they_are_allocated(tmp_path):
-    d = _checkpoint(tmp_path)
+    d = tiny_checkpoint(tmp_path)
     # a checkpoint's config asks for a network its weights file cannot hold
     _edit(d / CONFIG_FILE, lambda c: c["model"].update(hidden_sizes=[300_000_000]))
     start = time.monotonic()
@@ -107,17 +76,17 @@ def test_network_sizes_are_refused_before_they_are_allocated(tmp_path):
         load_servable(d)
     # a config's own sizes against this machine's memory, before validate or training builds the network
     with pytest.raises(ValueError, match="available memory"):
-        check_model(_prep(), {"type": "mlp", "hidden_sizes": [300_000_000], "dropout": 0.0})
+        check_model(tiny_preprocessor(), {"type": "mlp", "hidden_sizes": [300_000_000], "dropout": 0.0})
     assert time.monotonic() - start < 5
 
 
 def test_a_batch_with_a_non_finite_output_is_never_produced_and_names_the_checkpoint(tmp_path):
-    d = _checkpoint(tmp_path)
+    d = tiny_checkpoint(tmp_path)
     # finite numbers that fitting could produce, whose arithmetic overflows: caught on the outputs
     _edit(d / "preprocessor.json", lambda p: p["numeric"]["x1"].update(mean=3e38, std=1e-11, min=-3.0, max=3.0))
     servable = load_servable(d)
     with pytest.raises(NonFiniteOutput, match=f"checkpoint {d}.*non-finite proba"):
-        predict_table(servable, _table())
+        predict_table(servable, tiny_table())
 
 
 def test_what_select_checked_is_what_later_steps_read_after_a_swap(tmp_path):
@@ -126,14 +95,14 @@ def test_what_select_checked_is_what_later_steps_read_after_a_swap(tmp_path):
     from trainflow.storage import private_copy
     from trainflow.tasks.infer import check_class_path, resolve_checkpoint
 
-    d = _checkpoint(tmp_path)
+    d = tiny_checkpoint(tmp_path)
     checked = resolve_checkpoint(str(d), allowed=set())
     assert Path(checked) != d
     _edit(d / CONFIG_FILE, lambda c: c["model"].update(type="torch", class_path="trainflow.examples.evil:Net"))
     with pytest.raises(Exception, match="does not name"):
         check_class_path(str(d), set(), str(d))  # the swapped folder itself is refused...
     served = load_servable(checked)  # ...and the checked copy is untouched by the swap
-    assert served.family == "mlp" and predict_table(served, _table()).num_rows == 50
+    assert served.family == "mlp" and predict_table(served, tiny_table()).num_rows == 50
     copy = private_copy(str(d))
     assert copy != checked and json.loads(Path(copy, CONFIG_FILE).read_text())["model"]["type"] == "torch"
 

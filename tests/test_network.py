@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.test_checkpoint_state import _prep, _table
+from tests.conftest import tiny_preprocessor, tiny_table
 from trainflow.config import ConfigError, config_from_dict
 from trainflow.trainer.checkpoint import save_checkpoint
 from trainflow.trainer.families.network import EmbeddingMLP, check_model, model_for, network_parameters
@@ -20,19 +20,19 @@ def _config(tmp_path, **model):
 
 
 def test_continuous_positions_are_the_number_values_and_date_parts_only():
-    prep = _prep()
+    prep = tiny_preprocessor()
     names = prep.feature_names()
     assert [names[i] for i in prep.continuous_positions()] == ["x1", "x2"]  # not the one-hot slots or the code
 
 
 def test_periodic_embeddings_take_the_continuous_values_and_serve_from_the_checkpoint(tmp_path):
-    prep, raw = _prep(), _config(tmp_path, numeric_embedding="periodic")
+    prep, raw = tiny_preprocessor(), _config(tmp_path, numeric_embedding="periodic")
     torch.manual_seed(0)
     model = model_for(prep, raw["model"])
     assert isinstance(model, EmbeddingMLP) and model.periodic is not None
     assert sum(p.numel() for p in model.parameters()) == network_parameters(prep, raw["model"])  # sized before allocation
     check_model(prep, raw["model"])
-    x = torch.from_numpy(prep.transform_features(_table()))
+    x = torch.from_numpy(prep.transform_features(tiny_table()))
     x2 = x.clone()
     x2[:, prep.continuous_positions()[0]] += 0.5  # a continuous value moves the output through its embedding
     with torch.no_grad():
@@ -51,7 +51,7 @@ def test_periodic_embeddings_take_the_continuous_values_and_serve_from_the_check
 def test_auto_embeds_periodically_up_to_a_million_training_rows(tmp_path, monkeypatch):
     from trainflow.trainer.families import network as model_module
 
-    prep, raw = _prep(), _config(tmp_path)
+    prep, raw = tiny_preprocessor(), _config(tmp_path)
     assert raw["model"]["numeric_embedding"] == "auto" and model_for(prep, raw["model"]).periodic is not None
     monkeypatch.setattr(model_module, "PERIODIC_MAX_ROWS", prep.train_rows - 1)  # a table past the threshold
     assert model_for(prep, raw["model"]).periodic is None

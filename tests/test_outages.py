@@ -6,6 +6,8 @@ having moved or written nothing (the same command completing once the service is
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import subprocess
 import threading
 import time
@@ -44,6 +46,19 @@ def _waits_then_passes(command, thread, box: dict, caplog, service: str, where: 
     said = [r.getMessage() for r in caplog.records if r.name == "trainflow.services"]
     assert any(f"waiting for {service} at {where}" in m and f"services.{key}" in m for m in said), said
     return box["server"]
+
+
+@contextlib.contextmanager
+def _lines_of(logger: str):
+    """The messages logger emits meanwhile, whatever handlers and propagation a flow run sets up."""
+    said: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: said.append(record.getMessage())
+    logging.getLogger(logger).addHandler(handler)
+    try:
+        yield said
+    finally:
+        logging.getLogger(logger).removeHandler(handler)
 
 
 def _registry(client: mlflow.MlflowClient, name: str, versions: int) -> None:
@@ -220,3 +235,71 @@ def test_a_worker_waits_as_its_run_says_and_an_outage_raised_there_reaches_the_d
     exc = ServiceUnavailable("the object store", "http://127.0.0.1:9 (s3)", 6.2, "storage_wait_s", "curlCode: 7")
     back = pickle.loads(pickle.dumps(exc))
     assert (type(back), str(back), back.service, back.where) == (ServiceUnavailable, str(exc), exc.service, exc.where)
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_an_mlflow_server_away_after_the_predictions_are_written_is_waited_for_and_named_past_its_wait(
+        tmp_path, capsys, monkeypatch):
+    """The last thing a scoring run does is record its estimate (CBPE) on the served version's MLflow run, after the
+    predictions are committed. The server gone at that moment: within its wait the run says so and records the
+    estimate once it is back; past it, exit 1 naming the server, the committed output whole (every input row, its
+    manifest naming the version) and no estimate recorded; the same command with the server back records it."""
+    from tests.conftest import tiny_checkpoint, tiny_table, write_parquet
+    from trainflow.outputs import read_manifest
+    from trainflow.tasks import infer
+    from trainflow.tasks.model_package import MODEL_CODE, requirements
+
+    port = free_port()
+    uri, folder = f"http://127.0.0.1:{port}", tmp_path / "mlflow"
+    servers = [mlflow_server(folder, port)]
+    client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+    experiment = client.create_experiment("scoring")
+    mlflow.set_tracking_uri(uri)
+    with mlflow.start_run(experiment_id=experiment) as run:
+        mlflow.pyfunc.log_model(name="model", python_model=MODEL_CODE, artifacts={"checkpoint": str(tiny_checkpoint(tmp_path))},
+                                pip_requirements=requirements(["mlp"]), registered_model_name="m")
+    mlflow.set_tracking_uri(None)
+    write_parquet(tiny_table(300), tmp_path / "score.parquet")
+    output = tmp_path / "predictions"
+    raw = {"data": {"path": str(tmp_path / "score.parquet"), "label": "y", "id_column": "id"}, "task": "classification",
+           "mlflow": {"tracking_uri": uri, "registered_model": "m"}, "services": {"mlflow_wait_s": 60},
+           "inference": {"input": str(tmp_path / "score.parquet"), "output": str(output)}}
+    cfg = write_config(tmp_path, raw)
+    predict = ["predict", "--config", str(cfg), "--model", "models:/m/1"]
+    committed = infer.write_output
+    gone: dict = {"back_after_s": 0}  # started again at once: back within seconds
+
+    def server_gone_once_committed(*args, **kwargs):  # the predictions committed, then the server stops
+        rows = committed(*args, **kwargs)
+        stop(servers[-1])
+        if gone["back_after_s"] is not None:
+            gone["thread"], _ = _later(gone["back_after_s"], lambda: servers.append(mlflow_server(folder, port)))
+        return rows
+
+    monkeypatch.setattr(infer, "write_output", server_gone_once_committed)
+    estimates = lambda: client.get_metric_history(run.info.run_id, "estimated_val_accuracy")  # noqa: E731
+    try:
+        # within the wait: says what it waits for, then records the estimate once the server is back
+        with _lines_of("trainflow.services") as said:  # (inside a flow run Prefect's handlers take the line)
+            assert cli_main(predict) == 0
+        gone["thread"].join()
+        assert any(f"waiting for the MLflow tracking server at {uri}" in m and "services.mlflow_wait_s" in m
+                   for m in said), said
+        assert len(estimates()) == 1
+
+        # past the wait: exit 1 naming the server; the output committed whole, the estimate not recorded
+        raw["services"]["mlflow_wait_s"] = 3
+        write_config(tmp_path, raw)
+        gone["back_after_s"] = None
+        capsys.readouterr()
+        assert cli_main(predict) == 1
+        err = capsys.readouterr().err
+        assert f"the MLflow tracking server at {uri} did not answer" in err and "services.mlflow_wait_s" in err, err
+        manifest = read_manifest(str(output))
+        assert (manifest["rows"], manifest["model"]) == (300, "models:/m/1")
+        servers.append(mlflow_server(folder, port))
+        assert len(estimates()) == 1
+        monkeypatch.setattr(infer, "write_output", committed)
+        assert cli_main(predict) == 0 and len(estimates()) == 2
+    finally:
+        stop(servers[-1])
