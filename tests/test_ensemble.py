@@ -138,7 +138,8 @@ def test_an_ensemble_checkpoint_is_served_registered_rebuilt_and_read_strictly(t
     with tracking(cfg.mlflow.tracking_uri):
         with mlflow.start_run(experiment_id=ensure_experiment(cfg.mlflow.tracking_uri, "ens")):
             info = mlflow.pyfunc.log_model(name="model", python_model=MODEL_CODE,
-                                           artifacts={"checkpoint": built.selected.path}, registered_model_name="ens")
+                                           artifacts={"checkpoint": built.selected.path}, pip_requirements=reqs,
+                                           registered_model_name="ens")
         got = mlflow.pyfunc.load_model(info.model_uri).predict(table.drop_columns(["y"]).to_pandas())
     expected = served.preprocessor.decode_predictions(served.predict(x), None)["prediction"]
     np.testing.assert_allclose(got["prediction"].to_numpy(), expected, rtol=1e-5)

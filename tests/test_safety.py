@@ -153,13 +153,14 @@ def _gate_setup(tmp_path, table=None, **sections):
 
 def _register(cfg, path: str):
     from trainflow.tasks.register import Registered
-    from trainflow.tasks.model_package import MODEL_CODE
+    from trainflow.tasks.model_package import MODEL_CODE, requirements
     from trainflow.tracking import ensure_experiment, tracking
 
     with tracking(cfg.mlflow.tracking_uri):
         exp = ensure_experiment(cfg.mlflow.tracking_uri, "gate")
-        with mlflow.start_run(experiment_id=exp) as run:
+        with mlflow.start_run(experiment_id=exp) as run:  # (requirements as register gives them: none inferred)
             info = mlflow.pyfunc.log_model(name="model", python_model=MODEL_CODE, artifacts={"checkpoint": path},
+                                           pip_requirements=requirements(["mlp"]),
                                            registered_model_name=cfg.mlflow.registered_model)
     return Registered(run.info.run_id, cfg.mlflow.registered_model, str(info.registered_model_version), "")
 

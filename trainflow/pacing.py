@@ -13,16 +13,23 @@ training and validation splits): a step that returned in under PACE_S, that is w
 followed by a sleep of PACE_S. A block arrives at most PACE_S later than it would have; the blocks there
 are tens of thousands of rows, consumed in tenths of seconds. Without the private method (another Ray
 version), nothing is wrapped and the loop runs as Ray ships it.
+
+The wrap waits for the process to import Ray Data's executor itself: importing it costs about 0.45 s of CPU, and
+most of Ray's worker processes (a fit's controller helpers, idle workers, queues) never run a pipeline.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import logging
+import sys
 import time
 
 CONFIG_KEY = "trainflow.scheduling_pace_s"
 PACE_S = 0.01
 HOOK = "trainflow.pacing.setup"
+EXECUTOR = "ray.data._internal.execution.streaming_executor"
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +41,38 @@ def pace(ds, seconds: float = PACE_S):
 
 
 def setup() -> None:
-    """Wrap StreamingExecutor._scheduling_loop_step once per process (a no-op when Ray lacks it)."""
-    try:
-        from ray.data._internal.execution.streaming_executor import StreamingExecutor
-    except ImportError:  # pragma: no cover - Ray without Ray Data
-        return
-    original = getattr(StreamingExecutor, "_scheduling_loop_step", None)
+    """Wrap StreamingExecutor._scheduling_loop_step once per process: now if Ray Data's executor is imported
+    already, else the moment the process imports it."""
+    module = sys.modules.get(EXECUTOR)
+    if module is not None:
+        _wrap(module)
+    elif not any(isinstance(f, _WrapOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _WrapOnImport())
+
+
+class _WrapOnImport(importlib.abc.MetaPathFinder):
+    """Finds the executor's module as Python would, and wraps the loop once the module has run."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != EXECUTOR:
+            return None
+        sys.meta_path.remove(self)  # the real finders find it; this finder is done either way
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        load = spec.loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            _wrap(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _wrap(module) -> None:
+    executor = getattr(module, "StreamingExecutor", None)
+    original = getattr(executor, "_scheduling_loop_step", None)
     if original is None or getattr(original, "_trainflow_paced", False):
         return
 
@@ -53,4 +86,4 @@ def setup() -> None:
         return more
 
     step._trainflow_paced = True
-    StreamingExecutor._scheduling_loop_step = step
+    executor._scheduling_loop_step = step
