@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray.train import UserCallback
 
 from trainflow.storage import join, list_dir, read_text, write_text
+
+if TYPE_CHECKING:
+    from trainflow.config import Config
 
 EVENTS_DIR = "trainflow_events"
 
@@ -67,7 +70,7 @@ class RecoveryLog(UserCallback):
     a process of its own: it waits out an absent object store as the run's config says (services.storage_wait_s),
     not for the default."""
 
-    def __init__(self, run_dir: str, config: Any = None):
+    def __init__(self, run_dir: str, config: Config | None = None):
         self.run_dir, self.config = run_dir, config
 
     def after_exception(self, run_context, worker_exceptions: dict[int, Exception]) -> None:
