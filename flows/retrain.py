@@ -139,11 +139,34 @@ def _train_and_publish(config: Config, name: str, ingested: Ingested, parts: Spl
                 end_runs(config, [run], f, ended)
 
 
+# auto, cross-fitted: a family whose first fold's best validation loss is more than this many times the best first
+# fold's of the families before it trains no more folds (greedy ensemble selection gives such a member no weight)
+NOT_EARNING = 1.5
+
+
+def _not_earning(family: str, first_fold: TrainOutcome, first_folds: dict[str, float], k: int) -> str | None:
+    """Why family's remaining folds are not worth their time, measured on its first fold's validation rows (never the
+    test rows) against the other families' first folds; records its loss in first_folds either way."""
+    losses = [h["val_loss"] for h in first_fold.history if isinstance(h.get("val_loss"), (int, float))]
+    if not losses:
+        return None
+    mine = first_folds[family] = min(losses)
+    others = {f: v for f, v in first_folds.items() if f != family}
+    if not others:
+        return None
+    best = min(others, key=others.get)
+    if mine <= NOT_EARNING * others[best]:
+        return None
+    return (f"its first fold's validation loss {mine:.4g} is over {NOT_EARNING:g}x the best first fold's ({best} "
+            f"{others[best]:.4g}): its folds of {k} not yet started were not trained")
+
+
 def train_families(config: Config, prepared: Prepared, names: dict[str, list[str]], run_config: Config
                    ) -> tuple[dict[tuple[str, int], TrainOutcome], dict[str, str], dict[str, str], dict[str, Any]]:
     """Every family's runs (one per fold), as many at once as the cluster holds worker groups, the next starting as
     soon as one ends, each with its share of train.time_limit (trainer/deadline.py): ({(family, fold): outcome},
-    {family: why it failed}, {family: why the time limit left it out}, the time budget's record). With several
+    {family: why it failed}, {family: why the time limit or its first fold left it out (auto)}, the time budget's
+    record). With several
     families, one that fails after its retries (a dead worker group, a diverging loss, memory) is left out with the
     reason and the others go on; a bad config or table, a stop request, or the failure of every family fails the run."""
     trainer = train.with_options(retries=config.failure.task_retries, retry_delay_seconds=config.failure.retry_delay_s)
@@ -158,6 +181,7 @@ def train_families(config: Config, prepared: Prepared, names: dict[str, list[str
     errors: list[BaseException] = []
     running: dict[tuple[str, int], Any] = {}
     started: set[str] = set()
+    first_folds: dict[str, float] = {}  # auto, cross-fitted: each family's first fold's best validation loss
 
     def folder(family: str, fold: int) -> str:
         return run_dir(config.for_family(family), names[family][fold])
@@ -195,6 +219,12 @@ def train_families(config: Config, prepared: Prepared, names: dict[str, list[str
                                          "only; its other runs were not started")
                     task_logger("retrain").warning("%s is left out: %s", family, timed_out[family])
                     jobs = [j for j in jobs if j[0] != family]
+                if config.model.auto and k > 1 and len(names) > 1 and fold == 0 and family not in timed_out:
+                    why = _not_earning(family, trained[(family, fold)], first_folds, k)
+                    if why and any(j[0] == family for j in jobs):  # its other folds would cost time for nothing
+                        timed_out[family] = why
+                        task_logger("retrain").warning("%s is left out: %s", family, why)
+                        jobs = [j for j in jobs if j[0] != family]
             else:
                 exc = future.result(raise_on_failure=False)
                 if isinstance(exc, (ConfigError, DataError)) or stop_requested(exc) or disk_full(exc):

@@ -233,8 +233,11 @@ def _catboost_killed_once():
 @pytest.mark.usefixtures("ray_local")
 def test_catboost_is_one_worker_with_the_group_cpus_and_a_killed_fit_continues_from_its_snapshot(tmp_path):
     cfg, prep, train, val = small_run(tmp_path, hang_timeout_s=60.0)
-    cfg = trial_config(cfg.to_dict(), {"model.type": "catboost", "model.params.num_boost_round": 1500,
-                                       "model.params.early_stopping_rounds": "off", "model.params.learning_rate": 0.02})
+    # its rounds and step from its own block, over shared values that would give 10 trees (the block reaches the worker)
+    cfg = trial_config(cfg.to_dict(), {"model.type": "catboost", "model.params.num_boost_round": 10,
+                                       "model.params.catboost.num_boost_round": 1500,
+                                       "model.params.early_stopping_rounds": "off",
+                                       "model.params.catboost.learning_rate": 0.02})
     from trainflow.trainer.families import REGISTRY
 
     scaling = REGISTRY["catboost"].worker_scaling(cfg.scaling)

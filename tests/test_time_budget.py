@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from tests.conftest import churn_config
+from tests.conftest import churn_config, tiny_preprocessor
 from tests.faults import small_run
-from trainflow.config import config_from_dict, trial_config
+from trainflow.config import apply_overrides, config_from_dict, trial_config
 from trainflow.errors import ConfigError
 from trainflow.trainer.checkpoint import read_metrics
 from trainflow.trainer.deadline import AUTO_FLOOR_S, MIN_RUN_S, Deadline, TimeShare, write_deadline
@@ -156,6 +156,47 @@ def test_a_run_under_a_tight_limit_keeps_its_first_family_and_leaves_out_one_cut
     assert runs["tb-xgboost"] == "KILLED"  # its MLflow run ends as it ended
 
 
+def test_a_boosters_own_params_block_overrides_the_shared_keys_for_it_alone():
+    from trainflow.trainer.families import REGISTRY
+    from trainflow.trainer.families._trees import boost_budget
+
+    prep = tiny_preprocessor()
+    base = {"data": {"path": "x.parquet", "label": "y"}, "task": "classification",
+            "model": {"type": ["xgboost", "lightgbm", "catboost"]}}
+    shared = config_from_dict(apply_overrides(base, {"model.params.learning_rate": 0.05}))
+    own = config_from_dict(apply_overrides(base, {  # the dotted names a --set or a sweep writes
+        "model.params.learning_rate": 0.05, "model.params.xgboost.learning_rate": 0.2,
+        "model.params.xgboost.max_depth": 8, "model.params.lightgbm.num_leaves": 63,
+        "model.params.catboost.num_boost_round": 3000}))
+    assert {f: own.training_hash(f) == shared.training_hash(f) for f in ("xgboost", "lightgbm", "catboost", "mlp")} == {
+        "xgboost": False, "lightgbm": False, "catboost": True, "mlp": True}  # rounds only extend a run
+    # each family's run reads its block over the shared keys: what its library gets and its budget
+    xgb = REGISTRY["xgboost"].library_params(prep, own.for_family("xgboost"))
+    lgb = REGISTRY["lightgbm"].library_params(prep, own.for_family("lightgbm"))
+    assert (xgb["learning_rate"], xgb["max_depth"]) == (0.2, 8) and "num_leaves" not in xgb
+    assert (lgb["learning_rate"], lgb["num_leaves"]) == (0.05, 63) and "max_depth" not in lgb
+    assert boost_budget(own.for_family("catboost").model).num_boost_round == 3000
+    assert boost_budget(own.for_family("xgboost").model).num_boost_round == 1000
+    assert own.for_family("catboost").for_family("catboost") == own.for_family("catboost")  # resolved once
+    # a key the family does not take, a block of a family the run does not train, a block's bad value: refused by name
+    for model, message in [
+        ({"type": "xgboost", "params": {"xgboost": {"num_leaves": 15}}},
+         "model.params.xgboost: num_leaves: xgboost does not take it \\(it is lightgbm's\\)"),
+        ({"type": "xgboost", "params": {"lightgbm": {"num_leaves": 15}}},
+         r"model.params.lightgbm: applies to lightgbm, which model.type \['xgboost'\] does not train"),
+        ({"type": "xgboost", "params": {"xgboost": {"max_dept": 3}}},
+         "model.params.xgboost.max_dept: unknown key; did you mean model.params.xgboost.max_depth"),
+        ({"type": "lightgbm", "params": {"lightgbm": {"learning_rate": -1}}}, "model.params.lightgbm.learning_rate"),
+        ({"type": "xgboost", "params": {"tree_method": "exact", "xgboost": {"external_memory": "always"}}},
+         "model.params.xgboost: external_memory 'always' needs tree_method 'hist'"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            config_from_dict({**base, "model": model})
+    # a sweep's trial of another family keeps the user's block (only its own family reads it)
+    swept = config_from_dict({**base, "model": {"type": ["mlp", "xgboost"], "params": {"xgboost": {"max_depth": 4}}}})
+    assert trial_config(swept.to_dict(), {"model.type": "mlp"}).model.families == ["mlp"]
+
+
 def test_a_familys_training_hash_reads_only_its_own_keys_and_another_familys_keys_are_refused(tmp_path):
     base = {"data": {"path": "x.parquet", "label": "y"}, "task": "classification"}
     plain = config_from_dict(base)
@@ -179,3 +220,20 @@ def test_a_familys_training_hash_reads_only_its_own_keys_and_another_familys_key
     swept = config_from_dict({**base, "model": {"type": "mlp", "hidden_sizes": [64]},
                               "tune": {"search_space": {"model.type": {"choice": ["mlp", "lightgbm"]}}}})
     assert trial_config(swept.to_dict(), {"model.type": "lightgbm"}).model.families == ["lightgbm"]
+
+
+def test_auto_leaves_out_a_family_whose_first_fold_is_far_behind_and_says_why():
+    from trainflow.flows.retrain import NOT_EARNING, _not_earning
+    from trainflow.tasks.train import TrainOutcome
+
+    def fold0(family: str, losses: list[float]) -> TrainOutcome:
+        return TrainOutcome(f"r-{family}-fold0", family, "/runs", [], [{"epoch": i, "val_loss": v} for i, v in enumerate(losses)])
+
+    seen: dict[str, float] = {}
+    assert _not_earning("catboost", fold0("catboost", [0.5, 0.30, 0.31]), seen, 5) is None  # the first: nothing to beat
+    assert _not_earning("lightgbm", fold0("lightgbm", [0.6, 0.30 * NOT_EARNING]), seen, 5) is None  # within the factor
+    why = _not_earning("mlp", fold0("mlp", [0.9, 0.5]), seen, 5)  # its best 0.5 against catboost's best 0.30
+    assert why == ("its first fold's validation loss 0.5 is over 1.5x the best first fold's (catboost 0.3): its folds "
+                   "of 5 not yet started were not trained")
+    assert seen == pytest.approx({"catboost": 0.30, "lightgbm": 0.45, "mlp": 0.5})
+    assert _not_earning("xgboost", fold0("xgboost", []), seen, 5) is None  # no validation loss reported: kept

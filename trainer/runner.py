@@ -99,6 +99,7 @@ def build_trainer(
     """
     ckpt = config.checkpoint
     family = family_for(config)
+    config = config.for_family(family.name)  # its own model.params block resolved (a sweep's trial config too)
     return family.make_trainer(
         Watched(train_fn or family.train_fn, config.failure.hang_timeout_s),
         config.scaling,

@@ -70,6 +70,7 @@ def train_driver_fn(
     external_memory: per family, the preprocess task's auto choice (in memory for a family it did not check);
     progress: the sweep's progress queue, which gets this trial's reports tagged with its id."""
     cfg = trial_config(base_config, params["sampled"])
+    cfg = cfg.for_family(cfg.model.type)  # the trial's family reads its own model.params block
     name = trial_run_name(sweep, ray.tune.get_context().get_trial_id())
     family = cfg.model.type
     external = REGISTRY[family].uses_external_memory(cfg.model.params.external_memory,
@@ -121,8 +122,9 @@ def build_tuner(
         # rungs by epoch, not by report: short epochs are grouped into one report (checkpoint.min_interval_s)
         # (boosted trees report their round as the epoch)
         max_t = config.train.epochs if config.train.epochs != "auto" else MAX_AUTO_EPOCHS
-        if any(not REGISTRY[f].uses_minibatches for f in _searched_families(config)):  # boosters: rounds
-            max_t = max(max_t, config.model.params.num_boost_round)
+        for f in _searched_families(config):  # boosters: rounds (each family's own, its block over the shared)
+            if not REGISTRY[f].uses_minibatches:
+                max_t = max(max_t, config.for_family(f).model.params.num_boost_round)
         scheduler = ASHAScheduler(
             time_attr="epoch", max_t=max_t,
             grace_period=min(tune_cfg.grace_period, max_t),

@@ -11,11 +11,12 @@ import os
 import re
 import uuid
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator,
+    BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, create_model, field_validator,
+    model_validator,
 )
 
 from trainflow.errors import ConfigError
@@ -199,14 +200,67 @@ class BoosterParams(_Section):
     @model_validator(mode="after")
     def _external_memory_hist(self) -> BoosterParams:
         if self.external_memory == "always" and self.tree_method not in (None, "hist"):
-            raise ValueError(f"model.params.external_memory 'always' needs tree_method 'hist' (XGBoost's external-memory "
+            raise ValueError(f"external_memory 'always' needs tree_method 'hist' (XGBoost's external-memory "
                              f"matrix is built for it), not {self.tree_method!r}")
         return self
 
     def for_family(self, family: str) -> dict[str, Any]:
         """The library keys this family takes, without the unset ones (trainflow's own keys are not passed on)."""
         return {k: v for k, v in self.model_dump().items()
-                if v is not None and family in BOOSTER_KEYS[k] and k not in TRAINFLOW_KEYS}
+                if k in BOOSTER_KEYS and v is not None and family in BOOSTER_KEYS[k] and k not in TRAINFLOW_KEYS}
+
+
+def _family_block(family: str) -> type[_Section]:
+    """model.params.<family>: the keys of BoosterParams this family takes, each unset (None) unless written, so only
+    what the user wrote there overrides the shared value; another family's key is refused naming whose it is."""
+    taken = [k for k, takes in BOOSTER_KEYS.items() if family in takes]
+    fields: dict[str, Any] = {}
+    for name in taken:
+        shared = BoosterParams.model_fields[name]
+        typed = Annotated[(shared.annotation, *shared.metadata)] if shared.metadata else shared.annotation  # its bounds
+        fields[name] = (typed | None, Field(None, description=shared.description,
+                                                        json_schema_extra={"x-default": "the shared value"}))
+
+    def _own_keys(cls, raw: Any) -> Any:
+        if isinstance(raw, dict):
+            for name in raw:
+                if name not in taken and name in BOOSTER_KEYS:
+                    raise ValueError(f"{name}: {family} does not take it (it is {' and '.join(BOOSTER_KEYS[name])}'s); "
+                                     f"set it under model.params or model.params.{BOOSTER_KEYS[name][0]}")
+        return raw
+
+    return create_model(f"{family.title()}Params", __base__=_Section,
+                        __doc__=f"{family}'s own values of model.params' keys, over the shared ones",
+                        __validators__={"_own_keys": model_validator(mode="before")(classmethod(_own_keys))},
+                        **fields)
+
+
+class _ParamsWithBlocks(BoosterParams):
+    """model.params: the boosters' keys, shared by every booster the run trains that takes the key, and one block per
+    booster (model.params.xgboost, ...) whose keys override the shared ones for that family alone."""
+
+    def family_block(self, family: str) -> BaseModel | None:
+        return getattr(self, family, None)
+
+    def resolved(self, family: str) -> _ParamsWithBlocks:
+        """The params as this family's run reads them: the shared keys the user set, overridden by the family's own
+        block (validated again as one booster's, e.g. external_memory against tree_method); no blocks."""
+        chosen = {k: getattr(self, k) for k in self.model_fields_set if k in BOOSTER_KEYS}
+        block = self.family_block(family)
+        if block is not None:
+            chosen.update({k: getattr(block, k) for k in block.model_fields_set if getattr(block, k) is not None})
+        return ParamsSection(**chosen)
+
+
+# the class above with one optional block per booster
+ParamsSection = create_model(
+    "ParamsSection", __base__=_ParamsWithBlocks, __doc__=_ParamsWithBlocks.__doc__,
+    **{family: (_family_block(family) | None, Field(
+        None, description=f"{family}'s own values of the keys above (those it takes), over the shared ones, e.g. "
+                          f"`model.params.{family}.learning_rate`; a key it does not take is refused",
+        json_schema_extra={"x-family-block": True}))
+       for family in BOOSTERS},
+)
 
 
 class ModelSection(_Section):
@@ -235,8 +289,10 @@ class ModelSection(_Section):
         doc="module classes a model read from the registry or storage may import besides `model.class_path` (the "
             "gate's champion, `predict --model`); any other is refused, never imported: storage someone else can write "
             "to never chooses the code", default_factory=list)
-    params: BoosterParams = key(doc="the gradient-boosted trees' parameters (xgboost, lightgbm, catboost); a key no "
-                                    "trained family takes is refused", default_factory=BoosterParams)
+    params: ParamsSection = key(doc="the gradient-boosted trees' parameters (xgboost, lightgbm, catboost), shared by "
+                                    "each that takes the key, with a block per family over them "
+                                    "(`model.params.xgboost`, ...); a key no trained family takes is refused",
+                                default_factory=ParamsSection)
     ensemble: bool = key(True, "with two or more families: also a weighted ensemble of their best checkpoints (greedy "
                                "ensemble selection on out-of-fold or validation predictions), a candidate beside them")
 
@@ -258,8 +314,16 @@ class ModelSection(_Section):
         return self.families
 
     def for_family(self, family: str) -> dict[str, Any]:
-        """This section as one family's config (model.type a single name)."""
-        return {**self.model_dump(mode="json"), "type": family}
+        """This section as one family's config (model.type a single name, model.params as that family reads them)."""
+        return self.family_section(family).model_dump(mode="json")
+
+    def family_section(self, family: str) -> ModelSection:
+        """This section as one family's run reads it: model.type that family; a booster's params resolved (its own
+        block over the shared keys, no blocks)."""
+        update: dict[str, Any] = {"type": family}
+        if family in BOOSTERS:
+            update["params"] = self.params.resolved(family)
+        return self.model_copy(update=update)
 
     _auto: bool = PrivateAttr(False)
 
@@ -288,15 +352,27 @@ class ModelSection(_Section):
             raise ValueError("model.type torch needs model.class_path, e.g. 'trainflow.examples.tabular_resnet:TabularResNet'")
         if "torch" not in families and (self.class_path or self.init_args):
             raise ValueError("model.class_path and model.init_args are for model.type: torch")
+        # a sweep's trial of one family keeps the user's keys of the sweep's other families (each reads only its own)
+        scope = [*families, *((info.context or {}).get("sweep_families") or ())]
         for key in NETWORK_KEYS["mlp"]:  # set to something else than its default, for a run without the network
             default = type(self).model_fields[key].get_default(call_default_factory=True)
-            trial = bool((info.context or {}).get("trial"))  # a sweep's trial of another family keeps the user's layers
-            if not trial and key in self.model_fields_set and getattr(self, key) != default and "mlp" not in families:
+            if key in self.model_fields_set and getattr(self, key) != default and "mlp" not in scope:
                 raise ValueError(f"model.{key}: applies to mlp, which model.type {families} does not train")
-        boosters = [f for f in families if f in BOOSTERS]
+        boosters = [f for f in BOOSTERS if f in scope]
+        for family in BOOSTERS:
+            if self.params.family_block(family) is not None and family not in boosters:
+                raise ValueError(f"model.params.{family}: applies to {family}, which model.type {families} does not "
+                                 "train")
+            if family in boosters:
+                try:  # what this family's run reads, validated as one booster's block (e.g. external_memory)
+                    self.params.resolved(family)
+                except ValidationError as e:
+                    msg = e.errors()[0]["msg"].removeprefix("Value error, ")
+                    raise ValueError(f"model.params.{family}: {msg}") from None
         for key, value in self.params.model_dump().items():
             # a default written back by model_dump (a tune trial's config) is not the user's choice
-            if value is None or key not in self.params.model_fields_set or value == BoosterParams.model_fields[key].default:
+            if (key not in BOOSTER_KEYS or value is None or key not in self.params.model_fields_set
+                    or value == BoosterParams.model_fields[key].default):
                 continue
             takers = [f for f in BOOSTER_KEYS[key] if f in boosters]
             if not takers:
@@ -791,7 +867,7 @@ class Config(_Section):
         ensemble's is the whole config (it weights every family's best checkpoint)."""
         if family == ENSEMBLE:
             return self
-        return self.model_copy(update={"model": self.model.model_copy(update={"type": family})})
+        return self.model_copy(update={"model": self.model.family_section(family)})
 
     def training_hash(self, family: str) -> str:
         """A hash of what decides a model's weights, so a resume onto other settings is caught: the task, label,
@@ -803,7 +879,7 @@ class Config(_Section):
             members = [self.training_hash(f) for f in self.model.families]
             return "config:" + hashlib.blake2b(json.dumps(members).encode(), digest_size=12).hexdigest()
         if family in BOOSTERS:  # the library keys it takes; the networks' layers and optimiser never reach it
-            model: dict[str, Any] = {"type": family, "params": self.model.params.for_family(family)}
+            model: dict[str, Any] = {"type": family, "params": self.model.params.resolved(family).for_family(family)}
             train: dict[str, Any] = {"folds": self.train.folds}
         else:  # a booster's params never reach a network
             dumped = self.model.model_dump(mode="json")
@@ -830,7 +906,9 @@ def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any] | None) -> di
         parts = str(dotted).split(".")
         node = out
         for part in parts[:-1]:
-            nxt = node.setdefault(part, {})
+            if node.get(part) is None:  # an unset block (model.params.xgboost: null) takes its first key
+                node[part] = {}
+            nxt = node[part]
             if not isinstance(nxt, dict):
                 raise ConfigError(f"override {dotted!r}: {part!r} is not a section")
             node = nxt
@@ -978,8 +1056,10 @@ def _check_search_space(cfg: Config, source: str) -> None:
 
 def trial_config(base: dict[str, Any], sampled: dict[str, Any]) -> Config:
     """A resolved config (as a dict) with one trial's sampled values set at their dotted keys, validated."""
-    try:
-        return Config.model_validate(apply_overrides(base, sampled), context={"trial": True})
+    listed = (base.get("model") or {}).get("type", "auto")
+    listed = list(AUTO_FAMILIES) if listed == "auto" else [listed] if isinstance(listed, str) else list(listed)
+    try:  # the trial's family may be one of several the sweep trains: the others' keys stay (they read them)
+        return Config.model_validate(apply_overrides(base, sampled), context={"sweep_families": listed})
     except ValidationError as err:
         raise ConfigError(_format_errors(err, "(trial)")) from None
 

@@ -29,9 +29,11 @@ def _section(field: FieldInfo) -> type[BaseModel] | None:
 
 
 def fields(model: type[BaseModel] = Config, prefix: str = "") -> Iterator[tuple[str, FieldInfo, bool]]:
-    """Every key of the config, dotted, with its field and whether it is a section (a block of keys)."""
+    """Every key of the config, dotted, with its field and whether it is a section (a block of keys). A booster's own
+    block (model.params.<family>) is one key here: its keys are model.params' own, listed once there."""
     for name, field in model.model_fields.items():
-        section = _section(field)
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        section = None if extra.get("x-family-block") else _section(field)
         yield prefix + name, field, section is not None
         if section is not None:
             yield from fields(section, f"{prefix}{name}.")

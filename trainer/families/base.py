@@ -113,9 +113,9 @@ def booster_budget(config: Config, train_rows: int, num_workers: int):
 
 def describe_booster(family: str) -> Callable[[dict[str, Any]], str]:
     def describe(model: dict[str, Any]) -> str:
-        from trainflow.config import BoosterParams
+        from trainflow.config import ParamsSection
 
-        return f"parameters {BoosterParams(**model['params']).for_family(family)}"
+        return f"parameters {ParamsSection(**model['params']).resolved(family).for_family(family)}"
 
     return describe
 
