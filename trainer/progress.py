@@ -1,10 +1,8 @@
 """Progress while a fit runs: Ray Train's controller hands each report's metrics to the process that called fit.
 
 ProgressCallback runs on the controller (a UserCallback) and puts the reported metrics on a ray.util.queue.Queue;
-watch_progress passes them on, on a thread of the calling process while fit() blocks, so the train task can print a
-line per report and log the metrics to MLflow as they arrive instead of after the fit. One queue (one actor) serves
-every fit a process runs on one Ray session, families and folds side by side included: each fit's reports carry its
-route and go to its own on_report, so a fit does not start another actor process.
+watch_progress drains it on a thread of the calling process while fit() blocks, so the train task can print a
+line per report and log the metrics to MLflow as they arrive instead of after the fit.
 """
 
 from __future__ import annotations
@@ -13,7 +11,6 @@ import contextlib
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from queue import Empty
 from typing import Any
@@ -25,12 +22,11 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 log = logging.getLogger(__name__)
 SHOWN = ("train_loss", "val_loss", "val_accuracy", "val_f1", "val_roc_auc", "val_rmse", "val_mae", "val_r2")
-ROUTE, END = "_progress_route", "_progress_end"  # which watch_progress block a report goes to; that block's last item
 
 
 class ProgressCallback(UserCallback):
     """On Ray Train's controller: each report's metrics (the fullest worker's: a booster's rank 0) to the queue,
-    with `tag` added (its route, and a tune trial's id and family)."""
+    with `tag` added (a tune trial's id and family, so one queue serves every trial of a sweep)."""
 
     def __init__(self, queue: Queue, tag: dict[str, Any] | None = None):
         self.queue, self.tag = queue, dict(tag or {})
@@ -41,92 +37,21 @@ class ProgressCallback(UserCallback):
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
         if not metrics:
             return
-        try:  # put_nowait returns once the queue holds it: every report is queued before fit() returns
+        try:
             self.queue.put_nowait({**max(metrics, key=len), **self.tag, "reported_at": time.time()})
         except Exception:  # noqa: BLE001 - a lost queue (its node gone, the caller stopped) never fails the run
             return
 
 
-class _Hub:
-    """This process's progress queue on one Ray session, and a thread that routes its items to the open blocks while
-    any is open (it ends with the last one: nothing polls Ray between fits or at shutdown)."""
-
-    def __init__(self, session: tuple[str, str], poll_s: float):
-        # on the caller's node: a worker node that leaves the cluster must not take the queue with it
-        here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=True)
-        self.queue = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
-        self.session, self.poll_s = session, poll_s
-        self.routes: dict[str, tuple[Callable[[dict[str, Any]], None], threading.Event]] = {}
-        self.lock, self.alive, self.draining = threading.Lock(), True, False
-
-    def _drain(self) -> None:
-        while True:
-            try:
-                item = self.queue.get(timeout=self.poll_s)
-            except Empty:
-                with self.lock:
-                    if not self.routes:
-                        self.draining = False
-                        return
-                continue
-            except Exception:  # noqa: BLE001 - Ray stopped under us (a cancel): nothing more will come
-                break
-            with self.lock:
-                route = self.routes.get(item.pop(ROUTE, None))
-            if route is None:  # a block that has ended already (waited out its flush): dropped
-                continue
-            deliver, ended = route
-            if item.get(END):
-                ended.set()
-            else:
-                deliver(item)
-        with self.lock:
-            self.alive = self.draining = False
-            for _, ended in self.routes.values():
-                ended.set()
-
-    def open(self, deliver: Callable[[dict[str, Any]], None]) -> tuple[str, threading.Event]:
-        route, ended = uuid.uuid4().hex, threading.Event()
-        with self.lock:
-            self.routes[route] = (deliver, ended)
-            if not self.draining:
-                self.draining = True
-                threading.Thread(target=self._drain, name="trainflow-progress", daemon=True).start()
-        return route, ended
-
-    def close(self, route: str, ended: threading.Event, wait_s: float) -> None:
-        """Pass what is still queued for route (everything before its end marker), then forget it."""
-        try:
-            self.queue.put_nowait({ROUTE: route, END: True})
-            ended.wait(wait_s)
-        except Exception:  # noqa: BLE001 - Ray stopped under us: what was queued is gone with it
-            pass
-        with self.lock:
-            self.routes.pop(route, None)
-
-
-_hub: _Hub | None = None
-_hub_lock = threading.Lock()
-
-
-def _current_hub(poll_s: float) -> _Hub:
-    """The hub of this process's Ray session, made by its first fit that watches (a new one for a new ray.init: the
-    job and the driver's node name the session)."""
-    global _hub
-    context = ray.get_runtime_context()
-    session = (context.get_job_id(), context.get_node_id())
-    with _hub_lock:
-        if _hub is None or not _hub.alive or _hub.session != session:
-            _hub = _Hub(session, poll_s)
-        return _hub
-
-
 @contextlib.contextmanager
-def watch_progress(on_report: Callable[[dict[str, Any]], None], poll_s: float = 0.5,
-                   flush_s: float = 30.0) -> Iterator[ProgressCallback]:
+def watch_progress(on_report: Callable[[dict[str, Any]], None], poll_s: float = 0.5) -> Iterator[ProgressCallback]:
     """A ProgressCallback for the trainer's RunConfig; while the block runs (the fit), each report is passed to
-    on_report on a helper thread, and the ones still queued when the block ends are passed before it returns (up to
-    flush_s). A failing on_report is logged once and does not stop the fit."""
+    on_report on a helper thread, and the ones still queued when the block ends are passed before it returns.
+    A failing on_report is logged once and does not stop the fit."""
+    # on the caller's node: a worker node that leaves the cluster must not take the queue with it
+    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=True)
+    queue = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
+    done = threading.Event()
     failed = []
 
     def deliver(item: dict[str, Any]) -> None:
@@ -137,12 +62,25 @@ def watch_progress(on_report: Callable[[dict[str, Any]], None], poll_s: float = 
                 log.warning("progress report failed (training goes on): %s", exc)
             failed.append(exc)
 
-    hub = _current_hub(poll_s)
-    route, ended = hub.open(deliver)
+    def drain() -> None:
+        while True:
+            try:
+                deliver(queue.get(timeout=poll_s))
+            except Empty:
+                if done.is_set():
+                    return
+            except Exception:  # noqa: BLE001 - Ray stopped under us (a cancel): nothing more will come
+                return
+
+    thread = threading.Thread(target=drain, name="trainflow-progress", daemon=True)
+    thread.start()
     try:
-        yield ProgressCallback(hub.queue, {ROUTE: route})
+        yield ProgressCallback(queue)
     finally:
-        hub.close(route, ended, flush_s)
+        done.set()
+        thread.join()
+        with contextlib.suppress(Exception):
+            queue.shutdown()
 
 
 class ProgressLine:

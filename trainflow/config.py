@@ -1042,24 +1042,26 @@ def _with_task(raw: dict[str, Any], base: Path) -> tuple[dict[str, Any], str | N
 def _check_search_space(cfg: Config, source: str) -> None:
     """Every searched key is a config key that accepts each choice / bound the space can produce."""
     base = cfg.to_dict()
+    searched = next(iter(cfg.tune.search_space.get("model.type", {}).values()), [])
+    sweep = [*cfg.model.families, *(f for f in searched if isinstance(f, str))]  # a key none of them reads is refused
     for key, spec in cfg.tune.search_space.items():
         if key.split(".")[0] in ("tune", "data", "task", "storage_path", "mlflow", "inference", "ray"):
             raise ConfigError(f"invalid config {source}:\n  tune.search_space.{key}: this key cannot be tuned")
         kind, args = next(iter(spec.items()))
         for value in args:
             try:
-                trial_config(base, {key: value})
+                trial_config(base, {key: value}, sweep)
             except ConfigError as exc:
                 detail = str(exc).split("\n", 1)[-1].strip()
                 raise ConfigError(f"invalid config {source}:\n  tune.search_space.{key}.{kind}: {value!r} fails: {detail}") from None
 
 
-def trial_config(base: dict[str, Any], sampled: dict[str, Any]) -> Config:
-    """A resolved config (as a dict) with one trial's sampled values set at their dotted keys, validated."""
-    listed = (base.get("model") or {}).get("type", "auto")
-    listed = list(AUTO_FAMILIES) if listed == "auto" else [listed] if isinstance(listed, str) else list(listed)
-    try:  # the trial's family may be one of several the sweep trains: the others' keys stay (they read them)
-        return Config.model_validate(apply_overrides(base, sampled), context={"sweep_families": listed})
+def trial_config(base: dict[str, Any], sampled: dict[str, Any], sweep: list[str] | None = None) -> Config:
+    """A resolved config (as a dict) with one trial's sampled values set at their dotted keys, validated. The trial
+    trains one family of the sweep's; the keys of the others stay (each family reads only its own): sweep, the
+    families whose keys are accepted (every family unless given: base was validated whole when it was loaded)."""
+    try:
+        return Config.model_validate(apply_overrides(base, sampled), context={"sweep_families": sweep or FAMILIES})
     except ValidationError as err:
         raise ConfigError(_format_errors(err, "(trial)")) from None
 
