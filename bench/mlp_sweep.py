@@ -61,11 +61,13 @@ def run(name: str, variants: list[dict]) -> None:
     for variant in variants:
         cfg = base_cfg.model_copy(deep=True)
         for key, value in variant.items():
+            if key == "seed":  # the weights' seed: variants over seeds show the noise of a comparison
+                continue
             section = cfg.model if key in ("hidden_sizes", "dropout", "numeric_embedding") else cfg.train
             setattr(section, key, value)
         train_cfg = cfg.train.model_dump()
         budget = resolve_budget(cfg.train, len(ya), WORKERS)
-        torch.manual_seed(0)
+        torch.manual_seed(variant.get("seed", 0))
         model = model_for(prep, cfg.model.model_dump())
         opt = torch.optim.AdamW(model.parameters(), lr=train_cfg["learning_rate"], weight_decay=train_cfg["weight_decay"])
         batch = budget.batch_size * WORKERS

@@ -140,19 +140,23 @@ def _train_and_publish(config: Config, name: str, ingested: Ingested, parts: Spl
 
 
 # auto, cross-fitted: a family whose first fold's best validation loss is more than this many times the best first
-# fold's of the families before it trains no more folds (greedy ensemble selection gives such a member no weight)
+# fold's of the families before it trains no more folds (greedy ensemble selection seldom gives such a member weight),
+# when that fold holds enough rows to tell: on iris' 19 the first folds' log losses were 0.027 (LightGBM) and 0.134
+# (XGBoost), while on the held-out rows LightGBM was the weaker
 NOT_EARNING = 1.5
+NOT_EARNING_MIN_ROWS = 200
 
 
-def _not_earning(family: str, first_fold: TrainOutcome, first_folds: dict[str, float], k: int) -> str | None:
-    """Why family's remaining folds are not worth their time, measured on its first fold's validation rows (never the
-    test rows) against the other families' first folds; records its loss in first_folds either way."""
+def _not_earning(family: str, first_fold: TrainOutcome, first_folds: dict[str, float], k: int,
+                 fold_rows: int) -> str | None:
+    """Why family's remaining folds are not worth their time, measured on its first fold's validation rows (about
+    fold_rows; never the test rows) against the other families' first folds; records its loss in first_folds."""
     losses = [h["val_loss"] for h in first_fold.history if isinstance(h.get("val_loss"), (int, float))]
     if not losses:
         return None
     mine = first_folds[family] = min(losses)
     others = {f: v for f, v in first_folds.items() if f != family}
-    if not others:
+    if not others or fold_rows < NOT_EARNING_MIN_ROWS:
         return None
     best = min(others, key=others.get)
     if mine <= NOT_EARNING * others[best]:
@@ -220,7 +224,7 @@ def train_families(config: Config, prepared: Prepared, names: dict[str, list[str
                     task_logger("retrain").warning("%s is left out: %s", family, timed_out[family])
                     jobs = [j for j in jobs if j[0] != family]
                 if config.model.auto and k > 1 and len(names) > 1 and fold == 0 and family not in timed_out:
-                    why = _not_earning(family, trained[(family, fold)], first_folds, k)
+                    why = _not_earning(family, trained[(family, fold)], first_folds, k, prepared.prep.train_rows // k)
                     if why and any(j[0] == family for j in jobs):  # its other folds would cost time for nothing
                         timed_out[family] = why
                         task_logger("retrain").warning("%s is left out: %s", family, why)

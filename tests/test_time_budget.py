@@ -223,17 +223,19 @@ def test_a_familys_training_hash_reads_only_its_own_keys_and_another_familys_key
 
 
 def test_auto_leaves_out_a_family_whose_first_fold_is_far_behind_and_says_why():
-    from trainflow.flows.retrain import NOT_EARNING, _not_earning
+    from trainflow.flows.retrain import NOT_EARNING, NOT_EARNING_MIN_ROWS, _not_earning
     from trainflow.tasks.train import TrainOutcome
 
     def fold0(family: str, losses: list[float]) -> TrainOutcome:
         return TrainOutcome(f"r-{family}-fold0", family, "/runs", [], [{"epoch": i, "val_loss": v} for i, v in enumerate(losses)])
 
     seen: dict[str, float] = {}
-    assert _not_earning("catboost", fold0("catboost", [0.5, 0.30, 0.31]), seen, 5) is None  # the first: nothing to beat
-    assert _not_earning("lightgbm", fold0("lightgbm", [0.6, 0.30 * NOT_EARNING]), seen, 5) is None  # within the factor
-    why = _not_earning("mlp", fold0("mlp", [0.9, 0.5]), seen, 5)  # its best 0.5 against catboost's best 0.30
+    rows = NOT_EARNING_MIN_ROWS
+    assert _not_earning("catboost", fold0("catboost", [0.5, 0.30, 0.31]), seen, 5, rows) is None  # nothing to beat
+    assert _not_earning("lightgbm", fold0("lightgbm", [0.6, 0.30 * NOT_EARNING]), seen, 5, rows) is None  # within
+    assert _not_earning("mlp", fold0("mlp", [0.9, 0.5]), dict(seen), 5, rows - 1) is None  # too few rows to tell
+    why = _not_earning("mlp", fold0("mlp", [0.9, 0.5]), seen, 5, rows)  # its best 0.5 against catboost's best 0.30
     assert why == ("its first fold's validation loss 0.5 is over 1.5x the best first fold's (catboost 0.3): its folds "
                    "of 5 not yet started were not trained")
     assert seen == pytest.approx({"catboost": 0.30, "lightgbm": 0.45, "mlp": 0.5})
-    assert _not_earning("xgboost", fold0("xgboost", []), seen, 5) is None  # no validation loss reported: kept
+    assert _not_earning("xgboost", fold0("xgboost", []), seen, 5, rows) is None  # no validation loss reported: kept
