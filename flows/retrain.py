@@ -147,10 +147,12 @@ NOT_EARNING = 1.5
 NOT_EARNING_MIN_ROWS = 200
 
 
-def _not_earning(family: str, first_fold: TrainOutcome, first_folds: dict[str, float], k: int,
-                 fold_rows: int) -> str | None:
-    """Why family's remaining folds are not worth their time, measured on its first fold's validation rows (about
-    fold_rows; never the test rows) against the other families' first folds; records its loss in first_folds."""
+def _not_earning(family: str, first_fold: TrainOutcome, first_folds: dict[str, float], prepared: Prepared,
+                 k: int) -> str | None:
+    """Why family's remaining folds are not worth their time, measured on its first fold's validation rows (about a
+    k-th of the non-test rows; never the test rows) against the other families' first folds; records its loss in
+    first_folds."""
+    fold_rows = prepared.preprocessor.train_rows // k  # cross-fitted, the preprocessor is fitted on every non-test row
     losses = [h["val_loss"] for h in first_fold.history if isinstance(h.get("val_loss"), (int, float))]
     if not losses:
         return None
@@ -224,7 +226,7 @@ def train_families(config: Config, prepared: Prepared, names: dict[str, list[str
                     task_logger("retrain").warning("%s is left out: %s", family, timed_out[family])
                     jobs = [j for j in jobs if j[0] != family]
                 if config.model.auto and k > 1 and len(names) > 1 and fold == 0 and family not in timed_out:
-                    why = _not_earning(family, trained[(family, fold)], first_folds, k, prepared.prep.train_rows // k)
+                    why = _not_earning(family, trained[(family, fold)], first_folds, prepared, k)
                     if why and any(j[0] == family for j in jobs):  # its other folds would cost time for nothing
                         timed_out[family] = why
                         task_logger("retrain").warning("%s is left out: %s", family, why)
