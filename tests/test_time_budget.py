@@ -178,6 +178,9 @@ def test_a_boosters_own_params_block_overrides_the_shared_keys_for_it_alone():
     assert boost_budget(own.for_family("catboost").model).num_boost_round == 3000
     assert boost_budget(own.for_family("xgboost").model).num_boost_round == 1000
     assert own.for_family("catboost").for_family("catboost") == own.for_family("catboost")  # resolved once
+    import pickle
+
+    assert pickle.loads(pickle.dumps(own)) == own  # the block classes are found by name, as a task's result needs
     # a key the family does not take, a block of a family the run does not train, a block's bad value: refused by name
     for model, message in [
         ({"type": "xgboost", "params": {"xgboost": {"num_leaves": 15}}},

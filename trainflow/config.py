@@ -252,10 +252,13 @@ class _ParamsWithBlocks(BoosterParams):
         return ParamsSection(**chosen)
 
 
+# each booster's block class, a name of this module as any class (pickle finds it by reference)
+_BLOCKS = {family: _family_block(family) for family in BOOSTERS}
+globals().update({block.__name__: block for block in _BLOCKS.values()})
 # the class above with one optional block per booster
 ParamsSection = create_model(
     "ParamsSection", __base__=_ParamsWithBlocks, __doc__=_ParamsWithBlocks.__doc__,
-    **{family: (_family_block(family) | None, Field(
+    **{family: (_BLOCKS[family] | None, Field(
         None, description=f"{family}'s own values of the keys above (those it takes), over the shared ones, e.g. "
                           f"`model.params.{family}.learning_rate`; a key it does not take is refused",
         json_schema_extra={"x-family-block": True}))
