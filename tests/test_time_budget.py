@@ -226,7 +226,9 @@ def test_a_familys_training_hash_reads_only_its_own_keys_and_another_familys_key
 
 
 def test_auto_leaves_out_a_family_whose_first_fold_is_far_behind_and_says_why():
-    from trainflow.flows.retrain import NOT_EARNING, NOT_EARNING_MIN_ROWS, _not_earning
+    import math
+
+    from trainflow.flows.retrain import NOT_EARNING_MIN_ROWS, _not_earning, no_skill_loss
     from trainflow.preprocessors.tabular import TabularPreprocessor
     from trainflow.tasks.preprocess import Prepared
     from trainflow.tasks.train import TrainOutcome
@@ -236,16 +238,19 @@ def test_auto_leaves_out_a_family_whose_first_fold_is_far_behind_and_says_why():
 
     def prepared(non_test_rows: int) -> Prepared:  # cross-fitted: the preprocessor is fitted on every non-test row
         prep = TabularPreprocessor.from_stats("classification", "y", ["x1"], {"x1": (0.0, 1.0, -3.0, 3.0)}, {},
-                                              ["no", "yes"], None, non_test_rows, {"no": 60, "yes": 40})
+                                              ["no", "yes"], None, non_test_rows, {"no": 50, "yes": 50})
         return Prepared(prep, None, None, True, {})
 
     enough, few = prepared(5 * NOT_EARNING_MIN_ROWS), prepared(5 * NOT_EARNING_MIN_ROWS - 5)
+    assert no_skill_loss(enough.preprocessor) == pytest.approx(math.log(2))  # even classes: log 2 = 0.693
     seen: dict[str, float] = {}
-    assert _not_earning("catboost", fold0("catboost", [0.5, 0.30, 0.31]), seen, enough, 5) is None  # nothing to beat
-    assert _not_earning("lightgbm", fold0("lightgbm", [0.6, 0.30 * NOT_EARNING]), seen, enough, 5) is None  # within
-    assert _not_earning("mlp", fold0("mlp", [0.9, 0.5]), dict(seen), few, 5) is None  # too few rows a fold to tell
-    why = _not_earning("mlp", fold0("mlp", [0.9, 0.5]), seen, enough, 5)  # its best 0.5 against catboost's best 0.30
-    assert why == ("its first fold's validation loss 0.5 is over 1.5x the best first fold's (catboost 0.3): its folds "
-                   "of 5 not yet started were not trained")
-    assert seen == pytest.approx({"catboost": 0.30, "lightgbm": 0.45, "mlp": 0.5})
+    assert _not_earning("catboost", fold0("catboost", [0.6, 0.45, 0.46]), seen, enough, 5) is None  # nothing to beat
+    # LightGBM gains 0.16 over no skill, more than half CatBoost's 0.24: kept
+    assert _not_earning("lightgbm", fold0("lightgbm", [0.6, 0.53]), seen, enough, 5) is None
+    # a network that learnt next to nothing (0.68: a loss only 1.5x CatBoost's): left out, on a fold that can tell
+    assert _not_earning("mlp", fold0("mlp", [0.69, 0.68]), dict(seen), few, 5) is None
+    why = _not_earning("mlp", fold0("mlp", [0.69, 0.68]), seen, enough, 5)
+    assert why == ("its first fold's validation loss 0.68 gains 0.0131 over a model with no skill (0.6931), under 0.5 "
+                   "of the best first fold's gain (catboost 0.45: 0.243); its folds of 5 not yet started were not trained")
+    assert seen == pytest.approx({"catboost": 0.45, "lightgbm": 0.53, "mlp": 0.68})
     assert _not_earning("xgboost", fold0("xgboost", []), seen, enough, 5) is None  # no validation loss reported: kept
