@@ -16,6 +16,7 @@ import functools
 import json
 import math
 import sys
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -32,6 +33,7 @@ def run(name: str, variants: list[dict]) -> None:
 
     from trainflow.trainer.budget import EarlyStopping, lr_factor, resolve_budget
     from trainflow.trainer.families.network import model_for
+    from trainflow.trainer.loop import member_loss
     from trainflow.config import Config
     from trainflow.preprocessors.fit import check_text_columns, fit_preprocessor
     from trainflow.tables import table_spec
@@ -60,15 +62,16 @@ def run(name: str, variants: list[dict]) -> None:
     loss_fn = torch.nn.CrossEntropyLoss() if task == "classification" else (lambda o, y: torch.nn.functional.mse_loss(o.squeeze(-1), y))
     for variant in variants:
         cfg = base_cfg.model_copy(deep=True)
+        model_keys = set(type(cfg.model).model_fields)
         for key, value in variant.items():
-            if key == "seed":  # the weights' seed: variants over seeds show the noise of a comparison
+            if key == "seed" or key in model_keys:  # the weights' seed: variants over seeds show a comparison's noise
                 continue
-            section = cfg.model if key in ("hidden_sizes", "dropout", "numeric_embedding") else cfg.train
-            setattr(section, key, value)
+            setattr(cfg.train, key, value)
+        model_cfg = {**cfg.model.model_dump(), **{k: v for k, v in variant.items() if k in model_keys}}
         train_cfg = cfg.train.model_dump()
         budget = resolve_budget(cfg.train, len(ya), WORKERS)
         torch.manual_seed(variant.get("seed", 0))
-        model = model_for(prep, cfg.model.model_dump())
+        model = model_for(prep, model_cfg)
         opt = torch.optim.AdamW(model.parameters(), lr=train_cfg["learning_rate"], weight_decay=train_cfg["weight_decay"])
         batch = budget.batch_size * WORKERS
         steps = math.ceil(len(ya) / batch)
@@ -78,14 +81,14 @@ def run(name: str, variants: list[dict]) -> None:
         stopper = EarlyStopping("min", budget.patience, train_cfg["early_stopping"]["min_delta"])
         smooth = train_cfg["label_smoothing"]
         fit_loss = torch.nn.CrossEntropyLoss(label_smoothing=smooth) if task == "classification" else loss_fn
-        best_state = None
+        best_state, started = None, time.perf_counter()
         for epoch in range(budget.epochs):
             model.train()
             order = torch.randperm(len(ya))
             for i in range(0, len(ya), batch):
                 idx = order[i : i + batch]
                 opt.zero_grad()
-                fit_loss(model(xa[idx]), ya[idx]).backward()
+                member_loss(fit_loss, model(xa[idx]), ya[idx]).backward()
                 opt.step()
                 sched.step()
             model.eval()
@@ -100,7 +103,8 @@ def run(name: str, variants: list[dict]) -> None:
         pred = (np.array(prep.classes)[out.argmax(1)] if task == "classification"
                 else out.reshape(-1) * prep.label_std + prep.label_mean)
         print(f"{name} {json.dumps(variant)}: {score(task, test[label], pred):.4g} (HistGradientBoosting {hgb:.4g}); "
-              f"best epoch {stopper.best_epoch} of {epoch + 1} run, budget {budget.to_dict()}", flush=True)
+              f"best epoch {stopper.best_epoch} of {epoch + 1} run in {time.perf_counter() - started:.1f} s, "
+              f"budget {budget.to_dict()}", flush=True)
 
 
 if __name__ == "__main__":

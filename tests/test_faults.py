@@ -46,7 +46,7 @@ def test_select_skips_a_truncated_checkpoint(tmp_path):
     from trainflow.preprocessors.tabular import TabularPreprocessor
 
     prep = TabularPreprocessor(task="regression", label="y", numeric={"a": {"mean": 0.0, "std": 1.0}}, feature_order=["a"])
-    model = build_model(1, 1, cfg.model.hidden_sizes, cfg.model.dropout)
+    model = build_model(1, 1, cfg.model.model_dump())
     opt = torch.optim.Adam(model.parameters())
     ckpts = []
     for epoch, loss in enumerate([0.9, 0.5, 0.7]):

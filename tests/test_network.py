@@ -67,3 +67,42 @@ def test_label_smoothing_is_validated_and_is_part_of_the_networks_training_hash(
         config_from_dict({**base, "train": {"label_smoothing": 1.0}})
     with pytest.raises(ConfigError, match="model.numeric_embedding"):
         config_from_dict({**base, "model": {"numeric_embedding": "fourier"}})
+
+
+def test_tabm_trains_its_members_on_every_row_and_serves_their_mean_probability(tmp_path):
+    from trainflow.trainer.families.network import TabMHead
+    from trainflow.trainer.loop import member_loss
+
+    prep = tiny_preprocessor()
+    raw = _config(tmp_path, architecture="tabm", tabm_k=4, hidden_sizes=[16, 16], numeric_embedding="none", dropout=0.0)
+    torch.manual_seed(0)
+    model = model_for(prep, raw["model"])
+    assert isinstance(model.mlp, TabMHead) and model.mlp.k == 4
+    assert sum(p.numel() for p in model.parameters()) == network_parameters(prep, raw["model"])  # sized on the meta device
+    check_model(prep, raw["model"])
+    x = torch.from_numpy(prep.transform_features(tiny_table()))
+    model.train()
+    members = model(x)
+    assert members.shape == (len(x), 4, 2)  # every member's logits on every row
+    y = torch.zeros(len(x), dtype=torch.long)
+    want = sum(torch.nn.functional.cross_entropy(members[:, i], y) for i in range(4)) / 4
+    assert torch.allclose(member_loss(torch.nn.CrossEntropyLoss(), members, y), want)  # each member's loss, averaged
+    model.eval()  # no dropout: the members' outputs in training are the ones evaluation averages
+    with torch.no_grad():
+        served_logits = model(x)
+    assert served_logits.shape == (len(x), 2)
+    assert torch.allclose(served_logits.softmax(-1), members.softmax(-1).mean(1), atol=1e-6)  # the members' mean
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    save_checkpoint(d, model.state_dict(), {"epoch": 0}, {"val_loss": 0.5}, [], prep.to_dict(), raw)
+    assert np.allclose(load_servable(d).predict(x.numpy()), served_logits.numpy(), atol=1e-5)
+    # its keys only change the network's training hash when it is TabM; a plain MLP's hash is as before them
+    base = {"data": {"path": "x.parquet", "label": "y"}, "task": "classification"}
+    tabm = config_from_dict({**base, "model": {"architecture": "tabm"}})
+    assert tabm.training_hash("mlp") != config_from_dict(base).training_hash("mlp")
+    assert config_from_dict({**base, "model": {"tabm_k": 8}}).training_hash("mlp") == config_from_dict(base).training_hash("mlp")
+    assert tabm.training_hash("xgboost") == config_from_dict(base).training_hash("xgboost")
+    with pytest.raises(ConfigError, match="model.architecture"):
+        config_from_dict({**base, "model": {"architecture": "resnet"}})
+    with pytest.raises(ConfigError, match="model.architecture: applies to mlp"):
+        config_from_dict({**base, "model": {"type": "xgboost", "architecture": "tabm"}})

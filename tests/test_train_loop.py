@@ -62,6 +62,14 @@ def test_classification_reports_accuracy_f1_auc(tmp_path):
     assert 0.0 <= last["val_f1"] <= 1.0
 
 
+def test_tabm_learns_the_regression_through_the_same_loop(tmp_path):
+    model = {"type": "mlp", "architecture": "tabm", "tabm_k": 4, "hidden_sizes": [16, 16], "dropout": 0.0,
+             "numeric_embedding": "none"}
+    history = _local_fit("regression", make_regression_table(1000), "target y", epochs=4, tmp_path=tmp_path,
+                         model=model).return_value
+    assert history[-1]["val_loss"] < 0.5 * history[0]["val_loss"] and history[-1]["val_r2"] > 0.6
+
+
 def test_nan_loss_stops_with_the_epoch_named(tmp_path):
     table = make_regression_table(500)
     y = table["target y"].to_numpy().copy()

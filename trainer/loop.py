@@ -176,6 +176,15 @@ def _batches(source, batch_size: int, device, generator: torch.Generator | None 
     return iter_minibatches(source, batch_size, device, generator if streamed else None)
 
 
+def member_loss(loss_fn, out: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+    """The training loss of a batch's outputs: [rows, outputs], or [rows, members, outputs] from an ensemble that
+    trains its members in parallel (TabM), each member's loss on every row, averaged."""
+    if out.dim() == 3:
+        yb = yb.repeat_interleave(out.shape[1])
+        out = out.flatten(0, 1)
+    return loss_fn(out.squeeze(-1) if yb.dtype.is_floating_point else out, yb)
+
+
 def train_epoch(model, shard, optimizer, loss_fn, batch_size: int, device, scheduler=None, generator=None,
                 streamed: bool = False) -> float:
     """One pass over this worker's shard; returns the mean loss over every rank's rows."""
@@ -183,8 +192,7 @@ def train_epoch(model, shard, optimizer, loss_fn, batch_size: int, device, sched
     losses, sizes = [], []
     for xb, yb in _batches(shard, batch_size, device, generator, streamed):
         optimizer.zero_grad(set_to_none=True)
-        out = model(xb)
-        loss = loss_fn(out.squeeze(-1) if yb.dtype.is_floating_point else out, yb)
+        loss = member_loss(loss_fn, model(xb), yb)
         loss.backward()
         optimizer.step()
         if scheduler is not None:

@@ -148,7 +148,8 @@ BOOSTER_KEYS: dict[str, tuple[str, ...]] = {
 
 
 TRAINFLOW_KEYS = ("num_boost_round", "early_stopping_rounds", "external_memory")  # read by trainflow, not the library
-NETWORK_KEYS = {"mlp": ("hidden_sizes", "dropout", "numeric_embedding"), "torch": ("class_path", "init_args")}  # the model keys each reads
+NETWORK_KEYS = {"mlp": ("hidden_sizes", "dropout", "numeric_embedding", "architecture", "tabm_k"),
+                "torch": ("class_path", "init_args")}  # the model keys each reads
 
 
 def _library(name: str, shown: str = "the library's", **constraints: Any) -> Any:
@@ -285,6 +286,11 @@ class ModelSection(_Section):
                 "(`rtdl_num_embeddings`' PLR: learned frequencies, sin and cos, a linear layer) before the layers; "
                 "`none`: the standardized value as it is; `auto`: periodic up to 1,000,000 training rows "
                 "([families.md](families.md#the-network))")
+    architecture: Literal["mlp", "tabm"] = key(
+        "mlp", "mlp: the layers over the features: `mlp`, one MLP of `model.hidden_sizes`; `tabm`, TabM (the `tabm` "
+               "package): an ensemble of `model.tabm_k` MLPs of len(hidden_sizes) layers of max(hidden_sizes) units "
+               "that share their weights, trained together, served as their mean ([families.md](families.md#the-network))")
+    tabm_k: int = key(32, "mlp with `architecture: tabm`: the ensemble's members", ge=2, le=128)
     class_path: str | None = key(None, "torch: `package.module:ClassName` of your module, built as "
                                        "`ClassName(in_features, out_features, **init_args)`")
     init_args: dict[str, Any] = key(doc="torch: keyword arguments of your module's constructor", default_factory=dict)
@@ -887,6 +893,8 @@ class Config(_Section):
         else:  # a booster's params never reach a network
             dumped = self.model.model_dump(mode="json")
             model = {"type": family, **{k: dumped[k] for k in NETWORK_KEYS[family]}}
+            if model.get("architecture") == "mlp":  # what only TabM reads (a plain MLP's hash as before these keys)
+                del model["architecture"], model["tabm_k"]
             train = self.train.model_dump(mode="json", exclude={"epochs", "early_stopping", "time_limit"})
         relevant = {"task": self.task, "label": self.data.label, "features": self.data.features,
                     "split": self.split.model_dump(mode="json"), "preprocess": self.preprocess.model_dump(mode="json"),

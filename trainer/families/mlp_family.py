@@ -12,12 +12,13 @@ from trainflow.trainer.families.network import check_model
 
 
 def _describe(model: dict[str, Any]) -> str:
-    return (f"hidden sizes {model['hidden_sizes']}, dropout {model['dropout']}, "
+    layers = (f"TabM of {model['tabm_k']} members, " if model.get("architecture") == "tabm" else "")
+    return (f"{layers}hidden sizes {model['hidden_sizes']}, dropout {model['dropout']}, "
             f"numeric embedding {model.get('numeric_embedding', 'none')}")
 
 
 FAMILY = Family("mlp", _torch.torch_trainer, _torch.train_fn, _torch.data_config, _torch.epoch_budget,
-                _torch.TorchPredictor, check_model, uses_minibatches=True, serving_packages=("rtdl-num-embeddings",),
+                _torch.TorchPredictor, check_model, uses_minibatches=True, serving_packages=("rtdl-num-embeddings", "tabm"),
                 describe=_describe, search_space={
                     "train.learning_rate": {"loguniform": [0.0003, 0.003]},
                     "train.weight_decay": {"loguniform": [0.0001, 0.1]},

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 import os
 from collections.abc import Sequence
 
@@ -39,13 +40,53 @@ def uses_periodic(prep, model_cfg: dict) -> bool:
     return mode == "periodic" or (mode == "auto" and prep.train_rows <= PERIODIC_MAX_ROWS)
 
 
+class TabMHead(nn.Module):
+    """TabM's ensemble (Gorishniy et al., 2024, the `tabm` package): k MLPs of `n_blocks` layers of width `d_block`
+    that share their weights and differ by BatchEnsemble's per-member scalings, trained in parallel on the same rows.
+
+    Training returns every member's output, [rows, k, outputs] (the loss is each member's, averaged); evaluation
+    returns the ensemble's: the log of the members' mean class probabilities (logits for softmax, so calibration and
+    serving read it as any network's), or the mean value for regression."""
+
+    def __init__(self, width: int, output_dim: int, k: int, n_blocks: int, d_block: int, dropout: float,
+                 chunks: Sequence[int], classification: bool):
+        super().__init__()
+        from tabm import EnsembleView, LinearEnsemble, make_tabm_backbone
+
+        self.k, self.classification = k, classification
+        self.view = EnsembleView(k=k)
+        # the first scaling's initialization per feature chunk: random signs over plain values, normal over embeddings
+        self.backbone = make_tabm_backbone(
+            d_in=width, n_blocks=n_blocks, d_block=d_block, dropout=dropout, k=k, arch_type="tabm",
+            start_scaling_init="normal" if any(c > 1 for c in chunks) else "random-signs",
+            start_scaling_init_chunks=list(chunks))
+        self.output = LinearEnsemble(d_block, output_dim, k=k)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.output(self.backbone(self.view(x)))
+        if self.training:
+            return out
+        if self.classification:
+            return torch.logsumexp(out.log_softmax(-1), dim=1) - math.log(self.k)
+        return out.mean(1)
+
+
+def head(width: int, output_dim: int, model_cfg: dict, chunks: Sequence[int], classification: bool) -> nn.Module:
+    """The layers over the features' representation: trainflow's MLP, or TabM's ensemble (model.architecture)."""
+    if model_cfg.get("architecture", "mlp") == "tabm":
+        sizes = model_cfg["hidden_sizes"]
+        return TabMHead(width, output_dim, model_cfg.get("tabm_k", 32), len(sizes), max(sizes), model_cfg["dropout"],
+                        chunks, classification)
+    return mlp(width, output_dim, model_cfg["hidden_sizes"], model_cfg["dropout"])
+
+
 class EmbeddingMLP(nn.Module):
     """Looks up the integer codes at the embedded positions, and with `periodic` maps each continuous value through
     rtdl_num_embeddings' periodic embedding (PLR: learned frequencies, sin and cos, a linear layer and ReLU; Gorishniy
-    et al., 2022), then runs the MLP over [the other values, code embeddings, periodic embeddings]."""
+    et al., 2022), then runs the layers (`head`) over [the other values, code embeddings, periodic embeddings]."""
 
-    def __init__(self, input_dim: int, output_dim: int, hidden_sizes: list[int], dropout: float,
-                 slots: Sequence[tuple[int, int, int]], periodic: Sequence[int] = ()):
+    def __init__(self, input_dim: int, output_dim: int, model_cfg: dict, slots: Sequence[tuple[int, int, int]],
+                 periodic: Sequence[int] = (), classification: bool = True):
         super().__init__()
         codes = [pos for pos, _, _ in slots]
         taken = set(codes) | set(periodic)
@@ -61,8 +102,8 @@ class EmbeddingMLP(nn.Module):
 
             self.periodic = PeriodicEmbeddings(len(periodic), PERIODIC_DIM, n_frequencies=PERIODIC_FREQUENCIES,
                                                lite=False)
-        width = len(self.dense_idx) + sum(dim for _, _, dim in slots) + len(periodic) * PERIODIC_DIM
-        self.mlp = mlp(width, output_dim, hidden_sizes, dropout)
+        chunks = [1] * len(self.dense_idx) + [dim for _, _, dim in slots] + [PERIODIC_DIM] * len(periodic)
+        self.mlp = head(sum(chunks), output_dim, model_cfg, chunks, classification)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         codes = x.index_select(1, self.code_idx).long()
@@ -73,14 +114,14 @@ class EmbeddingMLP(nn.Module):
 
 
 def build_model(
-    input_dim: int, output_dim: int, hidden_sizes: list[int], dropout: float,
-    embeddings: Sequence[tuple[int, int, int]] = (), periodic: Sequence[int] = (),
+    input_dim: int, output_dim: int, model_cfg: dict, embeddings: Sequence[tuple[int, int, int]] = (),
+    periodic: Sequence[int] = (), classification: bool = True,
 ) -> nn.Module:
-    """The plain MLP, or an EmbeddingMLP when the preprocessor embeds some columns ((position, codes, width) each) or
-    continuous values get periodic embeddings (their positions)."""
-    if not embeddings and not periodic:
-        return mlp(input_dim, output_dim, hidden_sizes, dropout)
-    return EmbeddingMLP(input_dim, output_dim, hidden_sizes, dropout, embeddings, periodic)
+    """The plain MLP, or an EmbeddingMLP when the preprocessor embeds some columns ((position, codes, width) each),
+    continuous values get periodic embeddings (their positions) or the layers are TabM's."""
+    if not embeddings and not periodic and model_cfg.get("architecture", "mlp") == "mlp":
+        return mlp(input_dim, output_dim, model_cfg["hidden_sizes"], model_cfg["dropout"])
+    return EmbeddingMLP(input_dim, output_dim, model_cfg, embeddings, periodic, classification)
 
 
 def import_class(class_path: str) -> type:
@@ -111,21 +152,12 @@ TRAINING_COPIES = 4
 
 
 def network_parameters(prep, model_cfg: dict) -> int | None:
-    """How many parameters trainflow's network has for this preprocessor and config, counted before anything is
-    allocated (None for a user's module, which only its constructor knows)."""
+    """How many parameters trainflow's network has for this preprocessor and config, counted on PyTorch's meta
+    device before anything is allocated (None for a user's module, which only its constructor knows)."""
     if user_class_path(model_cfg):
         return None
-    slots = prep.embedding_slots()
-    width = prep.num_features - len(slots) + sum(dim for _, _, dim in slots)
-    total = sum(codes * dim for _, codes, dim in slots)
-    if uses_periodic(prep, model_cfg):  # the frequencies, then Linear(2 x frequencies -> PERIODIC_DIM), per column
-        n, f = len(prep.continuous_positions()), PERIODIC_FREQUENCIES
-        width += n * (PERIODIC_DIM - 1)
-        total += n * (f + 2 * f * PERIODIC_DIM + PERIODIC_DIM)
-    for h in [*model_cfg["hidden_sizes"], prep.num_outputs]:
-        total += width * h + h
-        width = h
-    return total
+    with torch.device("meta"):
+        return sum(p.numel() for p in model_for(prep, model_cfg).parameters())
 
 
 def available_memory_bytes() -> int:
@@ -168,8 +200,8 @@ def model_for(prep, model_cfg: dict) -> nn.Module:
             kwargs["embeddings"] = prep.embedding_slots()
         return cls(prep.num_features, prep.num_outputs, **kwargs)
     periodic = prep.continuous_positions() if uses_periodic(prep, model_cfg) else ()
-    return build_model(prep.num_features, prep.num_outputs, model_cfg["hidden_sizes"], model_cfg["dropout"],
-                       prep.embedding_slots(), periodic)
+    return build_model(prep.num_features, prep.num_outputs, model_cfg, prep.embedding_slots(), periodic,
+                       prep.task == "classification")
 
 
 def check_model(prep, model_cfg: dict) -> None:
