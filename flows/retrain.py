@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
 from prefect import flow
 from prefect.futures import wait
 
@@ -155,9 +154,10 @@ def no_skill_loss(prep) -> float:
     regression the standardized label's variance (1)."""
     if prep.task != "classification":
         return 1.0
-    counts = np.array([c for c in prep.class_counts.values() if c > 0], dtype=np.float64)
-    shares = counts / counts.sum() if counts.size else np.ones(1)
-    return float(-(shares * np.log(shares)).sum())
+    from scipy.stats import entropy
+
+    counts = [c for c in prep.class_counts.values() if c > 0]
+    return float(entropy(counts)) if counts else 0.0  # nats, the shares normalized from the counts
 
 
 def _not_earning(family: str, first_fold: TrainOutcome, first_folds: dict[str, float], prepared: Prepared,
