@@ -289,7 +289,7 @@ class ModelSection(_Section):
     architecture: Literal["mlp", "tabm"] = key(
         "mlp", "mlp: the layers over the features: `mlp`, one MLP of `model.hidden_sizes`; `tabm`, TabM (the `tabm` "
                "package): an ensemble of `model.tabm_k` MLPs of len(hidden_sizes) layers of max(hidden_sizes) units "
-               "that share their weights, trained together, served as their mean ([families.md](families.md#the-network))")
+               "that share their weights, trained together, served as their mean ([families.md](families.md#tabm-modelarchitecture-tabm))")
     tabm_k: int = key(32, "mlp with `architecture: tabm`: the ensemble's members", ge=2, le=128)
     class_path: str | None = key(None, "torch: `package.module:ClassName` of your module, built as "
                                        "`ClassName(in_features, out_features, **init_args)`")

@@ -75,7 +75,7 @@ def head(width: int, output_dim: int, model_cfg: dict, chunks: Sequence[int], cl
     """The layers over the features' representation: trainflow's MLP, or TabM's ensemble (model.architecture)."""
     if model_cfg.get("architecture", "mlp") == "tabm":
         sizes = model_cfg["hidden_sizes"]
-        return TabMHead(width, output_dim, model_cfg.get("tabm_k", 32), len(sizes), max(sizes), model_cfg["dropout"],
+        return TabMHead(width, output_dim, model_cfg["tabm_k"], len(sizes), max(sizes), model_cfg["dropout"],
                         chunks, classification)
     return mlp(width, output_dim, model_cfg["hidden_sizes"], model_cfg["dropout"])
 
