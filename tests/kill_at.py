@@ -4,7 +4,8 @@ finally, no flush; only what was durable before the boundary survives."""
 
 from __future__ import annotations
 
-import importlib
+import importlib.abc
+import importlib.util
 import os
 import signal
 import sys
@@ -23,12 +24,38 @@ BOUNDARIES = {
 
 
 def kill_at(boundary: str) -> None:
+    """The kill put in place of the boundary's call when its module is imported: the CLI imports the flow while
+    Prefect's temporary server starts, as in a run a user starts (importing it here first would serialize both)."""
     module, name = BOUNDARIES[boundary]
 
     def die(*_args, **_kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
 
-    setattr(importlib.import_module(module), name, die)
+    if module in sys.modules:
+        setattr(sys.modules[module], name, die)
+        return
+    sys.meta_path.insert(0, _AfterImport(module, lambda loaded: setattr(loaded, name, die)))
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls then(module) once the module called `name` has been executed (a post-import hook)."""
+
+    def __init__(self, name: str, then):
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        exec_module, then = spec.loader.exec_module, self.then
+
+        def exec_then(module):
+            exec_module(module)
+            then(module)
+
+        spec.loader.exec_module = exec_then
+        return spec
 
 
 if __name__ == "__main__":

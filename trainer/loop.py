@@ -15,7 +15,6 @@ import ray.train
 import ray.train.torch
 import torch
 import torch.distributed as dist
-from ray.train import DataConfig
 from torch import nn
 
 from trainflow.config import Config, TrainSection
@@ -28,24 +27,6 @@ from trainflow.trainer.reporting import ReportSchedule, rank_zero_deadline, reco
 from trainflow.trainer.watchdog import heartbeat
 
 STOP_REASON = "stop_reason"
-
-
-class TrainValDataConfig(DataConfig):
-    """Split 'train' in equal shards (DDP needs the same steps on every rank) and
-    'val' in unequal ones, so every validation row is evaluated exactly once."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(datasets_to_split=["train"], **kwargs)
-
-    def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):
-        rest = {k: v for k, v in datasets.items() if k != "val"}
-        output = super().configure(rest, world_size, worker_handles, worker_node_ids, **kwargs)
-        if "val" in datasets:
-            val = datasets["val"]
-            val.context.execution_options = self._resolve_execution_options("val")
-            for i, shard in enumerate(val.streaming_split(world_size, equal=False)):
-                output[i]["val"] = shard
-        return output
 
 
 def _distributed() -> bool:

@@ -44,9 +44,11 @@ def train_fn(loop_config: dict[str, Any]) -> None:
 
 
 def data_config():
-    from trainflow.trainer.loop import TrainValDataConfig
+    """'train' in equal shards (DDP needs the same steps on every rank) and 'val' in unequal ones, so every
+    validation row is evaluated exactly once."""
+    from trainflow.trainer.shards import ShardConfig
 
-    return TrainValDataConfig()
+    return ShardConfig({"train": True, "val": False})
 
 
 def epoch_budget(config: Config, train_rows: int, num_workers: int):

@@ -123,6 +123,6 @@ def describe_booster(family: str) -> Callable[[dict[str, Any]], str]:
 def trees_data_config():
     """Each worker boosts on its share of the training rows and evaluates the whole validation split, so every rank
     computes the same validation loss and stops at the same round."""
-    from ray.train import DataConfig
+    from trainflow.trainer.shards import ShardConfig
 
-    return DataConfig(datasets_to_split=["train"])
+    return ShardConfig({"train": True})

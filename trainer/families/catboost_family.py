@@ -243,9 +243,9 @@ def _trainer(train_fn: Callable, scaling: ScalingSection, **kwargs: Any):
 
 
 def _data_config():
-    from ray.train import DataConfig
+    from trainflow.trainer.shards import ShardConfig
 
-    return DataConfig(datasets_to_split=[])  # its one worker reads every training and validation row
+    return ShardConfig({})  # its one worker reads every training and validation row
 
 
 FAMILY = Family(NAME, _trainer, train_fn, _data_config, booster_budget, CatBoostPredictor,
