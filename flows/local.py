@@ -27,7 +27,7 @@ def run_here(command: str, config: Config, args: argparse.Namespace) -> dict[str
     if prefect_server_configured() or command not in ("predict", "retrain", "validate") or \
             (command == "retrain" and args.force):
         return None
-    if command != "validate" and config.inference.input and not scored_in_process(config):
+    if command == "predict" and config.inference.input and not scored_in_process(config):
         return None  # (predict without inference.input: refused here, at once)
     # the tasks log to trainflow.<task> outside Prefect: at INFO, Prefect's console handler shows them as in a flow run
     logger = logging.getLogger("trainflow")
@@ -58,7 +58,9 @@ def _small_work(command: str, config: Config, args: argparse.Namespace) -> dict[
     from trainflow.tasks.skip import check_unchanged
 
     skipped = check_unchanged.fn(config, fingerprint)
-    if not skipped:
+    # a skip scores inference.input with the champion: here when that table is small, else in the flow (a retrain
+    # with work to do never reads the scoring table's size: its flow starts the sooner)
+    if not skipped or (config.inference.input and not scored_in_process(config)):
         return None
     return skipped_run(config, resolve_run_name.fn(args.run_name), skipped, in_flow=False)
 
