@@ -39,7 +39,41 @@ def prefect_harness():
 
     with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         with prefect_test_harness(server_startup_timeout=120):
+            _snapshot_prefect_db()
             yield
+
+
+_PREFECT_TEMPLATE: list[Path] = []
+
+
+def _snapshot_prefect_db() -> None:
+    """A copy of the test server's database as it started (migrated, Prefect's block types registered, no runs),
+    taken with SQLite's backup API while the server runs: the database a Prefect home of a test's own starts from."""
+    import sqlite3
+    import tempfile
+
+    from prefect.settings import PREFECT_SERVER_DATABASE_CONNECTION_URL
+
+    source = PREFECT_SERVER_DATABASE_CONNECTION_URL.value().split(":///", 1)[1]
+    template = Path(tempfile.mkdtemp(prefix="prefect-template-")) / "prefect.db"
+    with contextlib.closing(sqlite3.connect(source)) as src, contextlib.closing(sqlite3.connect(template)) as dst:
+        src.backup(dst)
+    _PREFECT_TEMPLATE.append(template)
+
+
+@pytest.fixture
+def prefect_home(prefect_harness, tmp_path_factory):
+    """A new Prefect home (a folder) for a test's own servers and local runs, whose database starts as a copy of a
+    migrated empty one: Prefect migrates a new home's database when its first server starts, 6-8 s here."""
+    return new_prefect_home(tmp_path_factory.mktemp("prefect-home"))
+
+
+def new_prefect_home(home: Path) -> Path:
+    """home with a migrated empty Prefect database in it (the session's copy; prefect_harness takes it)."""
+    home.mkdir(parents=True, exist_ok=True)
+    if _PREFECT_TEMPLATE:
+        shutil.copyfile(_PREFECT_TEMPLATE[0], home / "prefect.db")
+    return home
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ its own that a test can stop (a service gone away) and start again on the same p
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -66,7 +67,11 @@ def prefect_server(home: Path, port: int) -> subprocess.Popen:
 def mlflow_server(folder: Path, port: int) -> subprocess.Popen:
     """`mlflow server` on 127.0.0.1:port, its store a SQLite file and its artifacts a folder under folder (without
     MLflow's job consumers, which this suite does not use), once it answers."""
+    from tests.conftest import empty_mlflow_store
+
     folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / "mlflow.db").exists():  # a new store starts migrated (as the tests' SQLite stores do)
+        shutil.copyfile(empty_mlflow_store(), folder / "mlflow.db")
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     proc = start([str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}",
                   "--artifacts-destination", str(folder / "artifacts"), "--host", "127.0.0.1", "--port", str(port),

@@ -15,7 +15,7 @@ import pyarrow.dataset as pads
 import pytest
 from mlflow import MlflowClient
 
-from tests.conftest import churn_config, free_port
+from tests.conftest import churn_config, free_port, new_prefect_home
 from tests.faults import wait_registered
 from tests.servers import prefect_env, start as _start, stop as _stop
 from tests.servers import prefect_server as prefect_server_process
@@ -30,9 +30,9 @@ POOL = "trainflow-process"
 
 
 @pytest.fixture(scope="module")
-def prefect_server(tmp_path_factory):
+def prefect_server(tmp_path_factory, prefect_harness):
     """`prefect server start` on a free loopback port with its own PREFECT_HOME; the env to reach it."""
-    home = tmp_path_factory.mktemp("prefect-home")
+    home = new_prefect_home(tmp_path_factory.mktemp("prefect-home"))
     port = free_port()
     server = prefect_server_process(home, port)
     env = {**prefect_env(home), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "PREFECT_WORKER_QUERY_SECONDS": "1",

@@ -109,9 +109,8 @@ def test_an_mlflow_server_away_is_waited_for_within_its_wait_and_named_past_it(t
     assert _champion(mlflow.MlflowClient(tracking_uri=stored, registry_uri=stored), "m") == "1"
 
 
-def test_a_prefect_api_away_is_waited_for_mid_run_and_before_it_and_named_past_its_wait(tmp_path, caplog):
-    home, port = tmp_path / "prefect", free_port()
-    home.mkdir()
+def test_a_prefect_api_away_is_waited_for_mid_run_and_before_it_and_named_past_its_wait(tmp_path, caplog, prefect_home):
+    home, port = prefect_home, free_port()
     server = prefect_server(home, port)
     client, store = sqlite_registry(tmp_path)
     client.set_registered_model_alias("m", CHAMPION, "3")

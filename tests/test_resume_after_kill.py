@@ -1,8 +1,10 @@
-"""Exactly once: one retrain SIGKILLed at every step boundary in turn (after ingest, mid-training, after training,
-after selection in the ensemble task, after register, inside the gate with the champion lock held, between the
-alias move and its record, and while the predictions are committed); each rerun with the same name resumes where
-the one before stopped, and the last one ends with one model version, one alias move, one complete output and no
-MLflow run left RUNNING."""
+"""Exactly once: one retrain SIGKILLed at every step boundary where something durable changes, in turn
+(mid-training, in the ensemble task after training and selection, after register, inside the gate with the
+champion lock held, between the alias move and its record, and while the predictions are committed); each rerun
+with the same name resumes where the one before stopped, and the last one ends with one model version, one alias
+move, one complete output and no MLflow run left RUNNING. (A kill after ingest leaves nothing durable, as before
+the mid-training start; one after training leaves what the ensemble task's kill leaves, less its staging folder:
+each would be one more fresh process, about 13 s, for a state the chain already meets.)"""
 
 import contextlib
 import json
@@ -29,8 +31,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_l
 EPOCHS = 8  # long enough that both stops land mid-run, even when the killed workers run on a while
 REPO = Path(__file__).resolve().parents[1]
 # the boundaries after training, in the order a retrain reaches them (tests/kill_at.py)
-# (after selection and before the ensemble's weights nothing durable changes: one kill, in the ensemble task, covers both)
-AFTER_TRAINING = ("after-train", "ensemble-build", "after-register", "promote-locked", "promote-moved", "output-commit")
+# (after training, after selection and before the ensemble's weights nothing durable changes: one kill, in the
+# ensemble task, covers the three)
+AFTER_TRAINING = ("ensemble-build", "after-register", "promote-locked", "promote-moved", "output-commit")
 
 
 def _start(cfg, env, log, kill_at=None):
@@ -54,7 +57,7 @@ def _done(run) -> int:
     return max(r["metrics"]["epoch"] for r in snapshot["checkpoint_results"])
 
 
-def test_a_retrain_killed_at_every_step_boundary_ends_exactly_once(tmp_path, capsys, ray_local):
+def test_a_retrain_killed_at_every_step_boundary_ends_exactly_once(tmp_path, capsys, ray_local, prefect_home):
     cfg = churn_config(tmp_path, rows=6000, model={"type": ["mlp", "xgboost"], "params": {"num_boost_round": 30}},
                        train={"epochs": EPOCHS, "batch_size": 32},  # two families: an ensemble too
                        scaling={"num_workers": 1},  # one worker group start less per run: DDP is not under test
@@ -62,7 +65,7 @@ def test_a_retrain_killed_at_every_step_boundary_ends_exactly_once(tmp_path, cap
     runs = tmp_path / "runs"
     run = runs / "killed-run-mlp"
     output = tmp_path / "out" / "predictions"
-    home = tmp_path / "prefect-home"
+    home = prefect_home
     # local runs as a user starts them (Prefect's temporary server, file locks under its home) that join this test's
     # Ray as they would an existing cluster (its token authentication included)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
@@ -78,9 +81,6 @@ def test_a_retrain_killed_at_every_step_boundary_ends_exactly_once(tmp_path, cap
         finally:
             _stop(proc)
         assert code == -signal.SIGKILL, f"{boundary}: exit {code}, not killed there:\n{log.read_text()[-4000:]}"
-
-    killed_at("after-ingest")
-    assert not runs.exists() or not any(runs.glob("killed-run*/checkpoint_*"))
 
     # mid-training: SIGKILLed once Ray's controller has registered the network's first checkpoint (what a rerun
     # resumes from; a cancel's SIGTERM mid-training is tests/test_deployments.py's)
@@ -102,9 +102,9 @@ def test_a_retrain_killed_at_every_step_boundary_ends_exactly_once(tmp_path, cap
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     for boundary in AFTER_TRAINING:
         killed_at(boundary)
-        versions = client.search_model_versions(f"name = '{model}'") if boundary != "after-train" else []
+        versions = client.search_model_versions(f"name = '{model}'") if boundary != "ensemble-build" else []
         aliases = client.get_registered_model(model).aliases if versions else {}
-        if boundary == "after-train":  # both families trained to the end: no rerun trains them again
+        if boundary == "ensemble-build":  # both families trained to the end: no rerun trains them again
             assert all((runs / f"killed-run-{f}" / "trainflow_finished.json").exists() for f in ("mlp", "xgboost"))
         elif boundary == "after-register":
             assert len(versions) == 1 and not aliases
