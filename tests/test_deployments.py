@@ -142,10 +142,10 @@ def _pause_schedules(env: dict[str, str], name: str) -> None:
 def _a_changed_table_starts_one_retrain(env, cfg, tmp_path):
     """watch-data/watch records the table's files, then sees them change (touched: new modification time, same
     bytes) and emits trainflow.data.changed; retrain/scheduled's trigger starts exactly one retrain of the watched
-    config, which finds the champion's own data and registers nothing."""
+    config, which finds the champion's own data and registers nothing. (A look that finds nothing changed emits
+    nothing: test_watch_data_emits_only_when_the_files_change.)"""
     watch = ["deployment", "run", "watch-data/watch", "--param", f"config_path={cfg}", "--watch", "--watch-timeout", "120"]
-    _prefect(env, *watch, timeout=180)  # the first look records the files
-    _prefect(env, *watch, timeout=180)  # nothing changed: no event
+    _prefect(env, *watch, timeout=180)  # the first look records the files: no event
     time.sleep(3)
     scheduled = _deployment(env, "retrain/scheduled")["id"]
     # (the server's scheduler adds the nightly cron's future runs of the demo config to retrain/scheduled and
@@ -163,7 +163,7 @@ def _a_changed_table_starts_one_retrain(env, cfg, tmp_path):
         time.sleep(1)
     assert len(runs) == 1 and runs[0]["state"]["type"] == "COMPLETED"
     watched = _runs_of(env, _deployment(env, "watch-data/watch")["id"], cfg)
-    assert len(watched) == 3 and all(r["state"]["type"] == "COMPLETED" for r in watched)
+    assert len(watched) == 2 and all(r["state"]["type"] == "COMPLETED" for r in watched)
 
 
 def _runs_of(env: dict[str, str], deployment_id: str, cfg: Path) -> list[dict]:
@@ -263,3 +263,20 @@ def _served(env: dict[str, str], name: str, config_path: str) -> bool:
     except urllib.error.HTTPError:
         return False
     return not dep["pull_steps"] and dep["parameters"] == {"config_path": config_path}
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_watch_data_emits_only_when_the_files_change(tmp_path):
+    """The watch flow, run in this process: the first look records the table's files, a look at the same files finds
+    them unchanged (no event), a touched file (new modification time, same bytes) is a change (the event that starts
+    retrain/scheduled: test_deploy_worker_and_deployment_run)."""
+    from trainflow.flows.watch import watch_data
+
+    cfg = churn_config(tmp_path, rows=200)
+    first = watch_data(str(cfg))
+    assert first["changed"] is False and first["previous"] is None
+    assert watch_data(str(cfg)) == {**first, "previous": first["fingerprint"]}
+    train = tmp_path / "data" / "train.parquet"
+    os.utime(train, (time.time() + 10, time.time() + 10))
+    changed = watch_data(str(cfg))
+    assert changed["changed"] is True and changed["previous"] == first["fingerprint"] != changed["fingerprint"]
