@@ -276,8 +276,10 @@ def gate(config: Config, holdout: Rows, challenger_path: str, registered: Regist
     except Exception as exc:  # noqa: BLE001 - the decision stands whatever the event bus says
         log.warning("promotion: the decision stands; its Prefect event was not emitted (%s: %s)", type(exc).__name__, exc)
     against = "no champion" if champion_version is None else f"champion v{champion_version} {_fmt(champion_score)}"
-    log.info("promotion: %s v%s on %d %s rows (%s %s %s vs %s): %s", result.decision, version, judged_rows, judged_on,
-             metric, mode, _fmt(challenger_judged), against, reason)
+    # the figures are the judged rows' (test rows), not the validation split's that the metric's name says
+    log.info("promotion: %s v%s on %d %s rows (%s on them %s vs %s; %s is better): %s", result.decision, version,
+             judged_rows, judged_on, metric.removeprefix("val_"), _fmt(challenger_judged), against,
+             "higher" if mode == "max" else "lower", reason)
     return result
 
 
