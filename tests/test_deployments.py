@@ -140,12 +140,18 @@ def _pause_schedules(env: dict[str, str], name: str) -> None:
 
 
 def _a_changed_table_starts_one_retrain(env, cfg, tmp_path):
-    """watch-data/watch records the table's files, then sees them change (touched: new modification time, same
-    bytes) and emits trainflow.data.changed; retrain/scheduled's trigger starts exactly one retrain of the watched
-    config, which finds the champion's own data and registers nothing. (A look that finds nothing changed emits
-    nothing: test_watch_data_emits_only_when_the_files_change.)"""
+    """The watch flow records the table's files (its first look, run in this process against the server: a
+    deployment run of it would be a fresh process, about 7 s), then watch-data/watch sees them change (touched: new
+    modification time, same bytes) and emits trainflow.data.changed; retrain/scheduled's trigger starts exactly one
+    retrain of the watched config, which finds the champion's own data and registers nothing. (A look that finds
+    nothing changed emits nothing: test_watch_data_emits_only_when_the_files_change.)"""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from trainflow.flows.watch import watch_data
+
     watch = ["deployment", "run", "watch-data/watch", "--param", f"config_path={cfg}", "--watch", "--watch-timeout", "120"]
-    _prefect(env, *watch, timeout=180)  # the first look records the files: no event
+    with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
+        assert watch_data(str(cfg))["previous"] is None  # the first look records the files: no event
     time.sleep(3)
     scheduled = _deployment(env, "retrain/scheduled")["id"]
     # (the server's scheduler adds the nightly cron's future runs of the demo config to retrain/scheduled and
@@ -163,7 +169,7 @@ def _a_changed_table_starts_one_retrain(env, cfg, tmp_path):
         time.sleep(1)
     assert len(runs) == 1 and runs[0]["state"]["type"] == "COMPLETED"
     watched = _runs_of(env, _deployment(env, "watch-data/watch")["id"], cfg)
-    assert len(watched) == 2 and all(r["state"]["type"] == "COMPLETED" for r in watched)
+    assert len(watched) == 1 and watched[0]["state"]["type"] == "COMPLETED"
 
 
 def _runs_of(env: dict[str, str], deployment_id: str, cfg: Path) -> list[dict]:

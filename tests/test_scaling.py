@@ -98,7 +98,8 @@ def test_every_knob_reaches_ray_train(tmp_path):
     cpu = {"use_gpu": False, "resources_per_worker": None, "accelerator_type": None}
     assert build_trainer(scaled(**cpu, backend="gloo"), prep, ds, ds, "knobs").backend_config.backend == "gloo"
     assert build_trainer(scaled(**cpu, backend=None), prep, ds, ds, "knobs").backend_config.backend == "gloo"  # Ray's default without
-    # the Ray trainflow started itself carries its Train settings; the preemption watcher is off there
+    # the Ray trainflow started itself carries its Train settings: its few workers polled every 0.2 s (a cluster's
+    # at 0.5 s), the preemption watcher off
     job_env = ray.get_runtime_context().runtime_env.get("env_vars", {})
-    assert job_env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "0.5"
+    assert job_env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "0.2"
     assert job_env["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "0"
