@@ -3,14 +3,15 @@
 import sys
 
 from bench import (
-    beyond_memory, demo_e2e, drift_overhead, front_door, gate_honesty, gbdt_parity, inference_throughput, model_quality,
-    monitor_estimate, outage_soak, portable, preprocess_throughput, training_parity, tune_parallelism,
+    beyond_memory, demo_e2e, drift_overhead, fit_floor, front_door, gate_honesty, gbdt_parity, inference_throughput,
+    model_quality, monitor_estimate, outage_soak, portable, preprocess_throughput, training_parity, tune_parallelism,
 )
 
 BENCHES = {
     "model-quality": model_quality.main,
     "gate-honesty": gate_honesty.main,
     "training-parity": training_parity.main,
+    "fit-floor": fit_floor.main,  # one Ray Train fit's fixed cost at trainflow's poll vs Ray's default
     "gbdt-parity": gbdt_parity.main,
     "preprocess-throughput": preprocess_throughput.main,
     "inference-throughput": inference_throughput.main,
