@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
+
+from bench.common import report
 
 FITS = int(os.environ.get("FIT_FLOOR_FITS", 6))
 
@@ -54,16 +57,11 @@ def _fits(poll: str) -> list[float]:
 
 
 def main() -> None:
-    import statistics
-
-    ours = _fits("")
-    baseline = _fits("2.0")
+    ours, baseline = _fits(""), _fits("2.0")
     a, b = statistics.median(ours), statistics.median(baseline)
-    print(f"fit-floor: trainflow {a:.1f} s, baseline {b:.1f} s, ratio {a / b:.2f}  (median one-worker TorchTrainer fit "
-          f"of a loop that reports once, {len(ours)} fits each on a warm local Ray; trainflow's poll of 0.2 s vs Ray's "
-          f"default 2 s; all: {', '.join(f'{w:.1f}' for w in ours)} vs {', '.join(f'{w:.1f}' for w in baseline)})",
-          flush=True)
-
+    report("fit-floor", a, b, "s", a / b, f"median one-worker TorchTrainer fit of a loop that reports once, {len(ours)} "
+           f"fits each on a warm local Ray; trainflow's poll of 0.2 s vs Ray's default 2 s; all: "
+           f"{', '.join(f'{w:.1f}' for w in ours)} vs {', '.join(f'{w:.1f}' for w in baseline)}")
 
 if __name__ == "__main__":
     main()

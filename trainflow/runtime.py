@@ -28,7 +28,7 @@ TRAIN_ENV_DEFAULTS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
 # nothing to watch, and it costs every fit a process. Its few workers are polled every 0.2 s: a bare
 # fit 7.2 -> 6.4 s, for about 1% of a core while training (docs/performance.md); a cluster's many
 # workers keep the 0.5 s poll.
-# On an existing cluster (ray.address or RAY_ADDRESS) Ray's defaults are kept.
+# On an existing cluster (ray.address or RAY_ADDRESS) the watcher keeps Ray's default (on) and the poll 0.5 s.
 LOCAL_TRAIN_ENV_DEFAULTS = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2"}
 
 
