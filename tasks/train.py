@@ -19,10 +19,12 @@ from trainflow.trainer.loop import STOP_REASON
 from trainflow.trainer.progress import ProgressLine, watch_progress
 from trainflow.trainer.recovery import read_events, recoveries, started_from
 from trainflow.trainer.resources import check_fits
-from trainflow.trainer.runner import build_trainer, checkpoints_on_disk, fit_run, latest_epoch, latest_lineage, run_dir
+from trainflow.trainer.runner import (build_trainer, checkpoint_folders, checkpoints_on_disk, fit_run, latest_epoch,
+                                      latest_lineage, remove_unregistered, run_dir)
 from trainflow.config import Config
 from trainflow.errors import ConfigError, TrainingError
 from trainflow.runtime import ensure_ray
+from trainflow.services import ServiceUnavailable
 from trainflow.storage import join, read_text, with_scheme, write_text
 
 WORKER_GROUP_START_TIMEOUT = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
@@ -100,6 +102,7 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
              ", GPU" if config.scaling.use_gpu else "", budget.describe(), config.storage_path)
     seen = len(read_events(path))
     existed = latest_epoch(path) is not None
+    earlier = checkpoint_folders(path)
     if existed:
         log.info("run %s exists in %s: resuming from its latest checkpoint", run_name, config.storage_path)
     # read by Ray Train's controller and passed on from this process (Ray's own default is 60 s)
@@ -124,6 +127,17 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
             history = read_metrics(d)["history"]
     if not checkpoints:
         raise TrainingError(f"run {run_name} finished without reporting a checkpoint")
+    held = {c["path"].rstrip("/").rsplit("/", 1)[-1] for c in checkpoints}
+    if result.checkpoint is not None:
+        held.add(result.checkpoint.path.rstrip("/").rsplit("/", 1)[-1])
+    try:
+        removed = remove_unregistered(path, earlier, held)
+    except (OSError, ServiceUnavailable) as exc:  # the model is trained: what is left waits for the next run of this name
+        log.warning("could not remove the checkpoint folders an earlier attempt of %s left: %s", run_name, exc)
+    else:
+        if removed:
+            log.info("removed %d checkpoint folder(s) that an earlier attempt of %s left and Ray Train does not hold: %s",
+                     len(removed), run_name, ", ".join(removed))
     # the epochs the reports grouped away (and those before a resume), so MLflow holds every epoch
     log_rows(config.mlflow.tracking_uri, mlflow_run, [h for h in history if int(h.get("epoch", -1)) not in logged])
     events = read_events(path)

@@ -125,3 +125,19 @@ def test_private_copies_go_with_their_process_and_a_killed_process_leaves_none_f
     (tmp_path / "trainflow-notours").mkdir()
     subprocess.run([sys.executable, "-c", script.format(0)], env=env, check=True, capture_output=True)
     assert not left.parent.exists() and (tmp_path / "trainflow-notours").exists()
+
+
+def test_a_finished_fit_removes_only_what_earlier_attempts_left_and_ray_does_not_hold(tmp_path):
+    from trainflow.trainer.runner import checkpoint_folders, remove_unregistered
+
+    names = [f"checkpoint_2026-11-27_12-29-3{i}.000000" for i in range(4)]
+    for name in [*names, "checkpoint_notes", "trainflow_events"]:
+        (tmp_path / name).mkdir()
+    (tmp_path / names[1] / "model.pt").write_bytes(b"half")  # a folder a dead worker was writing
+    earlier = checkpoint_folders(str(tmp_path))
+    assert earlier == set(names)  # Ray Train's names only: a folder named otherwise is not the run's to remove
+    (tmp_path / "checkpoint_2026-11-27_12-29-55.000000").mkdir()  # written by this fit, not registered (yet)
+    held = {names[2], names[3]}
+    assert remove_unregistered(str(tmp_path), earlier, held) == names[:2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [*names[2:], "checkpoint_2026-11-27_12-29-55.000000", "checkpoint_notes", "trainflow_events"])

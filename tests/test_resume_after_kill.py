@@ -23,7 +23,7 @@ from tests.conftest import churn_config, write_parquet
 from tests.faults import wait_registered
 from trainflow.trainer.checkpoint import read_metrics
 from trainflow.trainer.recovery import read_events
-from trainflow.trainer.runner import checkpoints_on_disk
+from trainflow.trainer.runner import checkpoint_folders, checkpoints_on_disk
 from trainflow.flows.cli import main as cli_main
 from trainflow.locks import lock_name
 from trainflow.outputs import MANIFEST, read_manifest, write_output
@@ -148,6 +148,11 @@ def test_a_retrain_killed_at_every_step_boundary_ends_exactly_once(tmp_path, cap
     assert [h["epoch"] for h in read_metrics(last["path"])["history"]] == list(range(EPOCHS))
     starts = [e["from_epoch"] for e in read_events(str(run)) if e["event"] == "worker_start"]
     assert starts == [0, mlp["resumed_from_epoch"]], starts
+    # no checkpoint folder beside the ones Ray's controller holds (a killed attempt's last one, half-written or never
+    # registered, was removed by the rerun's fit)
+    snapshot = json.loads((run / "checkpoint_manager_snapshot.json").read_text())
+    held = {r["checkpoint_dir_name"] for r in [*snapshot["checkpoint_results"], snapshot["latest_checkpoint_result"]]}
+    assert checkpoint_folders(str(run)) == held
     # MLflow: every killed start's runs (the parent, the families', the ensemble's), left RUNNING by the dead
     # process, were ended KILLED by the rerun, saying why; nothing of this retrain is RUNNING any more
     runs_ = client.search_runs([client.get_experiment_by_name("test").experiment_id])

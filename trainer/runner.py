@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import ray.data
@@ -16,7 +17,10 @@ from trainflow.trainer.watchdog import Watched
 from trainflow.config import Config, ScalingSection
 from trainflow.errors import TrainingError
 from trainflow.trainer.memory import is_out_of_memory, out_of_memory_error
-from trainflow.storage import join, list_dir, read_text
+from trainflow.storage import filesystem_for, join, list_dir, read_text
+
+# the folder names Ray Train gives checkpoints (StorageContext.make_default_checkpoint_dir_name)
+CHECKPOINT_DIR = re.compile(r"^checkpoint_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d\.\d{6}$")
 
 
 def scaling_config(scaling: ScalingSection) -> ScalingConfig:
@@ -41,6 +45,24 @@ def failure_config(max_failures: int) -> FailureConfig:
 def run_dir(config: Config, run_name: str) -> str:
     """Where Ray Train keeps this run: checkpoints, its state, and trainflow's recovery log."""
     return join(config.storage_path, run_name)
+
+
+def checkpoint_folders(run_path: str) -> set[str]:
+    """The names of the run's checkpoint folders, whatever their state (Ray Train's names only)."""
+    return {name for name, is_dir in list_dir(run_path) if is_dir and CHECKPOINT_DIR.match(name)}
+
+
+def remove_unregistered(run_path: str, earlier: set[str], registered: set[str]) -> list[str]:
+    """Remove the checkpoint folders that earlier attempts of this run left (`earlier`: those there before this fit)
+    and that Ray Train's controller does not hold after it (`registered`): one a worker was writing when its attempt
+    died, or one Ray meant to delete when a better one replaced it. Ray deletes only what its controller holds, so
+    nothing else would; a folder written during this fit is left alone. Returns the names removed."""
+    fs, inner = filesystem_for(run_path)
+    removed = []
+    for name in sorted((earlier & checkpoint_folders(run_path)) - registered):
+        fs.delete_dir(join(inner, name))
+        removed.append(name)
+    return removed
 
 
 def checkpoints_on_disk(run_path: str) -> list[dict[str, Any]]:
