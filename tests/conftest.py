@@ -23,29 +23,18 @@ os.environ.pop("MLFLOW_TRACKING_URI", None)
 os.environ.pop("RAY_ADDRESS", None)
 
 
-def pytest_collection_modifyitems(config, items):
+# Tests that mostly wait (services stopped and started again, a process that starts a Ray of its own) and train
+# nothing on the shared Ray: `make test` runs them on a second pytest-xdist worker beside the rest ("--dist loadgroup"
+# gives each group one worker, in collection order), on the CPU the others leave idle.
+SIDE = ("tests/test_outages.py", "tests/test_runtime.py")
+
+
+def pytest_collection_modifyitems(items):
     """Modules that bring their own Ray (own_ray) run last, so the shared local Ray starts once
-    instead of again after each of them (a local Ray start is 6-8 s here). When the first test needs the shared
-    Ray, it starts now, on a thread, while the first test's setup starts Prefect's test server (both seconds of
-    CPU-bound start-up, as a flow run of the CLI overlaps them: trainflow.runtime.start_ray_in_background)."""
+    instead of again after each of them (a local Ray start is 6-8 s here); each test's xdist group (SIDE)."""
     items.sort(key=lambda item: "own_ray" in getattr(item, "fixturenames", ()))
-    if items and "ray_local" in getattr(items[0], "fixturenames", ()) and not config.option.collectonly:
-        _start_shared_ray()
-
-
-def _start_shared_ray() -> None:
-    import threading
-
-    from trainflow.runtime import ensure_ray
-
-    def start() -> None:
-        try:
-            ensure_ray(num_cpus=2)
-        except Exception:  # noqa: BLE001 - ray_local's own ensure_ray tries again and raises it there
-            return
-        threading.Event().wait()  # Ray's GCS and raylet die with the thread that forked them (PR_SET_PDEATHSIG)
-
-    threading.Thread(target=start, name="tests-ray-start", daemon=True).start()
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group("side" if item.nodeid.startswith(SIDE) else "main"))
 
 
 @pytest.fixture(scope="session")

@@ -61,7 +61,8 @@ def _check_common(summary, metric, mode, score_table, id_column):
 def _serves_without_trainflow(where, tracking, model_uri, frame, expected):
     """The registered model loaded and predicted by MLflow alone, in a virtual environment that has the model's
     requirements (this venv's site-packages, added by a .pth line, which runs no .pth of its own: trainflow's
-    editable-install hook stays out) but not trainflow: through mlflow.pyfunc and through `mlflow models predict`."""
+    editable-install hook stays out) but not trainflow: through mlflow.pyfunc and through `mlflow models predict`'s
+    own function (mlflow.models.predict, local environment), in one process."""
     with tracking_uri(tracking):  # models:/ resolves through the process's registry URI
         model_dir = mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(where / "model"))
     venv = where / "venv"
@@ -74,6 +75,8 @@ def _serves_without_trainflow(where, tracking, model_uri, frame, expected):
         "assert importlib.util.find_spec('trainflow') is None, 'trainflow is importable'\n"
         f"model = mlflow.pyfunc.load_model({model_dir!r})\n"
         f"model.predict(pd.read_csv({str(where / 'input.csv')!r})).to_csv({str(where / 'pyfunc.csv')!r}, index=False)\n"
+        f"mlflow.models.predict({model_dir!r}, input_path={str(where / 'input.csv')!r}, content_type='csv', "
+        f"output_path={str(where / 'cli.json')!r}, env_manager='local')\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
@@ -81,10 +84,6 @@ def _serves_without_trainflow(where, tracking, model_uri, frame, expected):
     assert run.returncode == 0, run.stderr[-3000:]
     served = pd.read_csv(where / "pyfunc.csv")
     np.testing.assert_array_equal(served["prediction"].to_numpy(), expected["prediction"].to_numpy())
-    run = subprocess.run([str(venv / "bin" / "python"), "-m", "mlflow", "models", "predict", "-m", model_dir,
-                          "-i", str(where / "input.csv"), "-t", "csv", "-o", str(where / "cli.json"), "--env-manager", "local"],
-                         cwd=where, env=env, capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-3000:]
     cli = pd.DataFrame(json.loads((where / "cli.json").read_text())["predictions"])
     np.testing.assert_array_equal(cli["prediction"].to_numpy(), expected["prediction"].to_numpy())
 
