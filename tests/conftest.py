@@ -29,6 +29,7 @@ os.environ.pop("RAY_ADDRESS", None)
 SIDE = ("tests/test_outages.py", "tests/test_runtime.py")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(items):
     """Modules that bring their own Ray (own_ray) run last, so the shared local Ray starts once
     instead of again after each of them (a local Ray start is 6-8 s here); each test's xdist group (SIDE)."""
