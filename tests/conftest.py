@@ -23,10 +23,11 @@ os.environ.pop("MLFLOW_TRACKING_URI", None)
 os.environ.pop("RAY_ADDRESS", None)
 
 
-# Tests that mostly wait (services stopped and started again, a process that starts a Ray of its own) and train
-# nothing on the shared Ray: `make test` runs them on a second pytest-xdist worker beside the rest ("--dist loadgroup"
-# gives each group one worker, in collection order), on the CPU the others leave idle.
-SIDE = ("tests/test_outages.py", "tests/test_runtime.py")
+# Tests that mostly wait (services stopped and started again, a Prefect server's worker and served flows, a process
+# that starts a Ray of its own): `make test` runs them on a second pytest-xdist worker beside the rest ("--dist
+# loadgroup" gives each group one worker, in collection order), on the CPU the others leave idle (on 2 cores, the
+# serial suite kept one core idle a third of the time).
+SIDE = ("tests/test_outages.py", "tests/test_runtime.py", "tests/test_deployments.py")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
