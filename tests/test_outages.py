@@ -171,7 +171,7 @@ def test_a_prefect_api_away_is_waited_for_mid_run_and_before_it_and_named_past_i
         stop(server)
 
 
-@pytest.mark.usefixtures("prefect_harness")
+@pytest.mark.usefixtures("prefect_harness", "ray_local")
 def test_an_object_store_away_is_waited_for_and_named_past_its_wait(tmp_path, capsys, caplog, monkeypatch):
     import pyarrow.fs as pafs
     import pyarrow.parquet as pq
