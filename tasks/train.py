@@ -19,8 +19,8 @@ from trainflow.trainer.loop import STOP_REASON
 from trainflow.trainer.progress import ProgressLine, watch_progress
 from trainflow.trainer.recovery import read_events, recoveries, started_from
 from trainflow.trainer.resources import check_fits
-from trainflow.trainer.runner import (build_trainer, checkpoint_folders, checkpoints_on_disk, fit_run, latest_epoch,
-                                      latest_lineage, remove_unregistered, run_dir)
+from trainflow.trainer.runner import (build_trainer, checkpoint_folders, checkpoints_on_disk, fit_run, folder_name,
+                                      latest_epoch, latest_lineage, remove_unregistered, run_dir)
 from trainflow.config import Config
 from trainflow.errors import ConfigError, TrainingError
 from trainflow.runtime import ensure_ray
@@ -127,9 +127,9 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
             history = read_metrics(d)["history"]
     if not checkpoints:
         raise TrainingError(f"run {run_name} finished without reporting a checkpoint")
-    held = {c["path"].rstrip("/").rsplit("/", 1)[-1] for c in checkpoints}
+    held = {folder_name(c["path"]) for c in checkpoints}
     if result.checkpoint is not None:
-        held.add(result.checkpoint.path.rstrip("/").rsplit("/", 1)[-1])
+        held.add(folder_name(result.checkpoint.path))
     try:
         removed = remove_unregistered(path, earlier, held)
     except (OSError, ServiceUnavailable) as exc:  # the model is trained: what is left waits for the next run of this name
@@ -167,8 +167,8 @@ def finished_outcome(path: str, lineage: dict[str, str], budget: dict[str, Any])
     except (OSError, ValueError, KeyError, TypeError):  # none, or not one trainflow wrote: train
         return None
     # the checkpoints as they are in this run's own folder now (never a path or a metric read from the record)
-    on_disk = {c["path"].rstrip("/").rsplit("/", 1)[-1]: c for c in checkpoints_on_disk(path)}
-    names = [str(c.get("path", "")).rstrip("/").rsplit("/", 1)[-1] for c in outcome.checkpoints]
+    on_disk = {folder_name(c["path"]): c for c in checkpoints_on_disk(path)}
+    names = [folder_name(str(c.get("path", ""))) for c in outcome.checkpoints]
     if not names or any(n not in on_disk for n in names):
         return None
     outcome.checkpoints = [on_disk[n] for n in names]

@@ -47,6 +47,11 @@ def run_dir(config: Config, run_name: str) -> str:
     return join(config.storage_path, run_name)
 
 
+def folder_name(path: str) -> str:
+    """The last part of a checkpoint's path or URI (its folder's name inside the run)."""
+    return path.rstrip("/").rsplit("/", 1)[-1]
+
+
 def checkpoint_folders(run_path: str) -> set[str]:
     """The names of the run's checkpoint folders, whatever their state (Ray Train's names only)."""
     return {name for name, is_dir in list_dir(run_path) if is_dir and CHECKPOINT_DIR.match(name)}
