@@ -227,6 +227,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--summary-json", help="also write the summary as JSON to this file")
     r.add_argument("--force", action="store_true",
                    help="retrain even when the data and training config are those of the current champion")
+    r.add_argument("--no-wait", dest="wait", action="store_false",
+                   help="fail at once, naming the holder, when another start of this --run-name is running (default: "
+                        "wait for it)")
 
     t = sub.add_parser("tune", help="Ray Tune sweep over the config's tune.search_space, then register the best")
     t.add_argument("--config", required=True, help="the YAML config file (trainflow init writes one)")
@@ -236,6 +239,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (YAML value), e.g. train.epochs=5; repeatable")
     t.add_argument("--summary-json", help="also write the summary as JSON to this file")
+    t.add_argument("--no-wait", dest="wait", action="store_false",
+                   help="fail at once, naming the holder, when another start of this --run-name is running")
 
     pr = sub.add_parser("predict", help="batch inference with a registered model or a checkpoint")
     pr.add_argument("--config", required=True, help="the YAML config file (trainflow init writes one)")
@@ -380,13 +385,13 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     # Ray and Prefect's temporary server come up while this process imports the flow (Ray not for a predict that
     # scores its table in this process: no step of it needs Ray)
     if not (args.command == "predict" and scored_in_process(config)):
-        start_ray_in_background(config.ray.address, config.ray.runtime_env)
+        start_ray_in_background(**config.ray_start)
     server = start_prefect_server_in_background()
     flow = _flow(args.command)
     if server is not None:
         server.join()
     params = {"config_path": str(Path(args.config).resolve()), "overrides": overrides or None}
-    named = {"retrain": ("run_name", "force"), "tune": ("run_name", "resume"), "monitor": ("labels",),
+    named = {"retrain": ("run_name", "force", "wait"), "tune": ("run_name", "resume", "wait"), "monitor": ("labels",),
              "validate": (), "predict": ("model",)}[args.command]
     extra = {name: getattr(args, name) for name in named}
     # the API gone mid-run is waited out as long (services.prefect_wait_s)

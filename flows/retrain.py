@@ -18,7 +18,7 @@ from trainflow.tasks.ensemble import ensemble
 from trainflow.tasks.ingest import Ingested, ingest, table_fingerprint
 from trainflow.tasks.mlflow_run import end_parent, end_runs, open_parent
 from trainflow.tasks.preprocess import Prepared, preprocess
-from trainflow.tasks.run_name import resolve_run_name
+from trainflow.tasks.run_name import finished_before, record_finished, resolve_run_name
 from trainflow.tasks.select import select
 from trainflow.tasks.skip import check_unchanged
 from trainflow.tasks.split import Split, record_split, split
@@ -29,6 +29,7 @@ from trainflow.trainer.resources import concurrent_runs
 from trainflow.trainer.runner import run_dir
 from trainflow.config import ENSEMBLE, Config, load_config
 from trainflow.errors import ConfigError, DataError, disk_full
+from trainflow.locks import run_lock
 from trainflow.redact import redact_text
 from trainflow.runtime import plain_progress, stop_requested, watch_for_sigterm
 from trainflow.tasks.common import task_logger
@@ -36,21 +37,30 @@ from trainflow.tasks.common import task_logger
 
 @flow(name="retrain", log_prints=True)
 def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name: str | None = None,
-            force: bool = False) -> dict[str, Any]:
+            force: bool = False, wait: bool = True) -> dict[str, Any]:
     """Train, select, register and predict from one config file; returns the run summary. A run on the champion's
-    own data and training config registers nothing (the champion still scores inference.input) unless force."""
+    own data and training config registers nothing (the champion still scores inference.input) unless force. One
+    start per run name at a time: another start of the same name waits for it (wait=False: fails at once naming it),
+    then finds it finished and does nothing."""
     watch_for_sigterm()  # a cancel (SIGTERM) stops Ray at once and retries nothing, in every process that runs a flow
     plain_progress()  # MLflow's transfer bars in a terminal only
     config = load_config(config_path, overrides)
     if config.task_inferred:
         print(config.task_inferred)
     name = resolve_run_name(run_name)
-    # the champion's own data and config: nothing to train (checked before the table is read into Ray)
-    fingerprint = None if force else table_fingerprint(config)
-    skipped = check_unchanged(config, fingerprint) if fingerprint else None
-    if skipped:
-        return skipped_run(config, name, skipped)
-    return _retrain(config, name, fingerprint)
+    with run_lock(config.storage_path, name, wait):
+        # the champion's own data and config: nothing to train (checked before the table is read into Ray)
+        fingerprint = None if force else table_fingerprint(config)
+        done = finished_before(config, name, fingerprint) if run_name else None  # a default name is new every time
+        if done:
+            return done
+        skipped = check_unchanged(config, fingerprint) if fingerprint else None
+        if skipped:
+            return skipped_run(config, name, skipped)
+        summary = _retrain(config, name, fingerprint)
+        if run_name:
+            record_finished(config, name, fingerprint or summary.get("data_fingerprint"), summary)
+        return summary
 
 
 def _retrain(config: Config, name: str, fingerprint: str | None) -> dict[str, Any]:

@@ -16,19 +16,26 @@ from trainflow.tasks.tune import check_sweep, tune_sweep
 from trainflow.tasks.validate import validate_data
 from trainflow.config import load_config
 from trainflow.trainer.tune import sweep_space
+from trainflow.locks import run_lock
 from trainflow.runtime import plain_progress, watch_for_sigterm
 
 
 @flow(name="tune", log_prints=True)
 def tune(config_path: str, overrides: dict[str, Any] | None = None, run_name: str | None = None,
-         resume: bool = False) -> dict[str, Any]:
+         resume: bool = False, wait: bool = True) -> dict[str, Any]:
     """Sweep the config's tune.search_space; the best trial's best checkpoint is registered and gated.
-    resume: restore the sweep named run_name from its folder (which unpickles Ray Tune's state: your own only)."""
+    resume: restore the sweep named run_name from its folder (which unpickles Ray Tune's state: your own only).
+    One start per sweep name at a time (wait=False: fail at once naming the holder)."""
     watch_for_sigterm()  # a cancel (SIGTERM) stops Ray at once and retries nothing, in every process that runs a flow
     plain_progress()  # MLflow's transfer bars in a terminal only
     config = load_config(config_path, overrides)
     sweep_space(config)  # before any work: a family with no default space and no tune.search_space fails here
     sweep = resolve_run_name(run_name, prefix="tune")
+    with run_lock(config.storage_path, sweep, wait):
+        return _tune(config, sweep, resume)
+
+
+def _tune(config, sweep: str, resume: bool) -> dict[str, Any]:
     check_sweep(config, sweep, resume)
     ingested = ingest(config)
     parts = split(ingested, config, folds=1)  # a trial trains one model: one validation split

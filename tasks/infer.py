@@ -160,7 +160,7 @@ def infer(checkpoint_path: str, config: Config, model: str = "") -> Predictions:
     # a small table is read, counted, predicted and written by this process: no Ray to start
     here = scored_here(config, table_bytes)
     if not here:
-        ensure_ray(config.ray.address, config.ray.runtime_env)
+        ensure_ray(**config.ray_start)
         if inf.use_gpu:
             check_fits({"num_workers": inf.num_actors, "resources_per_worker": {"GPU": 1}, "use_gpu": True}, "inference")
     if here:

@@ -48,7 +48,7 @@ def preflight_inference(config: Config, spec: TableSpec, train_schema) -> None:
         scoring = open_dataset(inp, fmt)
         schema = scoring.schema
     else:
-        ensure_ray(config.ray.address, config.ray.runtime_env)
+        ensure_ray(**config.ray_start)
         ds, _, _ = read_table(inp, fmt, listed=(fs, files), csv=config.data.csv)
         schema = arrow_schema(ds, inp)
     names = schema.names
@@ -88,7 +88,7 @@ def table_fingerprint(config: Config) -> str:
     """The training table's fingerprint as ingest computes it, from the files alone (no Ray Data read): enough to
     tell that a retrain would train on the champion's own data (which its run checked already)."""
     if cluster_named(config.ray.address):  # its object store's size decides content or metadata
-        ensure_ray(config.ray.address, config.ray.runtime_env)
+        ensure_ray(**config.ray_start)
     fs, files = list_files(config.data.path, config.data.format)
     return _fingerprint(config.data, fs, files)[0]
 
@@ -99,7 +99,7 @@ def ingest(config: Config, known_fingerprint: str | None = None) -> Ingested:
     answer for it, not computed again)."""
     config.require_workers()
     if cluster_named(config.ray.address):  # else this process reads a small table without Ray (runtime.nodes)
-        ensure_ray(config.ray.address, config.ray.runtime_env)
+        ensure_ray(**config.ray_start)
     check_fits(config.scaling.model_dump())  # seconds, not a placement group that waits forever
     data = config.data
     if config.inference.output:  # a place trainflow may write: checked before anything is read
@@ -116,7 +116,7 @@ def ingest(config: Config, known_fingerprint: str | None = None) -> Ingested:
         ds, files, schema = table, [with_scheme(data.path, f) for f in found], table.schema
         why += "; read by this process"
     else:
-        ensure_ray(config.ray.address, config.ray.runtime_env)
+        ensure_ray(**config.ray_start)
         ds, files, _ = read_table(data.path, data.format, listed=listed, csv=data.csv)
         schema = arrow_schema(ds, data.path)
     spec = table_spec(schema, data, config.task, data.path, files=files)

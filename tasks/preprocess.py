@@ -50,7 +50,7 @@ def _unseen_in_scoring_table(config: Config, prep: TabularPreprocessor) -> dict[
     fs, files = listed = list_files(inp, fmt)
     if scored_here(config, in_memory_bytes(fs, files, fmt)):
         return count_unseen_table(read_arrow(fs, files, fmt, config.data.csv, inp), prep)
-    ensure_ray(config.ray.address, config.ray.runtime_env)
+    ensure_ray(**config.ray_start)
     return count_unseen(read_table(inp, fmt, listed=listed, csv=config.data.csv)[0], prep)
 
 
@@ -73,7 +73,7 @@ def preprocess(ingested: Ingested, parts: Split, config: Config, packed: bool = 
     materialize = parts.materialized
     folds, train, val = None, None, None
     if packed:
-        ensure_ray(config.ray.address, config.ray.runtime_env)  # the packed rows go to Ray Train's workers
+        ensure_ray(**config.ray_start)  # the packed rows go to Ray Train's workers
     try:
         if packed and parts.folds:
             folds = [pack(a, b, prep, materialize) for a, b in parts.folds]

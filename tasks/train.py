@@ -77,7 +77,7 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
     """Fit one model family (default: the first of model.type) with its Ray Train trainer; a rerun with the
     same run_name resumes from its latest checkpoint; its workers stop at the deadline the caller wrote into the run's
     folder (trainer/deadline.py), with the best so far."""
-    ensure_ray(config.ray.address, config.ray.runtime_env)
+    ensure_ray(**config.ray_start)
     check_fits(config.scaling.model_dump())  # again: a retry may find fewer nodes than ingest did
     log = get_run_logger()
     family = family or config.model.families[0]

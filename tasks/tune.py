@@ -53,7 +53,7 @@ def check_sweep(config: Config, sweep: str, resume: bool) -> None:
 def tune_sweep(prepared: Prepared, config: Config, sweep: str, resume: bool = False) -> Swept:
     """Run the sweep (restoring it only when resume is asked for) and pick the best trial."""
     tune_cfg = config.require_tune()
-    ensure_ray(config.ray.address, config.ray.runtime_env)
+    ensure_ray(**config.ray_start)
     check_fits(config.scaling.model_dump())
     log = get_run_logger()
     parallel = concurrency(config)

@@ -149,9 +149,18 @@ def build_trainer(
             ),
             failure_config=failure_config(config.failure.max_failures),
             callbacks=[RecoveryLog(run_dir(config, run_name), config), *(callbacks or [])],
-            worker_runtime_env={"env_vars": dict(config.scaling.env_vars)},
+            worker_runtime_env={"env_vars": worker_env_to_pass(dict(config.scaling.env_vars))},
         ),
     )
+
+
+def worker_env_to_pass(wanted: dict[str, str]) -> dict[str, str]:
+    """scaling.env_vars that the workers' runtime_env must still carry: those the local Ray this process started does
+    not have in its processes' environment already (a runtime_env's values are written to Ray's agent log)."""
+    from trainflow.runtime import carried_env
+
+    carried = carried_env()
+    return {k: v for k, v in wanted.items() if carried.get(k) != str(v)}
 
 
 def stalled_error(last: str, count: int, num_workers: int, materialize: str) -> TrainingError:

@@ -593,7 +593,13 @@ class RaySection(_Section):
         shown="`$RAY_ADDRESS`, else start a local Ray (a cluster `ray start` left on the machine is joined only when "
               "named, e.g. `auto`)")
     runtime_env: dict[str, Any] | None = key(None, "passed to `ray.init`, e.g. `{working_dir: .}` for a cluster "
-                                                   "without trainflow installed")
+                                                   "without trainflow installed; on the local Ray trainflow starts, "
+                                                   "its `env_vars` reach Ray's processes through their environment "
+                                                   "(never Ray's logs)")
+    temp_dir: str | None = key(None, "the local Ray's session folder (logs, sockets, spilled objects), kept after the "
+                                     "run; must be private to its owner (mode 700, created so)",
+                               shown="a new private folder under the system's temporary folder, removed when the "
+                                     "run's Ray stops")
 
 
 class CheckpointSection(_Section):
@@ -849,6 +855,12 @@ class Config(_Section):
         its own default space, and with several families (auto, a list) the family is a search dimension too
         (trainer/tune.py sweep_space)."""
         return self.tune or TuneSection()
+
+    @property
+    def ray_start(self) -> dict[str, Any]:
+        """ensure_ray's arguments for this config: the cluster to join, or how to start a local Ray."""
+        return {"address": self.ray.address, "runtime_env": self.ray.runtime_env,
+                "worker_env": dict(self.scaling.env_vars), "temp_dir": self.ray.temp_dir}
 
     def require_workers(self) -> None:
         """The retrain pipeline keeps checkpoints, which Ray Train's local mode (num_workers=0) does not."""

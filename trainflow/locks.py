@@ -36,6 +36,8 @@ from trainflow.errors import TrainflowError
 # a promotion scores two models and an output write may take minutes; waiting longer than this means someone
 # must look (the waiter has said every minute who holds the lock)
 LOCK_TIMEOUT_S = 1800.0
+# a run name's lock is held for a whole retrain (hours on a large table): a second start of that name waits this long
+RUN_LOCK_TIMEOUT_S = 6 * 3600.0
 LEASE_S = 60.0  # the Prefect server's minimum lease
 WAIT_NOTE_S = 60.0
 POLL_S = 0.25
@@ -45,9 +47,25 @@ class LockTimeout(TrainflowError):
     """Another run held the lock for longer than the timeout."""
 
 
+def normalized_scope(uri: str) -> str:
+    """One spelling per place: a local path or a SQLite database's file through realpath (`sqlite:////x/./m.db` and
+    `sqlite:////x/m.db` are one registry), a file:// URI as its path, any other URI with its trailing slashes cut."""
+    uri = (uri or "").strip()
+    if uri.startswith("sqlite:///"):
+        path = uri[len("sqlite:///"):].split("?", 1)
+        return "sqlite:///" + os.path.realpath(path[0]) + (f"?{path[1]}" if len(path) > 1 else "")
+    if uri.startswith("file://"):
+        uri = uri[len("file://"):]
+    if uri and "://" not in uri:
+        return os.path.realpath(os.path.expanduser(uri))
+    return uri.rstrip("/")
+
+
 def lock_name(kind: str, key: str, scope: str = "") -> str:
-    """A lock name for (kind, key) in scope (e.g. a tracking URI, only hashed: it may hold a password): readable,
-    within Prefect's and a file name's rules, unique per key and scope."""
+    """A lock name for (kind, key) in scope (e.g. a tracking URI, only hashed: it may hold a password; normalized,
+    so two spellings of one place share a lock): readable, within Prefect's and a file name's rules, unique per key
+    and scope."""
+    scope = normalized_scope(scope)
     digest = hashlib.blake2b(f"{key}\x1f{scope}".encode(), digest_size=5).hexdigest()
     slug = re.sub(r"[^a-z0-9]+", "-", key.lower()).strip("-")[-40:].strip("-")
     return f"trainflow-{kind}-{slug}-{digest}"
@@ -105,6 +123,9 @@ class _Waiter:
 
     def tick(self) -> None:
         now = time.monotonic()
+        if self.timeout_s <= 0:  # asked not to wait (`--no-wait`)
+            raise LockTimeout(f"{self.kind} {self.key} is in use: the lock {self.name} is held by "
+                              f"{describe_holder(self.read_holder())}; without --no-wait this run waits for it")
         if self.left() <= 0:
             raise LockTimeout(
                 f"waited {self.timeout_s:g} s for the lock on {self.kind} {self.key} ({self.name}); it is held by "
@@ -206,4 +227,12 @@ def exclusive(kind: str, key: str, scope: str = "", timeout_s: float = LOCK_TIME
     name = lock_name(kind, key, scope)
     make = _prefect_lock if prefect_server_configured() else _file_lock
     with make(kind, key, name, timeout_s) as held:
+        yield held
+
+
+@contextmanager
+def run_lock(storage_path: str, run_name: str, wait: bool = True) -> Iterator[str]:
+    """One retrain, tune or resume per run name at a time (the run's folders under storage_path are its alone):
+    a second start of the same name waits, saying who holds it, or with wait=False fails at once naming the holder."""
+    with exclusive("run", run_name, storage_path, timeout_s=RUN_LOCK_TIMEOUT_S if wait else 0.0) as held:
         yield held

@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import signal
+import subprocess
 import threading
 from collections.abc import Iterator
 
@@ -67,34 +68,111 @@ def _local_node() -> dict[str, float]:
 
 
 def ensure_ray(address: str | None = None, runtime_env: dict | None = None, num_cpus: int | None = None,
-               object_store_memory: int | None = None) -> None:
+               object_store_memory: int | None = None, worker_env: dict[str, str] | None = None,
+               temp_dir: str | None = None) -> None:
     """Join the cluster at address (ray.address / RAY_ADDRESS) if given, else start a local Ray (of num_cpus
     CPUs and an object store of object_store_memory bytes, when given: benchmarks and tests).
+
+    A local Ray keeps its session folder (logs, sockets, spilled objects) in a private folder (mode 0700): temp_dir
+    (ray.temp_dir), kept, or a new one that goes when Ray stops. Its processes inherit worker_env (scaling.env_vars)
+    and runtime_env's env_vars from this process's environment at the start, so no Ray log holds their values
+    (Ray's runtime-env agent logs every runtime_env it sets up, in plain text).
 
     A no-op when this process is already connected. On an existing cluster every node must be
     able to import trainflow (installed there, or shipped with runtime_env={"working_dir": ...}).
     """
     with _START_LOCK:
         if not ray.is_initialized():
-            _init(address, runtime_env, num_cpus, object_store_memory)
+            _init(address, runtime_env, num_cpus, object_store_memory, worker_env, temp_dir)
 
 
-def _init(address: str | None, runtime_env: dict | None, num_cpus: int | None, object_store_memory: int | None = None) -> None:
+# what the local Ray this process started carries in its processes' environment (scaling.env_vars and the
+# runtime_env's env_vars): a fit passes on only what is not there already (carried_env)
+_CARRIED: dict[str, str] = {}
+_OWN_TEMP: list[str] = []  # the private session folder this process made for its local Ray (removed on stop)
+
+
+def carried_env() -> dict[str, str]:
+    """The environment variables every process of this process's own local Ray has from its start."""
+    return dict(_CARRIED) if ray.is_initialized() else {}
+
+
+def private_temp_dir(temp_dir: str | None) -> str:
+    """A folder only this user can read for a local Ray's session: temp_dir (created 0700 when missing; an existing
+    one must not be readable by others), else a new one under the system's temporary folder."""
+    import stat
+    import tempfile
+
+    from trainflow.errors import ConfigError
+
+    if temp_dir:
+        path = os.path.abspath(os.path.expanduser(temp_dir))
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        if os.stat(path).st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise ConfigError(f"ray.temp_dir {path}: readable by other users (mode {stat.S_IMODE(os.stat(path).st_mode):o});"
+                              " Ray's logs there may hold secrets: chmod 700 it or name another folder")
+        return path
+    base = tempfile.gettempdir()
+    if len(base) > 40:  # Ray's socket paths under it must stay within the 107 characters of a Unix socket path
+        base = "/tmp"
+    path = tempfile.mkdtemp(prefix="trainflow-ray-", dir=base)  # mode 0700
+    if not _OWN_TEMP:
+        import atexit
+
+        atexit.register(stop_ray)  # Ray stopped first, then the folder goes (also after a test's own ray.shutdown)
+    _OWN_TEMP.append(path)
+    return path
+
+
+def _init(address: str | None, runtime_env: dict | None, num_cpus: int | None, object_store_memory: int | None = None,
+          worker_env: dict[str, str] | None = None, temp_dir: str | None = None) -> None:
     runtime_env = dict(runtime_env or {})
     defaults = dict(TRAIN_ENV_DEFAULTS)
     address = address or os.environ.get("RAY_ADDRESS") or None
+    carried: dict[str, str] = {}
+    extra: dict = {}
     if not cluster_named(address):
         defaults.update(LOCAL_TRAIN_ENV_DEFAULTS)
         # With no address, ray.init joins whatever /tmp/ray/ray_current_cluster names (the last `ray start`
         # or ray.cluster_utils head on this machine), even a dead one: it then hangs on the dead GCS, or
         # refuses num_cpus. trainflow's default is its own Ray; a cluster is joined only when named.
         address = "local"
+        # the user's values reach every process of this Ray through the environment it starts with, not through the
+        # runtime_env, which Ray's agent writes to its log
+        carried = {**(runtime_env.pop("env_vars", None) or {}), **(worker_env or {})}
+        # Ray opens its own folder to everyone (0777): it lives inside the private one, which nobody else can enter
+        extra["_temp_dir"] = os.path.join(private_temp_dir(temp_dir), "ray")
     runtime_env["env_vars"] = {**defaults, **(runtime_env.get("env_vars") or {})}
     if address == "local":
         logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(_KnownNotice())
     # a hook of the user's own wins; then streamed pipelines run Ray's unpaced loop (trainflow/pacing.py)
     runtime_env.setdefault("worker_process_setup_hook", pacing.HOOK)
-    context = ray.init(
+    with _environment(carried):
+        context = _ray_init(address, runtime_env, num_cpus, object_store_memory, extra)
+    _CARRIED.clear()
+    _CARRIED.update(carried)
+    if context.dashboard_url:
+        print(f"trainflow: Ray dashboard at http://{context.dashboard_url}", file=sys.stderr, flush=True)
+    configure_ray_data()
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """values in os.environ while the block runs (the local Ray's processes start inside it), then as before."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update({k: str(v) for k, v in values.items()})
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _ray_init(address: str, runtime_env: dict, num_cpus: int | None, object_store_memory: int | None, extra: dict):
+    return ray.init(
         address=address,
         runtime_env=runtime_env,
         num_cpus=num_cpus,
@@ -106,10 +184,8 @@ def _init(address: str | None, runtime_env: dict | None, num_cpus: int | None, o
         log_to_driver=os.environ.get("TRAINFLOW_RAY_LOGS", "0") == "1",
         logging_level=logging.WARNING,
         configure_logging=True,
+        **extra,
     )
-    if context.dashboard_url:
-        print(f"trainflow: Ray dashboard at http://{context.dashboard_url}", file=sys.stderr, flush=True)
-    configure_ray_data()
 
 
 # Prefect cancels a flow run with SIGTERM. Raising from a handler (Ray's sys.exit, Prefect's
@@ -198,6 +274,16 @@ def stop_ray() -> None:
             ray.shutdown()
         except Exception as exc:  # noqa: BLE001 - best effort on the way out
             log.debug("ray.shutdown on stop failed: %s", exc)
+        remove_own_temp()
+
+
+def remove_own_temp() -> None:
+    """Remove the private session folders this process made for its local Ray (once that Ray stopped): its logs
+    may hold what a user's code printed. A folder named by ray.temp_dir is the user's and stays."""
+    import shutil
+
+    while _OWN_TEMP:
+        shutil.rmtree(_OWN_TEMP.pop(), ignore_errors=True)
 
 
 def _stop() -> None:
@@ -218,7 +304,8 @@ class _NoThreadSigtermWarning(logging.Filter):
 _NO_THREAD_SIGTERM_WARNING = _NoThreadSigtermWarning()
 
 
-def start_ray_in_background(address: str | None = None, runtime_env: dict | None = None) -> threading.Thread:
+def start_ray_in_background(address: str | None = None, runtime_env: dict | None = None,
+                            worker_env: dict[str, str] | None = None, temp_dir: str | None = None) -> threading.Thread:
     """Start (or join) Ray on a daemon thread, so it comes up while the caller imports Prefect and
     Prefect starts its temporary server: both are seconds of CPU-bound start-up (docs/performance.md).
 
@@ -234,7 +321,7 @@ def start_ray_in_background(address: str | None = None, runtime_env: dict | None
 
     def start() -> None:
         try:
-            ensure_ray(address, runtime_env)
+            ensure_ray(address, runtime_env, worker_env=worker_env, temp_dir=temp_dir)
         except Exception as exc:  # noqa: BLE001 - retried, and reported, by the first task's ensure_ray
             log.debug("starting Ray in the background failed; the first task retries: %s", exc)
             return
@@ -252,8 +339,8 @@ def start_prefect_server_in_background() -> threading.Thread | None:
     """Boot Prefect's temporary server (used when no PREFECT_API_URL is set) on a thread, so its process starts
     while this one imports the flow; join the thread before the flow runs. None when a server is configured.
 
-    The flow's client finds the server running (the same per-port instance) and starts none. If this start fails,
-    the flow's own start tries again and reports the error.
+    The server is trainflow's own (temporary_server): the flow's client finds it running (Prefect's one instance per
+    port) and starts none. If this start fails, the flow's own start tries again and reports the error.
     """
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
 
@@ -262,15 +349,93 @@ def start_prefect_server_in_background() -> threading.Thread | None:
 
     def start() -> None:
         try:
-            from prefect.server.api.server import SubprocessASGIServer  # the server's imports, also on this thread
-
-            SubprocessASGIServer().start()
+            temporary_server().start()
         except Exception as exc:  # noqa: BLE001 - retried, and reported, by the flow's client
             log.debug("starting Prefect's temporary server in the background failed; the flow retries: %s", exc)
 
     thread = threading.Thread(target=start, name="trainflow-prefect-start", daemon=True)
     thread.start()
     return thread
+
+
+# a temporary server's start runs its database migrations; on a loaded machine Prefect's 20 s default ran out (two
+# CLI runs started together both failed): the start waits this long, one start per Prefect home at a time
+SERVER_START_TIMEOUT_S = 120
+_SPAWNER: list = []
+_SPAWN_LOCK = threading.Lock()
+
+
+def _spawn(popen):
+    """popen() on one long-lived thread of this process: a child made with PR_SET_PDEATHSIG gets its signal when the
+    thread that forked it ends, so every temporary server is forked by a thread that ends only with the process."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with _SPAWN_LOCK:
+        if not _SPAWNER:
+            _SPAWNER.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainflow-spawn"))
+    return _SPAWNER[0].submit(popen).result()
+
+
+def _die_with_parent() -> None:
+    """In a forked child, before exec: SIGTERM when the forking thread (hence this process) dies, SIGKILL included."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def temporary_server():
+    """This process's temporary Prefect server, registered as Prefect's own instance so every Prefect client of the
+    process uses it: a start that fails or times out stops the process it started (a retry never leaves one running),
+    starts are serialized per Prefect home across processes (two CLI runs started together both come up), and the
+    server dies with this process however it ends (SIGTERM, SIGINT, SIGKILL: the kernel's parent-death signal; a
+    normal exit: Prefect's atexit stop)."""
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+
+    current = SubprocessASGIServer._instances.get(None)
+    if current is not None:
+        return current
+
+    class TemporaryServer(SubprocessASGIServer):
+        def _run_uvicorn_command(self):
+            if not sys.platform.startswith("linux"):
+                return super()._run_uvicorn_command()
+            import prefect
+            from prefect.settings import get_current_settings
+
+            # Prefect's own command (prefect/server/api/server.py), forked with the parent-death signal
+            args = [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
+                    "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+                    "--log-level", "error", "--lifespan", "on"]
+            env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
+                   "PREFECT__SERVER_FINAL": "1", **get_current_settings().to_environment_variables(exclude_unset=True)}
+            return _spawn(lambda: subprocess.Popen(args, env=env, preexec_fn=_die_with_parent))
+
+        def start(self, timeout: int | None = None) -> None:
+            if self.running:
+                return
+            from trainflow.locks import exclusive
+
+            wait = max(timeout or PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value(), SERVER_START_TIMEOUT_S)
+            with exclusive("prefect-server", "start", timeout_s=2 * wait):
+                try:
+                    super().start(timeout=wait)
+                except BaseException:
+                    self._kill()  # the process of a start that timed out would otherwise run on
+                    raise
+
+        def _kill(self) -> None:
+            process, self.server_process = self.server_process, None
+            if process is not None and process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+
+    return TemporaryServer()
 
 
 @contextlib.contextmanager
