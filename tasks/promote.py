@@ -22,7 +22,7 @@ from trainflow.tasks.select import Selected
 from trainflow.trainer.evaluate import Scored, paired_bootstrap, score_checkpoint, slice_metrics
 from trainflow.config import Config
 from trainflow.errors import InfrastructureError
-from trainflow.folds import FoldPlan
+from trainflow.folds import FoldPlan, plan_mismatch
 from trainflow.champion import record_missed_move, record_move
 from trainflow.locks import exclusive
 from trainflow.tracking import CHAMPION, DECISION_TAG, current_champion, mlflow_key
@@ -128,6 +128,18 @@ def slice_check(slices: dict, champion: Scored | None, config: Config) -> str | 
             f"champion's {other:.6g}, more than promotion.max_slice_drop {p.max_slice_drop:g}")
 
 
+def plan_problem(client, name: str, version: str, path: str, plan: FoldPlan | None) -> str | None:
+    """Why the champion's stored split plan is not to be trusted (it disagrees with the same checkpoint's config or
+    the version's logged params), else None."""
+    if plan is None:
+        return None
+    try:
+        params = client.get_run(client.get_model_version(name, version).run_id).data.params
+    except Exception:  # noqa: BLE001 - the config.json check still runs
+        params = None
+    return plan_mismatch(plan, path, params)
+
+
 def stored_plan(path: str) -> FoldPlan | None:
     """The split a registered checkpoint was trained under (its split.json, or what its config.json implies); None
     when neither says (then every holdout row counts, and the reason says so)."""
@@ -187,8 +199,9 @@ def gate(config: Config, holdout: Rows, challenger_path: str, registered: Regist
                     theirs_all = _score(path, holdout, slices_asked, mask)
                     ours_all = mine if mask is None else score_checkpoint(challenger_path, holdout, slices_asked,
                                                                           held_out=mask)
-                    scored[champion_version] = (theirs_all, ours_all, path, plan, mask)
-                theirs, ours, champion_path, plan, mask = scored[champion_version]
+                    problem = plan_problem(client, name, champion_version, path, plan)
+                    scored[champion_version] = (theirs_all, ours_all, path, plan, mask, problem)
+                theirs, ours, champion_path, plan, mask, problem = scored[champion_version]
                 if mask is not None and theirs is not None:  # only the rows neither model trained or chose on
                     theirs, ours = theirs.subset(theirs.held_out), ours.subset(ours.held_out)
                 judged_rows = len(ours.labels)
@@ -206,7 +219,11 @@ def gate(config: Config, holdout: Rows, challenger_path: str, registered: Regist
                     confidence, noisy = noise_check(ours, theirs, config)
                     if noisy:
                         promote_it, reason = False, noisy
-                if (promote_it or not judged_rows) and judged_rows < config.promotion.min_test_rows:
+                if problem:
+                    promote_it, reason = False, (
+                        f"champion v{champion_version}'s stored split plan (split.json) does not match its own training "
+                        f"({problem}): which rows it never trained on is unknown, so no promotion on that evidence")
+                elif (promote_it or not judged_rows) and judged_rows < config.promotion.min_test_rows:
                     promote_it, reason = False, (
                         f"only {judged_rows} {judged_on} rows are held out from both the challenger and champion "
                         f"v{champion_version} ({_plans_differ(plan)}), fewer than promotion.min_test_rows "
@@ -264,7 +281,10 @@ def gate(config: Config, holdout: Rows, challenger_path: str, registered: Regist
             DECISION_TAG: result.decision,
             "trainflow.promotion.reason": reason,
             "trainflow.promotion.metric": f"{metric} ({mode}, margin {margin:g})",
-            "trainflow.promotion.challenger_score": str(challenger),
+            # both on the judged rows (those held out from both); the challenger's on all its test rows beside them
+            "trainflow.promotion.challenger_score": str(challenger_judged),
+            "trainflow.promotion.judged_rows": str(judged_rows),
+            "trainflow.promotion.challenger_score_all_test_rows": f"{challenger} ({len(mine.labels)} rows)",
             "trainflow.promotion.champion_score": str(champion_score),
             "trainflow.promotion.champion_version": str(champion_version),
             "trainflow.promotion.floor": "none" if floor is None else f"{'missed' if missed else 'met'} ({metric} {floor:g})",

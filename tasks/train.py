@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -14,7 +15,7 @@ from prefect.cache_policies import NO_CACHE
 from trainflow.tasks.common import retry_unless_user_error
 from trainflow.tasks.mlflow_run import log_rows, open_run
 from trainflow.tasks.preprocess import Prepared
-from trainflow.trainer.checkpoint import read_metrics
+from trainflow.trainer.checkpoint import METRICS_FILE, read_metrics
 from trainflow.trainer.loop import STOP_REASON
 from trainflow.trainer.progress import ProgressLine, watch_progress
 from trainflow.trainer.recovery import read_events, recoveries, started_from
@@ -85,7 +86,7 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
     budget = prepared.budgets[family]
     path = run_dir(resolved, run_name)
     lineage = lineage_for(config, prepared.fingerprint, family)
-    done = finished_outcome(path, lineage, budget.to_dict())
+    done = finished_outcome(path, lineage, budget.to_dict(), run_name, family)
     if done is not None:
         log.info("run %s finished before on the same data, training config and budget: its %d checkpoint(s) are "
                  "used, nothing is trained again", run_name, len(done.checkpoints))
@@ -156,20 +157,34 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
     return outcome
 
 
-def finished_outcome(path: str, lineage: dict[str, str], budget: dict[str, Any]) -> TrainOutcome | None:
-    """The outcome a finished run recorded (FINISHED_FILE), when it trained on the same data and training config
-    with the same budget and every checkpoint it names is still in the run's folder; None: train (or resume)."""
+def finished_outcome(path: str, lineage: dict[str, str], budget: dict[str, Any], run_name: str,
+                     family: str) -> TrainOutcome | None:
+    """The outcome of a run that trained to its end before (FINISHED_FILE) on the same data and training config with
+    the same budget; None: train (or resume). The record is a claim read from storage: only its lineage, budget and
+    the checkpoint folders it names (each must still be there) are read from it. Everything else comes from the
+    run's own folder: every readable checkpoint in it with the metrics stored inside it (a better one the record
+    leaves out is still chosen), the history from the latest checkpoint, recoveries and the time limit from the
+    run's event log; the run name, family and path are this call's."""
     try:
         record = json.loads(read_text(join(path, FINISHED_FILE)))
         if record["lineage"] != lineage or record["budget"] != json.loads(json.dumps(budget, default=str)):
             return None
-        outcome = TrainOutcome(**record["outcome"])
-    except (OSError, ValueError, KeyError, TypeError):  # none, or not one trainflow wrote: train
+        names = [folder_name(str(c["path"])) for c in record["outcome"]["checkpoints"]]
+        train_s = record["outcome"].get("train_s")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # none, or not one trainflow wrote: train
         return None
-    # the checkpoints as they are in this run's own folder now (never a path or a metric read from the record)
-    on_disk = {folder_name(c["path"]): c for c in checkpoints_on_disk(path)}
-    names = [folder_name(str(c.get("path", ""))) for c in outcome.checkpoints]
-    if not names or any(n not in on_disk for n in names):
+    on_disk = checkpoints_on_disk(path)
+    if not names or any(n not in {folder_name(c["path"]) for c in on_disk} for n in names):
         return None
-    outcome.checkpoints = [on_disk[n] for n in names]
-    return outcome
+    try:
+        history = json.loads(read_text(join(on_disk[-1]["path"], METRICS_FILE)))["history"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
+        return None
+    events = read_events(path)
+    cut = [int(e.get("epoch", -1)) for e in events if e.get("event") == "time_limit"]
+    seconds = float(train_s) if isinstance(train_s, (int, float)) and math.isfinite(train_s) and train_s >= 0 else None
+    return TrainOutcome(run_name=run_name, family=family, run_path=path, checkpoints=on_disk, history=history,
+                        recoveries=recoveries(events), budget=budget, time_limited_at=cut[-1] if cut else None,
+                        train_s=seconds)

@@ -49,7 +49,10 @@ def test_a_table_that_grows_keeps_its_test_rows_and_a_stored_plan_reads_back():
     grown_table = _table(4000)
     grown = plan_split(ray.data.from_arrow(grown_table), "regression", "x", 0.2, 0.2, 3, ["id"], rows=4000)
     first = grown_table.slice(0, 2000)
-    assert np.array_equal(small.roles(first), grown.roles(first))  # the same rows keep the same roles
+    # the same rows keep the test role (a fixed hash range above EXACT_TEST_ROWS rows); validation rows are cut at the
+    # ranks (their exact share), so a row near that cut may move between validation and training as the table grows
+    assert np.array_equal(small.roles(first) == TEST, grown.roles(first) == TEST)
+    assert int((grown.roles(grown_table) == VALIDATION).sum()) == grown.counts["validation"] == round((4000 - grown.counts["test"]) * 0.2)
     assert np.array_equal(small.held_out(first), small.roles(first) == TEST)
     assert FoldPlan.from_dict(grown.to_dict()) == grown
     with pytest.raises(ValueError, match="not a split plan"):
@@ -111,7 +114,11 @@ def test_folds_cover_every_non_test_row_once_stay_put_as_the_table_grows_and_cut
     sizes = np.bincount(folds[roles != TEST])
     assert sizes.min() > 0.8 * sizes.max() and [plan.counts[f"fold {k}"] for k in range(4)] == sizes.tolist()
     grown = plan_split(ray.data.from_arrow(_table(6000)), "classification", "y", 0.2, 0.2, 7, ["id"], rows=6000, folds=4)
-    assert np.array_equal(grown.fold_ids(table), folds)  # the same rows keep their folds (and roles)
+    # the same rows keep their test role; the folds' cuts sit at the ranks of the rows there are, so as the table grows a
+    # row moves to a neighbouring fold only where a cut moved past it (a few percent of rows)
+    assert np.array_equal(grown.roles(table) == TEST, roles == TEST)
+    assert (grown.fold_ids(table) == folds).mean() > 0.9
+    assert max(sizes) - min(sizes) <= 4  # each fold its share of every class (rounding per class)
     fit_rows = split_roles(ds, plan, materialize=True)[TRAIN]
     for k in range(4):
         train, held = fold_parts(fit_rows, plan, k, materialize=False)

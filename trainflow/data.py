@@ -163,13 +163,83 @@ def _counts(ds: Rows, plan, columns: list[str]) -> list[dict]:
                                                   batch_size=None).take_all()
 
 
+def _keys_and_classes(batch: pa.Table, plan) -> pa.Table:
+    """Each row's number u and (stratified) its class as text."""
+    classes = plan._classes(batch)
+    return pa.table({"u": plan.keys(batch), "value": classes if classes is not None else np.full(batch.num_rows, "")})
+
+
+def _all_keys(ds: Rows, plan, columns: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(u, class) of every row: this process's pass for a table in its memory, else Ray tasks' (a small table)."""
+    if isinstance(ds, pa.Table):
+        out = _keys_and_classes(ds.select(columns), plan)
+    else:
+        parts = ds.select_columns(columns).map_batches(_keys_and_classes, fn_kwargs={"plan": plan},
+                                                       batch_format="pyarrow").iter_batches(batch_format="pyarrow")
+        out = pa.concat_tables([pa.Table.from_batches([b]) if isinstance(b, pa.RecordBatch) else b for b in parts])
+    return out["u"].to_numpy(), np.asarray(out["value"].to_numpy(zero_copy_only=False)).astype(str)
+
+
+def _between(sorted_u: np.ndarray, rank: int) -> float:
+    """A cut on u with exactly `rank` of sorted_u below it (midway between two neighbours: a row's u never sits on it)."""
+    if rank <= 0:
+        return 0.0
+    if rank >= len(sorted_u):
+        return 1.0
+    return float((sorted_u[rank - 1] + sorted_u[rank]) / 2.0)
+
+
+def _share(n: int, share: float, eligible: bool) -> int:
+    """A class's rows in a role that takes `share`: none for a class too small for it, else at least one."""
+    return max(1, round(n * share)) if eligible and share > 0 else 0
+
+
+def exact_cuts(u: np.ndarray, classes: np.ndarray, plan, test_classes, val_classes, rows: int
+               ) -> tuple[dict, dict[str, int]]:
+    """The plan's cuts for each class and the rows they give each role and fold: the validation role and the folds
+    at the hash's ranks among the class's non-test rows (each its exact share); the test role too on a table of at
+    most EXACT_TEST_ROWS rows, else at the fixed test range (a growing table keeps its test rows)."""
+    from trainflow.folds import EXACT_TEST_ROWS
+
+    k = plan.folds
+    cuts, counts = {}, {"train": 0, "validation": 0, "test": 0, **({f"fold {i}": 0 for i in range(k)} if k > 1 else {})}
+    for value in np.unique(classes):
+        mine = np.sort(u[classes == value])
+        n = len(mine)
+        tested_class = test_classes is None or value in test_classes
+        if rows <= EXACT_TEST_ROWS:
+            test_cut = _between(mine, _share(n, plan.test_fraction, tested_class))
+        else:
+            test_cut = plan.test_fraction if tested_class else 0.0
+        fit = mine[mine >= test_cut]
+        n_val = _share(len(fit), plan.validation_fraction, val_classes is None or value in val_classes) \
+            if k < 2 else 0
+        val_cut = _between(fit, n_val) if n_val else test_cut
+        inner = [_between(fit, round(len(fit) * i / k)) for i in range(1, k)] if k > 1 else []
+        cuts[str(value)] = (test_cut, val_cut, *inner)
+        # counted as the plan assigns (rows of equal keys, duplicates without an id, share a side of every cut)
+        tested = n - len(fit)
+        validated = int((fit < val_cut).sum()) if k < 2 else 0
+        counts["test"] += tested
+        counts["validation"] += validated
+        counts["train"] += n - tested - validated
+        if k > 1:
+            ids = (fit[:, None] >= np.array(inner)[None, :]).sum(axis=1)
+            for i in range(k):
+                counts[f"fold {i}"] += int((ids == i).sum())
+    return cuts, counts
+
+
 def plan_split(ds: Rows, task: str, label: str, test_fraction: float, validation_fraction: float,
                seed: int, key_columns: list[str], rows: int, folds: int | str = 1, source: str = ""):
     """The fold plan for this table: one counting pass over the key and label columns gives the rows per class in
     each role, so every class with enough rows gets its share of test and validation rows (stratification) and a
     class too small for a role keeps those rows for training; a label whose classes are mostly too small for any is
-    refused (source names the table). folds: train.folds (auto resolved from rows)."""
-    from trainflow.folds import FoldPlan, check_class_sizes, effective_test_fraction, eligible, resolve_folds
+    refused (source names the table). folds: train.folds (auto resolved from rows). A table of at most EXACT_ROWS
+    rows has its validation role and folds cut at the hash's ranks within each class (each gets its share: on 95
+    rows, folds of 18 to 20), and its test role too when it has at most EXACT_TEST_ROWS rows (exact_cuts); a larger
+    one by the hash's fixed ranges (within a fraction of a percent of those shares)."""
+    from trainflow.folds import EXACT_ROWS, FoldPlan, check_class_sizes, effective_test_fraction, eligible, resolve_folds
 
     by_label = label if task == "classification" else None
     test_share = effective_test_fraction(test_fraction, rows)
@@ -177,6 +247,18 @@ def plan_split(ds: Rows, task: str, label: str, test_fraction: float, validation
                     validation_fraction=validation_fraction, label=by_label,
                     folds=resolve_folds(folds, round(rows * (1 - test_share)), test_share))
     columns = list(dict.fromkeys([*key_columns, label]))
+    if 0 < rows <= EXACT_ROWS:
+        u, classes = _all_keys(ds, plan, columns)
+        test_classes = val_classes = None
+        if by_label is not None:
+            values, sizes_ = np.unique(classes, return_counts=True)
+            sizes = dict(zip(values.tolist(), sizes_.tolist()))
+            check_class_sizes(source, label, sizes)
+            test_classes = eligible(sizes, plan.test_fraction)
+            val_classes = eligible(sizes, (1 - plan.test_fraction) * validation_fraction)
+            plan = replace(plan, test_classes=test_classes, validation_classes=val_classes)
+        cuts, counts = exact_cuts(u, classes, plan, test_classes, val_classes, rows)
+        return replace(plan, cuts=cuts, counts=counts)
     counts = _counts(ds, plan, columns)
     fold_names = [f"f{k}" for k in range(plan.folds)] if plan.folds > 1 else []
     if by_label is None:

@@ -43,6 +43,14 @@ MIN_ROLE_ROWS = 10  # fewer test, validation or training rows than this judge no
 MAX_FOLDS = 20
 AUTO_FOLDS = 5  # train.folds: auto below AUTO_FOLD_ROWS rows outside the test role
 AUTO_FOLD_ROWS = 4_000  # where one holdout is as good (docs/performance.md, model-quality with and without folds)
+# up to this many rows the roles and folds are cut at the hash's ranks within each class (exact shares; one pass
+# brings every row's key to this process: 8 bytes and its class); beyond it the hash's fixed ranges are within a
+# fraction of a percent of those shares
+EXACT_ROWS = 50_000
+# up to this many rows the test role is cut at the ranks too: a fixed range would leave its size to chance (113 rows
+# at 0.15: 17 +- 4 rows, under the 10 that judge anything about 2% of the time); a larger table keeps its test rows as
+# it grows (the fixed range)
+EXACT_TEST_ROWS = 1_000
 NO_FOLD = -1  # the fold column of a test row (and of every row without cross-fitting)
 
 
@@ -75,10 +83,38 @@ class FoldPlan:
     validation_classes: tuple[str, ...] | None = None
     counts: dict[str, int] = field(default_factory=dict, compare=False)  # rows per role when the plan was made
     folds: int = 1  # cross-fitting: the non-test rows in this many folds (1: a validation role instead)
+    # tables up to EXACT_ROWS rows: per class (its value as text; "" without stratification) the cuts on u that give
+    # each role and fold its exact share of the class's rows (the hash's rank cut into parts): [test, validation]
+    # then the folds' K-1 inner cuts. A class not listed (a larger table, a class new since) uses the fixed ranges.
+    cuts: dict[str, tuple[float, ...]] | None = None
 
     @property
     def validation_cut(self) -> float:
         return self.test_fraction + (1.0 - self.test_fraction) * self.validation_fraction
+
+    def _classes(self, batch: pa.Table) -> np.ndarray | None:
+        if self.label is None:
+            return None
+        return np.asarray(pc.cast(batch[self.label], pa.string()).to_numpy(zero_copy_only=False)).astype(str)
+
+    def _row_cuts(self, batch: pa.Table, n: int) -> np.ndarray:
+        """Per row, its class's cuts [test, validation, fold cuts ...] (rows of a class without cuts: the fixed ranges
+        as cuts); shape (n, 2 + folds - 1)."""
+        t, k = self.test_fraction, max(self.folds, 1)
+        default = np.array([t, self.validation_cut, *[t + (1 - t) * i / k for i in range(1, k)]])
+        out = np.tile(default, (n, 1))
+        if not self.cuts:
+            return out
+        classes = self._classes(batch)
+        if classes is None:
+            if "" in self.cuts:
+                out[:] = self.cuts[""]
+            return out
+        values, inverse = np.unique(classes, return_inverse=True)
+        for i, value in enumerate(values):
+            if value in self.cuts:
+                out[inverse == i] = self.cuts[value]
+        return out
 
     def keys(self, batch: pa.Table) -> np.ndarray:
         """The number in [0, 1) of each row of batch (its key columns hashed with the plan's seed)."""
@@ -89,8 +125,9 @@ class FoldPlan:
         (fold_ids says which fold holds it out). u: the batch's keys when the caller has them."""
         u = self.keys(batch) if u is None else u
         roles = np.full(len(u), TRAIN, dtype=np.int8)
-        test = u < self.test_fraction
-        val = (u >= self.test_fraction) & (u < self.validation_cut) & (self.folds < 2)
+        cuts = self._row_cuts(batch, len(u))
+        test = u < cuts[:, 0]
+        val = (u >= cuts[:, 0]) & (u < cuts[:, 1]) & (self.folds < 2)
         if self.label is not None:
             values = pc.cast(batch[self.label], pa.string())
             for mask, classes in ((test, self.test_classes), (val, self.validation_classes)):
@@ -108,6 +145,10 @@ class FoldPlan:
         if self.folds < 2:
             return out
         fit = roles != TEST
+        if self.cuts:  # the class's own cuts on u among its non-test rows
+            inner = self._row_cuts(batch, len(u))[:, 2:]
+            out[fit] = (u[fit, None] >= inner[fit]).sum(axis=1)
+            return out
         # the non-test share of [0, 1) stretched back to [0, 1): u past the test range, or (a class kept out of the
         # test role) u inside it
         t = self.test_fraction
@@ -123,9 +164,16 @@ class FoldPlan:
     def holds_out_every_test_row_of(self, other: FoldPlan) -> bool:
         """True when every row `other` puts in its test role is held out by this plan too (the same hash and classes,
         a test range at least as wide): a gate between their models needs no row-by-row check."""
-        return (self.seed == other.seed and self.key_columns == other.key_columns and self.label == other.label
+        if not (self.seed == other.seed and self.key_columns == other.key_columns and self.label == other.label
                 and self.test_classes == other.test_classes and other.test_fraction > 0
-                and self.test_fraction >= other.test_fraction)
+                and self.test_fraction >= other.test_fraction):
+            return False
+        if not self.cuts and not other.cuts:
+            return True
+        mine, theirs = self.cuts or {}, other.cuts or {}
+        classes = set(mine) | set(theirs)  # every class either cuts by rank; the others keep the fixed ranges
+        return all((mine[c][0] if c in mine else self.test_fraction) >= (theirs[c][0] if c in theirs else
+                                                                          other.test_fraction) for c in classes)
 
     def describe(self) -> str:
         keyed = f"id column {self.key_columns[0]!r}" if len(self.key_columns) == 1 else "each row's values"
@@ -148,11 +196,16 @@ class FoldPlan:
                 validation_classes=None if d.get("validation_classes") is None else tuple(map(str, d["validation_classes"])),
                 counts={str(k): int(v) for k, v in (d.get("counts") or {}).items()},
                 folds=int(d.get("folds", 1)),
+                cuts=None if d.get("cuts") is None else {str(k): tuple(float(x) for x in v)
+                                                         for k, v in dict(d["cuts"]).items()},
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a split plan trainflow wrote ({type(exc).__name__}: {exc})") from None
-        if not (0.0 <= plan.test_fraction < 1.0 and 0.0 < plan.validation_fraction < 1.0 and plan.key_columns
-                and 1 <= plan.folds <= MAX_FOLDS):
+        bad_cuts = plan.cuts is not None and any(
+            len(c) != plan.folds + 1 or any(not 0.0 <= x <= 1.0 for x in c) or list(c[2:]) != sorted(c[2:])
+            or c[1] < c[0] for c in plan.cuts.values())
+        if bad_cuts or not (0.0 <= plan.test_fraction < 1.0 and 0.0 < plan.validation_fraction < 1.0
+                            and plan.key_columns and 1 <= plan.folds <= MAX_FOLDS):
             raise ValueError(f"not a split plan trainflow wrote (fractions {plan.test_fraction}, "
                              f"{plan.validation_fraction}; folds {plan.folds}; key columns {plan.key_columns})")
         return plan
@@ -186,6 +239,42 @@ class FoldPlan:
                        validation_fraction=float(split["validation_fraction"]))
         except (OSError, KeyError, TypeError, ValueError):
             return None
+
+
+def plan_mismatch(plan: FoldPlan, directory: str | Path, params: dict[str, str] | None = None) -> str | None:
+    """Why a plan stored in a checkpoint (split.json) cannot be the one its training used, judged by the same
+    checkpoint's config.json (and preprocessor.json) and, when given, the model version's logged params; None when
+    they agree. A stored file is a claim: a gate reads held-out rows from it only after this check."""
+    directory = Path(directory)
+    try:
+        cfg = json.loads((directory / "config.json").read_text())
+        data, split, task = cfg["data"], cfg["split"], cfg.get("task")
+        if data.get("id_column"):
+            keys = (str(data["id_column"]),)
+        else:
+            prep = json.loads((directory / "preprocessor.json").read_text())
+            keys = (*map(str, prep["feature_order"]), str(prep["label"]))
+        asked_test, asked_val = float(split["test_fraction"]), float(split["validation_fraction"])
+        seed = int(split["seed"])
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        return f"its config.json cannot be read to check it ({type(exc).__name__}: {exc})"
+    wrong = []
+    if plan.seed != seed:
+        wrong.append(f"seed {plan.seed} where its config says split.seed {seed}")
+    if plan.key_columns != keys:
+        wrong.append(f"key columns {list(plan.key_columns)} where its config implies {list(keys)}")
+    if abs(plan.validation_fraction - asked_val) > 1e-9:
+        wrong.append(f"validation fraction {plan.validation_fraction} where its config says {asked_val}")
+    if plan.test_fraction > asked_test + 1e-9 or (asked_test > 0) != (plan.test_fraction > 0):
+        wrong.append(f"test fraction {plan.test_fraction} where its config says at most {asked_test}")
+    label = str(data.get("label")) if task == "classification" else None
+    if plan.label != label:
+        wrong.append(f"stratified by {plan.label!r} where its config implies {label!r}")
+    for key, value in (("split.seed", seed), ("split.test_fraction", asked_test),
+                       ("split.validation_fraction", asked_val)):  # config.json against what MLflow logged
+        if params and key in params and str(params[key]) != str(value):
+            wrong.append(f"its config.json says {key} {value} where the version's MLflow run logged {params[key]}")
+    return "; ".join(wrong) or None
 
 
 def resolve_folds(asked: int | str, non_test_rows: int, test_fraction: float) -> int:
@@ -265,8 +354,12 @@ def check_sizes(counts: dict[str, int], source: str, plan: FoldPlan) -> None:
     short = [f"{role} {counts.get(role, 0)}" for role, least in wanted.items() if counts.get(role, 0) < least]
     if short:
         raise DataError(
-            f"{source}: {sum(counts.values())} rows are too few to train, choose and judge a model: "
-            f"{', '.join(f'{r} {n}' for r, n in counts.items())} rows (at least {MIN_ROLE_ROWS} each are needed; "
+            f"{source}: {sum(counts.get(r, 0) for r in ('train', 'validation', 'test'))} rows are too few to train, "
+            "choose and judge a model: "
+            f"{', '.join(f'{r} {n}' for r, n in counts.items() if not r.startswith('fold '))} rows"
+            + (f" (the train rows in {plan.folds} folds of "
+               f"{', '.join(str(counts.get(f'fold {k}', 0)) for k in range(plan.folds))})" if plan.folds > 1 else "")
+            + f" (at least {MIN_ROLE_ROWS} each are needed; "
             f"short: {', '.join(short)}); add rows, or change split.test_fraction / split.validation_fraction"
             + (" / train.folds" if plan.folds > 1 else "")
         )

@@ -268,12 +268,11 @@ def stop_ray() -> None:
     """Shut Ray down now: Ray Train's controller and workers go with their driver (best effort).
     One shutdown at a time: the stop thread and the CLI's exit path may both call this."""
     with _shutdown_lock:
-        if not ray.is_initialized():
-            return
-        try:
-            ray.shutdown()
-        except Exception as exc:  # noqa: BLE001 - best effort on the way out
-            log.debug("ray.shutdown on stop failed: %s", exc)
+        if ray.is_initialized():
+            try:
+                ray.shutdown()
+            except Exception as exc:  # noqa: BLE001 - best effort on the way out
+                log.debug("ray.shutdown on stop failed: %s", exc)
         remove_own_temp()
 
 
