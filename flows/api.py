@@ -52,6 +52,7 @@ def snapshot(data: Any, storage_path: str) -> str:
 
     from trainflow.errors import DataError
     from trainflow.storage import filesystem_for, join, read_bytes, replace_bytes
+    from trainflow.tables import check_names
 
     class BlockFiles(FilenameProvider):
         """Files named by their place in the write, not by its id: the same rows in the same blocks give the same
@@ -65,6 +66,9 @@ def snapshot(data: Any, storage_path: str) -> str:
         fs, inner = filesystem_for(where)
         data.write_parquet(inner, filesystem=fs, filename_provider=BlockFiles())
         return where
+    if isinstance(data, (pd.DataFrame, pa.Table)):
+        check_names([str(c) for c in data.columns] if isinstance(data, pd.DataFrame) else data.column_names, "data",
+                    empty_ok=False)
     if isinstance(data, pd.DataFrame):
         data = pa.Table.from_pandas(data, preserve_index=False)
     if not isinstance(data, pa.Table):

@@ -306,7 +306,8 @@ def _parser() -> argparse.ArgumentParser:
                                                            "current champion replaced)")
             cp.add_argument("--reason", required=True, help="why: recorded with the move")
             cp.add_argument("--force", action="store_true",
-                           help="roll back even to a version whose recorded score misses promotion.min_score")
+                           help="roll back even to a version whose recorded score misses promotion.min_score, that the gate "
+                                "rejected, or that never served")
         cp.add_argument("--config", required=True, help="the config naming the registered model and tracking URI")
         cp.add_argument("--summary-json", help="also write the answer as JSON to this file")
 

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from trainflow.errors import UnreadableCheckpoint
 from trainflow.preprocessors.dates import date_parts
 from trainflow.tables import is_numeric_type, is_string_type, is_temporal_type
 
@@ -352,10 +353,10 @@ class TabularPreprocessor:
                 raise TypeError("not a JSON object")
             prep = cls.from_dict(data)
         except (ValueError, TypeError) as exc:
-            raise ValueError(f"{path}: not a preprocessor trainflow wrote ({type(exc).__name__}: {exc})") from None
+            raise UnreadableCheckpoint(f"{path}: not a preprocessor trainflow wrote ({type(exc).__name__}: {exc})") from None
         problem = prep.state_problem()
         if problem:
-            raise ValueError(f"{path}: {problem}; refused (not a state that fitting produces)")
+            raise UnreadableCheckpoint(f"{path}: {problem}; refused (not a state that fitting produces)")
         return prep
 
     def state_problem(self) -> str | None:

@@ -95,3 +95,26 @@ def test_moves_are_recorded_and_a_rollback_goes_back_with_its_reason(registry, c
     # a tag someone else wrote is not trusted as history, and never fails a move
     client.set_model_version_tag("m", "2", PERIODS_TAG, "not json")
     assert all(r["version"] != "2" for r in history(client, "m"))
+
+
+def test_a_rollback_to_a_version_the_gate_rejected_or_that_never_served_needs_force_and_a_plain_number(tmp_path, capsys):
+    client, uri = sqlite_registry(tmp_path, versions=4)
+    cfg = write_config(tmp_path, {"data": {"path": str(tmp_path / "t.parquet"), "label": "y"}, "task": "regression",
+                                  "mlflow": {"tracking_uri": uri, "registered_model": "m"}})
+    client.set_registered_model_alias("m", CHAMPION, "1")
+    record_move(client, "m", None, "1", "first model: there is no champion yet", "the gate (run a)")
+    client.set_registered_model_alias("m", CHAMPION, "2")
+    record_move(client, "m", "1", "2", "val_loss 0.4 beats 0.5", "the gate (run b)")
+    client.set_model_version_tag("m", "3", "trainflow.promotion.decision", "not_promoted")
+    client.set_model_version_tag("m", "3", "trainflow.promotion.reason", "val_loss 0.6 does not beat 0.4")
+    for to in (" 2", "01", "2.0", "-1"):  # read strictly: no version by accident
+        assert cli_main(["champion", "rollback", "--config", str(cfg), "--to", to, "--reason", "x"]) == 2
+        assert "is not a model version number" in capsys.readouterr().err
+    assert cli_main(["champion", "rollback", "--config", str(cfg), "--to", "3", "--reason", "x"]) == 2
+    assert "the gate did not promote it (val_loss 0.6 does not beat 0.4)" in capsys.readouterr().err
+    assert cli_main(["champion", "rollback", "--config", str(cfg), "--to", "4", "--reason", "x"]) == 2
+    assert "it never served as @champion" in capsys.readouterr().err
+    assert str(client.get_model_version_by_alias("m", CHAMPION).version) == "2"
+    assert cli_main(["champion", "rollback", "--config", str(cfg), "--to", "3", "--reason", "needed", "--force"]) == 0
+    assert history(client, "m")[-1]["why"].startswith("rollback: needed (forced: the gate did not promote it")
+    assert cli_main(["champion", "rollback", "--config", str(cfg), "--to", "1", "--reason", "served before"]) == 0

@@ -8,6 +8,7 @@ import json
 import sqlite3
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import mlflow
@@ -130,22 +131,27 @@ def _gate_setup(tmp_path, table=None, **sections):
     write_parquet(table, tmp_path / "t.parquet")
     cfg = load_config(write_config(tmp_path, {
         "data": {"path": "t.parquet", "label": "y", "features": ["x"]}, "task": "regression",
+        "split": {"seed": 0, "test_fraction": 0.5, "validation_fraction": 0.2},
         "model": {"type": "mlp", "hidden_sizes": [], "numeric_embedding": "none"},
         "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "registered_model": "gate"}, **sections,
     }))
     ds = ray.data.from_arrow(table)
     spec = table_spec(table.schema, cfg.data, cfg.task, "t")
     prep = fit_preprocessor(ds, spec, cfg.task)
-    # every model here was trained under one plan whose test rows are the gate's holdout
-    plan = FoldPlan(seed=0, key_columns=tuple(table.column_names), test_fraction=0.5, validation_fraction=0.2)
+    # every model here was trained under one plan whose test rows are the gate's holdout (keyed as a run keys a
+    # table without an id column: its features, then the label)
+    plan = FoldPlan(seed=0, key_columns=("x", "y"), test_fraction=0.5, validation_fraction=0.2)
     ds = ray.data.from_arrow(table.filter(pa.array(plan.held_out(table))))
 
-    def checkpoint(weight: float) -> str:
-        d = tmp_path / f"ckpt-{weight}"
+    def checkpoint(weight: float, seed: int = 0) -> str:
+        """A checkpoint trained under the plan with this seed (its split.json and config.json say so)."""
+        d = tmp_path / (f"ckpt-{weight}" if seed == 0 else f"ckpt-{weight}-seed{seed}")
         d.mkdir(exist_ok=True)
-        plan.save(d)
+        replace(plan, seed=seed).save(d)
         state = {"0.weight": torch.tensor([[weight]], dtype=torch.float32), "0.bias": torch.zeros(1)}
-        save_checkpoint(d, state, {"epoch": 0}, {"val_loss": 0.0}, [], prep.to_dict(), cfg.for_family("mlp").to_dict())
+        trained = cfg.for_family("mlp").to_dict()
+        trained["split"]["seed"] = seed
+        save_checkpoint(d, state, {"epoch": 0}, {"val_loss": 0.0}, [], prep.to_dict(), trained)
         return str(d)
 
     return cfg, ds, checkpoint
@@ -277,10 +283,11 @@ def test_the_gate_judges_slices_and_noise(tmp_path):
     from trainflow.preprocessors.tabular import TabularPreprocessor
 
     prep = TabularPreprocessor.load(challenger)
-    xs = (x - prep.numeric["x"]["mean"]) / prep.numeric["x"]["std"]
-    ys = (y - prep.label_mean) / prep.label_std
+    hx, hy = held["x"].to_numpy(), held["y"].to_numpy()  # the judged rows' best weight
+    xs = (hx - prep.numeric["x"]["mean"]) / prep.numeric["x"]["std"]
+    ys = (hy - prep.label_mean) / prep.label_std
     best = float(xs @ ys / (xs @ xs))
-    twin = checkpoint(2 * best - 1.3 / scale)
+    twin = checkpoint(best + 0.99 * (best - 1.3 / scale))  # a hair closer to it than the challenger, the other side
     noisy = promote.gate(loose, holdout, twin, _register(cfg, twin))
     assert noisy.decision == "not_promoted" and "within the holdout's noise" in noisy.reason, noisy.reason
 
@@ -377,8 +384,7 @@ def test_the_gate_judges_only_rows_held_out_from_both_models(tmp_path):
     cfg, holdout, checkpoint = _gate_setup(tmp_path)
     table = pa.concat_tables(ray.get(holdout.to_arrow_refs()))
     champion_plan = FoldPlan(seed=1, key_columns=("x", "y"), test_fraction=0.5, validation_fraction=0.2)
-    weak = checkpoint(0.5)
-    champion_plan.save(weak)
+    weak = checkpoint(0.5, seed=1)
     promote.gate(cfg, holdout, weak, _register(cfg, weak))
     held = int(champion_plan.held_out(table).sum())
     assert 50 < held < 150
@@ -390,6 +396,29 @@ def test_the_gate_judges_only_rows_held_out_from_both_models(tmp_path):
     strong = promote.gate(cfg, holdout, checkpoint(1.0), _register(cfg, checkpoint(1.0)))
     assert (strong.decision, strong.judged_on, strong.rows) == ("promoted", "test", held)
     assert strong.challenger_score < strong.champion_score  # val_loss, on the same held-out rows
+
+
+def test_a_champion_whose_stored_split_plan_was_edited_is_no_evidence(tmp_path):
+    """The registered champion's split.json edited after the fact (seed 0 -> 7: other rows look held out) no longer
+    matches its own config.json: the gate does not promote on that evidence, and says why."""
+    import trainflow.tasks.promote as promote
+
+    cfg, holdout, checkpoint = _gate_setup(tmp_path)
+    weak = checkpoint(0.5)
+    promote.gate(cfg, holdout, weak, _register(cfg, weak))
+    edited = json.loads((Path(weak) / "split.json").read_text())
+    client = mlflow.MlflowClient(tracking_uri=cfg.mlflow.tracking_uri)
+    stored = Path(client.get_model_version_download_uri("gate", "1").removeprefix("file://"))
+    [plan_file] = stored.rglob("split.json")  # the registered artifact itself, not a downloaded copy
+    plan_file.write_text(json.dumps({**edited, "seed": 7}))
+    strong = checkpoint(1.0)
+    refused = promote.gate(cfg, holdout, strong, _register(cfg, strong))
+    assert refused.decision == "not_promoted" and _champion(cfg) == "1"
+    assert "stored split plan (split.json) does not match its own training" in refused.reason
+    assert "seed 7 where its config says split.seed 0" in refused.reason
+    tags = client.get_model_version("gate", "2").tags
+    assert tags["trainflow.promotion.judged_rows"] == str(refused.rows)
+    assert tags["trainflow.promotion.challenger_score"] == str(refused.challenger_score)
 
 
 def test_a_drift_event_never_carries_the_credentials_of_the_scoring_uri(tmp_path):

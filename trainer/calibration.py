@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainflow.errors import UnreadableCheckpoint
+
 CALIBRATION_FILE = "calibration.json"
 # the ranges fitting produces (and clamps to): a stored value outside them was not written by a fit
 TEMPERATURE_RANGE = (0.05, 20.0)
@@ -81,7 +83,7 @@ def read_calibration(directory: str | Path) -> dict[str, Any] | None:
     except ValueError:
         data = None
     if not _valid(data):
-        raise ValueError(f"{path}: not a calibration trainflow wrote ({str(data)[:200]}); a fit stores temperature "
+        raise UnreadableCheckpoint(f"{path}: not a calibration trainflow wrote ({str(data)[:200]}); a fit stores temperature "
                          f"T in {list(TEMPERATURE_RANGE)} or platt with slope in {list(PLATT_SLOPE_RANGE)} and "
                          f"|intercept| <= {PLATT_INTERCEPT_MAX:g}, as numbers, and a threshold in (0, 1)")
     return data

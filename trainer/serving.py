@@ -14,6 +14,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from trainflow.errors import UnreadableCheckpoint
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.trainer.calibration import apply as apply_calibration, read_calibration
 from trainflow.trainer.checkpoint import read_config, read_metrics
@@ -61,13 +62,13 @@ def read_ensemble(directory: str | Path) -> list[tuple[str, float]]:
         members = json.loads(path.read_text())["members"]
         pairs = [(m["family"], float(m["weight"])) for m in members]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path}: not an ensemble trainflow wrote ({type(exc).__name__}: {exc})") from None
+        raise UnreadableCheckpoint(f"{path}: not an ensemble trainflow wrote ({type(exc).__name__}: {exc})") from None
     families = [f for f, _ in pairs]
     bad = [f for f in families if f not in PREDICTORS or f == ENSEMBLE]
     weights = np.array([w for _, w in pairs])
     if (not pairs or bad or len(set(families)) != len(families) or not np.isfinite(weights).all()
             or (weights <= 0).any() or abs(weights.sum() - 1.0) > 1e-6):
-        raise ValueError(f"{path}: members {pairs} are not distinct served families ({sorted(set(PREDICTORS) - {ENSEMBLE})}) "
+        raise UnreadableCheckpoint(f"{path}: members {pairs} are not distinct served families ({sorted(set(PREDICTORS) - {ENSEMBLE})}) "
                          "with positive weights summing to 1")
     return pairs
 
@@ -103,9 +104,9 @@ def read_bag(directory: str | Path) -> int:
     try:
         folds = json.loads(path.read_text())["folds"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path}: not a bagged checkpoint trainflow wrote ({type(exc).__name__}: {exc})") from None
+        raise UnreadableCheckpoint(f"{path}: not a bagged checkpoint trainflow wrote ({type(exc).__name__}: {exc})") from None
     if not isinstance(folds, int) or isinstance(folds, bool) or not 2 <= folds <= MAX_FOLDS:
-        raise ValueError(f"{path}: folds {folds!r} is not a whole number from 2 to {MAX_FOLDS}")
+        raise UnreadableCheckpoint(f"{path}: folds {folds!r} is not a whole number from 2 to {MAX_FOLDS}")
     return folds
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import getpass
 import json
+import re
 import socket
 from typing import Any
 
@@ -145,6 +146,20 @@ def below_the_floor(target: Any, floor: float | None, mode: str) -> str | None:
     return None
 
 
+def never_fit_to_serve(client: mlflow.MlflowClient, name: str, target) -> str | None:
+    """Why a version is no rollback target without --force: the gate rejected it, or it never served as @champion
+    (its recorded history has no period); None for a version that served."""
+    from trainflow.tracking import DECISION_TAG
+
+    decision = target.tags.get(DECISION_TAG)
+    if decision is not None and decision != "promoted":
+        why = target.tags.get("trainflow.promotion.reason", "no reason recorded")
+        return f"the gate did not promote it ({why})"
+    if not _periods(client, name, str(target.version)):
+        return "it never served as @champion (no recorded period)"
+    return None
+
+
 def rollback(uri: str, name: str, version: str, reason: str, floor: float | None = None, mode: str = "max",
              force: bool = False) -> dict[str, Any]:
     """Move @champion of name back to version under the champion lock, recording who, when and why; the move. A
@@ -154,6 +169,8 @@ def rollback(uri: str, name: str, version: str, reason: str, floor: float | None
 
     if not reason.strip():
         raise ConfigError("rollback: say why (--reason): it is recorded with the move")
+    if not re.fullmatch(r"[1-9][0-9]*", str(version)):  # " 2" or "01" would name a version by accident
+        raise ConfigError(f"rollback: --to {version!r} is not a model version number (1, 2, ...)")
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
     try:
         target = client.get_model_version(name, version)
@@ -161,7 +178,7 @@ def rollback(uri: str, name: str, version: str, reason: str, floor: float | None
         if exc.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
             raise  # the registry failing (or gone away: trainflow.services) is no missing version
         raise ConfigError(f"rollback: {name} has no version {version!r} in {uri}") from None
-    missed = below_the_floor(target, floor, mode)
+    missed = below_the_floor(target, floor, mode) or never_fit_to_serve(client, name, target)
     if missed and not force:
         raise ConfigError(f"rollback: {name} version {version}: {missed}; nothing moved (--force rolls back anyway)")
     by = f"rollback by {getpass.getuser()}@{socket.gethostname()}"

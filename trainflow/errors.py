@@ -21,6 +21,11 @@ class CheckpointError(TrainflowError):
     """No usable checkpoint could be found or loaded."""
 
 
+class UnreadableCheckpoint(CheckpointError, ValueError):
+    """A file of a checkpoint holds what trainflow does not write (a state fitting cannot produce): refused, naming
+    the file (a data problem, exit 2; a ValueError to code that reads checkpoints)."""
+
+
 class InfrastructureError(RuntimeError):
     """A service trainflow depends on (the registry, storage) failed in a way a retry may fix: retried by the
     task's retries, then the run fails without having changed what it guards (the champion alias, outputs)."""

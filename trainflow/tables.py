@@ -118,8 +118,12 @@ def read_arrow(fs: pafs.FileSystem, files: list[str], fmt: str, csv: Any, source
     return table
 
 
-def check_names(names: list[str], source: str) -> None:
-    """DataError when a column name appears more than once (pyarrow would fail later with a KeyError)."""
+def check_names(names: list[str], source: str, empty_ok: bool = True) -> None:
+    """DataError when a column name appears more than once (pyarrow would fail later with a KeyError), or (empty_ok
+    False: a table handed over in memory) is empty."""
+    empty = [i for i, n in enumerate(names) if not str(n).strip()]
+    if empty and not empty_ok:
+        raise DataError(f"{source}: column(s) at position {empty} have an empty name; give every column a name")
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise DataError(f"{source}: column name(s) {repeated} appear more than once; give every column its own name")
