@@ -72,6 +72,9 @@ def format_summary(s: dict[str, Any]) -> str:
     lines = [
         "",
         "trainflow summary",
+        *([f"  already finished  run {s.get('run_name')} finished at {s['already_finished']} on the same data and "
+           "config (this start waited for it): nothing was done again; its summary follows"]
+          if s.get("already_finished") else []),
         f"  run name          {s.get('run_name')}",
         f"  data              {s.get('data_path')} ({s.get('training_rows')} rows, fingerprint {s.get('data_fingerprint')})",
         f"  model family      {s.get('model_family')}",
@@ -391,6 +394,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     flow = _flow(args.command)
     if server is not None:
         server.join()
+    if stop_requested():  # a SIGTERM during start-up: no flow run starts (main() reports the stop)
+        raise InterruptedError("stopped by SIGTERM before the flow started")
     params = {"config_path": str(Path(args.config).resolve()), "overrides": overrides or None}
     named = {"retrain": ("run_name", "force", "wait"), "tune": ("run_name", "resume", "wait"), "monitor": ("labels",),
              "validate": (), "predict": ("model",)}[args.command]

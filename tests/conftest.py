@@ -27,7 +27,7 @@ os.environ.pop("RAY_ADDRESS", None)
 # that starts a Ray of its own): `make test` runs them on a second pytest-xdist worker beside the rest ("--dist
 # loadgroup" gives each group one worker, in collection order), on the CPU the others leave idle (on 2 cores, the
 # serial suite kept one core idle a third of the time).
-SIDE = ("tests/test_outages.py", "tests/test_runtime.py", "tests/test_deployments.py")
+SIDE = ("tests/test_outages.py", "tests/test_runtime.py", "tests/test_deployments.py", "tests/test_concurrent_runs.py")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups

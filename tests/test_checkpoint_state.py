@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import tiny_checkpoint, tiny_preprocessor, tiny_table
+from trainflow.errors import TrainflowError
 from trainflow.trainer.calibration import CALIBRATION_FILE
 from trainflow.trainer.checkpoint import CONFIG_FILE
 from trainflow.trainer.families.network import check_model
@@ -47,6 +48,7 @@ def test_an_edited_preprocessor_is_refused_naming_its_file_before_anything_is_bu
         load_servable(d)
     assert message in str(err.value)
     assert time.monotonic() - start < 5  # refused from the numbers, not after allocating
+    assert isinstance(err.value, TrainflowError)  # a data problem: the CLI exits 2 naming the file
 
 
 CALIBRATION_EDITS = {
@@ -141,3 +143,37 @@ def test_a_finished_fit_removes_only_what_earlier_attempts_left_and_ray_does_not
     assert remove_unregistered(str(tmp_path), earlier, held) == names[:2]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [*names[2:], "checkpoint_2026-11-27_12-29-55.000000", "checkpoint_notes", "trainflow_events"])
+
+
+def test_a_planted_finished_marker_gives_only_its_checkpoint_folders(tmp_path):
+    """A copied run folder whose trainflow_finished.json lists only the epoch-3 checkpoint, with a 400-epoch history
+    ending at val_loss 0.0001, another run path and a recovery that never happened: a rerun reuses the run, but every
+    checkpoint in the folder (the better epoch 4 too), the history, the path and the recoveries come from the folder."""
+    from trainflow.tasks.train import FINISHED_FILE, finished_outcome
+    from trainflow.trainer.checkpoint import save_checkpoint
+
+    run = tmp_path / "runs" / "copied"
+    history = [{"epoch": e, "val_loss": 1.0 - 0.1 * e} for e in range(5)]
+    for epoch, loss in ((3, 0.7), (4, 0.6)):
+        d = run / f"checkpoint_2026-11-27_12-29-3{epoch}.000000"
+        d.mkdir(parents=True)
+        save_checkpoint(d, {}, {"epoch": epoch}, {"epoch": epoch, "val_loss": loss}, history[: epoch + 1],
+                        tiny_preprocessor().to_dict(), {})
+    lineage, budget = {"data_fingerprint": "content:ab", "config_hash": "config:cd"}, {"limit": 5, "unit": "epoch"}
+    planted = {"lineage": lineage, "budget": budget, "outcome": {
+        "run_name": "someone-else", "family": "xgboost", "run_path": "/somewhere/else",
+        "checkpoints": [{"path": f"/somewhere/else/checkpoint_2026-11-27_12-29-33.000000", "epoch": 3,
+                         "metrics": {"val_loss": 0.0001}}],
+        "history": [{"epoch": e, "val_loss": 0.0001} for e in range(400)],
+        "recoveries": [{"error": "a fake recovery", "resumed_from_epoch": 2}], "train_s": 12.5}}
+    (run / FINISHED_FILE).write_text(json.dumps(planted))
+    outcome = finished_outcome(str(run), lineage, budget, "copied", "mlp")
+    assert (outcome.run_name, outcome.family, outcome.run_path) == ("copied", "mlp", str(run))
+    assert [c["epoch"] for c in outcome.checkpoints] == [3, 4]
+    assert [c["metrics"]["val_loss"] for c in outcome.checkpoints] == [0.7, 0.6]  # read from each checkpoint
+    assert outcome.history == history and outcome.recoveries == [] and outcome.train_s == 12.5
+    # another lineage or budget, or a listed folder that is gone: train again
+    assert finished_outcome(str(run), {**lineage, "config_hash": "config:x"}, budget, "copied", "mlp") is None
+    planted["outcome"]["checkpoints"][0]["path"] = "/x/checkpoint_2026-11-27_12-29-39.000000"
+    (run / FINISHED_FILE).write_text(json.dumps(planted))
+    assert finished_outcome(str(run), lineage, budget, "copied", "mlp") is None

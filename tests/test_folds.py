@@ -3,6 +3,8 @@ read back strictly; a table too small to judge anything is refused naming the co
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet  # noqa: F401 - pa.parquet
@@ -139,3 +141,28 @@ def test_auto_folds_follow_the_row_count_and_need_a_test_role():
     with pytest.raises(ValueError, match="train.folds"):
         Config.model_validate({"data": {"path": "t.parquet", "label": "y"}, "task": "regression",
                                "train": {"folds": 5}, "split": {"test_fraction": 0}})
+
+
+def test_a_wine_sized_table_is_never_refused_and_its_folds_are_as_even_as_the_rows_allow():
+    """113 rows, three classes, 5 cross-fitting folds (train.folds: auto), over 60 seeds: the test role and every fold
+    get their share of each class (the hash's rank cut per class), so the table is never refused; the counts the
+    plan reports are what its roles and folds give, and they add up to the table's rows."""
+    rng = np.random.default_rng(0)
+    for seed in range(60):
+        table = pa.table({"a": rng.normal(size=113), "b": rng.normal(size=113),
+                          "y": rng.choice(["x", "y", "z"], 113, p=[0.4, 0.35, 0.25])})
+        plan = plan_split(table, "classification", "y", 0.15, 0.2, seed, ["a", "b", "y"], 113, "auto", "wine.csv")
+        check_sizes(plan.counts, "wine.csv", plan)  # never refused
+        roles, folds = plan.roles(table), plan.fold_ids(table)
+        sizes = np.bincount(folds[roles != TEST], minlength=plan.folds)
+        assert plan.folds == 5 and sizes.max() - sizes.min() <= 3, sizes
+        assert [plan.counts[f"fold {k}"] for k in range(5)] == sizes.tolist()
+        assert plan.counts["test"] == int((roles == TEST).sum()) and 15 <= plan.counts["test"] <= 19
+        assert plan.counts["train"] + plan.counts["validation"] + plan.counts["test"] == 113
+        assert FoldPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan  # stored and read back whole
+    # refused only where even balanced folds are too small: 40 rows in 5 folds leave 6 or 7 per fold; the message
+    # counts the table's rows once, the folds as a breakdown of the training rows
+    small = table.slice(0, 40)
+    plan = plan_split(small, "classification", "y", 0.15, 0.2, 1, ["a", "b", "y"], 40, 5, "small.csv")
+    with pytest.raises(DataError, match=r"small.csv: 40 rows are too few .* \(the train rows in 5 folds of \d+, "):
+        check_sizes(plan.counts, "small.csv", plan)
