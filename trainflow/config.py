@@ -111,8 +111,8 @@ class PreprocessSection(_Section):
 class SplitSection(_Section):
     test_fraction: float = key(
         0.2, "fraction of rows in the test role, read once by the final scoring and the gate, 0 <= f < 1, at most 50,000 "
-             "rows; a seeded hash of each row's id (or of its values) decides, so a table that grows keeps its test "
-             "rows; 0: no test role", ge=0.0, lt=1.0)
+             "rows; a seeded hash of each row's id (or of its values) decides, so a table of over 1,000 rows that "
+             "grows keeps its test rows; 0: no test role", ge=0.0, lt=1.0)
     validation_fraction: float = key(
         0.2, "fraction of the non-test rows held out for early stopping, the family choice, the ensemble's weights and "
              "calibration when `train.folds` is 1, 0 < f < 1; a class with too few rows for a role keeps them in "
