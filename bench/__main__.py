@@ -4,12 +4,15 @@ import sys
 
 from bench import (
     beyond_memory, demo_e2e, drift_overhead, fit_floor, front_door, gate_honesty, gbdt_parity, inference_throughput,
-    model_quality, monitor_estimate, outage_soak, portable, preprocess_throughput, training_parity, tune_parallelism,
+    model_quality, monitor_estimate, outage_soak, portable, preprocess_throughput, split_honesty, training_parity,
+    tune_parallelism,
 )
 
 BENCHES = {
     "model-quality": model_quality.main,
     "gate-honesty": gate_honesty.main,
+    "time-honesty": split_honesty.time_honesty,  # the reported figure against later rows: by time vs by hash
+    "group-honesty": split_honesty.group_honesty,  # ... against unseen people: by group vs by hash
     "training-parity": training_parity.main,
     "fit-floor": fit_floor.main,  # one Ray Train fit's fixed cost at trainflow's poll vs Ray's default
     "gbdt-parity": gbdt_parity.main,

@@ -90,6 +90,8 @@ def format_summary(s: dict[str, Any]) -> str:
              " chose the model)"]),
         *(["  test              " + ", ".join(f"{k}={v:.4f}" for k, v in (s.get("test_metrics") or {}).items())
            + f" ({s.get('test_rows')} rows no choice touched)"] if s.get("test_metrics") else []),
+        *([f"  roles             {s['split']}"] if s.get("split") and s.get("split").startswith("by time") else []),
+        *([f"  note              {s['split_note']}"] if s.get("split_note") else []),
         f"  mlflow            run {s.get('mlflow_run_id')}, model {s.get('model_uri')}",
     ]
     if s.get("trials"):
@@ -140,6 +142,8 @@ def format_summary(s: dict[str, Any]) -> str:
         p = s["promotion"]
         lines.append(f"  promotion         {p.get('decision')} on {p.get('rows')} {p.get('judged_on', 'validation')} rows: "
                      f"{p.get('reason')}")
+        if p.get("judged_rows_note"):
+            lines.append(f"  judged rows       {p['judged_rows_note']}")
     return "\n".join(lines + _scoring_lines(s))
 
 
@@ -178,6 +182,8 @@ def format_validate_summary(s: dict[str, Any]) -> str:
              f"  data              {s.get('data_path')} ({s.get('rows')} rows, task {s.get('task')})",
              f"  split             {s.get('train_rows')} training, {s.get('validation_rows')} validation, "
              f"{s.get('test_rows')} test rows" + (f", {s['folds']} folds" if (s.get("folds") or 1) > 1 else ""),
+             *([f"  roles             {s['split']}"] if s.get("split") else []),
+             *([f"  note              {s['split_note']}"] if s.get("split_note") else []),
              f"  features          {len(feats.get('numeric') or [])} numeric, {len(feats.get('text') or [])} text, "
              f"{len(feats.get('dates') or [])} date -> {s.get('packed_features')} packed",
              f"  families          {', '.join(s.get('families') or {}) or '-'}"]

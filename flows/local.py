@@ -97,6 +97,11 @@ def preflight(config: Config) -> None:
     names = list(open_dataset(data.path, data.format, data.csv).schema.names)
     check_names(names, data.path)
     check_present(names, data, data.path)
+    for key in ("time_column", "group_column"):
+        column = getattr(config.split, key)
+        if column is not None and column not in names:
+            raise DataError(f"{data.path}: split.{key} {column!r} is not a column; {did_you_mean(column, names)}"
+                            f"columns are {names}")
     missing = [c for c in config.promotion.slices if c not in names]
     if missing:
         raise DataError(f"{data.path}: promotion.slices names column(s) {missing} that the table lacks; "
@@ -105,7 +110,7 @@ def preflight(config: Config) -> None:
     inp = config.inference.input
     if inp:
         scored = list(open_dataset(inp, infer_format(inp), data.csv).schema.names)
-        features = data.features or [c for c in names if c not in (data.label, data.id_column)]
+        features = data.default_features(names)
         wanted = features + ([data.id_column] if data.id_column else [])
         missing = [c for c in wanted if c not in scored]
         if missing:

@@ -56,6 +56,7 @@ def publish(config: Config, ingested: Ingested, parts: Split, outcome: TrainOutc
                                "test_rows": tested.rows if tested else 0,
                                "test_metrics": tested.metrics[outcome.family] if tested else None,
                                "split": parts.plan.describe() if parts.plan else None, "split_path": parts.split_path,
+                               "split_note": parts.note,
                                **extra})
     report(config, outcome.history, summary)
     describe_version(config, summary)

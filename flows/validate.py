@@ -48,6 +48,7 @@ def checks(config: Config, in_flow: bool = True) -> dict[str, Any]:
         "test_rows": parts.test_rows,
         "folds": parts.fold_count,
         "split": parts.plan.describe() if parts.plan else None,
+        "split_note": parts.note,
         "features": {"numeric": spec.numeric, "text": spec.categorical, "dates": spec.dates},
         "packed_features": prepared.preprocessor.num_features,
         "materialized": prepared.materialized,

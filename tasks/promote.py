@@ -51,6 +51,7 @@ class Promotion:
     calibration: dict | None = None  # the challenger's ECE, Brier score and reliability bins (classification)
     judged_on: str = "test"  # the rows the scores come from: the test role (validation where the plan has none)
     rows: int = 0  # how many: with a champion, the rows held out from both models
+    judged_rows_note: str | None = None  # by time or group: which rows those are, and why they tell the models apart
 
     def record(self) -> dict:
         """The summary JSON's `promotion` entry (slices and calibration have their own summary keys)."""
@@ -152,6 +153,26 @@ def stored_plan(path: str) -> FoldPlan | None:
 
 def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.4g}"
+
+
+def judged_note(mine: FoldPlan | None, theirs: FoldPlan | None, champion_version: str | None, rows: int) -> str | None:
+    """By time: the judged rows' time range and that they are newer than everything the champion trained or chose on;
+    by group: that they belong to groups neither model trained on. None for hash roles."""
+    if mine is None:
+        return None
+    if mine.time_column is not None and (mine.time_ranges or {}).get("test"):
+        first, last = mine.time_ranges["test"]
+        older = (theirs.time_ranges or {}).get("test") if theirs is not None and theirs.time_column == mine.time_column \
+            else None
+        if older is not None:
+            first = max(first, older[0])
+        against = (f", all newer than what champion v{champion_version} trained or chose on (its rows before "
+                   f"{mine.time_text(older[0])})") if older is not None else ""
+        return f"the {rows:,} newest rows, {mine.time_text(first)} to {mine.time_text(last)}{against}"
+    if mine.group_column is not None:
+        return (f"the {rows:,} test rows of groups ({mine.group_column!r}) neither model trained or chose on"
+                if champion_version else f"the {rows:,} test rows of groups ({mine.group_column!r}) it never saw")
+    return None
 
 
 def _plans_differ(plan: FoldPlan | None) -> str:
@@ -276,6 +297,9 @@ def gate(config: Config, holdout: Rows, challenger_path: str, registered: Regist
             calibration=mine.calibration() if len(mine.labels) else None,
             judged_on=judged_on,
             rows=judged_rows,
+            judged_rows_note=judged_note(stored_plan(challenger_path),
+                                         scored[champion_version][3] if champion_version in scored else None,
+                                         champion_version if champion_version != version else None, judged_rows),
         )
         tags = {
             DECISION_TAG: result.decision,

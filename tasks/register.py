@@ -57,6 +57,7 @@ def register(config: Config, ingested: Ingested, outcome: TrainOutcome, selected
         "trainflow.best_epoch": str(selected.epoch),
         "trainflow.prefect_flow_run_id": str(flow_run.get_id() or ""),
         "trainflow.config_hash": config.training_hash(outcome.family),
+        **({"trainflow.split": plan.describe()[:5000]} if plan is not None else {}),  # roles, by time: their ranges
     }
     # one version per selected checkpoint: the same checkpoint of the same data and training config, registered
     # by a start of this retrain that was killed before it finished, is found again (a digest: paths may hold quotes)

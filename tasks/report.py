@@ -255,7 +255,7 @@ def model_card(config: Config, summary: dict[str, Any], curve_uri: str, curve_pn
 
 **Promotion: {promo['decision']}** on {promo['metric']} ({promo['mode']}, margin {promo['margin']:g}), judged on {promo.get('rows')} {promo.get('judged_on', 'validation')} rows:
 challenger v{promo['challenger_version']} {_fmt(promo['challenger_score'])}, {_champion(promo)}.
-{promo['reason']}. {_serving_line(promo)}{_confidence_line(promo)}
+{promo['reason']}.{(' Judged on ' + promo['judged_rows_note'] + '.') if promo.get('judged_rows_note') else ''} {_serving_line(promo)}{_confidence_line(promo)}
 
 ## Data
 - table: `{summary['data_path']}`

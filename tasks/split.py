@@ -38,6 +38,7 @@ class Split:
     # cross-fitting (plan.folds > 1): per fold model, its (training rows, held-out rows); train holds every non-test row
     # and val is empty (the held-out folds are the validation rows)
     folds: list[tuple[Rows, Rows]] | None = None
+    note: str | None = None  # what the roles do not know: a table with dates split by a hash (time_hint)
 
     @property
     def fold_count(self) -> int:
@@ -62,7 +63,8 @@ def write_assignment(ds: Rows, plan: FoldPlan, id_column: str | None, where: str
     if found:  # a write of this run's own assignment folder cut short (no _plan.json): its files go, then again
         fs, inner = filesystem_for(where)
         fs.delete_dir_contents(inner, missing_dir_ok=True)
-    columns = list(dict.fromkeys([*plan.key_columns, *([plan.label] if plan.label else [])]))
+    columns = list(dict.fromkeys([*plan.key_columns, *([plan.label] if plan.label else []),
+                                  *([id_column] if id_column else [])]))
     if isinstance(ds, pa.Table):  # a table in this process's memory: one file, written here
         import pyarrow.parquet as pq
 
@@ -87,6 +89,15 @@ def record_split(ingested: Ingested, config: Config, parts: Split, run_name: str
     return replace(parts, split_path=where)
 
 
+def time_hint(config: Config, dates: list[str]) -> str | None:
+    """One line for a table with a date or datetime column and roles by a hash: its test rows are a random sample of
+    all times, not the rows a model meets next; names the key that changes that."""
+    if config.split.time_column is not None or config.split.group_column is not None or not dates:
+        return None
+    return (f"the test rows are a random sample of all times, not the newest rows a model meets next; the table has "
+            f"the date column {dates[0]!r}: set split.time_column: {dates[0]} to judge on its newest rows")
+
+
 @task(name="split", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
 def split(ingested: Ingested, config: Config, folds: int | str | None = None) -> Split:
     """Split the table into training, validation and test rows (the fold plan), or into test rows and cross-fitting
@@ -95,11 +106,15 @@ def split(ingested: Ingested, config: Config, folds: int | str | None = None) ->
     rows = ingested.dataset
     plan = plan_split(rows, config.task, config.data.label, config.split.test_fraction,
                       config.split.validation_fraction, config.split.seed, keys, ingested.spec.rows,
-                      config.train.folds if folds is None else folds, ingested.spec.path)
+                      config.train.folds if folds is None else folds, ingested.spec.path,
+                      config.split.time_column, config.split.group_column)
     check_sizes(plan.counts, ingested.spec.path, plan)
+    note = time_hint(config, ingested.spec.dates)
     in_process = isinstance(rows, pa.Table)  # read by this process: cut here, as tables (no Ray passes)
     parts = table_roles(rows, plan) if in_process else split_roles(rows, plan, ingested.materialized)
     log = task_logger("split")
+    if note:
+        log.warning("split: %s", note)
     if plan.folds > 1:
         non_test = plan.counts["train"]
         log.info("split: %d test rows; %d rows in %d cross-fitting folds (%s) (%s)", plan.counts["test"], non_test,
@@ -109,8 +124,9 @@ def split(ingested: Ingested, config: Config, folds: int | str | None = None) ->
             cut = [(a.materialize(), b.materialize()) for a, b in cut]
         empty = parts[TRAIN].slice(0, 0) if in_process else parts[TRAIN].limit(0)
         return Split(parts[TRAIN], empty, non_test, 0, ingested.materialized, test=parts[TEST],
-                     test_rows=plan.counts["test"], plan=plan, folds=cut)
+                     test_rows=plan.counts["test"], plan=plan, folds=cut, note=note)
     log.info("split: %d training, %d validation, %d test rows (%s)", plan.counts["train"],
              plan.counts["validation"], plan.counts.get("test", 0), plan.describe())
     return Split(parts[TRAIN], parts[VALIDATION], plan.counts["train"], plan.counts["validation"],
-                 ingested.materialized, test=parts.get(TEST), test_rows=plan.counts.get("test", 0), plan=plan)
+                 ingested.materialized, test=parts.get(TEST), test_rows=plan.counts.get("test", 0), plan=plan,
+                 note=note)

@@ -41,6 +41,7 @@ def _with_table(tmp_path, table):
         ("nan_label", "label column 'churned' has 3 missing"),
         ("one_class", "only one class"),
         ("too_many_classes", "has 150 classes over"),
+        ("quantity_as_classes", "holds 332 distinct numbers over 3,000 rows"),
         ("two_valued_regression", "under task: regression holds at most two values"),
         ("score_missing_column", "inference input"),
         ("bad_config_key", "train.epochz: unknown key"),
@@ -77,6 +78,10 @@ def test_bad_training_input(tmp_path, capsys, case, needle):
     elif case == "too_many_classes":  # a quantity in whole units under task: classification (2 rows a class)
         y = pa.array(np.arange(300, dtype=np.int64) // 2)
         cfg = _with_table(tmp_path, base.set_column(base.schema.get_field_index("churned"), "churned", y))
+    elif case == "quantity_as_classes":  # whole numbers, about 9 rows each, under an explicit task: classification
+        big = make_churn_table(3000, seed=1)
+        y = pa.array(np.random.default_rng(0).integers(0, 332, 3000), pa.int64())  # every one of 332 values used
+        cfg = _with_table(tmp_path, big.set_column(big.schema.get_field_index("churned"), "churned", y))
     elif case == "two_valued_regression":  # a 0/1 class under task: regression
         cfg = churn_config(tmp_path, task="regression", checkpoint={"metric": "val_loss"})
     elif case == "score_missing_column":

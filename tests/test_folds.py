@@ -166,3 +166,72 @@ def test_a_wine_sized_table_is_never_refused_and_its_folds_are_as_even_as_the_ro
     plan = plan_split(small, "classification", "y", 0.15, 0.2, 1, ["a", "b", "y"], 40, 5, "small.csv")
     with pytest.raises(DataError, match=r"small.csv: 40 rows are too few .* \(the train rows in 5 folds of \d+, "):
         check_sizes(plan.counts, "small.csv", plan)
+
+
+def _dated(rows: int, seed: int = 0) -> pa.Table:
+    """rows over 2013, several a day (ties on the date), a customer column and a binary label."""
+    import datetime as dt
+
+    rng = np.random.default_rng(seed)
+    days = np.sort(rng.integers(0, 365, rows))
+    return pa.table({"day": pa.array([dt.date(2013, 1, 1) + dt.timedelta(days=int(d)) for d in days]),
+                     "x": rng.normal(size=rows), "customer": rng.integers(0, 150, rows),
+                     "y": rng.choice(["no", "yes"], rows)})
+
+
+def test_roles_by_time_are_the_newest_rows_and_never_split_a_day():
+    table = _dated(3000)
+    plan = plan_split(table, "classification", "y", 0.2, 0.2, 42, ["x", "y"], 3000, 1, "t.parquet", "day")
+    day = np.array([d.toordinal() for d in table["day"].to_pylist()])
+    roles = plan.roles(table)
+    assert day[roles == TRAIN].max() < day[roles == VALIDATION].min() <= day[roles == VALIDATION].max() \
+        < day[roles == TEST].min()  # train, then validation, then test: no day on two sides of a cut
+    assert abs(plan.counts["test"] - 600) < 20 and plan.counts == {
+        "train": int((roles == TRAIN).sum()), "validation": int((roles == VALIDATION).sum()),
+        "test": int((roles == TEST).sum())}
+    assert "test: 2013-1" in plan.describe() and f"{plan.counts['test']:,} rows" in plan.describe()
+    assert FoldPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+    # cross-fitting by time: blocks of the non-test rows, each a run of days
+    folded = plan_split(table, "classification", "y", 0.2, 0.2, 42, ["x", "y"], 3000, 5, "t.parquet", "day")
+    ids = folded.fold_ids(table)
+    blocks = [(day[ids == k].min(), day[ids == k].max()) for k in range(5)]
+    assert all(a[0] > b[1] for a, b in zip(blocks, blocks[1:]))  # fold 0 the newest block, fold 4 the oldest
+    # the table grows by a month: the test window moves forward; the old plan holds out every newer row, so a gate
+    # between a model of the old table and one of the grown table needs no row-by-row check
+    grown_table = pa.concat_tables([table, _dated(300, seed=1).set_column(
+        0, "day", pa.array([d.replace(year=2014, month=1) for d in _dated(300, seed=1)["day"].to_pylist()]))])
+    grown = plan_split(grown_table, "classification", "y", 0.2, 0.2, 42, ["x", "y"], 3300, 1, "t", "day")
+    assert plan.holds_out_every_test_row_of(grown) and not grown.holds_out_every_test_row_of(plan)
+    assert plan.held_out(grown_table)[grown.roles(grown_table) == TEST].all()
+
+
+def test_a_missing_or_textual_time_and_a_group_too_large_are_refused_naming_them():
+    table = _dated(400)
+    days = table["day"].to_pylist()
+    days[3] = days[70] = None
+    with pytest.raises(DataError, match=r"t.parquet: split.time_column 'day' is missing in 2 of 400 rows"):
+        plan_split(table.set_column(0, "day", pa.array(days)), "classification", "y", 0.2, 0.2, 1, ["x"], 400, 1,
+                   "t.parquet", "day")
+    with pytest.raises(DataError, match=r"split.time_column 'day' has type string; it needs dates"):
+        plan_split(table.set_column(0, "day", pa.array([str(d) for d in table["day"].to_pylist()])),
+                   "classification", "y", 0.2, 0.2, 1, ["x"], 400, 1, "t.parquet", "day")
+    customers = table["customer"].to_numpy().copy()
+    customers[:150] = 7  # one customer with 150 of 400 rows: more than the test role's 80
+    with pytest.raises(DataError, match=r"group 7 of split.group_column 'customer' has 15\d rows, more than the"):
+        plan_split(table.set_column(2, "customer", pa.array(customers)), "classification", "y", 0.2, 0.2, 1, ["x"],
+                   400, 1, "t.parquet", None, "customer")
+
+
+def test_roles_by_group_keep_a_groups_rows_together_and_time_reports_the_groups_it_splits():
+    table = _dated(3000)
+    plan = plan_split(table, "classification", "y", 0.2, 0.2, 42, ["x", "y"], 3000, 5, "t.parquet", None, "customer")
+    roles, folds, groups = plan.roles(table), plan.fold_ids(table), table["customer"].to_numpy()
+    assert all(len(set(zip(roles[groups == g], folds[groups == g]))) == 1 for g in np.unique(groups))
+    assert 500 < plan.counts["test"] < 700 and "group column 'customer'" in plan.describe()
+    both = plan_split(table, "classification", "y", 0.2, 0.2, 42, ["x", "y"], 3000, 1, "t.parquet", "day", "customer")
+    assert both.groups_split > 100 and f"{both.groups_split:,} group(s) of 'customer'" in both.describe()
+    from trainflow.config import config_from_dict
+
+    cfg = config_from_dict({"data": {"path": "t.parquet", "label": "y"}, "task": "classification",
+                            "split": {"group_column": "customer"}})
+    assert cfg.data.default_features(table.column_names) == ["day", "x"]  # a group's id is no feature

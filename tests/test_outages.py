@@ -23,6 +23,17 @@ from trainflow.sample import make_churn_table
 from trainflow.tracking import CHAMPION
 
 
+def _served_before(client) -> None:
+    """Versions 1 and 2 of m served as @champion (their periods recorded, as the gate records them); 3 serves now, set
+    by hand: a rollback to 1 or 2 is a rollback to a version that served."""
+    from trainflow.champion import record_move
+
+    for old, new in ((None, "1"), ("1", "2")):
+        client.set_registered_model_alias("m", CHAMPION, new)
+        record_move(client, "m", old, new, "the gate", "the gate (a test)")
+    client.set_registered_model_alias("m", CHAMPION, "3")
+
+
 def _later(seconds: float, start):
     """start() on a thread after seconds: the service coming back while the command waits."""
     box: dict = {}
@@ -81,7 +92,7 @@ def test_an_mlflow_server_away_is_waited_for_within_its_wait_and_named_past_it(t
     server = mlflow_server(folder, port)
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
     _registry(client, "m", 3)
-    client.set_registered_model_alias("m", CHAMPION, "3")
+    _served_before(client)
     raw = {"data": {"path": str(tmp_path / "t.parquet"), "label": "y"}, "task": "regression",
            "mlflow": {"tracking_uri": uri, "registered_model": "m"}, "services": {"mlflow_wait_s": 60}}
     cfg = write_config(tmp_path, raw)
@@ -113,7 +124,7 @@ def test_a_prefect_api_away_is_waited_for_mid_run_and_before_it_and_named_past_i
     home, port = prefect_home, free_port()
     server = prefect_server(home, port)
     client, store = sqlite_registry(tmp_path)
-    client.set_registered_model_alias("m", CHAMPION, "3")
+    _served_before(client)
     raw = {"data": {"path": str(tmp_path / "t.parquet"), "label": "y"}, "task": "regression",
            "mlflow": {"tracking_uri": store, "registered_model": "m"}, "services": {"prefect_wait_s": 90}}
     cfg = write_config(tmp_path, raw)

@@ -78,6 +78,13 @@ class DataSection(_Section):
                 "`auto`: materialize when its in-memory size (from the files' metadata) is under a quarter of the store "
                 "([pipeline.md](pipeline.md))")
 
+    _not_features: set[str] = PrivateAttr(default_factory=set)  # split.group_column (Config sets it)
+
+    def default_features(self, names: list[str]) -> list[str]:
+        """The feature columns: data.features, else every column of names but the label, the id and the split's group."""
+        skip = {self.label, self.id_column, *self._not_features}
+        return list(self.features) if self.features else [c for c in names if c not in skip]
+
     @model_validator(mode="after")
     def _infer_format(self) -> DataSection:
         if self.format is None:
@@ -118,6 +125,16 @@ class SplitSection(_Section):
              "calibration when `train.folds` is 1, 0 < f < 1; a class with too few rows for a role keeps them in "
              "training", gt=0.0, lt=1.0)
     seed: int = key(42, "seeds the split and training")
+    time_column: str | None = key(
+        None, "a date, datetime or numeric column: the test role is then the newest rows (the last `test_fraction` of "
+              "them in time), validation the newest before them, training the rest (cross-fitting: blocks of time); "
+              "rows of one time are never split between roles; a missing time is refused "
+              "([pipeline.md](pipeline.md#roles-by-time-and-by-group))",
+        shown="none: roles by a seeded hash of each row's id or values")
+    group_column: str | None = key(
+        None, "rows of one group (customer, patient, store) stay in one role and fold: a model is judged on groups it "
+              "never saw; not a feature unless `data.features` names it. With `time_column` the time cut decides, and "
+              "the groups it splits are counted")
 
 
 FAMILIES = ("mlp", "torch", "xgboost", "lightgbm", "catboost")
@@ -837,6 +854,14 @@ class Config(_Section):
             )
         if self.promotion.mode is None:
             self.promotion.mode = known[self.promotion.metric]
+        for name in ("time_column", "group_column"):
+            column = getattr(self.split, name)
+            if column is not None and column in (self.data.label, self.data.id_column):
+                raise ValueError(f"split.{name}: {column!r} is the label or id column")
+        if self.split.group_column is not None and self.split.group_column == self.split.time_column:
+            raise ValueError(f"split.group_column: {self.split.group_column!r} is also split.time_column")
+        if self.split.group_column is not None:  # a group's id is no feature unless named: it cannot carry to new groups
+            self.data._not_features = {self.split.group_column}
         if isinstance(self.train.folds, int) and self.train.folds > 1 and self.split.test_fraction == 0:
             raise ValueError(f"train.folds: {self.train.folds} folds with split.test_fraction 0 leave no row that the "
                              "served model (every fold model averaged) did not train on, so nothing could judge it: "
@@ -909,7 +934,7 @@ class Config(_Section):
                 del model["architecture"], model["tabm_k"]
             train = self.train.model_dump(mode="json", exclude={"epochs", "early_stopping", "time_limit"})
         relevant = {"task": self.task, "label": self.data.label, "features": self.data.features,
-                    "split": self.split.model_dump(mode="json"), "preprocess": self.preprocess.model_dump(mode="json"),
+                    "split": self.split.model_dump(mode="json", exclude_none=True),  # an unset key: the hash as before "preprocess": self.preprocess.model_dump(mode="json"),
                     "model": model, "train": train}
         return "config:" + hashlib.blake2b(json.dumps(relevant, sort_keys=True).encode(), digest_size=12).hexdigest()
 

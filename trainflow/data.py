@@ -180,12 +180,19 @@ def _all_keys(ds: Rows, plan, columns: list[str]) -> tuple[np.ndarray, np.ndarra
     return out["u"].to_numpy(), np.asarray(out["value"].to_numpy(zero_copy_only=False)).astype(str)
 
 
-def _between(sorted_u: np.ndarray, rank: int) -> float:
-    """A cut on u with exactly `rank` of sorted_u below it (midway between two neighbours: a row's u never sits on it)."""
+def _between(sorted_u: np.ndarray, rank: int, lo: float = 0.0, hi: float = 1.0) -> float:
+    """A cut on u with `rank` of sorted_u below it (midway between two neighbours: a row's u never sits on it); rows
+    of one value (ties: one time, one group, duplicate rows) stay on one side, the side nearer `rank`. lo / hi: the
+    cut below or above every u."""
+    n = len(sorted_u)
+    if 0 < rank < n and sorted_u[rank - 1] == sorted_u[rank]:
+        first = int(np.searchsorted(sorted_u, sorted_u[rank], "left"))
+        last = int(np.searchsorted(sorted_u, sorted_u[rank], "right"))
+        rank = first if (first > 0 and rank - first <= last - rank) or last == n else last
     if rank <= 0:
-        return 0.0
-    if rank >= len(sorted_u):
-        return 1.0
+        return lo
+    if rank >= n:
+        return hi
     return float((sorted_u[rank - 1] + sorted_u[rank]) / 2.0)
 
 
@@ -230,8 +237,127 @@ def exact_cuts(u: np.ndarray, classes: np.ndarray, plan, test_classes, val_class
     return cuts, counts
 
 
+def _ordered_columns(batch: pa.Table, plan, label: str | None, group_column: str | None) -> pa.Table:
+    """A time or group plan's pass: each row's number (minus its time, or its group's hash), its label (the class
+    check) and, by time with groups, its group's hash (the groups the time cut splits)."""
+    from trainflow.folds import split_fraction_keys
+
+    out = {"u": plan.keys(batch)}
+    if label is not None:
+        out["label"] = pc.cast(batch[label], pa.string())
+    if group_column is not None and plan.time_column is not None:
+        out["g"] = split_fraction_keys(batch, [group_column], plan.seed)
+    return pa.table(out)
+
+
+def _gather(ds: Rows, fn, kwargs: dict, columns: list[str]) -> pa.Table:
+    """fn over every batch of ds's columns, concatenated in this process (this process's pass for a table in its
+    memory)."""
+    if isinstance(ds, pa.Table):
+        return fn(ds.select(columns), **kwargs)
+    parts = ds.select_columns(columns).map_batches(fn, fn_kwargs=kwargs, batch_format="pyarrow").iter_batches(
+        batch_format="pyarrow")
+    return pa.concat_tables([pa.Table.from_batches([b]) if isinstance(b, pa.RecordBatch) else b for b in parts])
+
+
+def _schema(ds: Rows) -> pa.Schema:
+    return ds.schema if isinstance(ds, pa.Table) else arrow_schema(ds, "")
+
+
+def plan_ordered(ds: Rows, task: str, label: str, test_fraction: float, validation_fraction: float, seed: int,
+                 rows: int, folds: int | str, source: str, time_column: str | None, group_column: str | None):
+    """The plan by time (time_column: the newest rows test, the newest before them validation or the folds' blocks,
+    the oldest training) or by group (group_column: a group's rows share a role and fold), cut at the ranks of every
+    row's time or group hash in one pass; ties never straddle a cut. DataError naming the column for a missing time,
+    a time column of another type, or a group larger than a role can hold."""
+    from trainflow.errors import DataError
+    from trainflow.folds import FoldPlan, check_class_sizes, effective_test_fraction, resolve_folds, time_kind
+
+    names = _schema(ds).names
+    for key, column in (("time_column", time_column), ("group_column", group_column)):
+        if column is not None and column not in names:
+            from trainflow.tables import did_you_mean
+
+            raise DataError(f"{source}: split.{key} {column!r} is not a column; {did_you_mean(column, names)}"
+                            f"columns are {names}")
+    kind = None
+    if time_column is not None:
+        kind = time_kind(_schema(ds).field(time_column).type)
+        if kind is None:
+            raise DataError(f"{source}: split.time_column {time_column!r} has type "
+                            f"{_schema(ds).field(time_column).type}; it needs dates, timestamps or numbers (a text "
+                            "column of dates: parse it into a date or timestamp column first)")
+    test_share = effective_test_fraction(test_fraction, rows)
+    plan = FoldPlan(seed=seed, key_columns=(time_column or group_column,), test_fraction=test_share,
+                    validation_fraction=validation_fraction, folds=resolve_folds(folds, round(rows * (1 - test_share)),
+                                                                                  test_share),
+                    time_column=time_column, time_kind=kind, group_column=group_column)
+    by_label = label if task == "classification" else None
+    columns = list(dict.fromkeys(c for c in (time_column, group_column, by_label) if c is not None))
+    got = _gather(ds, _ordered_columns, {"plan": plan, "label": by_label, "group_column": group_column}, columns)
+    u = got["u"].to_numpy()
+    if time_column is not None and np.isnan(u).any():
+        raise DataError(f"{source}: split.time_column {time_column!r} is missing in {int(np.isnan(u).sum()):,} of "
+                        f"{len(u):,} rows; drop or fill them (a row's role comes from its time)")
+    if by_label is not None:
+        found = pc.value_counts(got["label"])
+        check_class_sizes(source, label, dict(zip(map(str, found.field("values").to_pylist()),
+                                                  found.field("counts").to_pylist())))
+    lo, hi = (-np.inf, np.inf) if time_column is not None else (0.0, 1.0)
+    s, k = np.sort(u), plan.folds
+    test_cut = _between(s, _share(len(s), test_share, True), lo, hi)
+    fit = s[s >= test_cut]
+    val_cut = _between(fit, _share(len(fit), validation_fraction, True), lo, hi) if k < 2 else test_cut
+    val_cut = max(val_cut, test_cut)
+    inner = [_between(fit, round(len(fit) * i / k), lo, hi) for i in range(1, k)] if k > 1 else []
+    plan = replace(plan, cuts={"": (test_cut, val_cut, *inner)})
+    roles = np.where(u < test_cut, 2, np.where((u < val_cut) & (k < 2), 1, 0))
+    counts = {"train": int((roles == 0).sum()), "validation": int((roles == 1).sum()), "test": int((roles == 2).sum())}
+    if k > 1:
+        ids = (u[roles != 2, None] >= np.array(inner)[None, :]).sum(axis=1)
+        counts.update({f"fold {i}": int((ids == i).sum()) for i in range(k)})
+    extra: dict = {}
+    if time_column is not None:
+        extra["time_ranges"] = {name: (float(-u[roles == r].max()), float(-u[roles == r].min()))
+                                for r, name in ((0, "train"), (1, "validation"), (2, "test")) if (roles == r).any()}
+        if group_column is not None:
+            pairs = np.unique(np.stack([got["g"].to_numpy(), roles.astype(np.float64)], axis=1), axis=0)
+            extra["groups_split"] = int((np.unique(pairs[:, 0], return_counts=True)[1] > 1).sum())
+    elif group_column is not None:
+        _check_group_sizes(ds, plan, s, counts, source)
+    return replace(plan, counts=counts, **extra)
+
+
+def _check_group_sizes(ds: Rows, plan, sorted_u: np.ndarray, counts: dict[str, int], source: str) -> None:
+    """DataError naming the largest group when it holds more rows than the smallest role or fold the plan asks for."""
+    from trainflow.errors import DataError
+
+    values, sizes = np.unique(sorted_u, return_counts=True)
+    biggest = int(sizes.argmax())
+    roles = {r: n for r, n in counts.items() if n > 0 and r != "train"}
+    if not roles:
+        return
+    smallest = min(roles, key=roles.get)
+    n = len(sorted_u)
+    wanted = {"test": n * plan.test_fraction, "validation": (n - counts["test"]) * plan.validation_fraction}
+    target = wanted.get(smallest, (n - counts["test"]) / max(plan.folds, 1))
+    if sizes[biggest] <= target:
+        return
+    hit = _gather(ds, _rows_of_key, {"plan": plan, "u": float(values[biggest])}, [plan.group_column])
+    name = hit[plan.group_column][0].as_py() if hit.num_rows else "?"
+    raise DataError(f"{source}: group {name!r} of split.group_column {plan.group_column!r} has {int(sizes[biggest]):,} "
+                    f"rows, more than the {smallest} role's {target:,.0f} rows can hold (a group's rows share one role): "
+                    "split the group, raise split.test_fraction / split.validation_fraction, or choose another group "
+                    "column")
+
+
+def _rows_of_key(batch: pa.Table, plan, u: float) -> pa.Table:
+    return batch.filter(pa.array(plan.keys(batch) == u)).slice(0, 1)
+
+
 def plan_split(ds: Rows, task: str, label: str, test_fraction: float, validation_fraction: float,
-               seed: int, key_columns: list[str], rows: int, folds: int | str = 1, source: str = ""):
+               seed: int, key_columns: list[str], rows: int, folds: int | str = 1, source: str = "",
+               time_column: str | None = None, group_column: str | None = None):
     """The fold plan for this table: one counting pass over the key and label columns gives the rows per class in
     each role, so every class with enough rows gets its share of test and validation rows (stratification) and a
     class too small for a role keeps those rows for training; a label whose classes are mostly too small for any is
@@ -241,6 +367,9 @@ def plan_split(ds: Rows, task: str, label: str, test_fraction: float, validation
     one by the hash's fixed ranges (within a fraction of a percent of those shares)."""
     from trainflow.folds import EXACT_ROWS, FoldPlan, check_class_sizes, effective_test_fraction, eligible, resolve_folds
 
+    if time_column is not None or group_column is not None:
+        return plan_ordered(ds, task, label, test_fraction, validation_fraction, seed, rows, folds, source,
+                            time_column, group_column)
     by_label = label if task == "classification" else None
     test_share = effective_test_fraction(test_fraction, rows)
     plan = FoldPlan(seed=seed, key_columns=tuple(key_columns), test_fraction=test_share,

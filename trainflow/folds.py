@@ -69,6 +69,30 @@ def split_fraction_keys(batch: pa.Table, columns: list[str], seed: int) -> np.nd
     return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
+def time_number(column) -> np.ndarray:
+    """A time column as float64 numbers that order as its times: days since 1970 for dates, seconds for timestamps,
+    the value for numbers; a missing time is NaN."""
+    t = column.type
+    if pa.types.is_date(t):
+        values = pc.cast(pc.cast(column, pa.date32()), pa.int32())
+    elif pa.types.is_timestamp(t):
+        values = pc.divide(pc.cast(pc.cast(column, pa.timestamp("us", t.tz)), pa.int64()), 1_000_000.0)
+    else:
+        values = column
+    return np.asarray(pc.cast(values, pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
+
+
+def time_kind(t: pa.DataType) -> str | None:
+    """How a time column's values are shown ("date", "timestamp", "number"); None: not a time."""
+    if pa.types.is_date(t):
+        return "date"
+    if pa.types.is_timestamp(t):
+        return "timestamp"
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
+        return "number"
+    return None
+
+
 @dataclass(frozen=True)
 class FoldPlan:
     """Which role each row has, from a seeded hash of its key columns; plain data, stored with the model."""
@@ -87,6 +111,16 @@ class FoldPlan:
     # each role and fold its exact share of the class's rows (the hash's rank cut into parts): [test, validation]
     # then the folds' K-1 inner cuts. A class not listed (a larger table, a class new since) uses the fixed ranges.
     cuts: dict[str, tuple[float, ...]] | None = None
+    # roles by time (split.time_column): a row's number is minus its time (time_number), so the cuts on it make the
+    # newest rows the test role, the newest before them validation (or the folds' blocks of time) and the oldest
+    # training; the cuts always come from the table's times (cuts[""]), ties on one side of every cut
+    time_column: str | None = None
+    time_kind: str | None = None  # "date", "timestamp" or "number": how times are shown (time_text)
+    # each role's first and last time, and (with group_column too) the groups the time cut split between roles
+    time_ranges: dict[str, tuple[float, float]] | None = field(default=None, compare=False)
+    # roles by group (split.group_column, without time_column): the group's hash decides, so its rows share a role
+    group_column: str | None = None
+    groups_split: int | None = field(default=None, compare=False)
 
     @property
     def validation_cut(self) -> float:
@@ -117,7 +151,10 @@ class FoldPlan:
         return out
 
     def keys(self, batch: pa.Table) -> np.ndarray:
-        """The number in [0, 1) of each row of batch (its key columns hashed with the plan's seed)."""
+        """The number of each row of batch: in [0, 1), its key columns hashed with the plan's seed; by time, minus its
+        time (the newest first)."""
+        if self.time_column is not None:
+            return -time_number(batch[self.time_column])
         return split_fraction_keys(batch, list(self.key_columns), self.seed)
 
     def roles(self, batch: pa.Table, u: np.ndarray | None = None) -> np.ndarray:
@@ -166,7 +203,8 @@ class FoldPlan:
         a test range at least as wide): a gate between their models needs no row-by-row check."""
         if not (self.seed == other.seed and self.key_columns == other.key_columns and self.label == other.label
                 and self.test_classes == other.test_classes and other.test_fraction > 0
-                and self.test_fraction >= other.test_fraction):
+                and self.time_column == other.time_column
+                and (self.time_column is not None or self.test_fraction >= other.test_fraction)):
             return False
         if not self.cuts and not other.cuts:
             return True
@@ -176,10 +214,30 @@ class FoldPlan:
                                                                           other.test_fraction) for c in classes)
 
     def describe(self) -> str:
-        keyed = f"id column {self.key_columns[0]!r}" if len(self.key_columns) == 1 else "each row's values"
         rest = (f"{self.folds} cross-fitting folds of the rest" if self.folds > 1 else
                 f"validation {self.validation_fraction:.3g} of the rest")
+        if self.time_column is not None:
+            ranges = "; ".join(f"{role}: {self.time_text(a)} to {self.time_text(b)}, {self.counts.get(role, 0):,} rows"
+                               for role, (a, b) in (self.time_ranges or {}).items())
+            split = f"; {self.groups_split:,} group(s) of {self.group_column!r} have rows on both sides of a cut" \
+                if self.groups_split else ""
+            return (f"by time ({self.time_column!r}): the newest {self.test_fraction:.3g} of the rows test, {rest} "
+                    f"in time order" + (f" ({ranges})" if ranges else "") + split)
+        if self.group_column is not None:
+            keyed = f"group column {self.group_column!r} (a group's rows share a role and fold)"
+        else:
+            keyed = f"id column {self.key_columns[0]!r}" if len(self.key_columns) == 1 else "each row's values"
         return f"test {self.test_fraction:.3g} of the rows, {rest}, by a hash of {keyed} with seed {self.seed}"
+
+    def time_text(self, value: float) -> str:
+        """A time as time_number made it, written as the column holds it (2013-08-20, 2013-08-20T06:00:00, 17.5)."""
+        import datetime as dt
+
+        if self.time_kind == "date":
+            return (dt.date(1970, 1, 1) + dt.timedelta(days=int(round(value)))).isoformat()
+        if self.time_kind == "timestamp":
+            return dt.datetime.fromtimestamp(value, dt.timezone.utc).replace(tzinfo=None).isoformat(timespec="seconds")
+        return f"{value:g}"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -198,12 +256,20 @@ class FoldPlan:
                 folds=int(d.get("folds", 1)),
                 cuts=None if d.get("cuts") is None else {str(k): tuple(float(x) for x in v)
                                                          for k, v in dict(d["cuts"]).items()},
+                time_column=None if d.get("time_column") is None else str(d["time_column"]),
+                time_kind=None if d.get("time_kind") is None else str(d["time_kind"]),
+                time_ranges=None if d.get("time_ranges") is None else {
+                    str(k): (float(v[0]), float(v[1])) for k, v in dict(d["time_ranges"]).items()},
+                group_column=None if d.get("group_column") is None else str(d["group_column"]),
+                groups_split=None if d.get("groups_split") is None else int(d["groups_split"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a split plan trainflow wrote ({type(exc).__name__}: {exc})") from None
-        bad_cuts = plan.cuts is not None and any(
-            len(c) != plan.folds + 1 or any(not 0.0 <= x <= 1.0 for x in c) or list(c[2:]) != sorted(c[2:])
-            or c[1] < c[0] for c in plan.cuts.values())
+        lo, hi = (-np.inf, np.inf) if plan.time_column is not None else (0.0, 1.0)  # by time: minus a time
+        bad_cuts = (plan.cuts is not None and any(
+            len(c) != plan.folds + 1 or any(not lo <= x <= hi for x in c) or list(c[2:]) != sorted(c[2:])
+            or c[1] < c[0] for c in plan.cuts.values())) or (plan.time_column is not None and not plan.cuts) \
+            or plan.time_kind not in (None, "date", "timestamp", "number")
         if bad_cuts or not (0.0 <= plan.test_fraction < 1.0 and 0.0 < plan.validation_fraction < 1.0
                             and plan.key_columns and 1 <= plan.folds <= MAX_FOLDS):
             raise ValueError(f"not a split plan trainflow wrote (fractions {plan.test_fraction}, "
@@ -301,6 +367,10 @@ def eligible(per_class: dict[str, int], share: float) -> tuple[str, ...]:
 
 
 MIN_CLASS_ROWS = 5  # the rows a typical class needs for a model to learn it and a split to judge it
+# a label of numbers with more classes than this and fewer rows per class on average than the next is a quantity
+# read as classes (332 whole numbers in 3,000 rows): refused under task: classification, however the task was set
+MAX_NUMBER_CLASSES = 20
+MIN_NUMBER_CLASS_ROWS = 50
 
 
 def _is_number(value) -> bool:
@@ -327,19 +397,29 @@ def label_unfit_for_task(path: str, label: str, task: str, rows: str, values: st
 
 def check_class_sizes(path: str, label: str, label_counts: dict) -> None:
     """DataError when most classes are too small to learn or to judge (the median class under MIN_CLASS_ROWS rows):
-    a quantity read as classes (a count, an amount in whole units) or a label that names rows rather than groups."""
+    a quantity read as classes (a count, an amount in whole units) or a label that names rows rather than groups; and
+    when numbers make more than MAX_NUMBER_CLASSES classes of under MIN_NUMBER_CLASS_ROWS rows on average (a quantity,
+    whatever set the task: the config or the label's inference)."""
     from trainflow.errors import DataError
 
     sizes = sorted(label_counts.values())
     median = sizes[len(sizes) // 2]
+    numeric = all(_is_number(k) for k in label_counts)
+    mean = sum(sizes) / len(sizes)
     if len(sizes) > 2 and median < MIN_CLASS_ROWS:
-        numeric = all(_is_number(k) for k in label_counts)
         raise DataError(
             f"{path}: label column {label!r} has {len(sizes):,} classes over {sum(sizes):,} rows, half of "
             f"them with {median} row(s) or fewer: too few for a model to learn a class or for a split to judge it. "
             + ("If the label is a quantity, set task: regression; otherwise " if numeric else "")
             + "merge rare classes or gather more rows per class"
         )
+    if numeric and len(sizes) > MAX_NUMBER_CLASSES and mean < MIN_NUMBER_CLASS_ROWS:
+        raise DataError(
+            f"{path}: label column {label!r} under task: classification holds {len(sizes):,} distinct numbers over "
+            f"{sum(sizes):,} rows (about {mean:.0f} rows each, half of them {median} or fewer): that reads as a "
+            f"quantity (a count, an amount in whole units), not {len(sizes):,} classes. Set task: regression; if they "
+            f"are codes of classes, each needs more rows (at least {MIN_NUMBER_CLASS_ROWS} on average with more than "
+            f"{MAX_NUMBER_CLASSES} classes)")
 
 
 def check_sizes(counts: dict[str, int], source: str, plan: FoldPlan) -> None:

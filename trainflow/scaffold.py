@@ -85,6 +85,8 @@ def scaffold(data: str, label: str, out: str) -> str:
     where = path if is_uri(path) else os.path.relpath(path, folder)
     stem = re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-") or "model"
     id_col = _id_column(schema, label)
+    time_col = next((f.name for f in schema if f.name not in (label, id_col)
+                     and (pa.types.is_date(f.type) or pa.types.is_timestamp(f.type))), None)
     features = [n for n in schema.names if n not in (label, id_col)]
     rows = dataset.count_rows()
     shown = ", ".join(_q(f) for f in features[:6]) + (", ..." if len(features) > 6 else "")
@@ -98,6 +100,10 @@ def scaffold(data: str, label: str, out: str) -> str:
         *_noted(f"  id_column: {_q(id_col)}" if id_col else "  # id_column: ...", brief("data.id_column")),
         *_noted(f"  # features: [{shown}]", f"default: {default_of('data.features')}"),
         *_noted(f"task: {task}", _comment(task_comment)),
+        *(["split:", *_noted(f"  time_column: {_q(time_col)}",
+                             f"{_comment(time_col)} holds dates: the newest rows are the test role, like the rows a model "
+                             "meets next, not a random sample of all times; delete these two lines for roles by a hash "
+                             "of each row's id or values")] if time_col else []),
         "model:",
         *_noted("  type: auto", brief("model.type")),
         *_noted("", f"train: {brief('train')}"),

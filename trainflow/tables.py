@@ -314,7 +314,7 @@ def check_columns(
     """Check label/feature/id columns exist with usable types; return (features, numeric, categorical, dates)."""
     names = list(schema.names)
     check_present(names, data, source)
-    features = data.features or [c for c in names if c not in (data.label, data.id_column)]
+    features = data.default_features(names)
     if not features:
         raise DataError(f"{source}: no feature columns left besides the label and id")
     numeric, categorical, dates = [], [], []
