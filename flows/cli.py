@@ -62,6 +62,8 @@ def _weights(s: dict[str, Any]) -> str:
 
 
 def format_summary(s: dict[str, Any]) -> str:
+    from trainflow.trainer.backtest import backtest_line
+
     if s.get("skipped"):
         lines = ["", "trainflow summary", f"  skipped           {s['skipped']['reason']}",
                  f"  data              {s.get('data_path')} (fingerprint {s.get('data_fingerprint')})"]
@@ -92,6 +94,7 @@ def format_summary(s: dict[str, Any]) -> str:
            + f" ({s.get('test_rows')} rows no choice touched)"] if s.get("test_metrics") else []),
         *([f"  roles             {s['split']}"] if s.get("split") and s.get("split").startswith("by time") else []),
         *([f"  note              {s['split_note']}"] if s.get("split_note") else []),
+        *([f"  backtest          {backtest_line(s['backtest'])}"] if s.get("backtest") else []),
         f"  mlflow            run {s.get('mlflow_run_id')}, model {s.get('model_uri')}",
     ]
     if s.get("trials"):

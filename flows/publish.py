@@ -38,7 +38,7 @@ def publish(config: Config, ingested: Ingested, parts: Split, outcome: TrainOutc
     fit, scored = calibrate(config, parts.val, selected, outcome.family, oof)
     holdout, judged_on, tested = parts.val, "validation", None
     if parts.test is not None:  # the test rows, read once every choice is made: the final scores and the gate's
-        tested = score_test(config, parts.test, selections or {outcome.family: selected}, outcome.family)
+        tested = score_test(config, parts.test, selections or {outcome.family: selected}, outcome.family, parts.plan)
         holdout, judged_on, scored = parts.test, "test", tested.chosen
         for row in extra.get("candidates") or []:
             row.update(tested.metrics.get(row["family"], {}))
@@ -55,6 +55,7 @@ def publish(config: Config, ingested: Ingested, parts: Split, outcome: TrainOutc
                         extra={"task": config.task, "feature_importance": importance, "calibration_fit": fit,
                                "test_rows": tested.rows if tested else 0,
                                "test_metrics": tested.metrics[outcome.family] if tested else None,
+                               "backtest": tested.backtest if tested else None,
                                "split": parts.plan.describe() if parts.plan else None, "split_path": parts.split_path,
                                "split_note": parts.note,
                                **extra})

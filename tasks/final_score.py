@@ -14,6 +14,8 @@ from trainflow.data import Rows
 from trainflow.config import Config
 from trainflow.tasks.common import retry_unless_user_error
 from trainflow.tasks.select import Selected
+from trainflow.folds import FoldPlan
+from trainflow.trainer.backtest import backtest, backtest_line
 from trainflow.trainer.evaluate import Scored, score_checkpoint
 
 
@@ -22,6 +24,7 @@ class TestScores:
     rows: int
     metrics: dict[str, dict[str, float]]  # family -> test_loss, test_accuracy, ... (the validation metrics' names)
     chosen: Scored  # the chosen checkpoint's outputs on every test row, with the slice columns (the gate's side)
+    backtest: dict[str, Any] | None = None  # roles by time: the chosen model's metric by the age of the test rows
 
 
 def test_names(metrics: dict[str, Any]) -> dict[str, float]:
@@ -32,17 +35,46 @@ def test_names(metrics: dict[str, Any]) -> dict[str, float]:
 
 @task(name="score-test", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error,
       cache_policy=NO_CACHE)
-def score_test(config: Config, test: Rows, selections: dict[str, Selected], chosen: str) -> TestScores:
+def score_test(config: Config, test: Rows, selections: dict[str, Selected], chosen: str,
+               plan: FoldPlan | None = None) -> TestScores:
     """Every candidate's test metrics (the chosen one as it serves, calibration applied; the others as trained), and
-    the chosen one's scored test rows."""
+    the chosen one's scored test rows; by time (plan), its backtest (trainer/backtest.py)."""
     metrics, chosen_scored = {}, None
+    timed = plan is not None and plan.time_column is not None and (plan.time_ranges or {}).get("train")
+    extra = (plan.time_column,) if timed and plan.time_column not in config.promotion.slices else ()
     for family, selected in selections.items():
-        scored = score_checkpoint(selected.path, test, tuple(config.promotion.slices) if family == chosen else ())
+        columns = (*config.promotion.slices, *extra) if family == chosen else ()
+        scored = score_checkpoint(selected.path, test, tuple(columns))
         metrics[family] = test_names(scored.metrics()) if len(scored.labels) else {}
         if family == chosen:
             chosen_scored = scored
     rows = len(chosen_scored.labels)
+    aged = _backtest(config, chosen_scored, plan) if timed and rows else None
+    for column in extra:  # read for the backtest only: the gate's slices are the ones asked for
+        chosen_scored.columns.pop(column, None)
+    if aged:
+        get_run_logger().info("backtest: %s", backtest_line(aged))
     get_run_logger().info("test rows (%d, untouched by every choice): %s", rows, ", ".join(
         f"{f} {config.promotion.metric.replace('val_', 'test_', 1)}="
         f"{m.get(config.promotion.metric.replace('val_', 'test_', 1), float('nan')):.4g}" for f, m in metrics.items()))
-    return TestScores(rows, metrics, chosen_scored)
+    return TestScores(rows, metrics, chosen_scored, aged)
+
+
+def _backtest(config: Config, scored: Scored, plan: FoldPlan) -> dict[str, Any] | None:
+    """The chosen model's promotion.metric by the age of its test rows after its last training time."""
+    import pyarrow as pa
+
+    from trainflow.folds import time_number
+
+    raw = scored.columns[plan.time_column]
+    times = time_number(pa.array(list(raw)))
+    cutoff = plan.time_ranges["train"][1]
+    if plan.time_kind == "timestamp":  # seconds: ages in days
+        times, cutoff = times / 86400.0, cutoff / 86400.0
+    name = config.promotion.metric
+
+    def metric(rows):
+        return float(scored.metrics(rows).get(name, float("nan")))
+
+    return backtest(times, metric, cutoff, "unit" if plan.time_kind == "number" else "day",
+                    name.removeprefix("val_"), config.promotion.mode == "max", config.split.seed)

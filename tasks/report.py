@@ -18,6 +18,7 @@ from trainflow.config import ENSEMBLE, Config, is_uri
 from trainflow.redact import redact_config, redact_text
 from trainflow.storage import join, write_bytes
 from trainflow.tasks.common import md, md_code, png_data_uri
+from trainflow.trainer.backtest import backtest_line
 from trainflow.tasks.mlflow_run import parent_run
 from trainflow.tracking import mlflow_key, tracking
 from trainflow.trainer.families import REGISTRY
@@ -65,6 +66,26 @@ def reliability_diagram(calibration: dict[str, Any], title: str):
     ax.set_ylabel("accuracy")
     ax.set_title(f"{title}: ECE {calibration['ece']:.4f}, Brier {calibration['brier']:.4f}")
     ax.legend(loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def backtest_chart(b: dict[str, Any], title: str):
+    """The chosen model's metric per slice of its test rows against their age, with the fitted line."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 3.5), dpi=100)
+    ax = fig.subplots()
+    ages = [s["age"] for s in b["slices"]]
+    values = [s["value"] for s in b["slices"]]
+    ax.plot(ages, values, marker="o", label=f"{b['metric']} per slice of the test rows")
+    fit = np.polyfit(ages, values, 1)
+    ax.plot(ages, np.polyval(fit, ages), linestyle="--", color="grey", label="least-squares line")
+    ax.set_xlabel("age: days after the last training row" if b["unit"] == "month" else "age (time column's unit)")
+    ax.set_ylabel(b["metric"])
+    ax.set_title(title)
+    ax.legend()
     fig.tight_layout()
     return fig
 
@@ -261,7 +282,7 @@ challenger v{promo['challenger_version']} {_fmt(promo['challenger_score'])}, {_c
 - table: `{summary['data_path']}`
 - fingerprint: `{summary['data_fingerprint']}`
 - rows: {_rows_line(summary)}
-- split: {summary.get('split') or 'train/validation'}; assignment `{summary.get('split_path')}`
+- split: {summary.get('split') or 'train/validation'}; assignment `{summary.get('split_path')}`{chr(10) + '- backtest: ' + backtest_line(summary['backtest']) if summary.get('backtest') else ''}
 
 ## Best checkpoint (epoch {best['epoch']} of {summary['epochs_run']} run this time)
 {_chosen_on(summary)}
@@ -334,6 +355,11 @@ def report(config: Config, history: list[dict[str, float]], summary: dict[str, A
             client.log_figure(summary["mlflow_run_id"], diagram, artifact_file="reliability.png")
         if summary.get("slices"):
             client.log_dict(summary["mlflow_run_id"], summary["slices"], "slices.json")
+        aged = summary.get("backtest")
+        if aged:
+            aging = backtest_chart(aged, f"{name} v{summary['model_version']}: {aged['metric']} by age")
+            client.log_figure(summary["mlflow_run_id"], aging, artifact_file="backtest.png")
+            client.log_dict(summary["mlflow_run_id"], aged, "backtest.json")
         validation = summary.get("validation") or {}
         if validation.get("checks"):
             client.log_dict(summary["mlflow_run_id"], validation, "validation.json")
@@ -346,7 +372,9 @@ def report(config: Config, history: list[dict[str, float]], summary: dict[str, A
             + [Metric(mlflow_key(f"unseen_rows.{c}"), float(n), int(time.time() * 1000), 0)
                      for c, n in (summary.get("unseen_categories") or {}).items()]
             + ([Metric("validation.anomalies", float(len(validation["anomalies"])), int(time.time() * 1000), 0)]
-               if validation.get("checks") else []),
+               if validation.get("checks") else [])
+            + [Metric(f"backtest.{k}", float(aged[k]), int(time.time() * 1000), 0) for k in ("loss_per_unit", "noise")
+               if aged and math.isfinite(aged[k])],
         )
     card = model_card(config, summary, curve_uri, png)
     with tracking(config.mlflow.tracking_uri):
@@ -374,6 +402,10 @@ def report(config: Config, history: list[dict[str, float]], summary: dict[str, A
         ids["importance"] = create_image_artifact(
             image_url=png_data_uri(chart)[1], key=artifact_key(name, "importance"),
             description=f"Permutation importance of {name} version {summary['model_version']}")
+    if aged:
+        ids["backtest"] = create_image_artifact(
+            image_url=png_data_uri(aging)[1], key=artifact_key(name, "backtest"),
+            description=f"{name} version {summary['model_version']}: {backtest_line(aged)}")
     if calibration:
         ids["reliability"] = create_image_artifact(
             image_url=png_data_uri(diagram)[1], key=artifact_key(name, "reliability"),
