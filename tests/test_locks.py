@@ -38,6 +38,20 @@ def local_locks(tmp_path, monkeypatch):
         yield home
 
 
+def test_a_lock_names_one_place_however_it_is_spelled(tmp_path, local_locks):
+    """Two spellings of one SQLite registry (or one storage folder) are one lock; two places are two. A run's lock
+    with --no-wait fails at once naming its holder."""
+    db = tmp_path / "mlflow.db"
+    assert lock_name("champion", "m", f"sqlite:///{db}") == lock_name("champion", "m", f"sqlite:///{tmp_path}/./mlflow.db")
+    assert lock_name("run", "r", str(tmp_path / "runs")) == lock_name("run", "r", f"file://{tmp_path}/runs/")
+    assert lock_name("champion", "m", f"sqlite:///{db}") != lock_name("champion", "m", f"sqlite:///{tmp_path}/x.db")
+    with locks.run_lock(str(tmp_path / "runs"), "nightly"):
+        with pytest.raises(LockTimeout, match=r"run nightly is in use: the lock trainflow-run-nightly-\w+ is held by "
+                                              rf"process {os.getpid()}"):
+            with locks.run_lock(f"{tmp_path}/./runs", "nightly", wait=False):
+                pass
+
+
 def _spawn(script: str, home: Path) -> subprocess.Popen:
     env = {**os.environ, "PREFECT_HOME": str(home)}
     env.pop("PREFECT_API_URL", None)

@@ -47,3 +47,9 @@ def test_a_snapshot_is_written_once_and_one_edited_in_storage_is_refused(tmp_pat
     with pytest.raises(DataError, match="do not match its name"):
         trainflow.snapshot(frame, str(tmp_path))
     assert open(first, "rb").read().endswith(b"planted")  # left as it is
+    # a frame with a repeated or an empty column name is refused naming them (exit 2 by the CLI's rule), nothing written
+    for names, needle in ((["x", "x", "y"], r"column name\(s\) \['x'\] appear more than once"),
+                          (["x", "", "y"], r"column\(s\) at position \[1\] have an empty name")):
+        with pytest.raises(DataError, match=needle):
+            trainflow.snapshot(pd.DataFrame([[1.0, 2.0, 0]], columns=names), str(tmp_path / "other"))
+    assert not (tmp_path / "other").exists()
