@@ -45,9 +45,9 @@ def test_a_time_split_judges_the_newest_rows_and_the_gate_those_newer_than_the_c
     assert "newest" in s["promotion"]["judged_rows_note"]
     out = capsys.readouterr().out
     assert "roles             by time ('when')" in out
-    # the backtest: the chosen model's ROC AUC on 4 slices of its 480 test rows by their age after its training data
+    # the backtest: the chosen model's promotion.metric (val_loss) on 4 slices of its 480 test rows by their age
     aged = s["backtest"]
-    assert aged["metric"] == "roc_auc" and [p["rows"] for p in aged["slices"]] == [120] * 4
+    assert aged["metric"] == "loss" and [p["rows"] for p in aged["slices"]] == [120] * 4
     assert 0 < aged["slices"][0]["age"] < aged["slices"][-1]["age"] < 61 and "backtest          " in out
 
     # a month more: the test window moves forward; the gate judges on the challenger's test rows, every one newer
