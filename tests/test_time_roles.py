@@ -48,7 +48,8 @@ def test_a_time_split_judges_the_newest_rows_and_the_gate_those_newer_than_the_c
     # the backtest: the chosen model's promotion.metric (val_loss) on 4 slices of its 480 test rows by their age
     aged = s["backtest"]
     assert aged["metric"] == "loss" and [p["rows"] for p in aged["slices"]] == [120] * 4
-    assert 0 < aged["slices"][0]["age"] < aged["slices"][-1]["age"] < 61 and "backtest          " in out
+    # ages count from the last training row: validation (48 days) lies between it and the test rows
+    assert 40 < aged["slices"][0]["age"] < aged["slices"][-1]["age"] < 115 and "backtest          " in out
 
     # a month more: the test window moves forward; the gate judges on the challenger's test rows, every one newer
     # than what the champion trained or chose on
@@ -58,5 +59,6 @@ def test_a_time_split_judges_the_newest_rows_and_the_gate_those_newer_than_the_c
     s2 = json.loads(second.read_text())
     promo = s2["promotion"]
     assert promo["champion_version"] == "1" and promo["rows"] == s2["test_rows"] == 528
+    assert "split.json" not in promo["reason"]  # the champion's stored plan by time matches its own config
     assert "all newer than what champion v1 trained or chose on (its rows before 2013-08-29)" in promo["judged_rows_note"]
     assert "judged rows" in capsys.readouterr().out

@@ -315,7 +315,10 @@ def plan_mismatch(plan: FoldPlan, directory: str | Path, params: dict[str, str] 
     try:
         cfg = json.loads((directory / "config.json").read_text())
         data, split, task = cfg["data"], cfg["split"], cfg.get("task")
-        if data.get("id_column"):
+        ordered = split.get("time_column") or split.get("group_column")  # roles by time or by group
+        if ordered:
+            keys = (str(ordered),)
+        elif data.get("id_column"):
             keys = (str(data["id_column"]),)
         else:
             prep = json.loads((directory / "preprocessor.json").read_text())
@@ -333,7 +336,10 @@ def plan_mismatch(plan: FoldPlan, directory: str | Path, params: dict[str, str] 
         wrong.append(f"validation fraction {plan.validation_fraction} where its config says {asked_val}")
     if plan.test_fraction > asked_test + 1e-9 or (asked_test > 0) != (plan.test_fraction > 0):
         wrong.append(f"test fraction {plan.test_fraction} where its config says at most {asked_test}")
-    label = str(data.get("label")) if task == "classification" else None
+    label = str(data.get("label")) if task == "classification" and not ordered else None
+    for key in ("time_column", "group_column"):
+        if getattr(plan, key) != split.get(key):
+            wrong.append(f"{key} {getattr(plan, key)!r} where its config says split.{key} {split.get(key)!r}")
     if plan.label != label:
         wrong.append(f"stratified by {plan.label!r} where its config implies {label!r}")
     for key, value in (("split.seed", seed), ("split.test_fraction", asked_test),
