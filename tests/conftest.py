@@ -24,13 +24,12 @@ os.environ.pop("RAY_ADDRESS", None)
 
 
 # Tests that mostly wait (services stopped and started again, a Prefect server's worker and served flows, processes
-# that start a Ray or a CLI of their own: two runs at once; and the two retrains by time, to even the two workers'
-# totals; the exactly-once chain there took 363 s instead of 140): `make test` runs them on a second pytest-xdist
-# worker beside the rest ("--dist
+# that start a Ray or a CLI of their own: two runs at once): `make test` runs them on a second pytest-xdist worker
+# beside the rest (CPU-heavy fits there slow the first worker's: the exactly-once chain took 363 s there instead of
+# 140, and 204 s with the time-split retrains there) ("--dist
 # loadgroup" gives each group one worker, in collection order), on the CPU the others leave idle (on 2 cores, the
 # serial suite kept one core idle a third of the time).
-SIDE = ("tests/test_outages.py", "tests/test_runtime.py", "tests/test_deployments.py", "tests/test_concurrent_runs.py",
-        "tests/test_time_roles.py")
+SIDE = ("tests/test_outages.py", "tests/test_runtime.py", "tests/test_deployments.py", "tests/test_concurrent_runs.py")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
