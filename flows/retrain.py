@@ -13,6 +13,7 @@ from prefect.futures import wait
 from trainflow.flows.predict import skipped_run
 from trainflow.flows.publish import publish
 from trainflow.tasks.candidates import compare, run_names
+from trainflow.tasks.earlier import backtest_family, fit_earlier
 from trainflow.tasks.cross_fit import bag_folds, fold_config, fold_run_names, oof_names
 from trainflow.tasks.ensemble import ensemble
 from trainflow.tasks.ingest import Ingested, ingest, table_fingerprint
@@ -97,10 +98,10 @@ def _train_and_publish(config: Config, name: str, ingested: Ingested, parts: Spl
     k = parts.fold_count
     trained, built, status = None, None, "FAILED"
     try:
-        trained, failed, timed_out, time_budget = train_families(
-            config, prepared, names, fold_config(config, parts.train_rows) if k > 1 else config)
+        run_config = fold_config(config, parts.train_rows) if k > 1 else config
+        trained, failed, timed_out, share = train_families(config, prepared, names, run_config)
         runs = {f: r for f, r in runs.items() if f not in failed and f not in timed_out}
-        decisions = None
+        decisions, fold_selections = None, {}
         if k > 1:  # each family's fold models: their out-of-fold predictions, and one bagged checkpoint serving them
             fold_outcomes = {f: [trained[(f, i)] for i in range(k)] for f in runs}
             fold_selections = {f: [select(o, config) for o in fold_outcomes[f]] for f in runs}
@@ -123,6 +124,13 @@ def _train_and_publish(config: Config, name: str, ingested: Ingested, parts: Spl
         for row in (candidates.scores if candidates else []):  # the leaderboard's cost column (folds summed)
             row["train_s"] = round(sum(o.train_s or 0.0 for (f, _), o in trained.items() if f == row["family"]), 1) \
                 if row["family"] in runs else None
+        earlier = None
+        if parts.plan is not None and parts.plan.time_column is not None and parts.test_rows:
+            member = backtest_family(family, built.weights if built and family == ENSEMBLE else None)
+            recent = fold_selections[member][0] if k > 1 else selections[member]
+            earlier = fit_earlier(config, run_config, parts, prepared, member, recent.path, f"{runs[member]}-earlier",
+                                  share.ends_at)
+        time_budget = share.record()
         oof = {}
         if decisions is not None:  # the figures every choice read, under their own names
             oof = {"folds": k, "oof_metrics": oof_names(selected.metrics), "oof_rows": len(decisions.labels)}
@@ -136,7 +144,7 @@ def _train_and_publish(config: Config, name: str, ingested: Ingested, parts: Spl
                            "folds": k, "time_budget": {**time_budget, "cut_short": {
                                o.run_name: o.time_limited_at for o in trained.values() if o.time_limited_at is not None}},
                            **oof},
-                          selections, decisions.scored(family) if decisions is not None else None)
+                          selections, decisions.scored(family) if decisions is not None else None, earlier)
         status = "FINISHED"
         return summary
     finally:  # every MLflow run of this retrain ends as the run did (the fold runs ended when bagged)
@@ -194,11 +202,11 @@ def _not_earning(family: str, first_fold: TrainOutcome, first_folds: dict[str, f
 
 
 def train_families(config: Config, prepared: Prepared, names: dict[str, list[str]], run_config: Config
-                   ) -> tuple[dict[tuple[str, int], TrainOutcome], dict[str, str], dict[str, str], dict[str, Any]]:
+                   ) -> tuple[dict[tuple[str, int], TrainOutcome], dict[str, str], dict[str, str], TimeShare]:
     """Every family's runs (one per fold), as many at once as the cluster holds worker groups, the next starting as
     soon as one ends, each with its share of train.time_limit (trainer/deadline.py): ({(family, fold): outcome},
-    {family: why it failed}, {family: why the time limit or its first fold left it out (auto)}, the time budget's
-    record). With several
+    {family: why it failed}, {family: why the time limit or its first fold left it out (auto)}, the time budget
+    (its record for the summary). With several
     families, one that fails after its retries (a dead worker group, a diverging loss, memory) is left out with the
     reason and the others go on; a bad config or table, a stop request, or the failure of every family fails the run."""
     trainer = train.with_options(retries=config.failure.task_retries, retry_delay_seconds=config.failure.retry_delay_s)
@@ -279,4 +287,4 @@ def train_families(config: Config, prepared: Prepared, names: dict[str, list[str
     dropped = {**failed, **timed_out}
     if errors and all(job[0] in dropped for job in trained):  # the first family failed, the time left out the rest
         raise errors[0]
-    return {job: out for job, out in trained.items() if job[0] not in dropped}, failed, timed_out, share.record()
+    return {job: out for job, out in trained.items() if job[0] not in dropped}, failed, timed_out, share

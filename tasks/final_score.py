@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
@@ -15,7 +16,8 @@ from trainflow.config import Config
 from trainflow.tasks.common import retry_unless_user_error
 from trainflow.tasks.select import Selected
 from trainflow.folds import FoldPlan
-from trainflow.trainer.backtest import backtest, backtest_line
+from trainflow.tasks.earlier import EarlierFit
+from trainflow.trainer.backtest import backtest, backtest_line, earlier_comparison
 from trainflow.trainer.evaluate import Scored, score_checkpoint
 
 
@@ -36,9 +38,10 @@ def test_names(metrics: dict[str, Any]) -> dict[str, float]:
 @task(name="score-test", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error,
       cache_policy=NO_CACHE)
 def score_test(config: Config, test: Rows, selections: dict[str, Selected], chosen: str,
-               plan: FoldPlan | None = None) -> TestScores:
+               plan: FoldPlan | None = None, earlier: EarlierFit | None = None) -> TestScores:
     """Every candidate's test metrics (the chosen one as it serves, calibration applied; the others as trained), and
-    the chosen one's scored test rows; by time (plan), its backtest (trainer/backtest.py)."""
+    the chosen one's scored test rows; by time (plan), its backtest (trainer/backtest.py): by the test rows' age, and
+    the earlier model (tasks/earlier.py) against the recent one on the test rows."""
     metrics, chosen_scored = {}, None
     timed = plan is not None and plan.time_column is not None and (plan.time_ranges or {}).get("train")
     extra = (plan.time_column,) if timed and plan.time_column not in config.promotion.slices else ()
@@ -50,6 +53,10 @@ def score_test(config: Config, test: Rows, selections: dict[str, Selected], chos
             chosen_scored = scored
     rows = len(chosen_scored.labels)
     aged = _backtest(config, chosen_scored, plan) if timed and rows else None
+    if timed and rows and earlier is not None:
+        aged = {**(aged or {"metric": config.promotion.metric.removeprefix("val_"), "slices": [],
+                            "unit": "unit of the time column" if plan.time_kind == "number" else "month"}),
+                "earlier_family": earlier.family, **_compared(config, test, earlier, plan)}
     for column in extra:  # read for the backtest only: the gate's slices are the ones asked for
         chosen_scored.columns.pop(column, None)
     if aged:
@@ -78,3 +85,28 @@ def _backtest(config: Config, scored: Scored, plan: FoldPlan) -> dict[str, Any] 
 
     return backtest(times, metric, cutoff, "unit" if plan.time_kind == "number" else "day",
                     name.removeprefix("val_"), config.promotion.mode == "max", config.split.seed)
+
+
+def _compared(config: Config, test: Rows, earlier: EarlierFit, plan: FoldPlan) -> dict[str, Any]:
+    """{"earlier": the comparison} of the earlier and the recent model on the test rows, or {"earlier_skipped": why}."""
+    if earlier.earlier is None or earlier.recent is None:
+        return {"earlier_skipped": earlier.skipped or "not trained"}
+    import pyarrow as pa
+
+    from trainflow.folds import time_number
+
+    name = config.promotion.metric
+    recent = score_checkpoint(earlier.recent, test, (plan.time_column,))
+    old = score_checkpoint(earlier.earlier, test, ())
+    days = plan.time_kind != "number"
+    scale = 86400.0 if plan.time_kind == "timestamp" else 1.0  # seconds: in days
+    shift = earlier.shift / scale
+    age = float(np.median(time_number(pa.array(list(recent.columns[plan.time_column]))))
+                - plan.earlier["recent_end"]) / scale
+    compared = earlier_comparison(lambda rows: float(recent.metrics(rows).get(name, float("nan"))),
+                                  lambda rows: float(old.metrics(rows).get(name, float("nan"))), len(recent.labels),
+                                  shift, "day" if days else "unit", config.promotion.mode == "max", config.split.seed)
+    if compared is None:
+        return {"earlier_skipped": "its metric on the test rows could not be computed"}
+    return {"earlier": {**compared, "age": age, "run_name": earlier.run_name, "cutoff": plan.time_text(plan.earlier["end"]),
+                        "recent_cutoff": plan.time_text(plan.earlier["recent_end"])}}

@@ -71,21 +71,29 @@ def reliability_diagram(calibration: dict[str, Any], title: str):
 
 
 def backtest_chart(b: dict[str, Any], title: str):
-    """The chosen model's metric per slice of its test rows against their age, with the fitted line."""
+    """The chosen model's metric per slice of its test rows against their age, with the fitted line; the earlier
+    model and the one it is compared with, on every test row, at the age of the median test row for each."""
     import numpy as np
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(6, 3.5), dpi=100)
     ax = fig.subplots()
-    ages = [s["age"] for s in b["slices"]]
-    values = [s["value"] for s in b["slices"]]
-    ax.plot(ages, values, marker="o", label=f"{b['metric']} per slice of the test rows")
-    fit = np.polyfit(ages, values, 1)
-    ax.plot(ages, np.polyval(fit, ages), linestyle="--", color="grey", label="least-squares line")
+    if b.get("slices"):
+        ages = [s["age"] for s in b["slices"]]
+        values = [s["value"] for s in b["slices"]]
+        ax.plot(ages, values, marker="o", label=f"{b['metric']} per slice of the test rows")
+        fit = np.polyfit(ages, values, 1)
+        ax.plot(ages, np.polyval(fit, ages), linestyle="--", color="grey", label="least-squares line")
+    e = b.get("earlier")
+    if e and e.get("age") is not None:
+        per = "month" if b["unit"] == "month" else "unit"
+        ax.plot([e["age"], e["age"] + e["shift"]], [e["recent"], e["earlier"]], linestyle=":", marker="s",
+                color="tab:red", label=f"{b.get('earlier_family', '')} cut off {e['recent_cutoff']} and {e['cutoff']}: "
+                                       f"{e['loss_per_unit']:+.4f} per {per} (noise {e['noise']:.4f})")
     ax.set_xlabel("age: days after the last training row" if b["unit"] == "month" else "age (time column's unit)")
     ax.set_ylabel(b["metric"])
     ax.set_title(title)
-    ax.legend()
+    ax.legend(fontsize="small")
     fig.tight_layout()
     return fig
 
@@ -355,11 +363,12 @@ def report(config: Config, history: list[dict[str, float]], summary: dict[str, A
             client.log_figure(summary["mlflow_run_id"], diagram, artifact_file="reliability.png")
         if summary.get("slices"):
             client.log_dict(summary["mlflow_run_id"], summary["slices"], "slices.json")
-        aged = summary.get("backtest")
+        aged, aging = summary.get("backtest"), None
         if aged:
+            client.log_dict(summary["mlflow_run_id"], aged, "backtest.json")
+        if aged and (aged.get("slices") or aged.get("earlier")):  # something to draw
             aging = backtest_chart(aged, f"{name} v{summary['model_version']}: {aged['metric']} by age")
             client.log_figure(summary["mlflow_run_id"], aging, artifact_file="backtest.png")
-            client.log_dict(summary["mlflow_run_id"], aged, "backtest.json")
         validation = summary.get("validation") or {}
         if validation.get("checks"):
             client.log_dict(summary["mlflow_run_id"], validation, "validation.json")
@@ -374,7 +383,10 @@ def report(config: Config, history: list[dict[str, float]], summary: dict[str, A
             + ([Metric("validation.anomalies", float(len(validation["anomalies"])), int(time.time() * 1000), 0)]
                if validation.get("checks") else [])
             + [Metric(f"backtest.{k}", float(aged[k]), int(time.time() * 1000), 0) for k in ("loss_per_unit", "noise")
-               if aged and math.isfinite(aged[k])],
+               if aged and isinstance(aged.get(k), (int, float)) and math.isfinite(aged[k])]
+            + [Metric(f"backtest.earlier_{k}", float(aged["earlier"][k]), int(time.time() * 1000), 0)
+               for k in ("loss_per_unit", "noise", "recent", "earlier")
+               if aged and aged.get("earlier") and math.isfinite(aged["earlier"][k])],
         )
     card = model_card(config, summary, curve_uri, png)
     with tracking(config.mlflow.tracking_uri):
@@ -402,7 +414,7 @@ def report(config: Config, history: list[dict[str, float]], summary: dict[str, A
         ids["importance"] = create_image_artifact(
             image_url=png_data_uri(chart)[1], key=artifact_key(name, "importance"),
             description=f"Permutation importance of {name} version {summary['model_version']}")
-    if aged:
+    if aging is not None:
         ids["backtest"] = create_image_artifact(
             image_url=png_data_uri(aging)[1], key=artifact_key(name, "backtest"),
             description=f"{name} version {summary['model_version']}: {backtest_line(aged)}")

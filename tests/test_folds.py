@@ -3,6 +3,7 @@ read back strictly; a table too small to judge anything is refused naming the co
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 
 import numpy as np
@@ -196,6 +197,25 @@ def test_roles_by_time_are_the_newest_rows_and_never_split_a_day():
     ids = folded.fold_ids(table)
     blocks = [(day[ids == k].min(), day[ids == k].max()) for k in range(5)]
     assert all(a[0] > b[1] for a, b in zip(blocks, blocks[1:]))  # fold 0 the newest block, fold 4 the oldest
+    # the backtest's earlier model: the recent model's procedure one block back in time, on rows it could read
+    from trainflow.data import earlier_parts
+    from trainflow.folds import NO_FOLD
+
+    for p, recent_val in ((plan, roles == VALIDATION), (folded, ids == 0)):
+        mine = p.earlier_roles(table)
+        recent_train = (roles != TEST) & ~recent_val
+        assert not (mine != NO_FOLD)[~recent_train].any()  # never a test row, nor the recent model's held-out rows
+        assert day[mine == TRAIN].max() < day[mine == VALIDATION].min() and \
+            day[mine == VALIDATION].max() < day[recent_val].min()
+        assert (mine == VALIDATION).sum() == p.earlier["validation_rows"] and abs(
+            p.earlier["validation_rows"] - recent_val.sum()) < 20  # as many as it early-stopped on, days whole
+        assert (mine == TRAIN).sum() == p.earlier["rows"] and dt.date.fromordinal(day[mine == TRAIN].max()) == \
+            dt.date(1970, 1, 1) + dt.timedelta(days=p.earlier["end"])
+        assert FoldPlan.from_dict(json.loads(json.dumps(p.to_dict()))).earlier == p.earlier
+        fit_rows = table.filter(pa.array(recent_train | (recent_val & (p.folds > 1))))  # split_roles' TRAIN
+        a, b = earlier_parts(fit_rows, p, True)
+        assert (a.num_rows, b.num_rows) == ((mine == TRAIN).sum(), (mine == VALIDATION).sum())
+    assert plan_split(_dated(40), "classification", "y", 0.2, 0.2, 42, ["x", "y"], 40, 1, "t", "day").earlier is None
     # the table grows by a month: the test window moves forward; the old plan holds out every newer row, so a gate
     # between a model of the old table and one of the grown table needs no row-by-row check
     grown_table = pa.concat_tables([table, _dated(300, seed=1).set_column(

@@ -214,6 +214,11 @@ def test_a_familys_training_hash_reads_only_its_own_keys_and_another_familys_key
     only_depth = config_from_dict({**base, "model": {"params": {"max_depth": 4}}})
     assert deeper.training_hash("xgboost") == only_depth.training_hash("xgboost")
     assert deeper.training_hash("lightgbm") != only_depth.training_hash("lightgbm")
+    # the preprocessing decides every family's inputs; the backtest's extra fit changes no model
+    scaled = config_from_dict({**base, "preprocess": {"max_categories": 7}})
+    assert all(scaled.training_hash(f) != plain.training_hash(f) for f in ("mlp", "xgboost"))
+    no_fit = config_from_dict({**base, "split": {"backtest_fit": False}})
+    assert all(no_fit.training_hash(f) == plain.training_hash(f) for f in ("mlp", "xgboost"))
     with pytest.raises(ConfigError, match=r"model.hidden_sizes: applies to mlp, which model.type \['xgboost'\] does not"):
         config_from_dict({**base, "model": {"type": "xgboost", "hidden_sizes": [64]}})
     with pytest.raises(ConfigError, match="model.dropout: applies to mlp"):

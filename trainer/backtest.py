@@ -50,17 +50,70 @@ def backtest(times: np.ndarray, metric: Callable[[np.ndarray], float], cutoff: f
     }
 
 
+def earlier_comparison(recent: Callable[[np.ndarray], float], earlier: Callable[[np.ndarray], float], rows: int,
+                       shift: float, unit: str, higher_is_better: bool, seed: int = 0) -> dict[str, Any] | None:
+    """Two models of one procedure, the earlier cut off `shift` (days, or units of a numeric time column) before
+    the recent one, on the same test rows (recent(rows), earlier(rows): each one's metric on a subset): the quality
+    the shift costs, per month (per unit), with its noise from resampling the test rows (both models on each draw,
+    so the rows' own difficulty cancels). None without rows or a shift."""
+    if rows < 2 or not shift > 0:
+        return None
+    every = np.arange(rows)
+    mine, theirs = recent(every), earlier(every)
+    if not (np.isfinite(mine) and np.isfinite(theirs)):
+        return None
+    sign = 1.0 if higher_is_better else -1.0
+    rng, draws = np.random.default_rng(seed), []
+    for _ in range(BOOTSTRAP):
+        pick = rng.integers(0, rows, rows)
+        gap = sign * (recent(pick) - earlier(pick))
+        if np.isfinite(gap):
+            draws.append(gap)
+    per = (MONTH_DAYS if unit == "day" else 1.0) / shift
+    gap, se = sign * (mine - theirs), float(np.std(draws)) if len(draws) > 1 else float("nan")
+    return {"recent": float(mine), "earlier": float(theirs), "shift": float(shift),
+            "unit": "month" if unit == "day" else "unit of the time column",
+            "loss_per_unit": float(gap * per), "noise": float(se * per), "loss_per_day": float(gap / shift)
+            if unit == "day" else None, "measurable": bool(np.isfinite(se) and abs(gap) > 2 * se)}
+
+
+def _earlier_line(e: dict[str, Any], metric: str) -> str:
+    unit = e["unit"]
+    shift = f"{e['shift']:.0f} days" if unit == "month" else f"{e['shift']:g} units"
+    head = (f"the same model cut off {shift} earlier scores {metric} {e['earlier']:.4f} on the test rows against "
+            f"{e['recent']:.4f}")
+    if not e["measurable"]:
+        return f"{head}: a difference the noise cannot tell from none ({e['loss_per_unit']:+.4f} per {unit}, noise " \
+               f"{e['noise']:.4f})"
+    trend = "worse" if e["loss_per_unit"] > 0 else "better"
+    line = f"{head}: {abs(e['loss_per_unit']):.4f} {trend} per {unit} of age (noise {e['noise']:.4f})"
+    if e.get("loss_per_day") is not None and e["loss_per_unit"] > 0:
+        line += (f"; retrained daily, the serving model is about {e['loss_per_day']:.4f} behind a fresh one, weekly "
+                 f"{7 * e['loss_per_day']:.4f}")
+    return line
+
+
 def backtest_line(b: dict[str, Any]) -> str:
-    """The backtest in one modest line."""
+    """The backtest in one modest line: the earlier model's comparison where it was fitted, then the test rows by age."""
     unit, metric = b["unit"], b["metric"]
+    lines = [_earlier_line(b["earlier"], metric)] if b.get("earlier") else []
+    if b.get("earlier_skipped"):
+        lines.append(f"no earlier model: {b['earlier_skipped']}")
+    if b.get("slices"):
+        lines.append(_slices_line(b, unit, metric, claim=not b.get("earlier")))
+    return "; ".join(lines)
+
+
+def _slices_line(b: dict[str, Any], unit: str, metric: str, claim: bool) -> str:
     span = f"over test rows {b['slices'][0]['age']:.0f} to {b['slices'][-1]['age']:.0f} " + \
         ("days" if unit == "month" else "units") + " after its training data"
     if not b["measurable"]:
-        return (f"no change of {metric} with the age of the data could be told from the noise {span} "
+        return (f"by the test rows' age, no change of {metric} with the age of the data could be told from the noise {span} "
                 f"({b['loss_per_unit']:+.4f} per {unit}, noise {b['noise']:.4f})")
     trend = "falls" if b["loss_per_unit"] > 0 else "rises"
-    line = f"{metric} {trend} about {abs(b['loss_per_unit']):.4f} per {unit} of age (noise {b['noise']:.4f}) {span}"
-    if b.get("loss_per_day") is not None and b["loss_per_unit"] > 0:
+    line = (f"by the test rows' age, {metric} {trend} about {abs(b['loss_per_unit']):.4f} per {unit} (noise "
+            f"{b['noise']:.4f}) {span}")
+    if claim and b.get("loss_per_day") is not None and b["loss_per_unit"] > 0:
         line += (f"; a model retrained daily is about {b['loss_per_day']:.4f} behind a fresh one, weekly "
                  f"{7 * b['loss_per_day']:.4f}")
     return line

@@ -135,6 +135,11 @@ class SplitSection(_Section):
         None, "rows of one group (customer, patient, store) stay in one role and fold: a model is judged on groups it "
               "never saw; not a feature unless `data.features` names it. With `time_column` the time cut decides, and "
               "the groups it splits are counted")
+    backtest_fit: bool = key(
+        True, "with `time_column`: the backtest trains the chosen family once more, cut off one validation block "
+              "earlier, and scores both on the test rows (how much quality a model's age costs; one extra fit within "
+              "the time budget); false: the backtest by test-row age only "
+              "([pipeline.md](pipeline.md#the-backtest))")
 
 
 FAMILIES = ("mlp", "torch", "xgboost", "lightgbm", "catboost")
@@ -934,7 +939,9 @@ class Config(_Section):
                 del model["architecture"], model["tabm_k"]
             train = self.train.model_dump(mode="json", exclude={"epochs", "early_stopping", "time_limit"})
         relevant = {"task": self.task, "label": self.data.label, "features": self.data.features,
-                    "split": self.split.model_dump(mode="json", exclude_none=True),  # an unset key: the hash as before "preprocess": self.preprocess.model_dump(mode="json"),
+                    # an unset key: the hash as before it existed; the backtest's extra fit changes no model
+                    "split": self.split.model_dump(mode="json", exclude_none=True, exclude={"backtest_fit"}),
+                    "preprocess": self.preprocess.model_dump(mode="json"),
                     "model": model, "train": train}
         return "config:" + hashlib.blake2b(json.dumps(relevant, sort_keys=True).encode(), digest_size=12).hexdigest()
 

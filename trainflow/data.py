@@ -320,12 +320,31 @@ def plan_ordered(ds: Rows, task: str, label: str, test_fraction: float, validati
     if time_column is not None:
         extra["time_ranges"] = {name: (float(-u[roles == r].max()), float(-u[roles == r].min()))
                                 for r, name in ((0, "train"), (1, "validation"), (2, "test")) if (roles == r).any()}
+        extra["earlier"] = _earlier(u, (test_cut, val_cut, *inner), k, lo, hi)
         if group_column is not None:
             pairs = np.unique(np.stack([got["g"].to_numpy(), roles.astype(np.float64)], axis=1), axis=0)
             extra["groups_split"] = int((np.unique(pairs[:, 0], return_counts=True)[1] > 1).sum())
     elif group_column is not None:
         _check_group_sizes(ds, plan, s, counts, source)
     return replace(plan, counts=counts, **extra)
+
+
+def _earlier(u: np.ndarray, cuts: tuple[float, ...], k: int, lo: float, hi: float) -> dict[str, float] | None:
+    """By time, the backtest's earlier model (FoldPlan.earlier): cut one block of the recent model's validation
+    size off the newest end of its training rows; None when that leaves it fewer training rows than the block."""
+    from trainflow.folds import MIN_ROLE_ROWS
+
+    recent_cut = cuts[1] if k < 2 else cuts[2]
+    trained = np.sort(u[u >= recent_cut])
+    held = int(((u >= cuts[0]) & (u < recent_cut)).sum())
+    if held < MIN_ROLE_ROWS or len(trained) < 2 * held:
+        return None
+    cut = _between(trained, held, lo, hi)
+    rows = int((trained >= cut).sum())
+    if rows < held or not np.isfinite(cut):
+        return None
+    return {"cut": float(cut), "recent_cut": float(recent_cut), "end": float(-trained[trained >= cut].min()),
+            "recent_end": float(-trained.min()), "rows": rows, "validation_rows": len(trained) - rows}
 
 
 def _check_group_sizes(ds: Rows, plan, sorted_u: np.ndarray, counts: dict[str, int], source: str) -> None:
@@ -466,6 +485,22 @@ def fold_parts(fit_rows: Rows, plan, fold: int, materialize: bool) -> tuple[Rows
     task_args = {} if materialize else streamed_task_args()
     return tuple(fit_rows.map_batches(_fold, fn_kwargs={"plan": plan, "fold": fold, "held": held},
                                       batch_format="pyarrow", **task_args) for held in (False, True))
+
+
+def _earlier_role(batch: pa.Table, plan, role: int) -> pa.Table:
+    return batch.filter(pa.array(plan.earlier_roles(batch) == role))
+
+
+def earlier_parts(fit_rows: Rows, plan, materialize: bool) -> tuple[Rows, Rows]:
+    """(training rows, early-stopping rows) of the backtest's earlier model (FoldPlan.earlier), from the rows the
+    recent model could read (split_roles' TRAIN); as tables for a table in this process's memory."""
+    from trainflow.folds import TRAIN, VALIDATION
+
+    if isinstance(fit_rows, pa.Table):
+        return tuple(_earlier_role(fit_rows, plan, r) for r in (TRAIN, VALIDATION))
+    task_args = {} if materialize else streamed_task_args()
+    return tuple(fit_rows.map_batches(_earlier_role, fn_kwargs={"plan": plan, "role": r}, batch_format="pyarrow",
+                                      **task_args) for r in (TRAIN, VALIDATION))
 
 
 def split_table(ds: ray.data.Dataset, task: str, label: str, fraction: float, seed: int, key_columns: list[str],

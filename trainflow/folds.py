@@ -121,6 +121,12 @@ class FoldPlan:
     # roles by group (split.group_column, without time_column): the group's hash decides, so its rows share a role
     group_column: str | None = None
     groups_split: int | None = field(default=None, compare=False)
+    # roles by time: the backtest's earlier model (tasks/earlier.py), the recent model's procedure one validation
+    # block back in time. The recent model (one split: the chosen family's; folds: its newest fold model, fold 0)
+    # trains on u >= recent_cut; the earlier one on u >= cut and early-stops on the recent model's newest training
+    # rows [recent_cut, cut), as many as the recent model's validation rows. {"cut", "recent_cut", "end" (the earlier
+    # model's last training time), "recent_end", "rows" (its training rows), "validation_rows"}; None: too few rows
+    earlier: dict[str, float] | None = field(default=None, compare=False)
 
     @property
     def validation_cut(self) -> float:
@@ -193,6 +199,16 @@ class FoldPlan:
         out[fit] = np.minimum((spread[fit] * self.folds).astype(np.int64), self.folds - 1)
         return out
 
+    def earlier_roles(self, batch: pa.Table) -> np.ndarray:
+        """The backtest's earlier model's role of every row of batch: TRAIN, VALIDATION, or NO_FOLD for the rows it
+        never reads (the test rows, and the recent model's validation rows or newest fold)."""
+        u = self.keys(batch)
+        out = np.full(len(u), NO_FOLD, dtype=np.int8)
+        if self.earlier is not None:
+            out[u >= self.earlier["cut"]] = TRAIN
+            out[(u >= self.earlier["recent_cut"]) & (u < self.earlier["cut"])] = VALIDATION
+        return out
+
     def held_out(self, batch: pa.Table) -> np.ndarray:
         """Rows a model trained under this plan never trained on and no choice of its run read: its test rows (a
         plan without a test role, a model trained before there was one: its validation rows)."""
@@ -262,6 +278,7 @@ class FoldPlan:
                     str(k): (float(v[0]), float(v[1])) for k, v in dict(d["time_ranges"]).items()},
                 group_column=None if d.get("group_column") is None else str(d["group_column"]),
                 groups_split=None if d.get("groups_split") is None else int(d["groups_split"]),
+                earlier=None if d.get("earlier") is None else {str(k): float(v) for k, v in dict(d["earlier"]).items()},
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a split plan trainflow wrote ({type(exc).__name__}: {exc})") from None

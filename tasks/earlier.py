@@ -1,0 +1,95 @@
+"""The backtest's earlier model: the chosen family trained once more by the same procedure, cut off one validation
+block earlier (FoldPlan.earlier), so that the final scoring can score both on the test rows and say what a model's
+age costs (trainer/backtest.py earlier_comparison).
+
+The recent model is the one the plan's cutoff made: with one split the chosen family's selected checkpoint (it trained
+on the training role and early-stopped on the validation role, the newest rows before the test rows); with
+cross-fitting its newest fold model (fold 0 holds out the newest block of time and trains on every older one). The
+earlier model trains on the recent model's training rows less its newest block, as many rows as the recent model
+early-stopped on, and early-stops on that block: the same procedure, moved back in time by that block's span. An
+ensemble's backtest trains its heaviest member.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+from trainflow.config import ENSEMBLE, Config
+from trainflow.data import earlier_parts
+from trainflow.errors import ConfigError, DataError, disk_full
+from trainflow.redact import redact_text
+from trainflow.runtime import stop_requested
+from trainflow.preprocessors.fit import pack
+from trainflow.tasks.common import task_logger
+from trainflow.tasks.mlflow_run import end_runs
+from trainflow.tasks.preprocess import Prepared
+from trainflow.tasks.select import select
+from trainflow.tasks.split import Split
+from trainflow.tasks.train import train
+from trainflow.trainer.deadline import MIN_RUN_S, write_deadline
+from trainflow.trainer.runner import run_dir
+
+
+@dataclass
+class EarlierFit:
+    family: str
+    recent: str | None  # the recent model's checkpoint folder (local), None when skipped
+    earlier: str | None  # the earlier model's
+    shift: float = 0.0  # the recent model's last training time minus the earlier one's (time_number units)
+    run_name: str | None = None
+    skipped: str | None = None  # why there is no earlier model
+
+
+def backtest_family(chosen: str, weights: dict[str, float] | None) -> str:
+    """The family the backtest trains again: the chosen one, or an ensemble's heaviest member."""
+    if chosen != ENSEMBLE or not weights:
+        return chosen
+    return max(weights, key=weights.get)
+
+
+def fit_earlier(config: Config, run_config: Config, parts: Split, prepared: Prepared, family: str, recent: str,
+                run_name: str, ends_at: float | None) -> EarlierFit:
+    """Train the earlier model of family (recent: the recent model's selected checkpoint folder) under run_name,
+    by ends_at (the time budget's end, None: no limit); an EarlierFit whose `skipped` says why when there is none."""
+    plan, log = parts.plan, task_logger("backtest")
+    if not config.split.backtest_fit:
+        return EarlierFit(family, None, None, skipped="split.backtest_fit is false")
+    if plan is None or plan.time_column is None:
+        return EarlierFit(family, None, None, skipped="roles are not by time")
+    if plan.earlier is None:
+        return EarlierFit(family, None, None, skipped="too few training rows to cut a block off")
+    if ends_at is not None and ends_at - time.time() < MIN_RUN_S:
+        why = f"the time budget had {max(0.0, ends_at - time.time()):.0f} s left (train.time_limit)"
+        log.info("backtest: no earlier model: %s", why)
+        return EarlierFit(family, None, None, skipped=why)
+    train_rows, held_rows = earlier_parts(parts.train, plan, parts.materialized)
+    packed_train, packed_val = pack(train_rows, held_rows, prepared.preprocessor, prepared.materialized)
+    mine = replace(prepared, train=packed_train, val=packed_val, folds=None)
+    shift = plan.earlier["recent_end"] - plan.earlier["end"]
+    log.info("backtest: training %s again as %s on its %d oldest rows to %s (early-stopping on the next %d), "
+             "cut off %s before the model it is compared with", family, run_name, int(plan.earlier["rows"]),
+             plan.time_text(plan.earlier["end"]), int(plan.earlier["validation_rows"]), _span(plan, shift))
+    write_deadline(run_dir(run_config.for_family(family), run_name), ends_at, "train.time_limit" if ends_at else "")
+    status = "FAILED"
+    try:  # a report, not the model: its failure is said and the run goes on; a stop or a bad config is not
+        outcome = train.with_options(task_run_name=f"train-{family}-earlier", retries=config.failure.task_retries,
+                                     retry_delay_seconds=config.failure.retry_delay_s)(mine, run_config, run_name,
+                                                                                       family)
+        chosen = select(outcome, config)
+        status = "FINISHED"
+    except Exception as exc:  # noqa: BLE001 - anything a fit raises, as train_families sorts it
+        if isinstance(exc, (ConfigError, DataError)) or stop_requested(exc) or disk_full(exc):
+            raise
+        why = redact_text(f"its fit {run_name} failed: {type(exc).__name__}: {exc}")[:500]
+        log.warning("backtest: no earlier model: %s", why)
+        return EarlierFit(family, None, None, skipped=why)
+    finally:
+        end_runs(config, [run_name], family, "KILLED" if stop_requested() else status)
+    return EarlierFit(family, recent, chosen.path, shift, run_name)
+
+
+def _span(plan, shift: float) -> str:
+    if plan.time_kind == "timestamp":
+        return f"{shift / 86400.0:.1f} days"
+    return f"{shift:g} days" if plan.time_kind == "date" else f"{shift:g} units"
