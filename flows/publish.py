@@ -30,18 +30,20 @@ from trainflow.trainer.evaluate import Scored
 
 def publish(config: Config, ingested: Ingested, parts: Split, outcome: TrainOutcome, selected: Selected,
             extra: dict[str, Any], selections: dict[str, Selected] | None = None,
-            oof: Scored | None = None, earlier: EarlierFit | None = None) -> dict[str, Any]:
+            oof: Scored | None = None, earlier: EarlierFit | None = None,
+            oof_by_time: Scored | None = None) -> dict[str, Any]:
     """Register the selected checkpoint, gate it against @champion, predict inference.input with whichever
     version serves after the gate (a rejected challenger never writes predictions), and report; the summary.
     selections: every candidate's selected checkpoint (scored on the test rows beside the chosen one); oof: the
     chosen checkpoint's out-of-fold outputs (cross-fitting), which calibration is fitted on instead of validation rows; earlier: the
-    backtest's earlier model (tasks/earlier.py), scored on the test rows beside the recent one."""
+    backtest's earlier model (tasks/earlier.py), scored on the test rows beside the recent one; oof_by_time: by time,
+    the chosen model's out-of-fold outputs with their rows' times (the backtest's out-of-fold rows)."""
     # stored in the checkpoint before it is registered (fitted on the validation rows or the out-of-fold outputs)
     fit, scored = calibrate(config, parts.val, selected, outcome.family, oof)
     holdout, judged_on, tested = parts.val, "validation", None
     if parts.test is not None:  # the test rows, read once every choice is made: the final scores and the gate's
         tested = score_test(config, parts.test, selections or {outcome.family: selected}, outcome.family, parts.plan,
-                            earlier)
+                            earlier, oof_by_time)
         holdout, judged_on, scored = parts.test, "test", tested.chosen
         for row in extra.get("candidates") or []:
             row.update(tested.metrics.get(row["family"], {}))

@@ -144,7 +144,8 @@ def _train_and_publish(config: Config, name: str, ingested: Ingested, parts: Spl
                            "folds": k, "time_budget": {**time_budget, "cut_short": {
                                o.run_name: o.time_limited_at for o in trained.values() if o.time_limited_at is not None}},
                            **oof},
-                          selections, decisions.scored(family) if decisions is not None else None, earlier)
+                          selections, decisions.scored(family) if decisions is not None else None, earlier,
+                          decisions.by_time(family) if decisions is not None else None)
         status = "FINISHED"
         return summary
     finally:  # every MLflow run of this retrain ends as the run did (the fold runs ended when bagged)

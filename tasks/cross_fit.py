@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
@@ -40,15 +41,20 @@ class Decisions:
     prep: TabularPreprocessor
     outputs: dict[str, np.ndarray]
     labels: np.ndarray
+    times: dict[str, pa.ChunkedArray] = field(default_factory=dict)  # roles by time: the time column, row by row
 
     def scored(self, family: str) -> Scored:
         """A candidate's out-of-fold outputs as calibration reads them."""
         return Scored(self.prep, self.outputs[family], self.labels)
 
+    def by_time(self, family: str) -> Scored | None:
+        """Roles by time: a candidate's out-of-fold outputs with each row's time (the backtest's rows by time)."""
+        return Scored(self.prep, self.outputs[family], self.labels, dict(self.times)) if self.times else None
+
     def with_ensemble(self, name: str, members: dict[str, float]) -> Decisions:
         """The ensemble's out-of-fold outputs (its members' weighted) beside the families'."""
         combined = combine(self.prep.task, [self.outputs[f] for f in members], list(members.values()))
-        return Decisions(self.prep, {**self.outputs, name: combined}, self.labels)
+        return Decisions(self.prep, {**self.outputs, name: combined}, self.labels, self.times)
 
 
 def fold_run_names(runs: dict[str, str], folds: int) -> dict[str, list[str]]:
@@ -89,13 +95,16 @@ def bag_folds(config: Config, parts: Split, runs: dict[str, str], outcomes: dict
     servables = {f: [load_servable(s.path, calibrated=False) for s in selections[f]] for f in families}
     prep = servables[families[0]][0].preprocessor
     pieces: dict[str, list[np.ndarray]] = {f: [] for f in families}
-    labels = []
+    labels, times = [], []
+    keep = (parts.plan.time_column,) if parts.plan is not None and parts.plan.time_column is not None else ()
     for k, (_, held) in enumerate(parts.folds):
-        outs, y = member_outputs({f: servables[f][k].predict for f in families}, prep, held)
+        outs, y, kept = member_outputs({f: servables[f][k].predict for f in families}, prep, held, keep=keep)
         for f in families:
             pieces[f].append(outs[f])
         labels.append(y)
-    decisions = Decisions(prep, {f: np.concatenate(p) for f, p in pieces.items()}, np.concatenate(labels))
+        times.extend(c for column in kept.values() for c in column.chunks)
+    decisions = Decisions(prep, {f: np.concatenate(p) for f, p in pieces.items()}, np.concatenate(labels),
+                          {keep[0]: pa.chunked_array(times, type=times[0].type)} if keep and times else {})
     for f in families:  # each fold model's MLflow run is complete: the bag is registered under its own run
         end_runs(config, [o.run_name for o in outcomes[f]], f, "FINISHED")
     bagged_outcomes, bagged = {}, {}

@@ -41,7 +41,7 @@ def ensemble(config: Config, holdout: Rows | None, outcomes: dict[str, TrainOutc
     if decisions is None:
         servables = {f: load_servable(s.path, calibrated=False) for f, s in selections.items()}
         prep = next(iter(servables.values())).preprocessor
-        outputs, labels = member_outputs({f: s.predict for f, s in servables.items()}, prep, holdout)
+        outputs, labels, _ = member_outputs({f: s.predict for f, s in servables.items()}, prep, holdout)
     else:
         prep, outputs, labels = decisions.prep, {f: decisions.outputs[f] for f in selections}, decisions.labels
     rows_are = "the validation split" if decisions is None else "the out-of-fold predictions"

@@ -17,7 +17,7 @@ from trainflow.tasks.common import retry_unless_user_error
 from trainflow.tasks.select import Selected
 from trainflow.folds import FoldPlan
 from trainflow.tasks.earlier import EarlierFit
-from trainflow.trainer.backtest import backtest, backtest_line, earlier_comparison
+from trainflow.trainer.backtest import backtest, backtest_line, earlier_comparison, time_slices
 from trainflow.trainer.evaluate import Scored, score_checkpoint
 
 
@@ -38,10 +38,12 @@ def test_names(metrics: dict[str, Any]) -> dict[str, float]:
 @task(name="score-test", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error,
       cache_policy=NO_CACHE)
 def score_test(config: Config, test: Rows, selections: dict[str, Selected], chosen: str,
-               plan: FoldPlan | None = None, earlier: EarlierFit | None = None) -> TestScores:
+               plan: FoldPlan | None = None, earlier: EarlierFit | None = None,
+               oof: Scored | None = None) -> TestScores:
     """Every candidate's test metrics (the chosen one as it serves, calibration applied; the others as trained), and
     the chosen one's scored test rows; by time (plan), its backtest (trainer/backtest.py): by the test rows' age, and
-    the earlier model (tasks/earlier.py) against the recent one on the test rows."""
+    the earlier model (tasks/earlier.py) against the recent one on the test rows, and the metric by time on the
+    rows no model that scored them trained on (the test rows; cross-fitted, the out-of-fold rows: oof)."""
     metrics, chosen_scored = {}, None
     timed = plan is not None and plan.time_column is not None and (plan.time_ranges or {}).get("train")
     extra = (plan.time_column,) if timed and plan.time_column not in config.promotion.slices else ()
@@ -52,11 +54,15 @@ def score_test(config: Config, test: Rows, selections: dict[str, Selected], chos
         if family == chosen:
             chosen_scored = scored
     rows = len(chosen_scored.labels)
-    aged = _backtest(config, chosen_scored, plan) if timed and rows else None
-    if timed and rows and earlier is not None:
-        aged = {**(aged or {"metric": config.promotion.metric.removeprefix("val_"), "slices": [],
-                            "unit": "unit of the time column" if plan.time_kind == "number" else "month"}),
-                "earlier_family": earlier.family, **_compared(config, test, earlier, plan)}
+    aged = None
+    if timed and rows:
+        aged = _backtest(config, chosen_scored, plan) or {
+            "metric": config.promotion.metric.removeprefix("val_"), "slices": [],
+            "unit": "unit of the time column" if plan.time_kind == "number" else "month"}
+        aged["by_time"] = {"test": _by_time(config, chosen_scored, plan),
+                           **({"out-of-fold": _by_time(config, oof, plan)} if oof is not None else {})}
+        if earlier is not None:
+            aged.update(earlier_family=earlier.family, **_compared(config, test, earlier, plan))
     for column in extra:  # read for the backtest only: the gate's slices are the ones asked for
         chosen_scored.columns.pop(column, None)
     if aged:
@@ -67,14 +73,19 @@ def score_test(config: Config, test: Rows, selections: dict[str, Selected], chos
     return TestScores(rows, metrics, chosen_scored, aged)
 
 
-def _backtest(config: Config, scored: Scored, plan: FoldPlan) -> dict[str, Any] | None:
-    """The chosen model's promotion.metric by the age of its test rows after its last training time."""
+def _times(scored: Scored, plan: FoldPlan) -> np.ndarray:
+    """The time_number of each of scored's rows (its time column: raw values, or an Arrow column)."""
     import pyarrow as pa
 
     from trainflow.folds import time_number
 
     raw = scored.columns[plan.time_column]
-    times = time_number(pa.array(list(raw)))
+    return time_number(raw.combine_chunks() if isinstance(raw, pa.ChunkedArray) else pa.array(list(raw)))
+
+
+def _backtest(config: Config, scored: Scored, plan: FoldPlan) -> dict[str, Any] | None:
+    """The chosen model's promotion.metric by the age of its test rows after its last training time."""
+    times = _times(scored, plan)
     cutoff = plan.time_ranges["train"][1]
     if plan.time_kind == "timestamp":  # seconds: ages in days
         times, cutoff = times / 86400.0, cutoff / 86400.0
@@ -87,22 +98,24 @@ def _backtest(config: Config, scored: Scored, plan: FoldPlan) -> dict[str, Any] 
                     name.removeprefix("val_"), config.promotion.mode == "max", config.split.seed)
 
 
+def _by_time(config: Config, scored: Scored, plan: FoldPlan) -> list[dict[str, Any]]:
+    """promotion.metric on slices of scored's rows in time order, each with its time range as the column writes it."""
+    times, name = _times(scored, plan), config.promotion.metric
+    return [{**s, "start": plan.time_text(s["start"]), "end": plan.time_text(s["end"])} for s in time_slices(
+        times, lambda rows: float(scored.metrics(rows).get(name, float("nan"))))]
+
+
 def _compared(config: Config, test: Rows, earlier: EarlierFit, plan: FoldPlan) -> dict[str, Any]:
     """{"earlier": the comparison} of the earlier and the recent model on the test rows, or {"earlier_skipped": why}."""
     if earlier.earlier is None or earlier.recent is None:
         return {"earlier_skipped": earlier.skipped or "not trained"}
-    import pyarrow as pa
-
-    from trainflow.folds import time_number
-
     name = config.promotion.metric
     recent = score_checkpoint(earlier.recent, test, (plan.time_column,))
     old = score_checkpoint(earlier.earlier, test, ())
     days = plan.time_kind != "number"
     scale = 86400.0 if plan.time_kind == "timestamp" else 1.0  # seconds: in days
     shift = earlier.shift / scale
-    age = float(np.median(time_number(pa.array(list(recent.columns[plan.time_column]))))
-                - plan.earlier["recent_end"]) / scale
+    age = float(np.median(_times(recent, plan)) - plan.earlier["recent_end"]) / scale
     compared = earlier_comparison(lambda rows: float(recent.metrics(rows).get(name, float("nan"))),
                                   lambda rows: float(old.metrics(rows).get(name, float("nan"))), len(recent.labels),
                                   shift, "day" if days else "unit", config.promotion.mode == "max", config.split.seed)

@@ -76,8 +76,21 @@ def backtest_chart(b: dict[str, Any], title: str):
     import numpy as np
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(6, 3.5), dpi=100)
-    ax = fig.subplots()
+    by_time = [(kind, s) for kind in ("out-of-fold", "test") for s in (b.get("by_time") or {}).get(kind, [])]
+    fig = Figure(figsize=(11 if by_time else 6, 4 if by_time else 3.5), dpi=100)
+    ax, when = fig.subplots(1, 2, width_ratios=[1, 1]) if by_time else (fig.subplots(), None)
+    if when is not None:  # the metric on every slice of time, out-of-fold rows (oldest) then test rows (newest)
+        colors = {"out-of-fold": "tab:green", "test": "tab:blue"}
+        for kind in colors:
+            at = [i for i, (k, _) in enumerate(by_time) if k == kind]
+            if at:
+                when.plot(at, [by_time[i][1]["value"] for i in at], marker="o", color=colors[kind],
+                          label=f"{kind} rows")
+        when.set_xticks(range(len(by_time)), [f"{s['start']}\nto {s['end']}" for _, s in by_time], rotation=60,
+                        fontsize="x-small", ha="right")
+        when.set_ylabel(b["metric"])
+        when.set_title("by time, on rows the scoring model never trained on", fontsize="small")
+        when.legend(fontsize="small")
     if b.get("slices"):
         ages = [s["age"] for s in b["slices"]]
         values = [s["value"] for s in b["slices"]]
@@ -92,8 +105,9 @@ def backtest_chart(b: dict[str, Any], title: str):
                                        f"{e['loss_per_unit']:+.4f} per {per} (noise {e['noise']:.4f})")
     ax.set_xlabel("age: days after the last training row" if b["unit"] == "month" else "age (time column's unit)")
     ax.set_ylabel(b["metric"])
-    ax.set_title(title)
-    ax.legend(fontsize="small")
+    ax.set_title(title, fontsize="small" if by_time else None)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="x-small", loc="best")
     fig.tight_layout()
     return fig
 
@@ -366,7 +380,7 @@ def report(config: Config, history: list[dict[str, float]], summary: dict[str, A
         aged, aging = summary.get("backtest"), None
         if aged:
             client.log_dict(summary["mlflow_run_id"], aged, "backtest.json")
-        if aged and (aged.get("slices") or aged.get("earlier")):  # something to draw
+        if aged and (aged.get("slices") or aged.get("earlier") or any((aged.get("by_time") or {}).values())):
             aging = backtest_chart(aged, f"{name} v{summary['model_version']}: {aged['metric']} by age")
             client.log_figure(summary["mlflow_run_id"], aging, artifact_file="backtest.png")
         validation = summary.get("validation") or {}

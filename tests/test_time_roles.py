@@ -50,6 +50,9 @@ def test_a_time_split_judges_the_newest_rows_and_the_gate_those_newer_than_the_c
     assert aged["metric"] == "loss" and [p["rows"] for p in aged["slices"]] == [120] * 4
     # ages count from the last training row: validation (48 days) lies between it and the test rows
     assert 40 < aged["slices"][0]["age"] < aged["slices"][-1]["age"] < 115 and "backtest          " in out
+    tested = aged["by_time"]["test"]
+    assert (tested[0]["start"], tested[-1]["end"], sum(t["rows"] for t in tested)) == ("2013-08-29", "2013-10-27", 480)
+    assert "out-of-fold" not in aged["by_time"]  # one split: no out-of-fold rows
     # and the same family cut off one validation block (48 days, 384 rows) earlier, both on the 480 test rows
     e = aged["earlier"]
     assert aged["earlier_family"] == "mlp" and e["run_name"] == f"{s['run_name']}-earlier" and e["shift"] == 48
@@ -80,3 +83,6 @@ def test_a_time_split_judges_the_newest_rows_and_the_gate_those_newer_than_the_c
     e2 = s2["backtest"]["earlier"]
     assert s2["folds"] == 3 and e2["run_name"] == f"{s2['run_name']}-earlier" and e2["shift"] == 88
     assert (e2["recent_cutoff"], e2["cutoff"]) == ("2013-06-25", "2013-03-29")  # days 175 and 87 of 2013
+    oof = s2["backtest"]["by_time"]["out-of-fold"]  # each block predicted by the fold model that never saw it
+    assert (oof[0]["start"], oof[-1]["end"], sum(t["rows"] for t in oof)) == ("2013-01-01", "2013-09-21", 2112)
+    assert all(np.isfinite(t["value"]) for t in oof)

@@ -50,6 +50,17 @@ def backtest(times: np.ndarray, metric: Callable[[np.ndarray], float], cutoff: f
     }
 
 
+def time_slices(times: np.ndarray, metric: Callable[[np.ndarray], float]) -> list[dict[str, float]]:
+    """The rows in time order cut into up to MAX_SLICES slices of equal rows (at least MIN_SLICE_ROWS each): each
+    slice's first and last time, rows and metric."""
+    order = np.argsort(times, kind="stable")
+    slices = min(MAX_SLICES, len(order) // MIN_SLICE_ROWS)
+    if slices < 1:
+        return []
+    return [{"start": float(times[p].min()), "end": float(times[p].max()), "rows": int(len(p)),
+             "value": float(metric(p))} for p in np.array_split(order, slices)]
+
+
 def earlier_comparison(recent: Callable[[np.ndarray], float], earlier: Callable[[np.ndarray], float], rows: int,
                        shift: float, unit: str, higher_is_better: bool, seed: int = 0) -> dict[str, Any] | None:
     """Two models of one procedure, the earlier cut off `shift` (days, or units of a numeric time column) before

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from trainflow.data import Rows, arrow_batches
@@ -31,19 +32,24 @@ LEFT_OUT = ("train_state.pt", "train_state.json", "calibration.json")  # what se
 
 
 def member_outputs(predictors: dict[str, Callable[[np.ndarray], np.ndarray]], prep: TabularPreprocessor,
-                   ds: Rows, batch_size: int = 65536) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Every member's raw outputs on every row of ds, the same rows in one pass, and the encoded labels."""
+                   ds: Rows, batch_size: int = 65536, keep: tuple[str, ...] = ()
+                   ) -> tuple[dict[str, np.ndarray], np.ndarray, dict[str, pa.ChunkedArray]]:
+    """Every member's raw outputs on every row of ds, the same rows in one pass, the encoded labels, and the raw
+    values of the columns in keep (a time column), in the same row order."""
     outs: dict[str, list[np.ndarray]] = {f: [] for f in predictors}
-    labels = []
-    wanted = list(dict.fromkeys([*prep.feature_order, prep.label]))
+    labels, kept = [], {c: [] for c in keep}
+    wanted = list(dict.fromkeys([*prep.feature_order, prep.label, *keep]))
     for batch in arrow_batches(ds, wanted, batch_size):
         x = prep.transform_features(batch, strict=False)
         labels.append(prep.transform_label(batch))
+        for c in keep:
+            kept[c].extend(batch[c].chunks)
         for family, predict in predictors.items():
             outs[family].append(predict(x))
     if not labels:
         raise ValueError("the validation split has no rows to weight the ensemble on")
-    return {f: np.concatenate(o) for f, o in outs.items()}, np.concatenate(labels)
+    return ({f: np.concatenate(o) for f, o in outs.items()}, np.concatenate(labels),
+            {c: pa.chunked_array(v) for c, v in kept.items() if v})
 
 
 def _columns(task: str, outputs: list[np.ndarray], labels: np.ndarray) -> list[np.ndarray]:
