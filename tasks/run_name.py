@@ -51,7 +51,7 @@ def record_finished(config, run_name: str, fingerprint: str | None, summary: dic
     import json
 
     from trainflow.redact import redact_value
-    from trainflow.storage import write_text
+    from trainflow.storage import replace_bytes
 
     if fingerprint is None or not summary.get("model_version"):
         return
@@ -60,7 +60,7 @@ def record_finished(config, run_name: str, fingerprint: str | None, summary: dic
               "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "summary": redact_value(json.loads(json.dumps(summary, default=str)))}
     try:
-        write_text(_done_uri(config, run_name), json.dumps(record))
+        replace_bytes(_done_uri(config, run_name), json.dumps(record).encode())  # a reader never sees half of it
     except Exception as exc:  # noqa: BLE001 - the run is published; a later start of this name redoes cheap steps
         from trainflow.tasks.common import task_logger
 
