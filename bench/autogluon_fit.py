@@ -22,8 +22,13 @@ def main(train_path: str, test_path: str, label: str, task: str, time_limit: str
     train, test = pd.read_parquet(train_path), pd.read_parquet(test_path)
     problem = "regression" if task == "regression" else ("binary" if train[label].nunique() == 2 else "multiclass")
     with tempfile.TemporaryDirectory(prefix="autogluon-") as path:
-        predictor = TabularPredictor(label=label, problem_type=problem, path=path, verbosity=0,
-                                     eval_metric="root_mean_squared_error" if task == "regression" else "accuracy")
+        predictor = TabularPredictor(
+            label=label,
+            problem_type=problem,
+            path=path,
+            verbosity=0,
+            eval_metric="root_mean_squared_error" if task == "regression" else "accuracy",
+        )
         predictor.fit(train.drop(columns=[ID]), time_limit=float(time_limit), presets=presets or None)
         pred = predictor.predict(test.drop(columns=[ID, label], errors="ignore"))
     pd.DataFrame({ID: test[ID].to_numpy(), "prediction": pred.to_numpy()}).to_parquet(out)

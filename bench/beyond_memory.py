@@ -107,15 +107,21 @@ def child(store: int, train: str, score: str, work: str, model: dict | None = No
     ensure_ray(num_cpus=os.cpu_count(), object_store_memory=store)
     cfg = Path(work) / "config.yaml"
     default = bool((model or {}).pop("default", False))
-    cfg.write_text(yaml.safe_dump({
-        "data": {"path": train, "label": "y", "id_column": "id"}, "task": "regression",
-        "train": {} if default else {"epochs": 2, "batch_size": 1024}, "scaling": {"num_workers": 2},
-        "checkpoint": {"metric": "val_rmse", **({} if default else {"min_interval_s": 0})},
-        "storage_path": str(Path(work) / "runs"),
-        "model": model or ({} if default else {"type": "mlp"}),
-        "mlflow": {"experiment": "beyond-memory", "registered_model": f"beyond-{Path(work).name}"},
-        "inference": {"input": score, "output": str(Path(work) / "predictions"), "batch_size": 65536},
-    }))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "data": {"path": train, "label": "y", "id_column": "id"},
+                "task": "regression",
+                "train": {} if default else {"epochs": 2, "batch_size": 1024},
+                "scaling": {"num_workers": 2},
+                "checkpoint": {"metric": "val_rmse", **({} if default else {"min_interval_s": 0})},
+                "storage_path": str(Path(work) / "runs"),
+                "model": model or ({} if default else {"type": "mlp"}),
+                "mlflow": {"experiment": "beyond-memory", "registered_model": f"beyond-{Path(work).name}"},
+                "inference": {"input": score, "output": str(Path(work) / "predictions"), "batch_size": 65536},
+            }
+        )
+    )
     t0, memory = time.perf_counter(), PeakWorkerMemory()
     rc = cli_main(["retrain", "--config", str(cfg), "--summary-json", str(Path(work) / "summary.json")])
     wall, peak = time.perf_counter() - t0, memory.stop()
@@ -127,28 +133,57 @@ def child(store: int, train: str, score: str, work: str, model: dict | None = No
     # every epoch is in the last checkpoint's history (the best one's stops at its own epoch)
     on_disk = checkpoints_on_disk(summary["ray_run_path"]) if summary else []  # none for an ensemble's run
     history = read_metrics(on_disk[-1]["path"])["history"] if on_disk else []
-    print("RESULT " + json.dumps({
-        "rc": rc, "wall": wall, "spilled_mib": int(spilled.group(1)) if spilled else 0,
-        "materialized": summary.get("data_materialized"), "train_rows": summary.get("train_rows"),
-        "epoch_times": [h["epoch_time_s"] for h in history], "output_rows": summary.get("output_rows"),
-        "input_rows": summary.get("input_rows"), "peak_worker_rss_mib": peak / 2**20,
-        "val_rmse": (summary.get("best_checkpoint") or {}).get("metrics", {}).get("val_rmse"),
-        "test_rmse": (summary.get("test_metrics") or {}).get("test_rmse"), "family": summary.get("model_family"),
-        "time_budget": summary.get("time_budget"), "left_out": summary.get("families_left_out"),
-        "candidates": [(c["family"], c.get("test_rmse")) for c in summary.get("candidates") or []],
-    }), flush=True)
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "rc": rc,
+                "wall": wall,
+                "spilled_mib": int(spilled.group(1)) if spilled else 0,
+                "materialized": summary.get("data_materialized"),
+                "train_rows": summary.get("train_rows"),
+                "epoch_times": [h["epoch_time_s"] for h in history],
+                "output_rows": summary.get("output_rows"),
+                "input_rows": summary.get("input_rows"),
+                "peak_worker_rss_mib": peak / 2**20,
+                "val_rmse": (summary.get("best_checkpoint") or {}).get("metrics", {}).get("val_rmse"),
+                "test_rmse": (summary.get("test_metrics") or {}).get("test_rmse"),
+                "family": summary.get("model_family"),
+                "time_budget": summary.get("time_budget"),
+                "left_out": summary.get("families_left_out"),
+                "candidates": [(c["family"], c.get("test_rmse")) for c in summary.get("candidates") or []],
+            }
+        ),
+        flush=True,
+    )
 
 
-def run(store: int, train: Path, score: Path, work: Path, model: dict | None = None,
-        timeout: float = 3600) -> dict | None:
+def run(
+    store: int, train: Path, score: Path, work: Path, model: dict | None = None, timeout: float = 3600
+) -> dict | None:
     """One child retrain; None when it ran past timeout (its process group, Ray's processes included, killed)."""
     import signal
 
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    proc = subprocess.Popen([sys.executable, "-m", "bench.beyond_memory", "--child", str(store), str(train), str(score),
-                             str(work), json.dumps(model or {})], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bench.beyond_memory",
+            "--child",
+            str(store),
+            str(train),
+            str(score),
+            str(work),
+            json.dumps(model or {}),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -172,37 +207,62 @@ def default_vs_fastest(rows: int) -> None:
     score = make_table(OUT / f"beyond-score-{rows // 10}.parquet", rows // 10, 1, label=False)
     with tempfile.TemporaryDirectory(prefix="trainflow-beyond-") as tmp:
         auto = run(SMALL_STORE, train, score, Path(tmp) / "default", {"default": 1})
-        alone = {f: run(SMALL_STORE, train, score, Path(tmp) / f, {"default": 1, "type": f}, timeout=auto["wall"] / 2)
-                 for f in ("mlp", "xgboost", "lightgbm", "catboost")}
+        alone = {
+            f: run(SMALL_STORE, train, score, Path(tmp) / f, {"default": 1, "type": f}, timeout=auto["wall"] / 2)
+            for f in ("mlp", "xgboost", "lightgbm", "catboost")
+        }
     done = {f: r for f, r in alone.items() if r is not None and r["rc"] == 0}
     fastest = min(done, key=lambda f: done[f]["wall"]) if done else None
     base = done[fastest]["wall"] if fastest else auto["wall"] / 2
-    alone_s = ", ".join(f"{f} {r['wall']:.0f} s (test_rmse {r['test_rmse']:.4f})" if r and r["rc"] == 0 else
-                        f"{f} > {auto['wall'] / 2:.0f} s (stopped)" if r is None else f"{f} failed rc {r['rc']}"
-                        for f, r in alone.items())
+    alone_s = ", ".join(
+        f"{f} {r['wall']:.0f} s (test_rmse {r['test_rmse']:.4f})"
+        if r and r["rc"] == 0
+        else f"{f} > {auto['wall'] / 2:.0f} s (stopped)"
+        if r is None
+        else f"{f} failed rc {r['rc']}"
+        for f, r in alone.items()
+    )
     budget = auto.get("time_budget") or {}
-    print(f"beyond-memory-default: trainflow {auto['wall']:.0f} s, baseline {'' if fastest else '> '}{base:.0f} s, "
-          f"ratio {'' if fastest else '< '}{auto['wall'] / base:.2f}  (the default config vs the fastest family alone "
-          f"({fastest or 'none finished in half the time'}), {rows} rows on a {SMALL_STORE / 2**20:.0f} MiB object "
-          f"store, wall incl. {auto['output_rows']} predictions; default won {auto['family']} test_rmse "
-          f"{auto['test_rmse']:.4f}, candidates {auto['candidates']}, left out {auto['left_out']}, training "
-          f"{budget.get('training_s')} s, {budget.get('rule')}, cut short {budget.get('cut_short')}; alone: {alone_s}; "
-          f"target ratio <= 2)", flush=True)
+    print(
+        f"beyond-memory-default: trainflow {auto['wall']:.0f} s, baseline {'' if fastest else '> '}{base:.0f} s, "
+        f"ratio {'' if fastest else '< '}{auto['wall'] / base:.2f}  (the default config vs the fastest family alone "
+        f"({fastest or 'none finished in half the time'}), {rows} rows on a {SMALL_STORE / 2**20:.0f} MiB object "
+        f"store, wall incl. {auto['output_rows']} predictions; default won {auto['family']} test_rmse "
+        f"{auto['test_rmse']:.4f}, candidates {auto['candidates']}, left out {auto['left_out']}, training "
+        f"{budget.get('training_s')} s, {budget.get('rule')}, cut short {budget.get('cut_short')}; alone: {alone_s}; "
+        f"target ratio <= 2)",
+        flush=True,
+    )
 
 
 def main() -> None:
     train = make_table(OUT / f"beyond-{ROWS}.parquet", ROWS, 0)
     small = make_table(OUT / f"beyond-{ROWS // 10}.parquet", ROWS // 10, 2)
     score = make_table(OUT / f"beyond-score-{ROWS // 10}.parquet", ROWS // 10, 1, label=False)
-    table_mib = sum(pq.ParquetFile(train).metadata.row_group(i).total_byte_size
-                    for i in range(pq.ParquetFile(train).metadata.num_row_groups)) / 2**20
+    table_mib = (
+        sum(
+            pq.ParquetFile(train).metadata.row_group(i).total_byte_size
+            for i in range(pq.ParquetFile(train).metadata.num_row_groups)
+        )
+        / 2**20
+    )
     with tempfile.TemporaryDirectory(prefix="trainflow-beyond-") as tmp:
         streamed = run(SMALL_STORE, train, score, Path(tmp) / "streamed")
         tenth = run(SMALL_STORE, small, score, Path(tmp) / "tenth")
         held = run(int(table_mib * 2**20 * 5), train, score, Path(tmp) / "in-memory")
-        trees = {mode: run(SMALL_STORE, train, score, Path(tmp) / f"xgboost-{mode}", {"type": "xgboost", "params": {
-            "num_boost_round": ROUNDS, "early_stopping_rounds": "off", "external_memory": mode}})
-            for mode in ("always", "never")}
+        trees = {
+            mode: run(
+                SMALL_STORE,
+                train,
+                score,
+                Path(tmp) / f"xgboost-{mode}",
+                {
+                    "type": "xgboost",
+                    "params": {"num_boost_round": ROUNDS, "early_stopping_rounds": "off", "external_memory": mode},
+                },
+            )
+            for mode in ("always", "never")
+        }
     rate = lambda r: r["train_rows"] / r["epoch_times"][-1]  # noqa: E731 - the steady-state (second) epoch
     print(
         f"beyond-memory: trainflow {rate(streamed) / 1e6:.3f} M rows/s, baseline {rate(held) / 1e6:.3f} M rows/s, "
@@ -211,19 +271,27 @@ def main() -> None:
         f"{held['materialized']}; wall {streamed['wall']:.0f} s vs {held['wall']:.0f} s incl. {streamed['output_rows']} "
         f"predictions; spilled {streamed['spilled_mib']} MiB vs {held['spilled_mib']} MiB; epochs "
         f"{[round(t, 1) for t in streamed['epoch_times']]} vs {[round(t, 1) for t in held['epoch_times']]} s; "
-        f"targets: ratio >= 0.7, spilled < {table_mib:.0f} MiB)", flush=True)
+        f"targets: ratio >= 0.7, spilled < {table_mib:.0f} MiB)",
+        flush=True,
+    )
     a, b = streamed["epoch_times"][-1], tenth["epoch_times"][-1]
-    print(f"scale-linearity: trainflow {a:.1f} s, baseline {b:.1f} s, ratio {a / b:.2f}  (steady-state streamed epoch "
-          f"of {ROWS} rows vs {ROWS // 10} rows on a {SMALL_STORE / 2**20:.0f} MiB object store; target <= 11)", flush=True)
+    print(
+        f"scale-linearity: trainflow {a:.1f} s, baseline {b:.1f} s, ratio {a / b:.2f}  (steady-state streamed epoch "
+        f"of {ROWS} rows vs {ROWS // 10} rows on a {SMALL_STORE / 2**20:.0f} MiB object store; target <= 11)",
+        flush=True,
+    )
     # a booster's "epoch" is a round; its first holds the matrices' construction, so the rest are compared
     per_round = {m: sum(r["epoch_times"][1:]) / max(1, len(r["epoch_times"]) - 1) for m, r in trees.items()}
     ext, mem = trees["always"], trees["never"]
-    print(f"beyond-memory-xgboost: trainflow {per_round['always']:.2f} s/round, baseline {per_round['never']:.2f} s/round, "
-          f"ratio {per_round['always'] / per_round['never']:.2f}  (external-memory vs in-memory matrices, {ROWS} rows "
-          f"streamed on a {SMALL_STORE / 2**20:.0f} MiB object store, 2 workers, rounds 2-{ROUNDS}; largest worker "
-          f"RSS {ext['peak_worker_rss_mib']:.0f} MiB vs {mem['peak_worker_rss_mib']:.0f} MiB; val_rmse {ext['val_rmse']:.4f} "
-          f"vs {mem['val_rmse']:.4f}; wall {ext['wall']:.0f} s vs {mem['wall']:.0f} s incl. "
-          f"{ext['output_rows']} predictions)", flush=True)
+    print(
+        f"beyond-memory-xgboost: trainflow {per_round['always']:.2f} s/round, baseline {per_round['never']:.2f} s/round, "
+        f"ratio {per_round['always'] / per_round['never']:.2f}  (external-memory vs in-memory matrices, {ROWS} rows "
+        f"streamed on a {SMALL_STORE / 2**20:.0f} MiB object store, 2 workers, rounds 2-{ROUNDS}; largest worker "
+        f"RSS {ext['peak_worker_rss_mib']:.0f} MiB vs {mem['peak_worker_rss_mib']:.0f} MiB; val_rmse {ext['val_rmse']:.4f} "
+        f"vs {mem['val_rmse']:.4f}; wall {ext['wall']:.0f} s vs {mem['wall']:.0f} s incl. "
+        f"{ext['output_rows']} predictions)",
+        flush=True,
+    )
     default_vs_fastest(DEFAULT_ROWS)
 
 

@@ -40,5 +40,7 @@ def start_ray() -> None:
 def report(name: str, ours: float, baseline: float, unit: str, ratio: float, note: str, digits: int = 2) -> None:
     """digits: of the ratio (the values get one significant figure more)."""
     v = f".{digits + 1}g"
-    print(f"{name}: trainflow {ours:{v}} {unit}, baseline {baseline:{v}} {unit}, ratio {ratio:.{digits}f}  ({note})",
-          flush=True)
+    print(
+        f"{name}: trainflow {ours:{v}} {unit}, baseline {baseline:{v}} {unit}, ratio {ratio:.{digits}f}  ({note})",
+        flush=True,
+    )

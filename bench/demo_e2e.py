@@ -20,7 +20,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample"
 
-BASELINE = r'''
+BASELINE = r"""
 import sys, numpy as np, pyarrow.parquet as pq, pyarrow as pa, torch, yaml
 from trainflow.trainer.families.network import build_model
 torch.manual_seed(0)
@@ -60,22 +60,39 @@ for _ in range(cfg["train"]["epochs"]):
 with torch.inference_mode():
     p = torch.softmax(model(torch.from_numpy(pack(score, stats))), 1).numpy()
 pq.write_table(pa.table({idc: score[idc], "prediction": p.argmax(1), "proba_1": p[:, 1]}), sys.argv[4])
-'''
+"""
 
 
 def main() -> None:
     if not (SAMPLE / "train.parquet").exists():
-        subprocess.run([sys.executable, "-m", "trainflow.flows.cli", "sample", "--out", str(SAMPLE)], check=True, cwd=REPO)
+        subprocess.run(
+            [sys.executable, "-m", "trainflow.flows.cli", "sample", "--out", str(SAMPLE)], check=True, cwd=REPO
+        )
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         subprocess.run(
-            [sys.executable, "-m", "trainflow.flows.cli", "retrain", "--config", str(REPO / "configs" / "demo.yaml"),
-             # the network alone, as the baseline trains it (the demo's default, auto, also trains two boosters)
-             "--set", "model.type=mlp",
-             "--set", f"storage_path={tmp}/runs", "--set", f"inference.output={tmp}/predictions",
-             "--set", f"mlflow.tracking_uri=sqlite:///{tmp}/mlflow.db",
-             "--summary-json", f"{tmp}/summary.json"],
-            check=True, cwd=REPO, stdout=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "trainflow.flows.cli",
+                "retrain",
+                "--config",
+                str(REPO / "configs" / "demo.yaml"),
+                # the network alone, as the baseline trains it (the demo's default, auto, also trains two boosters)
+                "--set",
+                "model.type=mlp",
+                "--set",
+                f"storage_path={tmp}/runs",
+                "--set",
+                f"inference.output={tmp}/predictions",
+                "--set",
+                f"mlflow.tracking_uri=sqlite:///{tmp}/mlflow.db",
+                "--summary-json",
+                f"{tmp}/summary.json",
+            ],
+            check=True,
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
         )
         ours = time.perf_counter() - t0
         # the baseline trains the same network for the epochs trainflow ran, at its global batch size
@@ -86,15 +103,29 @@ def main() -> None:
         Path(f"{tmp}/baseline.yaml").write_text(yaml.safe_dump(resolved))
         t0 = time.perf_counter()
         subprocess.run(
-            [sys.executable, "-c", BASELINE, f"{tmp}/baseline.yaml", str(SAMPLE / "train.parquet"),
-             str(SAMPLE / "score.parquet"), f"{tmp}/baseline.parquet"],
-            check=True, cwd=REPO,
+            [
+                sys.executable,
+                "-c",
+                BASELINE,
+                f"{tmp}/baseline.yaml",
+                str(SAMPLE / "train.parquet"),
+                str(SAMPLE / "score.parquet"),
+                f"{tmp}/baseline.parquet",
+            ],
+            check=True,
+            cwd=REPO,
         )
         base = time.perf_counter() - t0
     from bench.common import report
 
-    report("demo-e2e", ours, base, "s", ours / base,
-           "make demo's retrain as a fresh process vs one plain pyarrow+numpy+torch process, same data and epochs; target trainflow <= 40 s")
+    report(
+        "demo-e2e",
+        ours,
+        base,
+        "s",
+        ours / base,
+        "make demo's retrain as a fresh process vs one plain pyarrow+numpy+torch process, same data and epochs; target trainflow <= 40 s",
+    )
 
 
 if __name__ == "__main__":

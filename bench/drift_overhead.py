@@ -40,26 +40,52 @@ def child(checkpoint: str, score: str, work: str, drift: str) -> None:
 
     ensure_ray(num_cpus=os.cpu_count(), object_store_memory=STORE)
     cfg = Path(work) / "config.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "data": {"path": score, "label": "y", "id_column": "id"}, "task": "regression",
-        "storage_path": str(Path(work) / "runs"),
-        "inference": {"input": score, "output": str(Path(work) / "predictions"), "batch_size": 65536,
-                      "drift": {"enabled": drift == "on"}},
-    }))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "data": {"path": score, "label": "y", "id_column": "id"},
+                "task": "regression",
+                "storage_path": str(Path(work) / "runs"),
+                "inference": {
+                    "input": score,
+                    "output": str(Path(work) / "predictions"),
+                    "batch_size": 65536,
+                    "drift": {"enabled": drift == "on"},
+                },
+            }
+        )
+    )
     t0 = time.perf_counter()
-    rc = cli_main(["predict", "--config", str(cfg), "--model", checkpoint, "--summary-json", str(Path(work) / "s.json")])
+    rc = cli_main(
+        ["predict", "--config", str(cfg), "--model", checkpoint, "--summary-json", str(Path(work) / "s.json")]
+    )
     wall = time.perf_counter() - t0
     spilled = re.search(r"Spilled (\d+) MiB", memory_summary(stats_only=True))
     summary = json.loads((Path(work) / "s.json").read_text()) if rc == 0 else {}
-    print("RESULT " + json.dumps({"rc": rc, "wall": wall, "spilled_mib": int(spilled.group(1)) if spilled else 0,
-                                  "rows": summary.get("output_rows"),
-                                  "drifted": (summary.get("drift") or {}).get("drifted_columns")}), flush=True)
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "rc": rc,
+                "wall": wall,
+                "spilled_mib": int(spilled.group(1)) if spilled else 0,
+                "rows": summary.get("output_rows"),
+                "drifted": (summary.get("drift") or {}).get("drifted_columns"),
+            }
+        ),
+        flush=True,
+    )
 
 
 def _run(*args: str) -> dict:
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    proc = subprocess.run([sys.executable, "-m", "bench.drift_overhead", "--child", *args], capture_output=True, text=True,
-                          env=env, timeout=3600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.drift_overhead", "--child", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=3600,
+    )
     found = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if not found:
         raise RuntimeError(f"drift-overhead child failed ({proc.returncode}): {(proc.stdout + proc.stderr)[-3000:]}")
@@ -87,9 +113,12 @@ def drift_overhead() -> None:
         off = _run(checkpoint, str(score), _fresh(Path(tmp) / "off"), "off")
         on = _run(checkpoint, str(score), _fresh(Path(tmp) / "on"), "on")
     assert on["rows"] == off["rows"] == ROWS, (on, off)
-    print(f"drift-overhead: trainflow {on['wall']:.1f} s, baseline {off['wall']:.1f} s, ratio {on['wall'] / off['wall']:.2f}  "
-          f"(predict of {ROWS} streamed rows on a {STORE / 2**20:.0f} MiB store, drift on vs off; spilled "
-          f"{on['spilled_mib']} / {off['spilled_mib']} MiB; drifted {on['drifted']}; target ratio <= 1.10)", flush=True)
+    print(
+        f"drift-overhead: trainflow {on['wall']:.1f} s, baseline {off['wall']:.1f} s, ratio {on['wall'] / off['wall']:.2f}  "
+        f"(predict of {ROWS} streamed rows on a {STORE / 2**20:.0f} MiB store, drift on vs off; spilled "
+        f"{on['spilled_mib']} / {off['spilled_mib']} MiB; drifted {on['drifted']}; target ratio <= 1.10)",
+        flush=True,
+    )
 
 
 def _fresh(path: Path) -> str:
@@ -103,19 +132,36 @@ def skip_unchanged() -> None:
         shutil.copytree(REPO / "configs", work / "configs")
         env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
         trainflow = [sys.executable, "-m", "trainflow.flows.cli"]
-        subprocess.run([*trainflow, "sample", "--out", str(work / "data" / "sample")], check=True, env=env, capture_output=True)
+        subprocess.run(
+            [*trainflow, "sample", "--out", str(work / "data" / "sample")], check=True, env=env, capture_output=True
+        )
         walls = []
         for _ in range(2):
             t0 = time.perf_counter()
-            proc = subprocess.run([*trainflow, "retrain", "--config", str(work / "configs" / "demo.yaml"), "--summary-json",
-                                   str(work / "s.json")], env=env, capture_output=True, text=True, cwd=work)
+            proc = subprocess.run(
+                [
+                    *trainflow,
+                    "retrain",
+                    "--config",
+                    str(work / "configs" / "demo.yaml"),
+                    "--summary-json",
+                    str(work / "s.json"),
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                cwd=work,
+            )
             walls.append(time.perf_counter() - t0)
             assert proc.returncode == 0, proc.stderr[-3000:]
         skipped = json.loads((work / "s.json").read_text()).get("skipped")
     assert skipped, "the rerun was not skipped"
-    print(f"skip-unchanged: trainflow {walls[1]:.1f} s, baseline {walls[0]:.1f} s, ratio {walls[1] / walls[0]:.2f}  "
-          "(the demo rerun on the champion's data and config, which registers nothing and predicts with the champion, "
-          "vs its first full run; target <= 0.33)", flush=True)
+    print(
+        f"skip-unchanged: trainflow {walls[1]:.1f} s, baseline {walls[0]:.1f} s, ratio {walls[1] / walls[0]:.2f}  "
+        "(the demo rerun on the champion's data and config, which registers nothing and predicts with the champion, "
+        "vs its first full run; target <= 0.33)",
+        flush=True,
+    )
 
 
 def main() -> None:

@@ -49,8 +49,13 @@ FITS_SCRIPT = textwrap.dedent("""
 def _fits(poll: str) -> list[float]:
     with tempfile.TemporaryDirectory() as storage:
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-        proc = subprocess.run([sys.executable, "-c", FITS_SCRIPT, poll, str(FITS), storage], env=env,
-                              capture_output=True, text=True, timeout=1200)
+        proc = subprocess.run(
+            [sys.executable, "-c", FITS_SCRIPT, poll, str(FITS), storage],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1200,
+        )
     if proc.returncode != 0:
         raise RuntimeError(f"fit-floor failed: {proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -59,9 +64,17 @@ def _fits(poll: str) -> list[float]:
 def main() -> None:
     ours, baseline = _fits(""), _fits("2.0")
     a, b = statistics.median(ours), statistics.median(baseline)
-    report("fit-floor", a, b, "s", a / b, f"median one-worker TorchTrainer fit of a loop that reports once, {len(ours)} "
-           f"fits each on a warm local Ray; trainflow's poll of 0.2 s vs Ray's default 2 s; all: "
-           f"{', '.join(f'{w:.1f}' for w in ours)} vs {', '.join(f'{w:.1f}' for w in baseline)}")
+    report(
+        "fit-floor",
+        a,
+        b,
+        "s",
+        a / b,
+        f"median one-worker TorchTrainer fit of a loop that reports once, {len(ours)} "
+        f"fits each on a warm local Ray; trainflow's poll of 0.2 s vs Ray's default 2 s; all: "
+        f"{', '.join(f'{w:.1f}' for w in ours)} vs {', '.join(f'{w:.1f}' for w in baseline)}",
+    )
+
 
 if __name__ == "__main__":
     main()

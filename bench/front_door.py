@@ -59,35 +59,63 @@ def main() -> None:
     trainflow = [sys.executable, "-m", "trainflow.flows.cli"]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        subprocess.run([*trainflow, "sample", "--out", "data", "--rows", "3000", "--score-rows", "1000"], cwd=work,
-                       env=_env(), check=True, capture_output=True)
+        subprocess.run(
+            [*trainflow, "sample", "--out", "data", "--rows", "3000", "--score-rows", "1000"],
+            cwd=work,
+            env=_env(),
+            check=True,
+            capture_output=True,
+        )
         cfg = work / "config.yaml"
-        cfg.write_text(yaml.safe_dump({
-            "data": {"path": "data/train.parquet", "label": "churned", "id_column": "customer_id"},
-            "task": "classification", "model": {"type": "mlp"}, "train": {"epochs": 2},
-            "storage_path": "runs", "mlflow": {"experiment": "front-door", "registered_model": "front-door"},
-            "inference": {"input": "data/score.parquet", "output": "predictions"},
-        }))
+        cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "data": {"path": "data/train.parquet", "label": "churned", "id_column": "customer_id"},
+                    "task": "classification",
+                    "model": {"type": "mlp"},
+                    "train": {"epochs": 2},
+                    "storage_path": "runs",
+                    "mlflow": {"experiment": "front-door", "registered_model": "front-door"},
+                    "inference": {"input": "data/score.parquet", "output": "predictions"},
+                }
+            )
+        )
         run = [*trainflow, "retrain", "--config", str(cfg), "--summary-json", str(work / "trained.json")]
         proc = subprocess.run(run, cwd=work, env=_env(), capture_output=True, text=True, timeout=1800)
         if proc.returncode != 0:
             raise RuntimeError(f"front-door: the first retrain failed: {proc.stderr[-3000:]}")
         checkpoint = json.loads((work / "trained.json").read_text())["best_checkpoint"]["path"]
-        floor = _timed([sys.executable, "-c", FLOOR, checkpoint, str(work / "data" / "score.parquet"),
-                        str(work / "floor.parquet")], work)
+        floor = _timed(
+            [
+                sys.executable,
+                "-c",
+                FLOOR,
+                checkpoint,
+                str(work / "data" / "score.parquet"),
+                str(work / "floor.parquet"),
+            ],
+            work,
+        )
         walls = {
             "predict": _timed([*trainflow, "predict", "--config", str(cfg)], work),
-            "skip": _timed([*trainflow, "retrain", "--config", str(cfg), "--summary-json", str(work / "skip.json")], work),
+            "skip": _timed(
+                [*trainflow, "retrain", "--config", str(cfg), "--summary-json", str(work / "skip.json")], work
+            ),
             "validate": _timed([*trainflow, "validate", "--config", str(cfg)], work),
         }
         assert json.loads((work / "skip.json").read_text()).get("skipped"), "the rerun was not skipped"
-    what = {"predict": "trainflow predict of 1,000 rows with the champion",
-            "skip": "trainflow retrain on the champion's data and config (skipped; the champion scores 1,000 rows)",
-            "validate": "trainflow validate of a 3,000-row table and its 1,000-row scoring table"}
+    what = {
+        "predict": "trainflow predict of 1,000 rows with the champion",
+        "skip": "trainflow retrain on the champion's data and config (skipped; the champion scores 1,000 rows)",
+        "validate": "trainflow validate of a 3,000-row table and its 1,000-row scoring table",
+    }
     for name, wall in walls.items():
-        print(f"front-door-{name}: trainflow {wall:.1f} s, baseline {floor:.1f} s, ratio {wall / floor:.2f}  ({what[name]}, "
-              f"fastest of {REPEATS}, vs a bare Python process that reads, predicts and writes the same rows; "
-              f"target: within 5 s of it)", flush=True)
+        print(
+            f"front-door-{name}: trainflow {wall:.1f} s, baseline {floor:.1f} s, ratio {wall / floor:.2f}  ({what[name]}, "
+            f"fastest of {REPEATS}, vs a bare Python process that reads, predicts and writes the same rows; "
+            f"target: within 5 s of it)",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -125,20 +125,35 @@ def main() -> None:
         lift["single"] += _promotes(challenger, champion, val, prep)
         lift["test"] += _promotes(challenger, champion, test, prep)
     rate = {k: 100.0 * v / runs for k, v in null.items()}
-    report("gate-honesty-false-promotions", rate["test"], rate["single"], "%",
-           rate["test"] / rate["single"] if rate["single"] else float("nan"),
-           f"{runs} challengers no better than the champion, 1,000-row tables; target <= 5% at confidence "
-           f"{_confidence():g}")
+    report(
+        "gate-honesty-false-promotions",
+        rate["test"],
+        rate["single"],
+        "%",
+        rate["test"] / rate["single"] if rate["single"] else float("nan"),
+        f"{runs} challengers no better than the champion, 1,000-row tables; target <= 5% at confidence "
+        f"{_confidence():g}",
+    )
     power = {k: 100.0 * v / lift_runs for k, v in lift.items()}
-    report("gate-honesty-power", power["test"], power["single"], "%",
-           power["test"] / power["single"] if power["single"] else float("nan"),
-           f"{lift_runs} challengers {100 * float(np.mean(gains)):.2f} accuracy points better on 5,000 test rows; "
-           "target >= 80%")
+    report(
+        "gate-honesty-power",
+        power["test"],
+        power["single"],
+        "%",
+        power["test"] / power["single"] if power["single"] else float("nan"),
+        f"{lift_runs} challengers {100 * float(np.mean(gains)):.2f} accuracy points better on 5,000 test rows; "
+        "target >= 80%",
+    )
     opt = {k: 100.0 * float(np.mean(v)) for k, v in optimism.items()}
     spread = 100.0 * float(np.std(optimism["test"]) / np.sqrt(runs))
-    report("gate-honesty-optimism", opt["test"], opt["single"], "accuracy points",
-           opt["test"] / opt["single"] if opt["single"] else float("nan"),
-           f"reported minus 50,000 fresh rows, mean of {runs}; the test figure's standard error {spread:.2f}")
+    report(
+        "gate-honesty-optimism",
+        opt["test"],
+        opt["single"],
+        "accuracy points",
+        opt["test"] / opt["single"] if opt["single"] else float("nan"),
+        f"reported minus 50,000 fresh rows, mean of {runs}; the test figure's standard error {spread:.2f}",
+    )
 
 
 if __name__ == "__main__":

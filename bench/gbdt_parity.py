@@ -32,19 +32,35 @@ def run_trainflow(path, storage: str):
     from trainflow.runtime import ensure_ray
 
     ensure_ray(num_cpus=THREADS)
-    cfg = config_from_dict({
-        "data": {"path": str(path), "label": "y"}, "task": "regression",
-        "model": {"type": "xgboost", "params": {"num_boost_round": ROUNDS, "early_stopping_rounds": "off", "max_depth": 6}},
-        "scaling": {"num_workers": 1, "resources_per_worker": {"CPU": THREADS}},
-        "checkpoint": {"num_to_keep": 1}, "failure": {"max_failures": 0}, "storage_path": storage,
-    })
+    cfg = config_from_dict(
+        {
+            "data": {"path": str(path), "label": "y"},
+            "task": "regression",
+            "model": {
+                "type": "xgboost",
+                "params": {"num_boost_round": ROUNDS, "early_stopping_rounds": "off", "max_depth": 6},
+            },
+            "scaling": {"num_workers": 1, "resources_per_worker": {"CPU": THREADS}},
+            "checkpoint": {"num_to_keep": 1},
+            "failure": {"max_failures": 0},
+            "storage_path": storage,
+        }
+    )
     ds, _, _ = read_table(cfg.data.path, "parquet")
     spec = table_spec(arrow_schema(ds, str(path)), cfg.data, cfg.task, str(path))
     prep, train, val = fit_and_pack(ds.limit(ROWS - 20_000), ds.limit(20_000), spec, cfg.task)
-    arrays = [np.concatenate(parts) for parts in zip(*[
-        (b["features"], b["label"]) for b in train.iter_batches(batch_size=None, batch_format="numpy")])]
-    varrays = [np.concatenate(parts) for parts in zip(*[
-        (b["features"], b["label"]) for b in val.iter_batches(batch_size=None, batch_format="numpy")])]
+    arrays = [
+        np.concatenate(parts)
+        for parts in zip(
+            *[(b["features"], b["label"]) for b in train.iter_batches(batch_size=None, batch_format="numpy")]
+        )
+    ]
+    varrays = [
+        np.concatenate(parts)
+        for parts in zip(
+            *[(b["features"], b["label"]) for b in val.iter_batches(batch_size=None, batch_format="numpy")]
+        )
+    ]
     t0 = time.perf_counter()
     result = build_trainer(cfg, prep, train, val, "gbdt-parity").fit()
     wall = time.perf_counter() - t0
@@ -72,8 +88,14 @@ def run_plain(params, arrays, varrays) -> list[float]:
             return False
 
     last[0] = time.perf_counter()
-    xgb.train(params, dtrain, num_boost_round=ROUNDS, evals=[(dtrain, "train"), (dval, "val")], verbose_eval=False,
-              callbacks=[Clock()])
+    xgb.train(
+        params,
+        dtrain,
+        num_boost_round=ROUNDS,
+        evals=[(dtrain, "train"), (dval, "val")],
+        verbose_eval=False,
+        callbacks=[Clock()],
+    )
     return times
 
 

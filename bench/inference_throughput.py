@@ -31,8 +31,9 @@ def make_checkpoint(path, directory: str) -> str:
     from trainflow.preprocessors.fit import fit_preprocessor
     from trainflow.tables import table_spec
 
-    cfg = config_from_dict({"data": {"path": str(path), "label": "y", "id_column": "id"}, "task": "regression",
-                            "model": {"type": "mlp"}})
+    cfg = config_from_dict(
+        {"data": {"path": str(path), "label": "y", "id_column": "id"}, "task": "regression", "model": {"type": "mlp"}}
+    )
     ds, _, _ = read_table(cfg.data.path, "parquet")
     prep = fit_preprocessor(ds, table_spec(arrow_schema(ds, str(path)), cfg.data, cfg.task, str(path)), cfg.task)
     model = model_for(prep, cfg.to_dict()["model"])
@@ -47,9 +48,14 @@ def run_trainflow(path, checkpoint: str, out: str) -> float:
     from trainflow.config import config_from_dict
     from trainflow.tasks.infer import infer
 
-    cfg = config_from_dict({"data": {"path": str(path), "label": "y", "id_column": "id"}, "task": "regression",
-                            "storage_path": os.path.join(os.path.dirname(out), "runs"),
-                            "inference": {"input": str(path), "output": out, "drift": {"enabled": False}}})
+    cfg = config_from_dict(
+        {
+            "data": {"path": str(path), "label": "y", "id_column": "id"},
+            "task": "regression",
+            "storage_path": os.path.join(os.path.dirname(out), "runs"),
+            "inference": {"input": str(path), "output": out, "drift": {"enabled": False}},
+        }
+    )
     t0 = time.perf_counter()
     predictions = infer.fn(checkpoint, cfg, checkpoint)
     seconds = time.perf_counter() - t0
@@ -91,7 +97,11 @@ def main() -> None:
         ray.shutdown()
         base = min(run_baseline(path, checkpoint, os.path.join(tmp, "base.parquet")) for _ in range(2))
     report(
-        "inference-throughput", ROWS / ours / 1e6, ROWS / base / 1e6, "M rows/s", base / ours,
+        "inference-throughput",
+        ROWS / ours / 1e6,
+        ROWS / base / 1e6,
+        "M rows/s",
+        base / ours,
         f"{ROWS} rows x {COLS} cols, read -> preprocess -> MLP -> Parquet with the id; trainflow's infer task "
         f"({'this process' if here else f'{ACTORS} actor(s)'}, {os.cpu_count()} CPUs) vs 1 pandas+torch process; "
         f"trainflow {ours:.1f} s (first run {first:.1f} s), baseline {base:.1f} s; target ratio >= 1.0",

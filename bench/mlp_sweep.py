@@ -59,7 +59,11 @@ def run(name: str, variants: list[dict]) -> None:
     xv, yv = pack(val_rows)
     xt = torch.from_numpy(prep.transform_features(pa.Table.from_pandas(test, preserve_index=False)))
     hgb = score(task, test[label], baseline(train, test, label, task))
-    loss_fn = torch.nn.CrossEntropyLoss() if task == "classification" else (lambda o, y: torch.nn.functional.mse_loss(o.squeeze(-1), y))
+    loss_fn = (
+        torch.nn.CrossEntropyLoss()
+        if task == "classification"
+        else (lambda o, y: torch.nn.functional.mse_loss(o.squeeze(-1), y))
+    )
     for variant in variants:
         cfg = base_cfg.model_copy(deep=True)
         model_keys = set(type(cfg.model).model_fields)
@@ -72,12 +76,20 @@ def run(name: str, variants: list[dict]) -> None:
         budget = resolve_budget(cfg.train, len(ya), WORKERS)
         torch.manual_seed(variant.get("seed", 0))
         model = model_for(prep, model_cfg)
-        opt = torch.optim.AdamW(model.parameters(), lr=train_cfg["learning_rate"], weight_decay=train_cfg["weight_decay"])
+        opt = torch.optim.AdamW(
+            model.parameters(), lr=train_cfg["learning_rate"], weight_decay=train_cfg["weight_decay"]
+        )
         batch = budget.batch_size * WORKERS
         steps = math.ceil(len(ya) / batch)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, functools.partial(
-            lr_factor, total_steps=budget.epochs * steps, warmup_fraction=train_cfg["warmup_fraction"],
-            schedule=train_cfg["schedule"]))
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt,
+            functools.partial(
+                lr_factor,
+                total_steps=budget.epochs * steps,
+                warmup_fraction=train_cfg["warmup_fraction"],
+                schedule=train_cfg["schedule"],
+            ),
+        )
         stopper = EarlyStopping("min", budget.patience, train_cfg["early_stopping"]["min_delta"])
         smooth = train_cfg["label_smoothing"]
         fit_loss = torch.nn.CrossEntropyLoss(label_smoothing=smooth) if task == "classification" else loss_fn
@@ -100,11 +112,17 @@ def run(name: str, variants: list[dict]) -> None:
         model.load_state_dict(best_state)
         with torch.no_grad():
             out = model(xt).numpy()
-        pred = (np.array(prep.classes)[out.argmax(1)] if task == "classification"
-                else out.reshape(-1) * prep.label_std + prep.label_mean)
-        print(f"{name} {json.dumps(variant)}: {score(task, test[label], pred):.4g} (HistGradientBoosting {hgb:.4g}); "
-              f"best epoch {stopper.best_epoch} of {epoch + 1} run in {time.perf_counter() - started:.1f} s, "
-              f"budget {budget.to_dict()}", flush=True)
+        pred = (
+            np.array(prep.classes)[out.argmax(1)]
+            if task == "classification"
+            else out.reshape(-1) * prep.label_std + prep.label_mean
+        )
+        print(
+            f"{name} {json.dumps(variant)}: {score(task, test[label], pred):.4g} (HistGradientBoosting {hgb:.4g}); "
+            f"best epoch {stopper.best_epoch} of {epoch + 1} run in {time.perf_counter() - started:.1f} s, "
+            f"budget {budget.to_dict()}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -74,8 +74,23 @@ def _flights() -> tuple[pd.DataFrame, str, str]:
     frame = pd.read_csv(Path(spec.origin).parent / "data" / "flights.csv.zip")
     frame = frame.dropna(subset=["arr_delay"])
     frame["late"] = (frame["arr_delay"] > 15).astype(int)
-    keep = ["month", "day", "dep_time", "sched_dep_time", "sched_arr_time", "carrier", "flight", "tailnum",
-            "origin", "dest", "distance", "hour", "minute", "time_hour", "late"]
+    keep = [
+        "month",
+        "day",
+        "dep_time",
+        "sched_dep_time",
+        "sched_arr_time",
+        "carrier",
+        "flight",
+        "tailnum",
+        "origin",
+        "dest",
+        "distance",
+        "hour",
+        "minute",
+        "time_hour",
+        "late",
+    ]
     return frame[keep].reset_index(drop=True), "late", "classification"
 
 
@@ -143,8 +158,21 @@ def autogluon(train: pd.DataFrame, test: pd.DataFrame, label: str, task: str, wo
     train.to_parquet(work / "train.parquet", index=False)
     test.drop(columns=[label]).to_parquet(work / "test.parquet", index=False)
     script = Path(__file__).with_name("autogluon_fit.py")
-    subprocess.run([AUTOGLUON_PYTHON, str(script), str(work / "train.parquet"), str(work / "test.parquet"), label, task,
-                    str(AUTOGLUON_S), str(work / "pred.parquet"), AUTOGLUON_PRESETS], check=True, stdout=sys.stderr)
+    subprocess.run(
+        [
+            AUTOGLUON_PYTHON,
+            str(script),
+            str(work / "train.parquet"),
+            str(work / "test.parquet"),
+            label,
+            task,
+            str(AUTOGLUON_S),
+            str(work / "pred.parquet"),
+            AUTOGLUON_PRESETS,
+        ],
+        check=True,
+        stdout=sys.stderr,
+    )
     return pd.read_parquet(work / "pred.parquet").set_index(ID).loc[test[ID], "prediction"].to_numpy()
 
 
@@ -154,8 +182,15 @@ def score(task: str, truth: np.ndarray, pred: np.ndarray) -> float:
     return float(math.sqrt(np.mean((np.asarray(truth, float) - np.asarray(pred, float)) ** 2)))
 
 
-def run_trainflow(train: pd.DataFrame, test: pd.DataFrame, label: str, task: str, work: Path,
-                  family: str = "mlp", folds: str = "default") -> tuple[np.ndarray, dict]:
+def run_trainflow(
+    train: pd.DataFrame,
+    test: pd.DataFrame,
+    label: str,
+    task: str,
+    work: Path,
+    family: str = "mlp",
+    folds: str = "default",
+) -> tuple[np.ndarray, dict]:
     from trainflow.flows.cli import main as cli_main
 
     pq.write_table(pa.Table.from_pandas(train, preserve_index=False), work / "train.parquet")
@@ -191,7 +226,10 @@ def main() -> None:
                 if "@" in name:  # table@rows: a seeded sample of that many rows (where folds stop paying)
                     frame = frame.sample(n=int(name.split("@")[1]), random_state=0).reset_index(drop=True)
             except ImportError as exc:
-                print(f"model-quality-{name}: skipped ({exc.name} is not installed: pip install -e '.[bench]')", flush=True)
+                print(
+                    f"model-quality-{name}: skipped ({exc.name} is not installed: pip install -e '.[bench]')",
+                    flush=True,
+                )
                 continue
             train, test = holdout(frame, label, task)
             base = baseline(train, test, label, task)
@@ -200,7 +238,9 @@ def main() -> None:
             ag = autogluon(train, test, label, task, Path(tmp) / f"{name}-autogluon")
             g = score(task, test[label], ag) if ag is not None else None
             if g is None:
-                print(f"model-quality-{name}-autogluon: skipped (no AutoGluon venv at {AUTOGLUON_PYTHON}: make autogluon)")
+                print(
+                    f"model-quality-{name}-autogluon: skipped (no AutoGluon venv at {AUTOGLUON_PYTHON}: make autogluon)"
+                )
             for family, folds in [(f, v) for f in families for v in FOLD_SETTINGS]:
                 earlier = [times[(name, family, v)] for v in FOLD_SETTINGS if (name, family, v) in times]
                 if folds == "1" and earlier and all(k == 1 for _, k in earlier):
@@ -215,29 +255,52 @@ def main() -> None:
                 a = score(task, test[label], ours)
                 budget = summary.get("training_budget", {})
                 if summary.get("model_family") == "ensemble":
-                    ran = "ensemble " + ", ".join(f"{m['family']} {m['weight']:.2f}" for m in summary["ensemble"]["members"])
+                    ran = "ensemble " + ", ".join(
+                        f"{m['family']} {m['weight']:.2f}" for m in summary["ensemble"]["members"]
+                    )
                 elif "num_boost_round" in budget:
                     ran = f"{summary['epochs_run']} boosting rounds (max {budget['num_boost_round']})"
                 else:
                     ran = f"{summary['epochs_run']} epochs of batch {budget.get('batch_size')} (max {budget.get('epochs')})"
                 suffix = "" if folds == "default" else f"-folds{folds}"
                 ran += f"; {k} fold(s), {took:.0f} s"
-                report(f"model-quality-{name}-{family}{suffix}", a, b, unit, a / b if b else float("nan"),
-                       f"{len(frame)} rows, {unit} on {len(test)} held-out rows; {ran}")
+                report(
+                    f"model-quality-{name}-{family}{suffix}",
+                    a,
+                    b,
+                    unit,
+                    a / b if b else float("nan"),
+                    f"{len(frame)} rows, {unit} on {len(test)} held-out rows; {ran}",
+                )
                 if folds == "1" and earlier:
                     t0, k0 = earlier[0]
-                    report(f"model-quality-{name}-{family}-fold-cost", t0, took, "s", t0 / took,
-                           f"wall time of retrain with {k0} folds (trainflow) vs one validation split (baseline)")
+                    report(
+                        f"model-quality-{name}-{family}-fold-cost",
+                        t0,
+                        took,
+                        "s",
+                        t0 / took,
+                        f"wall time of retrain with {k0} folds (trainflow) vs one validation split (baseline)",
+                    )
                 if g is not None:
-                    report(f"model-quality-{name}-{family}{suffix}-vs-autogluon", a, g, unit, a / g if g else float("nan"),
-                           f"AutoGluon-Tabular {AG_VERSION}, {AUTOGLUON_PRESETS}, time_limit {AUTOGLUON_S:g} s; "
-                           f"trainflow train.time_limit {TIME_LIMIT}; the same rows",
-                           digits=3)  # the target (2% RMSE, 1 accuracy point) is read at the third decimal
+                    report(
+                        f"model-quality-{name}-{family}{suffix}-vs-autogluon",
+                        a,
+                        g,
+                        unit,
+                        a / g if g else float("nan"),
+                        f"AutoGluon-Tabular {AG_VERSION}, {AUTOGLUON_PRESETS}, time_limit {AUTOGLUON_S:g} s; "
+                        f"trainflow train.time_limit {TIME_LIMIT}; the same rows",
+                        digits=3,
+                    )  # the target (2% RMSE, 1 accuracy point) is read at the third decimal
                 for row in summary.get("candidates") or []:  # each family's own score, on trainflow's own test rows
                     tested = {k: v for k, v in row.items() if k.startswith("test_") and k != "test_loss"}
-                    print(f"  {name}-{family}{suffix} candidate {row['family']}: "
-                          + ", ".join(f"{k} {v:.4f}" for k, v in tested.items())
-                          + f" ({summary.get('test_rows')} test rows of trainflow's split, inside the 75%)", flush=True)
+                    print(
+                        f"  {name}-{family}{suffix} candidate {row['family']}: "
+                        + ", ".join(f"{k} {v:.4f}" for k, v in tested.items())
+                        + f" ({summary.get('test_rows')} test rows of trainflow's split, inside the 75%)",
+                        flush=True,
+                    )
                 for fam, why in (summary.get("families_left_out") or {}).items():
                     print(f"  {name}-{family}{suffix}: {fam} left out: {why}", flush=True)
 

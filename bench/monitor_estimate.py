@@ -51,10 +51,13 @@ def main() -> None:
         tmp = Path(folder)
         x = rng.normal(size=(TRAIN_ROWS, DIM))
         pq.write_table(_table(x, _labels(x, W, rng), 0), tmp / "train.parquet")
-        config = {"data": {"path": str(tmp / "train.parquet"), "label": "y", "id_column": "row_id"},
-                  "task": "classification", "storage_path": str(tmp / "runs"),
-                  "mlflow": {"tracking_uri": f"sqlite:///{tmp / 'mlflow.db'}", "registered_model": "estimate"},
-                  "monitor": {"min_rows": 100}}
+        config = {
+            "data": {"path": str(tmp / "train.parquet"), "label": "y", "id_column": "row_id"},
+            "task": "classification",
+            "storage_path": str(tmp / "runs"),
+            "mlflow": {"tracking_uri": f"sqlite:///{tmp / 'mlflow.db'}", "registered_model": "estimate"},
+            "monitor": {"min_rows": 100},
+        }
         (tmp / "config.yaml").write_text(yaml.safe_dump(config))
         _trainflow("retrain", "--config", str(tmp / "config.yaml"), "--set", "model.type=[mlp, xgboost]")
         flipped = W.copy()
@@ -88,12 +91,18 @@ def main() -> None:
             hit = np.where(preds["prediction"].to_numpy() == 1, p_true, 1 - p_true)
             expected, se = float(hit.mean()), float(np.sqrt(np.sum(hit * (1 - hit))) / len(hit))
             target = "target |error| <= 0.02" if case != "concept-drift" else "P(y|x) changed: no target, it breaks"
-            report(f"monitor-estimate-{case}", est["val_accuracy"], real["val_accuracy"], "accuracy",
-                   est["val_accuracy"] / real["val_accuracy"],
-                   f"{SCORE_ROWS} scoring rows: accuracy estimated without labels vs realised with them, error "
-                   f"{error:+.3f}; expected under the true P(y|x) {expected:.4f} (the labels' draw: SE {se:.4f}), "
-                   f"estimate - expected {est['val_accuracy'] - expected:+.3f}; ROC AUC {est.get('val_roc_auc', float('nan')):.3f} vs "
-                   f"{real.get('val_roc_auc', float('nan')):.3f}; {target}", digits=3)
+            report(
+                f"monitor-estimate-{case}",
+                est["val_accuracy"],
+                real["val_accuracy"],
+                "accuracy",
+                est["val_accuracy"] / real["val_accuracy"],
+                f"{SCORE_ROWS} scoring rows: accuracy estimated without labels vs realised with them, error "
+                f"{error:+.3f}; expected under the true P(y|x) {expected:.4f} (the labels' draw: SE {se:.4f}), "
+                f"estimate - expected {est['val_accuracy'] - expected:+.3f}; ROC AUC {est.get('val_roc_auc', float('nan')):.3f} vs "
+                f"{real.get('val_roc_auc', float('nan')):.3f}; {target}",
+                digits=3,
+            )
 
 
 if __name__ == "__main__":

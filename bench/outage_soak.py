@@ -23,12 +23,30 @@ SAMPLE = REPO / "data" / "sample"
 
 def _retrain(tmp: Path, name: str, env: dict[str, str]) -> subprocess.Popen:
     return subprocess.Popen(
-        [str(Path(sys.executable).parent / "trainflow"), "retrain", "--config", str(REPO / "configs" / "demo.yaml"),
-         "--set", "model.type=[mlp, xgboost]", "--set", f"storage_path={tmp}/{name}/runs",
-         "--set", f"inference.output={tmp}/{name}/predictions", "--set", f"mlflow.registered_model=soak-{name}",
-         "--set", "services.mlflow_wait_s=600", "--set", "services.prefect_wait_s=600",
-         "--summary-json", f"{tmp}/{name}/summary.json"],
-        cwd=REPO, env=env, stdout=(tmp / f"{name}.log").open("w"), stderr=subprocess.STDOUT,
+        [
+            str(Path(sys.executable).parent / "trainflow"),
+            "retrain",
+            "--config",
+            str(REPO / "configs" / "demo.yaml"),
+            "--set",
+            "model.type=[mlp, xgboost]",
+            "--set",
+            f"storage_path={tmp}/{name}/runs",
+            "--set",
+            f"inference.output={tmp}/{name}/predictions",
+            "--set",
+            f"mlflow.registered_model=soak-{name}",
+            "--set",
+            "services.mlflow_wait_s=600",
+            "--set",
+            "services.prefect_wait_s=600",
+            "--summary-json",
+            f"{tmp}/{name}/summary.json",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=(tmp / f"{name}.log").open("w"),
+        stderr=subprocess.STDOUT,
     )
 
 
@@ -56,16 +74,26 @@ def main() -> None:
 
     outage = float(os.environ.get("TRAINFLOW_OUTAGE_S", "180"))
     if not (SAMPLE / "train.parquet").exists():
-        subprocess.run([sys.executable, "-m", "trainflow.flows.cli", "sample", "--out", str(SAMPLE)], check=True, cwd=REPO)
+        subprocess.run(
+            [sys.executable, "-m", "trainflow.flows.cli", "sample", "--out", str(SAMPLE)], check=True, cwd=REPO
+        )
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
         (tmp / "prefect").mkdir()
         mlflow_port, prefect_port = free_port(), free_port()
-        servers = {"mlflow": mlflow_server(tmp / "mlflow", mlflow_port), "prefect": prefect_server(tmp / "prefect", prefect_port)}
-        env = {**prefect_env(tmp / "prefect"), "PREFECT_API_URL": f"http://127.0.0.1:{prefect_port}/api",
-               "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{mlflow_port}"}
-        restart = {"mlflow": lambda: mlflow_server(tmp / "mlflow", mlflow_port),
-                   "prefect": lambda: prefect_server(tmp / "prefect", prefect_port)}
+        servers = {
+            "mlflow": mlflow_server(tmp / "mlflow", mlflow_port),
+            "prefect": prefect_server(tmp / "prefect", prefect_port),
+        }
+        env = {
+            **prefect_env(tmp / "prefect"),
+            "PREFECT_API_URL": f"http://127.0.0.1:{prefect_port}/api",
+            "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{mlflow_port}",
+        }
+        restart = {
+            "mlflow": lambda: mlflow_server(tmp / "mlflow", mlflow_port),
+            "prefect": lambda: prefect_server(tmp / "prefect", prefect_port),
+        }
         try:
             t0 = time.perf_counter()
             _finished(tmp, "baseline", _retrain(tmp, "baseline", env))
@@ -81,10 +109,16 @@ def main() -> None:
                 ours = time.perf_counter() - t0
                 log = (tmp / f"{service}.log").read_text()
                 waited = "said what it waited for" if "waiting for the" in log else "no waiting line"
-                report(f"outage-soak-{service}", ours, base, "s", ours / base,
-                       f"the demo's retrain (mlp + xgboost) with the {service} server stopped for {outage:.0f} s once "
-                       f"training began vs with it up; exit 0, model version {summary.get('model_version')}, "
-                       f"{waited}; ratio = time with the outage / without")
+                report(
+                    f"outage-soak-{service}",
+                    ours,
+                    base,
+                    "s",
+                    ours / base,
+                    f"the demo's retrain (mlp + xgboost) with the {service} server stopped for {outage:.0f} s once "
+                    f"training began vs with it up; exit 0, model version {summary.get('model_version')}, "
+                    f"{waited}; ratio = time with the outage / without",
+                )
         finally:
             for proc in servers.values():
                 stop(proc)

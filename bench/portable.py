@@ -48,8 +48,10 @@ def _run(args: list[str], cwd: Path, timeout: float = 1800) -> float:
     t0 = time.perf_counter()
     proc = subprocess.run([str(a) for a in args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
-        raise RuntimeError(f"portable: {' '.join(map(str, args[:4]))} failed ({proc.returncode}):\n"
-                           f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+        raise RuntimeError(
+            f"portable: {' '.join(map(str, args[:4]))} failed ({proc.returncode}):\n"
+            f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+        )
     return time.perf_counter() - t0
 
 
@@ -63,11 +65,18 @@ def _trained_model(work: Path) -> tuple[Path, Path]:
     trainflow = [sys.executable, "-m", "trainflow.flows.cli"]
     _run([*trainflow, "sample", "--out", "data", "--rows", "3000", "--score-rows", "1000"], work)
     cfg = work / "config.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "data": {"path": "data/train.parquet", "label": "churned", "id_column": "customer_id"},
-        "task": "classification", "model": {"type": "mlp"}, "train": {"epochs": 2}, "storage_path": "runs",
-        "mlflow": {"experiment": "portable", "registered_model": "portable"},
-    }))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "data": {"path": "data/train.parquet", "label": "churned", "id_column": "customer_id"},
+                "task": "classification",
+                "model": {"type": "mlp"},
+                "train": {"epochs": 2},
+                "storage_path": "runs",
+                "mlflow": {"experiment": "portable", "registered_model": "portable"},
+            }
+        )
+    )
     _run([*trainflow, "retrain", "--config", cfg, "--summary-json", work / "trained.json"], work)
     import mlflow
 
@@ -94,16 +103,22 @@ def portable_model(work: Path) -> None:
     here, plain = pd.read_parquet(work / "here.parquet"), pd.read_parquet(work / "plain.parquet")
     pd.testing.assert_frame_equal(here, plain)
     requirements = (model_dir / "requirements.txt").read_text().split()
-    print(f"portable-model: trainflow {wall:.1f} s, baseline {baseline:.1f} s, ratio {wall / baseline:.2f}  (a fresh "
-          f"venv without trainflow: the model's requirements {requirements} installed, loaded with "
-          f"mlflow.pyfunc.load_model, {len(plain):,} rows predicted, equal to trainflow's venv's; baseline: load and "
-          f"predict in trainflow's venv)", flush=True)
+    print(
+        f"portable-model: trainflow {wall:.1f} s, baseline {baseline:.1f} s, ratio {wall / baseline:.2f}  (a fresh "
+        f"venv without trainflow: the model's requirements {requirements} installed, loaded with "
+        f"mlflow.pyfunc.load_model, {len(plain):,} rows predicted, equal to trainflow's venv's; baseline: load and "
+        f"predict in trainflow's venv)",
+        flush=True,
+    )
 
 
 def portable_package(work: Path) -> None:
-    steps = [["--version"], ["sample", "--out", "data", "--rows", "2000"],
-             ["init", "--data", "data/train.parquet", "--label", "churned", "--out", "trainflow.yaml"],
-             ["validate", "--config", "trainflow.yaml"]]
+    steps = [
+        ["--version"],
+        ["sample", "--out", "data", "--rows", "2000"],
+        ["init", "--data", "data/train.parquet", "--label", "churned", "--out", "trainflow.yaml"],
+        ["validate", "--config", "trainflow.yaml"],
+    ]
     here = work / "here"
     here.mkdir()
     bin_here = Path(sys.executable).parent
@@ -121,10 +136,13 @@ def portable_package(work: Path) -> None:
         _run([bin_dir / "trainflow", *s], fresh)
     wall = time.perf_counter() - t0
     version = subprocess.run([bin_dir / "trainflow", "--version"], capture_output=True, text=True).stdout.strip()
-    print(f"portable-package: trainflow {wall:.1f} s, baseline {baseline:.1f} s, ratio {wall / baseline:.2f}  "
-          f"({wheel.name} built with `python -m build`, installed into a fresh venv with its dependencies, then "
-          f"`trainflow --version` ({version}), sample, init and validate there; baseline: those commands in "
-          f"trainflow's venv)", flush=True)
+    print(
+        f"portable-package: trainflow {wall:.1f} s, baseline {baseline:.1f} s, ratio {wall / baseline:.2f}  "
+        f"({wheel.name} built with `python -m build`, installed into a fresh venv with its dependencies, then "
+        f"`trainflow --version` ({version}), sample, init and validate there; baseline: those commands in "
+        f"trainflow's venv)",
+        flush=True,
+    )
 
 
 def main() -> None:

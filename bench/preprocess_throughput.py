@@ -59,9 +59,15 @@ def run_baseline(path) -> float:
         counts = counts[keys]
         keys = keys + low
         bounds = pc.min_max(col).as_py()
-        stats[name] = {"count": pc.count(col).as_py(), "nulls": col.null_count, "mean": pc.mean(col).as_py(),
-                       "std": pc.stddev(col).as_py(), "min": bounds["min"], "max": bounds["max"],
-                       "hist": dict(zip(keys.tolist(), counts.tolist()))}
+        stats[name] = {
+            "count": pc.count(col).as_py(),
+            "nulls": col.null_count,
+            "mean": pc.mean(col).as_py(),
+            "std": pc.stddev(col).as_py(),
+            "min": bounds["min"],
+            "max": bounds["max"],
+            "hist": dict(zip(keys.tolist(), counts.tolist())),
+        }
         if name != "y":
             mean, std = stats[name]["mean"], stats[name]["std"]
             out[:, int(name[1:])] = (np.where(np.isnan(x), mean, x) - mean) / std
@@ -81,7 +87,11 @@ def main() -> None:
     ours = min(first, run_trainflow(path))
     ray.shutdown()
     report(
-        "preprocess-throughput", ROWS / ours / 1e6, ROWS / base / 1e6, "M rows/s", base / ours,
+        "preprocess-throughput",
+        ROWS / ours / 1e6,
+        ROWS / base / 1e6,
+        "M rows/s",
+        base / ours,
         f"{ROWS} rows x {COLS} cols: read, fit (per column: values, nulls, mean, std, min, max, drift histogram), "
         f"impute, scale, pack; trainflow {ours:.1f} s "
         f"(first run in a new Ray {first:.1f} s), baseline {base:.1f} s; target ratio >= 0.5",

@@ -31,8 +31,9 @@ BOOTSTRAP = 200
 DRAWS = 5
 
 
-def _fit_and_score(table: pa.Table, later: pd.DataFrame, label: str, features: list[str], task: str, plan,
-                   roles=None) -> tuple[float, float, float, int]:
+def _fit_and_score(
+    table: pa.Table, later: pd.DataFrame, label: str, features: list[str], task: str, plan, roles=None
+) -> tuple[float, float, float, int]:
     """(reported figure on the plan's test rows, figure on the later rows, bootstrap SE of the reported one, test
     rows) of a HistGradientBoosting model fitted on the plan's training rows, early-stopped on its validation rows
     (roles: other training and validation rows, the backtest's earlier model's)."""
@@ -85,8 +86,9 @@ def time_honesty() -> None:
     table = pa.Table.from_pandas(known.reset_index(drop=True), preserve_index=False)
     gaps, timed = {}, None
     for name, time_column in (("time", "when"), ("hash", None)):
-        plan = plan_split(table, task, label, 0.2, 0.2, 42, [*features, label], table.num_rows, 1, "flights",
-                          time_column)
+        plan = plan_split(
+            table, task, label, 0.2, 0.2, 42, [*features, label], table.num_rows, 1, "flights", time_column
+        )
         reported, next_rows, se, n = _fit_and_score(table, later, label, features, task, plan)
         gaps[name] = (reported - next_rows, reported, next_rows, se, n)
         timed = plan if time_column else timed
@@ -95,19 +97,27 @@ def time_honesty() -> None:
     # both on the test rows; its loss per day times the later rows' extra age predicts their figure
     early, _, _, _ = _fit_and_score(table, later, label, features, task, timed, timed.earlier_roles(table))
     days = (timed.earlier["recent_end"] - timed.earlier["end"]) / 86400.0
+
     def seconds(when: pd.Series) -> np.ndarray:
         return when.to_numpy().astype("datetime64[s]").astype(np.int64)
 
     test_when = np.median(seconds(known["when"])[timed.roles(table) == 2])
     extra_days = (np.median(seconds(later["when"])) - test_when) / 86400.0
     predicted = r_t - (r_t - early) / days * extra_days
-    report("time-honesty", ours, base, "AUC", ours / base if base else float("nan"),
-           f"reported test ROC AUC minus ROC AUC on October-December ({len(later):,} rows no run saw); by time "
-           f"{r_t:.3f} reported on {n_t:,} newest rows (SE {se_t:.3f}) vs {l_t:.3f} later; by hash {r_h:.3f} "
-           f"(SE {se_h:.3f}) vs {l_h:.3f}; {table.num_rows:,} January-September rows, HistGradientBoosting; the "
-           f"backtest's earlier model ({days:.0f} days earlier: {early:.3f} on the test rows) ages it "
-           f"{(r_t - early) / days * 30.4:.3f} a month, which predicts {predicted:.3f} for the later rows "
-           f"{extra_days:.0f} days further on; target: within the noise, at most half the hash split's gap", digits=2)
+    report(
+        "time-honesty",
+        ours,
+        base,
+        "AUC",
+        ours / base if base else float("nan"),
+        f"reported test ROC AUC minus ROC AUC on October-December ({len(later):,} rows no run saw); by time "
+        f"{r_t:.3f} reported on {n_t:,} newest rows (SE {se_t:.3f}) vs {l_t:.3f} later; by hash {r_h:.3f} "
+        f"(SE {se_h:.3f}) vs {l_h:.3f}; {table.num_rows:,} January-September rows, HistGradientBoosting; the "
+        f"backtest's earlier model ({days:.0f} days earlier: {early:.3f} on the test rows) ages it "
+        f"{(r_t - early) / days * 30.4:.3f} a month, which predicts {predicted:.3f} for the later rows "
+        f"{extra_days:.0f} days further on; target: within the noise, at most half the hash split's gap",
+        digits=2,
+    )
 
 
 def group_honesty() -> None:
@@ -127,19 +137,27 @@ def group_honesty() -> None:
         known, later = frame[~frame["person"].isin(unseen)], frame[frame["person"].isin(unseen)]
         table = pa.Table.from_pandas(known.reset_index(drop=True), preserve_index=False)
         for name, group in (("group", "person"), ("hash", None)):
-            plan = plan_split(table, task, label, 0.2, 0.2, 42, [*features, "person", label], table.num_rows, 1,
-                              "wages", None, group)
+            plan = plan_split(
+                table, task, label, 0.2, 0.2, 42, [*features, "person", label], table.num_rows, 1, "wages", None, group
+            )
             reported, next_rows, se, n = _fit_and_score(table, later, label, features, task, plan)
             gaps[name].append((next_rows - reported, reported, next_rows, se, n))
     mean = {k: np.mean(np.array(v), axis=0) for k, v in gaps.items()}
     spread = {k: float(np.std([g[0] for g in v]) / np.sqrt(len(v))) for k, v in gaps.items()}
     (ours, r_g, l_g, se_g, _), (base, r_h, l_h, se_h, _) = mean["group"], mean["hash"]
-    report("group-honesty", ours, base, "RMSE", ours / base if base else float("nan"),
-           f"RMSE of log wage on a quarter of the people (no run saw them) minus the reported test RMSE, mean of "
-           f"{DRAWS} draws of who is unseen (SE of the mean gap: {spread['group']:.3f} by group, {spread['hash']:.3f} "
-           f"by hash); by group {r_g:.3f} reported (SE {se_g:.3f}) vs {l_g:.3f}; by hash {r_h:.3f} (SE {se_h:.3f}) "
-           f"vs {l_h:.3f}; about 3,100 rows of 447 people per draw, HistGradientBoosting; target: within the noise, at "
-           "most half the hash split's gap", digits=2)
+    report(
+        "group-honesty",
+        ours,
+        base,
+        "RMSE",
+        ours / base if base else float("nan"),
+        f"RMSE of log wage on a quarter of the people (no run saw them) minus the reported test RMSE, mean of "
+        f"{DRAWS} draws of who is unseen (SE of the mean gap: {spread['group']:.3f} by group, {spread['hash']:.3f} "
+        f"by hash); by group {r_g:.3f} reported (SE {se_g:.3f}) vs {l_g:.3f}; by hash {r_h:.3f} (SE {se_h:.3f}) "
+        f"vs {l_h:.3f}; about 3,100 rows of 447 people per draw, HistGradientBoosting; target: within the noise, at "
+        "most half the hash split's gap",
+        digits=2,
+    )
 
 
 if __name__ == "__main__":

@@ -115,9 +115,11 @@ def _line(name: str, ours: list[float], plain: list[float], what: str, tail: str
     ours_steady, plain_steady = ours[1:], plain[1:EPOCHS] + plain[EPOCHS + 1 :]
     steady_ours, steady_plain = min(ours_steady), min(plain_steady)
     median_ratio = float(np.median(ours_steady) / np.median(plain_steady))
-    return (f"{name}: trainflow {steady_ours:.2f} s/epoch, baseline {steady_plain:.2f} s/epoch, "
-            f"ratio {steady_ours / steady_plain:.2f}  ({what}; {ROWS} rows x {COLS} cols, batch {BATCH}, fastest epoch "
-            f"after the first; median ratio {median_ratio:.2f}; baseline epochs {[round(t, 2) for t in plain]}{tail})")
+    return (
+        f"{name}: trainflow {steady_ours:.2f} s/epoch, baseline {steady_plain:.2f} s/epoch, "
+        f"ratio {steady_ours / steady_plain:.2f}  ({what}; {ROWS} rows x {COLS} cols, batch {BATCH}, fastest epoch "
+        f"after the first; median ratio {median_ratio:.2f}; baseline epochs {[round(t, 2) for t in plain]}{tail})"
+    )
 
 
 def main() -> None:
@@ -128,12 +130,18 @@ def main() -> None:
         ours, wall = run_trainflow(path, storage)
     plain += run_plain(path)
     fused += run_plain(path, fused=True)
-    tail = (f"; trainflow epochs {[round(t, 2) for t in ours]}; TorchTrainer.fit wall {wall:.1f} s for "
-            f"{TRAINFLOW_EPOCHS} epochs incl. start-up and validation")
+    tail = (
+        f"; trainflow epochs {[round(t, 2) for t in ours]}; TorchTrainer.fit wall {wall:.1f} s for "
+        f"{TRAINFLOW_EPOCHS} epochs incl. start-up and validation"
+    )
     print(_line("training-parity", ours, plain, "baseline: the plain loop with torch.optim.AdamW's defaults", tail))
     # the same optimizer kernel on both sides: what trainflow's loop itself costs (shuffle, schedule, reports)
-    print(_line("training-parity-same-kernel", ours, fused, "baseline: the plain loop with fused AdamW, as trainflow",
-                ""), flush=True)
+    print(
+        _line(
+            "training-parity-same-kernel", ours, fused, "baseline: the plain loop with fused AdamW, as trainflow", ""
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

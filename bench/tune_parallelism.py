@@ -26,13 +26,23 @@ def sweep(storage: str, name: str, max_concurrent: int | None) -> tuple[float, i
     from trainflow.tables import table_spec
 
     table = make_regression_table(20_000)
-    cfg = config_from_dict({
-        "data": {"path": "mem", "label": "target y", "id_column": "row id"}, "task": "regression",
-        "model": {"type": "mlp"}, "train": {"epochs": 2, "batch_size": 256}, "scaling": {"num_workers": 1},
-        "checkpoint": {"num_to_keep": 1}, "storage_path": storage,
-        "tune": {"num_samples": TRIALS, "max_concurrent_trials": max_concurrent, "scheduler": "fifo",
-                 "search_space": {"train.learning_rate": {"loguniform": [0.001, 0.01]}}},
-    })
+    cfg = config_from_dict(
+        {
+            "data": {"path": "mem", "label": "target y", "id_column": "row id"},
+            "task": "regression",
+            "model": {"type": "mlp"},
+            "train": {"epochs": 2, "batch_size": 256},
+            "scaling": {"num_workers": 1},
+            "checkpoint": {"num_to_keep": 1},
+            "storage_path": storage,
+            "tune": {
+                "num_samples": TRIALS,
+                "max_concurrent_trials": max_concurrent,
+                "scheduler": "fifo",
+                "search_space": {"train.learning_rate": {"loguniform": [0.001, 0.01]}},
+            },
+        }
+    )
     train, val = ray.data.from_arrow(table.slice(0, 16_000)), ray.data.from_arrow(table.slice(16_000))
     prep, train, val = fit_and_pack(train, val, table_spec(table.schema, cfg.data, "regression", "mem"), "regression")
     parallel = concurrency(cfg)
@@ -52,7 +62,11 @@ def main() -> None:
         concurrent, parallel = sweep(storage, "concurrent", None)
     ray.shutdown()
     report(
-        "tune-parallelism", concurrent, serial, "s", serial / concurrent,
+        "tune-parallelism",
+        concurrent,
+        serial,
+        "s",
+        serial / concurrent,
         f"{TRIALS} trials of a 1-worker TorchTrainer, 2 epochs; {parallel} at a time on {os.cpu_count()} CPUs vs 1 at a time; ratio = speed-up",
     )
 

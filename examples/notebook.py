@@ -40,8 +40,7 @@ def main(work: Path) -> dict:
     print(proba.head())
     scores = model.evaluate(mine)  # the model's metrics on the rows kept back
     print({k: round(v, 4) for k, v in scores.items()})
-    return {"summary": summary, "proba": proba, "scores": scores, "kept_back": mine, "train": train,
-            "config": config}
+    return {"summary": summary, "proba": proba, "scores": scores, "kept_back": mine, "train": train, "config": config}
 
 
 if __name__ == "__main__":

@@ -22,8 +22,9 @@ from torch import nn
 class ResidualBlock(nn.Module):
     def __init__(self, width: int, dropout: float):
         super().__init__()
-        self.body = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, width), nn.GELU(), nn.Dropout(dropout),
-                                  nn.Linear(width, width))
+        self.body = nn.Sequential(
+            nn.LayerNorm(width), nn.Linear(width, width), nn.GELU(), nn.Dropout(dropout), nn.Linear(width, width)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.body(x)
@@ -32,13 +33,23 @@ class ResidualBlock(nn.Module):
 class TabularResNet(nn.Module):
     """Embeds the code columns, projects everything to `width`, then `blocks` residual blocks and a head."""
 
-    def __init__(self, in_features: int, out_features: int, width: int = 128, blocks: int = 2, dropout: float = 0.1,
-                 embeddings: list[tuple[int, int, int]] = ()):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        width: int = 128,
+        blocks: int = 2,
+        dropout: float = 0.1,
+        embeddings: list[tuple[int, int, int]] = (),
+    ):
         super().__init__()
         code_cols = [pos for pos, _, _ in embeddings]
         self.register_buffer("codes", torch.tensor(code_cols, dtype=torch.long), persistent=False)
-        self.register_buffer("values", torch.tensor([i for i in range(in_features) if i not in code_cols],
-                                                    dtype=torch.long), persistent=False)
+        self.register_buffer(
+            "values",
+            torch.tensor([i for i in range(in_features) if i not in code_cols], dtype=torch.long),
+            persistent=False,
+        )
         self.tables = nn.ModuleList(nn.Embedding(n, dim) for _, n, dim in embeddings)
         stem_in = len(self.values) + sum(dim for _, _, dim in embeddings)
         self.stem = nn.Linear(stem_in, width)

@@ -22,7 +22,13 @@ import pandas as pd
 import pyarrow.fs as pafs
 
 from trainflow.config import (
-    Config, apply_overrides, config_from_dict, forget, hand_over, load_config, storage_path_of,
+    Config,
+    apply_overrides,
+    config_from_dict,
+    forget,
+    hand_over,
+    load_config,
+    storage_path_of,
 )
 
 ConfigLike = str | os.PathLike | dict | Config
@@ -67,12 +73,17 @@ def snapshot(data: Any, storage_path: str) -> str:
         data.write_parquet(inner, filesystem=fs, filename_provider=BlockFiles())
         return where
     if isinstance(data, (pd.DataFrame, pa.Table)):
-        check_names([str(c) for c in data.columns] if isinstance(data, pd.DataFrame) else data.column_names, "data",
-                    empty_ok=False)
+        check_names(
+            [str(c) for c in data.columns] if isinstance(data, pd.DataFrame) else data.column_names,
+            "data",
+            empty_ok=False,
+        )
     if isinstance(data, pd.DataFrame):
         data = pa.Table.from_pandas(data, preserve_index=False)
     if not isinstance(data, pa.Table):
-        raise TypeError(f"data: expected a pandas DataFrame, a pyarrow Table or a Ray Dataset, got {type(data).__name__}")
+        raise TypeError(
+            f"data: expected a pandas DataFrame, a pyarrow Table or a Ray Dataset, got {type(data).__name__}"
+        )
     sink = pa.BufferOutputStream()
     pq.write_table(data, sink)
     body = sink.getvalue()
@@ -82,8 +93,10 @@ def snapshot(data: Any, storage_path: str) -> str:
         replace_bytes(where, body)  # whole or not at all: a reader never sees half of it
     elif hashlib.blake2b(read_bytes(where), digest_size=16).hexdigest() != where.rsplit("/", 2)[-2]:
         # a file at this name that is not these bytes was put there by someone else: never trained on, never replaced
-        raise DataError(f"{where}: this snapshot's bytes do not match its name (edited or planted in storage); "
-                        "trainflow neither trains on it nor replaces it: remove it, or use another storage_path")
+        raise DataError(
+            f"{where}: this snapshot's bytes do not match its name (edited or planted in storage); "
+            "trainflow neither trains on it nor replaces it: remove it, or use another storage_path"
+        )
     return where
 
 
@@ -117,8 +130,9 @@ def _call(flow, config: ConfigLike, overrides: dict[str, Any], data: Any = None,
         forget(key)
 
 
-def retrain(config: ConfigLike, *, data: Any = None, run_name: str | None = None, force: bool = False,
-            **overrides: Any) -> dict[str, Any]:
+def retrain(
+    config: ConfigLike, *, data: Any = None, run_name: str | None = None, force: bool = False, **overrides: Any
+) -> dict[str, Any]:
     """Train, select, register, gate and predict, as `trainflow retrain`; the run's summary (leaderboard(summary):
     its candidates as a table). data: the table itself (a pandas DataFrame, pyarrow Table or Ray Dataset) instead of
     data.path, kept as a Parquet snapshot under storage_path/snapshots (snapshot())."""
@@ -175,7 +189,9 @@ class Model:
         from trainflow.trainer.predict import predict_table
 
         table = pa.Table.from_pandas(pd.DataFrame(data), preserve_index=False)
-        parts = [predict_table(self.servable, table.slice(i, batch_size)) for i in range(0, max(len(table), 1), batch_size)]
+        parts = [
+            predict_table(self.servable, table.slice(i, batch_size)) for i in range(0, max(len(table), 1), batch_size)
+        ]
         out = pa.concat_tables(parts).to_pandas()
         out.index = data.index
         return out
@@ -190,8 +206,9 @@ class Model:
         """A classifier's class probabilities for every row of data (calibrated when the model holds a calibration):
         one column per class (Model.classes), rows summing to 1, in data's order and index."""
         if self.classes is None:
-            raise ValueError(f"{self.uri}: predict_proba is for classification; this model predicts a quantity "
-                             "(use predict)")
+            raise ValueError(
+                f"{self.uri}: predict_proba is for classification; this model predicts a quantity (use predict)"
+            )
         out = self.predict(data, batch_size)
         probs = out[[f"proba_{c}" for c in self.classes]]
         probs.columns = self.classes
@@ -223,7 +240,9 @@ class Model:
         return f"trainflow.Model({self.uri!r}, family={self.family!r})"
 
 
-def load_model(uri: str | os.PathLike, tracking_uri: str | None = None, allowed_class_paths: tuple[str, ...] = ()) -> Model:
+def load_model(
+    uri: str | os.PathLike, tracking_uri: str | None = None, allowed_class_paths: tuple[str, ...] = ()
+) -> Model:
     """The model behind models:/name@alias, models:/name/version, runs:/... or a checkpoint folder.
 
     tracking_uri: the MLflow registry (default: MLFLOW_TRACKING_URI / MLflow's default). A checkpoint of your own

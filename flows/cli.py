@@ -49,7 +49,9 @@ def write_json_atomic(path: str, data: dict[str, Any]) -> None:
 def _progress_line(s: dict[str, Any]) -> str:
     budget = s.get("training_budget") or {}
     unit = budget.get("unit", "epoch")
-    line = f"  {unit + 's run':<18}{s.get('epochs_run')}" + (f" of at most {budget['limit']}" if "limit" in budget else "")
+    line = f"  {unit + 's run':<18}{s.get('epochs_run')}" + (
+        f" of at most {budget['limit']}" if "limit" in budget else ""
+    )
     if budget.get("batch_size"):
         line += f", batch {budget['batch_size']} per worker"
     if s.get("resumed_from_epoch") is not None:
@@ -65,8 +67,12 @@ def format_summary(s: dict[str, Any]) -> str:
     from trainflow.trainer.backtest import backtest_line
 
     if s.get("skipped"):
-        lines = ["", "trainflow summary", f"  skipped           {s['skipped']['reason']}",
-                 f"  data              {s.get('data_path')} (fingerprint {s.get('data_fingerprint')})"]
+        lines = [
+            "",
+            "trainflow summary",
+            f"  skipped           {s['skipped']['reason']}",
+            f"  data              {s.get('data_path')} (fingerprint {s.get('data_fingerprint')})",
+        ]
         return "\n".join(lines + _scoring_lines(s))
     best = s.get("best_checkpoint") or {}
     metrics = best.get("metrics") or {}
@@ -74,24 +80,53 @@ def format_summary(s: dict[str, Any]) -> str:
     lines = [
         "",
         "trainflow summary",
-        *([f"  already finished  run {s.get('run_name')} finished at {s['already_finished']} on the same data and "
-           "config (this start waited for it): nothing was done again; its summary follows"]
-          if s.get("already_finished") else []),
+        *(
+            [
+                f"  already finished  run {s.get('run_name')} finished at {s['already_finished']} on the same data and "
+                "config (this start waited for it): nothing was done again; its summary follows"
+            ]
+            if s.get("already_finished")
+            else []
+        ),
         f"  run name          {s.get('run_name')}",
         f"  data              {s.get('data_path')} ({s.get('training_rows')} rows, fingerprint {s.get('data_fingerprint')})",
         f"  model family      {s.get('model_family')}",
-        *([f"  ensemble          {_weights(s)} (greedy ensemble selection"
-           + ("; its scores cross-fitted)" if s.get("oof_metrics") else " on the validation split)"),
-           f"  checkpoint        {best.get('path')}"] if s.get("ensemble") and s.get("model_family") == "ensemble" else
-          [_progress_line(s), f"  best checkpoint   {(s.get('training_budget') or {}).get('unit', 'epoch')} "
-                              f"{best.get('epoch')}: {best.get('path')}"]),
-        *(["  validation        " + ", ".join(f"{k}={v:.4f}" for k, v in shown.items())
-           + f" ({s.get('validation_rows')} rows; chose the model)"] if not s.get("oof_metrics") else
-          ["  out-of-fold       " + ", ".join(f"{k}={v:.4f}" for k, v in s["oof_metrics"].items() if k != "train_loss")
-           + f" ({s.get('oof_rows')} rows, each predicted by the one of {s.get('folds')} fold models that never saw it;"
-             " chose the model)"]),
-        *(["  test              " + ", ".join(f"{k}={v:.4f}" for k, v in (s.get("test_metrics") or {}).items())
-           + f" ({s.get('test_rows')} rows no choice touched)"] if s.get("test_metrics") else []),
+        *(
+            [
+                f"  ensemble          {_weights(s)} (greedy ensemble selection"
+                + ("; its scores cross-fitted)" if s.get("oof_metrics") else " on the validation split)"),
+                f"  checkpoint        {best.get('path')}",
+            ]
+            if s.get("ensemble") and s.get("model_family") == "ensemble"
+            else [
+                _progress_line(s),
+                f"  best checkpoint   {(s.get('training_budget') or {}).get('unit', 'epoch')} "
+                f"{best.get('epoch')}: {best.get('path')}",
+            ]
+        ),
+        *(
+            [
+                "  validation        "
+                + ", ".join(f"{k}={v:.4f}" for k, v in shown.items())
+                + f" ({s.get('validation_rows')} rows; chose the model)"
+            ]
+            if not s.get("oof_metrics")
+            else [
+                "  out-of-fold       "
+                + ", ".join(f"{k}={v:.4f}" for k, v in s["oof_metrics"].items() if k != "train_loss")
+                + f" ({s.get('oof_rows')} rows, each predicted by the one of {s.get('folds')} fold models that never saw it;"
+                " chose the model)"
+            ]
+        ),
+        *(
+            [
+                "  test              "
+                + ", ".join(f"{k}={v:.4f}" for k, v in (s.get("test_metrics") or {}).items())
+                + f" ({s.get('test_rows')} rows no choice touched)"
+            ]
+            if s.get("test_metrics")
+            else []
+        ),
         *([f"  roles             {s['split']}"] if s.get("split") and s.get("split").startswith("by time") else []),
         *([f"  note              {s['split_note']}"] if s.get("split_note") else []),
         *([f"  backtest          {backtest_line(s['backtest'])}"] if s.get("backtest") else []),
@@ -105,7 +140,9 @@ def format_summary(s: dict[str, Any]) -> str:
         )
         for t in s["trials"]:
             score = t.get(metric)
-            params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in (t.get("params") or {}).items())
+            params = ", ".join(
+                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in (t.get("params") or {}).items()
+            )
             lines.append(
                 f"    {t.get('trial_id')}  {params}  {metric}={'-' if score is None else f'{score:.4f}'}"
                 f" after {t.get('epochs_run')} epoch(s), {t.get('status')}"
@@ -115,14 +152,22 @@ def format_summary(s: dict[str, Any]) -> str:
         tested = metric.replace("val_", "test_", 1) if metric else None
         where = "the validation split" if not s.get("oof_metrics") else "the out-of-fold predictions"
         chose = metric.replace("val_", "oof_", 1) if metric and s.get("oof_metrics") else metric
-        lines.append(f"  candidates        by {chose} on {where}, best first"
-                     + (f" ({tested} on the test rows beside it):" if s.get("test_metrics") else ":"))
+        lines.append(
+            f"  candidates        by {chose} on {where}, best first"
+            + (f" ({tested} on the test rows beside it):" if s.get("test_metrics") else ":")
+        )
         for c in s["candidates"]:
             score, test = c.get(chose), c.get(tested)
-            how = (f"weights {_weights(s)}" if c["family"] == "ensemble" else
-                   f"{c.get('unit', 'epoch')} {c['epoch']} of {c['epochs_run']}")
-            lines.append(f"    {c['family']:<10} {chose}={'-' if score is None else f'{score:.4f}'}"
-                         + (f"  {tested}={test:.4f}" if test is not None else "") + f" ({how}, run {c['run_name']})")
+            how = (
+                f"weights {_weights(s)}"
+                if c["family"] == "ensemble"
+                else f"{c.get('unit', 'epoch')} {c['epoch']} of {c['epochs_run']}"
+            )
+            lines.append(
+                f"    {c['family']:<10} {chose}={'-' if score is None else f'{score:.4f}'}"
+                + (f"  {tested}={test:.4f}" if test is not None else "")
+                + f" ({how}, run {c['run_name']})"
+            )
     for family, why in (s.get("families_left_out") or {}).items():
         lines.append(f"    {family:<10} left out: {why}")
     for member in (s.get("ensemble") or {}).get("members", []):
@@ -131,20 +176,29 @@ def format_summary(s: dict[str, Any]) -> str:
     budget = s.get("time_budget") or {}
     if budget.get("rule") or budget.get("cut_short"):
         cut = ", ".join(f"{run} after step {step}" for run, step in (budget.get("cut_short") or {}).items())
-        lines.append(f"  time budget       training took {budget.get('training_s')} s; {budget.get('rule') or 'no limit'}"
-                     + (f"; stopped by it: {cut}" if cut else ""))
+        lines.append(
+            f"  time budget       training took {budget.get('training_s')} s; {budget.get('rule') or 'no limit'}"
+            + (f"; stopped by it: {cut}" if cut else "")
+        )
     for family, why in (s.get("families_failed") or {}).items():
         lines.append(f"    {family:<10} failed, left out (the other families went on): {why}")
     if s.get("feature_importance"):
-        lines.append("  relies on         " + ", ".join(f"{r['column']} {r['importance']:.3g}" for r in s["feature_importance"][:5])
-                     + f" ({(s.get('promotion') or {}).get('metric')} lost when shuffled)")
+        lines.append(
+            "  relies on         "
+            + ", ".join(f"{r['column']} {r['importance']:.3g}" for r in s["feature_importance"][:5])
+            + f" ({(s.get('promotion') or {}).get('metric')} lost when shuffled)"
+        )
     if s.get("calibration"):
         where = (s.get("promotion") or {}).get("judged_on", "validation")
-        lines.append(f"  calibration       ECE {s['calibration']['ece']:.4f}, Brier {s['calibration']['brier']:.4f} ({where} rows)")
+        lines.append(
+            f"  calibration       ECE {s['calibration']['ece']:.4f}, Brier {s['calibration']['brier']:.4f} ({where} rows)"
+        )
     if s.get("promotion"):
         p = s["promotion"]
-        lines.append(f"  promotion         {p.get('decision')} on {p.get('rows')} {p.get('judged_on', 'validation')} rows: "
-                     f"{p.get('reason')}")
+        lines.append(
+            f"  promotion         {p.get('decision')} on {p.get('rows')} {p.get('judged_on', 'validation')} rows: "
+            f"{p.get('reason')}"
+        )
         if p.get("judged_rows_note"):
             lines.append(f"  judged rows       {p['judged_rows_note']}")
     return "\n".join(lines + _scoring_lines(s))
@@ -153,8 +207,12 @@ def format_summary(s: dict[str, Any]) -> str:
 def format_predict_summary(s: dict[str, Any]) -> str:
     """`trainflow predict`'s summary: the model that scored, where the predictions went, drift (the JSON behind it:
     --summary-json)."""
-    lines = ["", "trainflow summary", f"  model             {s.get('model')}"
-             + (f" ({s['model_version_uri']})" if s.get("model_version_uri") not in (None, s.get("model")) else "")]
+    lines = [
+        "",
+        "trainflow summary",
+        f"  model             {s.get('model')}"
+        + (f" ({s['model_version_uri']})" if s.get("model_version_uri") not in (None, s.get("model")) else ""),
+    ]
     return "\n".join(lines + _scoring_lines({**s, "predictions_model_version": None}))
 
 
@@ -162,34 +220,48 @@ def format_monitor_summary(s: dict[str, Any]) -> str:
     """`trainflow monitor`'s summary: the verdict and the figures behind it (the JSON: --summary-json)."""
     m = s.get("monitor") or {}
     f = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
-    return "\n".join([
-        "", "trainflow summary",
-        f"  model             {m.get('model_uri')}",
-        f"  labelled rows     {m.get('rows')} of {m.get('predictions')} predictions (coverage {m.get('coverage', 0):.0%})"
-        if not m.get("estimated") else f"  estimated         from the probabilities of {m.get('predictions')} predictions "
-                                       "(CBPE: no labels; holds while they stay calibrated)",
-        f"  {m.get('metric', 'metric'):<18}{'estimated' if m.get('estimated') else 'live'} {f(m.get('live_score'))}, "
-        f"at registration {f(m.get('validation_score'))}"
-        + (f" ({m['baseline_on']})" if m.get("baseline_on") else "") + f", drop {f(m.get('drop'))} (max {m.get('max_drop')})",
-        f"  verdict           {m.get('verdict')}",
-        *([f"  estimated         {m['metric']} {f(m['estimated_metrics'].get(m['metric']))} from the probabilities of "
-           f"the same rows (CBPE), against {f(m.get('live_score'))} from their labels"]
-          if m.get("estimated_metrics") and m.get("metric") in m["estimated_metrics"] else []),
-    ])
+    return "\n".join(
+        [
+            "",
+            "trainflow summary",
+            f"  model             {m.get('model_uri')}",
+            f"  labelled rows     {m.get('rows')} of {m.get('predictions')} predictions (coverage {m.get('coverage', 0):.0%})"
+            if not m.get("estimated")
+            else f"  estimated         from the probabilities of {m.get('predictions')} predictions "
+            "(CBPE: no labels; holds while they stay calibrated)",
+            f"  {m.get('metric', 'metric'):<18}{'estimated' if m.get('estimated') else 'live'} {f(m.get('live_score'))}, "
+            f"at registration {f(m.get('validation_score'))}"
+            + (f" ({m['baseline_on']})" if m.get("baseline_on") else "")
+            + f", drop {f(m.get('drop'))} (max {m.get('max_drop')})",
+            f"  verdict           {m.get('verdict')}",
+            *(
+                [
+                    f"  estimated         {m['metric']} {f(m['estimated_metrics'].get(m['metric']))} from the probabilities of "
+                    f"the same rows (CBPE), against {f(m.get('live_score'))} from their labels"
+                ]
+                if m.get("estimated_metrics") and m.get("metric") in m["estimated_metrics"]
+                else []
+            ),
+        ]
+    )
 
 
 def format_validate_summary(s: dict[str, Any]) -> str:
     """`trainflow validate`'s summary: what a retrain would train on (the JSON: --summary-json)."""
     feats = s.get("features") or {}
-    lines = ["", "trainflow summary", "  valid             yes: every check a retrain makes before training passed",
-             f"  data              {s.get('data_path')} ({s.get('rows')} rows, task {s.get('task')})",
-             f"  split             {s.get('train_rows')} training, {s.get('validation_rows')} validation, "
-             f"{s.get('test_rows')} test rows" + (f", {s['folds']} folds" if (s.get("folds") or 1) > 1 else ""),
-             *([f"  roles             {s['split']}"] if s.get("split") else []),
-             *([f"  note              {s['split_note']}"] if s.get("split_note") else []),
-             f"  features          {len(feats.get('numeric') or [])} numeric, {len(feats.get('text') or [])} text, "
-             f"{len(feats.get('dates') or [])} date -> {s.get('packed_features')} packed",
-             f"  families          {', '.join(s.get('families') or {}) or '-'}"]
+    lines = [
+        "",
+        "trainflow summary",
+        "  valid             yes: every check a retrain makes before training passed",
+        f"  data              {s.get('data_path')} ({s.get('rows')} rows, task {s.get('task')})",
+        f"  split             {s.get('train_rows')} training, {s.get('validation_rows')} validation, "
+        f"{s.get('test_rows')} test rows" + (f", {s['folds']} folds" if (s.get("folds") or 1) > 1 else ""),
+        *([f"  roles             {s['split']}"] if s.get("split") else []),
+        *([f"  note              {s['split_note']}"] if s.get("split_note") else []),
+        f"  features          {len(feats.get('numeric') or [])} numeric, {len(feats.get('text') or [])} text, "
+        f"{len(feats.get('dates') or [])} date -> {s.get('packed_features')} packed",
+        f"  families          {', '.join(s.get('families') or {}) or '-'}",
+    ]
     for family, why in (s.get("families_left_out") or {}).items():
         lines.append(f"    {family:<10} left out: {why}")
     if s.get("inference_input"):
@@ -201,18 +273,29 @@ def _scoring_lines(s: dict[str, Any]) -> list[str]:
     lines = []
     if s.get("predictions_path"):
         version = s.get("predictions_model_version")
-        lines.append(f"  predictions       {s['predictions_path']} ({s.get('output_rows')} rows for {s.get('input_rows')} "
-                     f"inputs" + (f", model version {version})" if version else ")"))
+        lines.append(
+            f"  predictions       {s['predictions_path']} ({s.get('output_rows')} rows for {s.get('input_rows')} "
+            f"inputs" + (f", model version {version})" if version else ")")
+        )
     if s.get("drift") and s["drift"].get("columns"):
         d = s["drift"]
-        lines.append(f"  drift             {', '.join(d['drifted_columns']) or 'none'} drifted of {len(d['columns'])} "
-                     f"feature(s) over {d['rows']} scoring rows" + (" (too few rows to judge)" if d["rows"] < d["min_rows"] else ""))
+        lines.append(
+            f"  drift             {', '.join(d['drifted_columns']) or 'none'} drifted of {len(d['columns'])} "
+            f"feature(s) over {d['rows']} scoring rows"
+            + (" (too few rows to judge)" if d["rows"] < d["min_rows"] else "")
+        )
     if s.get("estimated_metrics"):
-        lines.append("  estimated         " + ", ".join(f"{k.removeprefix('val_')} {v:.4f}" for k, v in s["estimated_metrics"].items())
-                     + " (CBPE: from the calibrated probabilities, no labels; trainflow monitor --labels measures)")
+        lines.append(
+            "  estimated         "
+            + ", ".join(f"{k.removeprefix('val_')} {v:.4f}" for k, v in s["estimated_metrics"].items())
+            + " (CBPE: from the calibrated probabilities, no labels; trainflow monitor --labels measures)"
+        )
     if s.get("unseen_categories"):
-        lines.append("  unseen values     " + ", ".join(f"{c}: {n} row(s)" for c, n in s["unseen_categories"].items())
-                     + " (predicted with the unknown code)")
+        lines.append(
+            "  unseen values     "
+            + ", ".join(f"{c}: {n} row(s)" for c, n in s["unseen_categories"].items())
+            + " (predicted with the unknown code)"
+        )
     return lines
 
 
@@ -234,40 +317,79 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("retrain", help="train, select, register and predict from a config")
     r.add_argument("--config", required=True, help="the YAML config file (trainflow init writes one)")
     r.add_argument("--run-name", help="Ray Train run name; an existing name resumes that run")
-    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key (YAML value), e.g. train.epochs=5; repeatable")
+    r.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key (YAML value), e.g. train.epochs=5; repeatable",
+    )
     r.add_argument("--summary-json", help="also write the summary as JSON to this file")
-    r.add_argument("--force", action="store_true",
-                   help="retrain even when the data and training config are those of the current champion")
-    r.add_argument("--no-wait", dest="wait", action="store_false",
-                   help="fail at once, naming the holder, when another start of this --run-name is running (default: "
-                        "wait for it)")
+    r.add_argument(
+        "--force",
+        action="store_true",
+        help="retrain even when the data and training config are those of the current champion",
+    )
+    r.add_argument(
+        "--no-wait",
+        dest="wait",
+        action="store_false",
+        help="fail at once, naming the holder, when another start of this --run-name is running (default: wait for it)",
+    )
 
     t = sub.add_parser("tune", help="Ray Tune sweep over the config's tune.search_space, then register the best")
     t.add_argument("--config", required=True, help="the YAML config file (trainflow init writes one)")
     t.add_argument("--run-name", help="sweep name")
-    t.add_argument("--resume", action="store_true",
-                   help="restore the sweep --run-name names from its folder (unpickles Ray Tune's state: only your own)")
-    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key (YAML value), e.g. train.epochs=5; repeatable")
+    t.add_argument(
+        "--resume",
+        action="store_true",
+        help="restore the sweep --run-name names from its folder (unpickles Ray Tune's state: only your own)",
+    )
+    t.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key (YAML value), e.g. train.epochs=5; repeatable",
+    )
     t.add_argument("--summary-json", help="also write the summary as JSON to this file")
-    t.add_argument("--no-wait", dest="wait", action="store_false",
-                   help="fail at once, naming the holder, when another start of this --run-name is running")
+    t.add_argument(
+        "--no-wait",
+        dest="wait",
+        action="store_false",
+        help="fail at once, naming the holder, when another start of this --run-name is running",
+    )
 
     pr = sub.add_parser("predict", help="batch inference with a registered model or a checkpoint")
     pr.add_argument("--config", required=True, help="the YAML config file (trainflow init writes one)")
     pr.add_argument("--model", help="models:/name@alias, models:/name/version, runs:/... or a checkpoint folder")
-    pr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key (YAML value), e.g. train.epochs=5; repeatable")
+    pr.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key (YAML value), e.g. train.epochs=5; repeatable",
+    )
     pr.add_argument("--summary-json", help="also write the summary as JSON to this file")
 
-    mo = sub.add_parser("monitor", help="live performance: join later-arriving labels with the written predictions "
-                                          "(without labels: a classifier's estimated from its probabilities)")
+    mo = sub.add_parser(
+        "monitor",
+        help="live performance: join later-arriving labels with the written predictions "
+        "(without labels: a classifier's estimated from its probabilities)",
+    )
     mo.add_argument("--config", required=True, help="the YAML config file (trainflow init writes one)")
-    mo.add_argument("--labels", help="a table (file, folder or URI) of id column + label; without it a classifier's "
-                                     "performance is estimated from its probabilities (CBPE)")
-    mo.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key (YAML value), e.g. train.epochs=5; repeatable")
+    mo.add_argument(
+        "--labels",
+        help="a table (file, folder or URI) of id column + label; without it a classifier's "
+        "performance is estimated from its probabilities (CBPE)",
+    )
+    mo.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key (YAML value), e.g. train.epochs=5; repeatable",
+    )
     mo.add_argument("--summary-json", help="also write the summary as JSON to this file")
 
     sv = sub.add_parser("serve", help="serve deployments/prefect.yaml's deployments in this process (flow.serve)")
@@ -275,11 +397,19 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--prefect-file", help="deployment file (default: the checkout's deployments/prefect.yaml)")
     sv.add_argument("--limit", type=int, help="at most this many flow runs at once")
 
-    v = sub.add_parser("validate", help="every check a retrain makes before training (table, scoring table, output, "
-                                        "memory, champion baseline); exit 0 or 2")
+    v = sub.add_parser(
+        "validate",
+        help="every check a retrain makes before training (table, scoring table, output, "
+        "memory, champion baseline); exit 0 or 2",
+    )
     v.add_argument("--config", required=True, help="the YAML config file (trainflow init writes one)")
-    v.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key (YAML value), e.g. train.epochs=5; repeatable")
+    v.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key (YAML value), e.g. train.epochs=5; repeatable",
+    )
     v.add_argument("--summary-json", help="also write the summary as JSON to this file")
 
     i = sub.add_parser("init", help="write a commented config for a table and its label")
@@ -293,33 +423,54 @@ def _parser() -> argparse.ArgumentParser:
     csub.add_parser("schema", help="print the JSON schema of the config, with a description for every key")
     cs = csub.add_parser("show", help="print the config as trainflow resolves it (defaults, paths, inferred task)")
     cs.add_argument("--config", required=True, help="the YAML config file (trainflow init writes one)")
-    cs.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key (YAML value), e.g. train.epochs=5; repeatable")
+    cs.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key (YAML value), e.g. train.epochs=5; repeatable",
+    )
 
     at_help = "only the version that served at this time (ISO 8601, e.g. 2026-11-24T03:00; UTC when no offset is given)"
-    ch = sub.add_parser("champion", help="which version served as @champion at a time (--at), its history, or a "
-                                         "rollback to an earlier version")
+    ch = sub.add_parser(
+        "champion",
+        help="which version served as @champion at a time (--at), its history, or a rollback to an earlier version",
+    )
     # `trainflow champion --at TIME --config F`: `trainflow champion history --at TIME --config F`
     ch.add_argument("--at", help=at_help)
-    ch.add_argument("--config", help="the config naming the registered model and tracking URI (with --at, or alone "
-                                     "for the whole history)")
+    ch.add_argument(
+        "--config",
+        help="the config naming the registered model and tracking URI (with --at, or alone for the whole history)",
+    )
     ch.add_argument("--summary-json", help="also write the answer as JSON to this file")
     chsub = ch.add_subparsers(dest="champion_command")
     for holder, name in ((chsub, "history"), (sub, "history"), (chsub, "rollback"), (sub, "rollback")):
         short = holder is sub  # `trainflow history` and `trainflow rollback`: the same as `trainflow champion ...`
         if name == "history":
-            cp = holder.add_parser(name, help="every version that served as @champion: since, until, why, replaced by"
-                                  + (" (trainflow champion history)" if short else ""))
+            cp = holder.add_parser(
+                name,
+                help="every version that served as @champion: since, until, why, replaced by"
+                + (" (trainflow champion history)" if short else ""),
+            )
             cp.add_argument("--at", help=at_help)
         else:
-            cp = holder.add_parser(name, help="move @champion back to a version, through the gate's lock and records"
-                                  + (" (trainflow champion rollback)" if short else ""))
-            cp.add_argument("--to", metavar="VERSION", help="the model version to serve again (default: the one the "
-                                                           "current champion replaced)")
+            cp = holder.add_parser(
+                name,
+                help="move @champion back to a version, through the gate's lock and records"
+                + (" (trainflow champion rollback)" if short else ""),
+            )
+            cp.add_argument(
+                "--to",
+                metavar="VERSION",
+                help="the model version to serve again (default: the one the current champion replaced)",
+            )
             cp.add_argument("--reason", required=True, help="why: recorded with the move")
-            cp.add_argument("--force", action="store_true",
-                           help="roll back even to a version whose recorded score misses promotion.min_score, that the gate "
-                                "rejected, or that never served")
+            cp.add_argument(
+                "--force",
+                action="store_true",
+                help="roll back even to a version whose recorded score misses promotion.min_score, that the gate "
+                "rejected, or that never served",
+            )
         cp.add_argument("--config", required=True, help="the config naming the registered model and tracking URI")
         cp.add_argument("--summary-json", help="also write the answer as JSON to this file")
 
@@ -406,8 +557,13 @@ def _run(args: argparse.Namespace) -> dict[str, Any] | None:
     if stop_requested():  # a SIGTERM during start-up: no flow run starts (main() reports the stop)
         raise InterruptedError("stopped by SIGTERM before the flow started")
     params = {"config_path": str(Path(args.config).resolve()), "overrides": overrides or None}
-    named = {"retrain": ("run_name", "force", "wait"), "tune": ("run_name", "resume", "wait"), "monitor": ("labels",),
-             "validate": (), "predict": ("model",)}[args.command]
+    named = {
+        "retrain": ("run_name", "force", "wait"),
+        "tune": ("run_name", "resume", "wait"),
+        "monitor": ("labels",),
+        "validate": (),
+        "predict": ("model",),
+    }[args.command]
     extra = {name: getattr(args, name) for name in named}
     # the API gone mid-run is waited out as long (services.prefect_wait_s)
     with prefect_client_retries(), local_flow_settings():
@@ -473,16 +629,21 @@ def _champion_command(args: argparse.Namespace) -> dict[str, Any]:
 def format_champion_summary(s: dict[str, Any]) -> str:
     """`trainflow champion`'s answer for a person (the JSON: --summary-json)."""
     if "moved" in s:
-        return (f"{s['model']}@champion -> version {s['champion']} ({s['why']}; was {s.get('previous')}, {s.get('by')})"
-                if s["moved"] else f"{s['model']}: {s['why']}; nothing moved")
+        return (
+            f"{s['model']}@champion -> version {s['champion']} ({s['why']}; was {s.get('previous')}, {s.get('by')})"
+            if s["moved"]
+            else f"{s['model']}: {s['why']}; nothing moved"
+        )
     rows = s["history"] if "history" in s else [s["period"]] if s.get("period") else []
     if not rows:
         return f"{s['model']}: no recorded @champion period" + (f" covers {s['at']}" if "at" in s else "")
     lines = [f"{'version':>7}  {'since':25}  {'until':25}  why"]
     for r in rows:
         replaced = f"; replaced by v{r['replaced_by']}: {r.get('replaced_why')}" if r.get("replaced_by") else ""
-        lines.append(f"{r['version']:>7}  {r.get('since') or '?':25}  {r.get('until') or 'serving':25}  "
-                     f"{r.get('why')} ({r.get('by')}){replaced}")
+        lines.append(
+            f"{r['version']:>7}  {r.get('since') or '?':25}  {r.get('until') or 'serving':25}  "
+            f"{r.get('why')} ({r.get('by')}){replaced}"
+        )
     return "\n".join(lines)
 
 
@@ -536,8 +697,10 @@ def main(argv: list[str] | None = None) -> int:
         args.command, args.champion_command = "champion", args.command
     if args.command == "champion" and args.champion_command is None:  # `trainflow champion --at T --config F`
         if not args.config:
-            parser.error("trainflow champion: give --config (with --at TIME: the version that served then), or a "
-                         "command: history, rollback")
+            parser.error(
+                "trainflow champion: give --config (with --at TIME: the version that served then), or a "
+                "command: history, rollback"
+            )
         args.champion_command = "history"
     # Prefect's temporary server would try to send usage telemetry (an ERROR line offline); a user's setting wins
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -552,17 +715,22 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as exc:  # noqa: BLE001 - the CLI's last line of defence
         if stop_requested(exc):
             # what the stop made fail (a Ray call interrupted by the signal) is no error of the run's to report
-            print("trainflow: stopped by SIGTERM; rerun with the same --run-name to resume from the latest checkpoint",
-                  file=sys.stderr)
+            print(
+                "trainflow: stopped by SIGTERM; rerun with the same --run-name to resume from the latest checkpoint",
+                file=sys.stderr,
+            )
             stop_ray()
             return 128 + signal.SIGTERM
         from trainflow.errors import disk_full
         from trainflow.redact import redact_text
 
         if disk_full(exc):
-            print(f"trainflow: error: no space left on device ({redact_text(str(exc).splitlines()[0])}); free space "
-                  "where the run writes (storage_path, inference.output, TMPDIR, Ray's spill folder) and rerun with "
-                  "the same --run-name to resume", file=sys.stderr)
+            print(
+                f"trainflow: error: no space left on device ({redact_text(str(exc).splitlines()[0])}); free space "
+                "where the run writes (storage_path, inference.output, TMPDIR, Ray's spill folder) and rerun with "
+                "the same --run-name to resume",
+                file=sys.stderr,
+            )
             return 2
         if isinstance(exc, TrainflowError):
             print(f"trainflow: error: {redact_text(str(exc))}", file=sys.stderr)
@@ -575,8 +743,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         if args.debug:
             traceback.print_exc()
-        print(f"trainflow: failed: {type(exc).__name__}: {redact_text(str(exc).splitlines()[0]) if str(exc) else ''}",
-              file=sys.stderr)
+        print(
+            f"trainflow: failed: {type(exc).__name__}: {redact_text(str(exc).splitlines()[0]) if str(exc) else ''}",
+            file=sys.stderr,
+        )
         print("trainflow: rerun with --debug for the traceback", file=sys.stderr)
         return 1
     if summary is not None:

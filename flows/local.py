@@ -24,8 +24,11 @@ from trainflow.locks import prefect_server_configured
 
 def run_here(command: str, config: Config, args: argparse.Namespace) -> dict[str, Any] | None:
     """The command's summary when it was small work done here; None when it needs the flow run (Prefect and Ray)."""
-    if prefect_server_configured() or command not in ("predict", "retrain", "validate") or \
-            (command == "retrain" and args.force):
+    if (
+        prefect_server_configured()
+        or command not in ("predict", "retrain", "validate")
+        or (command == "retrain" and args.force)
+    ):
         return None
     if command == "predict" and config.inference.input and not scored_in_process(config):
         return None  # (predict without inference.input: refused here, at once)
@@ -100,12 +103,15 @@ def preflight(config: Config) -> None:
     for key in ("time_column", "group_column"):
         column = getattr(config.split, key)
         if column is not None and column not in names:
-            raise DataError(f"{data.path}: split.{key} {column!r} is not a column; {did_you_mean(column, names)}"
-                            f"columns are {names}")
+            raise DataError(
+                f"{data.path}: split.{key} {column!r} is not a column; {did_you_mean(column, names)}columns are {names}"
+            )
     missing = [c for c in config.promotion.slices if c not in names]
     if missing:
-        raise DataError(f"{data.path}: promotion.slices names column(s) {missing} that the table lacks; "
-                        f"{did_you_mean(missing[0], names)}columns are {names}")
+        raise DataError(
+            f"{data.path}: promotion.slices names column(s) {missing} that the table lacks; "
+            f"{did_you_mean(missing[0], names)}columns are {names}"
+        )
     check_label_values(config)
     inp = config.inference.input
     if inp:
@@ -114,8 +120,10 @@ def preflight(config: Config) -> None:
         wanted = features + ([data.id_column] if data.id_column else [])
         missing = [c for c in wanted if c not in scored]
         if missing:
-            raise DataError(f"inference input {inp}: column(s) {missing} not found; {did_you_mean(missing[0], scored)}"
-                            f"columns are {scored}")
+            raise DataError(
+                f"inference input {inp}: column(s) {missing} not found; {did_you_mean(missing[0], scored)}"
+                f"columns are {scored}"
+            )
 
 
 def check_label_values(config: Config) -> None:
@@ -138,14 +146,20 @@ def check_label_values(config: Config) -> None:
     if rows == 0:
         raise DataError(f"{data.path}: the table has no rows")
     if bad:
-        raise DataError(f"{data.path}: label column {data.label!r} has {bad} missing, NaN or infinite value(s) out of "
-                        f"{rows} rows; drop or fix those rows")
+        raise DataError(
+            f"{data.path}: label column {data.label!r} has {bad} missing, NaN or infinite value(s) out of "
+            f"{rows} rows; drop or fix those rows"
+        )
     found = pc.value_counts(values)
     counts = dict(zip(map(str, found.field("values").to_pylist()), found.field("counts").to_pylist()))
     classes = config.task == "classification"
     if len(counts) < (2 if classes else 3):  # one class; a "quantity" of one or two values
-        raise label_unfit_for_task(data.path, data.label, config.task, f"its {rows:,} rows",
-                                   str(list(counts)) if classes else ", ".join(counts))
+        raise label_unfit_for_task(
+            data.path,
+            data.label,
+            config.task,
+            f"its {rows:,} rows",
+            str(list(counts)) if classes else ", ".join(counts),
+        )
     if classes:
         check_class_sizes(data.path, data.label, counts)
-

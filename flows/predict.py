@@ -15,7 +15,9 @@ from trainflow.runtime import plain_progress, watch_for_sigterm
 
 
 @flow(name="batch-inference", log_prints=True)
-def batch_inference(config_path: str, overrides: dict[str, Any] | None = None, model: str | None = None) -> dict[str, Any]:
+def batch_inference(
+    config_path: str, overrides: dict[str, Any] | None = None, model: str | None = None
+) -> dict[str, Any]:
     """Predict inference.input into inference.output with model (default: models:/<registered_model>@champion)."""
     watch_for_sigterm()  # a cancel (SIGTERM) stops Ray at once and retries nothing, in every process that runs a flow
     plain_progress()  # MLflow's transfer bars in a terminal only
@@ -28,10 +30,19 @@ def score(config: Config, model: str | None, in_flow: bool = True) -> dict[str, 
     model_uri = model or f"models:/{config.mlflow.registered_model}@champion"
     checkpoint, pinned = step(resolve_checkpoint_task, in_flow)(model_uri, config)
     predictions = step(infer, in_flow)(checkpoint, config, pinned)
-    return redact_value({"model": model_uri, "model_version_uri": pinned, "checkpoint": checkpoint,
-                         "predictions_path": predictions.path, "input_rows": predictions.input_rows,
-                         "output_rows": predictions.output_rows, "unseen_categories": predictions.unseen,
-                         "drift": predictions.drift, "estimated_metrics": predictions.estimated})
+    return redact_value(
+        {
+            "model": model_uri,
+            "model_version_uri": pinned,
+            "checkpoint": checkpoint,
+            "predictions_path": predictions.path,
+            "input_rows": predictions.input_rows,
+            "output_rows": predictions.output_rows,
+            "unseen_categories": predictions.unseen,
+            "drift": predictions.drift,
+            "estimated_metrics": predictions.estimated,
+        }
+    )
 
 
 def skipped_run(config: Config, run_name: str, skipped: dict[str, Any], in_flow: bool = True) -> dict[str, Any]:

@@ -28,10 +28,18 @@ from trainflow.tasks.train import TrainOutcome
 from trainflow.trainer.evaluate import Scored
 
 
-def publish(config: Config, ingested: Ingested, parts: Split, outcome: TrainOutcome, selected: Selected,
-            extra: dict[str, Any], selections: dict[str, Selected] | None = None,
-            oof: Scored | None = None, earlier: EarlierFit | None = None,
-            oof_by_time: Scored | None = None) -> dict[str, Any]:
+def publish(
+    config: Config,
+    ingested: Ingested,
+    parts: Split,
+    outcome: TrainOutcome,
+    selected: Selected,
+    extra: dict[str, Any],
+    selections: dict[str, Selected] | None = None,
+    oof: Scored | None = None,
+    earlier: EarlierFit | None = None,
+    oof_by_time: Scored | None = None,
+) -> dict[str, Any]:
     """Register the selected checkpoint, gate it against @champion, predict inference.input with whichever
     version serves after the gate (a rejected challenger never writes predictions), and report; the summary.
     selections: every candidate's selected checkpoint (scored on the test rows beside the chosen one); oof: the
@@ -42,8 +50,15 @@ def publish(config: Config, ingested: Ingested, parts: Split, outcome: TrainOutc
     fit, scored = calibrate(config, parts.val, selected, outcome.family, oof)
     holdout, judged_on, tested = parts.val, "validation", None
     if parts.test is not None:  # the test rows, read once every choice is made: the final scores and the gate's
-        tested = score_test(config, parts.test, selections or {outcome.family: selected}, outcome.family, parts.plan,
-                            earlier, oof_by_time)
+        tested = score_test(
+            config,
+            parts.test,
+            selections or {outcome.family: selected},
+            outcome.family,
+            parts.plan,
+            earlier,
+            oof_by_time,
+        )
         holdout, judged_on, scored = parts.test, "test", tested.chosen
         for row in extra.get("candidates") or []:
             row.update(tested.metrics.get(row["family"], {}))
@@ -52,18 +67,34 @@ def publish(config: Config, ingested: Ingested, parts: Split, outcome: TrainOutc
     importance = explain(config, holdout, selected.path, promotion, registered)
     predictions = None
     if config.inference.input and promotion.serving_version is None:
-        get_run_logger().warning("nothing predicted: no version of %s is @champion (%s)", promotion.model_name,
-                                 promotion.reason)
+        get_run_logger().warning(
+            "nothing predicted: no version of %s is @champion (%s)", promotion.model_name, promotion.reason
+        )
     elif config.inference.input:
-        predictions = infer(promotion.serving_checkpoint, config, f"models:/{promotion.model_name}/{promotion.serving_version}")
-    summary = summarize(ingested, parts, outcome, selected, registered, promotion, predictions,
-                        extra={"task": config.task, "feature_importance": importance, "calibration_fit": fit,
-                               "test_rows": tested.rows if tested else 0,
-                               "test_metrics": tested.metrics[outcome.family] if tested else None,
-                               "backtest": tested.backtest if tested else None,
-                               "split": parts.plan.describe() if parts.plan else None, "split_path": parts.split_path,
-                               "split_note": parts.note,
-                               **extra})
+        predictions = infer(
+            promotion.serving_checkpoint, config, f"models:/{promotion.model_name}/{promotion.serving_version}"
+        )
+    summary = summarize(
+        ingested,
+        parts,
+        outcome,
+        selected,
+        registered,
+        promotion,
+        predictions,
+        extra={
+            "task": config.task,
+            "feature_importance": importance,
+            "calibration_fit": fit,
+            "test_rows": tested.rows if tested else 0,
+            "test_metrics": tested.metrics[outcome.family] if tested else None,
+            "backtest": tested.backtest if tested else None,
+            "split": parts.plan.describe() if parts.plan else None,
+            "split_path": parts.split_path,
+            "split_note": parts.note,
+            **extra,
+        },
+    )
     report(config, outcome.history, summary)
     describe_version(config, summary)
     return summary

@@ -37,8 +37,13 @@ from trainflow.tasks.common import task_logger
 
 
 @flow(name="retrain", log_prints=True)
-def retrain(config_path: str, overrides: dict[str, Any] | None = None, run_name: str | None = None,
-            force: bool = False, wait: bool = True) -> dict[str, Any]:
+def retrain(
+    config_path: str,
+    overrides: dict[str, Any] | None = None,
+    run_name: str | None = None,
+    force: bool = False,
+    wait: bool = True,
+) -> dict[str, Any]:
     """Train, select, register and predict from one config file; returns the run summary. A run on the champion's
     own data and training config registers nothing (the champion still scores inference.input) unless force. One
     start per run name at a time: another start of the same name waits for it (wait=False: fails at once naming it),
@@ -91,8 +96,16 @@ def _retrain(config: Config, name: str, fingerprint: str | None) -> dict[str, An
         end_parent(config, "KILLED" if stop_requested() else status, summary)
 
 
-def _train_and_publish(config: Config, name: str, ingested: Ingested, parts: Split, prepared: Prepared,
-                       runs: dict[str, str], names: dict[str, list[str]], validation: dict[str, Any]) -> dict[str, Any]:
+def _train_and_publish(
+    config: Config,
+    name: str,
+    ingested: Ingested,
+    parts: Split,
+    prepared: Prepared,
+    runs: dict[str, str],
+    names: dict[str, list[str]],
+    validation: dict[str, Any],
+) -> dict[str, Any]:
     """Train every family (and fold), then bag, ensemble, compare and publish; every family's MLflow run ends as
     the run did."""
     k = parts.fold_count
@@ -105,8 +118,9 @@ def _train_and_publish(config: Config, name: str, ingested: Ingested, parts: Spl
         if k > 1:  # each family's fold models: their out-of-fold predictions, and one bagged checkpoint serving them
             fold_outcomes = {f: [trained[(f, i)] for i in range(k)] for f in runs}
             fold_selections = {f: [select(o, config) for o in fold_outcomes[f]] for f in runs}
-            outcomes, selections, decisions = bag_folds(config, parts, runs, fold_outcomes, fold_selections,
-                                                        ingested.spec.fingerprint)
+            outcomes, selections, decisions = bag_folds(
+                config, parts, runs, fold_outcomes, fold_selections, ingested.spec.fingerprint
+            )
         else:
             outcomes = {f: trained[(f, 0)] for f in runs}
             selections = {f: select(outcome, config) for f, outcome in outcomes.items()}
@@ -117,35 +131,63 @@ def _train_and_publish(config: Config, name: str, ingested: Ingested, parts: Spl
                 if decisions is not None:
                     decisions = decisions.with_ensemble(ENSEMBLE, built.weights)
                     built.outcome.budget["folds"] = k
-        candidates = compare(config, outcomes, selections, "the validation split" if k == 1 else
-                             f"the out-of-fold predictions ({k} folds)") if len(runs) > 1 else None
+        candidates = (
+            compare(
+                config,
+                outcomes,
+                selections,
+                "the validation split" if k == 1 else f"the out-of-fold predictions ({k} folds)",
+            )
+            if len(runs) > 1
+            else None
+        )
         family = candidates.winner if candidates else next(iter(runs))
         outcome, selected = outcomes[family], selections[family]
-        for row in (candidates.scores if candidates else []):  # the leaderboard's cost column (folds summed)
-            row["train_s"] = round(sum(o.train_s or 0.0 for (f, _), o in trained.items() if f == row["family"]), 1) \
-                if row["family"] in runs else None
+        for row in candidates.scores if candidates else []:  # the leaderboard's cost column (folds summed)
+            row["train_s"] = (
+                round(sum(o.train_s or 0.0 for (f, _), o in trained.items() if f == row["family"]), 1)
+                if row["family"] in runs
+                else None
+            )
         earlier = None
         if parts.plan is not None and parts.plan.time_column is not None and parts.test_rows:
             member = backtest_family(family, built.weights if built and family == ENSEMBLE else None)
             recent = fold_selections[member][0] if k > 1 else selections[member]
-            earlier = fit_earlier(config, run_config, parts, prepared, member, recent.path, f"{runs[member]}-earlier",
-                                  share.ends_at)
+            earlier = fit_earlier(
+                config, run_config, parts, prepared, member, recent.path, f"{runs[member]}-earlier", share.ends_at
+            )
         time_budget = share.record()
         oof = {}
         if decisions is not None:  # the figures every choice read, under their own names
             oof = {"folds": k, "oof_metrics": oof_names(selected.metrics), "oof_rows": len(decisions.labels)}
-            for row in (candidates.scores if candidates else []):
+            for row in candidates.scores if candidates else []:
                 row.update(oof_names(selections[row["family"]].metrics))
-        summary = publish(config, ingested, parts, outcome, selected,
-                          {"candidates": candidates.scores if candidates else None, "validation": validation,
-                           "ensemble": built.record if built else None,
-                           "families_left_out": {**prepared.left_out, **timed_out} or None,
-                           "families_failed": failed or None,
-                           "folds": k, "time_budget": {**time_budget, "cut_short": {
-                               o.run_name: o.time_limited_at for o in trained.values() if o.time_limited_at is not None}},
-                           **oof},
-                          selections, decisions.scored(family) if decisions is not None else None, earlier,
-                          decisions.by_time(family) if decisions is not None else None)
+        summary = publish(
+            config,
+            ingested,
+            parts,
+            outcome,
+            selected,
+            {
+                "candidates": candidates.scores if candidates else None,
+                "validation": validation,
+                "ensemble": built.record if built else None,
+                "families_left_out": {**prepared.left_out, **timed_out} or None,
+                "families_failed": failed or None,
+                "folds": k,
+                "time_budget": {
+                    **time_budget,
+                    "cut_short": {
+                        o.run_name: o.time_limited_at for o in trained.values() if o.time_limited_at is not None
+                    },
+                },
+                **oof,
+            },
+            selections,
+            decisions.scored(family) if decisions is not None else None,
+            earlier,
+            decisions.by_time(family) if decisions is not None else None,
+        )
         status = "FINISHED"
         return summary
     finally:  # every MLflow run of this retrain ends as the run did (the fold runs ended when bagged)
@@ -179,8 +221,9 @@ def no_skill_loss(prep) -> float:
     return float(entropy(counts)) if counts else 0.0  # nats, the shares normalized from the counts
 
 
-def _not_earning(family: str, first_fold: TrainOutcome, first_folds: dict[str, float], prepared: Prepared,
-                 k: int) -> str | None:
+def _not_earning(
+    family: str, first_fold: TrainOutcome, first_folds: dict[str, float], prepared: Prepared, k: int
+) -> str | None:
     """Why family's remaining folds are not worth their time, measured on its first fold's validation rows (about a
     k-th of the non-test rows; never the test rows) against the other families' first folds; records its loss in
     first_folds."""
@@ -197,13 +240,16 @@ def _not_earning(family: str, first_fold: TrainOutcome, first_folds: dict[str, f
     gain, best_gain = base - mine, base - others[best]
     if best_gain <= 0 or gain >= NOT_EARNING * best_gain:
         return None
-    return (f"its first fold's validation loss {mine:.4g} gains {gain:.3g} over a model with no skill ({base:.4g}), "
-            f"under {NOT_EARNING:g} of the best first fold's gain ({best} {others[best]:.4g}: {best_gain:.3g}); its "
-            f"folds of {k} not yet started were not trained")
+    return (
+        f"its first fold's validation loss {mine:.4g} gains {gain:.3g} over a model with no skill ({base:.4g}), "
+        f"under {NOT_EARNING:g} of the best first fold's gain ({best} {others[best]:.4g}: {best_gain:.3g}); its "
+        f"folds of {k} not yet started were not trained"
+    )
 
 
-def train_families(config: Config, prepared: Prepared, names: dict[str, list[str]], run_config: Config
-                   ) -> tuple[dict[tuple[str, int], TrainOutcome], dict[str, str], dict[str, str], TimeShare]:
+def train_families(
+    config: Config, prepared: Prepared, names: dict[str, list[str]], run_config: Config
+) -> tuple[dict[tuple[str, int], TrainOutcome], dict[str, str], dict[str, str], TimeShare]:
     """Every family's runs (one per fold), as many at once as the cluster holds worker groups, the next starting as
     soon as one ends, each with its share of train.time_limit (trainer/deadline.py): ({(family, fold): outcome},
     {family: why it failed}, {family: why the time limit or its first fold left it out (auto)}, the time budget
@@ -243,10 +289,15 @@ def train_families(config: Config, prepared: Prepared, names: dict[str, list[str
                 ends_at = max(ends_at, time.time() + MIN_RUN_S)
             write_deadline(folder(f, i), ends_at, share.why)  # always: a killed run's old deadline never applies
             if ends_at is not None:
-                task_logger("retrain").info("%s: its share of the time budget ends in %.0f s (%s)", names[f][i],
-                                            ends_at - time.time(), share.why)
+                task_logger("retrain").info(
+                    "%s: its share of the time budget ends in %.0f s (%s)",
+                    names[f][i],
+                    ends_at - time.time(),
+                    share.why,
+                )
             running[(f, i)] = trainer.with_options(task_run_name=f"train-{f}" + (f"-fold{i}" if k > 1 else "")).submit(
-                prepared.for_fold(i) if k > 1 else prepared, run_config, names[f][i], f)
+                prepared.for_fold(i) if k > 1 else prepared, run_config, names[f][i], f
+            )
         done = wait(list(running.values()), timeout=1.0).done
         for (family, fold), future in [(job, fut) for job, fut in running.items() if fut in done]:
             del running[(family, fold)]
@@ -256,8 +307,10 @@ def train_families(config: Config, prepared: Prepared, names: dict[str, list[str
                 cut = trained[(family, fold)].time_limited_at
                 if cut == 0 and family != first and family not in timed_out:  # one step: no model worth its time
                     unit = trained[(family, fold)].budget.get("unit", "epoch")
-                    timed_out[family] = (f"{share.why}: its run {names[family][fold]} had time for its first {unit} "
-                                         "only; its other runs were not started")
+                    timed_out[family] = (
+                        f"{share.why}: its run {names[family][fold]} had time for its first {unit} "
+                        "only; its other runs were not started"
+                    )
                     task_logger("retrain").warning("%s is left out: %s", family, timed_out[family])
                     jobs = [j for j in jobs if j[0] != family]
                 if config.model.auto and k > 1 and len(names) > 1 and fold == 0 and family not in timed_out:
@@ -271,8 +324,10 @@ def train_families(config: Config, prepared: Prepared, names: dict[str, list[str
                 if isinstance(exc, (ConfigError, DataError)) or stop_requested(exc) or disk_full(exc):
                     raise exc
                 errors.append(exc)
-                failed[family] = redact_text(f"{names[family][fold]} failed (Prefect retries: "
-                                             f"{config.failure.task_retries}): {type(exc).__name__}: {exc}")[:2000]
+                failed[family] = redact_text(
+                    f"{names[family][fold]} failed (Prefect retries: "
+                    f"{config.failure.task_retries}): {type(exc).__name__}: {exc}"
+                )[:2000]
                 task_logger("retrain").warning("%s is left out, the other families go on: %s", family, failed[family])
                 end_runs(config, names[family], family, "FAILED")
                 jobs = [j for j in jobs if j[0] != family]  # a family's other folds are of no use without this one

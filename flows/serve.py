@@ -28,7 +28,9 @@ def _schedule(spec: dict[str, Any], where: str) -> dict[str, Any]:
         raise ConfigError(f"{where}: schedule {spec}: {exc}") from None
 
 
-def runner_deployments(prefect_file: str | Path = PREFECT_FILE, parameters: dict[str, Any] | None = None) -> list[RunnerDeployment]:
+def runner_deployments(
+    prefect_file: str | Path = PREFECT_FILE, parameters: dict[str, Any] | None = None
+) -> list[RunnerDeployment]:
     """The prefect.yaml deployments as in-process runner deployments, with parameters layered on top."""
     prefect_file = Path(prefect_file).resolve()
     root = prefect_file.parents[1]  # deployments/prefect.yaml sits one level under the repository root
@@ -52,8 +54,10 @@ def runner_deployments(prefect_file: str | Path = PREFECT_FILE, parameters: dict
                 parameters=params,
                 schedules=[_schedule(s, where) for s in dep.get("schedules") or []],
                 concurrency_limit=dep.get("concurrency_limit"),
-                triggers=[DeploymentEventTrigger(**{k: v for k, v in t.items() if k != "type"})
-                          for t in dep.get("triggers") or []],
+                triggers=[
+                    DeploymentEventTrigger(**{k: v for k, v in t.items() if k != "type"})
+                    for t in dep.get("triggers") or []
+                ],
                 tags=dep.get("tags"),
                 # by module (trainflow is installed): a run loads the flow without a working-directory path, which a
                 # deployment of the same name made earlier by `prefect deploy` would otherwise leave unset
@@ -65,7 +69,9 @@ def runner_deployments(prefect_file: str | Path = PREFECT_FILE, parameters: dict
     return out
 
 
-def serve_all(prefect_file: str | Path = PREFECT_FILE, config_path: str | None = None, limit: int | None = None) -> None:
+def serve_all(
+    prefect_file: str | Path = PREFECT_FILE, config_path: str | None = None, limit: int | None = None
+) -> None:
     """Register and run the deployments until interrupted (Ctrl-C pauses their schedules)."""
     params = {"config_path": str(Path(config_path).resolve())} if config_path else None
     # the runs it starts inherit this process's environment: their Prefect client waits out an API away as long as

@@ -21,8 +21,13 @@ from trainflow.runtime import plain_progress, watch_for_sigterm
 
 
 @flow(name="tune", log_prints=True)
-def tune(config_path: str, overrides: dict[str, Any] | None = None, run_name: str | None = None,
-         resume: bool = False, wait: bool = True) -> dict[str, Any]:
+def tune(
+    config_path: str,
+    overrides: dict[str, Any] | None = None,
+    run_name: str | None = None,
+    resume: bool = False,
+    wait: bool = True,
+) -> dict[str, Any]:
     """Sweep the config's tune.search_space; the best trial's best checkpoint is registered and gated.
     resume: restore the sweep named run_name from its folder (which unpickles Ray Tune's state: your own only).
     One start per sweep name at a time (wait=False: fail at once naming the holder)."""
@@ -45,7 +50,19 @@ def _tune(config, sweep: str, resume: bool) -> dict[str, Any]:
     swept = tune_sweep(prepared, config, sweep, resume)
     best = swept.best_config
     selected = select(swept.outcome, best)
-    return publish(best, ingested, parts, swept.outcome, selected,
-                   {"sweep": swept.sweep, "trials": swept.trials, "best_trial": swept.best_trial,
-                    "max_concurrent_trials": swept.max_concurrent_trials, "tune_metric": config.tune.metric,
-                    "tune_mode": config.tune.mode, "validation": validation})
+    return publish(
+        best,
+        ingested,
+        parts,
+        swept.outcome,
+        selected,
+        {
+            "sweep": swept.sweep,
+            "trials": swept.trials,
+            "best_trial": swept.best_trial,
+            "max_concurrent_trials": swept.max_concurrent_trials,
+            "tune_metric": config.tune.metric,
+            "tune_mode": config.tune.mode,
+            "validation": validation,
+        },
+    )

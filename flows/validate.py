@@ -38,23 +38,25 @@ def checks(config: Config, in_flow: bool = True) -> dict[str, Any]:
     prepared = step(preprocess, in_flow)(ingested, parts, config, packed=False)
     validation = step(validate_data, in_flow)(config, prepared.preprocessor)
     spec = ingested.spec
-    return redact_value({
-        "valid": True,
-        "task": config.task,
-        "data_path": spec.path,
-        "rows": spec.rows,
-        "train_rows": parts.train_rows,
-        "validation_rows": parts.val_rows,
-        "test_rows": parts.test_rows,
-        "folds": parts.fold_count,
-        "split": parts.plan.describe() if parts.plan else None,
-        "split_note": parts.note,
-        "features": {"numeric": spec.numeric, "text": spec.categorical, "dates": spec.dates},
-        "packed_features": prepared.preprocessor.num_features,
-        "materialized": prepared.materialized,
-        "families": {name: dataclasses.asdict(budget) for name, budget in prepared.budgets.items()},
-        "families_left_out": prepared.left_out or None,
-        "inference_input": config.inference.input,
-        "inference_output": config.inference.output,
-        "validation": {k: v for k, v in validation.items() if k != "checks"},
-    })
+    return redact_value(
+        {
+            "valid": True,
+            "task": config.task,
+            "data_path": spec.path,
+            "rows": spec.rows,
+            "train_rows": parts.train_rows,
+            "validation_rows": parts.val_rows,
+            "test_rows": parts.test_rows,
+            "folds": parts.fold_count,
+            "split": parts.plan.describe() if parts.plan else None,
+            "split_note": parts.note,
+            "features": {"numeric": spec.numeric, "text": spec.categorical, "dates": spec.dates},
+            "packed_features": prepared.preprocessor.num_features,
+            "materialized": prepared.materialized,
+            "families": {name: dataclasses.asdict(budget) for name, budget in prepared.budgets.items()},
+            "families_left_out": prepared.left_out or None,
+            "inference_input": config.inference.input,
+            "inference_output": config.inference.output,
+            "validation": {k: v for k, v in validation.items() if k != "checks"},
+        }
+    )

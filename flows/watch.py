@@ -39,9 +39,20 @@ def watch_data(config_path: str, overrides: dict[str, Any] | None = None) -> dic
     if last != now:
         Variable.set(name, now, overwrite=True)
     if changed:
-        emit_event(event=DATA_EVENT, resource={"prefect.resource.id": f"trainflow.data.{key}"},
-                   payload={"config_path": config_path, "data_path": redact_text(config.data.path), "fingerprint": now,
-                            "previous": last})
-    get_run_logger().info("%s: %s (%s)", redact_text(config.data.path), "changed" if changed else "unchanged" if last else
-                          "first look", now)
+        emit_event(
+            event=DATA_EVENT,
+            resource={"prefect.resource.id": f"trainflow.data.{key}"},
+            payload={
+                "config_path": config_path,
+                "data_path": redact_text(config.data.path),
+                "fingerprint": now,
+                "previous": last,
+            },
+        )
+    get_run_logger().info(
+        "%s: %s (%s)",
+        redact_text(config.data.path),
+        "changed" if changed else "unchanged" if last else "first look",
+        now,
+    )
     return {"changed": changed, "fingerprint": now, "previous": last}

@@ -43,8 +43,14 @@ def numeric_baseline(fine: dict[int, int] | None, rows: int, missing: int) -> di
     for k in keys:  # a fine bin lies wholly inside one coarse bin: the edges are fine-bin boundaries
         counts[np.searchsorted(edges, float(np.sinh(k * STEP + STEP / 2)), side="right")] += fine[k]
     # the fine histogram too (sparse, a few hundred bins): another baseline's data can be re-binned into these edges
-    return {"kind": "numeric", "edges": edges, "counts": counts.tolist(), "nulls": int(missing), "rows": int(rows),
-            "fine": {str(k): v for k, v in fine.items()}}
+    return {
+        "kind": "numeric",
+        "edges": edges,
+        "counts": counts.tolist(),
+        "nulls": int(missing),
+        "rows": int(rows),
+        "fine": {str(k): v for k, v in fine.items()},
+    }
 
 
 def rebin(spec: dict[str, Any], edges: list[float]) -> list[int]:
@@ -60,13 +66,23 @@ def categorical_baseline(counts: dict[str | None, int], rows: int) -> dict[str, 
     nulls = int(counts.get(None, 0))
     values = sorted(((v, int(c)) for v, c in counts.items() if v is not None), key=lambda vc: (-vc[1], vc[0]))
     top = dict(values[:TOP_CATEGORIES])
-    return {"kind": "categorical", "counts": top, "other": int(rows - nulls - sum(top.values())), "nulls": nulls,
-            "rows": int(rows), "distinct": len(values)}
+    return {
+        "kind": "categorical",
+        "counts": top,
+        "other": int(rows - nulls - sum(top.values())),
+        "nulls": nulls,
+        "rows": int(rows),
+        "distinct": len(values),
+    }
 
 
 def label_baseline(task: str, class_counts: dict | None, fine: dict | None, rows: int) -> dict[str, Any]:
     if task == "classification":
-        return {"kind": "classes", "counts": {str(k): int(v) for k, v in (class_counts or {}).items()}, "rows": int(rows)}
+        return {
+            "kind": "classes",
+            "counts": {str(k): int(v) for k, v in (class_counts or {}).items()},
+            "rows": int(rows),
+        }
     return {**numeric_baseline(fine, rows, 0), "kind": "numeric"}
 
 
@@ -90,8 +106,10 @@ def count_batch(baseline: dict[str, Any], batch: pa.Table) -> dict[str, list[int
             x = arr.to_numpy(zero_copy_only=False)  # nulls come as NaN
             missing = np.isnan(x)
             # NaN sorts after every edge: into the last bin, taken out again as the null count
-            bins = np.bincount(np.searchsorted(np.asarray(spec["edges"], dtype=x.dtype), x, side="right"),
-                               minlength=len(spec["edges"]) + 1)
+            bins = np.bincount(
+                np.searchsorted(np.asarray(spec["edges"], dtype=x.dtype), x, side="right"),
+                minlength=len(spec["edges"]) + 1,
+            )
             nulls = int(missing.sum())
             bins[-1] -= nulls
             out[col] = [*bins.tolist(), nulls]
@@ -143,8 +161,14 @@ def linf_distance(p: list[int] | np.ndarray, q: list[int] | np.ndarray) -> float
     return float(np.abs(p / p.sum() - q / q.sum()).max())
 
 
-def drift_report(baseline: dict[str, Any], counts: dict[str, list[int]], rows: int, numeric_threshold: float,
-                 categorical_threshold: float, min_rows: int) -> dict[str, Any]:
+def drift_report(
+    baseline: dict[str, Any],
+    counts: dict[str, list[int]],
+    rows: int,
+    numeric_threshold: float,
+    categorical_threshold: float,
+    min_rows: int,
+) -> dict[str, Any]:
     """Per feature: method, score, threshold, verdict (drifted / ok / too_few_rows); and the drifted columns."""
     columns = {}
     for col, spec in baseline["columns"].items():
@@ -157,59 +181,156 @@ def drift_report(baseline: dict[str, Any], counts: dict[str, list[int]], rows: i
             verdict = "too_few_rows"
         else:
             verdict = "drifted" if math.isfinite(score) and score > threshold else "ok"
-        columns[col] = {"method": method, "score": round(score, 6) if math.isfinite(score) else None,
-                        "threshold": threshold, "verdict": verdict}
-    return {"rows": rows, "min_rows": min_rows, "columns": columns,
-            "drifted_columns": [c for c, r in columns.items() if r["verdict"] == "drifted"]}
+        columns[col] = {
+            "method": method,
+            "score": round(score, 6) if math.isfinite(score) else None,
+            "threshold": threshold,
+            "verdict": verdict,
+        }
+    return {
+        "rows": rows,
+        "min_rows": min_rows,
+        "columns": columns,
+        "drifted_columns": [c for c, r in columns.items() if r["verdict"] == "drifted"],
+    }
 
 
-def _check(check: str, column: str | None, champion: Any, now: Any, threshold: float, key: str, anomaly: bool,
-           score: float | None = None) -> dict[str, Any]:
-    return {"check": check, "column": column, "champion": champion, "now": now, "score": score, "threshold": threshold,
-            "key": key, "anomaly": bool(anomaly)}
+def _check(
+    check: str,
+    column: str | None,
+    champion: Any,
+    now: Any,
+    threshold: float,
+    key: str,
+    anomaly: bool,
+    score: float | None = None,
+) -> dict[str, Any]:
+    return {
+        "check": check,
+        "column": column,
+        "champion": champion,
+        "now": now,
+        "score": score,
+        "threshold": threshold,
+        "key": key,
+        "anomaly": bool(anomaly),
+    }
 
 
 def compare_baselines(old: dict[str, Any], new: dict[str, Any], v: Any) -> list[dict[str, Any]]:
     """Every check of new training data (its baseline) against the champion's: row count, columns gone or added,
     null rates, label balance, numeric distributions, category frequencies. v: the config's validation section."""
-    out = [_check("row_count", None, old["rows"], new["rows"], v.min_row_ratio, "validation.min_row_ratio",
-                  new["rows"] < v.min_row_ratio * old["rows"], round(new["rows"] / max(old["rows"], 1), 4))]
+    out = [
+        _check(
+            "row_count",
+            None,
+            old["rows"],
+            new["rows"],
+            v.min_row_ratio,
+            "validation.min_row_ratio",
+            new["rows"] < v.min_row_ratio * old["rows"],
+            round(new["rows"] / max(old["rows"], 1), 4),
+        )
+    ]
     gone = sorted(set(old["columns"]) - set(new["columns"]))
     added = sorted(set(new["columns"]) - set(old["columns"]))
-    out.append(_check("columns", None, sorted(old["columns"]), sorted(new["columns"]), 0, "data.features",
-                      bool(gone or added), None) | {"gone": gone, "added": added})
+    out.append(
+        _check(
+            "columns",
+            None,
+            sorted(old["columns"]),
+            sorted(new["columns"]),
+            0,
+            "data.features",
+            bool(gone or added),
+            None,
+        )
+        | {"gone": gone, "added": added}
+    )
     judged = new["rows"] >= v.min_rows and old["rows"] >= v.min_rows
     for col in sorted(set(old["columns"]) & set(new["columns"])):
         a, b = old["columns"][col], new["columns"][col]
         was, now = a["nulls"] / max(a["rows"], 1), b["nulls"] / max(b["rows"], 1)
-        out.append(_check("null_rate", col, round(was, 4), round(now, 4), v.max_null_increase,
-                          "validation.max_null_increase", judged and now - was > v.max_null_increase, round(now - was, 4)))
+        out.append(
+            _check(
+                "null_rate",
+                col,
+                round(was, 4),
+                round(now, 4),
+                v.max_null_increase,
+                "validation.max_null_increase",
+                judged and now - was > v.max_null_increase,
+                round(now - was, 4),
+            )
+        )
         if a["kind"] != b["kind"]:
             out.append(_check("kind", col, a["kind"], b["kind"], 0, "data.features", True))
         elif a["kind"] == "numeric":
             score = js_divergence(a["counts"], rebin(b, a["edges"]))
-            out.append(_check("distribution", col, _range(a), _range(b), v.max_numeric_drift,
-                              "validation.max_numeric_drift", judged and score > v.max_numeric_drift, round(score, 4)))
+            out.append(
+                _check(
+                    "distribution",
+                    col,
+                    _range(a),
+                    _range(b),
+                    v.max_numeric_drift,
+                    "validation.max_numeric_drift",
+                    judged and score > v.max_numeric_drift,
+                    round(score, 4),
+                )
+            )
         else:
             keys = list(a["counts"])
             mine = [a["counts"][k] for k in keys] + [a["other"]]
-            theirs = [b["counts"].get(k, 0) for k in keys] + [b["rows"] - b["nulls"] - sum(b["counts"].get(k, 0) for k in keys)]
+            theirs = [b["counts"].get(k, 0) for k in keys] + [
+                b["rows"] - b["nulls"] - sum(b["counts"].get(k, 0) for k in keys)
+            ]
             score = linf_distance(mine, theirs)
             new_values = sorted(set(b["counts"]) - set(a["counts"]))[:5]
-            out.append(_check("categories", col, keys[:5], new_values, v.max_category_drift,
-                              "validation.max_category_drift", judged and score > v.max_category_drift, round(score, 4)))
+            out.append(
+                _check(
+                    "categories",
+                    col,
+                    keys[:5],
+                    new_values,
+                    v.max_category_drift,
+                    "validation.max_category_drift",
+                    judged and score > v.max_category_drift,
+                    round(score, 4),
+                )
+            )
     la, lb = old.get("label") or {}, new.get("label") or {}
     if la.get("kind") == "classes" and lb.get("kind") == "classes":
         keys = sorted(set(la["counts"]) | set(lb["counts"]))
         score = linf_distance([la["counts"].get(k, 0) for k in keys], [lb["counts"].get(k, 0) for k in keys])
         share = {k: round(c / max(sum(la["counts"].values()), 1), 4) for k, c in la["counts"].items()}
         share_now = {k: round(c / max(sum(lb["counts"].values()), 1), 4) for k, c in lb["counts"].items()}
-        out.append(_check("label_balance", "(label)", share, share_now, v.max_label_shift, "validation.max_label_shift",
-                          judged and score > v.max_label_shift, round(score, 4)))
+        out.append(
+            _check(
+                "label_balance",
+                "(label)",
+                share,
+                share_now,
+                v.max_label_shift,
+                "validation.max_label_shift",
+                judged and score > v.max_label_shift,
+                round(score, 4),
+            )
+        )
     elif la.get("kind") == "numeric" and lb.get("kind") == "numeric":
         score = js_divergence(la["counts"], rebin(lb, la["edges"]))
-        out.append(_check("label_distribution", "(label)", _range(la), _range(lb), v.max_label_shift,
-                          "validation.max_label_shift", judged and score > v.max_label_shift, round(score, 4)))
+        out.append(
+            _check(
+                "label_distribution",
+                "(label)",
+                _range(la),
+                _range(lb),
+                v.max_label_shift,
+                "validation.max_label_shift",
+                judged and score > v.max_label_shift,
+                round(score, 4),
+            )
+        )
     return out
 
 

@@ -51,7 +51,9 @@ def date_parts(col: pa.ChunkedArray | pa.Array, parts: list[str]) -> dict[str, n
     out = {}
     for part in parts:
         if part == "elapsed":
-            values = ((ts - pd.Timestamp(0, tz="UTC")).dt.total_seconds() / 86400.0).to_numpy(dtype=np.float64, na_value=np.nan)
+            values = ((ts - pd.Timestamp(0, tz="UTC")).dt.total_seconds() / 86400.0).to_numpy(
+                dtype=np.float64, na_value=np.nan
+            )
         elif part == "dayofweek":
             values = ts.dt.dayofweek.to_numpy(dtype=np.float64, na_value=np.nan)
         else:

@@ -20,7 +20,12 @@ from trainflow import pacing
 from trainflow.errors import DataError
 from trainflow.folds import label_unfit_for_task
 from trainflow.preprocessors.baseline import (
-    STEP, categorical_baseline, count_batch, label_baseline, merge_counts, numeric_baseline,
+    STEP,
+    categorical_baseline,
+    count_batch,
+    label_baseline,
+    merge_counts,
+    numeric_baseline,
 )
 from trainflow.preprocessors.dates import date_parts, looks_like_dates, parts_for
 from trainflow.preprocessors.tabular import TabularPreprocessor
@@ -29,16 +34,20 @@ from trainflow.data import Rows, arrow_schema, streamed_task_args
 from trainflow.tables import TableSpec
 
 
-def check_text_columns(ds: ray.data.Dataset | pa.Table, spec: TableSpec, parse_dates: bool, source: str,
-                       sample: int = 2000) -> None:
+def check_text_columns(
+    ds: ray.data.Dataset | pa.Table, spec: TableSpec, parse_dates: bool, source: str, sample: int = 2000
+) -> None:
     """Look at a sample of each text column (of a Ray Dataset, or a table in this process's memory): ISO-8601 dates
     move to spec.dates (when parse_dates), and a column of nearly all numbers with stray text is an error naming
     the value."""
     text_columns = list(spec.categorical)
     if not text_columns:
         return
-    rows = (ds.select(text_columns).slice(0, sample).to_pylist() if isinstance(ds, pa.Table)
-            else ds.select_columns(text_columns).take(sample))
+    rows = (
+        ds.select(text_columns).slice(0, sample).to_pylist()
+        if isinstance(ds, pa.Table)
+        else ds.select_columns(text_columns).take(sample)
+    )
     for col in text_columns:
         values = [r[col] for r in rows if r[col] is not None and str(r[col]).strip() != ""]
         if parse_dates and looks_like_dates(values):
@@ -53,9 +62,9 @@ def check_text_columns(ds: ray.data.Dataset | pa.Table, spec: TableSpec, parse_d
                 bad.append(v)
         if values and len(bad) <= 0.05 * len(values) and bad:
             raise DataError(
-                f"{source}: column {col!r} holds numbers but also the text {bad[0]!r}; "
-                "fix or blank those values"
+                f"{source}: column {col!r} holds numbers but also the text {bad[0]!r}; fix or blank those values"
             )
+
 
 def _fine_histogram(column) -> dict[int, int]:
     """Counts of floor(asinh(x) / STEP) over a numeric column (nulls and NaN left out): mergeable, range-free."""
@@ -101,21 +110,35 @@ class ColumnStats(AggregateFnV2):
         n_b, mean_b, m2_b, low_b, high_b, hist_b = new_accumulator
         n = n_a + n_b
         delta = mean_b - mean_a
-        return [n, (mean_a * n_a + mean_b * n_b) / n, m2_a + m2_b + delta * delta * n_a * n_b / n,
-                min(low_a, low_b), max(high_a, high_b), _add_counts(hist_a, hist_b)]
+        return [
+            n,
+            (mean_a * n_a + mean_b * n_b) / n,
+            m2_a + m2_b + delta * delta * n_a * n_b / n,
+            min(low_a, low_b),
+            max(high_a, high_b),
+            _add_counts(hist_a, hist_b),
+        ]
 
     def finalize(self, accumulator: list) -> dict[str, Any]:
         count, mean, m2, low, high, hist = accumulator
-        return {"count": count, "mean": mean, "std": math.sqrt(m2 / count) if count else None, "min": low,
-                "max": high, "hist": hist}
+        return {
+            "count": count,
+            "mean": mean,
+            "std": math.sqrt(m2 / count) if count else None,
+            "min": low,
+            "max": high,
+            "hist": hist,
+        }
 
 
 def _column_stats(stats: dict[str, Any], col: str) -> dict[str, Any]:
     """ColumnStats' answer for col; an all-null (or empty) column's: no values."""
     return stats[f"stats:{col}"] or {"count": 0, "mean": None, "std": None, "min": None, "max": None, "hist": {}}
 
+
 def _has_aggregate_kernels(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t)
+
 
 def _cast_columns(batch: pa.Table, casts: dict[str, pa.DataType]) -> pa.Table:
     # Ray's Std has no kernel for bool or decimal columns; those are aggregated as float64
@@ -124,7 +147,9 @@ def _cast_columns(batch: pa.Table, casts: dict[str, pa.DataType]) -> pa.Table:
         batch = batch.set_column(i, name, batch[name].cast(typ))
     return batch
 
+
 DATE_PART_SEP = "\x1f"  # joins a date column and a part name in the fit's expanded table
+
 
 def _expand_dates(batch: pa.Table, dates: dict[str, list[str]]) -> pa.Table:
     # each date column becomes its numeric parts, so Ray's Mean/Std/Count aggregate them like numbers
@@ -135,10 +160,12 @@ def _expand_dates(batch: pa.Table, dates: dict[str, list[str]]) -> pa.Table:
             batch = batch.append_column(f"{col}{DATE_PART_SEP}{part}", pa.array(arr, mask=np.isnan(arr)))
     return batch
 
+
 def _partial_aggregates(batch: pa.Table, aggs: list) -> dict[str, np.ndarray]:
     out = np.empty(1, dtype=object)
     out[0] = [agg.accumulate_block(agg.init(None), batch) for agg in aggs]
     return {"partial": out}
+
 
 def aggregate_streaming(ds: ray.data.Dataset, aggs: list) -> dict[str, Any]:
     """Ray Data aggregates (Count, Mean, Std, ValueCounter ...) over ds as a streaming map-reduce: each block's
@@ -155,6 +182,7 @@ def aggregate_streaming(ds: ray.data.Dataset, aggs: list) -> dict[str, Any]:
         for accs in batch["partial"]:
             merged = [agg.merge(m, a) for agg, m, a in zip(aggs, merged, accs)]
     return {agg.name: agg.finalize(m) for agg, m in zip(aggs, merged)}
+
 
 class BoundedValueCounter(ValueCounter):
     """Ray's ValueCounter holding at most `keep` values (the most frequent, and always the null count): a text
@@ -183,9 +211,11 @@ class BoundedValueCounter(ValueCounter):
         writable = {"values": list(current_accumulator["values"]), "counts": list(current_accumulator["counts"])}
         return self._cut(super().combine(writable, new_accumulator))
 
+
 def aggregate_table(table: pa.Table, aggs: list) -> dict[str, Any]:
     """aggregate_streaming of a table in this process's memory: the same aggregate functions, one block, here."""
     return {agg.name: agg.finalize(agg.accumulate_block(agg.init(None), table)) for agg in aggs}
+
 
 def fit_preprocessor(
     train: Rows, spec: TableSpec, task: str, options: PreprocessSection | None = None
@@ -227,8 +257,16 @@ def fit_preprocessor(
     rows = stats["count()"]
     for col in [*spec.numeric, *parts, *([] if task == "classification" else ["__label__"])]:
         found = _column_stats(stats, col)
-        stats.update({f"mean:{col}": found["mean"], f"std:{col}": found["std"], f"present:{col}": found["count"],
-                      f"min:{col}": found["min"], f"max:{col}": found["max"], f"hist:{col}": found["hist"]})
+        stats.update(
+            {
+                f"mean:{col}": found["mean"],
+                f"std:{col}": found["std"],
+                f"present:{col}": found["count"],
+                f"min:{col}": found["min"],
+                f"max:{col}": found["max"],
+                f"hist:{col}": found["hist"],
+            }
+        )
 
     def counts(key: str, with_null: bool = False) -> dict:
         vc = stats[key] or {"values": [], "counts": []}
@@ -245,16 +283,21 @@ def fit_preprocessor(
             raise label_unfit_for_task(spec.path, spec.label, task, "the training rows", str(classes))
     elif len(stats.get("hist:__label__") or {}) <= 2:
         # every value within a fine bin of one or two values (asinh steps): a class written as numbers, or no label
-        low, high = (float(np.sinh(STEP * k)) for k in (min(stats["hist:__label__"] or [0]),
-                                                       max(stats["hist:__label__"] or [0])))
-        raise label_unfit_for_task(spec.path, spec.label, task, f"its {rows:,} training rows",
-                                   f"about {low:.4g} and {high:.4g}")
-    category_counts = {c: {None if k is None else str(k): v for k, v in counts(f"counts:{c}", True).items()}
-                       for c in spec.categorical}
+        low, high = (
+            float(np.sinh(STEP * k)) for k in (min(stats["hist:__label__"] or [0]), max(stats["hist:__label__"] or [0]))
+        )
+        raise label_unfit_for_task(
+            spec.path, spec.label, task, f"its {rows:,} training rows", f"about {low:.4g} and {high:.4g}"
+        )
+    category_counts = {
+        c: {None if k is None else str(k): v for k, v in counts(f"counts:{c}", True).items()} for c in spec.categorical
+    }
     baseline = {
         "rows": rows,
-        "columns": {**{c: numeric_baseline(stats[f"hist:{c}"], rows, missing(c)) for c in spec.numeric},
-                    **{c: categorical_baseline(category_counts[c], rows) for c in spec.categorical}},
+        "columns": {
+            **{c: numeric_baseline(stats[f"hist:{c}"], rows, missing(c)) for c in spec.numeric},
+            **{c: categorical_baseline(category_counts[c], rows) for c in spec.categorical},
+        },
         "label": label_baseline(task, label_counts, stats.get("hist:__label__"), rows),
     }
     return TabularPreprocessor.from_stats(
@@ -269,13 +312,15 @@ def fit_preprocessor(
         class_counts=label_counts,
         missing={**{c: missing(c) for c in spec.numeric}, **{c: missing(ps[-1]) for c, ps in date_cols.items()}},
         date_stats={
-            c: {p: (stats[f"mean:{name}"], stats[f"std:{name}"]) for p, name in zip(dates[c], date_cols[c])} for c in dates
+            c: {p: (stats[f"mean:{name}"], stats[f"std:{name}"]) for p, name in zip(dates[c], date_cols[c])}
+            for c in dates
         },
         max_onehot=options.max_onehot,
         min_frequency=options.min_frequency,
         max_categories=options.max_categories,
         baseline=baseline,
     )
+
 
 def _unseen_in_batch(batch: pa.Table, prep: dict) -> pa.Table:
     p = TabularPreprocessor.from_dict(prep)
@@ -286,14 +331,17 @@ def _unseen_in_batch(batch: pa.Table, prep: dict) -> pa.Table:
         out[f"{col}\x1fexample"] = [str(batch[col][int(np.flatnonzero(mask)[0])].as_py()) if mask.any() else None]
     return pa.table(out)
 
+
 def count_unseen(ds: ray.data.Dataset, prep: TabularPreprocessor) -> dict[str, dict]:
     """Per text column, the rows whose value is outside the model's vocabulary, and one such value (one pass)."""
     cols = list(prep.text_columns())
     if not cols:
         return {}
-    per_batch = ds.select_columns(cols).map_batches(
-        _unseen_in_batch, fn_kwargs={"prep": prep.to_dict()}, batch_format="pyarrow", batch_size=None
-    ).take_all()
+    per_batch = (
+        ds.select_columns(cols)
+        .map_batches(_unseen_in_batch, fn_kwargs={"prep": prep.to_dict()}, batch_format="pyarrow", batch_size=None)
+        .take_all()
+    )
     return _sum_unseen(per_batch, cols)
 
 
@@ -311,8 +359,10 @@ def _sum_unseen(per_batch: list[dict], cols: list[str]) -> dict[str, dict]:
             out[col] = {"rows": rows, "example": next(r[f"{col}\x1fexample"] for r in per_batch if r[col])}
     return out
 
+
 def _drift_counts(batch: pa.Table, baseline: dict) -> pa.Table:
     return pa.table({"counts": [json.dumps(count_batch(baseline, batch))]})
+
 
 def count_drift(ds: ray.data.Dataset, baseline: dict[str, Any]) -> dict[str, list[int]]:
     """Counts of ds in the baseline's buckets with Ray tasks (a table already in memory: a pass over the object
@@ -320,9 +370,13 @@ def count_drift(ds: ray.data.Dataset, baseline: dict[str, Any]) -> dict[str, lis
     cols = [c for c in baseline.get("columns", {}) if c in arrow_schema(ds, "scoring table").names]
     if not cols:
         return {}
-    parts = ds.select_columns(cols).map_batches(_drift_counts, fn_kwargs={"baseline": baseline}, batch_format="pyarrow",
-                                                batch_size=None).take_all()
+    parts = (
+        ds.select_columns(cols)
+        .map_batches(_drift_counts, fn_kwargs={"baseline": baseline}, batch_format="pyarrow", batch_size=None)
+        .take_all()
+    )
     return merge_counts([json.loads(p["counts"]) for p in parts])
+
 
 def count_drift_table(table: pa.Table, baseline: dict[str, Any]) -> dict[str, list[int]]:
     """count_drift of a table in this process's memory."""
@@ -340,22 +394,31 @@ def check_unseen(unseen: dict[str, dict], prep: TabularPreprocessor, source: str
             "set inference.on_unseen: unknown to predict such rows with the model's unknown code"
         )
 
+
 def _transform(batch: pa.Table, prep: dict, strict: bool) -> dict[str, np.ndarray]:
     return TabularPreprocessor.from_dict(prep).transform_batch(batch, strict=strict)
+
 
 def apply_preprocessor(ds: ray.data.Dataset, prep: TabularPreprocessor, streamed: bool = False) -> ray.data.Dataset:
     """Lazily transform a split into the packed {'features', 'label'} tensor columns."""
     if streamed:  # no select_columns: its own task asks for a CPU (the transform reads only its columns anyway)
-        return ds.map_batches(_transform, fn_kwargs={"prep": prep.to_dict(), "strict": False}, batch_format="pyarrow",
-                              batch_size=None, **streamed_task_args())
+        return ds.map_batches(
+            _transform,
+            fn_kwargs={"prep": prep.to_dict(), "strict": False},
+            batch_format="pyarrow",
+            batch_size=None,
+            **streamed_task_args(),
+        )
     cols = prep.feature_order + [prep.label]
     return ds.select_columns(cols).map_batches(
         _transform, fn_kwargs={"prep": prep.to_dict(), "strict": False}, batch_format="pyarrow", batch_size=None
     )
 
+
 def _packed(rows: pa.Table, prep: TabularPreprocessor) -> ray.data.Dataset:
     # transformed here, put in the object store as one block of tensor columns (what map_batches would make)
     return ray.data.from_arrow(BlockAccessor.batch_to_block(prep.transform_batch(rows, strict=False)))
+
 
 def pack(
     train: Rows, val: Rows, prep: TabularPreprocessor, materialize: bool
@@ -370,6 +433,7 @@ def pack(
         return train.materialize(), val.materialize()
     # no randomize_block_order: it is an all-to-all step that holds every block in the object store
     return pacing.pace(train), pacing.pace(val)
+
 
 def fit_and_pack(
     train: ray.data.Dataset, val: ray.data.Dataset, spec: TableSpec, task: str, options: Any | None = None

@@ -53,7 +53,9 @@ def embedding_dim(num_codes: int) -> int:
     return int(min(600, round(1.6 * num_codes**0.56)))
 
 
-def _stats(mean: float | None, std: float | None, low: float | None = None, high: float | None = None) -> dict[str, float]:
+def _stats(
+    mean: float | None, std: float | None, low: float | None = None, high: float | None = None
+) -> dict[str, float]:
     mean = 0.0 if mean is None or not math.isfinite(mean) else float(mean)
     std = 1.0 if std is None or not math.isfinite(std) or std <= 1e-12 else float(std)
     out = {"mean": mean, "std": std}
@@ -120,7 +122,11 @@ class TabularPreprocessor:
         missing = missing or {}
         numeric = {col: {**_stats(*st), "na": missing.get(col, 0) > 0} for col, st in numeric_stats.items()}
         dates = {
-            col: {"parts": list(parts), "stats": {p: _stats(*v) for p, v in parts.items()}, "na": missing.get(col, 0) > 0}
+            col: {
+                "parts": list(parts),
+                "stats": {p: _stats(*v) for p, v in parts.items()},
+                "na": missing.get(col, 0) > 0,
+            }
             for col, parts in (date_stats or {}).items()
         }
         categorical, embedded = {}, {}
@@ -197,7 +203,9 @@ class TabularPreprocessor:
             if col in self.numeric:
                 names += [col] + ([f"{col}_na"] if self.numeric[col].get("na") else [])
             elif col in self.dates:
-                names += [f"{col}_{p}" for p in self.dates[col]["parts"]] + ([f"{col}_na"] if self.dates[col]["na"] else [])
+                names += [f"{col}_{p}" for p in self.dates[col]["parts"]] + (
+                    [f"{col}_na"] if self.dates[col]["na"] else []
+                )
             elif col in self.embedded:
                 names.append(f"{col}#code")
             else:
@@ -314,15 +322,20 @@ class TabularPreprocessor:
         """A training/validation batch -> {'features': float32 [n, d], 'label': ...}."""
         return {FEATURES: self.transform_features(table, strict=strict), LABEL: self.transform_label(table)}
 
-    def decode_predictions(self, outputs: np.ndarray, threshold: float | None = None) -> dict[str, np.ndarray | pa.Array]:
+    def decode_predictions(
+        self, outputs: np.ndarray, threshold: float | None = None
+    ) -> dict[str, np.ndarray | pa.Array]:
         """Model outputs -> prediction column (and per-class probabilities for classification). threshold (two
         classes): the second class where its probability reaches it, instead of the most probable class."""
         if self.task == "classification":
             z = outputs - outputs.max(axis=1, keepdims=True)
             probs = np.exp(z)
             probs /= probs.sum(axis=1, keepdims=True)
-            chosen = (probs[:, 1] >= threshold).astype(np.int64) if threshold is not None and len(self.classes) == 2 \
+            chosen = (
+                (probs[:, 1] >= threshold).astype(np.int64)
+                if threshold is not None and len(self.classes) == 2
                 else probs.argmax(axis=1)
+            )
             cols: dict[str, Any] = {"prediction": pa.array(self.classes).take(pa.array(chosen))}
             for i, cls in enumerate(self.classes):
                 cols[f"proba_{cls}"] = probs[:, i].astype(np.float64)
@@ -353,7 +366,9 @@ class TabularPreprocessor:
                 raise TypeError("not a JSON object")
             prep = cls.from_dict(data)
         except (ValueError, TypeError) as exc:
-            raise UnreadableCheckpoint(f"{path}: not a preprocessor trainflow wrote ({type(exc).__name__}: {exc})") from None
+            raise UnreadableCheckpoint(
+                f"{path}: not a preprocessor trainflow wrote ({type(exc).__name__}: {exc})"
+            ) from None
         problem = prep.state_problem()
         if problem:
             raise UnreadableCheckpoint(f"{path}: {problem}; refused (not a state that fitting produces)")
@@ -361,6 +376,7 @@ class TabularPreprocessor:
 
     def state_problem(self) -> str | None:
         """What in this state fitting cannot have produced, or None."""
+
         def number(x: Any) -> bool:
             return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
@@ -388,14 +404,14 @@ class TabularPreprocessor:
         if len(set(self.feature_order)) != len(self.feature_order) or sum(map(len, kinds)) != len(self.feature_order):
             return "feature_order must list every described column once"
         for col, st in self.numeric.items():
-            if (problem := stats_problem(f"numeric column {col!r}", st)):
+            if problem := stats_problem(f"numeric column {col!r}", st):
                 return problem
         for col, spec in self.dates.items():
             parts = spec.get("parts") if isinstance(spec, dict) else None
             if not isinstance(parts, list) or not parts or set(parts) != set(spec.get("stats", {})):
                 return f"date column {col!r}: parts and stats do not match"
             for part in parts:
-                if (problem := stats_problem(f"date column {col!r} part {part!r}", spec["stats"][part])):
+                if problem := stats_problem(f"date column {col!r} part {part!r}", spec["stats"][part]):
                     return problem
         for col, spec in {**self.categorical, **self.embedded}.items():
             cats = spec.get("categories") if isinstance(spec, dict) else None
@@ -403,10 +419,16 @@ class TabularPreprocessor:
                 return f"text column {col!r}: categories must be distinct strings"
         for col, spec in self.embedded.items():
             if spec.get("dim") != embedding_dim(len(spec["categories"]) + 1):
-                return (f"embedded column {col!r}: dim {spec.get('dim')!r} is not the width fitting gives "
-                        f"{len(spec['categories'])} categories ({embedding_dim(len(spec['categories']) + 1)})")
+                return (
+                    f"embedded column {col!r}: dim {spec.get('dim')!r} is not the width fitting gives "
+                    f"{len(spec['categories'])} categories ({embedding_dim(len(spec['categories']) + 1)})"
+                )
         if self.task == "classification":
-            if not isinstance(self.classes, list) or len(self.classes) < 2 or len(set(map(str, self.classes))) != len(self.classes):
+            if (
+                not isinstance(self.classes, list)
+                or len(self.classes) < 2
+                or len(set(map(str, self.classes))) != len(self.classes)
+            ):
                 return f"classes {str(self.classes)[:100]} must be at least two distinct classes"
         if not number(self.label_mean) or not number(self.label_std) or not self.label_std > 1e-12:
             return f"label_mean {self.label_mean!r} / label_std {self.label_std!r} must be finite, the std above 0"

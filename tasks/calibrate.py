@@ -22,8 +22,9 @@ FITS = {"temperature": fit_temperature, "platt": fit_platt}
 
 
 @task(name="calibrate", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def calibrate(config: Config, holdout: Rows, selected: Selected, family: str,
-              raw: Scored | None = None) -> tuple[dict[str, Any] | None, Scored | None]:
+def calibrate(
+    config: Config, holdout: Rows, selected: Selected, family: str, raw: Scored | None = None
+) -> tuple[dict[str, Any] | None, Scored | None]:
     """Fit, check and store (calibration.json in the checkpoint) or remove a calibration and a decision threshold;
     what was done and why, with the validation ECE and Brier score before and after, and the validation split's
     scored outputs as the checkpoint now serves them ((None, None) for regression). raw: the checkpoint's
@@ -41,8 +42,9 @@ def calibrate(config: Config, holdout: Rows, selected: Selected, family: str,
     write_calibration(selected.path, stored or None)  # the checked copy every later step serves
     if selected.uri and not is_uri(selected.uri) and selected.uri != selected.path:
         write_calibration(selected.uri, stored or None)  # and the run's own checkpoint, for `predict --model <folder>`
-    get_run_logger().info("calibration: %s", ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                                                      for k, v in record.items()))
+    get_run_logger().info(
+        "calibration: %s", ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items())
+    )
     # the checkpoint's outputs as it now serves them (calibration applied), on every validation row with the slice
     # columns: the gate judges these instead of reading the validation split again
     return record, Scored(raw.prep, outputs, raw.labels, raw.columns)
@@ -57,12 +59,18 @@ def _fit(config: Config, raw, family: str, on: str) -> tuple[dict[str, Any] | No
     record: dict[str, Any] = {"ece_before": before["ece"], "brier_before": before["brier"]}
     if method == "auto":
         if config.train.class_weight is None and before["ece"] <= config.calibration.max_ece:
-            return None, {**record, "method": None, "why": f"{on} ECE {before['ece']:.4f} <= calibration.max_ece "
-                                                           f"{config.calibration.max_ece:g}"}
+            return None, {
+                **record,
+                "method": None,
+                "why": f"{on} ECE {before['ece']:.4f} <= calibration.max_ece {config.calibration.max_ece:g}",
+            }
         # two classes: the family's method (an ensemble of probabilities: Platt scaling); more: a temperature
         method = (REGISTRY[family].calibration if family in REGISTRY else "platt") if n == 2 else "temperature"
-        why = "train.class_weight is set" if config.train.class_weight is not None else \
-            f"{on} ECE {before['ece']:.4f} > calibration.max_ece {config.calibration.max_ece:g}"
+        why = (
+            "train.class_weight is set"
+            if config.train.class_weight is not None
+            else f"{on} ECE {before['ece']:.4f} > calibration.max_ece {config.calibration.max_ece:g}"
+        )
     else:
         why = f"calibration.method: {method}"
     if method == "platt" and n != 2:
@@ -75,8 +83,9 @@ def _fit(config: Config, raw, family: str, on: str) -> tuple[dict[str, Any] | No
     return fitted, {**record, **fitted, "why": why}
 
 
-def _threshold(config: Config, outputs: np.ndarray, y: np.ndarray, n: int, record: dict[str, Any],
-               on: str = "validation") -> float | None:
+def _threshold(
+    config: Config, outputs: np.ndarray, y: np.ndarray, n: int, record: dict[str, Any], on: str = "validation"
+) -> float | None:
     """calibration.decision_threshold for two classes: a number as given, or f1's (the positive class's probability
     that maximises F1 on the validation split, scikit-learn's precision_recall_curve); recorded in record."""
     asked = config.calibration.decision_threshold

@@ -32,18 +32,25 @@ def run_names(config: Config, run_name: str) -> dict[str, str]:
 
 
 @task(name="compare-families", cache_policy=NO_CACHE)
-def compare(config: Config, outcomes: dict[str, TrainOutcome], selections: dict[str, Selected],
-            on: str = "the validation split") -> Candidates:
+def compare(
+    config: Config, outcomes: dict[str, TrainOutcome], selections: dict[str, Selected], on: str = "the validation split"
+) -> Candidates:
     """The family whose best checkpoint scores best by promotion.metric on the validation split (or, with
     cross-fitting, on the out-of-fold predictions: on names them)."""
     metric, mode = config.promotion.metric, config.promotion.mode
     rows = []
     for family, selected in selections.items():
-        rows.append({
-            "family": family, "run_name": outcomes[family].run_name, metric: metric_value(selected.metrics, metric),
-            "epoch": selected.epoch, "epochs_run": len(outcomes[family].history), "checkpoint": selected.uri or selected.path,
-            "unit": outcomes[family].budget.get("unit", "epoch"),  # boosters report rounds
-        })
+        rows.append(
+            {
+                "family": family,
+                "run_name": outcomes[family].run_name,
+                metric: metric_value(selected.metrics, metric),
+                "epoch": selected.epoch,
+                "epochs_run": len(outcomes[family].history),
+                "checkpoint": selected.uri or selected.path,
+                "unit": outcomes[family].budget.get("unit", "epoch"),  # boosters report rounds
+            }
+        )
     scored = [r for r in rows if r[metric] is not None]
     if not scored:
         raise TrainingError(f"no model family reported a finite {metric}: {[r['family'] for r in rows]}")
@@ -51,7 +58,14 @@ def compare(config: Config, outcomes: dict[str, TrainOutcome], selections: dict[
     ranked = scored + [r for r in rows if r[metric] is None]
     log = get_run_logger()
     for r in ranked:
-        log.info("candidate %s (run %s): %s = %s at %s %s", r["family"], r["run_name"], metric, r[metric],
-                 r.get("unit", "epoch"), r["epoch"])
+        log.info(
+            "candidate %s (run %s): %s = %s at %s %s",
+            r["family"],
+            r["run_name"],
+            metric,
+            r[metric],
+            r.get("unit", "epoch"),
+            r["epoch"],
+        )
     log.info("best family on %s by %s (%s): %s", on, metric, mode, scored[0]["family"])
     return Candidates(winner=scored[0]["family"], metric=metric, mode=mode, scores=ranked)

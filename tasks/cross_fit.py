@@ -72,8 +72,11 @@ def fold_config(config: Config, fit_rows: int) -> Config:
 
 def oof_names(metrics: dict[str, Any]) -> dict[str, float]:
     """val_loss -> oof_loss, ...: the same metric over the out-of-fold predictions."""
-    return {("oof_" + k[4:] if k.startswith("val_") else k): float(v) for k, v in metrics.items()
-            if isinstance(v, (int, float))}
+    return {
+        ("oof_" + k[4:] if k.startswith("val_") else k): float(v)
+        for k, v in metrics.items()
+        if isinstance(v, (int, float))
+    }
 
 
 def bag_dir(storage_path: str, run_name: str, sources: list[str]) -> str:
@@ -83,11 +86,21 @@ def bag_dir(storage_path: str, run_name: str, sources: list[str]) -> str:
     return join(storage_path, f"{run_name}-bag", f"bag_{digest}")
 
 
-@task(name="out-of-fold", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error,
-      cache_policy=NO_CACHE)
-def bag_folds(config: Config, parts: Split, runs: dict[str, str], outcomes: dict[str, list[TrainOutcome]],
-              selections: dict[str, list[Selected]], fingerprint: str
-              ) -> tuple[dict[str, TrainOutcome], dict[str, Selected], Decisions]:
+@task(
+    name="out-of-fold",
+    retries=1,
+    retry_delay_seconds=2,
+    retry_condition_fn=retry_unless_user_error,
+    cache_policy=NO_CACHE,
+)
+def bag_folds(
+    config: Config,
+    parts: Split,
+    runs: dict[str, str],
+    outcomes: dict[str, list[TrainOutcome]],
+    selections: dict[str, list[Selected]],
+    fingerprint: str,
+) -> tuple[dict[str, TrainOutcome], dict[str, Selected], Decisions]:
     """Every family's out-of-fold outputs (fold k's held-out rows through fold model k, one pass per fold for all
     families) and its bagged checkpoint, scored by them: (outcomes, selections, decisions) per family."""
     log = get_run_logger()
@@ -103,8 +116,12 @@ def bag_folds(config: Config, parts: Split, runs: dict[str, str], outcomes: dict
             pieces[f].append(outs[f])
         labels.append(y)
         times.extend(c for column in kept.values() for c in column.chunks)
-    decisions = Decisions(prep, {f: np.concatenate(p) for f, p in pieces.items()}, np.concatenate(labels),
-                          {keep[0]: pa.chunked_array(times, type=times[0].type)} if keep and times else {})
+    decisions = Decisions(
+        prep,
+        {f: np.concatenate(p) for f, p in pieces.items()},
+        np.concatenate(labels),
+        {keep[0]: pa.chunked_array(times, type=times[0].type)} if keep and times else {},
+    )
     for f in families:  # each fold model's MLflow run is complete: the bag is registered under its own run
         end_runs(config, [o.run_name for o in outcomes[f]], f, "FINISHED")
     bagged_outcomes, bagged = {}, {}
@@ -113,26 +130,48 @@ def bag_folds(config: Config, parts: Split, runs: dict[str, str], outcomes: dict
         folds, chosen = outcomes[f], selections[f]
         sources = [s.uri or s.path for s in chosen]
         target = bag_dir(config.storage_path, runs[f], sources)
-        written = write_bundle(target, {fold_dir("", k): s.path for k, s in enumerate(chosen)}, BAG_FILE,
-                               json.dumps({"folds": len(chosen), "fold_checkpoints": sources}, indent=1), metrics,
-                               prep.to_dict(), read_config(chosen[0].path), lineage_for(config, fingerprint, f))
+        written = write_bundle(
+            target,
+            {fold_dir("", k): s.path for k, s in enumerate(chosen)},
+            BAG_FILE,
+            json.dumps({"folds": len(chosen), "fold_checkpoints": sources}, indent=1),
+            metrics,
+            prep.to_dict(),
+            read_config(chosen[0].path),
+            lineage_for(config, fingerprint, f),
+        )
         local = private_copy(written)  # checked here, read by every later step
         load_servable(local)
         epochs = [s.epoch for s in chosen]
         bagged_outcomes[f] = TrainOutcome(
-            run_name=runs[f], family=f, run_path=target.rsplit("/", 1)[0],
+            run_name=runs[f],
+            family=f,
+            run_path=target.rsplit("/", 1)[0],
             # the longest fold's history: the bag's epoch (its folds' latest best) never lies past the steps it names
             checkpoints=[{"path": target, "epoch": max(epochs), "metrics": metrics}],
             history=max((o.history for o in folds), key=len),
             resumed_from_epoch=next((o.resumed_from_epoch for o in folds if o.resumed_from_epoch is not None), None),
             recoveries=[r for o in folds for r in o.recoveries],
-            budget={**folds[0].budget, "folds": len(folds), "fold_runs": [o.run_name for o in folds],
-                    "fold_epochs": epochs},
+            budget={
+                **folds[0].budget,
+                "folds": len(folds),
+                "fold_runs": [o.run_name for o in folds],
+                "fold_epochs": epochs,
+            },
         )
-        bagged[f] = Selected(path=local, epoch=max(epochs), metrics=metrics,
-                             skipped=[s for c in chosen for s in c.skipped], uri=target)
+        bagged[f] = Selected(
+            path=local, epoch=max(epochs), metrics=metrics, skipped=[s for c in chosen for s in c.skipped], uri=target
+        )
         metric = config.promotion.metric
-        log.info("%s: %d fold models (best %s %s); out-of-fold %s = %.5g over %d rows; bag %s", f, len(chosen),
-                 bagged_outcomes[f].budget.get("unit", "epoch") + "s", epochs, metric, metrics.get(metric, np.nan),
-                 len(decisions.labels), target)
+        log.info(
+            "%s: %d fold models (best %s %s); out-of-fold %s = %.5g over %d rows; bag %s",
+            f,
+            len(chosen),
+            bagged_outcomes[f].budget.get("unit", "epoch") + "s",
+            epochs,
+            metric,
+            metrics.get(metric, np.nan),
+            len(decisions.labels),
+            target,
+        )
     return bagged_outcomes, bagged, decisions

@@ -43,21 +43,31 @@ def bar_chart(drift: dict[str, Any]):
 
 
 def markdown(drift: dict[str, Any], model: str, source: str) -> str:
-    rows = "\n".join(f"| {md(c)} | {r['method']} | {r['score']} | {r['threshold']} | {r['verdict']} |"
-                     for c, r in drift["columns"].items())
+    rows = "\n".join(
+        f"| {md(c)} | {r['method']} | {r['score']} | {r['threshold']} | {r['verdict']} |"
+        for c, r in drift["columns"].items()
+    )
     png = png_data_uri(bar_chart(drift))[1] if drift["columns"] else ""
     drifted = ", ".join(md_code(c) for c in drift["drifted_columns"]) or "none"
-    return (f"# Drift of {md_code(source)} from {md(model)}'s training data\n\n{drift['rows']} scoring rows; drifted: {drifted}\n\n"
-            f"| column | measure | score | threshold | verdict |\n|---|---|---|---|---|\n{rows}\n\n"
-            + (f"![drift per feature]({png})\n" if png else ""))
+    return (
+        f"# Drift of {md_code(source)} from {md(model)}'s training data\n\n{drift['rows']} scoring rows; drifted: {drifted}\n\n"
+        f"| column | measure | score | threshold | verdict |\n|---|---|---|---|---|\n{rows}\n\n"
+        + (f"![drift per feature]({png})\n" if png else "")
+    )
 
 
 def metric_name(column: str) -> str:
     return mlflow_key(f"drift.{column}")
 
 
-def publish(config: Config, model: str, source: str, drift: dict[str, Any], text: str | None = None,
-            estimated_drop: dict[str, float] | None = None) -> None:
+def publish(
+    config: Config,
+    model: str,
+    source: str,
+    drift: dict[str, Any],
+    text: str | None = None,
+    estimated_drop: dict[str, float] | None = None,
+) -> None:
     """Log, artifact (text: markdown(drift, model, source) when drawn already), MLflow metrics on the model
     version's run, and one event when a column drifted or the estimated performance fell (estimated_drop, from
     publish_estimate): the automations that retrain on drift retrain on either."""
@@ -70,25 +80,39 @@ def publish(config: Config, model: str, source: str, drift: dict[str, Any], text
     log = task_logger("drift")
     drifted = drift.get("drifted_columns", [])
     if drifted:
-        log.warning("drift from the training data in %s: %s", source,
-                    {c: round(drift["columns"][c]["score"], 3) for c in drifted})
+        log.warning(
+            "drift from the training data in %s: %s",
+            source,
+            {c: round(drift["columns"][c]["score"], 3) for c in drifted},
+        )
     if drift:
         _log_to_mlflow(config, model, drift)
     if not in_prefect_run():  # small work run without Prefect: the scores are in MLflow, the summary says the rest
         return
     if drift:
-        create_markdown_artifact(markdown=text or markdown(drift, model, source),
-                                 key=artifact_key(config.mlflow.registered_model, "drift"),
-                                 description=f"Drift of {source} from the serving model's training data")
+        create_markdown_artifact(
+            markdown=text or markdown(drift, model, source),
+            key=artifact_key(config.mlflow.registered_model, "drift"),
+            description=f"Drift of {source} from the serving model's training data",
+        )
     if drifted or estimated_drop:
-        payload = {"model": model, "input": source, "drifted_columns": drifted,
-                   "scores": {c: drift["columns"][c]["score"] for c in drifted}}
+        payload = {
+            "model": model,
+            "input": source,
+            "drifted_columns": drifted,
+            "scores": {c: drift["columns"][c]["score"] for c in drifted},
+        }
         if estimated_drop:
             [(metric, drop)] = estimated_drop.items()
-            payload.update(estimated_drop=estimated_drop, reason=f"the estimated {metric} (CBPE) fell by {drop:.4f} "
-                                                                 f"> monitor.max_drop {config.monitor.max_drop}")
-        emit_event(event=DRIFT_EVENT, resource={"prefect.resource.id": f"trainflow.model.{config.mlflow.registered_model}"},
-                   payload=payload)
+            payload.update(
+                estimated_drop=estimated_drop,
+                reason=f"the estimated {metric} (CBPE) fell by {drop:.4f} > monitor.max_drop {config.monitor.max_drop}",
+            )
+        emit_event(
+            event=DRIFT_EVENT,
+            resource={"prefect.resource.id": f"trainflow.model.{config.mlflow.registered_model}"},
+            payload=payload,
+        )
 
 
 def _log_to_mlflow(config: Config, model: str, drift: dict[str, Any]) -> None:
@@ -97,24 +121,35 @@ def _log_to_mlflow(config: Config, model: str, drift: dict[str, Any]) -> None:
     log_to_version_run(config, model, scored)
 
 
-def publish_estimate(config: Config, model: str, source: str, estimated: dict[str, float],
-                     rows: int) -> dict[str, float] | None:
+def publish_estimate(
+    config: Config, model: str, source: str, estimated: dict[str, float], rows: int
+) -> dict[str, float] | None:
     """A classifier's performance on a scoring table estimated from its calibrated probabilities (CBPE, no labels),
     recorded beside the drift scores: logged, and `estimated_<metric>` on the serving version's MLflow run, one point
     per scoring run (`trainflow monitor` later puts the labels' figures beside them). An estimated `promotion.metric`
     worse than the version's held-out score by more than `monitor.max_drop` (on at least `monitor.min_rows` rows)
     is news before any label: a warning, and {metric: drop} returned for the drift event (publish)."""
     log = task_logger("drift")
-    log.info("estimated without labels on %s (CBPE, from the calibrated probabilities): %s", source,
-             ", ".join(f"{k.removeprefix('val_')} {v:.4f}" for k, v in estimated.items()))
+    log.info(
+        "estimated without labels on %s (CBPE, from the calibrated probabilities): %s",
+        source,
+        ", ".join(f"{k.removeprefix('val_')} {v:.4f}" for k, v in estimated.items()),
+    )
     logged = log_to_version_run(config, model, {f"estimated_{k}": v for k, v in estimated.items()})
     metric = config.promotion.metric
     baseline, _ = held_out_score(logged or {}, metric)
     drop = score_drop(config, baseline, estimated.get(metric))
     if drop is None or drop <= config.monitor.max_drop or rows < config.monitor.min_rows:
         return None
-    log.warning("estimated %s on %s is %.4f, worse by %.4f than the version's held-out %.4f (monitor.max_drop %s)",
-                metric.removeprefix("val_"), source, estimated[metric], drop, baseline, config.monitor.max_drop)
+    log.warning(
+        "estimated %s on %s is %.4f, worse by %.4f than the version's held-out %.4f (monitor.max_drop %s)",
+        metric.removeprefix("val_"),
+        source,
+        estimated[metric],
+        drop,
+        baseline,
+        config.monitor.max_drop,
+    )
     return {metric: drop}
 
 

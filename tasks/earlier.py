@@ -48,8 +48,16 @@ def backtest_family(chosen: str, weights: dict[str, float] | None) -> str:
     return max(weights, key=weights.get)
 
 
-def fit_earlier(config: Config, run_config: Config, parts: Split, prepared: Prepared, family: str, recent: str,
-                run_name: str, ends_at: float | None) -> EarlierFit:
+def fit_earlier(
+    config: Config,
+    run_config: Config,
+    parts: Split,
+    prepared: Prepared,
+    family: str,
+    recent: str,
+    run_name: str,
+    ends_at: float | None,
+) -> EarlierFit:
     """Train the earlier model of family (recent: the recent model's selected checkpoint folder) under run_name,
     by ends_at (the time budget's end, None: no limit); an EarlierFit whose `skipped` says why when there is none."""
     plan, log = parts.plan, task_logger("backtest")
@@ -67,15 +75,24 @@ def fit_earlier(config: Config, run_config: Config, parts: Split, prepared: Prep
     packed_train, packed_val = pack(train_rows, held_rows, prepared.preprocessor, prepared.materialized)
     mine = replace(prepared, train=packed_train, val=packed_val, folds=None)
     shift = plan.earlier["recent_end"] - plan.earlier["end"]
-    log.info("backtest: training %s again as %s on its %d oldest rows to %s (early-stopping on the next %d), "
-             "cut off %s before the model it is compared with", family, run_name, int(plan.earlier["rows"]),
-             plan.time_text(plan.earlier["end"]), int(plan.earlier["validation_rows"]), _span(plan, shift))
+    log.info(
+        "backtest: training %s again as %s on its %d oldest rows to %s (early-stopping on the next %d), "
+        "cut off %s before the model it is compared with",
+        family,
+        run_name,
+        int(plan.earlier["rows"]),
+        plan.time_text(plan.earlier["end"]),
+        int(plan.earlier["validation_rows"]),
+        _span(plan, shift),
+    )
     write_deadline(run_dir(run_config.for_family(family), run_name), ends_at, "train.time_limit" if ends_at else "")
     status = "FAILED"
     try:  # a report, not the model: its failure is said and the run goes on; a stop or a bad config is not
-        outcome = train.with_options(task_run_name=f"train-{family}-earlier", retries=config.failure.task_retries,
-                                     retry_delay_seconds=config.failure.retry_delay_s)(mine, run_config, run_name,
-                                                                                       family)
+        outcome = train.with_options(
+            task_run_name=f"train-{family}-earlier",
+            retries=config.failure.task_retries,
+            retry_delay_seconds=config.failure.retry_delay_s,
+        )(mine, run_config, run_name, family)
         chosen = select(outcome, config)
         status = "FINISHED"
     except Exception as exc:  # noqa: BLE001 - anything a fit raises, as train_families sorts it

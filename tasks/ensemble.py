@@ -16,7 +16,14 @@ from trainflow.storage import private_copy
 from trainflow.tasks.cross_fit import Decisions
 from trainflow.tasks.select import Selected
 from trainflow.tasks.train import TrainOutcome, lineage_for
-from trainflow.trainer.ensemble import ROUNDS, cross_fitted, ensemble_dir, greedy_weights, member_outputs, write_ensemble
+from trainflow.trainer.ensemble import (
+    ROUNDS,
+    cross_fitted,
+    ensemble_dir,
+    greedy_weights,
+    member_outputs,
+    write_ensemble,
+)
 from trainflow.trainer.metrics import compute_metrics
 from trainflow.trainer.serving import combine, load_servable
 
@@ -30,9 +37,15 @@ class Built:
 
 
 @task(name="ensemble", cache_policy=NO_CACHE)
-def ensemble(config: Config, holdout: Rows | None, outcomes: dict[str, TrainOutcome],
-             selections: dict[str, Selected], run_name: str, fingerprint: str,
-             decisions: Decisions | None = None) -> Built | None:
+def ensemble(
+    config: Config,
+    holdout: Rows | None,
+    outcomes: dict[str, TrainOutcome],
+    selections: dict[str, Selected],
+    run_name: str,
+    fingerprint: str,
+    decisions: Decisions | None = None,
+) -> Built | None:
     """Greedy ensemble selection over the families' selected checkpoints on the validation split (or, with
     cross-fitting, on their out-of-fold outputs: decisions); None when it keeps a single member (that family is
     already a candidate). The ensemble's metrics are cross-fitted (each half of the rows scored with weights fitted
@@ -52,30 +65,62 @@ def ensemble(config: Config, holdout: Rows | None, outcomes: dict[str, TrainOutc
     if len(kept) < 2:
         log.info("ensemble: greedy selection on %s kept %s alone; no ensemble candidate", rows_are, list(kept))
         return None
-    crossed = compute_metrics(prep.task, cross_fitted(prep.task, [outputs[f] for f in families], labels, config.split.seed),
-                              labels, prep)
-    in_sample = compute_metrics(prep.task, combine(prep.task, [outputs[f] for f in kept], list(kept.values())), labels, prep)
+    crossed = compute_metrics(
+        prep.task, cross_fitted(prep.task, [outputs[f] for f in families], labels, config.split.seed), labels, prep
+    )
+    in_sample = compute_metrics(
+        prep.task, combine(prep.task, [outputs[f] for f in kept], list(kept.values())), labels, prep
+    )
     members = {f: selections[f].path for f in kept}
     sources = {f: selections[f].uri or selections[f].path for f in kept}
     target = ensemble_dir(config.storage_path, run_name, kept, sources)
-    local = private_copy(write_ensemble(target, members, kept, crossed, prep.to_dict(), config.to_dict(),
-                                        lineage_for(config, fingerprint, ENSEMBLE)))  # checked here, read after
+    local = private_copy(
+        write_ensemble(
+            target, members, kept, crossed, prep.to_dict(), config.to_dict(), lineage_for(config, fingerprint, ENSEMBLE)
+        )
+    )  # checked here, read after
     load_servable(local)  # proven loadable, as select proves a family's checkpoint
     record = {
         "weighted_on": "out-of-fold" if decisions is not None else "validation",
-        "members": [{"family": f, "weight": kept.get(f, 0.0), metric: selections[f].metrics.get(metric),
-                     "checkpoint": selections[f].uri or selections[f].path,
-                     **({} if f in kept else {"left_out": f"greedy selection on {rows_are} gave it weight 0: adding "
-                                                          "it never lowered the ensemble's loss"})}
-                    for f in families],
+        "members": [
+            {
+                "family": f,
+                "weight": kept.get(f, 0.0),
+                metric: selections[f].metrics.get(metric),
+                "checkpoint": selections[f].uri or selections[f].path,
+                **(
+                    {}
+                    if f in kept
+                    else {
+                        "left_out": f"greedy selection on {rows_are} gave it weight 0: adding "
+                        "it never lowered the ensemble's loss"
+                    }
+                ),
+            }
+            for f in families
+        ],
         "rounds": ROUNDS,
-        "cross_fitted": crossed, "in_sample": in_sample, "rows": int(len(labels)),
+        "cross_fitted": crossed,
+        "in_sample": in_sample,
+        "rows": int(len(labels)),
     }
     described = ", ".join(f"{f} {w:.2f}" for f, w in kept.items())
-    log.info("ensemble: weights %s; cross-fitted %s = %.5g (fitted on all rows: %.5g)", described, metric,
-             crossed.get(metric, np.nan), in_sample.get(metric, np.nan))
-    outcome = TrainOutcome(run_name=f"{run_name}-{ENSEMBLE}", family=ENSEMBLE, run_path=target.rsplit("/", 1)[0],
-                           checkpoints=[{"path": target, "epoch": 0, "metrics": crossed}], history=[],
-                           budget={"description": f"no training of its own: the members' best checkpoints weighted "
-                                                  f"{described}", "weights": kept})
+    log.info(
+        "ensemble: weights %s; cross-fitted %s = %.5g (fitted on all rows: %.5g)",
+        described,
+        metric,
+        crossed.get(metric, np.nan),
+        in_sample.get(metric, np.nan),
+    )
+    outcome = TrainOutcome(
+        run_name=f"{run_name}-{ENSEMBLE}",
+        family=ENSEMBLE,
+        run_path=target.rsplit("/", 1)[0],
+        checkpoints=[{"path": target, "epoch": 0, "metrics": crossed}],
+        history=[],
+        budget={
+            "description": f"no training of its own: the members' best checkpoints weighted {described}",
+            "weights": kept,
+        },
+    )
     return Built(outcome, Selected(path=local, epoch=0, metrics=crossed, skipped=[], uri=target), record, kept)

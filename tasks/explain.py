@@ -42,8 +42,9 @@ def champion_importance(client: mlflow.MlflowClient, name: str, version: str | N
 
 
 @task(name="explain", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def explain(config: Config, holdout: Rows, checkpoint_path: str, promotion: Promotion,
-            registered: Registered) -> list[dict[str, Any]]:
+def explain(
+    config: Config, holdout: Rows, checkpoint_path: str, promotion: Promotion, registered: Registered
+) -> list[dict[str, Any]]:
     """Permutation importance of every feature column on up to IMPORTANCE_ROWS validation rows (seeded by
     split.seed), on promotion.metric; for tree families their gain share too; with the change against the champion
     the gate compared with."""
@@ -60,12 +61,22 @@ def explain(config: Config, holdout: Rows, checkpoint_path: str, promotion: Prom
         if row["column"] in theirs:
             row["champion_importance"] = theirs[row["column"]]
             row["change"] = row["importance"] - theirs[row["column"]]
-    client.log_dict(registered.run_id, {"metric": metric, "mode": mode, "rows": sample.num_rows, "columns": rows},
-                    IMPORTANCE_FILE)
+    client.log_dict(
+        registered.run_id, {"metric": metric, "mode": mode, "rows": sample.num_rows, "columns": rows}, IMPORTANCE_FILE
+    )
     now = int(time.time() * 1000)
-    client.log_batch(registered.run_id, metrics=[
-        Metric(mlflow_key(f"importance.{r['column']}"), r["importance"], now, 0) for r in rows[:900]
-        if math.isfinite(r["importance"])])
-    get_run_logger().info("feature importance (%s, %d rows): %s", metric, sample.num_rows,
-                          ", ".join(f"{r['column']} {r['importance']:.4g}" for r in rows[:10]))
+    client.log_batch(
+        registered.run_id,
+        metrics=[
+            Metric(mlflow_key(f"importance.{r['column']}"), r["importance"], now, 0)
+            for r in rows[:900]
+            if math.isfinite(r["importance"])
+        ],
+    )
+    get_run_logger().info(
+        "feature importance (%s, %d rows): %s",
+        metric,
+        sample.num_rows,
+        ", ".join(f"{r['column']} {r['importance']:.4g}" for r in rows[:10]),
+    )
     return rows

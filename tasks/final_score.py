@@ -31,15 +31,29 @@ class TestScores:
 
 def test_names(metrics: dict[str, Any]) -> dict[str, float]:
     """val_loss -> test_loss, ...: the same metric measured on the test rows."""
-    return {("test_" + k[4:] if k.startswith("val_") else k): float(v) for k, v in metrics.items()
-            if isinstance(v, (int, float))}
+    return {
+        ("test_" + k[4:] if k.startswith("val_") else k): float(v)
+        for k, v in metrics.items()
+        if isinstance(v, (int, float))
+    }
 
 
-@task(name="score-test", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error,
-      cache_policy=NO_CACHE)
-def score_test(config: Config, test: Rows, selections: dict[str, Selected], chosen: str,
-               plan: FoldPlan | None = None, earlier: EarlierFit | None = None,
-               oof: Scored | None = None) -> TestScores:
+@task(
+    name="score-test",
+    retries=1,
+    retry_delay_seconds=2,
+    retry_condition_fn=retry_unless_user_error,
+    cache_policy=NO_CACHE,
+)
+def score_test(
+    config: Config,
+    test: Rows,
+    selections: dict[str, Selected],
+    chosen: str,
+    plan: FoldPlan | None = None,
+    earlier: EarlierFit | None = None,
+    oof: Scored | None = None,
+) -> TestScores:
     """Every candidate's test metrics (the chosen one as it serves, calibration applied; the others as trained), and
     the chosen one's scored test rows; by time (plan), its backtest (trainer/backtest.py): by the test rows' age, and
     the earlier model (tasks/earlier.py) against the recent one on the test rows, and the metric by time on the
@@ -57,19 +71,29 @@ def score_test(config: Config, test: Rows, selections: dict[str, Selected], chos
     aged = None
     if timed and rows:
         aged = _backtest(config, chosen_scored, plan) or {
-            "metric": config.promotion.metric.removeprefix("val_"), "slices": [],
-            "unit": "unit of the time column" if plan.time_kind == "number" else "month"}
-        aged["by_time"] = {"test": _by_time(config, chosen_scored, plan),
-                           **({"out-of-fold": _by_time(config, oof, plan)} if oof is not None else {})}
+            "metric": config.promotion.metric.removeprefix("val_"),
+            "slices": [],
+            "unit": "unit of the time column" if plan.time_kind == "number" else "month",
+        }
+        aged["by_time"] = {
+            "test": _by_time(config, chosen_scored, plan),
+            **({"out-of-fold": _by_time(config, oof, plan)} if oof is not None else {}),
+        }
         if earlier is not None:
             aged.update(earlier_family=earlier.family, **_compared(config, test, earlier, plan))
     for column in extra:  # read for the backtest only: the gate's slices are the ones asked for
         chosen_scored.columns.pop(column, None)
     if aged:
         get_run_logger().info("backtest: %s", backtest_line(aged))
-    get_run_logger().info("test rows (%d, untouched by every choice): %s", rows, ", ".join(
-        f"{f} {config.promotion.metric.replace('val_', 'test_', 1)}="
-        f"{m.get(config.promotion.metric.replace('val_', 'test_', 1), float('nan')):.4g}" for f, m in metrics.items()))
+    get_run_logger().info(
+        "test rows (%d, untouched by every choice): %s",
+        rows,
+        ", ".join(
+            f"{f} {config.promotion.metric.replace('val_', 'test_', 1)}="
+            f"{m.get(config.promotion.metric.replace('val_', 'test_', 1), float('nan')):.4g}"
+            for f, m in metrics.items()
+        ),
+    )
     return TestScores(rows, metrics, chosen_scored, aged)
 
 
@@ -94,15 +118,24 @@ def _backtest(config: Config, scored: Scored, plan: FoldPlan) -> dict[str, Any] 
     def metric(rows):
         return float(scored.metrics(rows).get(name, float("nan")))
 
-    return backtest(times, metric, cutoff, "unit" if plan.time_kind == "number" else "day",
-                    name.removeprefix("val_"), config.promotion.mode == "max", config.split.seed)
+    return backtest(
+        times,
+        metric,
+        cutoff,
+        "unit" if plan.time_kind == "number" else "day",
+        name.removeprefix("val_"),
+        config.promotion.mode == "max",
+        config.split.seed,
+    )
 
 
 def _by_time(config: Config, scored: Scored, plan: FoldPlan) -> list[dict[str, Any]]:
     """promotion.metric on slices of scored's rows in time order, each with its time range as the column writes it."""
     times, name = _times(scored, plan), config.promotion.metric
-    return [{**s, "start": plan.time_text(s["start"]), "end": plan.time_text(s["end"])} for s in time_slices(
-        times, lambda rows: float(scored.metrics(rows).get(name, float("nan"))))]
+    return [
+        {**s, "start": plan.time_text(s["start"]), "end": plan.time_text(s["end"])}
+        for s in time_slices(times, lambda rows: float(scored.metrics(rows).get(name, float("nan"))))
+    ]
 
 
 def _compared(config: Config, test: Rows, earlier: EarlierFit, plan: FoldPlan) -> dict[str, Any]:
@@ -116,10 +149,23 @@ def _compared(config: Config, test: Rows, earlier: EarlierFit, plan: FoldPlan) -
     scale = 86400.0 if plan.time_kind == "timestamp" else 1.0  # seconds: in days
     shift = earlier.shift / scale
     age = float(np.median(_times(recent, plan)) - plan.earlier["recent_end"]) / scale
-    compared = earlier_comparison(lambda rows: float(recent.metrics(rows).get(name, float("nan"))),
-                                  lambda rows: float(old.metrics(rows).get(name, float("nan"))), len(recent.labels),
-                                  shift, "day" if days else "unit", config.promotion.mode == "max", config.split.seed)
+    compared = earlier_comparison(
+        lambda rows: float(recent.metrics(rows).get(name, float("nan"))),
+        lambda rows: float(old.metrics(rows).get(name, float("nan"))),
+        len(recent.labels),
+        shift,
+        "day" if days else "unit",
+        config.promotion.mode == "max",
+        config.split.seed,
+    )
     if compared is None:
         return {"earlier_skipped": "its metric on the test rows could not be computed"}
-    return {"earlier": {**compared, "age": age, "run_name": earlier.run_name, "cutoff": plan.time_text(plan.earlier["end"]),
-                        "recent_cutoff": plan.time_text(plan.earlier["recent_end"])}}
+    return {
+        "earlier": {
+            **compared,
+            "age": age,
+            "run_name": earlier.run_name,
+            "cutoff": plan.time_text(plan.earlier["end"]),
+            "recent_cutoff": plan.time_text(plan.earlier["recent_end"]),
+        }
+    }

@@ -18,7 +18,10 @@ from trainflow.trainer.checkpoint import read_config
 from trainflow.trainer.families.network import user_class_path
 from trainflow.trainer.serving import member_dirs
 from trainflow.trainer.predict import (
-    CountCollector, NonFiniteOutput, predict_arrow, predict_dataset,
+    CountCollector,
+    NonFiniteOutput,
+    predict_arrow,
+    predict_dataset,
 )
 from trainflow.config import Config, infer_format
 from trainflow.data import arrow_schema, read_table, should_materialize
@@ -64,10 +67,13 @@ def allowed_class_paths(config: Config) -> set[str]:
 def check_class_path(checkpoint: str, allowed: set[str], source: str) -> None:
     """CheckpointError when the checkpoint's config names a user module outside allowed: its code is never imported."""
     try:
-        model_cfgs = [read_config(d)["model"] for d in [checkpoint, *member_dirs(checkpoint)]]  # an ensemble's members too
+        model_cfgs = [
+            read_config(d)["model"] for d in [checkpoint, *member_dirs(checkpoint)]
+        ]  # an ensemble's members too
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(f"{source}: the checkpoint (or an ensemble member) cannot be read: "
-                              f"{type(exc).__name__}: {exc}") from None
+        raise CheckpointError(
+            f"{source}: the checkpoint (or an ensemble member) cannot be read: {type(exc).__name__}: {exc}"
+        ) from None
     for class_path in {user_class_path(m) for m in model_cfgs} - allowed - {None}:
         raise CheckpointError(
             f"{source}: its checkpoint asks to import the module class {class_path!r}, which this config does not "
@@ -101,8 +107,9 @@ def resolve_checkpoint(model: str, allowed: set[str] | None = None, tracking_uri
 
         dst = Path(private_dir("model-")).resolve()  # removed when this process exits
         try:
-            local = mlflow.artifacts.download_artifacts(artifact_uri=_artifact_uri(model, tracking_uri), dst_path=str(dst),
-                                                        tracking_uri=tracking_uri)
+            local = mlflow.artifacts.download_artifacts(
+                artifact_uri=_artifact_uri(model, tracking_uri), dst_path=str(dst), tracking_uri=tracking_uri
+            )
         except mlflow.exceptions.MlflowException as exc:
             if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
                 raise CheckpointError(f"cannot load model {model}: {exc.message}") from None
@@ -115,8 +122,10 @@ def resolve_checkpoint(model: str, allowed: set[str] | None = None, tracking_uri
             raise CheckpointError(f"model {model} is not a trainflow model (no checkpoint artifact)") from None
         path = (Path(local) / spec["path"]).resolve()
         if not path.is_relative_to(dst):
-            raise CheckpointError(f"model {model}: its checkpoint artifact path {spec['path']!r} points outside the "
-                                  "model's download folder; refused")
+            raise CheckpointError(
+                f"model {model}: its checkpoint artifact path {spec['path']!r} points outside the "
+                "model's download folder; refused"
+            )
         if not path.is_dir():
             raise CheckpointError(f"model {model} has no trainflow checkpoint artifact")
         path = str(path)
@@ -133,8 +142,11 @@ def scored_here(config: Config, table_bytes: int) -> bool:
     """Whether a scoring table of table_bytes (decoded) is read, predicted and written by the calling process, with
     no Ray: a CPU scoring of a table under scoring_in_process_bytes() (512 MiB on a machine of 4 GiB or more),
     unless data.materialize is never."""
-    return (not config.inference.use_gpu and table_bytes <= scoring_in_process_bytes()
-            and config.data.materialize != "never")
+    return (
+        not config.inference.use_gpu
+        and table_bytes <= scoring_in_process_bytes()
+        and config.data.materialize != "never"
+    )
 
 
 def scoring_table_bytes(config: Config) -> int:
@@ -162,7 +174,9 @@ def infer(checkpoint_path: str, config: Config, model: str = "") -> Predictions:
     if not here:
         ensure_ray(**config.ray_start)
         if inf.use_gpu:
-            check_fits({"num_workers": inf.num_actors, "resources_per_worker": {"GPU": 1}, "use_gpu": True}, "inference")
+            check_fits(
+                {"num_workers": inf.num_actors, "resources_per_worker": {"GPU": 1}, "use_gpu": True}, "inference"
+            )
     if here:
         ds = read_arrow(fs, files, fmt, config.data.csv, input_path)
         schema, materialize = ds.schema, True
@@ -192,7 +206,10 @@ def infer(checkpoint_path: str, config: Config, model: str = "") -> Predictions:
     for col, found in unseen.items():
         log.warning(
             "%s: column %r has %d row(s) with values never seen in training (e.g. %r); predicted with the unknown code",
-            input_path, col, found["rows"], found["example"],
+            input_path,
+            col,
+            found["rows"],
+            found["example"],
         )
     # drift: a table in memory is counted by Ray tasks; a streamed one by the predictors in the prediction pass itself
     # (read once; a collector actor sums their counts)
@@ -209,7 +226,14 @@ def infer(checkpoint_path: str, config: Config, model: str = "") -> Predictions:
             preds = predict_arrow(ds, checkpoint_path, id_column, prep.feature_order, inf.batch_size)
         else:
             preds = predict_dataset(
-                ds, checkpoint_path, id_column, prep.feature_order, inf.batch_size, inf.num_actors, inf.use_gpu, collector
+                ds,
+                checkpoint_path,
+                id_column,
+                prep.feature_order,
+                inf.batch_size,
+                inf.num_actors,
+                inf.use_gpu,
+                collector,
             )
         try:
             rows = write_output(preds, output_path, input_rows, {"model": model, "input": input_path}, config)
@@ -231,17 +255,30 @@ def infer(checkpoint_path: str, config: Config, model: str = "") -> Predictions:
             publish(config, model, input_path, drift, drawn.result() if drawn else None, dropped)
     log.info("wrote %d predictions for %d input rows to %s", rows, input_rows, output_path)
     return Predictions(
-        path=output_path, input_rows=input_rows, output_rows=rows, unseen={c: f["rows"] for c, f in unseen.items()},
-        drift=drift, model=model, estimated=estimated
+        path=output_path,
+        input_rows=input_rows,
+        output_rows=rows,
+        unseen={c: f["rows"] for c, f in unseen.items()},
+        drift=drift,
+        model=model,
+        estimated=estimated,
     )
 
 
-@task(name="resolve-model", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
+@task(
+    name="resolve-model",
+    retries=2,
+    retry_delay_seconds=2,
+    retry_condition_fn=retry_unless_user_error,
+    cache_policy=NO_CACHE,
+)
 def resolve_checkpoint_task(model: str, config: Config) -> tuple[str, str]:
     """Download (if needed) the checkpoint behind a model URI: (its local folder, the model as a versioned URI,
     e.g. models:/name/3 for models:/name@champion, which the predictions' manifest records)."""
-    return (resolve_checkpoint(model, allowed_class_paths(config), config.mlflow.tracking_uri),
-            pinned_uri(model, config.mlflow.tracking_uri))
+    return (
+        resolve_checkpoint(model, allowed_class_paths(config), config.mlflow.tracking_uri),
+        pinned_uri(model, config.mlflow.tracking_uri),
+    )
 
 
 def pinned_uri(model: str, tracking_uri: str | None) -> str:

@@ -10,12 +10,27 @@ from prefect.cache_policies import NO_CACHE
 from trainflow.tasks.common import retry_unless_user_error, task_logger
 from trainflow.config import Config, infer_format
 from trainflow.data import (
-    Rows, arrow_schema, count_nulls, count_rows_and_bad_labels, read_table, should_materialize,
+    Rows,
+    arrow_schema,
+    count_nulls,
+    count_rows_and_bad_labels,
+    read_table,
+    should_materialize,
 )
 from trainflow.preprocessors.fit import check_text_columns
 from trainflow.tables import (
-    IN_PROCESS_BYTES, TableSpec, check_writable, fingerprint, in_memory_bytes, is_numeric_type, is_string_type,
-    is_temporal_type, list_files, open_dataset, read_arrow, table_spec,
+    IN_PROCESS_BYTES,
+    TableSpec,
+    check_writable,
+    fingerprint,
+    in_memory_bytes,
+    is_numeric_type,
+    is_string_type,
+    is_temporal_type,
+    list_files,
+    open_dataset,
+    read_arrow,
+    table_spec,
 )
 from trainflow.storage import with_scheme
 from trainflow.errors import DataError
@@ -64,10 +79,14 @@ def preflight_inference(config: Config, spec: TableSpec, train_schema) -> None:
                 f"{config.data.path} has it as {trained} ({train_schema.field(col).type}); store it as {trained}"
             )
     if id_column:
-        nulls = scoring.to_table(columns=[id_column]).column(id_column).null_count if here else count_nulls(ds, id_column)
+        nulls = (
+            scoring.to_table(columns=[id_column]).column(id_column).null_count if here else count_nulls(ds, id_column)
+        )
         if nulls:
-            raise DataError(f"inference input {inp}: id column {id_column!r} is empty in {nulls} row(s); "
-                            "every prediction needs its id")
+            raise DataError(
+                f"inference input {inp}: id column {id_column!r} is empty in {nulls} row(s); "
+                "every prediction needs its id"
+            )
 
 
 def _sizing(data, fs, files) -> tuple[bool, int, str]:
@@ -82,8 +101,13 @@ def _fingerprint(data, fs, files) -> tuple[str, bool, int, str]:
     return fingerprint(fs, files, content=materialize, fmt=data.format, csv=data.csv), materialize, table_bytes, why
 
 
-@task(name="fingerprint", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error,
-      cache_policy=NO_CACHE)
+@task(
+    name="fingerprint",
+    retries=2,
+    retry_delay_seconds=2,
+    retry_condition_fn=retry_unless_user_error,
+    cache_policy=NO_CACHE,
+)
 def table_fingerprint(config: Config) -> str:
     """The training table's fingerprint as ingest computes it, from the files alone (no Ray Data read): enough to
     tell that a retrain would train on the champion's own data (which its run checked already)."""
@@ -93,7 +117,9 @@ def table_fingerprint(config: Config) -> str:
     return _fingerprint(config.data, fs, files)[0]
 
 
-@task(name="ingest", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
+@task(
+    name="ingest", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE
+)
 def ingest(config: Config, known_fingerprint: str | None = None) -> Ingested:
     """Read and check the training table; compute its content fingerprint (known_fingerprint: table_fingerprint's
     answer for it, not computed again)."""
@@ -106,12 +132,16 @@ def ingest(config: Config, known_fingerprint: str | None = None) -> Ingested:
         guard_output(config.inference.output, config)
         check_writable(config.inference.output)
     listed = fs, found = list_files(data.path, data.format)  # once: a remote folder's listing is a request per page
-    fp, materialize, table_bytes, why = _fingerprint(data, fs, found) if known_fingerprint is None else \
-        (known_fingerprint, *_sizing(data, fs, found))
+    fp, materialize, table_bytes, why = (
+        _fingerprint(data, fs, found) if known_fingerprint is None else (known_fingerprint, *_sizing(data, fs, found))
+    )
     # a small Parquet table is read by this process and handed to Ray Data whole (no read tasks, no passes for
     # the checks); a CSV table keeps Ray Data's per-file type inference
-    table = read_arrow(fs, found, data.format, data.csv, data.path) if (
-        materialize and data.format == "parquet" and table_bytes <= IN_PROCESS_BYTES) else None
+    table = (
+        read_arrow(fs, found, data.format, data.csv, data.path)
+        if (materialize and data.format == "parquet" and table_bytes <= IN_PROCESS_BYTES)
+        else None
+    )
     if table is not None:
         ds, files, schema = table, [with_scheme(data.path, f) for f in found], table.schema
         why += "; read by this process"
@@ -122,8 +152,10 @@ def ingest(config: Config, known_fingerprint: str | None = None) -> Ingested:
     spec = table_spec(schema, data, config.task, data.path, files=files)
     missing = [c for c in config.promotion.slices if c not in schema.names]
     if missing:
-        raise DataError(f"{data.path}: promotion.slices names column(s) {missing} that the table lacks; "
-                        f"columns are {list(schema.names)}")
+        raise DataError(
+            f"{data.path}: promotion.slices names column(s) {missing} that the table lacks; "
+            f"columns are {list(schema.names)}"
+        )
     if table is None and materialize:
         ds = ds.materialize()  # read once; the checks below and the split reuse it
     elif table is None:
@@ -143,6 +175,11 @@ def ingest(config: Config, known_fingerprint: str | None = None) -> Ingested:
     spec.rows, spec.fingerprint = rows, fp
     task_logger("ingest").info(
         "read %d rows from %d file(s): %d numeric, %d text, %d date feature(s); fingerprint %s",
-        rows, len(files), len(spec.numeric), len(spec.categorical), len(spec.dates), spec.fingerprint,
+        rows,
+        len(files),
+        len(spec.numeric),
+        len(spec.categorical),
+        len(spec.dates),
+        spec.fingerprint,
     )
     return Ingested(ds, spec, materialize, table_bytes)

@@ -73,17 +73,24 @@ def open_parent(config: Config, run_name: str) -> str | None:
         exp_id = ensure_experiment(uri, config.mlflow.experiment)
     run_id = find_run(client, exp_id, key)
     if run_id is None:
-        run_id = client.create_run(exp_id, run_name=run_name, tags={
-            REGISTER_KEY: key, "trainflow.prefect_flow_run_id": key.split(":")[0], RETRAIN_TAG: run_name,
-            PROCESS_TAG: f"{socket.gethostname()}:{os.getpid()}",
-            "mlflow.note.content": f"trainflow retrain {run_name}: one nested run per model family (and the ensemble)",
-        }).info.run_id
+        run_id = client.create_run(
+            exp_id,
+            run_name=run_name,
+            tags={
+                REGISTER_KEY: key,
+                "trainflow.prefect_flow_run_id": key.split(":")[0],
+                RETRAIN_TAG: run_name,
+                PROCESS_TAG: f"{socket.gethostname()}:{os.getpid()}",
+                "mlflow.note.content": f"trainflow retrain {run_name}: one nested run per model family (and the ensemble)",
+            },
+        ).info.run_id
     end_earlier_starts(client, exp_id, run_name, run_id)
     return run_id
 
 
-def end_earlier_starts(client: mlflow.MlflowClient | None, exp_id: str | None, run_name: str, own: str | None,
-                       config: Config | None = None) -> None:
+def end_earlier_starts(
+    client: mlflow.MlflowClient | None, exp_id: str | None, run_name: str, own: str | None, config: Config | None = None
+) -> None:
     """end_stale_runs as housekeeping: an error is a warning, and the run goes on. Without a client (a rerun that
     finds nothing to train, after a start killed once the champion's gate had recorded): config's experiment."""
     try:
@@ -96,8 +103,12 @@ def end_earlier_starts(client: mlflow.MlflowClient | None, exp_id: str | None, r
             return
         end_stale_runs(client, exp_id, run_name, own)
     except Exception as exc:  # noqa: BLE001 - those runs stay as they are
-        task_logger("mlflow").warning("the MLflow runs of earlier starts of %s were not checked (%s: %s); a killed "
-                                      "start's runs may stay RUNNING", run_name, type(exc).__name__, exc)
+        task_logger("mlflow").warning(
+            "the MLflow runs of earlier starts of %s were not checked (%s: %s); a killed start's runs may stay RUNNING",
+            run_name,
+            type(exc).__name__,
+            exc,
+        )
 
 
 RETRAIN_TAG = "trainflow.retrain"  # a parent run's retrain name (--run-name)
@@ -116,17 +127,21 @@ def end_stale_runs(client: mlflow.MlflowClient, exp_id: str, run_name: str, own:
         host, _, pid = parent.data.tags.get(PROCESS_TAG, "").rpartition(":")
         if parent.info.run_id == own or host != socket.gethostname() or not pid.isdigit() or process_alive(int(pid)):
             continue
-        children = client.search_runs([exp_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}' and "
-                                                              "attributes.status = 'RUNNING'")
-        why = (f"its process ({host}, pid {pid}) ended without ending this run; found by "
-               + (f"the rerun's parent run {own}" if own else "a rerun that had nothing to train"))
+        children = client.search_runs(
+            [exp_id],
+            filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}' and attributes.status = 'RUNNING'",
+        )
+        why = f"its process ({host}, pid {pid}) ended without ending this run; found by " + (
+            f"the rerun's parent run {own}" if own else "a rerun that had nothing to train"
+        )
         for run in [*children, *([parent] if parent.info.status == "RUNNING" else [])]:
             client.set_tag(run.info.run_id, ENDED_BY_TAG, why)
             client.set_terminated(run.info.run_id, "KILLED")
             ended.append(run.info.run_id)
     if ended:
-        task_logger("mlflow").info("ended %d MLflow run(s) of an earlier start of %s KILLED: its process is gone",
-                                   len(ended), run_name)
+        task_logger("mlflow").info(
+            "ended %d MLflow run(s) of an earlier start of %s KILLED: its process is gone", len(ended), run_name
+        )
     return ended
 
 
@@ -187,7 +202,9 @@ def end_runs(config: Config, run_names: list[str], family: str, status: str) -> 
 
 def log_params(uri: str, run_id: str, config: Config, family: str) -> None:
     """The family's resolved config as flat params, secrets masked (MLflow takes at most 100 per request)."""
-    items = [(mlflow_key(k), str(v)[:500]) for k, v in flatten(redact_config(config.for_family(family).to_dict())).items()]
+    items = [
+        (mlflow_key(k), str(v)[:500]) for k, v in flatten(redact_config(config.for_family(family).to_dict())).items()
+    ]
     client = mlflow.MlflowClient(tracking_uri=uri)
     dropped = []
     for i in range(0, len(items), 100):
@@ -202,15 +219,23 @@ def log_params(uri: str, run_id: str, config: Config, family: str) -> None:
                 except mlflow.exceptions.MlflowException as exc:
                     dropped.append(f"{k} ({exc.message.splitlines()[0][:120]})")
     if dropped:
-        task_logger("mlflow").warning("MLflow refused %d of %d config params of run %s: %s", len(dropped), len(items),
-                                      run_id, "; ".join(dropped[:10]))
+        task_logger("mlflow").warning(
+            "MLflow refused %d of %d config params of run %s: %s",
+            len(dropped),
+            len(items),
+            run_id,
+            "; ".join(dropped[:10]),
+        )
 
 
 def metrics_of(row: dict[str, Any], now_ms: int) -> list[Metric]:
     """A report's or history row's numbers as MLflow metrics at step = its epoch (boosting round)."""
     step = int(row.get("epoch", 0))
-    return [Metric(k, float(v), now_ms, step) for k, v in row.items()
-            if k not in ("epoch", "reported_at") and isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return [
+        Metric(k, float(v), now_ms, step)
+        for k, v in row.items()
+        if k not in ("epoch", "reported_at") and isinstance(v, (int, float)) and not isinstance(v, bool)
+    ]
 
 
 def log_rows(uri: str, run_id: str, rows: list[dict[str, Any]]) -> None:

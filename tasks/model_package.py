@@ -21,20 +21,37 @@ from trainflow.trainer.families import FAMILY_MODULES, REGISTRY
 MODEL_CODE = str(Path(importlib.util.find_spec("trainflow.trainer").origin).with_name("pyfunc_model.py"))
 # what MODEL_CODE imports to serve a checkpoint of any family: no Ray, Prefect or MLflow code of trainflow's
 SERVING_MODULES = (
-    "trainflow", "trainflow.redact", "trainflow.errors", "trainflow.services", "trainflow.storage", "trainflow.tables",
-    "trainflow.preprocessors", "trainflow.preprocessors.tabular", "trainflow.preprocessors.dates",
+    "trainflow",
+    "trainflow.redact",
+    "trainflow.errors",
+    "trainflow.services",
+    "trainflow.storage",
+    "trainflow.tables",
+    "trainflow.preprocessors",
+    "trainflow.preprocessors.tabular",
+    "trainflow.preprocessors.dates",
     "trainflow.preprocessors.baseline",
-    "trainflow.trainer", "trainflow.trainer.checkpoint", "trainflow.trainer.serving",
-    "trainflow.trainer.predict", "trainflow.trainer.calibration",
+    "trainflow.trainer",
+    "trainflow.trainer.checkpoint",
+    "trainflow.trainer.serving",
+    "trainflow.trainer.predict",
+    "trainflow.trainer.calibration",
     # every family's file (the registry imports them all; each keeps its training imports inside its functions)
-    "trainflow.trainer.families", "trainflow.trainer.families.base", "trainflow.trainer.families._torch",
-    "trainflow.trainer.families.network", *(f"trainflow.trainer.families.{m}" for m in FAMILY_MODULES),
+    "trainflow.trainer.families",
+    "trainflow.trainer.families.base",
+    "trainflow.trainer.families._torch",
+    "trainflow.trainer.families.network",
+    *(f"trainflow.trainer.families.{m}" for m in FAMILY_MODULES),
 )
 
 
 def _copy_module(name: str, dst: Path) -> None:
     spec = importlib.util.find_spec(name)
-    rel = Path(*name.split(".")) / "__init__.py" if spec.submodule_search_locations else Path(*name.split(".")).with_suffix(".py")
+    rel = (
+        Path(*name.split(".")) / "__init__.py"
+        if spec.submodule_search_locations
+        else Path(*name.split(".")).with_suffix(".py")
+    )
     (dst / rel).parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(spec.origin, dst / rel)
 

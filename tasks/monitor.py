@@ -37,7 +37,9 @@ def model_outputs(prep: TabularPreprocessor, predictions: pa.Table) -> np.ndarra
     """What compute_metrics takes, rebuilt from the written predictions: log-probabilities per class (their softmax
     is the probabilities) or the standardized prediction."""
     if prep.task == "classification":
-        probs = np.column_stack([np.asarray(predictions[f"proba_{c}"].to_pylist(), dtype=np.float64) for c in prep.classes])
+        probs = np.column_stack(
+            [np.asarray(predictions[f"proba_{c}"].to_pylist(), dtype=np.float64) for c in prep.classes]
+        )
         return np.log(np.clip(probs, 1e-12, 1.0)).astype(np.float32)
     pred = np.asarray(predictions["prediction"].to_pylist(), dtype=np.float64)
     return ((pred - prep.label_mean) / prep.label_std).astype(np.float32)
@@ -54,22 +56,30 @@ def join_labels(predictions: pa.Table, truth: pa.Table, id_col: str, label: str,
             raise DataError(f"{source}: column {col!r} not found; columns are {truth.column_names}")
         nulls = truth[col].null_count
         if nulls:
-            raise DataError(f"{source}: column {col!r} has {nulls} empty value(s) of {truth.num_rows} rows; give every "
-                            "row an id and a label (or leave the unlabelled rows out)")
+            raise DataError(
+                f"{source}: column {col!r} has {nulls} empty value(s) of {truth.num_rows} rows; give every "
+                "row an id and a label (or leave the unlabelled rows out)"
+            )
     for table, what in ((truth, source), (predictions, "the predictions")):
         counts = pc.value_counts(table[id_col]).flatten()
         repeated = pc.filter(counts[1], pc.greater(counts[1], 1))
         if len(repeated):
-            raise DataError(f"{what}: {len(repeated)} {id_col!r} value(s) appear more than once "
-                            f"({pc.sum(repeated).as_py()} rows, e.g. {pc.filter(counts[0], pc.greater(counts[1], 1))[0].as_py()!r}); "
-                            "each prediction takes exactly one label: de-duplicate the file")
+            raise DataError(
+                f"{what}: {len(repeated)} {id_col!r} value(s) appear more than once "
+                f"({pc.sum(repeated).as_py()} rows, e.g. {pc.filter(counts[0], pc.greater(counts[1], 1))[0].as_py()!r}); "
+                "each prediction takes exactly one label: de-duplicate the file"
+            )
     want = predictions.schema.field(id_col).type
     have = truth.schema.field(id_col).type
     if want != have:
-        same_kind = (pa.types.is_integer(want) and pa.types.is_integer(have)) or (is_string_type(want) and is_string_type(have))
+        same_kind = (pa.types.is_integer(want) and pa.types.is_integer(have)) or (
+            is_string_type(want) and is_string_type(have)
+        )
         if not same_kind:
-            raise DataError(f"{source}: column {id_col!r} holds {have} values, the predictions' ids are {want}; "
-                            "write the ids as they were in the scoring table")
+            raise DataError(
+                f"{source}: column {id_col!r} holds {have} values, the predictions' ids are {want}; "
+                "write the ids as they were in the scoring table"
+            )
         truth = truth.set_column(truth.schema.get_field_index(id_col), id_col, pc.cast(truth[id_col], want))
     joined = predictions.join(truth.select([id_col, label]), keys=id_col, join_type="inner")
     if joined.num_rows == 0:
@@ -88,8 +98,10 @@ def estimate_metrics(prep: TabularPreprocessor, predictions: pa.Table) -> dict[s
     index = {str(c): i for i, c in enumerate(prep.classes)}
     chosen = np.array([index[str(v)] for v in predictions["prediction"].to_pylist()], dtype=np.int64)
     rows = np.arange(len(chosen))
-    out = {"val_loss": float(-(probs * np.log(np.clip(probs, 1e-12, 1.0))).sum(axis=1).mean()),
-           "val_accuracy": float(probs[rows, chosen].mean())}
+    out = {
+        "val_loss": float(-(probs * np.log(np.clip(probs, 1e-12, 1.0))).sum(axis=1).mean()),
+        "val_accuracy": float(probs[rows, chosen].mean()),
+    }
     if probs.shape[1] == 2:
         p = probs[:, 1]
         positive = chosen == 1
@@ -102,7 +114,9 @@ def estimate_metrics(prep: TabularPreprocessor, predictions: pa.Table) -> dict[s
     return out
 
 
-@task(name="monitor", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
+@task(
+    name="monitor", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE
+)
 def measure_live(config: Config, labels_path: str | None) -> dict[str, Any]:
     """Join later-arriving labels (id column + label) with the predictions under inference.output, score the model
     version that wrote them with the training metric code, and compare with that version's validation score.
@@ -119,8 +133,10 @@ def measure_live(config: Config, labels_path: str | None) -> dict[str, Any]:
         raise DataError(f"{config.inference.output}: no trainflow predictions here to monitor")
     m = MODEL_URI.match(manifest.get("model") or "")
     if m is None or m["version"] is None:
-        raise DataError(f"{config.inference.output}: its predictions name no registered model version "
-                        f"({manifest.get('model')!r}); monitor measures registered versions")
+        raise DataError(
+            f"{config.inference.output}: its predictions name no registered model version "
+            f"({manifest.get('model')!r}); monitor measures registered versions"
+        )
     name, version = m["name"], m["version"]
     fs, _ = filesystem_for(config.inference.output)
     predictions = pq.read_table(output_files(config.inference.output), filesystem=fs)
@@ -128,8 +144,10 @@ def measure_live(config: Config, labels_path: str | None) -> dict[str, Any]:
     prep = TabularPreprocessor.load(resolve_checkpoint(f"models:/{name}/{version}", allowed_class_paths(config), uri))
     if labels_path is None:
         if prep.task != "classification":
-            raise DataError("monitor without --labels estimates a classifier's performance from its probabilities; "
-                            f"{name} v{version} predicts a quantity: give the true values with --labels")
+            raise DataError(
+                "monitor without --labels estimates a classifier's performance from its probabilities; "
+                f"{name} v{version} predicts a quantity: give the true values with --labels"
+            )
         joined, truth, live = predictions, None, estimate_metrics(prep, predictions)
     else:
         fmt = infer_format(labels_path)
@@ -138,9 +156,11 @@ def measure_live(config: Config, labels_path: str | None) -> dict[str, Any]:
         try:
             y = prep.transform_label(joined)
         except (SchemaDriftError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise DataError(f"{labels_path}: column {label!r} ({joined.schema.field(label).type}) does not read as the "
-                            f"model's classes {prep.classes if prep.task == 'classification' else '(numbers)'}: "
-                            f"{str(exc).splitlines()[0]}") from None
+            raise DataError(
+                f"{labels_path}: column {label!r} ({joined.schema.field(label).type}) does not read as the "
+                f"model's classes {prep.classes if prep.task == 'classification' else '(numbers)'}: "
+                f"{str(exc).splitlines()[0]}"
+            ) from None
         live = compute_metrics(prep.task, model_outputs(prep, joined), y, prep)
     # beside the labels' figures, what the probabilities alone said of the same rows (CBPE): how far to trust the
     # estimate a scoring run made before these labels came
@@ -153,38 +173,70 @@ def measure_live(config: Config, labels_path: str | None) -> dict[str, Any]:
     drop = score_drop(config, validation, score)
     enough = joined.num_rows >= config.monitor.min_rows
     degraded = enough and drop is not None and drop > config.monitor.max_drop
-    verdict = ("degraded" if degraded else "ok") if enough else (
-        f"none: {joined.num_rows} labelled predictions, fewer than monitor.min_rows {config.monitor.min_rows}")
+    verdict = (
+        ("degraded" if degraded else "ok")
+        if enough
+        else (f"none: {joined.num_rows} labelled predictions, fewer than monitor.min_rows {config.monitor.min_rows}")
+    )
     estimated = labels_path is None
-    result = {"model_version": version, "model_uri": f"models:/{name}/{version}", "rows": joined.num_rows,
-              "predictions": predictions.num_rows, "labels": truth.num_rows if truth is not None else 0,
-              "estimated": estimated, "method": "CBPE: expected metrics from the calibrated probabilities, no labels"
-              if estimated else "the true labels joined by id",
-              "coverage": joined.num_rows / predictions.num_rows if predictions.num_rows else 0.0,
-              "metrics": live, "metric": metric, "validation_score": validation, "baseline_on": baseline_on,
-              "live_score": score, "drop": drop,
-              "max_drop": config.monitor.max_drop, "min_rows": config.monitor.min_rows, "verdict": verdict,
-              "degraded": degraded, "estimated_metrics": estimate}
+    result = {
+        "model_version": version,
+        "model_uri": f"models:/{name}/{version}",
+        "rows": joined.num_rows,
+        "predictions": predictions.num_rows,
+        "labels": truth.num_rows if truth is not None else 0,
+        "estimated": estimated,
+        "method": "CBPE: expected metrics from the calibrated probabilities, no labels"
+        if estimated
+        else "the true labels joined by id",
+        "coverage": joined.num_rows / predictions.num_rows if predictions.num_rows else 0.0,
+        "metrics": live,
+        "metric": metric,
+        "validation_score": validation,
+        "baseline_on": baseline_on,
+        "live_score": score,
+        "drop": drop,
+        "max_drop": config.monitor.max_drop,
+        "min_rows": config.monitor.min_rows,
+        "verdict": verdict,
+        "degraded": degraded,
+        "estimated_metrics": estimate,
+    }
     if not enough:
         log.warning("monitor: no verdict for %s v%s: %s", name, version, verdict)
     now = int(time.time())
     prefix = "estimated_" if estimated else "live_"
-    client.log_batch(run_id, metrics=[Metric(f"{prefix}{k}", float(v), now * 1000, now) for k, v in live.items()
-                                      if isinstance(v, float) and math.isfinite(v)])
+    client.log_batch(
+        run_id,
+        metrics=[
+            Metric(f"{prefix}{k}", float(v), now * 1000, now)
+            for k, v in live.items()
+            if isinstance(v, float) and math.isfinite(v)
+        ],
+    )
     create_markdown_artifact(
-        key=artifact_key(name, "monitor"), description=f"Live performance of {name} version {version}",
-        markdown=(f"# {name} version {version} on {joined.num_rows} "
-                  f"{'predictions (estimated, no labels)' if estimated else 'labelled predictions'}\n\n"
-                  f"**{verdict}**: {metric} live {score} vs validation {validation} "
-                  f"(coverage {result['coverage']:.1%} of {predictions.num_rows} predictions) "
-                  f"(drop {drop}, max_drop {config.monitor.max_drop})\n\n| metric | live |\n|---|---|\n"
-                  + "\n".join(f"| {k} | {v:.6g} |" for k, v in live.items())),
+        key=artifact_key(name, "monitor"),
+        description=f"Live performance of {name} version {version}",
+        markdown=(
+            f"# {name} version {version} on {joined.num_rows} "
+            f"{'predictions (estimated, no labels)' if estimated else 'labelled predictions'}\n\n"
+            f"**{verdict}**: {metric} live {score} vs validation {validation} "
+            f"(coverage {result['coverage']:.1%} of {predictions.num_rows} predictions) "
+            f"(drop {drop}, max_drop {config.monitor.max_drop})\n\n| metric | live |\n|---|---|\n"
+            + "\n".join(f"| {k} | {v:.6g} |" for k, v in live.items())
+        ),
     )
     if degraded:
         emit_event(event=DEGRADED_EVENT, resource={"prefect.resource.id": f"trainflow.model.{name}"}, payload=result)
         if estimated:  # an estimated drop is news before any label: the event drift raises, for the same automations
             publish(config, result["model_uri"], config.inference.output, {}, estimated_drop={metric: drop})
         log.warning("%s v%s degraded: %s %s live vs %s at validation", name, version, metric, score, validation)
-    log.info("monitor: %s v%s on %d %s: %s", name, version, joined.num_rows,
-             "predictions, estimated without labels (CBPE)" if estimated else "labelled rows", live)
+    log.info(
+        "monitor: %s v%s on %d %s: %s",
+        name,
+        version,
+        joined.num_rows,
+        "predictions, estimated without labels (CBPE)" if estimated else "labelled rows",
+        live,
+    )
     return result

@@ -54,7 +54,13 @@ def _unseen_in_scoring_table(config: Config, prep: TabularPreprocessor) -> dict[
     return count_unseen(read_table(inp, fmt, listed=listed, csv=config.data.csv)[0], prep)
 
 
-@task(name="preprocess", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
+@task(
+    name="preprocess",
+    retries=2,
+    retry_delay_seconds=2,
+    retry_condition_fn=retry_unless_user_error,
+    cache_policy=NO_CACHE,
+)
 def preprocess(ingested: Ingested, parts: Split, config: Config, packed: bool = True) -> Prepared:
     """Fit on train (with folds: every non-test row; the preprocessor learns no label), transform train and
     validation (or each fold's rows); materialize when the packed data fits in memory. A small table's rows (tables
@@ -65,10 +71,14 @@ def preprocess(ingested: Ingested, parts: Split, config: Config, packed: bool = 
         # before any training: a scoring value this vocabulary lacks would fail the run after register and promote
         check_unseen(_unseen_in_scoring_table(config, prep), prep, config.inference.input)
     k = parts.fold_count
-    fit_rows, held_rows = (parts.train_rows - parts.train_rows // k, parts.train_rows // k) if k > 1 else \
-        (parts.train_rows, parts.val_rows)
-    budgets, estimate, left_out = size_families(config, prep, fit_rows, held_rows,
-                                                cluster_resources().get("memory", 0), ingested.spec.path)
+    fit_rows, held_rows = (
+        (parts.train_rows - parts.train_rows // k, parts.train_rows // k)
+        if k > 1
+        else (parts.train_rows, parts.val_rows)
+    )
+    budgets, estimate, left_out = size_families(
+        config, prep, fit_rows, held_rows, cluster_resources().get("memory", 0), ingested.spec.path
+    )
     rows = parts.train_rows + parts.val_rows
     materialize = parts.materialized
     folds, train, val = None, None, None
@@ -86,20 +96,28 @@ def preprocess(ingested: Ingested, parts: Split, config: Config, packed: bool = 
         raise
     task_logger("preprocess").info(
         "preprocessor: %d input columns -> %d features (%d one-hot, %d embedded: %s; %d date column(s))%s; training set %s",
-        len(prep.feature_order), prep.num_features, len(prep.categorical), len(prep.embedded),
-        {c: f"{len(s['categories'])} values, dim {s['dim']}" for c, s in prep.embedded.items()}, len(prep.dates),
+        len(prep.feature_order),
+        prep.num_features,
+        len(prep.categorical),
+        len(prep.embedded),
+        {c: f"{len(s['categories'])} values, dim {s['dim']}" for c, s in prep.embedded.items()},
+        len(prep.dates),
         f", classes {prep.classes}" if prep.classes is not None else "",
-        ("" if packed else "to be ") + ("materialized in the object store" if materialize else
-                                         "streamed from the files each epoch"),
+        ("" if packed else "to be ")
+        + ("materialized in the object store" if materialize else "streamed from the files each epoch"),
     )
     task_logger("preprocess").info(
-        "packed size: %d bytes per row, %.1f MiB for %d rows", estimate["bytes_per_row"], estimate["table_bytes"] / 2**20, rows
+        "packed size: %d bytes per row, %.1f MiB for %d rows",
+        estimate["bytes_per_row"],
+        estimate["table_bytes"] / 2**20,
+        rows,
     )
     return Prepared(prep, train, val, materialize, budgets, ingested.spec.fingerprint, left_out, folds)
 
 
-def size_families(config: Config, prep: TabularPreprocessor, train_rows: int, val_rows: int, memory: float,
-                  source: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
+def size_families(
+    config: Config, prep: TabularPreprocessor, train_rows: int, val_rows: int, memory: float, source: str
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
     """Each family's budget, after its checks (a user's module builds; class weights; its training data fits a
     worker's share of the cluster's memory): (budgets, the last memory estimate, left out). Under model.type auto
     a family whose data does not fit is left out with the reason (a booster's in-memory matrices on a table the
@@ -110,38 +128,55 @@ def size_families(config: Config, prep: TabularPreprocessor, train_rows: int, va
         resolved = config.for_family(name)
         family = family_for(resolved)
         try:
-            family.check(prep, resolved.model.model_dump(mode="json"))  # a user's module fails here, before any training
+            family.check(
+                prep, resolved.model.model_dump(mode="json")
+            )  # a user's module fails here, before any training
             class_weights(config.train, prep)  # the loop's own check, before any worker starts
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         if config.train.class_weight is not None and not family.class_weights:
-            task_logger("preprocess").warning("%s: train.class_weight is not applied (the torch families' loss takes it); its "
-                                     "probabilities are still calibrated (calibration.method)", name)
+            task_logger("preprocess").warning(
+                "%s: train.class_weight is not applied (the torch families' loss takes it); its "
+                "probabilities are still calibrated (calibration.method)",
+                name,
+            )
         budget = family.budget(resolved, prep.train_rows, workers)
         try:
             if family.uses_minibatches:
-                fits = check_packed_size(prep, train_rows + val_rows, budget.batch_size, max(1, workers), memory, source)
+                fits = check_packed_size(
+                    prep, train_rows + val_rows, budget.batch_size, max(1, workers), memory, source
+                )
             else:
                 params = resolved.model.params
                 # a one-process family's single worker holds every training row
-                fits = check_booster_matrix(prep, train_rows, val_rows, 1 if family.one_process else max(1, workers),
-                                            memory, source,
-                                            params.external_memory if family.external_memory else None)
+                fits = check_booster_matrix(
+                    prep,
+                    train_rows,
+                    val_rows,
+                    1 if family.one_process else max(1, workers),
+                    memory,
+                    source,
+                    params.external_memory if family.external_memory else None,
+                )
                 budget = replace(budget, external_memory=fits["external_memory"])
         except DataError as exc:
             if not config.model.auto:
                 raise
             # the message names data.path: a URI's credentials masked before it is logged or summarized
             left_out[name], refused = redact_text(str(exc)), refused or exc
-            task_logger("preprocess").warning("model.type auto: %s left out, its training data does not fit: %s", name,
-                                              left_out[name])
+            task_logger("preprocess").warning(
+                "model.type auto: %s left out, its training data does not fit: %s", name, left_out[name]
+            )
             continue
         if fits.get("external_memory"):
             task_logger("preprocess").info(
                 "%s: external-memory matrices (model.params.external_memory %s; in memory a worker would hold "
                 "about %.1f GiB of its %.1f GiB share): each worker writes its shard to local disk a batch at a time",
-                name, resolved.model.params.external_memory, fits["worker_matrix_bytes"] / 2**30,
-                memory / max(1, workers) / 2**30)
+                name,
+                resolved.model.params.external_memory,
+                fits["worker_matrix_bytes"] / 2**30,
+                memory / max(1, workers) / 2**30,
+            )
         budgets[name], estimate = budget, fits
     if not budgets:
         raise refused

@@ -98,9 +98,11 @@ def noise_check(challenger: Scored, champion: Scored, config: Config) -> tuple[d
         return None, None
     boot = paired_bootstrap(challenger, champion, p.metric, p.mode, p.margin)
     if boot["resamples"] and boot["share_not_better"] > 1.0 - p.confidence:
-        return boot, (f"the gain {boot['gain']:+.6g} is within the holdout's noise: the challenger beats the champion by "
-                      f"more than {p.margin:g} in {1 - boot['share_not_better']:.0%} of {boot['resamples']} paired bootstrap "
-                      f"resamples, fewer than promotion.confidence {p.confidence:g}")
+        return boot, (
+            f"the gain {boot['gain']:+.6g} is within the holdout's noise: the challenger beats the champion by "
+            f"more than {p.margin:g} in {1 - boot['share_not_better']:.0%} of {boot['resamples']} paired bootstrap "
+            f"resamples, fewer than promotion.confidence {p.confidence:g}"
+        )
     return boot, None
 
 
@@ -117,7 +119,12 @@ def slice_check(slices: dict, champion: Scored | None, config: Config) -> str | 
             other = theirs.get(column, {}).get(value, {}).get(p.metric)
             entry["champion_" + p.metric] = other
             mine = entry.get(p.metric)
-            if other is None or mine is None or not (math.isfinite(other) and math.isfinite(mine)) or not entry["judged"]:
+            if (
+                other is None
+                or mine is None
+                or not (math.isfinite(other) and math.isfinite(mine))
+                or not entry["judged"]
+            ):
                 continue
             drop = (other - mine) if p.mode == "max" else (mine - other)
             if p.max_slice_drop is not None and drop > p.max_slice_drop and (worst is None or drop > worst[0]):
@@ -125,8 +132,10 @@ def slice_check(slices: dict, champion: Scored | None, config: Config) -> str | 
     if worst is None:
         return None
     drop, column, value, mine, other, rows = worst
-    return (f"on the slice {column}={value} ({rows} rows) its {p.metric} {mine:.6g} is {drop:.6g} worse than the "
-            f"champion's {other:.6g}, more than promotion.max_slice_drop {p.max_slice_drop:g}")
+    return (
+        f"on the slice {column}={value} ({rows} rows) its {p.metric} {mine:.6g} is {drop:.6g} worse than the "
+        f"champion's {other:.6g}, more than promotion.max_slice_drop {p.max_slice_drop:g}"
+    )
 
 
 def plan_problem(client, name: str, version: str, path: str, plan: FoldPlan | None) -> str | None:
@@ -147,7 +156,9 @@ def stored_plan(path: str) -> FoldPlan | None:
     try:
         return FoldPlan.load(path)
     except ValueError as exc:
-        task_logger("promote").warning("a checkpoint's split plan cannot be read (%s): judged on every holdout row", exc)
+        task_logger("promote").warning(
+            "a checkpoint's split plan cannot be read (%s): judged on every holdout row", exc
+        )
         return None
 
 
@@ -162,16 +173,28 @@ def judged_note(mine: FoldPlan | None, theirs: FoldPlan | None, champion_version
         return None
     if mine.time_column is not None and (mine.time_ranges or {}).get("test"):
         first, last = mine.time_ranges["test"]
-        older = (theirs.time_ranges or {}).get("test") if theirs is not None and theirs.time_column == mine.time_column \
+        older = (
+            (theirs.time_ranges or {}).get("test")
+            if theirs is not None and theirs.time_column == mine.time_column
             else None
+        )
         if older is not None:
             first = max(first, older[0])
-        against = (f", all newer than what champion v{champion_version} trained or chose on (its rows before "
-                   f"{mine.time_text(older[0])})") if older is not None else ""
+        against = (
+            (
+                f", all newer than what champion v{champion_version} trained or chose on (its rows before "
+                f"{mine.time_text(older[0])})"
+            )
+            if older is not None
+            else ""
+        )
         return f"the {rows:,} newest rows, {mine.time_text(first)} to {mine.time_text(last)}{against}"
     if mine.group_column is not None:
-        return (f"the {rows:,} test rows of groups ({mine.group_column!r}) neither model trained or chose on"
-                if champion_version else f"the {rows:,} test rows of groups ({mine.group_column!r}) it never saw")
+        return (
+            f"the {rows:,} test rows of groups ({mine.group_column!r}) neither model trained or chose on"
+            if champion_version
+            else f"the {rows:,} test rows of groups ({mine.group_column!r}) it never saw"
+        )
     return None
 
 
@@ -179,8 +202,14 @@ def _plans_differ(plan: FoldPlan | None) -> str:
     return "its split is unknown" if plan is None else f"it was trained with {plan.describe()}"
 
 
-def gate(config: Config, holdout: Rows, challenger_path: str, registered: Registered,
-         scored: Scored | None = None, judged_on: str = "test") -> Promotion:
+def gate(
+    config: Config,
+    holdout: Rows,
+    challenger_path: str,
+    registered: Registered,
+    scored: Scored | None = None,
+    judged_on: str = "test",
+) -> Promotion:
     """Score the challenger and the current @champion on the same holdout and move the alias on a win, as one
     compare-and-set: under a lock per registered model (CLI, deployments and tune all take it), and the alias
     is read again right before it moves; a champion that changed meanwhile is scored in its turn. scored: the
@@ -208,7 +237,10 @@ def gate(config: Config, holdout: Rows, challenger_path: str, registered: Regist
                 promote_it, reason = True, "first model: there is no champion yet"
             elif champion_version == version:  # a retry of this task after the alias moved
                 champion_score, champion_path = challenger, challenger_path
-                promote_it, reason = True, "already the champion (its earlier gate moved the alias: a retried task or a rerun)"
+                promote_it, reason = (
+                    True,
+                    "already the champion (its earlier gate moved the alias: a retried task or a rerun)",
+                )
             else:
                 if champion_version not in scored:
                     path = resolve_checkpoint(f"models:/{name}/{champion_version}", allowed_class_paths(config), uri)
@@ -218,8 +250,11 @@ def gate(config: Config, holdout: Rows, challenger_path: str, registered: Regist
                     same = plan is not None and mine_plan is not None and plan.holds_out_every_test_row_of(mine_plan)
                     mask = None if same else plan
                     theirs_all = _score(path, holdout, slices_asked, mask)
-                    ours_all = mine if mask is None else score_checkpoint(challenger_path, holdout, slices_asked,
-                                                                          held_out=mask)
+                    ours_all = (
+                        mine
+                        if mask is None
+                        else score_checkpoint(challenger_path, holdout, slices_asked, held_out=mask)
+                    )
                     problem = plan_problem(client, name, champion_version, path, plan)
                     scored[champion_version] = (theirs_all, ours_all, path, plan, mask, problem)
                 theirs, ours, champion_path, plan, mask, problem = scored[champion_version]
@@ -241,25 +276,40 @@ def gate(config: Config, holdout: Rows, challenger_path: str, registered: Regist
                     if noisy:
                         promote_it, reason = False, noisy
                 if problem:
-                    promote_it, reason = False, (
-                        f"champion v{champion_version}'s stored split plan (split.json) does not match its own training "
-                        f"({problem}): which rows it never trained on is unknown, so no promotion on that evidence")
+                    promote_it, reason = (
+                        False,
+                        (
+                            f"champion v{champion_version}'s stored split plan (split.json) does not match its own training "
+                            f"({problem}): which rows it never trained on is unknown, so no promotion on that evidence"
+                        ),
+                    )
                 elif (promote_it or not judged_rows) and judged_rows < config.promotion.min_test_rows:
-                    promote_it, reason = False, (
-                        f"only {judged_rows} {judged_on} rows are held out from both the challenger and champion "
-                        f"v{champion_version} ({_plans_differ(plan)}), fewer than promotion.min_test_rows "
-                        f"{config.promotion.min_test_rows}: no promotion on that evidence")
+                    promote_it, reason = (
+                        False,
+                        (
+                            f"only {judged_rows} {judged_on} rows are held out from both the challenger and champion "
+                            f"v{champion_version} ({_plans_differ(plan)}), fewer than promotion.min_test_rows "
+                            f"{config.promotion.min_test_rows}: no promotion on that evidence"
+                        ),
+                    )
             if missed and champion_version != version:
-                promote_it, reason = False, (
-                    f"{metric} {challenger:.6g} misses the floor promotion.min_score {floor:g}: registered, never "
-                    "@champion" if challenger is not None and math.isfinite(challenger) else
-                    f"{metric} is missing or not finite, below the floor promotion.min_score {floor:g}")
+                promote_it, reason = (
+                    False,
+                    (
+                        f"{metric} {challenger:.6g} misses the floor promotion.min_score {floor:g}: registered, never "
+                        "@champion"
+                        if challenger is not None and math.isfinite(challenger)
+                        else f"{metric} is missing or not finite, below the floor promotion.min_score {floor:g}"
+                    ),
+                )
             if not promote_it:
                 break
             _before_alias_move(version)
             now = current_champion(client, name)
             if now != champion_version:
-                log.warning("@%s moved from v%s to v%s during the gate: comparing again", CHAMPION, champion_version, now)
+                log.warning(
+                    "@%s moved from v%s to v%s during the gate: comparing again", CHAMPION, champion_version, now
+                )
                 champion_version = now
                 continue
             if champion_version != version:
@@ -275,8 +325,13 @@ def gate(config: Config, holdout: Rows, challenger_path: str, registered: Regist
                 else:  # moved by this version's earlier gate, which may have died before recording it
                     record_missed_move(client, name, version, reason, by)
             except Exception as exc:  # noqa: BLE001 - the alias moved; a history MLflow refuses is a warning
-                log.warning("promotion: v%s is @%s; the move was not added to its history: %s: %s", version,
-                            CHAMPION, type(exc).__name__, exc)
+                log.warning(
+                    "promotion: v%s is @%s; the move was not added to its history: %s: %s",
+                    version,
+                    CHAMPION,
+                    type(exc).__name__,
+                    exc,
+                )
         result = Promotion(
             decision=PROMOTED if promote_it else NOT_PROMOTED,
             reason=reason,
@@ -297,9 +352,12 @@ def gate(config: Config, holdout: Rows, challenger_path: str, registered: Regist
             calibration=mine.calibration() if len(mine.labels) else None,
             judged_on=judged_on,
             rows=judged_rows,
-            judged_rows_note=judged_note(stored_plan(challenger_path),
-                                         scored[champion_version][3] if champion_version in scored else None,
-                                         champion_version if champion_version != version else None, judged_rows),
+            judged_rows_note=judged_note(
+                stored_plan(challenger_path),
+                scored[champion_version][3] if champion_version in scored else None,
+                champion_version if champion_version != version else None,
+                judged_rows,
+            ),
         )
         tags = {
             DECISION_TAG: result.decision,
@@ -311,19 +369,35 @@ def gate(config: Config, holdout: Rows, challenger_path: str, registered: Regist
             "trainflow.promotion.challenger_score_all_test_rows": f"{challenger} ({len(mine.labels)} rows)",
             "trainflow.promotion.champion_score": str(champion_score),
             "trainflow.promotion.champion_version": str(champion_version),
-            "trainflow.promotion.floor": "none" if floor is None else f"{'missed' if missed else 'met'} ({metric} {floor:g})",
+            "trainflow.promotion.floor": "none"
+            if floor is None
+            else f"{'missed' if missed else 'met'} ({metric} {floor:g})",
         }
         record_decision(client, result, registered.run_id, tags)
     try:
-        emit_event(event=f"trainflow.model.{result.decision}", resource={"prefect.resource.id": f"trainflow.model.{name}"},
-                   payload=result.record())
+        emit_event(
+            event=f"trainflow.model.{result.decision}",
+            resource={"prefect.resource.id": f"trainflow.model.{name}"},
+            payload=result.record(),
+        )
     except Exception as exc:  # noqa: BLE001 - the decision stands whatever the event bus says
-        log.warning("promotion: the decision stands; its Prefect event was not emitted (%s: %s)", type(exc).__name__, exc)
+        log.warning(
+            "promotion: the decision stands; its Prefect event was not emitted (%s: %s)", type(exc).__name__, exc
+        )
     against = "no champion" if champion_version is None else f"champion v{champion_version} {_fmt(champion_score)}"
     # the figures are the judged rows' (test rows), not the validation split's that the metric's name says
-    log.info("promotion: %s v%s on %d %s rows (%s on them %s vs %s; %s is better): %s", result.decision, version,
-             judged_rows, judged_on, metric.removeprefix("val_"), _fmt(challenger_judged), against,
-             "higher" if mode == "max" else "lower", reason)
+    log.info(
+        "promotion: %s v%s on %d %s rows (%s on them %s vs %s; %s is better): %s",
+        result.decision,
+        version,
+        judged_rows,
+        judged_on,
+        metric.removeprefix("val_"),
+        _fmt(challenger_judged),
+        against,
+        "higher" if mode == "max" else "lower",
+        reason,
+    )
     return result
 
 
@@ -336,14 +410,24 @@ def record_decision(client, result: Promotion, run_id: str, tags: dict[str, str]
             client.set_model_version_tag(result.model_name, result.challenger_version, key, value[:5000])
         client.log_batch(run_id, tags=[RunTag(key, value[:5000]) for key, value in tags.items()])
     except Exception as exc:  # noqa: BLE001
-        log.warning("promotion: the decision stands (%s); its tags were not recorded in MLflow: %s: %s",
-                    result.decision, type(exc).__name__, exc)
+        log.warning(
+            "promotion: the decision stands (%s); its tags were not recorded in MLflow: %s: %s",
+            result.decision,
+            type(exc).__name__,
+            exc,
+        )
     metrics = evaluation_metrics(result)
     try:
         client.log_batch(run_id, metrics=metrics)
     except Exception as exc:  # noqa: BLE001
-        log.warning("promotion: the decision stands (%s); %d evaluation metrics (calibration, bootstrap, slices) were "
-                    "not recorded in MLflow: %s: %s", result.decision, len(metrics), type(exc).__name__, exc)
+        log.warning(
+            "promotion: the decision stands (%s); %d evaluation metrics (calibration, bootstrap, slices) were "
+            "not recorded in MLflow: %s: %s",
+            result.decision,
+            len(metrics),
+            type(exc).__name__,
+            exc,
+        )
 
 
 def evaluation_metrics(result: Promotion) -> list[Metric]:
@@ -352,8 +436,10 @@ def evaluation_metrics(result: Promotion) -> list[Metric]:
     now, out = int(time.time() * 1000), []
     if result.calibration:  # named for the rows they come from (test_ece, or val_ece without a test role)
         prefix = "test" if result.judged_on == "test" else "val"
-        out += [Metric(f"{prefix}_ece", result.calibration["ece"], now, 0),
-                Metric(f"{prefix}_brier", result.calibration["brier"], now, 0)]
+        out += [
+            Metric(f"{prefix}_ece", result.calibration["ece"], now, 0),
+            Metric(f"{prefix}_brier", result.calibration["brier"], now, 0),
+        ]
     for key in ("gain", "gain_p05", "gain_p95"):
         value = (result.confidence or {}).get(key)
         if value is not None and math.isfinite(value):
@@ -366,9 +452,17 @@ def evaluation_metrics(result: Promotion) -> list[Metric]:
     return out[:1000]  # MLflow takes at most 1000 metrics per batch
 
 
-@task(name="promote", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
-def promote(config: Config, holdout: Rows, selected: Selected, registered: Registered,
-            scored: Scored | None = None, judged_on: str = "test") -> Promotion:
+@task(
+    name="promote", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE
+)
+def promote(
+    config: Config,
+    holdout: Rows,
+    selected: Selected,
+    registered: Registered,
+    scored: Scored | None = None,
+    judged_on: str = "test",
+) -> Promotion:
     """Score the new version (or take its scored holdout) and the current @champion on the same holdout rows (with a
     champion: the ones neither trained or chose on); move the alias only on a win."""
     return gate(config, holdout, selected.path, registered, scored, judged_on)

@@ -59,8 +59,13 @@ def reliability_diagram(calibration: dict[str, Any], title: str):
     ax.plot([0, 1], [0, 1], linestyle="--", color="grey", label="perfectly calibrated")
     ax.plot([b["confidence"] for b in bins], [b["accuracy"] for b in bins], marker="o", label="this model")
     rows = ax.twinx()
-    rows.bar([(b["low"] + b["high"]) / 2 for b in bins], [b["rows"] for b in bins],
-             width=[b["high"] - b["low"] for b in bins], alpha=0.15, color="tab:blue")
+    rows.bar(
+        [(b["low"] + b["high"]) / 2 for b in bins],
+        [b["rows"] for b in bins],
+        width=[b["high"] - b["low"] for b in bins],
+        alpha=0.15,
+        color="tab:blue",
+    )
     rows.set_ylabel("validation rows")
     ax.set_xlabel("confidence (top-label probability)")
     ax.set_ylabel("accuracy")
@@ -84,10 +89,16 @@ def backtest_chart(b: dict[str, Any], title: str):
         for kind in colors:
             at = [i for i, (k, _) in enumerate(by_time) if k == kind]
             if at:
-                when.plot(at, [by_time[i][1]["value"] for i in at], marker="o", color=colors[kind],
-                          label=f"{kind} rows")
-        when.set_xticks(range(len(by_time)), [f"{s['start']}\nto {s['end']}" for _, s in by_time], rotation=60,
-                        fontsize="x-small", ha="right")
+                when.plot(
+                    at, [by_time[i][1]["value"] for i in at], marker="o", color=colors[kind], label=f"{kind} rows"
+                )
+        when.set_xticks(
+            range(len(by_time)),
+            [f"{s['start']}\nto {s['end']}" for _, s in by_time],
+            rotation=60,
+            fontsize="x-small",
+            ha="right",
+        )
         when.set_ylabel(b["metric"])
         when.set_title("by time, on rows the scoring model never trained on", fontsize="small")
         when.legend(fontsize="small")
@@ -100,9 +111,15 @@ def backtest_chart(b: dict[str, Any], title: str):
     e = b.get("earlier")
     if e and e.get("age") is not None:
         per = "month" if b["unit"] == "month" else "unit"
-        ax.plot([e["age"], e["age"] + e["shift"]], [e["recent"], e["earlier"]], linestyle=":", marker="s",
-                color="tab:red", label=f"{b.get('earlier_family', '')} cut off {e['recent_cutoff']} and {e['cutoff']}: "
-                                       f"{e['loss_per_unit']:+.4f} per {per} (noise {e['noise']:.4f})")
+        ax.plot(
+            [e["age"], e["age"] + e["shift"]],
+            [e["recent"], e["earlier"]],
+            linestyle=":",
+            marker="s",
+            color="tab:red",
+            label=f"{b.get('earlier_family', '')} cut off {e['recent_cutoff']} and {e['cutoff']}: "
+            f"{e['loss_per_unit']:+.4f} per {per} (noise {e['noise']:.4f})",
+        )
     ax.set_xlabel("age: days after the last training row" if b["unit"] == "month" else "age (time column's unit)")
     ax.set_ylabel(b["metric"])
     ax.set_title(title, fontsize="small" if by_time else None)
@@ -119,8 +136,12 @@ def importance_chart(rows: list[dict[str, Any]], metric: str, title: str, top: i
     shown = rows[:top][::-1]
     fig = Figure(figsize=(6, 0.35 * len(shown) + 1.2), dpi=100)
     ax = fig.subplots()
-    ax.barh([r["column"] for r in shown], [r["importance"] for r in shown],
-            xerr=[r.get("importance_std", 0.0) for r in shown], color="tab:blue")
+    ax.barh(
+        [r["column"] for r in shown],
+        [r["importance"] for r in shown],
+        xerr=[r.get("importance_std", 0.0) for r in shown],
+        color="tab:blue",
+    )
     ax.axvline(0.0, color="grey", linewidth=0.8)
     ax.set_xlabel(f"{metric} lost when the column is shuffled")
     ax.set_title(title)
@@ -137,22 +158,28 @@ def _importance_lines(summary: dict[str, Any], metric: str) -> str:
         change = f"{r['change']:+.4g}" if "change" in r else "not in the champion" if compared else "-"
         gain = f"{r['gain_share']:.1%}" if "gain_share" in r else ""
         lines.append(f"| {md(r['column'])} | {r['importance']:.4g} ± {r['importance_std']:.2g} | {change} | {gain} |")
-    return (f"Permutation importance on {metric} (how much it worsens when the column is shuffled; artifact "
-            f"`-importance`), top {len(lines)} of {len(rows)}:\n\n| column | importance | change vs champion | "
-            "tree gain share |\n|---|---|---|---|\n" + "\n".join(lines))
+    return (
+        f"Permutation importance on {metric} (how much it worsens when the column is shuffled; artifact "
+        f"`-importance`), top {len(lines)} of {len(rows)}:\n\n| column | importance | change vs champion | "
+        "tree gain share |\n|---|---|---|---|\n" + "\n".join(lines)
+    )
 
 
 def _calibration_lines(summary: dict[str, Any]) -> str:
     c, fit = summary.get("calibration"), summary.get("calibration_fit") or {}
     if not c:
         return "- regression: no class probabilities to calibrate"
-    line = (f"- expected calibration error (top label, {len(c['bins'])} filled bins) {c['ece']:.4f}, "
-            f"Brier score {c['brier']:.4f}, on the {(summary.get('promotion') or {}).get('judged_on', 'validation')} rows "
-            "(artifact `-reliability`)")
+    line = (
+        f"- expected calibration error (top label, {len(c['bins'])} filled bins) {c['ece']:.4f}, "
+        f"Brier score {c['brier']:.4f}, on the {(summary.get('promotion') or {}).get('judged_on', 'validation')} rows "
+        "(artifact `-reliability`)"
+    )
     if fit.get("method"):
         params = ", ".join(f"{k} {fit[k]:.4g}" for k in ("temperature", "slope", "intercept") if k in fit)
-        line += (f"\n- calibrated with {fit['method']} ({params}) because {fit['why']}: ECE {fit['ece_before']:.4f} -> "
-                 f"{fit['ece_after']:.4f}, Brier {fit['brier_before']:.4f} -> {fit['brier_after']:.4f} (fitted on the same split)")
+        line += (
+            f"\n- calibrated with {fit['method']} ({params}) because {fit['why']}: ECE {fit['ece_before']:.4f} -> "
+            f"{fit['ece_after']:.4f}, Brier {fit['brier_before']:.4f} -> {fit['brier_after']:.4f} (fitted on the same split)"
+        )
     elif fit.get("why"):
         line += f"\n- not recalibrated: {fit['why']}"
     if fit.get("threshold") is not None:
@@ -167,18 +194,22 @@ def _slices_lines(summary: dict[str, Any], metric: str) -> str:
     rows = []
     for column, values in slices.items():
         for value, e in values.items():
-            rows.append(f"| {md(column)} | {md(value)} | {e['rows']} | {_fmt(e.get(metric, ''))} | "
-                        f"{_fmt(e.get('champion_' + metric, ''))} | {'yes' if e.get('judged') else 'no'} |")
-    return (f"| column | value | rows | {metric} | champion's | judged |\n|---|---|---|---|---|---|\n" + "\n".join(rows))
+            rows.append(
+                f"| {md(column)} | {md(value)} | {e['rows']} | {_fmt(e.get(metric, ''))} | "
+                f"{_fmt(e.get('champion_' + metric, ''))} | {'yes' if e.get('judged') else 'no'} |"
+            )
+    return f"| column | value | rows | {metric} | champion's | judged |\n|---|---|---|---|---|---|\n" + "\n".join(rows)
 
 
 def _confidence_line(promo: dict[str, Any]) -> str:
     c = promo.get("confidence") or {}
     if not c.get("resamples"):
         return ""
-    return (f"\nGain {c['gain']:+.6g} (5th-95th percentile {c['gain_p05']:+.6g} to {c['gain_p95']:+.6g} over "
-            f"{c['resamples']} paired bootstrap resamples of {c['rows']} validation rows; not better by more than the margin "
-            f"in {c['share_not_better']:.0%} of them).")
+    return (
+        f"\nGain {c['gain']:+.6g} (5th-95th percentile {c['gain_p05']:+.6g} to {c['gain_p95']:+.6g} over "
+        f"{c['resamples']} paired bootstrap resamples of {c['rows']} validation rows; not better by more than the margin "
+        f"in {c['share_not_better']:.0%} of them)."
+    )
 
 
 def _fmt(v: Any) -> str:
@@ -194,18 +225,22 @@ def _family_line(config: Config, summary: dict[str, Any]) -> str:
     if family == ENSEMBLE and summary.get("ensemble"):
         ens = summary["ensemble"]
         weights = ", ".join(f"`{m['family']}` {m['weight']:.2f}" for m in ens["members"] if m["weight"] > 0)
-        return (f"- family `{family}`: the weighted mean of {weights} (greedy ensemble selection, {ens['rounds']} rounds "
-                f"on {ens['rows']} {'out-of-fold' if ens.get('weighted_on') == 'out-of-fold' else 'validation'} rows; "
-                "scores cross-fitted over two halves of them)")
+        return (
+            f"- family `{family}`: the weighted mean of {weights} (greedy ensemble selection, {ens['rounds']} rounds "
+            f"on {ens['rows']} {'out-of-fold' if ens.get('weighted_on') == 'out-of-fold' else 'validation'} rows; "
+            "scores cross-fitted over two halves of them)"
+        )
     return f"- family `{family}`: {REGISTRY[family].describe(config.model.for_family(family))}"
 
 
 def _chosen_on(summary: dict[str, Any]) -> str:
     if summary.get("oof_metrics"):
-        return (f"Out-of-fold predictions chose it: each of {summary.get('oof_rows')} rows predicted by the one of "
-                f"{summary['folds']} fold models that never trained on it (early stopping on each model's own held-out "
-                "fold; the family, ensemble weights, calibration); the served model averages the fold models. The test "
-                "rows touched no choice.")
+        return (
+            f"Out-of-fold predictions chose it: each of {summary.get('oof_rows')} rows predicted by the one of "
+            f"{summary['folds']} fold models that never trained on it (early stopping on each model's own held-out "
+            "fold; the family, ensemble weights, calibration); the served model averages the fold models. The test "
+            "rows touched no choice."
+        )
     return "Validation rows chose it (early stopping, the family, calibration); the test rows touched no choice."
 
 
@@ -216,13 +251,18 @@ def _candidates_lines(summary: dict[str, Any], metric: str) -> str:
     oof = bool(summary.get("oof_metrics"))
     shown = metric.replace("val_", "oof_", 1) if oof else metric
     test = metric.replace("val_", "test_", 1)
-    lines = "\n".join(f"| {r['family']} | {_fmt(r.get(shown))} | {_fmt(r.get(test))} | {r['epoch']} | "
-                      f"{_fmt(r.get('train_s'))} | `{r['run_name']}` |" for r in rows)
-    return (f"\n\nCandidates trained in this run, best first by {shown} on "
-            f"{'the out-of-fold predictions' if oof else 'the validation split'} (the test rows scored each once every "
-            f"choice was made; also the parent MLflow run's leaderboard.json):\n\n"
-            f"| family | {shown} | {test} | best epoch or round | training s | Ray Train run |\n"
-            f"|---|---|---|---|---|---|\n{lines}")
+    lines = "\n".join(
+        f"| {r['family']} | {_fmt(r.get(shown))} | {_fmt(r.get(test))} | {r['epoch']} | "
+        f"{_fmt(r.get('train_s'))} | `{r['run_name']}` |"
+        for r in rows
+    )
+    return (
+        f"\n\nCandidates trained in this run, best first by {shown} on "
+        f"{'the out-of-fold predictions' if oof else 'the validation split'} (the test rows scored each once every "
+        f"choice was made; also the parent MLflow run's leaderboard.json):\n\n"
+        f"| family | {shown} | {test} | best epoch or round | training s | Ray Train run |\n"
+        f"|---|---|---|---|---|---|\n{lines}"
+    )
 
 
 def _predictions_line(summary: dict[str, Any]) -> str:
@@ -236,18 +276,23 @@ def _predictions_rows(summary: dict[str, Any]) -> str:
     unseen = summary.get("unseen_categories") or {}
     if unseen:
         line += "\n- values never seen in training (predicted with the unknown code): " + ", ".join(
-            f"{md_code(c)} {n} row(s)" for c, n in sorted(unseen.items()))
+            f"{md_code(c)} {n} row(s)" for c, n in sorted(unseen.items())
+        )
     return line
 
 
 def _validation_lines(v: dict[str, Any]) -> str:
     if not v.get("checks"):
         return f"- not checked: {v.get('note', 'no champion to compare with')}"
-    lines = [f"- against version {v['champion_version']}'s training data: {len(v['checks'])} check(s), "
-             f"{len(v['anomalies'])} anomal(ies) (on_anomaly: {v.get('on_anomaly')})"]
+    lines = [
+        f"- against version {v['champion_version']}'s training data: {len(v['checks'])} check(s), "
+        f"{len(v['anomalies'])} anomal(ies) (on_anomaly: {v.get('on_anomaly')})"
+    ]
     lines += [f"- anomaly: {md(a)}" for a in v["anomalies"]]
-    rows = "\n".join(f"| {c['check']} | {md(c['column'] or '')} | {c['score']} | {c['threshold']} | {'yes' if c['anomaly'] else ''} |"
-                     for c in v["checks"])
+    rows = "\n".join(
+        f"| {c['check']} | {md(c['column'] or '')} | {c['score']} | {c['threshold']} | {'yes' if c['anomaly'] else ''} |"
+        for c in v["checks"]
+    )
     return "\n".join(lines) + f"\n\n| check | column | score | threshold | anomaly |\n|---|---|---|---|---|\n{rows}"
 
 
@@ -255,15 +300,23 @@ def _drift_line(summary: dict[str, Any]) -> str:
     d = summary.get("drift") or {}
     if not d.get("columns"):
         return ""
-    return (f"\n- drift from the serving model's training data: {', '.join(map(md, d['drifted_columns'])) or 'none'} "
-            f"of {len(d['columns'])} feature(s) over {d['rows']} rows (artifact `-drift`)")
+    return (
+        f"\n- drift from the serving model's training data: {', '.join(map(md, d['drifted_columns'])) or 'none'} "
+        f"of {len(d['columns'])} feature(s) over {d['rows']} rows (artifact `-drift`)"
+    )
 
 
 def _serving_line(promo: dict[str, Any]) -> str:
-    floor = "" if promo.get("min_score") is None else (
-        f" Floor promotion.min_score {promo['min_score']:g}: {'missed' if promo.get('below_floor') else 'met'}.")
-    serving = f"`@champion` is now version {promo['serving_version']}." if promo.get("serving_version") else \
-        "No version is `@champion`: none has met the floor yet, so nothing was predicted."
+    floor = (
+        ""
+        if promo.get("min_score") is None
+        else (f" Floor promotion.min_score {promo['min_score']:g}: {'missed' if promo.get('below_floor') else 'met'}.")
+    )
+    serving = (
+        f"`@champion` is now version {promo['serving_version']}."
+        if promo.get("serving_version")
+        else "No version is `@champion`: none has met the floor yet, so nothing was predicted."
+    )
     return serving + floor
 
 
@@ -278,10 +331,14 @@ def _metric_rows(validation: dict[str, Any], test: dict[str, Any], chose: str = 
 
 def _rows_line(summary: dict[str, Any]) -> str:
     if (summary.get("folds") or 1) > 1:
-        return (f"{summary['training_rows']} ({summary.get('oof_rows')} in {summary['folds']} cross-fitting folds, "
-                f"{summary.get('test_rows') or 0} test)")
-    return (f"{summary['training_rows']} ({summary['train_rows']} training, {summary['validation_rows']} validation, "
-            f"{summary.get('test_rows') or 0} test)")
+        return (
+            f"{summary['training_rows']} ({summary.get('oof_rows')} in {summary['folds']} cross-fitting folds, "
+            f"{summary.get('test_rows') or 0} test)"
+        )
+    return (
+        f"{summary['training_rows']} ({summary['train_rows']} training, {summary['validation_rows']} validation, "
+        f"{summary.get('test_rows') or 0} test)"
+    )
 
 
 def _champion(promo: dict[str, Any]) -> str:
@@ -294,54 +351,54 @@ def model_card(config: Config, summary: dict[str, Any], curve_uri: str, curve_pn
     """Markdown: data, metrics, promotion decision, lineage and the resolved config."""
     best = summary["best_checkpoint"]
     promo = summary["promotion"]
-    return f"""# {summary['registered_model']} version {summary['model_version']}
+    return f"""# {summary["registered_model"]} version {summary["model_version"]}
 
-**Promotion: {promo['decision']}** on {promo['metric']} ({promo['mode']}, margin {promo['margin']:g}), judged on {promo.get('rows')} {promo.get('judged_on', 'validation')} rows:
-challenger v{promo['challenger_version']} {_fmt(promo['challenger_score'])}, {_champion(promo)}.
-{promo['reason']}.{(' Judged on ' + promo['judged_rows_note'] + '.') if promo.get('judged_rows_note') else ''} {_serving_line(promo)}{_confidence_line(promo)}
+**Promotion: {promo["decision"]}** on {promo["metric"]} ({promo["mode"]}, margin {promo["margin"]:g}), judged on {promo.get("rows")} {promo.get("judged_on", "validation")} rows:
+challenger v{promo["challenger_version"]} {_fmt(promo["challenger_score"])}, {_champion(promo)}.
+{promo["reason"]}.{(" Judged on " + promo["judged_rows_note"] + ".") if promo.get("judged_rows_note") else ""} {_serving_line(promo)}{_confidence_line(promo)}
 
 ## Data
-- table: `{summary['data_path']}`
-- fingerprint: `{summary['data_fingerprint']}`
+- table: `{summary["data_path"]}`
+- fingerprint: `{summary["data_fingerprint"]}`
 - rows: {_rows_line(summary)}
-- split: {summary.get('split') or 'train/validation'}; assignment `{summary.get('split_path')}`{chr(10) + '- backtest: ' + backtest_line(summary['backtest']) if summary.get('backtest') else ''}
+- split: {summary.get("split") or "train/validation"}; assignment `{summary.get("split_path")}`{chr(10) + "- backtest: " + backtest_line(summary["backtest"]) if summary.get("backtest") else ""}
 
-## Best checkpoint (epoch {best['epoch']} of {summary['epochs_run']} run this time)
+## Best checkpoint (epoch {best["epoch"]} of {summary["epochs_run"]} run this time)
 {_chosen_on(summary)}
 
 | metric | {"out-of-fold" if summary.get("oof_metrics") else "validation"} | test |
 |---|---|---|
-{_metric_rows(best['metrics'], summary.get('test_metrics') or {}, "oof_" if summary.get("oof_metrics") else "val_")}
+{_metric_rows(best["metrics"], summary.get("test_metrics") or {}, "oof_" if summary.get("oof_metrics") else "val_")}
 
 Loss curve (also `{curve_uri}` and the MLflow run's `{LOSS_CURVE}`):
 
 {f"![loss curve]({curve_png})" if curve_png else ""}
 
 ## What the model relies on
-{_importance_lines(summary, promo['metric'])}
+{_importance_lines(summary, promo["metric"])}
 
 ## Calibration
 {_calibration_lines(summary)}
 
-## Slices of the {promo.get('judged_on', 'validation')} rows
-{_slices_lines(summary, promo['metric'])}
+## Slices of the {promo.get("judged_on", "validation")} rows
+{_slices_lines(summary, promo["metric"])}
 
 ## Model
-{_family_line(config, summary)}{_candidates_lines(summary, promo['metric'])}
+{_family_line(config, summary)}{_candidates_lines(summary, promo["metric"])}
 
 ## Training budget
-{_budget_line(summary.get('training_budget') or {})}
+{_budget_line(summary.get("training_budget") or {})}
 
 ## Data validation
-{_validation_lines(summary.get('validation') or {})}
+{_validation_lines(summary.get("validation") or {})}
 
 ## Predictions
 {_predictions_line(summary)}
 
 ## Lineage
-data `{summary['data_fingerprint']}` → Ray Train run `{summary['ray_run_path']}` →
-MLflow run `{summary['mlflow_run_id']}`, model `{summary['model_uri']}` →
-predictions `{summary['predictions_path']}` (by version {summary.get('predictions_model_version')})
+data `{summary["data_fingerprint"]}` → Ray Train run `{summary["ray_run_path"]}` →
+MLflow run `{summary["mlflow_run_id"]}`, model `{summary["model_uri"]}` →
+predictions `{summary["predictions_path"]}` (by version {summary.get("predictions_model_version")})
 
 ## Config
 ```json
@@ -390,17 +447,30 @@ def report(config: Config, history: list[dict[str, float]], summary: dict[str, A
         client.log_batch(
             summary["mlflow_run_id"],
             params=new_params(client, summary["mlflow_run_id"], summary.get("training_budget") or {}, "budget."),
-            metrics=[Metric(k, float(v), int(time.time() * 1000), 0) for k, v in (summary.get("test_metrics") or {}).items()
-                     if math.isfinite(v)]
-            + [Metric(mlflow_key(f"unseen_rows.{c}"), float(n), int(time.time() * 1000), 0)
-                     for c, n in (summary.get("unseen_categories") or {}).items()]
-            + ([Metric("validation.anomalies", float(len(validation["anomalies"])), int(time.time() * 1000), 0)]
-               if validation.get("checks") else [])
-            + [Metric(f"backtest.{k}", float(aged[k]), int(time.time() * 1000), 0) for k in ("loss_per_unit", "noise")
-               if aged and isinstance(aged.get(k), (int, float)) and math.isfinite(aged[k])]
-            + [Metric(f"backtest.earlier_{k}", float(aged["earlier"][k]), int(time.time() * 1000), 0)
-               for k in ("loss_per_unit", "noise", "recent", "earlier")
-               if aged and aged.get("earlier") and math.isfinite(aged["earlier"][k])],
+            metrics=[
+                Metric(k, float(v), int(time.time() * 1000), 0)
+                for k, v in (summary.get("test_metrics") or {}).items()
+                if math.isfinite(v)
+            ]
+            + [
+                Metric(mlflow_key(f"unseen_rows.{c}"), float(n), int(time.time() * 1000), 0)
+                for c, n in (summary.get("unseen_categories") or {}).items()
+            ]
+            + (
+                [Metric("validation.anomalies", float(len(validation["anomalies"])), int(time.time() * 1000), 0)]
+                if validation.get("checks")
+                else []
+            )
+            + [
+                Metric(f"backtest.{k}", float(aged[k]), int(time.time() * 1000), 0)
+                for k in ("loss_per_unit", "noise")
+                if aged and isinstance(aged.get(k), (int, float)) and math.isfinite(aged[k])
+            ]
+            + [
+                Metric(f"backtest.earlier_{k}", float(aged["earlier"][k]), int(time.time() * 1000), 0)
+                for k in ("loss_per_unit", "noise", "recent", "earlier")
+                if aged and aged.get("earlier") and math.isfinite(aged["earlier"][k])
+            ],
         )
     card = model_card(config, summary, curve_uri, png)
     with tracking(config.mlflow.tracking_uri):
@@ -419,24 +489,31 @@ def report(config: Config, history: list[dict[str, float]], summary: dict[str, A
             description=f"Model card of {name} version {summary['model_version']}",
         ),
         "loss_curve": create_image_artifact(
-            image_url=png, key=artifact_key(name, "loss-curve"), description=f"Loss curve of {summary['run_name']} ({curve_uri})"
+            image_url=png,
+            key=artifact_key(name, "loss-curve"),
+            description=f"Loss curve of {summary['run_name']} ({curve_uri})",
         ),
     }
     importance = summary.get("feature_importance") or []
     if importance:
         chart = importance_chart(importance, summary["promotion"]["metric"], f"{name} v{summary['model_version']}")
         ids["importance"] = create_image_artifact(
-            image_url=png_data_uri(chart)[1], key=artifact_key(name, "importance"),
-            description=f"Permutation importance of {name} version {summary['model_version']}")
+            image_url=png_data_uri(chart)[1],
+            key=artifact_key(name, "importance"),
+            description=f"Permutation importance of {name} version {summary['model_version']}",
+        )
     if aging is not None:
         ids["backtest"] = create_image_artifact(
-            image_url=png_data_uri(aging)[1], key=artifact_key(name, "backtest"),
-            description=f"{name} version {summary['model_version']}: {backtest_line(aged)}")
+            image_url=png_data_uri(aging)[1],
+            key=artifact_key(name, "backtest"),
+            description=f"{name} version {summary['model_version']}: {backtest_line(aged)}",
+        )
     if calibration:
         ids["reliability"] = create_image_artifact(
-            image_url=png_data_uri(diagram)[1], key=artifact_key(name, "reliability"),
+            image_url=png_data_uri(diagram)[1],
+            key=artifact_key(name, "reliability"),
             description=f"Reliability diagram of {name} version {summary['model_version']} on the "
-                        f"{(summary.get('promotion') or {}).get('judged_on', 'validation')} rows")
+            f"{(summary.get('promotion') or {}).get('judged_on', 'validation')} rows",
+        )
     get_run_logger().info("artifacts: epoch metrics, model card, loss curve (%s)", curve_uri)
     return {k: str(v) for k, v in ids.items()}
-

@@ -55,17 +55,23 @@ def record_finished(config, run_name: str, fingerprint: str | None, summary: dic
 
     if fingerprint is None or not summary.get("model_version"):
         return
-    record = {"run_name": run_name, "data_fingerprint": fingerprint, "config_digest": config_digest(config),
-              "model": config.mlflow.registered_model, "version": str(summary["model_version"]),
-              "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-              "summary": redact_value(json.loads(json.dumps(summary, default=str)))}
+    record = {
+        "run_name": run_name,
+        "data_fingerprint": fingerprint,
+        "config_digest": config_digest(config),
+        "model": config.mlflow.registered_model,
+        "version": str(summary["model_version"]),
+        "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "summary": redact_value(json.loads(json.dumps(summary, default=str))),
+    }
     try:
         replace_bytes(_done_uri(config, run_name), json.dumps(record).encode())  # a reader never sees half of it
     except Exception as exc:  # noqa: BLE001 - the run is published; a later start of this name redoes cheap steps
         from trainflow.tasks.common import task_logger
 
-        task_logger("run-name").warning("could not record that run %s finished: %s: %s", run_name,
-                                        type(exc).__name__, exc)
+        task_logger("run-name").warning(
+            "could not record that run %s finished: %s: %s", run_name, type(exc).__name__, exc
+        )
 
 
 @task(name="check-finished", cache_policy=NO_CACHE)
@@ -87,13 +93,17 @@ def finished_before(config, run_name: str, fingerprint: str | None) -> dict | No
         version, summary = str(int(record["version"])), record["summary"]
     except (OSError, ValueError, KeyError, TypeError):
         return None  # none, or not one trainflow wrote: the run does its work
-    if claimed != (run_name, fingerprint, config_digest(config), config.mlflow.registered_model) \
-            or not isinstance(summary, dict):
+    if claimed != (run_name, fingerprint, config_digest(config), config.mlflow.registered_model) or not isinstance(
+        summary, dict
+    ):
         return None
     uri = config.mlflow.tracking_uri
     try:
-        tags = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri).get_model_version(
-            config.mlflow.registered_model, version).tags
+        tags = (
+            mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+            .get_model_version(config.mlflow.registered_model, version)
+            .tags
+        )
     except mlflow.exceptions.MlflowException:
         return None
     if tags.get("trainflow.run_name") != run_name or tags.get("trainflow.data_fingerprint") != fingerprint:
@@ -102,5 +112,10 @@ def finished_before(config, run_name: str, fingerprint: str | None) -> dict | No
 
     task_logger("run-name").info(
         "run %s finished at %s on the same data and config (%s version %s): nothing to do; its summary follows "
-        "(--force or another --run-name retrains)", run_name, record.get("finished"), record["model"], version)
+        "(--force or another --run-name retrains)",
+        run_name,
+        record.get("finished"),
+        record["model"],
+        version,
+    )
     return {**summary, "already_finished": record.get("finished")}

@@ -31,58 +31,67 @@ def summarize(
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything a person or a script needs to know about the run, as plain data (no secrets: redact_value)."""
-    return redact_value({
-        "run_name": outcome.run_name,
-        "model_family": outcome.family,
-        "data_path": ingested.spec.path,
-        "data_fingerprint": ingested.spec.fingerprint,
-        "training_rows": ingested.spec.rows,
-        "data_materialized": parts.materialized,
-        "train_rows": parts.train_rows,
-        "validation_rows": parts.val_rows,
-        "ray_run_path": outcome.run_path,
-        "epochs_run": len(outcome.history),
-        "training_budget": outcome.budget,
-        "resumed_from_epoch": outcome.resumed_from_epoch,
-        "recoveries": outcome.recoveries,
-        # path: a local folder holding it (the checkpoint itself on local storage, the run's checked copy otherwise)
-        "best_checkpoint": {"path": selected.uri if selected.uri and not is_uri(selected.uri) else selected.path,
-                            "uri": selected.uri or selected.path, "epoch": selected.epoch, "metrics": selected.metrics},
-        "skipped_checkpoints": selected.skipped,
-        "mlflow_run_id": registered.run_id,
-        "registered_model": registered.model_name,
-        "model_version": registered.model_version,
-        "model_uri": registered.model_uri,
-        "promotion": promotion.record(),
-        "calibration": promotion.calibration,
-        "slices": promotion.slices,
-        "predictions_path": predictions.path if predictions else None,
-        "input_rows": predictions.input_rows if predictions else None,
-        "output_rows": predictions.output_rows if predictions else None,
-        "unseen_categories": predictions.unseen if predictions else None,
-        "drift": predictions.drift if predictions else None,
-        "estimated_metrics": predictions.estimated if predictions else None,
-        "predictions_model_version": promotion.serving_version if predictions else None,
-        **(extra or {}),
-    })
+    return redact_value(
+        {
+            "run_name": outcome.run_name,
+            "model_family": outcome.family,
+            "data_path": ingested.spec.path,
+            "data_fingerprint": ingested.spec.fingerprint,
+            "training_rows": ingested.spec.rows,
+            "data_materialized": parts.materialized,
+            "train_rows": parts.train_rows,
+            "validation_rows": parts.val_rows,
+            "ray_run_path": outcome.run_path,
+            "epochs_run": len(outcome.history),
+            "training_budget": outcome.budget,
+            "resumed_from_epoch": outcome.resumed_from_epoch,
+            "recoveries": outcome.recoveries,
+            # path: a local folder holding it (the checkpoint itself on local storage, the run's checked copy otherwise)
+            "best_checkpoint": {
+                "path": selected.uri if selected.uri and not is_uri(selected.uri) else selected.path,
+                "uri": selected.uri or selected.path,
+                "epoch": selected.epoch,
+                "metrics": selected.metrics,
+            },
+            "skipped_checkpoints": selected.skipped,
+            "mlflow_run_id": registered.run_id,
+            "registered_model": registered.model_name,
+            "model_version": registered.model_version,
+            "model_uri": registered.model_uri,
+            "promotion": promotion.record(),
+            "calibration": promotion.calibration,
+            "slices": promotion.slices,
+            "predictions_path": predictions.path if predictions else None,
+            "input_rows": predictions.input_rows if predictions else None,
+            "output_rows": predictions.output_rows if predictions else None,
+            "unseen_categories": predictions.unseen if predictions else None,
+            "drift": predictions.drift if predictions else None,
+            "estimated_metrics": predictions.estimated if predictions else None,
+            "predictions_model_version": promotion.serving_version if predictions else None,
+            **(extra or {}),
+        }
+    )
 
 
 @task(name="summarize-skipped", cache_policy=NO_CACHE)
-def skipped_summary(config: Config, run_name: str, skipped: dict[str, Any], model: str,
-                    predictions: Predictions | None) -> dict[str, Any]:
+def skipped_summary(
+    config: Config, run_name: str, skipped: dict[str, Any], model: str, predictions: Predictions | None
+) -> dict[str, Any]:
     """The summary of a retrain that had nothing to train: why, the champion that served, its predictions."""
-    return redact_value({
-        "run_name": run_name,
-        "skipped": skipped,
-        "data_path": config.data.path,
-        "data_fingerprint": skipped["data_fingerprint"],
-        "model_uri": model,
-        "model_version": skipped["champion_version"],
-        "predictions_path": predictions.path if predictions else None,
-        "input_rows": predictions.input_rows if predictions else None,
-        "output_rows": predictions.output_rows if predictions else None,
-        "unseen_categories": predictions.unseen if predictions else None,
-        "drift": predictions.drift if predictions else None,
-        "estimated_metrics": predictions.estimated if predictions else None,
-        "predictions_model_version": skipped["champion_version"] if predictions else None,
-    })
+    return redact_value(
+        {
+            "run_name": run_name,
+            "skipped": skipped,
+            "data_path": config.data.path,
+            "data_fingerprint": skipped["data_fingerprint"],
+            "model_uri": model,
+            "model_version": skipped["champion_version"],
+            "predictions_path": predictions.path if predictions else None,
+            "input_rows": predictions.input_rows if predictions else None,
+            "output_rows": predictions.output_rows if predictions else None,
+            "unseen_categories": predictions.unseen if predictions else None,
+            "drift": predictions.drift if predictions else None,
+            "estimated_metrics": predictions.estimated if predictions else None,
+            "predictions_model_version": skipped["champion_version"] if predictions else None,
+        }
+    )

@@ -20,8 +20,17 @@ from trainflow.trainer.loop import STOP_REASON
 from trainflow.trainer.progress import ProgressLine, watch_progress
 from trainflow.trainer.recovery import read_events, recoveries, started_from
 from trainflow.trainer.resources import check_fits
-from trainflow.trainer.runner import (build_trainer, checkpoint_folders, checkpoints_on_disk, fit_run, folder_name,
-                                      latest_epoch, latest_lineage, remove_unregistered, run_dir)
+from trainflow.trainer.runner import (
+    build_trainer,
+    checkpoint_folders,
+    checkpoints_on_disk,
+    fit_run,
+    folder_name,
+    latest_epoch,
+    latest_lineage,
+    remove_unregistered,
+    run_dir,
+)
 from trainflow.config import Config
 from trainflow.errors import ConfigError, TrainingError
 from trainflow.runtime import ensure_ray
@@ -64,7 +73,9 @@ def check_resume(config: Config, fingerprint: str, runs: dict[str, str | list[st
         now = lineage_for(config, fingerprint, family)
         changed = [k for k in ("data_fingerprint", "config_hash") if before.get(k) != now[k]]
         if changed:
-            what = " and ".join({"data_fingerprint": "the data", "config_hash": "the training config"}[k] for k in changed)
+            what = " and ".join(
+                {"data_fingerprint": "the data", "config_hash": "the training config"}[k] for k in changed
+            )
             raise ConfigError(
                 f"run {run_name} ({path}) exists and was trained on data {before.get('data_fingerprint')} with "
                 f"{before.get('config_hash')}; this run has data {now['data_fingerprint']} with {now['config_hash']}: "
@@ -88,8 +99,12 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
     lineage = lineage_for(config, prepared.fingerprint, family)
     done = finished_outcome(path, lineage, budget.to_dict(), run_name, family)
     if done is not None:
-        log.info("run %s finished before on the same data, training config and budget: its %d checkpoint(s) are "
-                 "used, nothing is trained again", run_name, len(done.checkpoints))
+        log.info(
+            "run %s finished before on the same data, training config and budget: its %d checkpoint(s) are "
+            "used, nothing is trained again",
+            run_name,
+            len(done.checkpoints),
+        )
         return done
     mlflow_run = open_run(config, run_name, family)  # metrics arrive in MLflow while the fit runs
     progress, logged = ProgressLine(family, budget.limit, budget.unit), set()
@@ -99,8 +114,15 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
         log_rows(config.mlflow.tracking_uri, mlflow_run, [metrics])
         logged.add(int(metrics.get("epoch", -1)))
 
-    log.info("training %s (%s): %d worker(s)%s; %s; storage %s", run_name, family, config.scaling.num_workers,
-             ", GPU" if config.scaling.use_gpu else "", budget.describe(), config.storage_path)
+    log.info(
+        "training %s (%s): %d worker(s)%s; %s; storage %s",
+        run_name,
+        family,
+        config.scaling.num_workers,
+        ", GPU" if config.scaling.use_gpu else "",
+        budget.describe(),
+        config.storage_path,
+    )
     seen = len(read_events(path))
     existed = latest_epoch(path) is not None
     earlier = checkpoint_folders(path)
@@ -111,13 +133,22 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
     started = time.monotonic()
     with watch_progress(on_report) as callback:
         trainer = build_trainer(
-            resolved, prepared.preprocessor, prepared.train, prepared.val, run_name, cache_shards=prepared.materialized,
-            streamed=not prepared.materialized, external_memory=getattr(budget, "external_memory", False),
-            lineage=lineage, callbacks=[callback],
+            resolved,
+            prepared.preprocessor,
+            prepared.train,
+            prepared.val,
+            run_name,
+            cache_shards=prepared.materialized,
+            streamed=not prepared.materialized,
+            external_memory=getattr(budget, "external_memory", False),
+            lineage=lineage,
+            callbacks=[callback],
         )
         result = fit_run(trainer, path, config.scaling.num_workers, config.data.materialize)
     if result.metrics and result.metrics.get(STOP_REASON):
-        raise TrainingError(f"training stopped: {result.metrics[STOP_REASON]}; lower train.learning_rate or check the data")
+        raise TrainingError(
+            f"training stopped: {result.metrics[STOP_REASON]}; lower train.learning_rate or check the data"
+        )
     checkpoints = []
     for ckpt, metrics in result.best_checkpoints or []:
         uri = with_scheme(config.storage_path, ckpt.path)  # Ray gives paths inside the storage filesystem
@@ -133,32 +164,53 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
         held.add(folder_name(result.checkpoint.path))
     try:
         removed = remove_unregistered(path, earlier, held)
-    except (OSError, ServiceUnavailable) as exc:  # the model is trained: what is left waits for the next run of this name
+    except (
+        OSError,
+        ServiceUnavailable,
+    ) as exc:  # the model is trained: what is left waits for the next run of this name
         log.warning("could not remove the checkpoint folders an earlier attempt of %s left: %s", run_name, exc)
     else:
         if removed:
-            log.info("removed %d checkpoint folder(s) that an earlier attempt of %s left and Ray Train does not hold: %s",
-                     len(removed), run_name, ", ".join(removed))
+            log.info(
+                "removed %d checkpoint folder(s) that an earlier attempt of %s left and Ray Train does not hold: %s",
+                len(removed),
+                run_name,
+                ", ".join(removed),
+            )
     # the epochs the reports grouped away (and those before a resume), so MLflow holds every epoch
     log_rows(config.mlflow.tracking_uri, mlflow_run, [h for h in history if int(h.get("epoch", -1)) not in logged])
     events = read_events(path)
     final = history[-1] if history else {}
     unit = getattr(budget, "unit", "epoch")
-    log.info("trained %d %s(s); the last: %s", len(history), unit,
-             ", ".join(f"{k} {v:.4g}" for k, v in final.items() if k not in ("epoch", "epoch_time_s", "learning_rate")))
+    log.info(
+        "trained %d %s(s); the last: %s",
+        len(history),
+        unit,
+        ", ".join(f"{k} {v:.4g}" for k, v in final.items() if k not in ("epoch", "epoch_time_s", "learning_rate")),
+    )
     cut = [int(e.get("epoch", -1)) for e in events[seen:] if e.get("event") == "time_limit"]
     outcome = TrainOutcome(
-        run_name=run_name, family=family, run_path=path, checkpoints=checkpoints, history=history,
-        resumed_from_epoch=started_from(events[seen:]) if existed else None, recoveries=recoveries(events),
-        budget=budget.to_dict(), time_limited_at=cut[-1] if cut else None, train_s=round(time.monotonic() - started, 1),
+        run_name=run_name,
+        family=family,
+        run_path=path,
+        checkpoints=checkpoints,
+        history=history,
+        resumed_from_epoch=started_from(events[seen:]) if existed else None,
+        recoveries=recoveries(events),
+        budget=budget.to_dict(),
+        time_limited_at=cut[-1] if cut else None,
+        train_s=round(time.monotonic() - started, 1),
     )
-    write_text(join(path, FINISHED_FILE), json.dumps({"lineage": lineage, "budget": budget.to_dict(),
-                                                      "outcome": asdict(outcome)}, default=str))
+    write_text(
+        join(path, FINISHED_FILE),
+        json.dumps({"lineage": lineage, "budget": budget.to_dict(), "outcome": asdict(outcome)}, default=str),
+    )
     return outcome
 
 
-def finished_outcome(path: str, lineage: dict[str, str], budget: dict[str, Any], run_name: str,
-                     family: str) -> TrainOutcome | None:
+def finished_outcome(
+    path: str, lineage: dict[str, str], budget: dict[str, Any], run_name: str, family: str
+) -> TrainOutcome | None:
     """The outcome of a run that trained to its end before (FINISHED_FILE) on the same data and training config with
     the same budget; None: train (or resume). The record is a claim read from storage: only its lineage, budget and
     the checkpoint folders it names (each must still be there) are read from it. Everything else comes from the
@@ -185,6 +237,14 @@ def finished_outcome(path: str, lineage: dict[str, str], budget: dict[str, Any],
     events = read_events(path)
     cut = [int(e.get("epoch", -1)) for e in events if e.get("event") == "time_limit"]
     seconds = float(train_s) if isinstance(train_s, (int, float)) and math.isfinite(train_s) and train_s >= 0 else None
-    return TrainOutcome(run_name=run_name, family=family, run_path=path, checkpoints=on_disk, history=history,
-                        recoveries=recoveries(events), budget=budget, time_limited_at=cut[-1] if cut else None,
-                        train_s=seconds)
+    return TrainOutcome(
+        run_name=run_name,
+        family=family,
+        run_path=path,
+        checkpoints=on_disk,
+        history=history,
+        recoveries=recoveries(events),
+        budget=budget,
+        time_limited_at=cut[-1] if cut else None,
+        train_s=seconds,
+    )

@@ -59,7 +59,12 @@ def tune_sweep(prepared: Prepared, config: Config, sweep: str, resume: bool = Fa
     parallel = concurrency(config)
     log.info(
         "sweep %s: %d trial(s), %d at a time, %s on %s (%s)",
-        sweep, tune_cfg.num_samples, parallel, tune_cfg.scheduler, tune_cfg.metric, tune_cfg.mode,
+        sweep,
+        tune_cfg.num_samples,
+        parallel,
+        tune_cfg.scheduler,
+        tune_cfg.metric,
+        tune_cfg.mode,
     )
     lines: dict[str, ProgressLine] = {}
 
@@ -72,10 +77,16 @@ def tune_sweep(prepared: Prepared, config: Config, sweep: str, resume: bool = Fa
 
     with watch_progress(on_report) as progress:
         tuner = build_tuner(
-            config, prepared.preprocessor, prepared.train, prepared.val, sweep, parallel,
+            config,
+            prepared.preprocessor,
+            prepared.train,
+            prepared.val,
+            sweep,
+            parallel,
             cache_shards=prepared.materialized,
             external_memory={name: getattr(b, "external_memory", False) for name, b in prepared.budgets.items()},
-            resume=resume, progress=progress,
+            resume=resume,
+            progress=progress,
         )
         results = tuner.fit()
     trials = summarize_trials(results, sweep, tune_cfg.metric, tune_cfg.mode)
@@ -86,7 +97,9 @@ def tune_sweep(prepared: Prepared, config: Config, sweep: str, resume: bool = Fa
         description=f"Trials of sweep {sweep}",
     )
     if best is None:
-        errors = "; ".join(f"{t['trial_id']}: {t['error']}" for t in trials if t["error"]) or "no trial reported the metric"
+        errors = (
+            "; ".join(f"{t['trial_id']}: {t['error']}" for t in trials if t["error"]) or "no trial reported the metric"
+        )
         raise TrainingError(f"sweep {sweep}: no trial finished with a finite {tune_cfg.metric} ({errors})")
     best_config = trial_config(config.to_dict(), best["params"])
     best_config._source_dir = config.source_dir
@@ -97,7 +110,11 @@ def tune_sweep(prepared: Prepared, config: Config, sweep: str, resume: bool = Fa
     history = json.loads(read_text(join(checkpoints[-1]["path"], METRICS_FILE)))["history"]
     log.info("best trial %s: %s=%s with %s", best["trial_id"], tune_cfg.metric, best[tune_cfg.metric], best["params"])
     outcome = TrainOutcome(
-        run_name=best["run_name"], family=best_config.model.families[0], run_path=path, checkpoints=checkpoints, history=history,
+        run_name=best["run_name"],
+        family=best_config.model.families[0],
+        run_path=path,
+        checkpoints=checkpoints,
+        history=history,
         recoveries=recoveries(read_events(path)),
     )
     return Swept(sweep, trials, best, best_config, outcome, parallel)

@@ -33,9 +33,17 @@ SIDE = ("tests/test_outages.py", "tests/test_runtime.py", "tests/test_deployment
 # the fits split in two groups of about equal time, each on a worker of its own (the suite's CPU time is a third of
 # its wall time on 2 cores: most of a fit's test waits on process and server starts): these, with the modules that
 # bring their own Ray (so the other group's shared Ray never restarts)
-SECOND = ("tests/test_cluster.py", "tests/test_s3.py", "tests/test_streaming.py", "tests/test_time_roles.py",
-          "tests/test_retry_exhausted.py", "tests/test_degrade.py", "tests/test_tune.py",
-          "tests/test_notebook_example.py", "tests/test_gpu.py")
+SECOND = (
+    "tests/test_cluster.py",
+    "tests/test_s3.py",
+    "tests/test_streaming.py",
+    "tests/test_time_roles.py",
+    "tests/test_retry_exhausted.py",
+    "tests/test_degrade.py",
+    "tests/test_tune.py",
+    "tests/test_notebook_example.py",
+    "tests/test_gpu.py",
+)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
@@ -186,10 +194,15 @@ def tiny_preprocessor():
     from trainflow.preprocessors.tabular import TabularPreprocessor
 
     return TabularPreprocessor.from_stats(
-        "classification", "y", ["x1", "x2", "kind", "city"],
+        "classification",
+        "y",
+        ["x1", "x2", "kind", "city"],
         {"x1": (0.0, 1.0, -3.0, 3.0), "x2": (5.0, 2.0, 0.0, 10.0)},
         {"kind": {"a": 10, "b": 20}, "city": {f"c{i}": 10 for i in range(40)}},
-        ["no", "yes"], None, 100, {"no": 60, "yes": 40},
+        ["no", "yes"],
+        None,
+        100,
+        {"no": 60, "yes": 40},
     )
 
 
@@ -202,8 +215,14 @@ def tiny_checkpoint(tmp_path: Path, hidden=(8,)) -> Path:
     from trainflow.trainer.families.network import model_for
 
     prep = tiny_preprocessor()
-    cfg = config_from_dict({"data": {"path": "mem", "label": "y"}, "task": "classification",
-                            "model": {"type": "mlp", "hidden_sizes": list(hidden)}}, base_dir=tmp_path)
+    cfg = config_from_dict(
+        {
+            "data": {"path": "mem", "label": "y"},
+            "task": "classification",
+            "model": {"type": "mlp", "hidden_sizes": list(hidden)},
+        },
+        base_dir=tmp_path,
+    )
     raw = cfg.to_dict()
     model = model_for(prep, raw["model"])
     d = tmp_path / "ckpt"
@@ -216,8 +235,15 @@ def tiny_checkpoint(tmp_path: Path, hidden=(8,)) -> Path:
 def tiny_table(rows: int = 50) -> pa.Table:
     """Rows tiny_checkpoint scores (id, x1, x2, kind, city; no label)."""
     rng = np.random.default_rng(0)
-    return pa.table({"id": np.arange(rows), "x1": rng.normal(size=rows), "x2": rng.normal(5, 2, rows),
-                     "kind": rng.choice(["a", "b"], rows), "city": rng.choice([f"c{i}" for i in range(40)], rows)})
+    return pa.table(
+        {
+            "id": np.arange(rows),
+            "x1": rng.normal(size=rows),
+            "x2": rng.normal(5, 2, rows),
+            "kind": rng.choice(["a", "b"], rows),
+            "city": rng.choice([f"c{i}" for i in range(40)], rows),
+        }
+    )
 
 
 def write_config(directory: Path, raw: dict[str, Any], name: str = "config.yaml") -> Path:
@@ -238,12 +264,19 @@ def churn_config(tmp_path: Path, rows: int = 3000, **sections: Any) -> Path:
     from trainflow.sample import make_churn_table
 
     write_parquet(make_churn_table(rows, seed=1), tmp_path / "data" / "train.parquet")
-    write_parquet(make_churn_table(500, seed=2, with_label=False, id_offset=10_000), tmp_path / "data" / "score.parquet")
+    write_parquet(
+        make_churn_table(500, seed=2, with_label=False, id_offset=10_000), tmp_path / "data" / "score.parquet"
+    )
     raw: dict[str, Any] = {
         "data": {"path": "data/train.parquet", "label": "churned", "id_column": "customer_id"},
         "task": "classification",
         "model": {"type": "mlp"},  # one family: the default (auto) trains three and their ensemble
-        "train": {"epochs": 3, "batch_size": 128, "learning_rate": 0.005, "folds": 1},  # one split: cross-fitting has its own tests
+        "train": {
+            "epochs": 3,
+            "batch_size": 128,
+            "learning_rate": 0.005,
+            "folds": 1,
+        },  # one split: cross-fitting has its own tests
         "scaling": {"num_workers": 1},  # one worker: DDP across workers has its own tests (each run starts less)
         "checkpoint": {"num_to_keep": 3, "metric": "val_loss"},
         "storage_path": "runs",
@@ -277,8 +310,12 @@ def info_logs_to_server():
     from prefect.settings import PREFECT_LOGGING_LEVEL, temporary_settings
 
     prefect_logger = logging.getLogger("prefect")
-    consoles = [h for name in ("", "prefect", "prefect.task_runs", "prefect.flow_runs")
-                for h in logging.getLogger(name).handlers if isinstance(h, PrefectConsoleHandler)]
+    consoles = [
+        h
+        for name in ("", "prefect", "prefect.task_runs", "prefect.flow_runs")
+        for h in logging.getLogger(name).handlers
+        if isinstance(h, PrefectConsoleHandler)
+    ]
     saved = prefect_logger.level, [h.level for h in consoles]
     prefect_logger.setLevel(logging.INFO)
     for h in consoles:
@@ -310,8 +347,9 @@ def prefect_events(name: str, since, count: int = 1, timeout_s: float = 30.0) ->
     deadline = time.monotonic() + timeout_s
     while True:
         with get_client(sync_client=True) as client:
-            events = client.read_events(EventFilter(occurred=EventOccurredFilter(since=since),
-                                                    event=EventNameFilter(name=[name])), limit=50).events
+            events = client.read_events(
+                EventFilter(occurred=EventOccurredFilter(since=since), event=EventNameFilter(name=[name])), limit=50
+            ).events
         if len(events) >= count or time.monotonic() > deadline:
             return sorted(events, key=lambda e: e.occurred)
         time.sleep(1)
@@ -346,13 +384,21 @@ def moto_server():
     import pyarrow.fs as pafs
 
     moto = Moto(free_port())
-    saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
+    saved = {
+        k: os.environ.get(k)
+        for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+    }
     os.environ.update(
-        AWS_ENDPOINT_URL=f"http://127.0.0.1:{moto.port}", AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+        AWS_ENDPOINT_URL=f"http://127.0.0.1:{moto.port}",
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
         AWS_DEFAULT_REGION="us-east-1",
     )
     pafs.S3FileSystem(
-        endpoint_override=f"127.0.0.1:{moto.port}", scheme="http", access_key="testing", secret_key="testing",
+        endpoint_override=f"127.0.0.1:{moto.port}",
+        scheme="http",
+        access_key="testing",
+        secret_key="testing",
         allow_bucket_creation=True,
     ).create_dir(BUCKET)
     yield moto

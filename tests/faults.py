@@ -25,7 +25,9 @@ def checkpoint_registered(run: Path, epoch: int = 0) -> bool:
     return any(r.get("metrics", {}).get("epoch", -1) >= epoch for r in results or [])
 
 
-def wait_registered(run: str | Path, epoch: int = 0, timeout_s: float = 60.0, alive: Callable[[], bool] | None = None) -> None:
+def wait_registered(
+    run: str | Path, epoch: int = 0, timeout_s: float = 60.0, alive: Callable[[], bool] | None = None
+) -> None:
     """Block until the controller has registered the checkpoint of `epoch` (in a worker, or in a test
     watching a run, where `alive` says whether the run is still going)."""
     deadline = time.monotonic() + timeout_s
@@ -40,16 +42,21 @@ def wait_registered(run: str | Path, epoch: int = 0, timeout_s: float = 60.0, al
 def small_run(tmp_path, hang_timeout_s=600.0, resources_per_worker=None, max_failures=2):
     """A 2-worker regression run on 1200 rows: (config, preprocessor, train, val), datasets materialized."""
     table = make_regression_table(1200)
-    cfg = config_from_dict({
-        "data": {"path": "mem", "label": "target y", "id_column": "row id"}, "task": "regression",
-        # periodic numeric embeddings give the network buffers: its validation must not go through DDP's forward,
-        # whose buffer broadcast the two ranks' unequal validation shards would call unequally often (a deadlock)
-        "model": {"type": "mlp", "numeric_embedding": "periodic"},
-        "train": {"epochs": EPOCHS, "batch_size": 64, "learning_rate": 0.01, "folds": 1},
-        "scaling": {"num_workers": 2, "resources_per_worker": resources_per_worker},
-        "checkpoint": {"num_to_keep": 2}, "failure": {"max_failures": max_failures, "hang_timeout_s": hang_timeout_s},
-        "storage_path": str(tmp_path / "runs"),
-    }, base_dir=tmp_path)
+    cfg = config_from_dict(
+        {
+            "data": {"path": "mem", "label": "target y", "id_column": "row id"},
+            "task": "regression",
+            # periodic numeric embeddings give the network buffers: its validation must not go through DDP's forward,
+            # whose buffer broadcast the two ranks' unequal validation shards would call unequally often (a deadlock)
+            "model": {"type": "mlp", "numeric_embedding": "periodic"},
+            "train": {"epochs": EPOCHS, "batch_size": 64, "learning_rate": 0.01, "folds": 1},
+            "scaling": {"num_workers": 2, "resources_per_worker": resources_per_worker},
+            "checkpoint": {"num_to_keep": 2},
+            "failure": {"max_failures": max_failures, "hang_timeout_s": hang_timeout_s},
+            "storage_path": str(tmp_path / "runs"),
+        },
+        base_dir=tmp_path,
+    )
     train, val = ray.data.from_arrow(table.slice(0, 1000)), ray.data.from_arrow(table.slice(1000))
     return cfg, *fit_and_pack(train, val, table_spec(table.schema, cfg.data, "regression", "mem"), "regression")
 

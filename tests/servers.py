@@ -58,8 +58,12 @@ def prefect_env(home: Path) -> dict[str, str]:
 
 def prefect_server(home: Path, port: int) -> subprocess.Popen:
     """`prefect server start` on 127.0.0.1:port with its database under home, once it answers."""
-    proc = start([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                 prefect_env(home), home / "server.log", home)
+    proc = start(
+        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        prefect_env(home),
+        home / "server.log",
+        home,
+    )
     wait_healthy(f"http://127.0.0.1:{port}/api/health", proc, home / "server.log")
     return proc
 
@@ -73,8 +77,24 @@ def mlflow_server(folder: Path, port: int) -> subprocess.Popen:
     if not (folder / "mlflow.db").exists():  # a new store starts migrated (as the tests' SQLite stores do)
         shutil.copyfile(empty_mlflow_store(), folder / "mlflow.db")
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    proc = start([str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}",
-                  "--artifacts-destination", str(folder / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-                  "--workers", "1"], env, folder / "server.log", folder)
+    proc = start(
+        [
+            str(BIN / "mlflow"),
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{folder / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(folder / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        env,
+        folder / "server.log",
+        folder,
+    )
     wait_healthy(f"http://127.0.0.1:{port}/health", proc, folder / "server.log")
     return proc

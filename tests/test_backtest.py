@@ -49,7 +49,8 @@ def test_an_earlier_model_that_scores_worse_on_the_same_rows_says_what_a_month_o
     same = earlier_comparison(accuracy(recent_right), accuracy(recent_right), 2000, 30.0, "day", False)
     assert same["loss_per_unit"] == 0 and not same["measurable"]
     assert "a difference the noise cannot tell from none" in backtest_line(
-        {"metric": "loss", "unit": "month", "earlier": same, "slices": []})
+        {"metric": "loss", "unit": "month", "earlier": same, "slices": []}
+    )
     assert earlier_comparison(accuracy(recent_right), accuracy(earlier_right), 2000, 0.0, "day", True) is None
 
 
@@ -65,8 +66,10 @@ def test_the_earlier_fit_is_skipped_with_a_reason_when_asked_too_small_or_out_of
     timed = SimpleNamespace(plan=SimpleNamespace(time_column="day", earlier={"cut": -1.0}))
     small = SimpleNamespace(plan=SimpleNamespace(time_column="day", earlier=None))
     hashed = SimpleNamespace(plan=SimpleNamespace(time_column=None, earlier=None))
-    assert fit_earlier(off, off, timed, None, "xgboost", "/ckpt", "r-earlier", None).skipped == \
-        "split.backtest_fit is false"
+    assert (
+        fit_earlier(off, off, timed, None, "xgboost", "/ckpt", "r-earlier", None).skipped
+        == "split.backtest_fit is false"
+    )
     assert fit_earlier(on, on, hashed, None, "xgboost", "/ckpt", "r-earlier", None).skipped == "roles are not by time"
     assert "too few training rows" in fit_earlier(on, on, small, None, "xgboost", "/ckpt", "r-earlier", None).skipped
     late = fit_earlier(on, on, timed, None, "xgboost", "/ckpt", "r-earlier", time.time() + 3.4)

@@ -74,7 +74,10 @@ def test_bad_training_input(tmp_path, capsys, case, needle):
         y[[3, 50, 90]] = np.nan
         cfg = _with_table(tmp_path, base.set_column(base.schema.get_field_index("churned"), "churned", pa.array(y)))
     elif case == "one_class":
-        cfg = _with_table(tmp_path, base.set_column(base.schema.get_field_index("churned"), "churned", pa.array(np.zeros(300, np.int64))))
+        cfg = _with_table(
+            tmp_path,
+            base.set_column(base.schema.get_field_index("churned"), "churned", pa.array(np.zeros(300, np.int64))),
+        )
     elif case == "too_many_classes":  # a quantity in whole units under task: classification (2 rows a class)
         y = pa.array(np.arange(300, dtype=np.int64) // 2)
         cfg = _with_table(tmp_path, base.set_column(base.schema.get_field_index("churned"), "churned", y))
@@ -86,7 +89,9 @@ def test_bad_training_input(tmp_path, capsys, case, needle):
         cfg = churn_config(tmp_path, task="regression", checkpoint={"metric": "val_loss"})
     elif case == "score_missing_column":
         cfg = churn_config(tmp_path)
-        write_parquet(make_churn_table(50, seed=3, with_label=False).drop_columns(["region"]), tmp_path / "data" / "score.parquet")
+        write_parquet(
+            make_churn_table(50, seed=3, with_label=False).drop_columns(["region"]), tmp_path / "data" / "score.parquet"
+        )
     elif case == "gpu_without_gpus":
         cfg = churn_config(tmp_path, scaling={"num_workers": 2, "use_gpu": True})
     elif case == "too_many_workers":
@@ -94,12 +99,17 @@ def test_bad_training_input(tmp_path, capsys, case, needle):
     elif case in ("score_wrong_kind", "score_null_ids", "score_unseen_error"):
         score = make_churn_table(50, seed=3, with_label=False)
         if case == "score_wrong_kind":
-            score = score.set_column(score.schema.get_field_index("age"), "age",
-                                     pa.array([None if v is None else str(v) for v in score["age"].to_pylist()]))
+            score = score.set_column(
+                score.schema.get_field_index("age"),
+                "age",
+                pa.array([None if v is None else str(v) for v in score["age"].to_pylist()]),
+            )
         elif case == "score_null_ids":
             ids = score["customer_id"].to_pylist()
             ids[4] = ids[9] = None
-            score = score.set_column(score.schema.get_field_index("customer_id"), "customer_id", pa.array(ids, pa.int64()))
+            score = score.set_column(
+                score.schema.get_field_index("customer_id"), "customer_id", pa.array(ids, pa.int64())
+            )
         else:
             plans = score["plan"].to_pylist()
             score = score.set_column(score.schema.get_field_index("plan"), "plan", pa.array(["platinum"] + plans[1:]))

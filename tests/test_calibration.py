@@ -7,7 +7,13 @@ import numpy as np
 import pytest
 
 from trainflow.trainer.calibration import (
-    CALIBRATION_FILE, apply, fit_platt, fit_temperature, log_probs, read_calibration, write_calibration,
+    CALIBRATION_FILE,
+    apply,
+    fit_platt,
+    fit_temperature,
+    log_probs,
+    read_calibration,
+    write_calibration,
 )
 from trainflow.trainer.metrics import calibration
 
@@ -42,10 +48,16 @@ def test_platt_fixes_a_shifted_binary_model_and_keeps_the_ranking():
     assert np.all(np.diff(p1[np.argsort(out[:, 1])]) >= 0)  # the same ranking (ROC AUC unchanged)
 
 
-@pytest.mark.parametrize("planted", [
-    {"method": "pickle", "payload": "x"}, {"method": "temperature", "temperature": -1},
-    {"method": "platt", "slope": "nan", "intercept": 0}, {"threshold": 1.5}, ["not", "a", "dict"],
-])
+@pytest.mark.parametrize(
+    "planted",
+    [
+        {"method": "pickle", "payload": "x"},
+        {"method": "temperature", "temperature": -1},
+        {"method": "platt", "slope": "nan", "intercept": 0},
+        {"threshold": 1.5},
+        ["not", "a", "dict"],
+    ],
+)
 def test_a_calibration_trainflow_did_not_write_is_refused(tmp_path, planted):
     (tmp_path / CALIBRATION_FILE).write_text(json.dumps(planted))
     with pytest.raises(ValueError, match="not a calibration trainflow wrote"):

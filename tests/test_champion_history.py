@@ -16,8 +16,14 @@ from trainflow.tracking import CHAMPION
 @pytest.fixture
 def registry(tmp_path):
     client, uri = sqlite_registry(tmp_path)
-    cfg = write_config(tmp_path, {"data": {"path": str(tmp_path / "t.parquet"), "label": "y"}, "task": "regression",
-                                  "mlflow": {"tracking_uri": uri, "registered_model": "m"}})
+    cfg = write_config(
+        tmp_path,
+        {
+            "data": {"path": str(tmp_path / "t.parquet"), "label": "y"},
+            "task": "regression",
+            "mlflow": {"tracking_uri": uri, "registered_model": "m"},
+        },
+    )
     return client, cfg
 
 
@@ -37,8 +43,23 @@ def test_moves_are_recorded_and_a_rollback_goes_back_with_its_reason(registry, c
     # says who and why
     client.set_registered_model_alias("m", CHAMPION, "3")
     out = cfg.parent / "rollback.json"
-    assert cli_main(["champion", "rollback", "--config", str(cfg), "--to", "1", "--reason", "v2 mislabels refunds",
-                     "--summary-json", str(out)]) == 0
+    assert (
+        cli_main(
+            [
+                "champion",
+                "rollback",
+                "--config",
+                str(cfg),
+                "--to",
+                "1",
+                "--reason",
+                "v2 mislabels refunds",
+                "--summary-json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     moved = json.loads(out.read_text())
     assert moved["moved"] and moved["previous"] == "3" and moved["champion"] == "1"
     assert str(client.get_model_version_by_alias("m", CHAMPION).version) == "1"
@@ -63,8 +84,11 @@ def test_moves_are_recorded_and_a_rollback_goes_back_with_its_reason(registry, c
     assert str(client.get_model_version_by_alias("m", CHAMPION).version) == "1"
     # under a floor (promotion.min_score): a version whose gate's recorded score misses it, or has none, is refused
     # (exit 2, nothing moved) unless --force, which the history says
-    floored = write_config(cfg.parent, {**yaml.safe_load(cfg.read_text()), "promotion": {"metric": "val_r2", "mode": "max",
-                                                                                          "min_score": 0.5}}, "floor.yaml")
+    floored = write_config(
+        cfg.parent,
+        {**yaml.safe_load(cfg.read_text()), "promotion": {"metric": "val_r2", "mode": "max", "min_score": 0.5}},
+        "floor.yaml",
+    )
     client.set_model_version_tag("m", "2", "trainflow.promotion.challenger_score", "0.31")
     client.set_model_version_tag("m", "3", "trainflow.promotion.challenger_score", "0.72")
     assert cli_main(["champion", "rollback", "--config", str(floored), "--to", "2", "--reason", "x"]) == 2
@@ -73,9 +97,14 @@ def test_moves_are_recorded_and_a_rollback_goes_back_with_its_reason(registry, c
     assert cli_main(["champion", "rollback", "--config", str(floored), "--to", "3", "--reason", "v3 is fine"]) == 0
     assert cli_main(["champion", "rollback", "--config", str(floored), "--to", "1", "--reason", "back"]) == 2
     assert "its score is not recorded" in capsys.readouterr().err
-    assert cli_main(["champion", "rollback", "--config", str(floored), "--to", "2", "--reason", "needed", "--force"]) == 0
+    assert (
+        cli_main(["champion", "rollback", "--config", str(floored), "--to", "2", "--reason", "needed", "--force"]) == 0
+    )
     assert str(client.get_model_version_by_alias("m", CHAMPION).version) == "2"
-    assert history(client, "m")[-1]["why"] == "rollback: needed (forced: its gate's score 0.31 misses promotion.min_score 0.5)"
+    assert (
+        history(client, "m")[-1]["why"]
+        == "rollback: needed (forced: its gate's score 0.31 misses promotion.min_score 0.5)"
+    )
     # `trainflow rollback` without --to: back to the version the serving champion replaced (3), as the history says;
     # `trainflow history` is `trainflow champion history`
     assert cli_main(["rollback", "--config", str(floored), "--reason", "2 was a mistake"]) == 0
@@ -97,10 +126,18 @@ def test_moves_are_recorded_and_a_rollback_goes_back_with_its_reason(registry, c
     assert all(r["version"] != "2" for r in history(client, "m"))
 
 
-def test_a_rollback_to_a_version_the_gate_rejected_or_that_never_served_needs_force_and_a_plain_number(tmp_path, capsys):
+def test_a_rollback_to_a_version_the_gate_rejected_or_that_never_served_needs_force_and_a_plain_number(
+    tmp_path, capsys
+):
     client, uri = sqlite_registry(tmp_path, versions=4)
-    cfg = write_config(tmp_path, {"data": {"path": str(tmp_path / "t.parquet"), "label": "y"}, "task": "regression",
-                                  "mlflow": {"tracking_uri": uri, "registered_model": "m"}})
+    cfg = write_config(
+        tmp_path,
+        {
+            "data": {"path": str(tmp_path / "t.parquet"), "label": "y"},
+            "task": "regression",
+            "mlflow": {"tracking_uri": uri, "registered_model": "m"},
+        },
+    )
     client.set_registered_model_alias("m", CHAMPION, "1")
     record_move(client, "m", None, "1", "first model: there is no champion yet", "the gate (run a)")
     client.set_registered_model_alias("m", CHAMPION, "2")

@@ -142,7 +142,8 @@ def test_a_finished_fit_removes_only_what_earlier_attempts_left_and_ray_does_not
     held = {names[2], names[3]}
     assert remove_unregistered(str(tmp_path), earlier, held) == names[:2]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [*names[2:], "checkpoint_2026-11-27_12-29-55.000000", "checkpoint_notes", "trainflow_events"])
+        [*names[2:], "checkpoint_2026-11-27_12-29-55.000000", "checkpoint_notes", "trainflow_events"]
+    )
 
 
 def test_a_planted_finished_marker_gives_only_its_checkpoint_folders(tmp_path):
@@ -157,15 +158,35 @@ def test_a_planted_finished_marker_gives_only_its_checkpoint_folders(tmp_path):
     for epoch, loss in ((3, 0.7), (4, 0.6)):
         d = run / f"checkpoint_2026-11-27_12-29-3{epoch}.000000"
         d.mkdir(parents=True)
-        save_checkpoint(d, {}, {"epoch": epoch}, {"epoch": epoch, "val_loss": loss}, history[: epoch + 1],
-                        tiny_preprocessor().to_dict(), {})
+        save_checkpoint(
+            d,
+            {},
+            {"epoch": epoch},
+            {"epoch": epoch, "val_loss": loss},
+            history[: epoch + 1],
+            tiny_preprocessor().to_dict(),
+            {},
+        )
     lineage, budget = {"data_fingerprint": "content:ab", "config_hash": "config:cd"}, {"limit": 5, "unit": "epoch"}
-    planted = {"lineage": lineage, "budget": budget, "outcome": {
-        "run_name": "someone-else", "family": "xgboost", "run_path": "/somewhere/else",
-        "checkpoints": [{"path": f"/somewhere/else/checkpoint_2026-11-27_12-29-33.000000", "epoch": 3,
-                         "metrics": {"val_loss": 0.0001}}],
-        "history": [{"epoch": e, "val_loss": 0.0001} for e in range(400)],
-        "recoveries": [{"error": "a fake recovery", "resumed_from_epoch": 2}], "train_s": 12.5}}
+    planted = {
+        "lineage": lineage,
+        "budget": budget,
+        "outcome": {
+            "run_name": "someone-else",
+            "family": "xgboost",
+            "run_path": "/somewhere/else",
+            "checkpoints": [
+                {
+                    "path": "/somewhere/else/checkpoint_2026-11-27_12-29-33.000000",
+                    "epoch": 3,
+                    "metrics": {"val_loss": 0.0001},
+                }
+            ],
+            "history": [{"epoch": e, "val_loss": 0.0001} for e in range(400)],
+            "recoveries": [{"error": "a fake recovery", "resumed_from_epoch": 2}],
+            "train_s": 12.5,
+        },
+    }
     (run / FINISHED_FILE).write_text(json.dumps(planted))
     outcome = finished_outcome(str(run), lineage, budget, "copied", "mlp")
     assert (outcome.run_name, outcome.family, outcome.run_path) == ("copied", "mlp", str(run))

@@ -32,9 +32,12 @@ def test_retrain_on_an_existing_cluster_survives_losing_a_node(tmp_path):
         second = cluster.add_node(num_cpus=0, resources=TRAINER)
         cluster.wait_for_nodes()
         cfg = churn_config(
-            tmp_path, rows=6000, train={"epochs": 4, "batch_size": 64},
+            tmp_path,
+            rows=6000,
+            train={"epochs": 4, "batch_size": 64},
             scaling={"num_workers": 2, "placement_strategy": "SPREAD", "resources_per_worker": {"CPU": 0, **TRAINER}},
-            failure={"max_failures": 2}, ray={"address": cluster.address},
+            failure={"max_failures": 2},
+            ray={"address": cluster.address},
             checkpoint={"min_interval_s": 0},  # a checkpoint per epoch, however fast the epochs
         )
         assert not ray.is_initialized()

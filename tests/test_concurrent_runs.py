@@ -44,7 +44,9 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] if Path(f"/proc/{pid}/stat").exists() else "X"
+    state = (
+        Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] if Path(f"/proc/{pid}/stat").exists() else "X"
+    )
     return state not in ("Z", "X")
 
 
@@ -59,16 +61,36 @@ def test_two_retrains_of_one_run_name_at_once_publish_once(tmp_path, prefect_hom
 
 
 def _two_at_once(tmp_path: Path, home: Path, sessions: Path) -> None:
-    cfg = churn_config(tmp_path, rows=600, train={"epochs": 2, "batch_size": 64, "folds": 1},
-                       scaling={"num_workers": 1, "env_vars": {"TRAINFLOW_TEST_SECRET": SENTINEL}},
-                       ray={"temp_dir": str(sessions)})
+    cfg = churn_config(
+        tmp_path,
+        rows=600,
+        train={"epochs": 2, "batch_size": 64, "folds": 1},
+        scaling={"num_workers": 1, "env_vars": {"TRAINFLOW_TEST_SECRET": SENTINEL}},
+        ray={"temp_dir": str(sessions)},
+    )
     procs, servers = [], {}
     for i in range(2):
         log = (tmp_path / f"run-{i}.log").open("w")
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "trainflow.flows.cli", "retrain", "--config", str(cfg), "--run-name", "nightly",
-             "--summary-json", str(tmp_path / f"summary-{i}.json")],
-            env=_env(home), cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "trainflow.flows.cli",
+                    "retrain",
+                    "--config",
+                    str(cfg),
+                    "--run-name",
+                    "nightly",
+                    "--summary-json",
+                    str(tmp_path / f"summary-{i}.json"),
+                ],
+                env=_env(home),
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
     deadline = time.monotonic() + 400
     while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
         for p in procs:
@@ -110,9 +132,11 @@ def _two_at_once(tmp_path: Path, home: Path, sessions: Path) -> None:
     # the secret reached the workers' environment only: no file under the test's folder (storage, MLflow, the
     # predictions, the Ray sessions' logs) nor the Prefect home holds it, apart from the config that names it
     assert oct(sessions.stat().st_mode & 0o777) == "0o700" and (sessions / "ray").is_dir()
-    found = subprocess.run(["grep", "-rl", "--binary-files=text", SENTINEL, str(tmp_path), str(home),
-                            str(sessions)],
-                           capture_output=True, text=True).stdout.split()
+    found = subprocess.run(
+        ["grep", "-rl", "--binary-files=text", SENTINEL, str(tmp_path), str(home), str(sessions)],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     assert found == [str(cfg)], found
 
 
@@ -141,8 +165,9 @@ SERVER_SCRIPT = textwrap.dedent(
 
 def test_a_failed_server_start_stops_its_process_and_a_sigterm_during_start_up_leaves_none(tmp_path, prefect_home):
     home = prefect_home
-    proc = subprocess.run([sys.executable, "-c", SERVER_SCRIPT], cwd=REPO, env=_env(home), capture_output=True,
-                          text=True, timeout=180)
+    proc = subprocess.run(
+        [sys.executable, "-c", SERVER_SCRIPT], cwd=REPO, env=_env(home), capture_output=True, text=True, timeout=180
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "failed True" in proc.stdout and "left [] False" in proc.stdout, proc.stdout
     up = [line for line in proc.stdout.splitlines() if line.startswith("up ")]
@@ -150,8 +175,13 @@ def test_a_failed_server_start_stops_its_process_and_a_sigterm_during_start_up_l
     assert len(pids) == 1 and not _alive(int(pids[0]))  # stopped when its process exited
 
     cfg = churn_config(tmp_path, rows=300)
-    cli = subprocess.Popen([sys.executable, "-m", "trainflow.flows.cli", "retrain", "--config", str(cfg)],
-                           env=_env(home), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "trainflow.flows.cli", "retrain", "--config", str(cfg)],
+        env=_env(home),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     deadline, server = time.monotonic() + 120, []
     while not server and time.monotonic() < deadline and cli.poll() is None:
         server = _children(cli.pid, "uvicorn")

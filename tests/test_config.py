@@ -32,11 +32,16 @@ def test_uri_paths_are_kept_and_format_is_inferred(tmp_path):
         ({**BASE, "trian": {}}, "trian: unknown key; did you mean train?"),
         ({**BASE, "train": {"epochz": 3}}, "train.epochz: unknown key; did you mean train.epochs?"),
         # a value no member of the union takes: one line, every valid value (auto included), the closest one
-        ({**BASE, "model": {"type": "xgbost"}}, "model.type: Input should be 'auto', or 'mlp', 'torch', 'xgboost', "
-                                                "'lightgbm' or 'catboost', or a valid list (got 'xgbost'); did you mean 'xgboost'?"),
+        (
+            {**BASE, "model": {"type": "xgbost"}},
+            "model.type: Input should be 'auto', or 'mlp', 'torch', 'xgboost', "
+            "'lightgbm' or 'catboost', or a valid list (got 'xgbost'); did you mean 'xgboost'?",
+        ),
         ({**BASE, "model": {"type": ["mlp", "catbost"]}}, "model.type.1: Input should be 'mlp'"),
-        ({**BASE, "train": {"epochs": "x"}}, "train.epochs: Input should be a valid integer, unable to parse string as an "
-                                             "integer, or 'auto' (got 'x')"),
+        (
+            {**BASE, "train": {"epochs": "x"}},
+            "train.epochs: Input should be a valid integer, unable to parse string as an integer, or 'auto' (got 'x')",
+        ),
         ({**BASE, "train": {"epochs": 0}}, "train.epochs"),
         ({**BASE, "split": {"validation_fraction": 1.5}}, "split.validation_fraction"),
         ({**BASE, "task": "ranking"}, "task"),
@@ -96,6 +101,8 @@ def test_model_type_auto_trains_every_built_in_family(tmp_path):
     # a sweep under auto trains one family per trial: the family is searched beside the user's keys
     from trainflow.trainer.tune import sweep_space
 
-    swept = config_from_dict({**BASE, "model": {"type": "auto"},
-                              "tune": {"search_space": {"train.learning_rate": {"choice": [0.01]}}}}, base_dir=tmp_path)
+    swept = config_from_dict(
+        {**BASE, "model": {"type": "auto"}, "tune": {"search_space": {"train.learning_rate": {"choice": [0.01]}}}},
+        base_dir=tmp_path,
+    )
     assert sweep_space(swept)["model.type"] == {"choice": ["mlp", "xgboost", "lightgbm", "catboost"]}

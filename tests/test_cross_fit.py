@@ -27,8 +27,13 @@ def _checkpoint_folders(run_path) -> dict[str, float]:
 
 
 def test_folds_train_predict_out_of_fold_serve_the_average_and_a_rerun_skips_finished_folds(tmp_path, capsys):
-    cfg = churn_config(tmp_path, rows=600, train={"epochs": 2, "folds": FOLDS}, checkpoint={"metric": "val_loss"},
-                       scaling={"num_workers": 2})
+    cfg = churn_config(
+        tmp_path,
+        rows=600,
+        train={"epochs": 2, "folds": FOLDS},
+        checkpoint={"metric": "val_loss"},
+        scaling={"num_workers": 2},
+    )
     summary_path = tmp_path / "s.json"
     assert cli_main(["retrain", "--config", str(cfg), "--run-name", "cf", "--summary-json", str(summary_path)]) == 0
     s = json.loads(summary_path.read_text())
@@ -39,7 +44,10 @@ def test_folds_train_predict_out_of_fold_serve_the_average_and_a_rerun_skips_fin
     assert s["folds"] == FOLDS and s["oof_rows"] + s["test_rows"] == 600 and s["validation_rows"] == 0
     assert set(s["oof_metrics"]) >= {"oof_loss", "oof_accuracy", "oof_roc_auc"}
     assert s["oof_metrics"]["oof_loss"] == pytest.approx(s["best_checkpoint"]["metrics"]["val_loss"])
-    assert s["test_metrics"]["test_loss"] > 0 and s["calibration_fit"]["fitted_on"] == f"out-of-fold rows ({s['oof_rows']})"
+    assert (
+        s["test_metrics"]["test_loss"] > 0
+        and s["calibration_fit"]["fitted_on"] == f"out-of-fold rows ({s['oof_rows']})"
+    )
     assignment = pads.dataset(s["split_path"], format="parquet").to_table().to_pandas()
     assert len(assignment) == 600
     test_rows = assignment["role"] == "test"
@@ -76,10 +84,16 @@ def test_folds_train_predict_out_of_fold_serve_the_average_and_a_rerun_skips_fin
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    statuses = {r.info.run_name: r.info.status for r in client.search_runs(
-        [e.experiment_id for e in client.search_experiments()]) if "-fold" in r.info.run_name}
+    statuses = {
+        r.info.run_name: r.info.status
+        for r in client.search_runs([e.experiment_id for e in client.search_experiments()])
+        if "-fold" in r.info.run_name
+    }
     assert set(statuses) == {f"cf-fold{k}" for k in range(FOLDS)} and set(statuses.values()) == {"FINISHED"}
-    every = {r.info.run_name: r.info.status for r in client.search_runs([e.experiment_id for e in client.search_experiments()])}
+    every = {
+        r.info.run_name: r.info.status
+        for r in client.search_runs([e.experiment_id for e in client.search_experiments()])
+    }
     assert "RUNNING" not in every.values(), every  # the bag's run (registered) ended with the retrain too
     # the same fold models predict the same out-of-fold rows (float32 sums in other batch shapes: equal to 1e-6)
     assert second["best_checkpoint"]["uri"] == s["best_checkpoint"]["uri"]

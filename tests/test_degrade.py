@@ -24,8 +24,9 @@ def _kill_train_workers_once(ready, stop: threading.Event, killed: list[int]) ->
     address = ray.get_runtime_context().gcs_address  # this test's Ray, whatever else runs on the machine
     while not stop.is_set():
         if ready():
-            for actor in list_actors(address=address,
-                                     filters=[("state", "=", "ALIVE"), ("class_name", "=", "RayTrainWorker")]):
+            for actor in list_actors(
+                address=address, filters=[("state", "=", "ALIVE"), ("class_name", "=", "RayTrainWorker")]
+            ):
                 pid = actor.pid
                 if pid and pid not in killed:
                     try:
@@ -37,15 +38,22 @@ def _kill_train_workers_once(ready, stop: threading.Event, killed: list[int]) ->
 
 
 def test_a_family_whose_workers_keep_dying_is_left_out_and_the_others_go_on(tmp_path, capsys):
-    cfg = churn_config(tmp_path, rows=1500, model={"type": ["mlp", "lightgbm"]}, train={"epochs": 2},
-                       failure={"max_failures": 0, "task_retries": 0},
-                       scaling={"num_workers": 2})  # a worker group fills the cluster: LightGBM starts after the network
+    cfg = churn_config(
+        tmp_path,
+        rows=1500,
+        model={"type": ["mlp", "lightgbm"]},
+        train={"epochs": 2},
+        failure={"max_failures": 0, "task_retries": 0},
+        scaling={"num_workers": 2},
+    )  # a worker group fills the cluster: LightGBM starts after the network
     network_done = tmp_path / "runs" / "deg-mlp" / "trainflow_finished.json"
     stop, killed = threading.Event(), []
     killer = threading.Thread(target=_kill_train_workers_once, args=(network_done.exists, stop, killed), daemon=True)
     killer.start()
     try:
-        rc = cli_main(["retrain", "--config", str(cfg), "--run-name", "deg", "--summary-json", str(tmp_path / "s.json")])
+        rc = cli_main(
+            ["retrain", "--config", str(cfg), "--run-name", "deg", "--summary-json", str(tmp_path / "s.json")]
+        )
     finally:
         stop.set()
         killer.join(10)
@@ -53,13 +61,18 @@ def test_a_family_whose_workers_keep_dying_is_left_out_and_the_others_go_on(tmp_
     assert rc == 0
     s = json.loads((tmp_path / "s.json").read_text())
     assert s["model_family"] == "mlp" and s["model_version"] == "1" and s["output_rows"] == 500
-    assert list(s["families_failed"]) == ["lightgbm"] and "deg-lightgbm failed (Prefect retries: 0)" in s["families_failed"]["lightgbm"]
+    assert (
+        list(s["families_failed"]) == ["lightgbm"]
+        and "deg-lightgbm failed (Prefect retries: 0)" in s["families_failed"]["lightgbm"]
+    )
     assert s["candidates"] is None and s["test_metrics"]["test_loss"] > 0
     assert "lightgbm   failed, left out (the other families went on)" in capsys.readouterr().out
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = {r.info.run_name: r.info.status for r in client.search_runs(
-        [e.experiment_id for e in client.search_experiments()])}
+    runs = {
+        r.info.run_name: r.info.status
+        for r in client.search_runs([e.experiment_id for e in client.search_experiments()])
+    }
     assert runs["deg-lightgbm"] == "FAILED"  # the family left out says so in MLflow
     assert runs["deg-mlp"] == "FINISHED"  # the family that trained and won ends with the retrain

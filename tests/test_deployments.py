@@ -35,8 +35,12 @@ def prefect_server(tmp_path_factory, prefect_harness):
     home = new_prefect_home(tmp_path_factory.mktemp("prefect-home"))
     port = free_port()
     server = prefect_server_process(home, port)
-    env = {**prefect_env(home), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "PREFECT_WORKER_QUERY_SECONDS": "1",
-           "PREFECT_WORKER_PREFETCH_SECONDS": "5"}
+    env = {
+        **prefect_env(home),
+        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+        "PREFECT_WORKER_QUERY_SECONDS": "1",
+        "PREFECT_WORKER_PREFETCH_SECONDS": "5",
+    }
     yield env
     _stop(server)
 
@@ -67,7 +71,8 @@ def test_deploy_worker_and_deployment_run(prefect_server, ray_local, tmp_path):
     # the flow runs join the tests' running Ray through RAY_ADDRESS, as on an existing cluster (with the
     # token authentication mode that ray.init set for this process; the token is in ~/.ray)
     env = {
-        **prefect_server, "RAY_ADDRESS": ray_local.get_runtime_context().gcs_address,
+        **prefect_server,
+        "RAY_ADDRESS": ray_local.get_runtime_context().gcs_address,
         **{k: v for k, v in os.environ.items() if k.startswith("RAY_AUTH_")},
     }
     # the README's commands, in order
@@ -79,15 +84,33 @@ def test_deploy_worker_and_deployment_run(prefect_server, ray_local, tmp_path):
     worker = _start([str(BIN / "prefect"), "worker", "start", "--pool", POOL], env, tmp_path / "worker.log", tmp_path)
     try:
         _prefect(
-            env, "deployment", "run", "retrain/manual",
-            "--param", f"config_path={cfg}", "--param", 'overrides={"train.epochs": 2}',
-            "--watch", "--watch-timeout", "420", timeout=480,
+            env,
+            "deployment",
+            "run",
+            "retrain/manual",
+            "--param",
+            f"config_path={cfg}",
+            "--param",
+            'overrides={"train.epochs": 2}',
+            "--watch",
+            "--watch-timeout",
+            "420",
+            timeout=480,
         )
         scored = tmp_path / "by-champion"
         _prefect(
-            env, "deployment", "run", "batch-inference/champion",
-            "--param", f"config_path={cfg}", "--param", json.dumps({"inference.output": str(scored)}).join(["overrides=", ""]),
-            "--watch", "--watch-timeout", "300", timeout=360,
+            env,
+            "deployment",
+            "run",
+            "batch-inference/champion",
+            "--param",
+            f"config_path={cfg}",
+            "--param",
+            json.dumps({"inference.output": str(scored)}).join(["overrides=", ""]),
+            "--watch",
+            "--watch-timeout",
+            "300",
+            timeout=360,
         )
         _a_changed_table_starts_one_retrain(env, cfg, tmp_path)
     except AssertionError:
@@ -121,8 +144,12 @@ def test_deploy_worker_and_deployment_run(prefect_server, ray_local, tmp_path):
 
 
 def _api(env: dict[str, str], method: str, path: str, body: dict | None = None) -> None:
-    req = urllib.request.Request(f"{env['PREFECT_API_URL']}{path}", method=method, headers={"Content-Type": "application/json"},
-                                 data=json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(
+        f"{env['PREFECT_API_URL']}{path}",
+        method=method,
+        headers={"Content-Type": "application/json"},
+        data=json.dumps(body).encode() if body is not None else None,
+    )
     with urllib.request.urlopen(req, timeout=10):
         pass
 
@@ -149,7 +176,16 @@ def _a_changed_table_starts_one_retrain(env, cfg, tmp_path):
 
     from trainflow.flows.watch import watch_data
 
-    watch = ["deployment", "run", "watch-data/watch", "--param", f"config_path={cfg}", "--watch", "--watch-timeout", "120"]
+    watch = [
+        "deployment",
+        "run",
+        "watch-data/watch",
+        "--param",
+        f"config_path={cfg}",
+        "--watch",
+        "--watch-timeout",
+        "120",
+    ]
     with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
         assert watch_data(str(cfg))["previous"] is None  # the first look records the files: no event
     time.sleep(3)
@@ -214,14 +250,19 @@ def _deployment_missing(env: dict[str, str], name: str) -> bool:
 
 def test_trainflow_serve_registers_the_same_deployments_and_a_cancel_stops_the_run(prefect_server, ray_local, tmp_path):
     # the served runs join the tests' running Ray, as on an existing cluster
-    env = {**prefect_server, "RAY_ADDRESS": ray_local.get_runtime_context().gcs_address,
-           **{k: v for k, v in os.environ.items() if k.startswith("RAY_AUTH_")}}
+    env = {
+        **prefect_server,
+        "RAY_ADDRESS": ray_local.get_runtime_context().gcs_address,
+        **{k: v for k, v in os.environ.items() if k.startswith("RAY_AUTH_")},
+    }
     serve = _start([str(BIN / "trainflow"), "serve", "--limit", "1"], env, tmp_path / "serve.log", tmp_path)
     try:
         demo = str(REPO / "configs" / "demo.yaml")
         deadline = time.monotonic() + 120
         # served deployments replace the deployed ones: no pull step, config_path resolved to the checkout
-        while not all(_served(env, name, demo) for name in ("retrain/scheduled", "retrain/manual", "batch-inference/champion")):
+        while not all(
+            _served(env, name, demo) for name in ("retrain/scheduled", "retrain/manual", "batch-inference/champion")
+        ):
             assert serve.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
             assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()[-3000:]
             time.sleep(1)
@@ -239,10 +280,15 @@ def _cancel_stops_a_served_run(env, serve, tmp_path):
     the run ends Cancelled within seconds, no worker group starts again, and its checkpoint stays for a rerun."""
     cfg = churn_config(tmp_path, rows=6000, train={"epochs": 8, "batch_size": 32}, checkpoint={"min_interval_s": 0})
     run = tmp_path / "runs" / "cancelled"
-    _prefect(env, "deployment", "run", "retrain/manual", "--param", f"config_path={cfg}", "--param", "run_name=cancelled")
+    _prefect(
+        env, "deployment", "run", "retrain/manual", "--param", f"config_path={cfg}", "--param", "run_name=cancelled"
+    )
     # (the deployment keeps its id across deploy and serve: pick this run among the earlier test's)
-    [flow_run] = [r for r in _flow_runs(env, _deployment(env, "retrain/manual")["id"])
-                  if r["parameters"].get("run_name") == "cancelled"]
+    [flow_run] = [
+        r
+        for r in _flow_runs(env, _deployment(env, "retrain/manual")["id"])
+        if r["parameters"].get("run_name") == "cancelled"
+    ]
     wait_registered(run, 0, timeout_s=300, alive=lambda: serve.poll() is None)
     _prefect(env, "flow-run", "cancel", flow_run["id"])
     cancelled_at, state = time.monotonic(), None
@@ -254,7 +300,9 @@ def _cancel_stops_a_served_run(env, serve, tmp_path):
     assert state == "CANCELLED", (tmp_path / "serve.log").read_text()[-4000:]
     starts = [e for e in read_events(str(run)) if e["event"] == "worker_start"]
     time.sleep(5)  # a retried train task would start a new worker group now
-    assert [e for e in read_events(str(run)) if e["event"] == "worker_start"] == starts and len(starts) == 1  # one worker
+    assert [e for e in read_events(str(run)) if e["event"] == "worker_start"] == starts and len(
+        starts
+    ) == 1  # one worker
     assert checkpoints_on_disk(str(run)), "the checkpoint a rerun resumes from is gone"
 
 

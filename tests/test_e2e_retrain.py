@@ -22,8 +22,14 @@ from prefect.artifacts import Artifact
 
 import trainflow
 from trainflow.tracking import mlflow_key
-from tests.conftest import (churn_config, flow_run_logs, info_logs_to_server, make_regression_table, prefect_events,
-                            write_parquet)
+from tests.conftest import (
+    churn_config,
+    flow_run_logs,
+    info_logs_to_server,
+    make_regression_table,
+    prefect_events,
+    write_parquet,
+)
 from trainflow.sample import make_churn_table
 from trainflow.tasks.drift import DRIFT_EVENT
 from trainflow.tasks.monitor import DEGRADED_EVENT
@@ -52,7 +58,8 @@ def _check_common(summary, metric, mode, score_table, id_column):
     # the written predictions are what the checkpoint's own preprocessor + weights give
     direct = predict_table(load_servable(summary["best_checkpoint"]["path"]), score_table, id_column)
     np.testing.assert_allclose(
-        np.asarray(out["prediction"].to_pylist(), dtype=float), np.asarray(direct["prediction"].to_pylist(), dtype=float),
+        np.asarray(out["prediction"].to_pylist(), dtype=float),
+        np.asarray(direct["prediction"].to_pylist(), dtype=float),
         rtol=1e-5,
     )
     return out
@@ -80,7 +87,9 @@ def _serves_without_trainflow(where, tracking, model_uri, frame, expected):
     )
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
-    run = subprocess.run([str(venv / "bin" / "python"), "-c", script], cwd=where, env=env, capture_output=True, text=True)
+    run = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", script], cwd=where, env=env, capture_output=True, text=True
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     served = pd.read_csv(where / "pyfunc.csv")
     np.testing.assert_array_equal(served["prediction"].to_numpy(), expected["prediction"].to_numpy())
@@ -102,23 +111,46 @@ def test_retrain_classification_end_to_end_then_boosters_replace_the_champion(tm
     # the network is the user's own module (the shipped example), imported by its path on every worker,
     # and rebuilt from the checkpoint's config by the gate, `predict` and MLflow's pyfunc. Trained briefly at a
     # low learning rate it is a weak champion, which the boosters of the second run replace.
-    user_model = {"type": "torch", "class_path": "trainflow.examples.tabular_resnet:TabularResNet", "init_args": {"width": 32}}
+    user_model = {
+        "type": "torch",
+        "class_path": "trainflow.examples.tabular_resnet:TabularResNet",
+        "init_args": {"width": 32},
+    }
     # class weights distort its probabilities: the calibrate step fits a temperature on the validation split
-    cfg_path = churn_config(tmp_path, model=user_model, train={"epochs": 2, "learning_rate": 1e-4, "class_weight": "balanced"},
-                            checkpoint={"metric": "val_roc_auc"}, calibration={"decision_threshold": "f1"})
+    cfg_path = churn_config(
+        tmp_path,
+        model=user_model,
+        train={"epochs": 2, "learning_rate": 1e-4, "class_weight": "balanced"},
+        checkpoint={"metric": "val_roc_auc"},
+        calibration={"decision_threshold": "f1"},
+    )
     summary_path = tmp_path / "summary.json"
     since = datetime.datetime.now(datetime.timezone.utc)
-    assert cli_main(["retrain", "--config", str(cfg_path), "--run-name", "clf-e2e", "--summary-json", str(summary_path)]) == 0
+    assert (
+        cli_main(["retrain", "--config", str(cfg_path), "--run-name", "clf-e2e", "--summary-json", str(summary_path)])
+        == 0
+    )
     summary = json.loads(summary_path.read_text())
     # the gate's decision is an event an automation can act on, with the summary's promotion record as payload
     [promoted] = prefect_events("trainflow.model.promoted", since)
     assert promoted.payload == summary["promotion"] and promoted.resource.id == "trainflow.model.churn-test"
-    for key in ("run_name", "data_fingerprint", "best_checkpoint", "mlflow_run_id", "model_version",
-                "predictions_path", "input_rows", "output_rows"):
+    for key in (
+        "run_name",
+        "data_fingerprint",
+        "best_checkpoint",
+        "mlflow_run_id",
+        "model_version",
+        "predictions_path",
+        "input_rows",
+        "output_rows",
+    ):
         assert summary[key] is not None, key
     assert summary["run_name"] == "clf-e2e"
     served = load_servable(summary["best_checkpoint"]["path"])
-    assert type(served.predict.model).__name__ == "TabularResNet" and served.config["model"] == {**served.config["model"], **user_model}
+    assert type(served.predict.model).__name__ == "TabularResNet" and served.config["model"] == {
+        **served.config["model"],
+        **user_model,
+    }
     score = pads.dataset(tmp_path / "data" / "score.parquet").to_table()
     out = _check_common(summary, "val_roc_auc", "max", score, "customer_id")
     assert set(out.column_names) == {"customer_id", "prediction", "proba_0", "proba_1"}
@@ -126,7 +158,9 @@ def test_retrain_classification_end_to_end_then_boosters_replace_the_champion(tm
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
     _check_mlflow(summary, tracking, "churn-test")
     # three roles by the seeded id hash, written with the run: the test rows are read only after every choice
-    assert summary["train_rows"] + summary["validation_rows"] + summary["test_rows"] == 3000 and summary["test_rows"] > 400
+    assert (
+        summary["train_rows"] + summary["validation_rows"] + summary["test_rows"] == 3000 and summary["test_rows"] > 400
+    )
     roles = pads.dataset(summary["split_path"], format="parquet").to_table()
     assert roles.num_rows == 3000 and pc.sum(pc.equal(roles["role"], "test")).as_py() == summary["test_rows"]
     test_ids = pc.filter(roles["customer_id"], pc.equal(roles["role"], "test"))
@@ -143,15 +177,22 @@ def test_retrain_classification_end_to_end_then_boosters_replace_the_champion(tm
     assert 0.0 <= cal["ece"] < 0.5 and 0.0 < cal["brier"] < 0.5
     assert sum(b["rows"] for b in cal["bins"]) == summary["test_rows"]
     fit = summary["calibration_fit"]
-    assert (fit["method"], fit["why"]) == ("temperature", "train.class_weight is set") and fit["ece_after"] < fit["ece_before"]
+    assert (fit["method"], fit["why"]) == ("temperature", "train.class_weight is set") and fit["ece_after"] < fit[
+        "ece_before"
+    ]
     from trainflow.trainer.evaluate import score_checkpoint
 
     # the gate scored the calibrated model, on the test rows the assignment names
-    assert cal["ece"] == pytest.approx(score_checkpoint(summary["best_checkpoint"]["path"], test_rows).calibration()["ece"])
+    assert cal["ece"] == pytest.approx(
+        score_checkpoint(summary["best_checkpoint"]["path"], test_rows).calibration()["ece"]
+    )
     # on fresh rows of the same population the stored calibration lowers the ECE of the probabilities as trained
 
     fresh = ray.data.from_arrow(make_churn_table(6000, seed=77))
-    ece = {c: score_checkpoint(summary["best_checkpoint"]["path"], fresh, calibrated=c).calibration()["ece"] for c in (True, False)}
+    ece = {
+        c: score_checkpoint(summary["best_checkpoint"]["path"], fresh, calibrated=c).calibration()["ece"]
+        for c in (True, False)
+    }
     assert ece[True] < ece[False] and ece[True] < 0.05, ece
     # the decision threshold tuned for F1 on the validation split decides the written `prediction` column
     threshold = fit["threshold"]
@@ -179,35 +220,60 @@ def test_retrain_classification_end_to_end_then_boosters_replace_the_champion(tm
         pyfunc = mlflow.pyfunc.load_model(f"models:/churn-test/{summary['model_version']}")
     got = pyfunc.predict(score.slice(0, 50).drop_columns(["customer_id"]).to_pandas())
     # its input example is one typical row (built from the fitted preprocessor), which it predicts
-    assert list(pyfunc.input_example.columns) == load_servable(summary["best_checkpoint"]["path"]).preprocessor.feature_order
+    assert (
+        list(pyfunc.input_example.columns)
+        == load_servable(summary["best_checkpoint"]["path"]).preprocessor.feature_order
+    )
     assert len(pyfunc.predict(pyfunc.input_example)) == 1
     assert got["prediction"].tolist() == out["prediction"].to_pylist()[:50]
     # the Python API: class probabilities as sklearn's predict_proba gives them, metrics on the user's labelled rows
-    model = trainflow.load_model(f"models:/churn-test/{summary['model_version']}", tracking_uri=tracking,
-                                 allowed_class_paths=(user_model["class_path"],))
+    model = trainflow.load_model(
+        f"models:/churn-test/{summary['model_version']}",
+        tracking_uri=tracking,
+        allowed_class_paths=(user_model["class_path"],),
+    )
     probs = model.predict_proba(score.slice(0, 50).to_pandas())
     assert list(probs.columns) == model.classes == [0, 1] and np.allclose(probs.sum(axis=1), 1.0)
     np.testing.assert_allclose(probs[1].to_numpy(), out["proba_1"].to_numpy()[:50], rtol=1e-5)
     labelled = pads.dataset(str(tmp_path / "data" / "train.parquet")).to_table().to_pandas()
     scores = trainflow.evaluate(model, labelled)
     from sklearn.metrics import roc_auc_score  # the same figure from the served probabilities (a 2-epoch model: no
-                                               # level is asserted)
-    assert scores["roc_auc"] == pytest.approx(roc_auc_score(labelled["churned"], model.predict_proba(labelled)[1]),
-                                              abs=1e-6)
+
+    # level is asserted)
+    assert scores["roc_auc"] == pytest.approx(
+        roc_auc_score(labelled["churned"], model.predict_proba(labelled)[1]), abs=1e-6
+    )
     assert scores["loss"] > 0 and set(scores) >= {"accuracy", "f1"}
     with pytest.raises(ValueError, match="no label column 'churned'"):
         model.evaluate(labelled.drop(columns=["churned"]))
     # ... and where trainflow is not installed: the model's own code (code_paths) and its listed requirements
-    _serves_without_trainflow(tmp_path / "isolated", tracking, f"models:/churn-test/{summary['model_version']}",
-                              score.slice(0, 50).drop_columns(["customer_id"]).to_pandas(), got)
+    _serves_without_trainflow(
+        tmp_path / "isolated",
+        tracking,
+        f"models:/churn-test/{summary['model_version']}",
+        score.slice(0, 50).drop_columns(["customer_id"]).to_pandas(),
+        got,
+    )
 
     # batch-inference from the registry's @champion (the first version claims it) writes the same predictions
     out2 = tmp_path / "again"
-    rc = cli_main(["predict", "--config", str(cfg_path),
-                   "--set", f"inference.output={out2}", "--summary-json", str(tmp_path / "p.json")])
+    rc = cli_main(
+        [
+            "predict",
+            "--config",
+            str(cfg_path),
+            "--set",
+            f"inference.output={out2}",
+            "--summary-json",
+            str(tmp_path / "p.json"),
+        ]
+    )
     assert rc == 0
     predicted = json.loads((tmp_path / "p.json").read_text())
-    assert (predicted["model"], predicted["model_version_uri"]) == ("models:/churn-test@champion", "models:/churn-test/1")
+    assert (predicted["model"], predicted["model_version_uri"]) == (
+        "models:/churn-test@champion",
+        "models:/churn-test/1",
+    )
     # the scoring table comes from the training distribution: no feature drifted, each judged by its measure
     drift = predicted["drift"]
     assert drift["drifted_columns"] == [] and drift["rows"] == score.num_rows
@@ -224,11 +290,21 @@ def test_retrain_classification_end_to_end_then_boosters_replace_the_champion(tm
     plans = score["plan"].to_pylist()
     drift = score.set_column(score.schema.get_field_index("plan"), "plan", pa.array(["platinum"] * 7 + plans[7:]))
     ages = np.asarray(score["age"].to_pylist(), dtype=float)
-    drift = drift.set_column(drift.schema.get_field_index("age"), "age",
-                             pa.array(ages + 2 * np.nanstd(ages), mask=np.isnan(ages)))
+    drift = drift.set_column(
+        drift.schema.get_field_index("age"), "age", pa.array(ages + 2 * np.nanstd(ages), mask=np.isnan(ages))
+    )
     write_parquet(drift, tmp_path / "drift" / "score.parquet")
-    drift_args = ["predict", "--config", str(cfg_path), "--model", summary["model_uri"],
-                  "--set", f"inference.input={tmp_path / 'drift' / 'score.parquet'}", "--set", f"inference.output={out2}"]
+    drift_args = [
+        "predict",
+        "--config",
+        str(cfg_path),
+        "--model",
+        summary["model_uri"],
+        "--set",
+        f"inference.input={tmp_path / 'drift' / 'score.parquet'}",
+        "--set",
+        f"inference.output={out2}",
+    ]
     assert cli_main([*drift_args, "--set", "inference.on_unseen=error"]) == 2
     assert "column 'plan' has category 'platinum'" in capsys.readouterr().err
     assert sorted(p.name for p in out2.iterdir()) == before
@@ -259,13 +335,34 @@ def _boosters_replace_the_champion(tmp_path, cfg_path, score, tracking, capsys):
     # a config that does not name the champion's module class never imports it from the registry: `predict` refuses
     # (exit 2), and the gate below scores the champion only because the config allows its class path
     trees = ["--set", "model.class_path=null", "--set", "model.init_args={}"]
-    rc = cli_main(["predict", "--config", str(cfg_path), "--set", "model.type=mlp", *trees,
-                   "--set", f"inference.output={tmp_path / 'refused'}"])
+    rc = cli_main(
+        [
+            "predict",
+            "--config",
+            str(cfg_path),
+            "--set",
+            "model.type=mlp",
+            *trees,
+            "--set",
+            f"inference.output={tmp_path / 'refused'}",
+        ]
+    )
     assert rc == 2 and not (tmp_path / "refused").exists()
-    boosters = ["--config", str(cfg_path), "--set", "model.type=[xgboost, lightgbm]",
-                *trees, "--set", "model.allowed_class_paths=[trainflow.examples.tabular_resnet:TabularResNet]",
-                "--set", "model.params.learning_rate=0.2", "--set", "model.params.num_boost_round=100",
-                "--set", "model.params.early_stopping_rounds=10"]
+    boosters = [
+        "--config",
+        str(cfg_path),
+        "--set",
+        "model.type=[xgboost, lightgbm]",
+        *trees,
+        "--set",
+        "model.allowed_class_paths=[trainflow.examples.tabular_resnet:TabularResNet]",
+        "--set",
+        "model.params.learning_rate=0.2",
+        "--set",
+        "model.params.num_boost_round=100",
+        "--set",
+        "model.params.early_stopping_rounds=10",
+    ]
     rc = cli_main(["retrain", *boosters, "--run-name", "trees", "--summary-json", str(summary_path)])
     assert rc == 0
     summary = json.loads(summary_path.read_text())
@@ -291,7 +388,8 @@ def _boosters_replace_the_champion(tmp_path, cfg_path, score, tracking, capsys):
     assert promo["challenger_score"] == pytest.approx(summary["test_metrics"]["test_roc_auc"], rel=1e-6)
     assert all(0.5 < c["test_roc_auc"] <= 1.0 for c in candidates)
     assert next(c for c in candidates if c["family"] == winner)["test_roc_auc"] == pytest.approx(
-        summary["test_metrics"]["test_roc_auc"], rel=1e-6)
+        summary["test_metrics"]["test_roc_auc"], rel=1e-6
+    )
     if winner != "ensemble":
         # the booster's selected round is the best reported one
         hist = read_metrics(summary["best_checkpoint"]["path"])["history"]
@@ -312,21 +410,34 @@ def _boosters_replace_the_champion(tmp_path, cfg_path, score, tracking, capsys):
     # one parent run for the retrain, every family's run (and the ensemble's) nested under it, all ended; the
     # summary is the parent's artifact; the version says what it is and why the gate decided as it did
     parent = client.get_run(run.data.tags["mlflow.parentRunId"])
-    children = client.search_runs([run.info.experiment_id],
-                                  filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    children = client.search_runs(
+        [run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+    )
     assert {c.info.run_name for c in children} >= {"trees-xgboost", "trees-lightgbm"}
     assert parent.info.run_name == "trees" and parent.info.status == "FINISHED"
     assert {c.info.status for c in children} == {"FINISHED"}
     with tracking_uri(tracking):
-        stored = json.loads(Path(mlflow.artifacts.download_artifacts(
-            run_id=parent.info.run_id, artifact_path="summary.json", dst_path=str(tmp_path / "parent"))).read_text())
+        stored = json.loads(
+            Path(
+                mlflow.artifacts.download_artifacts(
+                    run_id=parent.info.run_id, artifact_path="summary.json", dst_path=str(tmp_path / "parent")
+                )
+            ).read_text()
+        )
     assert stored["model_version"] == summary["model_version"] and stored["candidates"] == summary["candidates"]
     # the leaderboard (every candidate: validation and test scores, training seconds) and the model card beside it
     with tracking_uri(tracking):
-        board = pd.read_json(mlflow.artifacts.download_artifacts(run_id=parent.info.run_id, artifact_path="leaderboard.json",
-                                                                 dst_path=str(tmp_path / "parent")), orient="split")
-        card = Path(mlflow.artifacts.download_artifacts(run_id=parent.info.run_id, artifact_path="model_card.md",
-                                                        dst_path=str(tmp_path / "parent"))).read_text()
+        board = pd.read_json(
+            mlflow.artifacts.download_artifacts(
+                run_id=parent.info.run_id, artifact_path="leaderboard.json", dst_path=str(tmp_path / "parent")
+            ),
+            orient="split",
+        )
+        card = Path(
+            mlflow.artifacts.download_artifacts(
+                run_id=parent.info.run_id, artifact_path="model_card.md", dst_path=str(tmp_path / "parent")
+            )
+        ).read_text()
     assert list(board["family"]) == [c["family"] for c in summary["candidates"]]
     assert {"val_roc_auc", "test_roc_auc", "train_s"} <= set(board.columns)
     assert all(board.loc[board["family"] != "ensemble", "train_s"] > 0)
@@ -361,8 +472,11 @@ def _unchanged_data_is_skipped_and_broken_data_is_refused(tmp_path, boosters, cl
     table = pads.dataset(tmp_path / "data" / "train.parquet").to_table()
     rng = np.random.default_rng(5)
     charges = np.asarray(table["monthly charges ($)"].to_pylist(), dtype=float)
-    emptied = table.set_column(table.schema.get_field_index("monthly charges ($)"), "monthly charges ($)",
-                               pa.array(charges, mask=rng.random(table.num_rows) < 0.4))
+    emptied = table.set_column(
+        table.schema.get_field_index("monthly charges ($)"),
+        "monthly charges ($)",
+        pa.array(charges, mask=rng.random(table.num_rows) < 0.4),
+    )
     y = np.asarray(table["churned"].to_pylist())
     flipped = table.filter(pa.array((y == 1) | (rng.random(table.num_rows) < 0.15)))
     for name, broken, needle in (
@@ -371,7 +485,9 @@ def _unchanged_data_is_skipped_and_broken_data_is_refused(tmp_path, boosters, cl
         ("flipped", flipped, "label_balance was {"),
     ):
         write_parquet(broken, tmp_path / name / "train.parquet")
-        rc = cli_main(["retrain", *boosters, "--run-name", name, "--set", f"data.path={tmp_path / name / 'train.parquet'}"])
+        rc = cli_main(
+            ["retrain", *boosters, "--run-name", name, "--set", f"data.path={tmp_path / name / 'train.parquet'}"]
+        )
         err = capsys.readouterr().err
         assert rc == 2 and needle in err and "relax with validation." in err, err
         assert not list((tmp_path / "runs").glob(f"{name}*"))
@@ -388,24 +504,44 @@ def _small_work_without_prefect_or_ray(tmp_path, boosters) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")} | {"PREFECT_LOGGING_LEVEL": "INFO"}
     out, summaries = tmp_path / "here", {}
     for args in (["retrain", *boosters, "--run-name", "skip-here"], ["predict", *boosters[:2]]):
-        proc = subprocess.run([sys.executable, "-m", "trainflow.flows.cli", *args, "--set", f"inference.output={out}",
-                               "--summary-json", str(tmp_path / f"{args[0]}.json")],
-                              env=env, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "trainflow.flows.cli",
+                *args,
+                "--set",
+                f"inference.output={out}",
+                "--summary-json",
+                str(tmp_path / f"{args[0]}.json"),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "Ray dashboard" not in proc.stderr and "temporary server" not in proc.stderr, proc.stderr[-3000:]
         assert "Downloading artifacts" not in proc.stderr  # MLflow's progress bars only in a terminal
         assert "trainflow summary" in proc.stdout and f"{out} (500 rows for 500 inputs" in proc.stdout, proc.stdout
         assert "wrote 500 predictions for 500 input rows" in proc.stderr  # the task's lines, as in a flow run
-        assert pads.dataset(out).to_table()["prediction"].to_pylist() == \
-            pads.dataset(tmp_path / "out" / "predictions").to_table()["prediction"].to_pylist()
+        assert (
+            pads.dataset(out).to_table()["prediction"].to_pylist()
+            == pads.dataset(tmp_path / "out" / "predictions").to_table()["prediction"].to_pylist()
+        )
         summaries[args[0]] = json.loads((tmp_path / f"{args[0]}.json").read_text())
     assert summaries["predict"]["model_version_uri"] == "models:/churn-test/2"
     assert summaries["predict"]["drift"]["drifted_columns"] == []
     # beside drift, the scoring run's CBPE estimate (a classifier scored in this process)
     assert set(summaries["predict"]["estimated_metrics"]) >= {"val_accuracy", "val_roc_auc"}
     # validate: every check (the split, the fit, each family's memory, the data against the champion's), no Ray
-    proc = subprocess.run([sys.executable, "-m", "trainflow.flows.cli", "validate", *boosters[:2]], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainflow.flows.cli", "validate", *boosters[:2]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Ray dashboard" not in proc.stderr and "temporary server" not in proc.stderr, proc.stderr[-3000:]
     assert "  valid             yes" in proc.stdout, proc.stdout
@@ -420,16 +556,32 @@ def _monitor_live_performance(tmp_path, cfg_path, client, capsys):
     write_parquet(truth, tmp_path / "labels" / "true.parquet")
     y = np.asarray(truth["churned"].to_pylist())
     flip = np.random.default_rng(3).random(len(y)) < 0.4
-    write_parquet(truth.set_column(1, "churned", pa.array(np.where(flip, 1 - y, y))), tmp_path / "labels" / "flipped.parquet")
+    write_parquet(
+        truth.set_column(1, "churned", pa.array(np.where(flip, 1 - y, y))), tmp_path / "labels" / "flipped.parquet"
+    )
     reports = {}
     capsys.readouterr()
     for name in ("true", "flipped"):
         out = tmp_path / f"monitor-{name}.json"
-        assert cli_main(["monitor", "--config", cfg_path, "--labels", str(tmp_path / "labels" / f"{name}.parquet"),
-                         "--summary-json", str(out)]) == 0
+        assert (
+            cli_main(
+                [
+                    "monitor",
+                    "--config",
+                    cfg_path,
+                    "--labels",
+                    str(tmp_path / "labels" / f"{name}.parquet"),
+                    "--summary-json",
+                    str(out),
+                ]
+            )
+            == 0
+        )
         reports[name] = json.loads(out.read_text())["monitor"]
         printed = capsys.readouterr().out  # a summary a person reads; the JSON is behind --summary-json
-        assert f"  verdict           {reports[name]['verdict']}" in printed and "  labelled rows     500 of 500" in printed
+        assert (
+            f"  verdict           {reports[name]['verdict']}" in printed and "  labelled rows     500 of 500" in printed
+        )
     good, bad = reports["true"], reports["flipped"]
     assert good["model_version"] == bad["model_version"] == "2" and good["rows"] == 500
     assert good["metric"] == "val_roc_auc" and abs(good["live_score"] - good["validation_score"]) < 0.1
@@ -467,8 +619,19 @@ def _an_estimated_drop_raises_the_drift_event(tmp_path, cfg_path, held_out):
     same = pa.concat_tables([row] * 500).set_column(0, "customer_id", pa.array(np.arange(500) + 50_000))
     write_parquet(same, tmp_path / "same" / "score.parquet")
     where = ["--config", str(cfg_path), "--set", f"inference.output={tmp_path / 'same-out'}"]
-    assert cli_main(["predict", *where, "--set", f"inference.input={tmp_path / 'same' / 'score.parquet'}",
-                     "--summary-json", str(tmp_path / "same.json")]) == 0
+    assert (
+        cli_main(
+            [
+                "predict",
+                *where,
+                "--set",
+                f"inference.input={tmp_path / 'same' / 'score.parquet'}",
+                "--summary-json",
+                str(tmp_path / "same.json"),
+            ]
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "same.json").read_text())["estimated_metrics"]["val_roc_auc"] == pytest.approx(0.5)
     assert cli_main(["monitor", *where, "--summary-json", str(tmp_path / "same-monitor.json")]) == 0
     report = json.loads((tmp_path / "same-monitor.json").read_text())["monitor"]
@@ -477,7 +640,9 @@ def _an_estimated_drop_raises_the_drift_event(tmp_path, cfg_path, held_out):
     # one drift event per run: the scoring run's names its drifted columns (one row repeated moves every feature's
     # distribution) beside the estimated drop, monitor's the drop alone
     scoring, monitoring = prefect_events(DRIFT_EVENT, since, count=2)
-    assert [e.payload["estimated_drop"]["val_roc_auc"] for e in (scoring, monitoring)] == pytest.approx([held_out - 0.5] * 2)
+    assert [e.payload["estimated_drop"]["val_roc_auc"] for e in (scoring, monitoring)] == pytest.approx(
+        [held_out - 0.5] * 2
+    )
     assert "age" in scoring.payload["drifted_columns"] and monitoring.payload["drifted_columns"] == []
     assert scoring.resource.id == monitoring.resource.id == "trainflow.model.churn-test"
     assert len(prefect_events(DEGRADED_EVENT, since)) == 1
@@ -523,7 +688,9 @@ def test_retrain_regression_end_to_end(tmp_path, monkeypatch):
     # a progress line per reported epoch in the Prefect logs, the first written while training went on (before the
     # last epoch's checkpoint), and the same metrics in MLflow as they came
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    flow_run_id = MlflowClient(tracking_uri=tracking).get_run(summary["mlflow_run_id"]).data.tags["trainflow.prefect_flow_run_id"]
+    flow_run_id = (
+        MlflowClient(tracking_uri=tracking).get_run(summary["mlflow_run_id"]).data.tags["trainflow.prefect_flow_run_id"]
+    )
     logs = flow_run_logs(flow_run_id)
     progress = [log for log in logs if log.message.startswith("mlp epoch ")]
     assert [log.message.split(":")[0] for log in progress] == ["mlp epoch 1/3", "mlp epoch 2/3", "mlp epoch 3/3"]
@@ -536,7 +703,10 @@ def test_retrain_regression_end_to_end(tmp_path, monkeypatch):
     # what it relies on: the three columns y is made of, then the two noise columns (a store code, a visit time)
     ranked = [r["column"] for r in summary["feature_importance"]]
     assert ranked[0] == "x 1 (m/s)" and set(ranked[3:]) == {"store", "visited at"}, summary["feature_importance"]
-    assert mlflow_key("importance.x 1 (m/s)") in MlflowClient(tracking_uri=tracking).get_run(summary["mlflow_run_id"]).data.metrics
+    assert (
+        mlflow_key("importance.x 1 (m/s)")
+        in MlflowClient(tracking_uri=tracking).get_run(summary["mlflow_run_id"]).data.metrics
+    )
     _check_common(summary, "val_r2", "max", score, "row id")
     prep = load_servable(summary["best_checkpoint"]["path"]).preprocessor
     assert len(set(train_table["store"].to_pylist())) == 5000 and set(prep.embedded) == {"store"}
@@ -550,8 +720,11 @@ def test_retrain_regression_end_to_end(tmp_path, monkeypatch):
     parent = client.get_run(client.get_run(summary["mlflow_run_id"]).data.tags["mlflow.parentRunId"])
     assert parent.info.status == "FINISHED" and parent.info.run_name == "reg-e2e"
     with tracking_uri(tracking):
-        stored = Path(mlflow.artifacts.download_artifacts(run_id=parent.info.run_id, artifact_path="summary.json",
-                                                          dst_path=str(tmp_path / "parent"))).read_text()
+        stored = Path(
+            mlflow.artifacts.download_artifacts(
+                run_id=parent.info.run_id, artifact_path="summary.json", dst_path=str(tmp_path / "parent")
+            )
+        ).read_text()
     description = client.get_model_version("reg-test", summary["model_version"]).description
     assert "s3cr3t" not in stored and "s3cr3t" not in description and "Gate: promoted" in description
     # the registered model in this process (Python API): the batch output's columns for every row

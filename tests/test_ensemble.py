@@ -61,12 +61,18 @@ def _members(tmp_path):
     x = rng.normal(size=2000)
     table = pa.table({"x": x, "y": x + rng.normal(0, 0.05, x.size)})
     write_parquet(table, tmp_path / "t.parquet")
-    cfg = load_config(write_config(tmp_path, {
-        "data": {"path": "t.parquet", "label": "y", "features": ["x"]}, "task": "regression",
-        "model": {"type": ["mlp", "xgboost", "lightgbm"], "hidden_sizes": [], "numeric_embedding": "none"},
-        "storage_path": "runs",
-        "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "registered_model": "ens"},
-    }))
+    cfg = load_config(
+        write_config(
+            tmp_path,
+            {
+                "data": {"path": "t.parquet", "label": "y", "features": ["x"]},
+                "task": "regression",
+                "model": {"type": ["mlp", "xgboost", "lightgbm"], "hidden_sizes": [], "numeric_embedding": "none"},
+                "storage_path": "runs",
+                "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "registered_model": "ens"},
+            },
+        )
+    )
     ds = ray.data.from_arrow(table)
     prep = fit_preprocessor(ds, table_spec(table.schema, cfg.data, cfg.task, "t"), cfg.task)
     packed = prep.transform_features(table)
@@ -77,14 +83,17 @@ def _members(tmp_path):
         d.mkdir(parents=True)
         if family == "mlp":
             state = {"0.weight": torch.tensor([[0.8]], dtype=torch.float32), "0.bias": torch.zeros(1)}
-            save_checkpoint(d, state, {"epoch": 4}, {"val_loss": 0.1}, [], prep.to_dict(), cfg.for_family(family).to_dict())
+            save_checkpoint(
+                d, state, {"epoch": 4}, {"val_loss": 0.1}, [], prep.to_dict(), cfg.for_family(family).to_dict()
+            )
         elif family == "xgboost":
             booster = xgb.train({"max_depth": 2, "eta": 0.3}, xgb_matrix(prep, packed, target), num_boost_round=6)
             booster.save_model(str(d / XGB_MODEL))
         else:  # fitted to shuffled labels: no use to the ensemble
             shuffled = rng.permutation(target)
             lgb.train({"num_leaves": 4, "verbose": -1}, lgb.Dataset(packed, shuffled), num_boost_round=5).save_model(
-                str(d / LGB_MODEL))
+                str(d / LGB_MODEL)
+            )
         if family != "mlp":
             write_common(d, 5, {"val_loss": 0.1}, [], prep.to_dict(), cfg.for_family(family).to_dict())
         paths[family] = str(d)
@@ -122,10 +131,18 @@ def test_an_ensemble_checkpoint_is_served_registered_rebuilt_and_read_strictly(t
     assert served.family == "ensemble" and checkpoint_families(built.selected.path) == ["mlp", "xgboost"]
     x = served.preprocessor.transform_features(table)
     members = [load_servable(paths[f]).predict(x) for f in ("mlp", "xgboost")]
-    np.testing.assert_allclose(served.predict(x), combine("regression", members, [weights["mlp"], weights["xgboost"]]),
-                               rtol=1e-5, atol=1e-6)
-    assert not (tmp_path / "runs" / "r-ensemble" / (built.selected.path.rsplit("/", 1)[-1]) / "members" / "mlp"
-                / "train_state.pt").exists()
+    np.testing.assert_allclose(
+        served.predict(x), combine("regression", members, [weights["mlp"], weights["xgboost"]]), rtol=1e-5, atol=1e-6
+    )
+    assert not (
+        tmp_path
+        / "runs"
+        / "r-ensemble"
+        / (built.selected.path.rsplit("/", 1)[-1])
+        / "members"
+        / "mlp"
+        / "train_state.pt"
+    ).exists()
     reqs = requirements(checkpoint_families(built.selected.path))
     assert any(r.startswith("xgboost-cpu==") for r in reqs) and any(r.startswith("torch==") for r in reqs)
     assert not [r for r in reqs if "+" in r]  # public versions only: "torch==2.13.0", never the local "+cpu" build
@@ -137,9 +154,13 @@ def test_an_ensemble_checkpoint_is_served_registered_rebuilt_and_read_strictly(t
     # registered as the pyfunc model every family is: MLflow serves the same predictions
     with tracking(cfg.mlflow.tracking_uri):
         with mlflow.start_run(experiment_id=ensure_experiment(cfg.mlflow.tracking_uri, "ens")):
-            info = mlflow.pyfunc.log_model(name="model", python_model=MODEL_CODE,
-                                           artifacts={"checkpoint": built.selected.path}, pip_requirements=reqs,
-                                           registered_model_name="ens")
+            info = mlflow.pyfunc.log_model(
+                name="model",
+                python_model=MODEL_CODE,
+                artifacts={"checkpoint": built.selected.path},
+                pip_requirements=reqs,
+                registered_model_name="ens",
+            )
         got = mlflow.pyfunc.load_model(info.model_uri).predict(table.drop_columns(["y"]).to_pandas())
     expected = served.preprocessor.decode_predictions(served.predict(x), None)["prediction"]
     np.testing.assert_allclose(got["prediction"].to_numpy(), expected, rtol=1e-5)
@@ -156,9 +177,11 @@ def test_an_ensemble_checkpoint_is_served_registered_rebuilt_and_read_strictly(t
     with pytest.raises(ValueError, match="model.type is not 'mlp'"):
         load_servable(planted)
     # ensemble.json naming a folder outside members/, or weights that are not a distribution
-    for members in ([{"family": "../../elsewhere", "weight": 1.0}],
-                    [{"family": "mlp", "weight": 1.5}, {"family": "xgboost", "weight": -0.5}],
-                    [{"family": "mlp", "weight": 0.5}, {"family": "mlp", "weight": 0.5}]):
+    for members in (
+        [{"family": "../../elsewhere", "weight": 1.0}],
+        [{"family": "mlp", "weight": 1.5}, {"family": "xgboost", "weight": -0.5}],
+        [{"family": "mlp", "weight": 0.5}, {"family": "mlp", "weight": 0.5}],
+    ):
         (planted / "ensemble.json").write_text(json.dumps({"members": members}))
         with pytest.raises(ValueError, match="ensemble.json"):
             load_servable(planted)
@@ -186,7 +209,11 @@ def test_a_killed_writers_staging_folder_is_removed_by_the_next_writer_and_a_liv
         (folder / "weights.pt").write_bytes(b"half a file")
     mine = staging_folder(tmp_path, "ensemble_ab")
     assert not dead.exists() and all(f.exists() for f in (living, elsewhere, other_bundle, not_ours))
-    assert mine.parent == tmp_path and mine.name.startswith(f".ensemble_ab.tmp-{host}-{os.getpid()}-") and not mine.exists()
+    assert (
+        mine.parent == tmp_path
+        and mine.name.startswith(f".ensemble_ab.tmp-{host}-{os.getpid()}-")
+        and not mine.exists()
+    )
 
 
 def test_an_ensemble_in_remote_storage_is_uploaded_whole_and_found_again(tmp_path, s3_endpoint):
@@ -202,10 +229,18 @@ def test_an_ensemble_in_remote_storage_is_uploaded_whole_and_found_again(tmp_pat
     built = ensemble(cfg, ds, outcomes, selections, "r", "fp:1")
     uri = built.selected.uri
     assert uri.startswith(f"s3://{BUCKET}/ensembles/r-ensemble/ensemble_")
-    assert {name for name, _ in list_dir(uri)} == {"members", "ensemble.json", "metrics.json", "preprocessor.json",
-                                                   "config.json", "lineage.json"}
+    assert {name for name, _ in list_dir(uri)} == {
+        "members",
+        "ensemble.json",
+        "metrics.json",
+        "preprocessor.json",
+        "config.json",
+        "lineage.json",
+    }
     x = load_servable(built.selected.path).preprocessor.transform_features(table)
     # a rerun finds the uploaded ensemble (ensemble.json, written last, marks it whole) and reads it back
     again = ensemble(cfg, ds, outcomes, selections, "r", "fp:1")
     assert again.selected.uri == uri and again.selected.path != built.selected.path
-    np.testing.assert_array_equal(load_servable(again.selected.path).predict(x), load_servable(built.selected.path).predict(x))
+    np.testing.assert_array_equal(
+        load_servable(again.selected.path).predict(x), load_servable(built.selected.path).predict(x)
+    )

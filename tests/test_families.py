@@ -35,10 +35,16 @@ def test_model_type_and_params_are_validated_with_their_dotted_names():
         ({"type": "xgboost", "params": {"num_leaves": 15}}, "model.params.num_leaves: applies to lightgbm"),
         ({"type": "xgboost", "params": {"max_dept": 3}}, "model.params.max_dept: unknown key"),
         ({"type": "lightgbm", "params": {"learning_rate": -1}}, "model.params.learning_rate"),
-        ({"type": "mlp", "params": {"max_depth": 3}}, "model.params.max_depth: applies to xgboost, lightgbm and catboost"),
+        (
+            {"type": "mlp", "params": {"max_depth": 3}},
+            "model.params.max_depth: applies to xgboost, lightgbm and catboost",
+        ),
         ({"type": "catboost", "params": {"num_leaves": 15}}, "model.params.num_leaves: applies to lightgbm"),
         ({"type": ["xgboost", "xgboost"]}, "names a family more than once"),
-        ({"type": "xgboost", "params": {"external_memory": "always", "tree_method": "exact"}}, "needs tree_method 'hist'"),
+        (
+            {"type": "xgboost", "params": {"external_memory": "always", "tree_method": "exact"}},
+            "needs tree_method 'hist'",
+        ),
         ({"type": "lightgbm", "params": {"external_memory": "always"}}, "external_memory: applies to xgboost"),
         ({"type": "catbost"}, "model.type"),
     ]:
@@ -62,13 +68,22 @@ def test_external_memory_matrices_grow_the_same_trees_and_are_chosen_when_memory
     y = ((x[:, 0] - x[:, 1] ** 2 + (x[:, 4] == 2) + rng.normal(scale=0.3, size=6000)) > 0).astype(np.int64)
 
     def dataset(lo, hi):
-        return ray.data.range(hi - lo, override_num_blocks=6).map_batches(
-            lambda b: {FEATURES: x[lo + b["id"]], LABEL: y[lo + b["id"]]}).materialize()
+        return (
+            ray.data.range(hi - lo, override_num_blocks=6)
+            .map_batches(lambda b: {FEATURES: x[lo + b["id"]], LABEL: y[lo + b["id"]]})
+            .materialize()
+        )
 
     train, val = dataset(0, 5000), dataset(5000, 6000)
     types = ["q"] * 4 + ["c"]
-    params = {"tree_method": "hist", "objective": "binary:logistic", "eval_metric": "logloss", "nthread": 2, "seed": 0,
-              "colsample_bynode": 0.5}
+    params = {
+        "tree_method": "hist",
+        "objective": "binary:logistic",
+        "eval_metric": "logloss",
+        "nthread": 2,
+        "seed": 0,
+        "colsample_bynode": 0.5,
+    }
     monkeypatch.setattr(extmem, "PAGE_BYTES", 20_000)  # about 1,000 rows a page: several pages per matrix
     dtrain, dval, labels = extmem.extmem_matrices(train.iterator(), val.iterator(), types, tmp_path, params)
     assert not list(tmp_path.glob("*/x-*.npy"))  # the spooled pages are gone once XGBoost has its cache
@@ -77,8 +92,11 @@ def test_external_memory_matrices_grow_the_same_trees_and_are_chosen_when_memory
     in_memory = xgb.train(params, xgb.DMatrix(xt, yt, feature_types=types, enable_categorical=True), 20)
     np.testing.assert_array_equal(labels, yv)  # in the validation matrix's row order
     assert external.get_dump() == in_memory.get_dump()
-    np.testing.assert_allclose(external.predict(dval),
-                               in_memory.predict(xgb.DMatrix(xv, feature_types=types, enable_categorical=True)), rtol=1e-6)
+    np.testing.assert_allclose(
+        external.predict(dval),
+        in_memory.predict(xgb.DMatrix(xv, feature_types=types, enable_categorical=True)),
+        rtol=1e-6,
+    )
 
     # the choice: in memory while a worker's matrices fit its share; external memory (auto) or a clear error past it
     from tests.test_preprocess import _wide_table
@@ -99,19 +117,29 @@ def test_external_memory_matrices_grow_the_same_trees_and_are_chosen_when_memory
     # with the reason (XGBoost goes external-memory, the network streams); a family the config names fails instead
     from trainflow.tasks.preprocess import size_families
 
-    base = {"data": {"path": "t.parquet", "label": "y", "id_column": "id"}, "task": "classification",
-            "scaling": {"num_workers": 2}}
+    base = {
+        "data": {"path": "t.parquet", "label": "y", "id_column": "id"},
+        "task": "classification",
+        "scaling": {"num_workers": 2},
+    }
     budgets, _, left_out = size_families(config_from_dict(base), prep, 10**7, 10**6, 2**30, "t.parquet")
     assert list(budgets) == ["mlp", "xgboost"] and budgets["xgboost"].external_memory
     assert list(left_out) == ["lightgbm", "catboost"]  # CatBoost's one process would hold every training row
     assert "model.type xgboost, whose external-memory matrix" in left_out["lightgbm"]
     secret_uri = "s3://AKIAUSER:pa55-s3cret@bucket/t.parquet"  # a credential in data.path is never echoed
-    assert "pa55-s3cret" not in size_families(config_from_dict(base), prep, 10**7, 10**6, 2**30, secret_uri)[2]["lightgbm"]
+    assert (
+        "pa55-s3cret" not in size_families(config_from_dict(base), prep, 10**7, 10**6, 2**30, secret_uri)[2]["lightgbm"]
+    )
     assert list(size_families(config_from_dict(base), prep, 10**5, 10**4, 64 * 2**30, "t.parquet")[0]) == [
-        "mlp", "xgboost", "lightgbm", "catboost"]
+        "mlp",
+        "xgboost",
+        "lightgbm",
+        "catboost",
+    ]
     with pytest.raises(DataError, match="t.parquet: a boosted-trees worker holds"):
-        size_families(config_from_dict({**base, "model": {"type": ["mlp", "lightgbm"]}}), prep, 10**7, 10**6, 2**30,
-                      "t.parquet")
+        size_families(
+            config_from_dict({**base, "model": {"type": ["mlp", "lightgbm"]}}), prep, 10**7, 10**6, 2**30, "t.parquet"
+        )
 
 
 def _round_trip(family: str):
@@ -142,11 +170,19 @@ def _round_trip(family: str):
 def test_a_killed_booster_worker_resumes_at_a_later_round(tmp_path, family):
     """On XGBoost's external-memory matrices (the families flow test trains the in-memory ones)."""
     cfg, prep, train, val = small_run(tmp_path, hang_timeout_s=60.0)
-    cfg = trial_config(cfg.to_dict(), {"model.type": family, "model.params.num_boost_round": 30,
-                                       "model.params.early_stopping_rounds": "off", "checkpoint.min_interval_s": 0.0})
+    cfg = trial_config(
+        cfg.to_dict(),
+        {
+            "model.type": family,
+            "model.params.num_boost_round": 30,
+            "model.params.early_stopping_rounds": "off",
+            "checkpoint.min_interval_s": 0.0,
+        },
+    )
     external = family == "xgboost"
-    result = build_trainer(cfg, prep, train, val, "boost-kill", train_fn=_round_trip(family),
-                           external_memory=external).fit()
+    result = build_trainer(
+        cfg, prep, train, val, "boost-kill", train_fn=_round_trip(family), external_memory=external
+    ).fit()
     with result.checkpoint.as_directory() as d:
         history = read_metrics(d)["history"]
         served = load_servable(d)
@@ -171,18 +207,33 @@ def test_a_killed_booster_worker_resumes_at_a_later_round(tmp_path, family):
 
 def test_a_sweep_can_search_family_keys_and_the_family_itself():
     base = {"data": {"path": "x.parquet", "label": "y"}, "task": "classification", "tune": {"num_samples": 2}}
-    cfg = config_from_dict({**base, "model": {"type": "xgboost"},
-                            "tune": {"search_space": {"model.params.max_depth": {"randint": [3, 10]}}}})
+    cfg = config_from_dict(
+        {
+            **base,
+            "model": {"type": "xgboost"},
+            "tune": {"search_space": {"model.params.max_depth": {"randint": [3, 10]}}},
+        }
+    )
     assert cfg.tune.search_space["model.params.max_depth"] == {"randint": [3, 10]}
     cfg = config_from_dict({**base, "tune": {"search_space": {"model.type": {"choice": ["mlp", "lightgbm"]}}}})
     from trainflow.config import trial_config
 
     assert trial_config(cfg.to_dict(), {"model.type": "lightgbm"}).model.families == ["lightgbm"]
     with pytest.raises(ConfigError, match="model.params.num_leaves: applies to lightgbm"):
-        config_from_dict({**base, "model": {"type": "xgboost"},
-                          "tune": {"search_space": {"model.params.num_leaves": {"choice": [15, 31]}}}})
-    listed = config_from_dict({**base, "model": {"type": ["mlp", "xgboost"]},
-                               "tune": {"search_space": {"train.learning_rate": {"choice": [0.001]}}}})
+        config_from_dict(
+            {
+                **base,
+                "model": {"type": "xgboost"},
+                "tune": {"search_space": {"model.params.num_leaves": {"choice": [15, 31]}}},
+            }
+        )
+    listed = config_from_dict(
+        {
+            **base,
+            "model": {"type": ["mlp", "xgboost"]},
+            "tune": {"search_space": {"train.learning_rate": {"choice": [0.001]}}},
+        }
+    )
     from trainflow.trainer.tune import sweep_space
 
     # a sweep over a list of families searches the family too (one family per trial)
@@ -234,10 +285,16 @@ def _catboost_killed_once():
 def test_catboost_is_one_worker_with_the_group_cpus_and_a_killed_fit_continues_from_its_snapshot(tmp_path):
     cfg, prep, train, val = small_run(tmp_path, hang_timeout_s=60.0)
     # its rounds and step from its own block, over shared values that would give 10 trees (the block reaches the worker)
-    cfg = trial_config(cfg.to_dict(), {"model.type": "catboost", "model.params.num_boost_round": 10,
-                                       "model.params.catboost.num_boost_round": 1500,
-                                       "model.params.early_stopping_rounds": "off",
-                                       "model.params.catboost.learning_rate": 0.02})
+    cfg = trial_config(
+        cfg.to_dict(),
+        {
+            "model.type": "catboost",
+            "model.params.num_boost_round": 10,
+            "model.params.catboost.num_boost_round": 1500,
+            "model.params.early_stopping_rounds": "off",
+            "model.params.catboost.learning_rate": 0.02,
+        },
+    )
     from trainflow.trainer.families import REGISTRY
 
     scaling = REGISTRY["catboost"].worker_scaling(cfg.scaling)

@@ -41,11 +41,19 @@ def test_select_skips_a_truncated_checkpoint(tmp_path):
     from trainflow.tasks.select import select
     from trainflow.tasks.train import TrainOutcome
 
-    cfg = config_from_dict({"data": {"path": "x", "label": "y"}, "task": "regression",
-                            "model": {"type": "mlp", "numeric_embedding": "none"}}, base_dir=tmp_path)
+    cfg = config_from_dict(
+        {
+            "data": {"path": "x", "label": "y"},
+            "task": "regression",
+            "model": {"type": "mlp", "numeric_embedding": "none"},
+        },
+        base_dir=tmp_path,
+    )
     from trainflow.preprocessors.tabular import TabularPreprocessor
 
-    prep = TabularPreprocessor(task="regression", label="y", numeric={"a": {"mean": 0.0, "std": 1.0}}, feature_order=["a"])
+    prep = TabularPreprocessor(
+        task="regression", label="y", numeric={"a": {"mean": 0.0, "std": 1.0}}, feature_order=["a"]
+    )
     model = build_model(1, 1, cfg.model.model_dump())
     opt = torch.optim.Adam(model.parameters())
     ckpts = []
@@ -53,7 +61,15 @@ def test_select_skips_a_truncated_checkpoint(tmp_path):
         d = tmp_path / f"checkpoint_{epoch}"
         d.mkdir()
         m = {"epoch": epoch, "val_loss": loss}
-        save_checkpoint(d, model.state_dict(), {"optimizer": opt.state_dict(), "epoch": epoch}, m, [m], prep.to_dict(), cfg.to_dict())
+        save_checkpoint(
+            d,
+            model.state_dict(),
+            {"optimizer": opt.state_dict(), "epoch": epoch},
+            m,
+            [m],
+            prep.to_dict(),
+            cfg.to_dict(),
+        )
         ckpts.append({"path": str(d), "epoch": epoch, "metrics": m})
     ckpts.append({"path": str(tmp_path / "nan"), "epoch": 3, "metrics": {"epoch": 3, "val_loss": float("nan")}})
     best = tmp_path / "checkpoint_1" / "model.pt"

@@ -55,7 +55,11 @@ def test_a_table_that_grows_keeps_its_test_rows_and_a_stored_plan_reads_back():
     # the same rows keep the test role (a fixed hash range above EXACT_TEST_ROWS rows); validation rows are cut at the
     # ranks (their exact share), so a row near that cut may move between validation and training as the table grows
     assert np.array_equal(small.roles(first) == TEST, grown.roles(first) == TEST)
-    assert int((grown.roles(grown_table) == VALIDATION).sum()) == grown.counts["validation"] == round((4000 - grown.counts["test"]) * 0.2)
+    assert (
+        int((grown.roles(grown_table) == VALIDATION).sum())
+        == grown.counts["validation"]
+        == round((4000 - grown.counts["test"]) * 0.2)
+    )
     assert np.array_equal(small.held_out(first), small.roles(first) == TEST)
     assert FoldPlan.from_dict(grown.to_dict()) == grown
     with pytest.raises(ValueError, match="not a split plan"):
@@ -116,7 +120,9 @@ def test_folds_cover_every_non_test_row_once_stay_put_as_the_table_grows_and_cut
     assert (folds[roles == TEST] == -1).all() and set(folds[roles != TEST].tolist()) == {0, 1, 2, 3}
     sizes = np.bincount(folds[roles != TEST])
     assert sizes.min() > 0.8 * sizes.max() and [plan.counts[f"fold {k}"] for k in range(4)] == sizes.tolist()
-    grown = plan_split(ray.data.from_arrow(_table(6000)), "classification", "y", 0.2, 0.2, 7, ["id"], rows=6000, folds=4)
+    grown = plan_split(
+        ray.data.from_arrow(_table(6000)), "classification", "y", 0.2, 0.2, 7, ["id"], rows=6000, folds=4
+    )
     # the same rows keep their test role; the folds' cuts sit at the ranks of the rows there are, so as the table grows a
     # row moves to a neighbouring fold only where a cut moved past it (a few percent of rows)
     assert np.array_equal(grown.roles(table) == TEST, roles == TEST)
@@ -140,8 +146,14 @@ def test_auto_folds_follow_the_row_count_and_need_a_test_role():
     from trainflow.config import Config
 
     with pytest.raises(ValueError, match="train.folds"):
-        Config.model_validate({"data": {"path": "t.parquet", "label": "y"}, "task": "regression",
-                               "train": {"folds": 5}, "split": {"test_fraction": 0}})
+        Config.model_validate(
+            {
+                "data": {"path": "t.parquet", "label": "y"},
+                "task": "regression",
+                "train": {"folds": 5},
+                "split": {"test_fraction": 0},
+            }
+        )
 
 
 def test_a_wine_sized_table_is_never_refused_and_its_folds_are_as_even_as_the_rows_allow():
@@ -150,8 +162,13 @@ def test_a_wine_sized_table_is_never_refused_and_its_folds_are_as_even_as_the_ro
     plan reports are what its roles and folds give, and they add up to the table's rows."""
     rng = np.random.default_rng(0)
     for seed in range(60):
-        table = pa.table({"a": rng.normal(size=113), "b": rng.normal(size=113),
-                          "y": rng.choice(["x", "y", "z"], 113, p=[0.4, 0.35, 0.25])})
+        table = pa.table(
+            {
+                "a": rng.normal(size=113),
+                "b": rng.normal(size=113),
+                "y": rng.choice(["x", "y", "z"], 113, p=[0.4, 0.35, 0.25]),
+            }
+        )
         plan = plan_split(table, "classification", "y", 0.15, 0.2, seed, ["a", "b", "y"], 113, "auto", "wine.csv")
         check_sizes(plan.counts, "wine.csv", plan)  # never refused
         roles, folds = plan.roles(table), plan.fold_ids(table)
@@ -175,9 +192,14 @@ def _dated(rows: int, seed: int = 0) -> pa.Table:
 
     rng = np.random.default_rng(seed)
     days = np.sort(rng.integers(0, 365, rows))
-    return pa.table({"day": pa.array([dt.date(2013, 1, 1) + dt.timedelta(days=int(d)) for d in days]),
-                     "x": rng.normal(size=rows), "customer": rng.integers(0, 150, rows),
-                     "y": rng.choice(["no", "yes"], rows)})
+    return pa.table(
+        {
+            "day": pa.array([dt.date(2013, 1, 1) + dt.timedelta(days=int(d)) for d in days]),
+            "x": rng.normal(size=rows),
+            "customer": rng.integers(0, 150, rows),
+            "y": rng.choice(["no", "yes"], rows),
+        }
+    )
 
 
 def test_roles_by_time_are_the_newest_rows_and_never_split_a_day():
@@ -185,11 +207,17 @@ def test_roles_by_time_are_the_newest_rows_and_never_split_a_day():
     plan = plan_split(table, "classification", "y", 0.2, 0.2, 42, ["x", "y"], 3000, 1, "t.parquet", "day")
     day = np.array([d.toordinal() for d in table["day"].to_pylist()])
     roles = plan.roles(table)
-    assert day[roles == TRAIN].max() < day[roles == VALIDATION].min() <= day[roles == VALIDATION].max() \
-        < day[roles == TEST].min()  # train, then validation, then test: no day on two sides of a cut
+    assert (
+        day[roles == TRAIN].max()
+        < day[roles == VALIDATION].min()
+        <= day[roles == VALIDATION].max()
+        < day[roles == TEST].min()
+    )  # train, then validation, then test: no day on two sides of a cut
     assert abs(plan.counts["test"] - 600) < 20 and plan.counts == {
-        "train": int((roles == TRAIN).sum()), "validation": int((roles == VALIDATION).sum()),
-        "test": int((roles == TEST).sum())}
+        "train": int((roles == TRAIN).sum()),
+        "validation": int((roles == VALIDATION).sum()),
+        "test": int((roles == TEST).sum()),
+    }
     assert "test: 2013-1" in plan.describe() and f"{plan.counts['test']:,} rows" in plan.describe()
     assert FoldPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
     # cross-fitting by time: blocks of the non-test rows, each a run of days
@@ -205,12 +233,16 @@ def test_roles_by_time_are_the_newest_rows_and_never_split_a_day():
         mine = p.earlier_roles(table)
         recent_train = (roles != TEST) & ~recent_val
         assert not (mine != NO_FOLD)[~recent_train].any()  # never a test row, nor the recent model's held-out rows
-        assert day[mine == TRAIN].max() < day[mine == VALIDATION].min() and \
-            day[mine == VALIDATION].max() < day[recent_val].min()
+        assert (
+            day[mine == TRAIN].max() < day[mine == VALIDATION].min()
+            and day[mine == VALIDATION].max() < day[recent_val].min()
+        )
         assert (mine == VALIDATION).sum() == p.earlier["validation_rows"] and abs(
-            p.earlier["validation_rows"] - recent_val.sum()) < 20  # as many as it early-stopped on, days whole
-        assert (mine == TRAIN).sum() == p.earlier["rows"] and dt.date.fromordinal(day[mine == TRAIN].max()) == \
-            dt.date(1970, 1, 1) + dt.timedelta(days=p.earlier["end"])
+            p.earlier["validation_rows"] - recent_val.sum()
+        ) < 20  # as many as it early-stopped on, days whole
+        assert (mine == TRAIN).sum() == p.earlier["rows"] and dt.date.fromordinal(day[mine == TRAIN].max()) == dt.date(
+            1970, 1, 1
+        ) + dt.timedelta(days=p.earlier["end"])
         assert FoldPlan.from_dict(json.loads(json.dumps(p.to_dict()))).earlier == p.earlier
         fit_rows = table.filter(pa.array(recent_train | (recent_val & (p.folds > 1))))  # split_roles' TRAIN
         a, b = earlier_parts(fit_rows, p, True)
@@ -218,8 +250,14 @@ def test_roles_by_time_are_the_newest_rows_and_never_split_a_day():
     assert plan_split(_dated(40), "classification", "y", 0.2, 0.2, 42, ["x", "y"], 40, 1, "t", "day").earlier is None
     # the table grows by a month: the test window moves forward; the old plan holds out every newer row, so a gate
     # between a model of the old table and one of the grown table needs no row-by-row check
-    grown_table = pa.concat_tables([table, _dated(300, seed=1).set_column(
-        0, "day", pa.array([d.replace(year=2014, month=1) for d in _dated(300, seed=1)["day"].to_pylist()]))])
+    grown_table = pa.concat_tables(
+        [
+            table,
+            _dated(300, seed=1).set_column(
+                0, "day", pa.array([d.replace(year=2014, month=1) for d in _dated(300, seed=1)["day"].to_pylist()])
+            ),
+        ]
+    )
     grown = plan_split(grown_table, "classification", "y", 0.2, 0.2, 42, ["x", "y"], 3300, 1, "t", "day")
     assert plan.holds_out_every_test_row_of(grown) and not grown.holds_out_every_test_row_of(plan)
     assert plan.held_out(grown_table)[grown.roles(grown_table) == TEST].all()
@@ -230,16 +268,50 @@ def test_a_missing_or_textual_time_and_a_group_too_large_are_refused_naming_them
     days = table["day"].to_pylist()
     days[3] = days[70] = None
     with pytest.raises(DataError, match=r"t.parquet: split.time_column 'day' is missing in 2 of 400 rows"):
-        plan_split(table.set_column(0, "day", pa.array(days)), "classification", "y", 0.2, 0.2, 1, ["x"], 400, 1,
-                   "t.parquet", "day")
+        plan_split(
+            table.set_column(0, "day", pa.array(days)),
+            "classification",
+            "y",
+            0.2,
+            0.2,
+            1,
+            ["x"],
+            400,
+            1,
+            "t.parquet",
+            "day",
+        )
     with pytest.raises(DataError, match=r"split.time_column 'day' has type string; it needs dates"):
-        plan_split(table.set_column(0, "day", pa.array([str(d) for d in table["day"].to_pylist()])),
-                   "classification", "y", 0.2, 0.2, 1, ["x"], 400, 1, "t.parquet", "day")
+        plan_split(
+            table.set_column(0, "day", pa.array([str(d) for d in table["day"].to_pylist()])),
+            "classification",
+            "y",
+            0.2,
+            0.2,
+            1,
+            ["x"],
+            400,
+            1,
+            "t.parquet",
+            "day",
+        )
     customers = table["customer"].to_numpy().copy()
     customers[:150] = 7  # one customer with 150 of 400 rows: more than the test role's 80
     with pytest.raises(DataError, match=r"group 7 of split.group_column 'customer' has 15\d rows, more than the"):
-        plan_split(table.set_column(2, "customer", pa.array(customers)), "classification", "y", 0.2, 0.2, 1, ["x"],
-                   400, 1, "t.parquet", None, "customer")
+        plan_split(
+            table.set_column(2, "customer", pa.array(customers)),
+            "classification",
+            "y",
+            0.2,
+            0.2,
+            1,
+            ["x"],
+            400,
+            1,
+            "t.parquet",
+            None,
+            "customer",
+        )
 
 
 def test_roles_by_group_keep_a_groups_rows_together_and_time_reports_the_groups_it_splits():
@@ -252,6 +324,7 @@ def test_roles_by_group_keep_a_groups_rows_together_and_time_reports_the_groups_
     assert both.groups_split > 100 and f"{both.groups_split:,} group(s) of 'customer'" in both.describe()
     from trainflow.config import config_from_dict
 
-    cfg = config_from_dict({"data": {"path": "t.parquet", "label": "y"}, "task": "classification",
-                            "split": {"group_column": "customer"}})
+    cfg = config_from_dict(
+        {"data": {"path": "t.parquet", "label": "y"}, "task": "classification", "split": {"group_column": "customer"}}
+    )
     assert cfg.data.default_features(table.column_names) == ["day", "x"]  # a group's id is no feature

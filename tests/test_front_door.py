@@ -23,13 +23,16 @@ def _raw(path, label="y", **extra):
     return {"data": {"path": str(path), "label": label}, **extra}
 
 
-@pytest.mark.parametrize("values, task, why", [
-    (["a", "b", "a"], "classification", "text values"),
-    ([True, False, True], "classification", "bool values"),
-    ([0, 1, 1], "classification", "2 distinct whole numbers"),
-    ([1.5, 2.0, 3.25], "regression", "fractional numbers"),
-    ([0.0, 1.0, None], "classification", "2 distinct whole numbers"),
-])
+@pytest.mark.parametrize(
+    "values, task, why",
+    [
+        (["a", "b", "a"], "classification", "text values"),
+        ([True, False, True], "classification", "bool values"),
+        ([0, 1, 1], "classification", "2 distinct whole numbers"),
+        ([1.5, 2.0, 3.25], "regression", "fractional numbers"),
+        ([0.0, 1.0, None], "classification", "2 distinct whole numbers"),
+    ],
+)
 def test_task_is_inferred_from_an_unambiguous_label_and_said(tmp_path, values, task, why):
     path = write_parquet(pa.table({"x": list(range(len(values))), "y": values}), tmp_path / "t.parquet")
     cfg = config_from_dict(_raw(path))
@@ -90,12 +93,18 @@ def test_each_key_is_described_once_and_the_docs_table_and_init_comments_are_mad
     assert "| `train.folds` | `auto` | cross-fitting:" in table and "| `data.label` | required |" in table
     # the schema's descriptions are the same text
     schema = config_schema.config_schema()
-    assert schema["$defs"]["TrainSection"]["properties"]["folds"]["description"] == config_schema.description("train.folds")
+    assert schema["$defs"]["TrainSection"]["properties"]["folds"]["description"] == config_schema.description(
+        "train.folds"
+    )
     assert config_schema.description("train.nope") is None
     # init's comments are the first clause of the same descriptions
     write_parquet(make_churn_table(120, seed=2), tmp_path / "churn.parquet")
-    assert cli_main(["init", "--data", str(tmp_path / "churn.parquet"), "--label", "churned",
-                     "--out", str(tmp_path / "c.yaml")]) == 0
+    assert (
+        cli_main(
+            ["init", "--data", str(tmp_path / "churn.parquet"), "--label", "churned", "--out", str(tmp_path / "c.yaml")]
+        )
+        == 0
+    )
     text = (tmp_path / "c.yaml").read_text()
     for key in ("scaling.num_workers", "storage_path", "mlflow.registered_model", "data.id_column"):
         assert f"# {config_schema.brief(key)}" in text, key
@@ -129,13 +138,19 @@ def test_validate_runs_every_check_short_of_training(tmp_path, capsys):
     summary_path = tmp_path / "validate.json"
     assert cli_main(["validate", "--config", str(cfg), "--summary-json", str(summary_path)]) == 0
     summary = json.loads(summary_path.read_text())
-    assert summary["valid"] and summary["rows"] == 600 and summary["train_rows"] + summary["validation_rows"] + summary["test_rows"] == 600
+    assert (
+        summary["valid"]
+        and summary["rows"] == 600
+        and summary["train_rows"] + summary["validation_rows"] + summary["test_rows"] == 600
+    )
     assert set(summary["families"]) == {"mlp"} and summary["families"]["mlp"]["epochs"] == 3
     assert not (tmp_path / "runs").exists() and not (tmp_path / "out").exists()  # nothing trained, nothing written
     printed = capsys.readouterr().out  # a summary a person reads; the JSON is behind --summary-json
     assert "  valid             yes" in printed and "  families          mlp" in printed and "{" not in printed
     # a scoring table without a feature the model needs: exit 2 naming the file and column, before any training
-    write_parquet(make_churn_table(50, seed=3, with_label=False).drop_columns(["plan"]), tmp_path / "data" / "score.parquet")
+    write_parquet(
+        make_churn_table(50, seed=3, with_label=False).drop_columns(["plan"]), tmp_path / "data" / "score.parquet"
+    )
     capsys.readouterr()
     assert cli_main(["validate", "--config", str(cfg)]) == 2
     err = capsys.readouterr().err
@@ -186,26 +201,43 @@ def test_a_misspelled_column_is_refused_from_the_files_metadata_before_anything_
     for setting, needle in (
         ("data.label=churn", "train.parquet: label column 'churn' not found; did you mean 'churned'?"),
         ("data.id_column=customerid", "train.parquet: id column 'customerid' not found; did you mean 'customer_id'?"),
-        ("promotion.slices=[regoin]", "promotion.slices names column(s) ['regoin'] that the table lacks; did you mean 'region'?"),
+        (
+            "promotion.slices=[regoin]",
+            "promotion.slices names column(s) ['regoin'] that the table lacks; did you mean 'region'?",
+        ),
     ):
         for command in ("retrain", "validate"):
             assert cli_main([command, "--config", str(cfg), "--set", setting]) == 2
             assert needle in capsys.readouterr().err
-    write_parquet(make_churn_table(50, seed=3, with_label=False).drop_columns(["age"]), tmp_path / "data" / "score.parquet")
+    write_parquet(
+        make_churn_table(50, seed=3, with_label=False).drop_columns(["age"]), tmp_path / "data" / "score.parquet"
+    )
     # as a user runs it: a fresh process, no Prefect API (Prefect's INFO lines would say "Starting temporary server")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")} | {"PREFECT_LOGGING_LEVEL": "INFO"}
-    proc = subprocess.run([sys.executable, "-m", "trainflow.flows.cli", "retrain", "--config", str(cfg)], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainflow.flows.cli", "retrain", "--config", str(cfg)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "score.parquet: column(s) ['age'] not found" in proc.stderr, proc.stderr
     assert "Ray dashboard" not in proc.stderr and "temporary server" not in proc.stderr
     assert not (tmp_path / "runs").exists()
     # the label's values against the task, from the label column alone (a small table): one class
     write_parquet(make_churn_table(50, seed=3, with_label=False), tmp_path / "data" / "score.parquet")
     one = make_churn_table(300, seed=1)
-    write_parquet(one.set_column(one.schema.get_field_index("churned"), "churned", pa.array([1] * 300)),
-                  tmp_path / "data" / "train.parquet")
-    proc = subprocess.run([sys.executable, "-m", "trainflow.flows.cli", "retrain", "--config", str(cfg)], env=env,
-                          capture_output=True, text=True, timeout=120)
+    write_parquet(
+        one.set_column(one.schema.get_field_index("churned"), "churned", pa.array([1] * 300)),
+        tmp_path / "data" / "train.parquet",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainflow.flows.cli", "retrain", "--config", str(cfg)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "label column 'churned' has only one class (['1']) in its 300 rows" in proc.stderr
     assert "Ray dashboard" not in proc.stderr and "temporary server" not in proc.stderr, proc.stderr
     assert not (tmp_path / "runs").exists()

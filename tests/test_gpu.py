@@ -35,7 +35,8 @@ def ray_gpu(own_ray):
 )
 def test_gpu_training_and_inference(ray_gpu, tmp_path, workers, per_worker):
     cfg = churn_config(
-        tmp_path, rows=20000,
+        tmp_path,
+        rows=20000,
         scaling={"num_workers": workers, "use_gpu": True, "resources_per_worker": per_worker},
         inference={"use_gpu": True, "num_actors": 1},
     )

@@ -7,8 +7,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = {"flows": "trainflow.flows", "tasks": "trainflow.tasks", "trainer": "trainflow.trainer",
-           "preprocessors": "trainflow.preprocessors", "trainflow": "trainflow"}
+FOLDERS = {
+    "flows": "trainflow.flows",
+    "tasks": "trainflow.tasks",
+    "trainer": "trainflow.trainer",
+    "preprocessors": "trainflow.preprocessors",
+    "trainflow": "trainflow",
+}
 # higher imports lower; preprocessors sit under the trainer, which uses the fitted preprocessor; the table files
 # (pyarrow only) under the config, which infers `task` from the label through them
 RANK = {"trainflow.flows": 5, "trainflow.tasks": 4, "trainflow.trainer": 3, "trainflow.preprocessors": 2.5}
@@ -44,8 +49,13 @@ def _imports(path: Path, modules: dict[str, Path], top_level_only: bool) -> set[
     nodes = tree.body if top_level_only else ast.walk(tree)
     out = set()
     for node in nodes:
-        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-            [node.module] + [f"{node.module}.{a.name}" for a in node.names] if isinstance(node, ast.ImportFrom) and node.module else []
+        names = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            if isinstance(node, ast.ImportFrom) and node.module
+            else []
+        )
         out |= {n for n in names if n in modules}
     return out
 
@@ -53,8 +63,12 @@ def _imports(path: Path, modules: dict[str, Path], top_level_only: bool) -> set[
 def test_imports_run_one_way_and_in_no_circle():
     modules = _modules()
     assert len(modules) > 60 and "trainflow.trainer.families" in modules and "trainflow.flows.cli" in modules
-    upward = [f"{m} ({_layer(m)}) imports {i} ({_layer(i)})" for m, p in modules.items()
-              for i in _imports(p, modules, top_level_only=False) if _layer(i) > _layer(m)]
+    upward = [
+        f"{m} ({_layer(m)}) imports {i} ({_layer(i)})"
+        for m, p in modules.items()
+        for i in _imports(p, modules, top_level_only=False)
+        if _layer(i) > _layer(m)
+    ]
     assert upward == []
     graph = {m: _imports(p, modules, top_level_only=True) for m, p in modules.items()}
     state: dict[str, int] = {}
@@ -63,7 +77,7 @@ def test_imports_run_one_way_and_in_no_circle():
         state[node] = 1
         for nxt in graph[node]:
             if state.get(nxt) == 1:
-                pytest.fail("import circle: " + " -> ".join(trail[trail.index(nxt):] + [node, nxt]))
+                pytest.fail("import circle: " + " -> ".join(trail[trail.index(nxt) :] + [node, nxt]))
             if nxt not in state:
                 visit(nxt, trail + [node])
         state[node] = 2
@@ -88,7 +102,7 @@ def test_no_family_is_named_outside_its_folder():
     names = set(REGISTRY) - {"torch"}
     assert {"mlp", "xgboost", "lightgbm", "catboost"} <= names
     found = []
-    for module, path in _modules().items():
+    for path in _modules().values():
         rel = path.relative_to(ROOT).as_posix()
         if rel.startswith(FAMILY_HOMES):
             continue

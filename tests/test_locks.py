@@ -42,12 +42,17 @@ def test_a_lock_names_one_place_however_it_is_spelled(tmp_path, local_locks):
     """Two spellings of one SQLite registry (or one storage folder) are one lock; two places are two. A run's lock
     with --no-wait fails at once naming its holder."""
     db = tmp_path / "mlflow.db"
-    assert lock_name("champion", "m", f"sqlite:///{db}") == lock_name("champion", "m", f"sqlite:///{tmp_path}/./mlflow.db")
+    assert lock_name("champion", "m", f"sqlite:///{db}") == lock_name(
+        "champion", "m", f"sqlite:///{tmp_path}/./mlflow.db"
+    )
     assert lock_name("run", "r", str(tmp_path / "runs")) == lock_name("run", "r", f"file://{tmp_path}/runs/")
     assert lock_name("champion", "m", f"sqlite:///{db}") != lock_name("champion", "m", f"sqlite:///{tmp_path}/x.db")
     with locks.run_lock(str(tmp_path / "runs"), "nightly"):
-        with pytest.raises(LockTimeout, match=r"run nightly is in use: the lock trainflow-run-nightly-\w+ is held by "
-                                              rf"process {os.getpid()}"):
+        with pytest.raises(
+            LockTimeout,
+            match=r"run nightly is in use: the lock trainflow-run-nightly-\w+ is held by "
+            rf"process {os.getpid()}",
+        ):
             with locks.run_lock(f"{tmp_path}/./runs", "nightly", wait=False):
                 pass
 
@@ -55,8 +60,14 @@ def test_a_lock_names_one_place_however_it_is_spelled(tmp_path, local_locks):
 def _spawn(script: str, home: Path) -> subprocess.Popen:
     env = {**os.environ, "PREFECT_HOME": str(home)}
     env.pop("PREFECT_API_URL", None)
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(script)], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_for(predicate, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
@@ -77,17 +88,23 @@ def _holder_record(name: str) -> dict | None:
 
 def test_a_sigkilled_gate_frees_the_champion_lock_at_once_and_a_waiter_names_it(local_locks, caplog, monkeypatch):
     name = lock_name("champion", "churn-model", "sqlite:///mlflow.db")
-    holder = _spawn("""
+    holder = _spawn(
+        """
         import time
         from trainflow.locks import exclusive
         with exclusive("champion", "churn-model", "sqlite:///mlflow.db"):
             time.sleep(600)  # a retrain inside promote, between the lock and the alias move
-    """, local_locks)
+    """,
+        local_locks,
+    )
     try:
         _wait_for(lambda: (_holder_record(name) or {}).get("pid") == holder.pid, holder)
         monkeypatch.setattr(locks, "WAIT_NOTE_S", 0.2)
         caplog.set_level(logging.WARNING, logger="trainflow.locks")
-        with pytest.raises(LockTimeout) as err, exclusive("champion", "churn-model", "sqlite:///mlflow.db", timeout_s=1.0):
+        with (
+            pytest.raises(LockTimeout) as err,
+            exclusive("champion", "churn-model", "sqlite:///mlflow.db", timeout_s=1.0),
+        ):
             pass
         assert f"process {holder.pid}" in str(err.value) and name in str(err.value)
         assert any(f"process {holder.pid}" in r.getMessage() for r in caplog.records), "the waiter said nothing"
@@ -111,7 +128,8 @@ def test_a_sigkilled_writer_leaves_its_output_whole_and_the_next_write_cleans_it
     out = tmp_path / "out" / "predictions"
     write_output(_table(10, 1.0), str(out), 10, {"model": "v1"})
     # a predict killed while it writes: the Parquet write stalls inside the staging folder, then SIGKILL
-    writer = _spawn(f"""
+    writer = _spawn(
+        f"""
         import time
         import pyarrow as pa, pyarrow.parquet as pq
         real = pq.write_table
@@ -122,7 +140,9 @@ def test_a_sigkilled_writer_leaves_its_output_whole_and_the_next_write_cleans_it
         pq.write_table = stalled
         from trainflow.outputs import write_output
         write_output(pa.table({{"id": list(range(10)), "prediction": [2.0] * 10}}), {str(out)!r}, 10, {{"model": "v2"}})
-    """, local_locks)
+    """,
+        local_locks,
+    )
     try:
         assert writer.stdout.readline().strip() == "written", writer.stderr.read()[-2000:]
         stages = [p.name for p in out.parent.iterdir() if ".trainflow-tmp-" in p.name]

@@ -13,8 +13,17 @@ from mlflow.entities import Metric, Param
 from trainflow.config import config_from_dict
 from trainflow.tracking import flatten, mlflow_key
 
-AWKWARD = ["slice.site.http://a.example/.val_loss", "importance.speed km/h/", "train.class_weight.<=50K",
-           "drift.churn 😀", "x/../y", "/lead", "a:b", "a" * 300, "importance.[x](javascript:alert(1))"]
+AWKWARD = [
+    "slice.site.http://a.example/.val_loss",
+    "importance.speed km/h/",
+    "train.class_weight.<=50K",
+    "drift.churn 😀",
+    "x/../y",
+    "/lead",
+    "a:b",
+    "a" * 300,
+    "importance.[x](javascript:alert(1))",
+]
 
 
 @pytest.fixture
@@ -39,9 +48,15 @@ def test_every_config_param_is_recorded_with_class_weights_keyed_by_odd_labels(c
     from trainflow.tasks.mlflow_run import log_params
 
     uri, c, run_id = client
-    cfg = config_from_dict({"data": {"path": "mem", "label": "income"}, "task": "classification",
-                            "model": {"type": "mlp"}, "train": {"class_weight": {"<=50K": 1.0, ">50K": 3.0}}},
-                           base_dir=tmp_path)
+    cfg = config_from_dict(
+        {
+            "data": {"path": "mem", "label": "income"},
+            "task": "classification",
+            "model": {"type": "mlp"},
+            "train": {"class_weight": {"<=50K": 1.0, ">50K": 3.0}},
+        },
+        base_dir=tmp_path,
+    )
     log_params(uri, run_id, cfg, "mlp")
     params = c.get_run(run_id).data.params
     assert len(params) == len(flatten(cfg.for_family("mlp").to_dict())) > 50
@@ -57,12 +72,26 @@ def test_after_the_alias_moved_a_record_mlflow_refuses_is_a_warning_not_a_failur
         def __getattr__(self, name):
             def refuse(*args, **kwargs):
                 raise mlflow.exceptions.MlflowException("INVALID_PARAMETER_VALUE: refused")
+
             return refuse
 
-    result = Promotion(decision=PROMOTED, reason="first model", metric="val_loss", mode="min", margin=0.0,
-                       min_score=None, below_floor=False, model_name="m", challenger_version="1",
-                       challenger_score=0.5, champion_version=None, champion_score=None, serving_version="1",
-                       serving_checkpoint="x", slices={"site": {"http://a.example/": {"val_loss": 0.4}}})
+    result = Promotion(
+        decision=PROMOTED,
+        reason="first model",
+        metric="val_loss",
+        mode="min",
+        margin=0.0,
+        min_score=None,
+        below_floor=False,
+        model_name="m",
+        challenger_version="1",
+        challenger_score=0.5,
+        champion_version=None,
+        champion_score=None,
+        serving_version="1",
+        serving_checkpoint="x",
+        slices={"site": {"http://a.example/": {"val_loss": 0.4}}},
+    )
     caplog.set_level(logging.WARNING)
     record_decision(Refusing(), result, run_id, {"trainflow.promotion.decision": PROMOTED})
     assert sum("the decision stands" in r.getMessage() for r in caplog.records) == 2

@@ -9,20 +9,33 @@ import pytest
 from trainflow.errors import DataError
 from trainflow.tasks.monitor import join_labels
 
-PREDICTIONS = pa.table({"id": pa.array(range(1000), pa.int64()), "prediction": [0, 1] * 500,
-                        "proba_0": [0.5] * 1000, "proba_1": [0.5] * 1000})
+PREDICTIONS = pa.table(
+    {
+        "id": pa.array(range(1000), pa.int64()),
+        "prediction": [0, 1] * 500,
+        "proba_0": [0.5] * 1000,
+        "proba_1": [0.5] * 1000,
+    }
+)
 
 
-@pytest.mark.parametrize("truth, message", [
-    (pa.table({"id": list(range(100)) * 20, "y": [1] * 2000}), "100 'id' value(s) appear more than once (2000 rows"),
-    (pa.table({"id": pa.array([], pa.int64()), "y": pa.array([], pa.int64())}), "has no rows"),
-    (pa.table({"id": ["1", "2"], "y": [1, 0]}), "column 'id' holds string values, the predictions' ids are int64"),
-    (pa.table({"id": [1.0, 2.0], "y": [1, 0]}), "holds double values"),
-    (pa.table({"id": [1, 2, 3], "y": [1, None, 0]}), "column 'y' has 1 empty value"),
-    (pa.table({"id": [1, None, 3], "y": [1, 0, 0]}), "column 'id' has 1 empty value"),
-    (pa.table({"key": [1], "y": [1]}), "column 'id' not found"),
-    (pa.table({"id": [5000, 5001], "y": [1, 0]}), "none of its 'id' values"),
-], ids=["repeated ids", "empty", "string ids", "float ids", "null label", "null id", "no id column", "no match"])
+@pytest.mark.parametrize(
+    "truth, message",
+    [
+        (
+            pa.table({"id": list(range(100)) * 20, "y": [1] * 2000}),
+            "100 'id' value(s) appear more than once (2000 rows",
+        ),
+        (pa.table({"id": pa.array([], pa.int64()), "y": pa.array([], pa.int64())}), "has no rows"),
+        (pa.table({"id": ["1", "2"], "y": [1, 0]}), "column 'id' holds string values, the predictions' ids are int64"),
+        (pa.table({"id": [1.0, 2.0], "y": [1, 0]}), "holds double values"),
+        (pa.table({"id": [1, 2, 3], "y": [1, None, 0]}), "column 'y' has 1 empty value"),
+        (pa.table({"id": [1, None, 3], "y": [1, 0, 0]}), "column 'id' has 1 empty value"),
+        (pa.table({"key": [1], "y": [1]}), "column 'id' not found"),
+        (pa.table({"id": [5000, 5001], "y": [1, 0]}), "none of its 'id' values"),
+    ],
+    ids=["repeated ids", "empty", "string ids", "float ids", "null label", "null id", "no id column", "no match"],
+)
 def test_a_label_file_that_cannot_be_joined_honestly_is_refused(truth, message):
     with pytest.raises(DataError, match="labels.csv") as err:
         join_labels(PREDICTIONS, truth, "id", "y", "labels.csv")
@@ -51,12 +64,15 @@ def test_performance_estimated_from_calibrated_probabilities_matches_what_labels
     p = rng.beta(2, 3, 20_000)
     y = (rng.random(p.size) < p).astype(int)
     chosen = (p >= 0.5).astype(int)
-    prep = TabularPreprocessor.from_stats("classification", "y", ["x"], {"x": (0.0, 1.0, 0.0, 1.0)}, {}, [0, 1],
-                                          None, p.size)
+    prep = TabularPreprocessor.from_stats(
+        "classification", "y", ["x"], {"x": (0.0, 1.0, 0.0, 1.0)}, {}, [0, 1], None, p.size
+    )
     estimated = estimate_metrics(prep, pa.table({"prediction": chosen, "proba_0": 1 - p, "proba_1": p}))
     assert estimated["val_accuracy"] == pytest.approx(accuracy_score(y, chosen), abs=0.015)
     assert estimated["val_f1"] == pytest.approx(f1_score(y, chosen), abs=0.02)
     assert estimated["val_roc_auc"] == pytest.approx(roc_auc_score(y, p), abs=0.015)
     # a model whose probabilities are all 0.5 knows nothing: chance, whatever it predicts
-    flat = estimate_metrics(prep, pa.table({"prediction": chosen, "proba_0": [0.5] * p.size, "proba_1": [0.5] * p.size}))
+    flat = estimate_metrics(
+        prep, pa.table({"prediction": chosen, "proba_0": [0.5] * p.size, "proba_1": [0.5] * p.size})
+    )
     assert flat["val_accuracy"] == pytest.approx(0.5) and flat["val_roc_auc"] == pytest.approx(0.5, abs=1e-9)

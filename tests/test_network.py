@@ -15,8 +15,14 @@ from trainflow.trainer.serving import load_servable
 
 
 def _config(tmp_path, **model):
-    return config_from_dict({"data": {"path": "mem", "label": "y"}, "task": "classification",
-                             "model": {"type": "mlp", "hidden_sizes": [8], **model}}, base_dir=tmp_path).to_dict()
+    return config_from_dict(
+        {
+            "data": {"path": "mem", "label": "y"},
+            "task": "classification",
+            "model": {"type": "mlp", "hidden_sizes": [8], **model},
+        },
+        base_dir=tmp_path,
+    ).to_dict()
 
 
 def test_continuous_positions_are_the_number_values_and_date_parts_only():
@@ -30,7 +36,9 @@ def test_periodic_embeddings_take_the_continuous_values_and_serve_from_the_check
     torch.manual_seed(0)
     model = model_for(prep, raw["model"])
     assert isinstance(model, EmbeddingMLP) and model.periodic is not None
-    assert sum(p.numel() for p in model.parameters()) == network_parameters(prep, raw["model"])  # sized before allocation
+    assert sum(p.numel() for p in model.parameters()) == network_parameters(
+        prep, raw["model"]
+    )  # sized before allocation
     check_model(prep, raw["model"])
     x = torch.from_numpy(prep.transform_features(tiny_table()))
     x2 = x.clone()
@@ -78,7 +86,9 @@ def test_tabm_trains_its_members_on_every_row_and_serves_their_mean_probability(
     torch.manual_seed(0)
     model = model_for(prep, raw["model"])
     assert isinstance(model.mlp, TabMHead) and model.mlp.k == 4
-    assert sum(p.numel() for p in model.parameters()) == network_parameters(prep, raw["model"])  # sized on the meta device
+    assert sum(p.numel() for p in model.parameters()) == network_parameters(
+        prep, raw["model"]
+    )  # sized on the meta device
     check_model(prep, raw["model"])
     x = torch.from_numpy(prep.transform_features(tiny_table()))
     model.train()
@@ -100,7 +110,9 @@ def test_tabm_trains_its_members_on_every_row_and_serves_their_mean_probability(
     base = {"data": {"path": "x.parquet", "label": "y"}, "task": "classification"}
     tabm = config_from_dict({**base, "model": {"architecture": "tabm"}})
     assert tabm.training_hash("mlp") != config_from_dict(base).training_hash("mlp")
-    assert config_from_dict({**base, "model": {"tabm_k": 8}}).training_hash("mlp") == config_from_dict(base).training_hash("mlp")
+    assert config_from_dict({**base, "model": {"tabm_k": 8}}).training_hash("mlp") == config_from_dict(
+        base
+    ).training_hash("mlp")
     assert tabm.training_hash("xgboost") == config_from_dict(base).training_hash("xgboost")
     with pytest.raises(ConfigError, match="model.architecture"):
         config_from_dict({**base, "model": {"architecture": "resnet"}})

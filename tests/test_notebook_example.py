@@ -14,7 +14,9 @@ def test_the_notebook_example_trains_from_a_dataframe_and_reads_back_its_leaderb
     out = main(tmp_path)
     summary, proba, kept_back = out["summary"], out["proba"], out["kept_back"]
     # the frame became a Parquet snapshot under storage_path, and the run's lineage names it
-    assert summary["data_path"].startswith(str(tmp_path / "runs" / "snapshots")) and summary["data_path"].endswith(".parquet")
+    assert summary["data_path"].startswith(str(tmp_path / "runs" / "snapshots")) and summary["data_path"].endswith(
+        ".parquet"
+    )
     board = trainflow.leaderboard(summary)
     assert {"lightgbm", "xgboost"} <= set(board["family"])  # (and the ensemble, when its weights earn it)
     assert {"val_loss", "test_roc_auc", "test_loss", "train_s", "epochs_run"} <= set(board.columns)
@@ -48,8 +50,10 @@ def test_a_snapshot_is_written_once_and_one_edited_in_storage_is_refused(tmp_pat
         trainflow.snapshot(frame, str(tmp_path))
     assert open(first, "rb").read().endswith(b"planted")  # left as it is
     # a frame with a repeated or an empty column name is refused naming them (exit 2 by the CLI's rule), nothing written
-    for names, needle in ((["x", "x", "y"], r"column name\(s\) \['x'\] appear more than once"),
-                          (["x", "", "y"], r"column\(s\) at position \[1\] have an empty name")):
+    for names, needle in (
+        (["x", "x", "y"], r"column name\(s\) \['x'\] appear more than once"),
+        (["x", "", "y"], r"column\(s\) at position \[1\] have an empty name"),
+    ):
         with pytest.raises(DataError, match=needle):
             trainflow.snapshot(pd.DataFrame([[1.0, 2.0, 0]], columns=names), str(tmp_path / "other"))
     assert not (tmp_path / "other").exists()

@@ -93,8 +93,12 @@ def test_an_mlflow_server_away_is_waited_for_within_its_wait_and_named_past_it(t
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
     _registry(client, "m", 3)
     _served_before(client)
-    raw = {"data": {"path": str(tmp_path / "t.parquet"), "label": "y"}, "task": "regression",
-           "mlflow": {"tracking_uri": uri, "registered_model": "m"}, "services": {"mlflow_wait_s": 60}}
+    raw = {
+        "data": {"path": str(tmp_path / "t.parquet"), "label": "y"},
+        "task": "regression",
+        "mlflow": {"tracking_uri": uri, "registered_model": "m"},
+        "services": {"mlflow_wait_s": 60},
+    }
     cfg = write_config(tmp_path, raw)
     rollback = ["champion", "rollback", "--config", str(cfg), "--reason", "v3 mislabels refunds"]
 
@@ -102,8 +106,15 @@ def test_an_mlflow_server_away_is_waited_for_within_its_wait_and_named_past_it(t
     stop(server)
     thread, box = _later(1, lambda: mlflow_server(folder, port))
     caplog.set_level("WARNING", logger="trainflow.services")
-    server = _waits_then_passes(lambda: cli_main([*rollback, "--to", "1"]), thread, box, caplog,
-                                "the MLflow tracking server", uri, "mlflow_wait_s")
+    server = _waits_then_passes(
+        lambda: cli_main([*rollback, "--to", "1"]),
+        thread,
+        box,
+        caplog,
+        "the MLflow tracking server",
+        uri,
+        "mlflow_wait_s",
+    )
     assert _champion(client, "m") == "1"
 
     # away for longer than the wait: exit 1 naming the server and the key, nothing moved; back, the rerun moves it
@@ -125,14 +136,33 @@ def test_a_prefect_api_away_is_waited_for_mid_run_and_before_it_and_named_past_i
     server = prefect_server(home, port)
     client, store = sqlite_registry(tmp_path)
     _served_before(client)
-    raw = {"data": {"path": str(tmp_path / "t.parquet"), "label": "y"}, "task": "regression",
-           "mlflow": {"tracking_uri": store, "registered_model": "m"}, "services": {"prefect_wait_s": 90}}
+    raw = {
+        "data": {"path": str(tmp_path / "t.parquet"), "label": "y"},
+        "task": "regression",
+        "mlflow": {"tracking_uri": store, "registered_model": "m"},
+        "services": {"prefect_wait_s": 90},
+    }
     cfg = write_config(tmp_path, raw)
     env = {**prefect_env(home), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
 
     def rollback(to: str) -> subprocess.CompletedProcess:
-        return subprocess.run([str(BIN / "trainflow"), "champion", "rollback", "--config", str(cfg), "--to", to,
-                               "--reason", "v3 mislabels refunds"], env=env, capture_output=True, text=True, timeout=240)
+        return subprocess.run(
+            [
+                str(BIN / "trainflow"),
+                "champion",
+                "rollback",
+                "--config",
+                str(cfg),
+                "--to",
+                to,
+                "--reason",
+                "v3 mislabels refunds",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
 
     # the API away in the middle of a run: the Prefect client's retries, sized to the wait, carry the run over
     # the gap, and trainflow's line says what it waits for
@@ -189,8 +219,12 @@ def test_an_object_store_away_is_waited_for_and_named_past_its_wait(tmp_path, ca
 
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
-    for key, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
-                       "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for key, value in {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         monkeypatch.setenv(key, value)
     moto = Moto(port)
     fs = pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", allow_bucket_creation=True)
@@ -207,8 +241,15 @@ def test_an_object_store_away_is_waited_for_and_named_past_its_wait(tmp_path, ca
         # so, and validates once the store is back
         moto.stop()
         thread, box = _later(9, moto.start)
-        _waits_then_passes(lambda: cli_main(["validate", "--config", str(cfg)]), thread, box, caplog,
-                                  "the object store", endpoint, "storage_wait_s")
+        _waits_then_passes(
+            lambda: cli_main(["validate", "--config", str(cfg)]),
+            thread,
+            box,
+            caplog,
+            "the object store",
+            endpoint,
+            "storage_wait_s",
+        )
 
         # away for longer than the wait: exit 1 naming the store, before anything starts
         raw["services"]["storage_wait_s"] = 2
@@ -232,8 +273,13 @@ def test_a_worker_waits_as_its_run_says_and_an_outage_raised_there_reaches_the_d
     from trainflow.services import WAITS, ServiceUnavailable
     from trainflow.trainer.watchdog import Watched
 
-    cfg = config_from_dict({"data": {"path": "x", "label": "y"}, "task": "regression",
-                            "services": {"storage_wait_s": 7, "mlflow_wait_s": 8, "prefect_wait_s": 9}})
+    cfg = config_from_dict(
+        {
+            "data": {"path": "x", "label": "y"},
+            "task": "regression",
+            "services": {"storage_wait_s": 7, "mlflow_wait_s": 8, "prefect_wait_s": 9},
+        }
+    )
     WAITS.storage = WAITS.mlflow = WAITS.prefect = 300.0  # a fresh worker process's defaults
     seen = Watched(lambda loop_config: (WAITS.storage, WAITS.mlflow, WAITS.prefect), None)({"config": cfg})
     assert seen == (7, 8, 9)
@@ -249,7 +295,8 @@ def test_a_worker_waits_as_its_run_says_and_an_outage_raised_there_reaches_the_d
 
 @pytest.mark.usefixtures("prefect_harness")
 def test_an_mlflow_server_away_after_the_predictions_are_written_is_waited_for_and_named_past_its_wait(
-        tmp_path, capsys, monkeypatch):
+    tmp_path, capsys, monkeypatch
+):
     """The last thing a scoring run does is record its estimate (CBPE) on the served version's MLflow run, after the
     predictions are committed. The server gone at that moment: within its wait the run says so and records the
     estimate once it is back; past it, exit 1 naming the server, the committed output whole (every input row, its
@@ -266,14 +313,23 @@ def test_an_mlflow_server_away_after_the_predictions_are_written_is_waited_for_a
     experiment = client.create_experiment("scoring")
     mlflow.set_tracking_uri(uri)
     with mlflow.start_run(experiment_id=experiment) as run:
-        mlflow.pyfunc.log_model(name="model", python_model=MODEL_CODE, artifacts={"checkpoint": str(tiny_checkpoint(tmp_path))},
-                                pip_requirements=requirements(["mlp"]), registered_model_name="m")
+        mlflow.pyfunc.log_model(
+            name="model",
+            python_model=MODEL_CODE,
+            artifacts={"checkpoint": str(tiny_checkpoint(tmp_path))},
+            pip_requirements=requirements(["mlp"]),
+            registered_model_name="m",
+        )
     mlflow.set_tracking_uri(None)
     write_parquet(tiny_table(300), tmp_path / "score.parquet")
     output = tmp_path / "predictions"
-    raw = {"data": {"path": str(tmp_path / "score.parquet"), "label": "y", "id_column": "id"}, "task": "classification",
-           "mlflow": {"tracking_uri": uri, "registered_model": "m"}, "services": {"mlflow_wait_s": 60},
-           "inference": {"input": str(tmp_path / "score.parquet"), "output": str(output)}}
+    raw = {
+        "data": {"path": str(tmp_path / "score.parquet"), "label": "y", "id_column": "id"},
+        "task": "classification",
+        "mlflow": {"tracking_uri": uri, "registered_model": "m"},
+        "services": {"mlflow_wait_s": 60},
+        "inference": {"input": str(tmp_path / "score.parquet"), "output": str(output)},
+    }
     cfg = write_config(tmp_path, raw)
     predict = ["predict", "--config", str(cfg), "--model", "models:/m/1"]
     committed = infer.write_output
@@ -293,8 +349,9 @@ def test_an_mlflow_server_away_after_the_predictions_are_written_is_waited_for_a
         with _lines_of("trainflow.services") as said:  # (inside a flow run Prefect's handlers take the line)
             assert cli_main(predict) == 0
         gone["thread"].join()
-        assert any(f"waiting for the MLflow tracking server at {uri}" in m and "services.mlflow_wait_s" in m
-                   for m in said), said
+        assert any(
+            f"waiting for the MLflow tracking server at {uri}" in m and "services.mlflow_wait_s" in m for m in said
+        ), said
         assert len(estimates()) == 1
 
         # past the wait: exit 1 naming the server; the output committed whole, the estimate not recorded

@@ -59,7 +59,9 @@ def _ids(ds) -> np.ndarray:
 def test_split_is_seeded_stratified_and_the_same_rows_materialized_or_streamed():
     table = _table(1000)
     # a class of 3 rows (fewer than 1 / 0.2) keeps them all for training
-    table = table.set_column(table.schema.get_field_index("y"), "y", pa.array(["rare"] * 3 + table["y"].to_pylist()[3:]))
+    table = table.set_column(
+        table.schema.get_field_index("y"), "y", pa.array(["rare"] * 3 + table["y"].to_pylist()[3:])
+    )
     ds = ray.data.from_arrow(table)
     train, val, n_train, n_val = split_table(ds, "classification", "y", 0.2, 3, ["id"], materialize=True)
     val_ids, train_ids = np.sort(_ids(val)), _ids(train)
@@ -101,7 +103,15 @@ def test_fit_uses_train_only_and_transform_matches_numpy():
     # a missing text value is a category of its own; x had missing values, so it gets an indicator
     assert prep.categorical["colour"]["categories"] == ["<missing>", "blue", "green", "red"]
     assert prep.numeric["x (cm)"]["na"] and not prep.numeric["flag"]["na"]
-    assert prep.feature_names() == ["x (cm)", "x (cm)_na", "flag", "colour=<missing>", "colour=blue", "colour=green", "colour=red"]
+    assert prep.feature_names() == [
+        "x (cm)",
+        "x (cm)_na",
+        "flag",
+        "colour=<missing>",
+        "colour=blue",
+        "colour=green",
+        "colour=red",
+    ]
 
     batch = table.slice(300, 100)
     out = prep.transform_batch(batch)
@@ -137,7 +147,9 @@ def test_schema_drift_is_named():
     with pytest.raises(SchemaDriftError, match="column 'x \\(cm\\)' is missing"):
         prep.transform_features(table.drop_columns(["x (cm)"]), strict=True)
     # lenient mode (validation rows) encodes an unseen category as all zeros
-    lenient = prep.transform_features(table.set_column(3, "colour", pa.array(["purple"] * table.num_rows)), strict=False)
+    lenient = prep.transform_features(
+        table.set_column(3, "colour", pa.array(["purple"] * table.num_rows)), strict=False
+    )
     assert lenient[:, 3:].sum() == 0
 
 
@@ -171,10 +183,13 @@ def test_globs_and_csv_folders_read_every_matching_file(tmp_path):
         check_columns(arrow_schema(ds, "t"), DataSection(path="t.csv", label="n"), "regression", "t")
 
 
-@pytest.mark.parametrize("labels, classes", [
-    (pa.array([1, 2, 1, 2] * 25, pa.decimal128(5, 1)), [1.0, 2.0]),
-    (pa.array([True, False, False, True] * 25), [False, True]),
-])
+@pytest.mark.parametrize(
+    "labels, classes",
+    [
+        (pa.array([1, 2, 1, 2] * 25, pa.decimal128(5, 1)), [1.0, 2.0]),
+        (pa.array([True, False, False, True] * 25), [False, True]),
+    ],
+)
 def test_decimal_and_boolean_labels_fit_and_round_trip_as_json(tmp_path, labels, classes):
     table = pa.table({"x": np.arange(100, dtype=float), "y": labels})
     spec = table_spec(table.schema, DataSection(path="mem", label="y"), "classification", "mem")
@@ -199,7 +214,10 @@ def test_input_example_is_a_typical_row_from_the_fitted_state():
     assert row["visits"] == 2 and row["flag"] == False  # noqa: E712 - a numpy bool
     assert row["colour"] == prep.categorical["colour"]["mode"] == "green"
     # the model's own transform takes it like any scoring row
-    assert prep.transform_features(pa.Table.from_pandas(example, preserve_index=False), strict=True).shape == (1, prep.num_features)
+    assert prep.transform_features(pa.Table.from_pandas(example, preserve_index=False), strict=True).shape == (
+        1,
+        prep.num_features,
+    )
 
 
 def _wide_table(n=3000, seed=0):
@@ -208,10 +226,15 @@ def _wide_table(n=3000, seed=0):
     codes = np.array([f"P{i:04d}" for i in range(1000)], dtype=object)
     product = codes[rng.integers(0, 1000, n)]
     product[0] = "RARE-ONCE"  # seen in training fewer than min_frequency times
-    return pa.table({
-        "id": np.arange(n), "product": pa.array(product), "region": pa.array(rng.choice(["n", "s", "e"], n).astype(object)),
-        "amount": rng.normal(size=n), "y": (rng.random(n) < 0.5).astype(np.int64),
-    })
+    return pa.table(
+        {
+            "id": np.arange(n),
+            "product": pa.array(product),
+            "region": pa.array(rng.choice(["n", "s", "e"], n).astype(object)),
+            "amount": rng.normal(size=n),
+            "y": (rng.random(n) < 0.5).astype(np.int64),
+        }
+    )
 
 
 def test_wide_text_is_embedded_with_rare_values_and_unseen_values_on_the_unknown_code():
@@ -228,7 +251,9 @@ def test_wide_text_is_embedded_with_rare_values_and_unseen_values_on_the_unknown
     # fastai's rule: min(600, round(1.6 * n ** 0.56)) over the vocabulary plus the unknown code
     assert prep.embedded["product"]["dim"] == round(1.6 * (len(vocab) + 1) ** 0.56)
     # the packed width does not grow with the cardinality: one code column for 1,000 values
-    assert prep.num_features == 1 + 3 + 1 and prep.embedding_slots() == [(0, len(vocab) + 1, prep.embedded["product"]["dim"])]
+    assert prep.num_features == 1 + 3 + 1 and prep.embedding_slots() == [
+        (0, len(vocab) + 1, prep.embedded["product"]["dim"])
+    ]
     packed = prep.transform_features(table)
     rare = np.array([counts[v] < 2 for v in table["product"].to_pylist()])
     assert rare[0] and (packed[rare, 0] == 0).all()  # rare values share the unknown code
@@ -260,18 +285,24 @@ def test_dates_and_iso_text_become_numeric_parts():
     n = 200
     base = datetime.datetime(2013, 1, 1, 5, 0)
     stamps = [base + datetime.timedelta(hours=7 * i) for i in range(n)]
-    table = pa.table({
-        "when": pa.array(stamps, pa.timestamp("us")),
-        "when_text": pa.array([None if i % 10 == 0 else s.strftime("%Y-%m-%d %H:%M:%S") for i, s in enumerate(stamps)]),
-        "y": np.arange(n, dtype=np.float64),
-    })
+    table = pa.table(
+        {
+            "when": pa.array(stamps, pa.timestamp("us")),
+            "when_text": pa.array(
+                [None if i % 10 == 0 else s.strftime("%Y-%m-%d %H:%M:%S") for i, s in enumerate(stamps)]
+            ),
+            "y": np.arange(n, dtype=np.float64),
+        }
+    )
     spec = table_spec(table.schema, DataSection(path="mem", label="y"), "regression", "mem")
     assert spec.dates == ["when"] and spec.categorical == ["when_text"]
     check_text_columns(ray.data.from_arrow(table), spec, parse_dates=True, source="mem")
     assert spec.dates == ["when", "when_text"] and spec.categorical == []
     prep = fit_preprocessor(ray.data.from_arrow(table), spec, "regression")
     names = prep.feature_names()
-    assert names[:8] == [f"when_{p}" for p in ("year", "month", "day", "dayofweek", "dayofyear", "elapsed", "hour", "minute")]
+    assert names[:8] == [
+        f"when_{p}" for p in ("year", "month", "day", "dayofweek", "dayofyear", "elapsed", "hour", "minute")
+    ]
     assert names[-1] == "when_text_na" and "when_na" not in names
     x = prep.transform_features(table)
     year = prep.dates["when"]["stats"]["year"]
@@ -281,7 +312,9 @@ def test_dates_and_iso_text_become_numeric_parts():
     # the text column gives the same parts where present, and its missing indicator where not
     present = np.arange(n) % 10 != 0
     hour_t = prep.dates["when_text"]["stats"]["hour"]
-    np.testing.assert_allclose((x[:, 14] * hour_t["std"] + hour_t["mean"])[present], np.array([s.hour for s in stamps])[present], atol=1e-4)
+    np.testing.assert_allclose(
+        (x[:, 14] * hour_t["std"] + hour_t["mean"])[present], np.array([s.hour for s in stamps])[present], atol=1e-4
+    )
     np.testing.assert_array_equal(x[:, -1], [i % 10 == 0 for i in range(n)])
 
 
@@ -318,7 +351,9 @@ def test_distinct_text_values_are_counted_in_bounded_memory():
     # 20,000 one-off ids (a UUID-like column nobody declared) and three values seen 500 times each, in 8 blocks
     ids = [f"u{i:06d}" for i in range(20_000)] + ["hot-a"] * 500 + ["hot-b"] * 500 + ["hot-c"] * 500 + [None] * 7
     rng = np.random.default_rng(0)
-    ds = ray.data.from_arrow(pa.table({"u": pa.array(list(rng.permutation(np.array(ids, dtype=object))))})).repartition(8)
+    ds = ray.data.from_arrow(pa.table({"u": pa.array(list(rng.permutation(np.array(ids, dtype=object))))})).repartition(
+        8
+    )
     counted = aggregate_streaming(ds, [BoundedValueCounter("u", alias_name="c", keep=64)])["c"]
     assert len(counted["values"]) <= 64
     got = dict(zip(counted["values"], counted["counts"]))
@@ -352,10 +387,19 @@ def test_a_table_in_memory_is_fitted_and_packed_here_as_ray_data_does_it(task):
 
     n = 700
     rng = np.random.default_rng(3)
-    table = _table(n, seed=3).append_column(
-        "when", pa.array([datetime.datetime(2020, 1, 1) + datetime.timedelta(hours=int(h)) for h in rng.integers(0, 9000, n)],
-                         pa.timestamp("us"))).append_column(
-        "price", pa.array([decimal.Decimal(f"{v:.2f}") for v in rng.normal(50, 9, n)], pa.decimal128(9, 2)))
+    table = (
+        _table(n, seed=3)
+        .append_column(
+            "when",
+            pa.array(
+                [datetime.datetime(2020, 1, 1) + datetime.timedelta(hours=int(h)) for h in rng.integers(0, 9000, n)],
+                pa.timestamp("us"),
+            ),
+        )
+        .append_column(
+            "price", pa.array([decimal.Decimal(f"{v:.2f}") for v in rng.normal(50, 9, n)], pa.decimal128(9, 2))
+        )
+    )
     if task == "regression":
         table = table.set_column(table.schema.get_field_index("y"), "y", pa.array(rng.normal(3, 2, n)))
     spec = table_spec(table.schema, DataSection(path="mem", label="y", id_column="id"), task, "mem")
@@ -374,11 +418,22 @@ def test_a_table_in_memory_is_fitted_and_packed_here_as_ray_data_does_it(task):
         np.testing.assert_array_equal(*labels)
 
 
-@pytest.mark.parametrize("task, label, said", [
-    ("classification", [1] * 40, "has only one class ([1]) in the training rows; classification needs at least two"),
-    ("regression", [0.0, 1.0] * 20, "under task: regression holds at most two values in its 40 training rows (about 0 and "
-                                    "0.9981): that is a class"),  # the fine asinh bins the values fall in
-])
+@pytest.mark.parametrize(
+    "task, label, said",
+    [
+        (
+            "classification",
+            [1] * 40,
+            "has only one class ([1]) in the training rows; classification needs at least two",
+        ),
+        (
+            "regression",
+            [0.0, 1.0] * 20,
+            "under task: regression holds at most two values in its 40 training rows (about 0 and "
+            "0.9981): that is a class",
+        ),  # the fine asinh bins the values fall in
+    ],
+)
 def test_the_fit_refuses_a_label_that_cannot_be_what_the_task_says(task, label, said):
     """The fit's own check on the training rows (the pre-flight makes it on small tables before anything starts)."""
     table = pa.table({"x": np.arange(40, dtype=np.float64), "y": label})

@@ -41,7 +41,11 @@ def _start(cfg, env, log, kill_at=None):
     args = ["-m", "tests.kill_at", kill_at] if kill_at else ["-m", "trainflow.flows.cli"]
     return subprocess.Popen(
         [sys.executable, *args, "retrain", "--config", str(cfg), "--run-name", "killed-run"],
-        env=env, cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+        env=env,
+        cwd=REPO,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
 
 
@@ -59,10 +63,14 @@ def _done(run) -> int:
 
 
 def test_a_retrain_killed_at_every_step_boundary_ends_exactly_once(tmp_path, capsys, ray_local, prefect_home):
-    cfg = churn_config(tmp_path, rows=6000, model={"type": ["mlp", "xgboost"], "params": {"num_boost_round": 30}},
-                       train={"epochs": EPOCHS, "batch_size": 32},  # two families: an ensemble too
-                       scaling={"num_workers": 1},  # one worker group start less per run: DDP is not under test
-                       checkpoint={"min_interval_s": 0})  # a checkpoint per epoch, however fast the epochs
+    cfg = churn_config(
+        tmp_path,
+        rows=6000,
+        model={"type": ["mlp", "xgboost"], "params": {"num_boost_round": 30}},
+        train={"epochs": EPOCHS, "batch_size": 32},  # two families: an ensemble too
+        scaling={"num_workers": 1},  # one worker group start less per run: DDP is not under test
+        checkpoint={"min_interval_s": 0},
+    )  # a checkpoint per epoch, however fast the epochs
     runs = tmp_path / "runs"
     run = runs / "killed-run-mlp"
     output = tmp_path / "out" / "predictions"
@@ -70,8 +78,12 @@ def test_a_retrain_killed_at_every_step_boundary_ends_exactly_once(tmp_path, cap
     # local runs as a user starts them (Prefect's temporary server, file locks under its home) that join this test's
     # Ray as they would an existing cluster (its token authentication included)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
-    env.update(PYTHONUNBUFFERED="1", PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               RAY_ADDRESS=ray_local.get_runtime_context().gcs_address)
+    env.update(
+        PYTHONUNBUFFERED="1",
+        PREFECT_HOME=str(home),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        RAY_ADDRESS=ray_local.get_runtime_context().gcs_address,
+    )
     logs = iter(tmp_path / f"start-{i}.log" for i in range(20))
 
     def killed_at(boundary):
@@ -118,7 +130,10 @@ def test_a_retrain_killed_at_every_step_boundary_ends_exactly_once(tmp_path, cap
             assert read_manifest(str(output))["model"] == "an earlier run"
 
     summary_path = tmp_path / "summary.json"
-    assert cli_main(["retrain", "--config", str(cfg), "--run-name", "killed-run", "--summary-json", str(summary_path)]) == 0
+    assert (
+        cli_main(["retrain", "--config", str(cfg), "--run-name", "killed-run", "--summary-json", str(summary_path)])
+        == 0
+    )
     summary = json.loads(summary_path.read_text())
     # one model version for this training, @champion, moved once (the rerun recorded the move the killed run made)
     # (the champion's own data and config, but the retrain that registered it never finished: this one does, and
@@ -157,14 +172,27 @@ def test_a_retrain_killed_at_every_step_boundary_ends_exactly_once(tmp_path, cap
     # process, were ended KILLED by the rerun, saying why; nothing of this retrain is RUNNING any more
     runs_ = client.search_runs([client.get_experiment_by_name("test").experiment_id])
     assert [r.info.run_name for r in runs_ if r.info.status == "RUNNING"] == [], [
-        (r.info.run_id, r.info.run_name, r.info.status, r.data.tags.get("trainflow.process"),
-         r.data.tags.get("mlflow.parentRunId"), r.data.tags.get("trainflow.register_key")) for r in runs_]
+        (
+            r.info.run_id,
+            r.info.run_name,
+            r.info.status,
+            r.data.tags.get("trainflow.process"),
+            r.data.tags.get("mlflow.parentRunId"),
+            r.data.tags.get("trainflow.register_key"),
+        )
+        for r in runs_
+    ]
     ended = [r for r in runs_ if "trainflow.ended_by" in r.data.tags]
-    assert ended and all(r.info.status == "KILLED" and "ended without ending this run" in r.data.tags["trainflow.ended_by"]
-                         for r in ended)
+    assert ended and all(
+        r.info.status == "KILLED" and "ended without ending this run" in r.data.tags["trainflow.ended_by"]
+        for r in ended
+    )
     assert {r.info.run_name for r in ended} >= {"killed-run"}
 
-    assert cli_main(["retrain", "--config", str(cfg), "--run-name", "killed-run", "--summary-json", str(summary_path)]) == 0
+    assert (
+        cli_main(["retrain", "--config", str(cfg), "--run-name", "killed-run", "--summary-json", str(summary_path)])
+        == 0
+    )
     assert json.loads(summary_path.read_text())["skipped"]["champion_version"] == "1"
 
     # the same run name onto other data (100 rows fewer) or another training config fails before any training,
@@ -176,7 +204,9 @@ def test_a_retrain_killed_at_every_step_boundary_ends_exactly_once(tmp_path, cap
     err = capsys.readouterr().err
     assert "the data changed" in err and summary["data_fingerprint"] in err and "another --run-name" in err
     write_parquet(table, tmp_path / "data" / "train.parquet")
-    assert cli_main(["retrain", "--config", str(cfg), "--run-name", "killed-run", "--set", "train.learning_rate=0.5"]) == 2
+    assert (
+        cli_main(["retrain", "--config", str(cfg), "--run-name", "killed-run", "--set", "train.learning_rate=0.5"]) == 2
+    )
     assert "the training config changed" in capsys.readouterr().err
     assert sorted(p.name for p in run.glob("checkpoint_*")) == kept
 

@@ -61,7 +61,9 @@ class WorkerKiller(threading.Thread):
 def test_prefect_retry_resumes_then_exhausted_retries_fail_cleanly(tmp_path, capsys):
     # max_failures=0: the first dead worker fails the Ray Train run, so only the Prefect retry can save it
     cfg = churn_config(
-        tmp_path, rows=6000, train={"epochs": 4, "batch_size": 64},
+        tmp_path,
+        rows=6000,
+        train={"epochs": 4, "batch_size": 64},
         failure={"max_failures": 0, "task_retries": 1, "retry_delay_s": 1},
         checkpoint={"min_interval_s": 0},  # a checkpoint per epoch, however fast the epochs
     )
@@ -69,7 +71,9 @@ def test_prefect_retry_resumes_then_exhausted_retries_fail_cleanly(tmp_path, cap
     killer = WorkerKiller(run, always=False)
     killer.start()
     try:
-        rc = cli_main(["retrain", "--config", str(cfg), "--run-name", "retried", "--summary-json", str(tmp_path / "s.json")])
+        rc = cli_main(
+            ["retrain", "--config", str(cfg), "--run-name", "retried", "--summary-json", str(tmp_path / "s.json")]
+        )
     finally:
         killer.done.set()
     assert rc == 0 and killer.kills == 1

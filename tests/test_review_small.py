@@ -31,15 +31,18 @@ def test_yaml_aliases_and_duplicated_keys_are_refused_naming_the_line(tmp_path):
 @pytest.mark.parametrize("where", ["/", "~", "~/"])
 def test_a_storage_path_of_the_root_or_home_folder_is_refused(tmp_path, where):
     with pytest.raises(ConfigError, match="storage_path .* folder of its own"):
-        config_from_dict({"data": {"path": "t.parquet", "label": "y"}, "task": "regression", "storage_path": where},
-                         base_dir=tmp_path)
+        config_from_dict(
+            {"data": {"path": "t.parquet", "label": "y"}, "task": "regression", "storage_path": where},
+            base_dir=tmp_path,
+        )
 
 
 def test_init_round_trips_any_column_name_and_path_and_never_writes_over_its_input(tmp_path):
     folder = tmp_path / "odd\nray:\n  runtime_env: evil"
     rng = np.random.default_rng(0)
-    table = pa.table({"churn 😀": rng.integers(0, 2, 300), "a|b: c": rng.normal(size=300),
-                      "<script>": rng.normal(size=300)})
+    table = pa.table(
+        {"churn 😀": rng.integers(0, 2, 300), "a|b: c": rng.normal(size=300), "<script>": rng.normal(size=300)}
+    )
     data = write_parquet(table, folder / "t.parquet")
     out = tmp_path / "trainflow.yaml"
     text = scaffold(str(data), "churn 😀", str(out))

@@ -57,7 +57,12 @@ def test_ray_started_in_the_background_keeps_working():
         stale.write_text("127.0.0.1:9")
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_TMPDIR": ray_tmp}
         proc = subprocess.run(
-            [sys.executable, "-c", SCRIPT], cwd=REPO, env=env, capture_output=True, text=True, timeout=180,
+            [sys.executable, "-c", SCRIPT],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "answer 42" in proc.stdout

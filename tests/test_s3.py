@@ -62,7 +62,9 @@ def _check_recorded(summary: dict, tmp_path, fs: pafs.FileSystem) -> None:
     assert curve.data.startswith("data:image/png;base64,") and curve.data in card.data
     assert f"{summary['ray_run_path']}/loss_curve.png" in curve.description
     png = base64.b64decode(curve.data.split(",", 1)[1])
-    assert png.startswith(b"\x89PNG") and fs.get_file_info(f"{summary['ray_run_path']}/loss_curve.png".removeprefix("s3://")).size == len(png)
+    assert png.startswith(b"\x89PNG") and fs.get_file_info(
+        f"{summary['ray_run_path']}/loss_curve.png".removeprefix("s3://")
+    ).size == len(png)
 
 
 def _upload(fs: pafs.FileSystem, table, key: str) -> str:
@@ -101,21 +103,27 @@ def test_read_checkpoint_resume_and_predict_in_s3(moto_server, s3_endpoint, tmp_
     score = make_churn_table(300, seed=2, with_label=False, id_offset=10_000)
     score_uri = _upload(fs, score, "data/score.parquet")
     # secrets where users put them: worker env vars, Ray's runtime_env, credentials inside a URI (moto accepts any)
-    cfg = write_config(tmp_path, {
-        "data": {"path": f"s3://sentinel-key:{SENTINELS[0]}@{BUCKET}/data/train/", "label": "churned",
-                 "id_column": "customer_id"},
-        "task": "classification",
-        "model": {"type": "mlp"},
-        "train": {"epochs": 5, "batch_size": 16, "learning_rate": 0.005, "folds": 1},  # epochs of about a second
-        "checkpoint": {"min_interval_s": 0},  # each epoch its own report and checkpoint, however short
-        "scaling": {"num_workers": 1, "env_vars": {"AWS_SESSION_TOKEN_X": SENTINELS[1]}},
-        "ray": {"runtime_env": {"env_vars": {"MY_API_TOKEN": SENTINELS[2]}}},
-        "failure": {"max_failures": 0},
-        "services": {"storage_wait_s": 2},
-        "storage_path": f"s3://{BUCKET}/runs",
-        "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "registered_model": "s3-test"},
-        "inference": {"input": score_uri, "output": f"s3://{BUCKET}/predictions/churn"},
-    })
+    cfg = write_config(
+        tmp_path,
+        {
+            "data": {
+                "path": f"s3://sentinel-key:{SENTINELS[0]}@{BUCKET}/data/train/",
+                "label": "churned",
+                "id_column": "customer_id",
+            },
+            "task": "classification",
+            "model": {"type": "mlp"},
+            "train": {"epochs": 5, "batch_size": 16, "learning_rate": 0.005, "folds": 1},  # epochs of about a second
+            "checkpoint": {"min_interval_s": 0},  # each epoch its own report and checkpoint, however short
+            "scaling": {"num_workers": 1, "env_vars": {"AWS_SESSION_TOKEN_X": SENTINELS[1]}},
+            "ray": {"runtime_env": {"env_vars": {"MY_API_TOKEN": SENTINELS[2]}}},
+            "failure": {"max_failures": 0},
+            "services": {"storage_wait_s": 2},
+            "storage_path": f"s3://{BUCKET}/runs",
+            "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "registered_model": "s3-test"},
+            "inference": {"input": score_uri, "output": f"s3://{BUCKET}/predictions/churn"},
+        },
+    )
     watcher, stopped = _stop_once_registered(moto_server, fs, "s3-run")
     capsys.readouterr()
     try:
@@ -126,7 +134,9 @@ def test_read_checkpoint_resume_and_predict_in_s3(moto_server, s3_endpoint, tmp_
         moto_server.start()
     err = capsys.readouterr().err
     assert code == 1, err[-3000:]
-    assert f"the object store at http://127.0.0.1:{moto_server.port}" in err and "services.storage_wait_s" in err, err[-3000:]
+    assert f"the object store at http://127.0.0.1:{moto_server.port}" in err and "services.storage_wait_s" in err, err[
+        -3000:
+    ]
     assert not [secret for secret in SENTINELS if secret in err]
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert client.search_model_versions("name = 's3-test'") == []
@@ -143,7 +153,8 @@ def test_read_checkpoint_resume_and_predict_in_s3(moto_server, s3_endpoint, tmp_
     assert first["ray_run_path"] == f"s3://{BUCKET}/runs/s3-run"
     assert first["best_checkpoint"]["uri"].startswith(f"s3://{BUCKET}/runs/s3-run/checkpoint_")
     kept = [
-        i.base_name for i in fs.get_file_info(pafs.FileSelector(f"{BUCKET}/runs/s3-run"))
+        i.base_name
+        for i in fs.get_file_info(pafs.FileSelector(f"{BUCKET}/runs/s3-run"))
         if i.type == pafs.FileType.Directory and i.base_name.startswith("checkpoint_")
     ]
     with fs.open_input_stream(f"{BUCKET}/runs/s3-run/checkpoint_manager_snapshot.json") as f:
@@ -161,12 +172,17 @@ def test_read_checkpoint_resume_and_predict_in_s3(moto_server, s3_endpoint, tmp_
 
     _check_recorded(first, tmp_path, fs)
     # the predictions follow their manifest: one generation, named by it, nothing staged beside it
-    leftovers = [i.base_name for i in fs.get_file_info(pafs.FileSelector(f"{BUCKET}/predictions")) if i.base_name != "churn"]
+    leftovers = [
+        i.base_name for i in fs.get_file_info(pafs.FileSelector(f"{BUCKET}/predictions")) if i.base_name != "churn"
+    ]
     assert leftovers == []
     manifest = read_manifest(f"s3://{BUCKET}/predictions/churn")
     assert manifest["model"] == "models:/s3-test/1" and manifest["rows"] == score.num_rows
-    assert [i.base_name for i in fs.get_file_info(pafs.FileSelector(f"{BUCKET}/predictions/churn"))
-            if i.type == pafs.FileType.Directory] == [manifest["generation"]]
+    assert [
+        i.base_name
+        for i in fs.get_file_info(pafs.FileSelector(f"{BUCKET}/predictions/churn"))
+        if i.type == pafs.FileType.Directory
+    ] == [manifest["generation"]]
     _no_secret_written(fs, tmp_path, capsys)
 
 
@@ -221,13 +237,19 @@ def test_object_store_outputs_commit_with_a_manifest_and_queue_their_writers(s3_
         f.write(b"half a file")
     assert pq.read_table(outputs.output_files(out), filesystem=fs).num_rows == 10
     # two writers at once queue on the output's lock: one complete output, never both merged
-    threads = [threading.Thread(target=outputs.write_output, args=(table(n), out, n, {"model": f"w{n}"})) for n in (7, 9)]
+    threads = [
+        threading.Thread(target=outputs.write_output, args=(table(n), out, n, {"model": f"w{n}"})) for n in (7, 9)
+    ]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
     manifest = outputs.read_manifest(out)
-    gens = [i.base_name for i in fs.get_file_info(pafs.FileSelector(f"{BUCKET}/out/preds")) if i.type == pafs.FileType.Directory]
+    gens = [
+        i.base_name
+        for i in fs.get_file_info(pafs.FileSelector(f"{BUCKET}/out/preds"))
+        if i.type == pafs.FileType.Directory
+    ]
     assert gens == [manifest["generation"]]
     got = pads.dataset(f"{BUCKET}/out/preds", filesystem=fs).to_table()
     assert got.num_rows == manifest["rows"] in (7, 9) and set(got["p"].to_pylist()) == {float(manifest["rows"])}
@@ -238,4 +260,3 @@ def test_object_store_outputs_commit_with_a_manifest_and_queue_their_writers(s3_
         outputs.write_output(table(3), f"s3://{BUCKET}/theirs", 3, {})
     with fs.open_input_stream(f"{BUCKET}/theirs/data.csv") as f:
         assert f.read() == b"a,b\n"
-

@@ -31,7 +31,11 @@ pytestmark = pytest.mark.usefixtures("prefect_harness", "ray_local")
 
 
 def _snapshot(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _table(rows: int, seed: int = 0) -> pa.Table:
@@ -43,21 +47,29 @@ def _config(tmp_path: Path, output: str, **extra) -> object:
     write_parquet(_table(50), tmp_path / "shared" / "train.parquet")
     write_parquet(_table(20, 1), tmp_path / "shared" / "score.parquet")
     (tmp_path / "shared" / "notes.txt").write_text("my notes")
-    raw = {"data": {"path": "../shared/train.parquet", "label": "x"}, "task": "regression", "storage_path": "../runs",
-           "model": {"type": "mlp"},
-           "inference": {"input": "../shared/score.parquet", "output": output}, **extra}
+    raw = {
+        "data": {"path": "../shared/train.parquet", "label": "x"},
+        "task": "regression",
+        "storage_path": "../runs",
+        "model": {"type": "mlp"},
+        "inference": {"input": "../shared/score.parquet", "output": output},
+        **extra,
+    }
     (tmp_path / "configs").mkdir()
     return load_config(write_config(tmp_path / "configs", raw))
 
 
-@pytest.mark.parametrize("output, overlaps", [
-    ("../shared", "data.path"),                    # the folder holding the inputs and a user's file
-    ("../shared/score.parquet", "inference.input"),  # the scoring table itself
-    ("..", "data.path"),                            # a parent of everything
-    ("../runs/predictions", "storage_path"),        # inside Ray Train's storage
-    ("../mlartifacts", "the MLflow store"),         # MLflow's artifact folder next to its database
-    (".", "the config's folder"),                   # the folder holding the config
-])
+@pytest.mark.parametrize(
+    "output, overlaps",
+    [
+        ("../shared", "data.path"),  # the folder holding the inputs and a user's file
+        ("../shared/score.parquet", "inference.input"),  # the scoring table itself
+        ("..", "data.path"),  # a parent of everything
+        ("../runs/predictions", "storage_path"),  # inside Ray Train's storage
+        ("../mlartifacts", "the MLflow store"),  # MLflow's artifact folder next to its database
+        (".", "the config's folder"),  # the folder holding the config
+    ],
+)
 def test_an_output_that_overlaps_the_run_is_refused_and_nothing_is_touched(tmp_path, output, overlaps):
     config = _config(tmp_path, output)
     before = _snapshot(tmp_path)
@@ -117,6 +129,7 @@ def test_outputs_replace_only_trainflows_own_and_survive_every_failure(tmp_path,
 
 # ---- the champion gate -------------------------------------------------------------------------------------
 
+
 def _gate_setup(tmp_path, table=None, **sections):
     """A regression table where y = x (or the table given, feature x), a fitted preprocessor, and a linear 'model'
     per quality: the weight on x decides how good it is. Checkpoints are written with trainflow's own checkpoint
@@ -129,12 +142,19 @@ def _gate_setup(tmp_path, table=None, **sections):
     x = rng.normal(size=400)
     table = pa.table({"x": x, "y": x + rng.normal(0, 0.05, 400)}) if table is None else table
     write_parquet(table, tmp_path / "t.parquet")
-    cfg = load_config(write_config(tmp_path, {
-        "data": {"path": "t.parquet", "label": "y", "features": ["x"]}, "task": "regression",
-        "split": {"seed": 0, "test_fraction": 0.5, "validation_fraction": 0.2},
-        "model": {"type": "mlp", "hidden_sizes": [], "numeric_embedding": "none"},
-        "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "registered_model": "gate"}, **sections,
-    }))
+    cfg = load_config(
+        write_config(
+            tmp_path,
+            {
+                "data": {"path": "t.parquet", "label": "y", "features": ["x"]},
+                "task": "regression",
+                "split": {"seed": 0, "test_fraction": 0.5, "validation_fraction": 0.2},
+                "model": {"type": "mlp", "hidden_sizes": [], "numeric_embedding": "none"},
+                "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "registered_model": "gate"},
+                **sections,
+            },
+        )
+    )
     ds = ray.data.from_arrow(table)
     spec = table_spec(table.schema, cfg.data, cfg.task, "t")
     prep = fit_preprocessor(ds, spec, cfg.task)
@@ -165,9 +185,13 @@ def _register(cfg, path: str):
     with tracking(cfg.mlflow.tracking_uri):
         exp = ensure_experiment(cfg.mlflow.tracking_uri, "gate")
         with mlflow.start_run(experiment_id=exp) as run:  # (requirements as register gives them: none inferred)
-            info = mlflow.pyfunc.log_model(name="model", python_model=MODEL_CODE, artifacts={"checkpoint": path},
-                                           pip_requirements=requirements(["mlp"]),
-                                           registered_model_name=cfg.mlflow.registered_model)
+            info = mlflow.pyfunc.log_model(
+                name="model",
+                python_model=MODEL_CODE,
+                artifacts={"checkpoint": path},
+                pip_requirements=requirements(["mlp"]),
+                registered_model_name=cfg.mlflow.registered_model,
+            )
     return Registered(run.info.run_id, cfg.mlflow.registered_model, str(info.registered_model_version), "")
 
 
@@ -207,8 +231,9 @@ def test_the_gate_is_an_honest_compare_and_set(tmp_path, monkeypatch):
     worse, better = _register(cfg, checkpoint(0.8)), _register(cfg, checkpoint(1.0))
     paths = {worse.model_version: str(tmp_path / "ckpt-0.8"), better.model_version: str(tmp_path / "ckpt-1.0")}
     start = threading.Barrier(2)
-    monkeypatch.setattr(promote, "_before_alias_move",
-                        lambda version: time.sleep(3) if version == worse.model_version else None)
+    monkeypatch.setattr(
+        promote, "_before_alias_move", lambda version: time.sleep(3) if version == worse.model_version else None
+    )
     results, errors = {}, []
 
     def run(reg):
@@ -227,7 +252,9 @@ def test_the_gate_is_an_honest_compare_and_set(tmp_path, monkeypatch):
     assert _champion(cfg) == better.model_version
     assert results[better.model_version].decision == "promoted"
     loser = results[worse.model_version]
-    assert loser.decision == "not_promoted" or loser.serving_version == worse.model_version  # promoted first, then beaten
+    assert (
+        loser.decision == "not_promoted" or loser.serving_version == worse.model_version
+    )  # promoted first, then beaten
 
 
 def test_a_floor_keeps_a_weak_model_from_champion_the_first_one_included(tmp_path):
@@ -261,14 +288,20 @@ def test_the_gate_judges_slices_and_noise(tmp_path):
     table = pa.table({"x": x, "group": group, "y": y})
     cfg, holdout, checkpoint = _gate_setup(tmp_path, table, promotion={"slices": ["group"], "max_slice_drop": 0.0002})
     scale = float(np.std(y) / np.std(x))  # weights are on standardized x and y
-    assert promote.gate(cfg, holdout, checkpoint(1.0 / scale), _register(cfg, checkpoint(1.0 / scale))).decision == "promoted"
+    assert (
+        promote.gate(cfg, holdout, checkpoint(1.0 / scale), _register(cfg, checkpoint(1.0 / scale))).decision
+        == "promoted"
+    )
     challenger = checkpoint(1.3 / scale)
     result = promote.gate(cfg, holdout, challenger, _register(cfg, challenger))
     assert result.decision == "not_promoted" and _champion(cfg) == "1", (result.reason, result.slices)
     held = pa.concat_tables(ray.get(holdout.to_arrow_refs()))
     rows = {g: int(pc.sum(pc.equal(held["group"], g)).as_py()) for g in ("a", "b")}  # the test rows of each group
     assert result.rows == held.num_rows == rows["a"] + rows["b"] and min(rows.values()) > 100
-    assert result.reason.startswith(f"on the slice group=a ({rows['a']} rows) its val_loss") and "max_slice_drop 0.0002" in result.reason
+    assert (
+        result.reason.startswith(f"on the slice group=a ({rows['a']} rows) its val_loss")
+        and "max_slice_drop 0.0002" in result.reason
+    )
     assert result.challenger_score < result.champion_score  # better on average
     a, b = result.slices["group"]["a"], result.slices["group"]["b"]
     assert (a["rows"], b["rows"]) == (rows["a"], rows["b"]) and a["judged"] and a["val_loss"] > a["champion_val_loss"]
@@ -304,15 +337,30 @@ def test_register_is_idempotent_across_task_retries(tmp_path):
     from trainflow.tables import TableSpec
 
     cfg, _, checkpoint = _gate_setup(tmp_path)
-    spec = TableSpec(path=str(tmp_path / "t.parquet"), files=[], label="y", id_column=None, numeric=["x"],
-                     feature_order=["x"], fingerprint="content:abc", mlflow_types={"x": "double"})
-    outcome = TrainOutcome(run_name="r1", family="mlp", run_path=str(tmp_path / "runs" / "r1"), checkpoints=[],
-                           history=[{"epoch": 0, "train_loss": 1.0, "val_loss": 0.9}])
+    spec = TableSpec(
+        path=str(tmp_path / "t.parquet"),
+        files=[],
+        label="y",
+        id_column=None,
+        numeric=["x"],
+        feature_order=["x"],
+        fingerprint="content:abc",
+        mlflow_types={"x": "double"},
+    )
+    outcome = TrainOutcome(
+        run_name="r1",
+        family="mlp",
+        run_path=str(tmp_path / "runs" / "r1"),
+        checkpoints=[],
+        history=[{"epoch": 0, "train_loss": 1.0, "val_loss": 0.9}],
+    )
     selected = Selected(path=checkpoint(1.0), epoch=0, metrics={"val_loss": 0.9}, skipped=[])
 
     @flow
     def twice():
-        return register(cfg, Ingested(None, spec), outcome, selected), register(cfg, Ingested(None, spec), outcome, selected)
+        return register(cfg, Ingested(None, spec), outcome, selected), register(
+            cfg, Ingested(None, spec), outcome, selected
+        )
 
     first, second = twice()
     assert (first.run_id, first.model_version) == (second.run_id, second.model_version) == (first.run_id, "1")
@@ -363,8 +411,14 @@ def test_dataset_inputs_never_carry_credentials_of_the_table_uri(tmp_path):
     from trainflow.tasks.register import log_datasets
 
     uri = "s3://AKIAUSER:pa55-s3cret@bucket/tables/train.parquet?X-Amz-Signature=sig-s3cret&versionId=7"
-    cfg = config_from_dict({"data": {"path": uri, "label": "y"}, "task": "regression",
-                            "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}}, base_dir=tmp_path)
+    cfg = config_from_dict(
+        {
+            "data": {"path": uri, "label": "y"},
+            "task": "regression",
+            "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+        },
+        base_dir=tmp_path,
+    )
     spec = TableSpec(path=uri, files=[], label="y", id_column=None, fingerprint="content:" + "ab" * 16)
     with tracking(cfg.mlflow.tracking_uri), mlflow.start_run() as run:
         log_datasets(cfg, Ingested(None, spec))
@@ -431,10 +485,21 @@ def test_a_drift_event_never_carries_the_credentials_of_the_scoring_uri(tmp_path
     from tests.conftest import prefect_events
     from trainflow.tasks.drift import DRIFT_EVENT, publish
 
-    cfg = config_from_dict({"data": {"path": "x", "label": "y"}, "task": "classification",
-                            "mlflow": {"registered_model": "redacted-test"}}, base_dir=tmp_path)
+    cfg = config_from_dict(
+        {
+            "data": {"path": "x", "label": "y"},
+            "task": "classification",
+            "mlflow": {"registered_model": "redacted-test"},
+        },
+        base_dir=tmp_path,
+    )
     since = datetime.datetime.now(datetime.timezone.utc)
-    flow(name="drift-redaction")(publish)(cfg, "models:/redacted-test/1", "s3://AKIAUSER:hunter2secret@bucket/t.parquet",
-                                         {}, estimated_drop={"val_roc_auc": 0.2})
+    flow(name="drift-redaction")(publish)(
+        cfg,
+        "models:/redacted-test/1",
+        "s3://AKIAUSER:hunter2secret@bucket/t.parquet",
+        {},
+        estimated_drop={"val_roc_auc": 0.2},
+    )
     [event] = prefect_events(DRIFT_EVENT, since)
     assert "hunter2secret" not in json.dumps(event.payload) and event.payload["input"].endswith("@bucket/t.parquet")

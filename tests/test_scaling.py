@@ -11,12 +11,21 @@ from trainflow.errors import ConfigError
 
 LAPTOP = [{"CPU": 2.0, "memory": 8e9}]
 GPU_BOX = [{"CPU": 16.0, "GPU": 1.0, "accelerator_type:H100": 1.0}]
-CLUSTER = [{"CPU": 8.0, "GPU": 4.0, "accelerator_type:A100": 1.0}, {"CPU": 8.0, "GPU": 4.0, "accelerator_type:A100": 1.0}]
+CLUSTER = [
+    {"CPU": 8.0, "GPU": 4.0, "accelerator_type:A100": 1.0},
+    {"CPU": 8.0, "GPU": 4.0, "accelerator_type:A100": 1.0},
+]
 
 
 def _cfg(**scaling):
-    return config_from_dict({"data": {"path": "t.parquet", "label": "y"}, "task": "regression", "model": {"type": "mlp"},
-                             "scaling": scaling})
+    return config_from_dict(
+        {
+            "data": {"path": "t.parquet", "label": "y"},
+            "task": "regression",
+            "model": {"type": "mlp"},
+            "scaling": scaling,
+        }
+    )
 
 
 def test_worker_bundle_follows_ray_train_defaults():
@@ -43,7 +52,9 @@ def test_workers_that_fit(scaling, nodes, fit):
 
 
 def test_check_fits_names_the_numbers():
-    with pytest.raises(ConfigError, match=r"asks for 4 worker\(s\) x \(CPU 1\) but this cluster can place only 2 \(node 0: CPU 2\)"):
+    with pytest.raises(
+        ConfigError, match=r"asks for 4 worker\(s\) x \(CPU 1\) but this cluster can place only 2 \(node 0: CPU 2\)"
+    ):
         check_fits({"num_workers": 4}, nodes=LAPTOP)
     with pytest.raises(ConfigError, match="No node has a GPU"):
         check_fits({"num_workers": 1, "use_gpu": True}, nodes=LAPTOP)
@@ -77,14 +88,20 @@ def test_scaling_config_errors(scaling, message):
 @pytest.mark.usefixtures("ray_local")
 def test_every_knob_reaches_ray_train(tmp_path):
     cfg = _cfg(
-        num_workers=2, use_gpu=True, resources_per_worker={"CPU": 2, "GPU": 0.5, "memory": 1e9},
-        accelerator_type="A100", placement_strategy="SPREAD", env_vars={"NCCL_SOCKET_IFNAME": "lo"},
+        num_workers=2,
+        use_gpu=True,
+        resources_per_worker={"CPU": 2, "GPU": 0.5, "memory": 1e9},
+        accelerator_type="A100",
+        placement_strategy="SPREAD",
+        env_vars={"NCCL_SOCKET_IFNAME": "lo"},
     ).model_copy(update={"storage_path": str(tmp_path)})
 
     def scaled(**changes):
         return cfg.model_copy(update={"scaling": cfg.scaling.model_copy(update=changes)})
 
-    prep = TabularPreprocessor(task="regression", label="y", numeric={"a": {"mean": 0.0, "std": 1.0}}, feature_order=["a"])
+    prep = TabularPreprocessor(
+        task="regression", label="y", numeric={"a": {"mean": 0.0, "std": 1.0}}, feature_order=["a"]
+    )
     ds = ray.data.range(4)  # lazy: nothing runs
     trainer = build_trainer(cfg, prep, ds, ds, "knobs")
     sc = trainer.scaling_config
@@ -94,10 +111,15 @@ def test_every_knob_reaches_ray_train(tmp_path):
     assert trainer.backend_config.backend == "gloo"
     assert trainer.run_config.worker_runtime_env == {"env_vars": {"NCCL_SOCKET_IFNAME": "lo"}}
     # Ray's default with GPUs
-    assert build_trainer(scaled(resources_per_worker={"CPU": 2, "GPU": 1}), prep, ds, ds, "knobs").backend_config.backend == "nccl"
+    assert (
+        build_trainer(scaled(resources_per_worker={"CPU": 2, "GPU": 1}), prep, ds, ds, "knobs").backend_config.backend
+        == "nccl"
+    )
     cpu = {"use_gpu": False, "resources_per_worker": None, "accelerator_type": None}
     assert build_trainer(scaled(**cpu, backend="gloo"), prep, ds, ds, "knobs").backend_config.backend == "gloo"
-    assert build_trainer(scaled(**cpu, backend=None), prep, ds, ds, "knobs").backend_config.backend == "gloo"  # Ray's default without
+    assert (
+        build_trainer(scaled(**cpu, backend=None), prep, ds, ds, "knobs").backend_config.backend == "gloo"
+    )  # Ray's default without
     # the Ray trainflow started itself carries its Train settings: its few workers polled every 0.2 s (a cluster's
     # at 0.5 s), the preemption watcher off
     job_env = ray.get_runtime_context().runtime_env.get("env_vars", {})

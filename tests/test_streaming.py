@@ -34,15 +34,21 @@ def test_a_table_larger_than_the_object_store_streams_from_its_files(tmp_path):
     write_parquet(_table(ROWS, 1), tmp_path / "data" / "train.parquet")
     score = _table(200_000, 2, label=False)
     write_parquet(score, tmp_path / "data" / "score.parquet")
-    cfg = write_config(tmp_path, {
-        "data": {"path": "data/train.parquet", "label": "y", "id_column": "id"}, "task": "regression",
-        # plain inputs: periodic embeddings (auto up to 1M rows) triple a step, and streaming is what is under test
-        "model": {"type": "mlp", "numeric_embedding": "none"}, "train": {"epochs": 1, "batch_size": 1024, "folds": 1},
-        "scaling": {"num_workers": 2},
-        "checkpoint": {"metric": "val_rmse", "min_interval_s": 0}, "storage_path": "runs",
-        "mlflow": {"experiment": "stream", "registered_model": "stream-test"},
-        "inference": {"input": "data/score.parquet", "output": "out/predictions", "batch_size": 65536},
-    })
+    cfg = write_config(
+        tmp_path,
+        {
+            "data": {"path": "data/train.parquet", "label": "y", "id_column": "id"},
+            "task": "regression",
+            # plain inputs: periodic embeddings (auto up to 1M rows) triple a step, and streaming is what is under test
+            "model": {"type": "mlp", "numeric_embedding": "none"},
+            "train": {"epochs": 1, "batch_size": 1024, "folds": 1},
+            "scaling": {"num_workers": 2},
+            "checkpoint": {"metric": "val_rmse", "min_interval_s": 0},
+            "storage_path": "runs",
+            "mlflow": {"experiment": "stream", "registered_model": "stream-test"},
+            "inference": {"input": "data/score.parquet", "output": "out/predictions", "batch_size": 65536},
+        },
+    )
     summary_path = tmp_path / "summary.json"
     assert cli_main(["retrain", "--config", str(cfg), "--run-name", "big", "--summary-json", str(summary_path)]) == 0
     summary = json.loads(summary_path.read_text())
@@ -66,7 +72,8 @@ def test_a_stalled_data_pipeline_fails_with_what_ran_out_and_what_to_change(tmp_
     ensure_ray(num_cpus=2)
     cfg, prep, train, val = small_run(tmp_path, hang_timeout_s=5.0, max_failures=0)
     stalled = train.repartition(8).map_batches(
-        stall_after_first_block, fn_kwargs={"marker": str(tmp_path / "first-block")}, batch_size=None)
+        stall_after_first_block, fn_kwargs={"marker": str(tmp_path / "first-block")}, batch_size=None
+    )
     trainer = build_trainer(cfg, prep, stalled, val, "stalled", streamed=True)
     with pytest.raises(TrainingError) as err:
         fit_run(trainer, run_dir(cfg, "stalled"), 2, "auto")

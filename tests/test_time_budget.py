@@ -97,9 +97,12 @@ def test_the_network_stops_after_the_epoch_in_which_its_share_ran_out(tmp_path):
     cfg = trial_config(cfg.to_dict(), {"train.epochs": 500, "train.early_stopping.patience": "off"})
     folder = tmp_path / "runs" / "net"
     write_deadline(str(folder), time.time() - 1, "train.time_limit 1 s")
-    result = TorchTrainer(train_fn_per_worker, scaling_config=ScalingConfig(num_workers=0),
-                          train_loop_config={"config": cfg, "preprocessor": prep.to_dict(), "run_dir": str(folder)},
-                          datasets={"train": train, "val": val}).fit()
+    result = TorchTrainer(
+        train_fn_per_worker,
+        scaling_config=ScalingConfig(num_workers=0),
+        train_loop_config={"config": cfg, "preprocessor": prep.to_dict(), "run_dir": str(folder)},
+        datasets={"train": train, "val": val},
+    ).fit()
     assert [h["epoch"] for h in result.return_value] == [0]  # the first epoch always trains: a run ends with a model
     assert [e["epoch"] for e in read_events(str(folder)) if e["event"] == "time_limit"] == [0]
 
@@ -109,8 +112,15 @@ def test_the_network_stops_after_the_epoch_in_which_its_share_ran_out(tmp_path):
 @pytest.mark.parametrize("family", ["xgboost", "catboost"])
 def test_a_booster_stops_adding_rounds_when_its_share_is_spent_and_keeps_its_best_round(tmp_path, family):
     cfg, prep, train, val = small_run(tmp_path)
-    cfg = trial_config(cfg.to_dict(), {"model.type": family, "model.params.num_boost_round": 1_000_000,
-                                       "model.params.early_stopping_rounds": "off", "model.params.learning_rate": 0.001})
+    cfg = trial_config(
+        cfg.to_dict(),
+        {
+            "model.type": family,
+            "model.params.num_boost_round": 1_000_000,
+            "model.params.early_stopping_rounds": "off",
+            "model.params.learning_rate": 0.001,
+        },
+    )
     write_deadline(run_dir(cfg, "cut"), time.time() + 8, "train.time_limit 8 s")
     started = time.monotonic()
     result = build_trainer(cfg, prep, train, val, "cut").fit()
@@ -124,8 +134,9 @@ def test_a_booster_stops_adding_rounds_when_its_share_is_spent_and_keeps_its_bes
 
 @pytest.mark.e2e
 @pytest.mark.usefixtures("prefect_harness", "ray_local")
-def test_a_run_under_a_tight_limit_keeps_its_first_family_and_leaves_out_one_cut_at_its_first_round(tmp_path, capsys,
-                                                                                                    monkeypatch):
+def test_a_run_under_a_tight_limit_keeps_its_first_family_and_leaves_out_one_cut_at_its_first_round(
+    tmp_path, capsys, monkeypatch
+):
     from trainflow.flows import retrain
     from trainflow.flows.cli import main as cli_main
     from trainflow.trainer import deadline
@@ -134,25 +145,36 @@ def test_a_run_under_a_tight_limit_keeps_its_first_family_and_leaves_out_one_cut
     # is no model worth its time; the share arithmetic that leaves a family out before it starts is tested above
     monkeypatch.setattr(deadline, "MIN_RUN_S", 0.0)
     monkeypatch.setattr(retrain, "MIN_RUN_S", 0.0)
-    cfg = churn_config(tmp_path, rows=1500, model={"type": ["mlp", "xgboost"]},
-                       train={"epochs": 10_000, "time_limit": 4, "early_stopping": {"patience": "off"}},
-                       scaling={"num_workers": 1})
+    cfg = churn_config(
+        tmp_path,
+        rows=1500,
+        model={"type": ["mlp", "xgboost"]},
+        train={"epochs": 10_000, "time_limit": 4, "early_stopping": {"patience": "off"}},
+        scaling={"num_workers": 1},
+    )
     rc = cli_main(["retrain", "--config", str(cfg), "--run-name", "tb", "--summary-json", str(tmp_path / "s.json")])
     assert rc == 0
     s = json.loads((tmp_path / "s.json").read_text())
     assert s["model_family"] == "mlp" and s["output_rows"] == 500 and s["test_metrics"]["test_loss"] > 0
     assert list(s["families_left_out"]) == ["xgboost"] and s["candidates"] is None
-    assert "train.time_limit 4 s: its run tb-xgboost had time for its first round only" in s["families_left_out"]["xgboost"]
+    assert (
+        "train.time_limit 4 s: its run tb-xgboost had time for its first round only"
+        in s["families_left_out"]["xgboost"]
+    )
     budget = s["time_budget"]
-    assert budget["time_limit"] == 4 and budget["cut_short"]["tb-mlp"] < 10_000 and "tb-xgboost" not in budget["cut_short"]
+    assert (
+        budget["time_limit"] == 4 and budget["cut_short"]["tb-mlp"] < 10_000 and "tb-xgboost" not in budget["cut_short"]
+    )
     assert s["epochs_run"] == budget["cut_short"]["tb-mlp"] + 1
     out = capsys.readouterr().out
     assert "xgboost    left out: train.time_limit 4 s" in out and "stopped by it: tb-mlp after step" in out
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = {r.info.run_name: r.info.status for r in client.search_runs(
-        [e.experiment_id for e in client.search_experiments()])}
+    runs = {
+        r.info.run_name: r.info.status
+        for r in client.search_runs([e.experiment_id for e in client.search_experiments()])
+    }
     assert runs["tb-xgboost"] == "KILLED"  # its MLflow run ends as it ended
 
 
@@ -161,15 +183,30 @@ def test_a_boosters_own_params_block_overrides_the_shared_keys_for_it_alone():
     from trainflow.trainer.families._trees import boost_budget
 
     prep = tiny_preprocessor()
-    base = {"data": {"path": "x.parquet", "label": "y"}, "task": "classification",
-            "model": {"type": ["xgboost", "lightgbm", "catboost"]}}
+    base = {
+        "data": {"path": "x.parquet", "label": "y"},
+        "task": "classification",
+        "model": {"type": ["xgboost", "lightgbm", "catboost"]},
+    }
     shared = config_from_dict(apply_overrides(base, {"model.params.learning_rate": 0.05}))
-    own = config_from_dict(apply_overrides(base, {  # the dotted names a --set or a sweep writes
-        "model.params.learning_rate": 0.05, "model.params.xgboost.learning_rate": 0.2,
-        "model.params.xgboost.max_depth": 8, "model.params.lightgbm.num_leaves": 63,
-        "model.params.catboost.num_boost_round": 3000}))
+    own = config_from_dict(
+        apply_overrides(
+            base,
+            {  # the dotted names a --set or a sweep writes
+                "model.params.learning_rate": 0.05,
+                "model.params.xgboost.learning_rate": 0.2,
+                "model.params.xgboost.max_depth": 8,
+                "model.params.lightgbm.num_leaves": 63,
+                "model.params.catboost.num_boost_round": 3000,
+            },
+        )
+    )
     assert {f: own.training_hash(f) == shared.training_hash(f) for f in ("xgboost", "lightgbm", "catboost", "mlp")} == {
-        "xgboost": False, "lightgbm": False, "catboost": True, "mlp": True}  # rounds only extend a run
+        "xgboost": False,
+        "lightgbm": False,
+        "catboost": True,
+        "mlp": True,
+    }  # rounds only extend a run
     # each family's run reads its block over the shared keys: what its library gets and its budget
     xgb = REGISTRY["xgboost"].library_params(prep, own.for_family("xgboost"))
     lgb = REGISTRY["lightgbm"].library_params(prep, own.for_family("lightgbm"))
@@ -183,15 +220,23 @@ def test_a_boosters_own_params_block_overrides_the_shared_keys_for_it_alone():
     assert pickle.loads(pickle.dumps(own)) == own  # the block classes are found by name, as a task's result needs
     # a key the family does not take, a block of a family the run does not train, a block's bad value: refused by name
     for model, message in [
-        ({"type": "xgboost", "params": {"xgboost": {"num_leaves": 15}}},
-         "model.params.xgboost: num_leaves: xgboost does not take it \\(it is lightgbm's\\)"),
-        ({"type": "xgboost", "params": {"lightgbm": {"num_leaves": 15}}},
-         r"model.params.lightgbm: applies to lightgbm, which model.type \['xgboost'\] does not train"),
-        ({"type": "xgboost", "params": {"xgboost": {"max_dept": 3}}},
-         "model.params.xgboost.max_dept: unknown key; did you mean model.params.xgboost.max_depth"),
+        (
+            {"type": "xgboost", "params": {"xgboost": {"num_leaves": 15}}},
+            "model.params.xgboost: num_leaves: xgboost does not take it \\(it is lightgbm's\\)",
+        ),
+        (
+            {"type": "xgboost", "params": {"lightgbm": {"num_leaves": 15}}},
+            r"model.params.lightgbm: applies to lightgbm, which model.type \['xgboost'\] does not train",
+        ),
+        (
+            {"type": "xgboost", "params": {"xgboost": {"max_dept": 3}}},
+            "model.params.xgboost.max_dept: unknown key; did you mean model.params.xgboost.max_depth",
+        ),
         ({"type": "lightgbm", "params": {"lightgbm": {"learning_rate": -1}}}, "model.params.lightgbm.learning_rate"),
-        ({"type": "xgboost", "params": {"tree_method": "exact", "xgboost": {"external_memory": "always"}}},
-         "model.params.xgboost: external_memory 'always' needs tree_method 'hist'"),
+        (
+            {"type": "xgboost", "params": {"tree_method": "exact", "xgboost": {"external_memory": "always"}}},
+            "model.params.xgboost: external_memory 'always' needs tree_method 'hist'",
+        ),
     ]:
         with pytest.raises(ConfigError, match=message):
             config_from_dict({**base, "model": model})
@@ -219,14 +264,21 @@ def test_a_familys_training_hash_reads_only_its_own_keys_and_another_familys_key
     assert all(scaled.training_hash(f) != plain.training_hash(f) for f in ("mlp", "xgboost"))
     no_fit = config_from_dict({**base, "split": {"backtest_fit": False}})
     assert all(no_fit.training_hash(f) == plain.training_hash(f) for f in ("mlp", "xgboost"))
-    with pytest.raises(ConfigError, match=r"model.hidden_sizes: applies to mlp, which model.type \['xgboost'\] does not"):
+    with pytest.raises(
+        ConfigError, match=r"model.hidden_sizes: applies to mlp, which model.type \['xgboost'\] does not"
+    ):
         config_from_dict({**base, "model": {"type": "xgboost", "hidden_sizes": [64]}})
     with pytest.raises(ConfigError, match="model.dropout: applies to mlp"):
         config_from_dict({**base, "model": {"type": ["lightgbm", "catboost"], "dropout": 0.1}})
     assert config_from_dict({**base, "model": {"type": "xgboost", "dropout": 0.3}})  # the default, written back
     # a sweep over the family keeps the network's layers for its mlp trials, and its booster trials accept them
-    swept = config_from_dict({**base, "model": {"type": "mlp", "hidden_sizes": [64]},
-                              "tune": {"search_space": {"model.type": {"choice": ["mlp", "lightgbm"]}}}})
+    swept = config_from_dict(
+        {
+            **base,
+            "model": {"type": "mlp", "hidden_sizes": [64]},
+            "tune": {"search_space": {"model.type": {"choice": ["mlp", "lightgbm"]}}},
+        }
+    )
     assert trial_config(swept.to_dict(), {"model.type": "lightgbm"}).model.families == ["lightgbm"]
 
 
@@ -239,11 +291,22 @@ def test_auto_leaves_out_a_family_whose_first_fold_is_far_behind_and_says_why():
     from trainflow.tasks.train import TrainOutcome
 
     def fold0(family: str, losses: list[float]) -> TrainOutcome:
-        return TrainOutcome(f"r-{family}-fold0", family, "/runs", [], [{"epoch": i, "val_loss": v} for i, v in enumerate(losses)])
+        return TrainOutcome(
+            f"r-{family}-fold0", family, "/runs", [], [{"epoch": i, "val_loss": v} for i, v in enumerate(losses)]
+        )
 
     def prepared(non_test_rows: int) -> Prepared:  # cross-fitted: the preprocessor is fitted on every non-test row
-        prep = TabularPreprocessor.from_stats("classification", "y", ["x1"], {"x1": (0.0, 1.0, -3.0, 3.0)}, {},
-                                              ["no", "yes"], None, non_test_rows, {"no": 50, "yes": 50})
+        prep = TabularPreprocessor.from_stats(
+            "classification",
+            "y",
+            ["x1"],
+            {"x1": (0.0, 1.0, -3.0, 3.0)},
+            {},
+            ["no", "yes"],
+            None,
+            non_test_rows,
+            {"no": 50, "yes": 50},
+        )
         return Prepared(prep, None, None, True, {})
 
     enough, few = prepared(5 * NOT_EARNING_MIN_ROWS), prepared(5 * NOT_EARNING_MIN_ROWS - 5)
@@ -255,7 +318,9 @@ def test_auto_leaves_out_a_family_whose_first_fold_is_far_behind_and_says_why():
     # a network that learnt next to nothing (0.68: a loss only 1.5x CatBoost's): left out, on a fold that can tell
     assert _not_earning("mlp", fold0("mlp", [0.69, 0.68]), dict(seen), few, 5) is None
     why = _not_earning("mlp", fold0("mlp", [0.69, 0.68]), seen, enough, 5)
-    assert why == ("its first fold's validation loss 0.68 gains 0.0131 over a model with no skill (0.6931), under 0.5 "
-                   "of the best first fold's gain (catboost 0.45: 0.243); its folds of 5 not yet started were not trained")
+    assert why == (
+        "its first fold's validation loss 0.68 gains 0.0131 over a model with no skill (0.6931), under 0.5 "
+        "of the best first fold's gain (catboost 0.45: 0.243); its folds of 5 not yet started were not trained"
+    )
     assert seen == pytest.approx({"catboost": 0.45, "lightgbm": 0.53, "mlp": 0.68})
     assert _not_earning("xgboost", fold0("xgboost", []), seen, enough, 5) is None  # no validation loss reported: kept

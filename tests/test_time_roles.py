@@ -24,19 +24,33 @@ def _table(days: int, seed: int = 0) -> pa.Table:
     day = np.repeat(np.arange(days), 8)
     x1, x2 = rng.normal(size=n), rng.normal(size=n)
     y = ((x1 + 0.5 * x2 + 0.3 * np.sin(day / 58.0) + rng.normal(0, 0.5, n)) > 0).astype(np.int64)
-    return pa.table({"id": np.arange(n), "when": pa.array([dt.date(2013, 1, 1) + dt.timedelta(days=int(d)) for d in day]),
-                     "x1": x1, "x2": x2, "y": y})
+    return pa.table(
+        {
+            "id": np.arange(n),
+            "when": pa.array([dt.date(2013, 1, 1) + dt.timedelta(days=int(d)) for d in day]),
+            "x1": x1,
+            "x2": x2,
+            "y": y,
+        }
+    )
 
 
 def test_a_time_split_judges_the_newest_rows_and_the_gate_those_newer_than_the_champion(tmp_path, capsys):
     full = _table(330)
     write_parquet(full.filter(pa.array(np.repeat(np.arange(330), 8) < 300)), tmp_path / "data" / "train.parquet")
-    cfg = write_config(tmp_path, {
-        "data": {"path": "data/train.parquet", "label": "y", "id_column": "id"}, "task": "classification",
-        "split": {"time_column": "when"}, "model": {"type": "mlp"},
-        "train": {"epochs": 2, "batch_size": 64, "folds": 1}, "scaling": {"num_workers": 1},
-        "storage_path": "runs", "mlflow": {"experiment": "time", "registered_model": "time-model"},
-    })
+    cfg = write_config(
+        tmp_path,
+        {
+            "data": {"path": "data/train.parquet", "label": "y", "id_column": "id"},
+            "task": "classification",
+            "split": {"time_column": "when"},
+            "model": {"type": "mlp"},
+            "train": {"epochs": 2, "batch_size": 64, "folds": 1},
+            "scaling": {"num_workers": 1},
+            "storage_path": "runs",
+            "mlflow": {"experiment": "time", "registered_model": "time-model"},
+        },
+    )
     first = tmp_path / "first.json"
     assert cli_main(["retrain", "--config", str(cfg), "--summary-json", str(first)]) == 0
     s = json.loads(first.read_text())
@@ -76,7 +90,9 @@ def test_a_time_split_judges_the_newest_rows_and_the_gate_those_newer_than_the_c
     promo = s2["promotion"]
     assert promo["champion_version"] == "1" and promo["rows"] == s2["test_rows"] == 528
     assert "split.json" not in promo["reason"]  # the champion's stored plan by time matches its own config
-    assert "all newer than what champion v1 trained or chose on (its rows before 2013-08-29)" in promo["judged_rows_note"]
+    assert (
+        "all newer than what champion v1 trained or chose on (its rows before 2013-08-29)" in promo["judged_rows_note"]
+    )
     assert "judged rows" in capsys.readouterr().out
     # cross-fitted by time (3 blocks of 88 days of the 264 non-test days): the newest fold model (fold 0, trained on
     # the two older blocks) against one trained on the oldest block, early-stopped on the middle one

@@ -22,13 +22,21 @@ pytestmark = pytest.mark.usefixtures("ray_local")
 
 
 def _local_fit(task, table, label, epochs=6, lr=0.01, tmp_path=None, **extra):
-    raw = {"data": {"path": "mem", "label": label, "id_column": "row id"}, "task": task, "model": {"type": "mlp"},
-           "train": {"epochs": epochs, "batch_size": 64, "learning_rate": lr}, "scaling": {"num_workers": 1}, **extra}
+    raw = {
+        "data": {"path": "mem", "label": label, "id_column": "row id"},
+        "task": task,
+        "model": {"type": "mlp"},
+        "train": {"epochs": epochs, "batch_size": 64, "learning_rate": lr},
+        "scaling": {"num_workers": 1},
+        **extra,
+    }
     cfg = config_from_dict(raw, base_dir=tmp_path)
     cut = int(table.num_rows * 0.8)
     prep, train_ds, val_ds = fit_and_pack(
-        ray.data.from_arrow(table.slice(0, cut)), ray.data.from_arrow(table.slice(cut)),
-        table_spec(table.schema, cfg.data, task, "mem"), task,
+        ray.data.from_arrow(table.slice(0, cut)),
+        ray.data.from_arrow(table.slice(cut)),
+        table_spec(table.schema, cfg.data, task, "mem"),
+        task,
     )
     trainer = TorchTrainer(
         train_fn_per_worker,
@@ -63,10 +71,17 @@ def test_classification_reports_accuracy_f1_auc(tmp_path):
 
 
 def test_tabm_learns_the_regression_through_the_same_loop(tmp_path):
-    model = {"type": "mlp", "architecture": "tabm", "tabm_k": 4, "hidden_sizes": [16, 16], "dropout": 0.0,
-             "numeric_embedding": "none"}
-    history = _local_fit("regression", make_regression_table(1000), "target y", epochs=4, tmp_path=tmp_path,
-                         model=model).return_value
+    model = {
+        "type": "mlp",
+        "architecture": "tabm",
+        "tabm_k": 4,
+        "hidden_sizes": [16, 16],
+        "dropout": 0.0,
+        "numeric_embedding": "none",
+    }
+    history = _local_fit(
+        "regression", make_regression_table(1000), "target y", epochs=4, tmp_path=tmp_path, model=model
+    ).return_value
     assert history[-1]["val_loss"] < 0.5 * history[0]["val_loss"] and history[-1]["val_r2"] > 0.6
 
 
@@ -74,8 +89,14 @@ def test_nan_loss_stops_with_the_epoch_named(tmp_path):
     table = make_regression_table(500)
     y = table["target y"].to_numpy().copy()
     y[:] = 1e30  # overflows float32 after standardisation -> inf loss at the first epoch
-    result = _local_fit("regression", table.set_column(4, "target y", [y * np.linspace(1, 1e9, len(y))]), "target y",
-                        epochs=3, lr=1e6, tmp_path=tmp_path)
+    result = _local_fit(
+        "regression",
+        table.set_column(4, "target y", [y * np.linspace(1, 1e9, len(y))]),
+        "target y",
+        epochs=3,
+        lr=1e6,
+        tmp_path=tmp_path,
+    )
     assert "stop_reason" in result.metrics and "epoch 0" in result.metrics["stop_reason"]
     assert not math.isfinite(result.metrics["train_loss"])
 
@@ -88,9 +109,9 @@ def test_minibatches_from_uneven_blocks_are_the_plain_slices(block_rows):
     x = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
     y = np.arange(n, dtype=np.float32)
     bounds = np.cumsum([0] + block_rows)
-    ds = ray.data.from_arrow([
-        pa.table({FEATURES: ArrowTensorArray.from_numpy(x[a:b]), LABEL: y[a:b]}) for a, b in zip(bounds, bounds[1:])
-    ])
+    ds = ray.data.from_arrow(
+        [pa.table({FEATURES: ArrowTensorArray.from_numpy(x[a:b]), LABEL: y[a:b]}) for a, b in zip(bounds, bounds[1:])]
+    )
     got = list(iter_minibatches(ds, 64, "cpu"))
     assert [len(yb) for _, yb in got] == [64] * (n // 64) + ([n % 64] if n % 64 else [])
     assert np.array_equal(np.concatenate([xb.numpy() for xb, _ in got]), x)
@@ -102,14 +123,22 @@ def test_early_stopping_ends_a_run_whose_metric_stopped_improving(tmp_path):
     table = make_regression_table(1000)
     noise = np.random.default_rng(0).normal(size=table.num_rows)
     table = table.set_column(table.column_names.index("target y"), "target y", pa.array(noise))
-    result = _local_fit("regression", table, "target y", epochs=60, lr=0.01, tmp_path=tmp_path,
-                        checkpoint={"min_interval_s": 0}, model={"type": "mlp", "numeric_embedding": "none"})
+    result = _local_fit(
+        "regression",
+        table,
+        "target y",
+        epochs=60,
+        lr=0.01,
+        tmp_path=tmp_path,
+        checkpoint={"min_interval_s": 0},
+        model={"type": "mlp", "numeric_embedding": "none"},
+    )
     history = result.return_value
     losses = [h["val_loss"] for h in history]
     best = int(np.argmin(losses))
     assert len(history) < 60
     # it stopped exactly `patience` (auto: 10) epochs after the last improvement of more than min_delta
-    assert len(history) - 1 - best <= 10 and all(v > min(losses) - 1e-4 for v in losses[best + 1:])
+    assert len(history) - 1 - best <= 10 and all(v > min(losses) - 1e-4 for v in losses[best + 1 :])
 
 
 def test_budget_gives_small_tables_steps_and_large_tables_full_batches():
@@ -121,7 +150,9 @@ def test_budget_gives_small_tables_steps_and_large_tables_full_batches():
     assert small.batch_size == 16 and small.epochs == 300 and small.epochs * small.steps_per_epoch >= 1000
     assert large.batch_size == 512 and large.epochs == 10 and large.patience == 10
     # an explicit value always wins
-    fixed = resolve_budget(TrainSection(epochs=7, batch_size=64, early_stopping={"patience": "off", "min_delta": 0}), 120, 2)
+    fixed = resolve_budget(
+        TrainSection(epochs=7, batch_size=64, early_stopping={"patience": "off", "min_delta": 0}), 120, 2
+    )
     assert (fixed.batch_size, fixed.epochs, fixed.patience) == (64, 7, None)
     # the early-stopping state is plain data that a resumed run loads and keeps counting from
     stopper = EarlyStopping("min", patience=2, min_delta=0.0)
@@ -141,20 +172,26 @@ def test_class_weights_balanced_like_sklearn_and_explicit():
     from trainflow.trainer.loop import class_weights
     from trainflow.config import TrainSection, config_from_dict
 
-    prep = TabularPreprocessor(task="classification", label="y", classes=[0, 1, 2], class_counts={"0": 80, "1": 15, "2": 5})
+    prep = TabularPreprocessor(
+        task="classification", label="y", classes=[0, 1, 2], class_counts={"0": 80, "1": 15, "2": 5}
+    )
     y = np.repeat([0, 1, 2], [80, 15, 5])
     expected = compute_class_weight("balanced", classes=np.array([0, 1, 2]), y=y)
     np.testing.assert_allclose(class_weights(TrainSection(class_weight="balanced"), prep).numpy(), expected, rtol=1e-6)
     # YAML's integer keys name the classes too; a class left out weighs 1
-    cfg = config_from_dict({"data": {"path": "t.parquet", "label": "y"}, "task": "classification",
-                            "train": {"class_weight": {2: 4.0}}})
+    cfg = config_from_dict(
+        {"data": {"path": "t.parquet", "label": "y"}, "task": "classification", "train": {"class_weight": {2: 4.0}}}
+    )
     assert class_weights(cfg.train, prep).tolist() == [1.0, 1.0, 4.0]
     assert class_weights(TrainSection(), prep) is None
 
 
-@pytest.mark.parametrize("rows, batch_size", [(1000, 16), (10007, 256), (5000, 1024), (3, 16), (2048, 1024), (9000, 1000),
-                                             (70_001, 1024)])
-def test_a_cached_shard_visits_every_row_once_in_the_same_number_of_steps_whatever_the_seed(rows, batch_size, monkeypatch):
+@pytest.mark.parametrize(
+    "rows, batch_size", [(1000, 16), (10007, 256), (5000, 1024), (3, 16), (2048, 1024), (9000, 1000), (70_001, 1024)]
+)
+def test_a_cached_shard_visits_every_row_once_in_the_same_number_of_steps_whatever_the_seed(
+    rows, batch_size, monkeypatch
+):
     # DDP needs every rank to take the same number of steps: the shuffled order (runs of rows for large batches)
     # must not change the count from one rank's seed to another's
     from trainflow.trainer import loop
@@ -207,4 +244,6 @@ def test_report_schedule_groups_steps_and_keeps_the_best_one(monkeypatch):
             due.append(step)
             resumed.reported_through(step)
     assert due[-1] == 199 and 4 <= len(due) <= 8 and len(decisions) == len(due)
-    assert resumed.to_report(150, best_step=99) == [150]  # a best step inside the checkpoint resumed from is not reported again
+    assert resumed.to_report(150, best_step=99) == [
+        150
+    ]  # a best step inside the checkpoint resumed from is not reported again

@@ -10,16 +10,24 @@ from mlflow import MlflowClient
 from tests.conftest import churn_config, flow_run_logs, info_logs_to_server
 from trainflow.flows.cli import main as cli_main
 
-pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_local")]  # ray_local has the dashboard, whose state API frees stopped trials' placement groups
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.usefixtures("prefect_harness", "ray_local"),
+]  # ray_local has the dashboard, whose state API frees stopped trials' placement groups
 
 
 def test_tune_sweep_end_to_end(tmp_path, capsys):
     cfg = churn_config(
-        tmp_path, rows=2000,
+        tmp_path,
+        rows=2000,
         train={"epochs": 2, "batch_size": 128},
         scaling={"num_workers": 1},
         tune={
-            "num_samples": 2, "max_concurrent_trials": 2, "metric": "val_loss", "mode": "min", "scheduler": "asha",
+            "num_samples": 2,
+            "max_concurrent_trials": 2,
+            "metric": "val_loss",
+            "mode": "min",
+            "scheduler": "asha",
             "search_space": {
                 "train.learning_rate": {"loguniform": [0.001, 0.02]},
                 "train.batch_size": {"choice": [64, 128]},
@@ -29,13 +37,19 @@ def test_tune_sweep_end_to_end(tmp_path, capsys):
     from prefect.logging.handlers import APILogHandler
 
     with info_logs_to_server():
-        assert cli_main(["tune", "--config", str(cfg), "--run-name", "sweep", "--summary-json", str(tmp_path / "s.json")]) == 0
+        assert (
+            cli_main(["tune", "--config", str(cfg), "--run-name", "sweep", "--summary-json", str(tmp_path / "s.json")])
+            == 0
+        )
     APILogHandler().flush()
     summary = json.loads((tmp_path / "s.json").read_text())
     assert (summary["tune_metric"], summary["tune_mode"]) == ("val_loss", "min")
     # the printed summary lists every trial with its sampled values and score
     printed = capsys.readouterr().out
-    assert f"sweep             2 trials, 2 at a time; best {summary['best_trial']['trial_id']} by val_loss (min)" in printed
+    assert (
+        f"sweep             2 trials, 2 at a time; best {summary['best_trial']['trial_id']} by val_loss (min)"
+        in printed
+    )
     assert all(f"    {t['trial_id']}  train.learning_rate=" in printed for t in summary["trials"])
     trials = summary["trials"]
     assert len(trials) == 2 and summary["max_concurrent_trials"] == 2
@@ -60,7 +74,9 @@ def test_tune_sweep_end_to_end(tmp_path, capsys):
     run = client.get_run(summary["mlflow_run_id"])
     # each trial's reports became progress lines in the flow run's logs, named by trial and family
     logs = [log.message for log in flow_run_logs(run.data.tags["trainflow.prefect_flow_run_id"])]
-    assert all(any(m.startswith(f"trial {t['trial_id']}: mlp epoch ") and "val_loss" in m for m in logs) for t in trials)
+    assert all(
+        any(m.startswith(f"trial {t['trial_id']}: mlp epoch ") and "val_loss" in m for m in logs) for t in trials
+    )
     assert float(run.data.params["train.learning_rate"]) == pytest.approx(best["params"]["train.learning_rate"])
 
     # a pickle planted in a sweep's folder is never loaded: an existing folder is restored only with --resume
@@ -92,7 +108,9 @@ def test_a_sweep_without_a_search_space_searches_each_familys_default_space_and_
     base = {"data": {"path": str(tmp_path / "t.parquet"), "label": "y"}, "task": "classification"}
     space = sweep_space(config_from_dict(base))
     assert space["model.type"] == {"choice": list(AUTO_FAMILIES)}
-    assert {"train.learning_rate", "model.dropout", "model.params.learning_rate", "model.params.max_depth"} <= set(space)
+    assert {"train.learning_rate", "model.dropout", "model.params.learning_rate", "model.params.max_depth"} <= set(
+        space
+    )
     for family in AUTO_FAMILIES:  # each default space passes the config's own check of a user's search space
         own = REGISTRY[family].search_space
         assert own, family

@@ -22,15 +22,19 @@ class WrongShape(nn.Module):
 def _prep() -> TabularPreprocessor:
     # two numbers and one embedded text column of 3 values (+ the unknown code) at position 2
     return TabularPreprocessor(
-        task="classification", label="y", classes=["a", "b", "c"], feature_order=["x1", "x2", "shop"],
+        task="classification",
+        label="y",
+        classes=["a", "b", "c"],
+        feature_order=["x1", "x2", "shop"],
         numeric={"x1": {"mean": 0.0, "std": 1.0}, "x2": {"mean": 0.0, "std": 1.0}},
         embedded={"shop": {"categories": ["p", "q", "r"], "dim": 3}},
     )
 
 
 def _cfg(**model):
-    return config_from_dict({"data": {"path": "t.parquet", "label": "y"}, "task": "classification",
-                             "model": {"type": "torch", **model}}).model.model_dump()
+    return config_from_dict(
+        {"data": {"path": "t.parquet", "label": "y"}, "task": "classification", "model": {"type": "torch", **model}}
+    ).model.model_dump()
 
 
 def test_the_example_module_is_built_with_the_fitted_widths_and_its_embeddings():
@@ -45,13 +49,21 @@ def test_the_example_module_is_built_with_the_fitted_widths_and_its_embeddings()
     again.load_state_dict(net.state_dict())
 
 
-@pytest.mark.parametrize(("class_path", "init_args", "message"), [
-    ("trainflow.examples.nope:Net", {}, "cannot import module 'trainflow.examples.nope'"),
-    ("trainflow.examples.tabular_resnet:Missing", {}, "has no torch.nn.Module subclass named 'Missing'"),
-    ("trainflow.examples.tabular_resnet:torch", {}, "has no torch.nn.Module subclass named 'torch'"),
-    ("trainflow.examples.tabular_resnet:TabularResNet", {"depth": 3}, "cannot be built with in_features=3, out_features=3 and init_args {'depth': 3}"),
-    ("tests.test_user_model:WrongShape", {}, "gave output \\(2, 4\\); expected \\(2, 3\\)"),
-], ids=["module", "class", "not-a-module", "init-args", "output-shape"])
+@pytest.mark.parametrize(
+    ("class_path", "init_args", "message"),
+    [
+        ("trainflow.examples.nope:Net", {}, "cannot import module 'trainflow.examples.nope'"),
+        ("trainflow.examples.tabular_resnet:Missing", {}, "has no torch.nn.Module subclass named 'Missing'"),
+        ("trainflow.examples.tabular_resnet:torch", {}, "has no torch.nn.Module subclass named 'torch'"),
+        (
+            "trainflow.examples.tabular_resnet:TabularResNet",
+            {"depth": 3},
+            "cannot be built with in_features=3, out_features=3 and init_args {'depth': 3}",
+        ),
+        ("tests.test_user_model:WrongShape", {}, "gave output \\(2, 4\\); expected \\(2, 3\\)"),
+    ],
+    ids=["module", "class", "not-a-module", "init-args", "output-shape"],
+)
 def test_a_bad_user_module_fails_before_training_naming_the_class_path(class_path, init_args, message):
     with pytest.raises(ValueError, match=message) as err:
         check_model(_prep(), _cfg(class_path=class_path, init_args=init_args))
@@ -62,5 +74,6 @@ def test_model_family_keys_are_validated():
     with pytest.raises(ConfigError, match="model.type torch needs model.class_path"):
         _cfg()
     with pytest.raises(ConfigError, match="model.class_path and model.init_args are for model.type: torch"):
-        config_from_dict({"data": {"path": "t.parquet", "label": "y"}, "task": "regression",
-                          "model": {"init_args": {"width": 3}}})
+        config_from_dict(
+            {"data": {"path": "t.parquet", "label": "y"}, "task": "regression", "model": {"init_args": {"width": 3}}}
+        )

@@ -19,8 +19,15 @@ BOOTSTRAP = 100
 MONTH_DAYS = 30.4
 
 
-def backtest(times: np.ndarray, metric: Callable[[np.ndarray], float], cutoff: float, unit: str,
-             name: str, higher_is_better: bool, seed: int = 0) -> dict[str, Any] | None:
+def backtest(
+    times: np.ndarray,
+    metric: Callable[[np.ndarray], float],
+    cutoff: float,
+    unit: str,
+    name: str,
+    higher_is_better: bool,
+    seed: int = 0,
+) -> dict[str, Any] | None:
     """The backtest of one model on its test rows: times (the time_number of each row, in row order), metric(rows)
     its figure on a subset (indices), cutoff the last time it trained on, unit "day" (dates, timestamps: times in
     days) or "unit" (a numeric time column). None when the rows are too few for two slices."""
@@ -43,9 +50,14 @@ def backtest(times: np.ndarray, metric: Callable[[np.ndarray], float], cutoff: f
     per = MONTH_DAYS if unit == "day" else 1.0
     loss = -slope if higher_is_better else slope  # quality lost per unit of age (positive: the model ages)
     return {
-        "metric": name, "unit": "month" if unit == "day" else "unit of the time column",
-        "slices": [{"age": round(a, 3), "rows": int(len(p)), "value": float(v)} for a, p, v in zip(ages, parts, values)],
-        "loss_per_unit": loss * per, "noise": se * per, "loss_per_day": loss if unit == "day" else None,
+        "metric": name,
+        "unit": "month" if unit == "day" else "unit of the time column",
+        "slices": [
+            {"age": round(a, 3), "rows": int(len(p)), "value": float(v)} for a, p, v in zip(ages, parts, values)
+        ],
+        "loss_per_unit": loss * per,
+        "noise": se * per,
+        "loss_per_day": loss if unit == "day" else None,
         "measurable": bool(np.isfinite(se) and abs(loss) > 2 * se),
     }
 
@@ -57,12 +69,21 @@ def time_slices(times: np.ndarray, metric: Callable[[np.ndarray], float]) -> lis
     slices = min(MAX_SLICES, len(order) // MIN_SLICE_ROWS)
     if slices < 1:
         return []
-    return [{"start": float(times[p].min()), "end": float(times[p].max()), "rows": int(len(p)),
-             "value": float(metric(p))} for p in np.array_split(order, slices)]
+    return [
+        {"start": float(times[p].min()), "end": float(times[p].max()), "rows": int(len(p)), "value": float(metric(p))}
+        for p in np.array_split(order, slices)
+    ]
 
 
-def earlier_comparison(recent: Callable[[np.ndarray], float], earlier: Callable[[np.ndarray], float], rows: int,
-                       shift: float, unit: str, higher_is_better: bool, seed: int = 0) -> dict[str, Any] | None:
+def earlier_comparison(
+    recent: Callable[[np.ndarray], float],
+    earlier: Callable[[np.ndarray], float],
+    rows: int,
+    shift: float,
+    unit: str,
+    higher_is_better: bool,
+    seed: int = 0,
+) -> dict[str, Any] | None:
     """Two models of one procedure, the earlier cut off `shift` (days, or units of a numeric time column) before
     the recent one, on the same test rows (recent(rows), earlier(rows): each one's metric on a subset): the quality
     the shift costs, per month (per unit), with its noise from resampling the test rows (both models on each draw,
@@ -82,25 +103,37 @@ def earlier_comparison(recent: Callable[[np.ndarray], float], earlier: Callable[
             draws.append(gap)
     per = (MONTH_DAYS if unit == "day" else 1.0) / shift
     gap, se = sign * (mine - theirs), float(np.std(draws)) if len(draws) > 1 else float("nan")
-    return {"recent": float(mine), "earlier": float(theirs), "shift": float(shift),
-            "unit": "month" if unit == "day" else "unit of the time column",
-            "loss_per_unit": float(gap * per), "noise": float(se * per), "loss_per_day": float(gap / shift)
-            if unit == "day" else None, "measurable": bool(np.isfinite(se) and abs(gap) > 2 * se)}
+    return {
+        "recent": float(mine),
+        "earlier": float(theirs),
+        "shift": float(shift),
+        "unit": "month" if unit == "day" else "unit of the time column",
+        "loss_per_unit": float(gap * per),
+        "noise": float(se * per),
+        "loss_per_day": float(gap / shift) if unit == "day" else None,
+        "measurable": bool(np.isfinite(se) and abs(gap) > 2 * se),
+    }
 
 
 def _earlier_line(e: dict[str, Any], metric: str) -> str:
     unit = e["unit"]
     shift = f"{e['shift']:.0f} days" if unit == "month" else f"{e['shift']:g} units"
-    head = (f"the same model cut off {shift} earlier scores {metric} {e['earlier']:.4f} on the test rows against "
-            f"{e['recent']:.4f}")
+    head = (
+        f"the same model cut off {shift} earlier scores {metric} {e['earlier']:.4f} on the test rows against "
+        f"{e['recent']:.4f}"
+    )
     if not e["measurable"]:
-        return f"{head}: a difference the noise cannot tell from none ({e['loss_per_unit']:+.4f} per {unit}, noise " \
-               f"{e['noise']:.4f})"
+        return (
+            f"{head}: a difference the noise cannot tell from none ({e['loss_per_unit']:+.4f} per {unit}, noise "
+            f"{e['noise']:.4f})"
+        )
     trend = "worse" if e["loss_per_unit"] > 0 else "better"
     line = f"{head}: {abs(e['loss_per_unit']):.4f} {trend} per {unit} of age (noise {e['noise']:.4f})"
     if e.get("loss_per_day") is not None and e["loss_per_unit"] > 0:
-        line += (f"; retrained daily, the serving model is about {e['loss_per_day']:.4f} behind a fresh one, weekly "
-                 f"{7 * e['loss_per_day']:.4f}")
+        line += (
+            f"; retrained daily, the serving model is about {e['loss_per_day']:.4f} behind a fresh one, weekly "
+            f"{7 * e['loss_per_day']:.4f}"
+        )
     return line
 
 
@@ -116,15 +149,24 @@ def backtest_line(b: dict[str, Any]) -> str:
 
 
 def _slices_line(b: dict[str, Any], unit: str, metric: str, claim: bool) -> str:
-    span = f"over test rows {b['slices'][0]['age']:.0f} to {b['slices'][-1]['age']:.0f} " + \
-        ("days" if unit == "month" else "units") + " after its training data"
+    span = (
+        f"over test rows {b['slices'][0]['age']:.0f} to {b['slices'][-1]['age']:.0f} "
+        + ("days" if unit == "month" else "units")
+        + " after its training data"
+    )
     if not b["measurable"]:
-        return (f"by the test rows' age, no change of {metric} with the age of the data could be told from the noise {span} "
-                f"({b['loss_per_unit']:+.4f} per {unit}, noise {b['noise']:.4f})")
+        return (
+            f"by the test rows' age, no change of {metric} with the age of the data could be told from the noise {span} "
+            f"({b['loss_per_unit']:+.4f} per {unit}, noise {b['noise']:.4f})"
+        )
     trend = "falls" if b["loss_per_unit"] > 0 else "rises"
-    line = (f"by the test rows' age, {metric} {trend} about {abs(b['loss_per_unit']):.4f} per {unit} (noise "
-            f"{b['noise']:.4f}) {span}")
+    line = (
+        f"by the test rows' age, {metric} {trend} about {abs(b['loss_per_unit']):.4f} per {unit} (noise "
+        f"{b['noise']:.4f}) {span}"
+    )
     if claim and b.get("loss_per_day") is not None and b["loss_per_unit"] > 0:
-        line += (f"; a model retrained daily is about {b['loss_per_day']:.4f} behind a fresh one, weekly "
-                 f"{7 * b['loss_per_day']:.4f}")
+        line += (
+            f"; a model retrained daily is about {b['loss_per_day']:.4f} behind a fresh one, weekly "
+            f"{7 * b['loss_per_day']:.4f}"
+        )
     return line

@@ -33,8 +33,11 @@ class Budget:
         return self.epochs
 
     def describe(self) -> str:
-        return (f"batch size {self.batch_size} per worker, up to {self.epochs} epoch(s) ({self.steps_per_epoch} step(s) "
-                "each); early stopping " + (f"after {self.patience} epoch(s) without improvement" if self.patience else "off"))
+        return (
+            f"batch size {self.batch_size} per worker, up to {self.epochs} epoch(s) ({self.steps_per_epoch} step(s) "
+            "each); early stopping "
+            + (f"after {self.patience} epoch(s) without improvement" if self.patience else "off")
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "unit": self.unit, "limit": self.limit, "description": self.describe()}

@@ -83,9 +83,11 @@ def read_calibration(directory: str | Path) -> dict[str, Any] | None:
     except ValueError:
         data = None
     if not _valid(data):
-        raise UnreadableCheckpoint(f"{path}: not a calibration trainflow wrote ({str(data)[:200]}); a fit stores temperature "
-                         f"T in {list(TEMPERATURE_RANGE)} or platt with slope in {list(PLATT_SLOPE_RANGE)} and "
-                         f"|intercept| <= {PLATT_INTERCEPT_MAX:g}, as numbers, and a threshold in (0, 1)")
+        raise UnreadableCheckpoint(
+            f"{path}: not a calibration trainflow wrote ({str(data)[:200]}); a fit stores temperature "
+            f"T in {list(TEMPERATURE_RANGE)} or platt with slope in {list(PLATT_SLOPE_RANGE)} and "
+            f"|intercept| <= {PLATT_INTERCEPT_MAX:g}, as numbers, and a threshold in (0, 1)"
+        )
     return data
 
 
@@ -104,8 +106,12 @@ def _valid(data: Any) -> bool:
         ok = _number(t) and TEMPERATURE_RANGE[0] <= t <= TEMPERATURE_RANGE[1]
     elif method == "platt":
         a, b = data.get("slope"), data.get("intercept")
-        ok = (_number(a) and PLATT_SLOPE_RANGE[0] <= a <= PLATT_SLOPE_RANGE[1] and _number(b)
-              and abs(b) <= PLATT_INTERCEPT_MAX)
+        ok = (
+            _number(a)
+            and PLATT_SLOPE_RANGE[0] <= a <= PLATT_SLOPE_RANGE[1]
+            and _number(b)
+            and abs(b) <= PLATT_INTERCEPT_MAX
+        )
     else:
         ok = method is None
     return ok and (threshold is None or (_number(threshold) and 0.0 < threshold < 1.0))

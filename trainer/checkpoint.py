@@ -50,8 +50,13 @@ def save_checkpoint(
 
 
 def write_common(
-    directory: str | Path, epoch: int, metrics: dict[str, Any], history: list[dict[str, float]],
-    preprocessor: dict[str, Any], config: dict[str, Any], lineage: dict[str, str] | None = None,
+    directory: str | Path,
+    epoch: int,
+    metrics: dict[str, Any],
+    history: list[dict[str, float]],
+    preprocessor: dict[str, Any],
+    config: dict[str, Any],
+    lineage: dict[str, str] | None = None,
 ) -> None:
     """The files every family's checkpoint holds: metrics and history, the preprocessor, the config, the lineage."""
     d = Path(directory)

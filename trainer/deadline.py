@@ -102,8 +102,10 @@ class TimeShare:
         if share >= MIN_RUN_S:
             return None
         left = max(0.0, self.ends_at - self.clock())
-        return (f"{self.why}: {left:.0f} s were left, about {max(0.0, share):.0f} s for each of its {family_runs} run(s), "
-                f"under the {MIN_RUN_S:.0f} s a run needs to start and train")
+        return (
+            f"{self.why}: {left:.0f} s were left, about {max(0.0, share):.0f} s for each of its {family_runs} run(s), "
+            f"under the {MIN_RUN_S:.0f} s a run needs to start and train"
+        )
 
     def first_family_ended(self) -> bool:
         """auto: the first family's runs have all ended; the others get their shared deadline. True when it moved."""
@@ -113,13 +115,18 @@ class TimeShare:
         self.first_done_s = now - self.started
         share = max(self.first_done_s, AUTO_FLOOR_S - self.first_done_s)
         self.ends_at = now + share
-        self.why = (f"train.time_limit auto ({self.families[0]} trained in {self.first_done_s:.0f} s, so the other "
-                    f"families share {share:.0f} s: training takes at most max(twice the first family's time, "
-                    f"{AUTO_FLOOR_S:.0f} s))")
+        self.why = (
+            f"train.time_limit auto ({self.families[0]} trained in {self.first_done_s:.0f} s, so the other "
+            f"families share {share:.0f} s: training takes at most max(twice the first family's time, "
+            f"{AUTO_FLOOR_S:.0f} s))"
+        )
         return True
 
     def record(self) -> dict[str, Any]:
         """For the summary: the limit, how it was shared, and how long training took."""
-        return {"time_limit": self.limit, "training_s": round(self.clock() - self.started, 1),
-                "first_family_s": None if self.first_done_s is None else round(self.first_done_s, 1),
-                "rule": self.why or None}
+        return {
+            "time_limit": self.limit,
+            "training_s": round(self.clock() - self.started, 1),
+            "first_family_s": None if self.first_done_s is None else round(self.first_done_s, 1),
+            "rule": self.why or None,
+        }

@@ -31,9 +31,13 @@ ROUNDS = 25  # greedy picks (with replacement): weights are multiples of 1/25, a
 LEFT_OUT = ("train_state.pt", "train_state.json", "calibration.json")  # what serving a member does not read
 
 
-def member_outputs(predictors: dict[str, Callable[[np.ndarray], np.ndarray]], prep: TabularPreprocessor,
-                   ds: Rows, batch_size: int = 65536, keep: tuple[str, ...] = ()
-                   ) -> tuple[dict[str, np.ndarray], np.ndarray, dict[str, pa.ChunkedArray]]:
+def member_outputs(
+    predictors: dict[str, Callable[[np.ndarray], np.ndarray]],
+    prep: TabularPreprocessor,
+    ds: Rows,
+    batch_size: int = 65536,
+    keep: tuple[str, ...] = (),
+) -> tuple[dict[str, np.ndarray], np.ndarray, dict[str, pa.ChunkedArray]]:
     """Every member's raw outputs on every row of ds, the same rows in one pass, the encoded labels, and the raw
     values of the columns in keep (a time column), in the same row order."""
     outs: dict[str, list[np.ndarray]] = {f: [] for f in predictors}
@@ -48,8 +52,11 @@ def member_outputs(predictors: dict[str, Callable[[np.ndarray], np.ndarray]], pr
             outs[family].append(predict(x))
     if not labels:
         raise ValueError("the validation split has no rows to weight the ensemble on")
-    return ({f: np.concatenate(o) for f, o in outs.items()}, np.concatenate(labels),
-            {c: pa.chunked_array(v) for c, v in kept.items() if v})
+    return (
+        {f: np.concatenate(o) for f, o in outs.items()},
+        np.concatenate(labels),
+        {c: pa.chunked_array(v) for c, v in kept.items() if v},
+    )
 
 
 def _columns(task: str, outputs: list[np.ndarray], labels: np.ndarray) -> list[np.ndarray]:
@@ -88,8 +95,11 @@ def cross_fitted(task: str, outputs: list[np.ndarray], labels: np.ndarray, seed:
         fit, held = fold != k, fold == k
         if not held.any():
             continue
-        weights = greedy_weights(task, [o[fit] for o in outputs], labels[fit]) if fit.any() else \
-            [1.0 / len(outputs)] * len(outputs)
+        weights = (
+            greedy_weights(task, [o[fit] for o in outputs], labels[fit])
+            if fit.any()
+            else [1.0 / len(outputs)] * len(outputs)
+        )
         out[held] = combine(task, [o[held] for o in outputs], weights)
     return out
 
@@ -101,18 +111,43 @@ def ensemble_dir(storage_path: str, run_name: str, weights: dict[str, float], me
     return join(storage_path, f"{run_name}-{ENSEMBLE}", f"{ENSEMBLE}_{digest}")
 
 
-def write_ensemble(target: str, members: dict[str, str], weights: dict[str, float], metrics: dict[str, Any],
-                   preprocessor: dict[str, Any], config: dict[str, Any], lineage: dict[str, str]) -> str:
+def write_ensemble(
+    target: str,
+    members: dict[str, str],
+    weights: dict[str, float],
+    metrics: dict[str, Any],
+    preprocessor: dict[str, Any],
+    config: dict[str, Any],
+    lineage: dict[str, str],
+) -> str:
     """The ensemble checkpoint at target (local or a storage URI), written whole or not at all; a local folder
     holding its files (target itself when local). An existing one (the same digest) is kept as it is."""
     model = {**config["model"], "type": ENSEMBLE, "members": list(weights)}
-    marker = json.dumps({"members": [{"family": f, "weight": w} for f, w in weights.items()], "rounds": ROUNDS}, indent=1)
-    return write_bundle(target, {member_dir("", f): path for f, path in members.items()}, ENSEMBLE_FILE, marker,
-                        metrics, preprocessor, {**config, "model": model}, lineage)
+    marker = json.dumps(
+        {"members": [{"family": f, "weight": w} for f, w in weights.items()], "rounds": ROUNDS}, indent=1
+    )
+    return write_bundle(
+        target,
+        {member_dir("", f): path for f, path in members.items()},
+        ENSEMBLE_FILE,
+        marker,
+        metrics,
+        preprocessor,
+        {**config, "model": model},
+        lineage,
+    )
 
 
-def write_bundle(target: str, parts: dict[Path, str], marker_file: str, marker: str, metrics: dict[str, Any],
-                 preprocessor: dict[str, Any], config: dict[str, Any], lineage: dict[str, str]) -> str:
+def write_bundle(
+    target: str,
+    parts: dict[Path, str],
+    marker_file: str,
+    marker: str,
+    metrics: dict[str, Any],
+    preprocessor: dict[str, Any],
+    config: dict[str, Any],
+    lineage: dict[str, str],
+) -> str:
     """A checkpoint made of other checkpoints (parts: relative folder -> a local checkpoint to copy there, without
     training state or calibration) at target, written whole or not at all, its marker file last; a local folder
     holding its files (target itself when local). An existing one (its marker present) is kept as it is."""

@@ -28,8 +28,13 @@ class Scored:
 
     def subset(self, rows: np.ndarray) -> Scored:
         """The same scores on the rows selected (a boolean mask or indices), in order."""
-        return Scored(self.prep, self.outputs[rows], self.labels[rows], {c: v[rows] for c, v in self.columns.items()},
-                      None if self.held_out is None else self.held_out[rows])
+        return Scored(
+            self.prep,
+            self.outputs[rows],
+            self.labels[rows],
+            {c: v[rows] for c, v in self.columns.items()},
+            None if self.held_out is None else self.held_out[rows],
+        )
 
     def metrics(self, rows: np.ndarray | None = None) -> dict[str, float]:
         if rows is None:
@@ -38,11 +43,21 @@ class Scored:
 
     def calibration(self) -> dict[str, Any] | None:
         """ECE and Brier score with the reliability curve's bins (classification only)."""
-        return calibration(self.outputs, self.labels, self.prep.num_outputs) if self.prep.task == "classification" else None
+        return (
+            calibration(self.outputs, self.labels, self.prep.num_outputs)
+            if self.prep.task == "classification"
+            else None
+        )
 
 
-def score_checkpoint(checkpoint_path: str, ds: Rows, columns: tuple[str, ...] = (),
-                     batch_size: int = 65536, calibrated: bool = True, held_out=None) -> Scored:
+def score_checkpoint(
+    checkpoint_path: str,
+    ds: Rows,
+    columns: tuple[str, ...] = (),
+    batch_size: int = 65536,
+    calibrated: bool = True,
+    held_out=None,
+) -> Scored:
     """The checkpoint's outputs over every row of ds, through the preprocessor stored in its own checkpoint, so an
     older champion is judged on the same rows as a new challenger even when their fitted preprocessing differs.
     held_out: a FoldPlan (another model's): each row's mark, whether that plan held it out, in Scored.held_out.
@@ -62,12 +77,24 @@ def score_checkpoint(checkpoint_path: str, ds: Rows, columns: tuple[str, ...] = 
         if held_out is not None:  # a key column the plan needs is gone: no row can be shown held out
             marks.append(np.zeros(batch.num_rows, bool) if missing else held_out.held_out(batch))
     if not outs:
-        return Scored(prep, np.zeros((0, prep.num_outputs), np.float32), np.zeros(0), {c: np.array([]) for c in columns},
-                      np.zeros(0, bool) if held_out is not None else None)
-    values = {c: np.asarray(pa.chunked_array([chunk for part in parts for chunk in part.chunks]).to_pylist(), dtype=object)
-              for c, parts in raw.items()}
-    return Scored(prep, np.concatenate(outs), np.concatenate(labels), values,
-                  np.concatenate(marks) if held_out is not None else None)
+        return Scored(
+            prep,
+            np.zeros((0, prep.num_outputs), np.float32),
+            np.zeros(0),
+            {c: np.array([]) for c in columns},
+            np.zeros(0, bool) if held_out is not None else None,
+        )
+    values = {
+        c: np.asarray(pa.chunked_array([chunk for part in parts for chunk in part.chunks]).to_pylist(), dtype=object)
+        for c, parts in raw.items()
+    }
+    return Scored(
+        prep,
+        np.concatenate(outs),
+        np.concatenate(labels),
+        values,
+        np.concatenate(marks) if held_out is not None else None,
+    )
 
 
 def evaluate_checkpoint(checkpoint_path: str, ds: Rows, batch_size: int = 65536) -> dict[str, float]:
@@ -90,8 +117,11 @@ def slice_metrics(scored: Scored, min_rows: int) -> dict[str, dict[str, dict[str
         kept = found[np.argsort(-counts, kind="stable")][:MAX_SLICE_VALUES]
         out[column] = {}
         if len(found) > len(kept):
-            out[column]["(other values)"] = {"rows": int(len(keys) - np.isin(keys.astype(str), kept).sum()),
-                                             "values": int(len(found) - len(kept)), "judged": False}
+            out[column]["(other values)"] = {
+                "rows": int(len(keys) - np.isin(keys.astype(str), kept).sum()),
+                "values": int(len(found) - len(kept)),
+                "judged": False,
+            }
         for value in sorted(kept.tolist()):
             rows = np.flatnonzero(keys.astype(str) == value)
             entry: dict[str, Any] = {"rows": int(len(rows)), "judged": bool(len(rows) >= min_rows)}
@@ -103,8 +133,15 @@ def slice_metrics(scored: Scored, min_rows: int) -> dict[str, dict[str, dict[str
 BOOTSTRAP_ROWS = 50_000  # rows per resample at most: the gain's spread is scaled to the full holdout (1/sqrt(n))
 
 
-def paired_bootstrap(challenger: Scored, champion: Scored, metric: str, mode: str, margin: float = 0.0,
-                     resamples: int = 100, seed: int = 0) -> dict[str, Any]:
+def paired_bootstrap(
+    challenger: Scored,
+    champion: Scored,
+    metric: str,
+    mode: str,
+    margin: float = 0.0,
+    resamples: int = 100,
+    seed: int = 0,
+) -> dict[str, Any]:
     """The challenger's gain over the champion on metric (positive: better), over validation rows resampled with
     replacement, the same rows for both models: the gain on the whole holdout, its 5th and 95th percentiles, and
     the share of resamples where the challenger is not better by more than margin. A holdout larger than BOOTSTRAP_ROWS is resampled
@@ -130,5 +167,12 @@ def paired_bootstrap(challenger: Scored, champion: Scored, metric: str, mode: st
         return {"resamples": 0, "gain": float(full), "rows": n}
     spread = (np.asarray(gains) - np.mean(gains)) * np.sqrt(size / n)
     gains_arr = full + spread
-    return {"resamples": len(gains), "rows": n, "paired": paired, "gain": float(full), "gain_p05": float(np.percentile(gains_arr, 5)),
-            "gain_p95": float(np.percentile(gains_arr, 95)), "share_not_better": float((gains_arr <= margin).mean())}
+    return {
+        "resamples": len(gains),
+        "rows": n,
+        "paired": paired,
+        "gain": float(full),
+        "gain_p05": float(np.percentile(gains_arr, 5)),
+        "gain_p95": float(np.percentile(gains_arr, 95)),
+        "share_not_better": float((gains_arr <= margin).mean()),
+    }

@@ -33,8 +33,9 @@ class _Scorer:
         return self.sign * compute_metrics(prep.task, outputs, y, prep).get(self.metric, float("nan"))
 
 
-def feature_importance(servable: ServableModel, table: pa.Table, metric: str, mode: str, repeats: int = 5,
-                       seed: int = 0) -> list[dict[str, Any]]:
+def feature_importance(
+    servable: ServableModel, table: pa.Table, metric: str, mode: str, repeats: int = 5, seed: int = 0
+) -> list[dict[str, Any]]:
     """Per feature column, best first: how much metric worsens when the column's values are shuffled (mean and
     standard deviation over repeats), and for tree families the library's gain share of the column."""
     from sklearn.inspection import permutation_importance
@@ -44,8 +45,10 @@ def feature_importance(servable: ServableModel, table: pa.Table, metric: str, mo
     y = prep.transform_label(table)
     scorer = _Scorer(servable, metric, mode)
     result = permutation_importance(scorer, frame, y, scoring=scorer, n_repeats=repeats, random_state=seed, n_jobs=1)
-    rows = [{"column": col, "importance": float(mean), "importance_std": float(std)}
-            for col, mean, std in zip(prep.feature_order, result.importances_mean, result.importances_std)]
+    rows = [
+        {"column": col, "importance": float(mean), "importance_std": float(std)}
+        for col, mean, std in zip(prep.feature_order, result.importances_mean, result.importances_std)
+    ]
     native = getattr(servable.predict, "native_importance", None)
     if native is not None:
         gains = native()

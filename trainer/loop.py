@@ -34,8 +34,11 @@ def _distributed() -> bool:
 
 
 def _loss_fn(task: str, class_weight: torch.Tensor | None = None, label_smoothing: float = 0.0) -> nn.Module:
-    return nn.CrossEntropyLoss(weight=class_weight, label_smoothing=label_smoothing) if task == "classification" \
+    return (
+        nn.CrossEntropyLoss(weight=class_weight, label_smoothing=label_smoothing)
+        if task == "classification"
         else nn.MSELoss()
+    )
 
 
 def iter_minibatches(shard, batch_size: int, device, generator: torch.Generator | None = None):
@@ -140,9 +143,13 @@ class CachedShard:
             whole = 0
         # the rest: runs short of a whole batch, then the rows before the offset and after the last run
         rows = torch.arange(run, device=self.y.device)
-        rest = torch.cat([(offset + perm[whole:, None] * run + rows).flatten(),
-                          torch.arange(offset, device=self.y.device),
-                          torch.arange(offset + count * run, n, device=self.y.device)])
+        rest = torch.cat(
+            [
+                (offset + perm[whole:, None] * run + rows).flatten(),
+                torch.arange(offset, device=self.y.device),
+                torch.arange(offset + count * run, n, device=self.y.device),
+            ]
+        )
         for i in range(0, len(rest), batch_size):
             heartbeat()
             idx = rest[i : i + batch_size]  # index_select: several times faster than x[idx]
@@ -166,8 +173,9 @@ def member_loss(loss_fn, out: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
     return loss_fn(out.squeeze(-1) if yb.dtype.is_floating_point else out, yb)
 
 
-def train_epoch(model, shard, optimizer, loss_fn, batch_size: int, device, scheduler=None, generator=None,
-                streamed: bool = False) -> float:
+def train_epoch(
+    model, shard, optimizer, loss_fn, batch_size: int, device, scheduler=None, generator=None, streamed: bool = False
+) -> float:
     """One pass over this worker's shard; returns the mean loss over every rank's rows."""
     model.train()
     losses, sizes = [], []
@@ -200,7 +208,9 @@ def _gather(arr: np.ndarray) -> np.ndarray:
 
 
 @torch.no_grad()
-def validate_epoch(model, shard, loss_fn, task: str, prep: TabularPreprocessor, batch_size: int, device) -> dict[str, float]:
+def validate_epoch(
+    model, shard, loss_fn, task: str, prep: TabularPreprocessor, batch_size: int, device
+) -> dict[str, float]:
     """Metrics over the whole validation set: every rank evaluates its shard, then all gather."""
     model.eval()
     # the module itself, not its DDP wrapper: the ranks' validation shards are unequal, and DDP's forward broadcasts
@@ -212,7 +222,9 @@ def validate_epoch(model, shard, loss_fn, task: str, prep: TabularPreprocessor, 
         labels.append(yb.cpu().numpy())
     width = prep.num_outputs
     out = _gather(np.concatenate(outs) if outs else np.zeros((0, width), np.float32))
-    y = _gather(np.concatenate(labels) if labels else np.zeros((0,), np.int64 if task == "classification" else np.float32))
+    y = _gather(
+        np.concatenate(labels) if labels else np.zeros((0,), np.int64 if task == "classification" else np.float32)
+    )
     return compute_metrics(task, out, y, prep)
 
 
@@ -227,7 +239,9 @@ def class_weights(train: TrainSection, prep: TabularPreprocessor) -> torch.Tenso
     else:
         unknown = sorted(set(spec) - {str(c) for c in prep.classes})
         if unknown:
-            raise ValueError(f"train.class_weight: {unknown} are not classes of label {prep.label!r}; classes are {prep.classes}")
+            raise ValueError(
+                f"train.class_weight: {unknown} are not classes of label {prep.label!r}; classes are {prep.classes}"
+            )
         weights = np.array([spec.get(str(c), 1.0) for c in prep.classes], dtype=np.float64)
     return torch.tensor(weights, dtype=torch.float32)
 
@@ -254,12 +268,19 @@ def make_optimizer(model: nn.Module, train: TrainSection) -> torch.optim.Optimiz
 def _snapshot(model, optimizer, scheduler, stopper: EarlyStopping, epoch, seed, metrics, history) -> EpochState:
     unwrapped = model.module if hasattr(model, "module") else model
     return EpochState(
-        epoch=epoch, metrics=dict(metrics), history=list(history),
+        epoch=epoch,
+        metrics=dict(metrics),
+        history=list(history),
         model={k: v.detach().to("cpu", copy=True) for k, v in unwrapped.state_dict().items()},
-        train_state=copy.deepcopy({
-            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "epoch": epoch, "seed": seed,
-            "early_stopping": stopper.state(),
-        }),
+        train_state=copy.deepcopy(
+            {
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "epoch": epoch,
+                "seed": seed,
+                "early_stopping": stopper.state(),
+            }
+        ),
     )
 
 
@@ -268,8 +289,16 @@ def _report(state: EpochState, rank: int, loop_config: dict[str, Any]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = None
         if rank == 0:
-            save_checkpoint(tmp, state.model, state.train_state, state.metrics, state.history,
-                            loop_config["preprocessor"], loop_config["config"].to_dict(), loop_config.get("lineage"))
+            save_checkpoint(
+                tmp,
+                state.model,
+                state.train_state,
+                state.metrics,
+                state.history,
+                loop_config["preprocessor"],
+                loop_config["config"].to_dict(),
+                loop_config.get("lineage"),
+            )
             ckpt = ray.train.Checkpoint.from_directory(tmp)
         ray.train.report(state.metrics, checkpoint=ckpt)
     heartbeat(f"the report of epoch {state.epoch}")
@@ -310,13 +339,21 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
             history = read_metrics(d)["history"]
     record_start(loop_config, rank, start_epoch, checkpoint is not None)
     if rank == 0 and start_epoch == 0:
-        print(f"trainflow budget: {budget.to_dict()} over {prep.train_rows} training rows and {ctx.get_world_size()} worker(s)")
+        print(
+            f"trainflow budget: {budget.to_dict()} over {prep.train_rows} training rows and {ctx.get_world_size()} worker(s)"
+        )
     model = ray.train.torch.prepare_model(model)
     # built after the model is on its device, so load_state_dict puts the optimizer's state next to the parameters
     optimizer = make_optimizer(model, train_cfg)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(
-        lr_factor, total_steps=epochs * budget.steps_per_epoch, warmup_fraction=train_cfg.warmup_fraction,
-        schedule=train_cfg.schedule))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        functools.partial(
+            lr_factor,
+            total_steps=epochs * budget.steps_per_epoch,
+            warmup_fraction=train_cfg.warmup_fraction,
+            schedule=train_cfg.schedule,
+        ),
+    )
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
         if "scheduler" in state:
@@ -329,8 +366,12 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
     val_shard = ray.train.get_dataset_shard("val")
     cache = loop_config.get("cache_shards", False)
     metric = cfg.checkpoint.metric
-    schedule = ReportSchedule(cfg.checkpoint.min_interval_s, start_epoch,
-                              functools.partial(_agree, device=device), deadline=rank_zero_deadline(loop_config, rank))
+    schedule = ReportSchedule(
+        cfg.checkpoint.min_interval_s,
+        start_epoch,
+        functools.partial(_agree, device=device),
+        deadline=rank_zero_deadline(loop_config, rank),
+    )
     pending_best = None  # the best epoch since the last report, kept until that report
     if stopper.should_stop:
         return history
@@ -344,17 +385,30 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
             train_shard, val_shard = CachedShard(train_shard, device), CachedShard(val_shard, device)
         streamed = loop_config.get("streamed", False)
         train_loss = train_epoch(
-            model, train_shard, optimizer, loss_fn, batch_size, device, scheduler,
-            generator, streamed,
+            model,
+            train_shard,
+            optimizer,
+            loss_fn,
+            batch_size,
+            device,
+            scheduler,
+            generator,
+            streamed,
         )
         epoch_time = time.perf_counter() - t0
-        metrics = {"epoch": epoch, "train_loss": train_loss, "epoch_time_s": epoch_time,
-                   "learning_rate": optimizer.param_groups[0]["lr"]}
+        metrics = {
+            "epoch": epoch,
+            "train_loss": train_loss,
+            "epoch_time_s": epoch_time,
+            "learning_rate": optimizer.param_groups[0]["lr"],
+        }
         if not math.isfinite(train_loss):
             # Reported, not raised: a raise would be retried by FailureConfig, and NaN does not heal.
             if pending_best is not None:
                 _report(pending_best, rank, loop_config)
-            ray.train.report({**metrics, STOP_REASON: f"train loss became {train_loss} at epoch {epoch}"}, checkpoint=None)
+            ray.train.report(
+                {**metrics, STOP_REASON: f"train loss became {train_loss} at epoch {epoch}"}, checkpoint=None
+            )
             return history
         metrics.update(validate_epoch(model, val_shard, _loss_fn(task), task, prep, max(batch_size * 4, 1024), device))
         history.append(metrics)
@@ -376,7 +430,9 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
             break
         if stopper.should_stop:
             if rank == 0:
-                print(f"trainflow early stopping at epoch {epoch}: {metric} has not improved for {stopper.bad_epochs} "
-                      f"epoch(s); best {stopper.best:.6g} at epoch {stopper.best_epoch}")
+                print(
+                    f"trainflow early stopping at epoch {epoch}: {metric} has not improved for {stopper.bad_epochs} "
+                    f"epoch(s); best {stopper.best:.6g} at epoch {stopper.best_epoch}"
+                )
             break
     return history

@@ -70,7 +70,12 @@ def out_of_memory_error(stage: str, num_workers: int) -> TrainingError:
 
 
 def check_booster_matrix(
-    prep: TabularPreprocessor, train_rows: int, val_rows: int, num_workers: int, memory_bytes: float, source: str,
+    prep: TabularPreprocessor,
+    train_rows: int,
+    val_rows: int,
+    num_workers: int,
+    memory_bytes: float,
+    source: str,
     external_memory: str | None = None,
 ) -> dict[str, Any]:
     """Whether a booster worker's matrices fit its share of memory; fail fast when they would not and the family
@@ -86,8 +91,13 @@ def check_booster_matrix(
     per_worker = memory_bytes / max(1, num_workers)
     rows = train_rows / max(1, num_workers) + val_rows
     need = 2 * per_row * rows
-    estimate = {"bytes_per_row": per_row, "table_bytes": per_row * (train_rows + val_rows), "features": prep.num_features,
-                "worker_matrix_bytes": int(need), "external_memory": external_memory == "always"}
+    estimate = {
+        "bytes_per_row": per_row,
+        "table_bytes": per_row * (train_rows + val_rows),
+        "features": prep.num_features,
+        "worker_matrix_bytes": int(need),
+        "external_memory": external_memory == "always",
+    }
     over = need > 0.5 * per_worker
     if over and external_memory == "auto":
         estimate["external_memory"] = True
@@ -96,9 +106,12 @@ def check_booster_matrix(
 
         extmem = " or ".join(f.name for f in REGISTRY.values() if f.external_memory)
         streams = " or ".join(f.name for f in REGISTRY.values() if f.uses_minibatches and not f.imports_user_code)
-        way_out = (f"model.params.external_memory: auto (now never), which reads the shard into {extmem}'s "
-                   "external-memory matrix" if external_memory == "never" else
-                   f"model.type {extmem}, whose external-memory matrix reads the shard a batch at a time")
+        way_out = (
+            f"model.params.external_memory: auto (now never), which reads the shard into {extmem}'s "
+            "external-memory matrix"
+            if external_memory == "never"
+            else f"model.type {extmem}, whose external-memory matrix reads the shard a batch at a time"
+        )
         raise DataError(
             f"{source}: a boosted-trees worker holds its {int(train_rows / max(1, num_workers)):,} training rows and "
             f"the {val_rows:,} validation rows as matrices, about {need / 2**30:.1f} GiB of the "

@@ -51,11 +51,15 @@ def calibration(out: np.ndarray, y: np.ndarray, num_classes: int, bins: int = 15
     from sklearn.metrics import brier_score_loss
     from torchmetrics.functional.classification import multiclass_calibration_error
 
-    probs = torch.softmax(torch.from_numpy(np.asarray(out, dtype=np.float64)), dim=1)  # float64: rows sum to 1 for sklearn
+    probs = torch.softmax(
+        torch.from_numpy(np.asarray(out, dtype=np.float64)), dim=1
+    )  # float64: rows sum to 1 for sklearn
     target = torch.from_numpy(np.asarray(y, dtype=np.int64))
     ece = float(multiclass_calibration_error(probs, target, num_classes=num_classes, n_bins=bins, norm="l1"))
     p = probs.numpy().astype(np.float64)
-    brier = float(brier_score_loss(y.astype(np.int64), p if num_classes > 2 else p[:, 1], labels=list(range(num_classes))))
+    brier = float(
+        brier_score_loss(y.astype(np.int64), p if num_classes > 2 else p[:, 1], labels=list(range(num_classes)))
+    )
     confidence, predicted = p.max(axis=1), p.argmax(axis=1)
     edges = np.linspace(0.0, 1.0, bins + 1)
     which = np.clip(np.digitize(confidence, edges[1:-1], right=True), 0, bins - 1)
@@ -63,6 +67,13 @@ def calibration(out: np.ndarray, y: np.ndarray, num_classes: int, bins: int = 15
     for b in range(bins):
         rows = which == b
         if rows.any():
-            curve.append({"low": float(edges[b]), "high": float(edges[b + 1]), "rows": int(rows.sum()),
-                          "confidence": float(confidence[rows].mean()), "accuracy": float((predicted[rows] == y[rows]).mean())})
+            curve.append(
+                {
+                    "low": float(edges[b]),
+                    "high": float(edges[b + 1]),
+                    "rows": int(rows.sum()),
+                    "confidence": float(confidence[rows].mean()),
+                    "accuracy": float((predicted[rows] == y[rows]).mean()),
+                }
+            )
     return {"ece": ece, "brier": brier, "bins": curve}

@@ -34,8 +34,10 @@ def check_finite(decoded: dict, source: str) -> None:
         values = np.asarray(col) if not isinstance(col, pa.Array) else None
         if values is not None and values.dtype.kind == "f" and not np.isfinite(values).all():
             bad = int((~np.isfinite(values)).sum())
-            raise NonFiniteOutput(f"checkpoint {source} (preprocessor.json, calibration.json, its model file): "
-                                  f"{bad} of {len(values)} rows got a non-finite {name}; nothing was written")
+            raise NonFiniteOutput(
+                f"checkpoint {source} (preprocessor.json, calibration.json, its model file): "
+                f"{bad} of {len(values)} rows got a non-finite {name}; nothing was written"
+            )
 
 
 class CountCollector:
@@ -71,15 +73,13 @@ class BatchPredictor:
         return predict_table(self.servable, batch, self.id_column)
 
 
-
-
-
 def _columns(feature_order: list[str], id_column: str | None) -> list[str]:
     return feature_order + ([id_column] if id_column and id_column not in feature_order else [])
 
 
-def predict_arrow(table: pa.Table, checkpoint_path: str, id_column: str | None, feature_order: list[str],
-                  batch_size: int = 4096) -> pa.Table:
+def predict_arrow(
+    table: pa.Table, checkpoint_path: str, id_column: str | None, feature_order: list[str], batch_size: int = 4096
+) -> pa.Table:
     """Every row of a small table in this process's memory predicted here, batch by batch in order, by one
     BatchPredictor (CPU)."""
     predictor = BatchPredictor(checkpoint_path, id_column)
@@ -89,16 +89,26 @@ def predict_arrow(table: pa.Table, checkpoint_path: str, id_column: str | None, 
 
 
 def predict_dataset(
-    ds, checkpoint_path: str, id_column: str | None, feature_order: list[str], batch_size: int = 4096,
-    num_actors: int = 1, use_gpu: bool = False, collector=None,
+    ds,
+    checkpoint_path: str,
+    id_column: str | None,
+    feature_order: list[str],
+    batch_size: int = 4096,
+    num_actors: int = 1,
+    use_gpu: bool = False,
+    collector=None,
 ):
     """Lazily predict every row of a Ray Dataset with a pool of BatchPredictor actors (model loaded once each)."""
     import ray.data
 
     return ds.select_columns(_columns(feature_order, id_column)).map_batches(
         BatchPredictor,
-        fn_constructor_kwargs={"checkpoint_path": checkpoint_path, "id_column": id_column, "use_gpu": use_gpu,
-                               "collector": collector},
+        fn_constructor_kwargs={
+            "checkpoint_path": checkpoint_path,
+            "id_column": id_column,
+            "use_gpu": use_gpu,
+            "collector": collector,
+        },
         batch_size=batch_size,
         batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=num_actors),

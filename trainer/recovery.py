@@ -51,8 +51,13 @@ def recoveries(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             # a hang is logged by the watchdog before Ray reports the killed worker; keep the first cause
             pending = e["error"] if pending is None else pending
         elif e.get("event") == "resume":
-            out.append({"error": pending or "the previous attempt ended without reporting an error (process or node killed)",
-                        "resumed_from_epoch": e["epoch"]})
+            out.append(
+                {
+                    "error": pending
+                    or "the previous attempt ended without reporting an error (process or node killed)",
+                    "resumed_from_epoch": e["epoch"],
+                }
+            )
             pending = None
     return out
 

@@ -26,8 +26,14 @@ class ReportSchedule:
     step is reported and is the last (`expired`), on every rank alike.
     """
 
-    def __init__(self, min_interval_s: float, start: int, agree: Callable[[list[int]], list[int]],
-                 decide_every_s: float = 0.0, deadline: Callable[[float], bool] | None = None):
+    def __init__(
+        self,
+        min_interval_s: float,
+        start: int,
+        agree: Callable[[list[int]], list[int]],
+        decide_every_s: float = 0.0,
+        deadline: Callable[[float], bool] | None = None,
+    ):
         self.min_interval, self.agree, self.decide_every = float(min_interval_s), agree, decide_every_s
         self.deadline = deadline  # rank 0 only: whether the time share ends within the given seconds
         self.reported = start - 1  # steps up to here are in a checkpoint already (the one resumed from)
@@ -45,8 +51,9 @@ class ReportSchedule:
         per_step = (now - self.last_decision) / max(1, step - self.next_decision + 1)
         stride = max(1, int(self.decide_every / max(per_step, 1e-6))) if self.decide_every else 1
         expired = bool(self.deadline and not last and self.deadline(next_step_s))
-        due, stride, expired = self.agree([int(last or expired or now - self.last_report >= self.min_interval), stride,
-                                           int(expired)])
+        due, stride, expired = self.agree(
+            [int(last or expired or now - self.last_report >= self.min_interval), stride, int(expired)]
+        )
         self.last_decision, self.next_decision, self.expired = now, step + stride, bool(expired)
         return bool(due)
 
@@ -67,8 +74,16 @@ def record_start(loop_config: dict[str, Any], rank: int, start: int, resumed: bo
         return
     if resumed and rank == 0:
         append_event(run_dir, {"event": "resume", "epoch": start})
-    append_event(run_dir, {"event": "worker_start", "rank": rank, "node_id": ray.get_runtime_context().get_node_id(),
-                           "from_epoch": start, **extra})
+    append_event(
+        run_dir,
+        {
+            "event": "worker_start",
+            "rank": rank,
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "from_epoch": start,
+            **extra,
+        },
+    )
 
 
 def rank_zero_deadline(loop_config: dict[str, Any], rank: int) -> Callable[[float], bool] | None:
@@ -79,7 +94,9 @@ def rank_zero_deadline(loop_config: dict[str, Any], rank: int) -> Callable[[floa
 
 def record_time_limit(loop_config: dict[str, Any], step: int, unit: str) -> None:
     """Rank 0: the run stopped because its time share was spent (the recovery log; the train task reads it)."""
-    print(f"trainflow time limit: the run's share of train.time_limit is spent; stopping after {unit} {step} with the "
-          "best so far")
+    print(
+        f"trainflow time limit: the run's share of train.time_limit is spent; stopping after {unit} {step} with the "
+        "best so far"
+    )
     if loop_config.get("run_dir"):
         append_event(loop_config["run_dir"], {"event": "time_limit", "epoch": step})

@@ -21,6 +21,7 @@ from trainflow.trainer.checkpoint import read_config, read_metrics
 from trainflow.trainer.families import REGISTRY, checkpoint_family
 from trainflow.trainer.families.base import EPS
 
+
 @dataclass
 class ServableModel:
     """A checkpoint loaded for prediction: predict maps packed features to model outputs (logits or
@@ -49,8 +50,10 @@ def combine(task: str, outputs: list[np.ndarray], weights: list[float]) -> np.nd
     outputs' form) or of their standardized values."""
     if task == "regression":
         return sum(w * np.asarray(o, np.float64) for o, w in zip(outputs, weights)).astype(np.float32)
-    probs = sum(w * torch.softmax(torch.from_numpy(np.asarray(o, np.float32)), dim=1).double().numpy()
-                for o, w in zip(outputs, weights))
+    probs = sum(
+        w * torch.softmax(torch.from_numpy(np.asarray(o, np.float32)), dim=1).double().numpy()
+        for o, w in zip(outputs, weights)
+    )
     return np.log(np.clip(probs, EPS, 1.0)).astype(np.float32)
 
 
@@ -66,10 +69,18 @@ def read_ensemble(directory: str | Path) -> list[tuple[str, float]]:
     families = [f for f, _ in pairs]
     bad = [f for f in families if f not in PREDICTORS or f == ENSEMBLE]
     weights = np.array([w for _, w in pairs])
-    if (not pairs or bad or len(set(families)) != len(families) or not np.isfinite(weights).all()
-            or (weights <= 0).any() or abs(weights.sum() - 1.0) > 1e-6):
-        raise UnreadableCheckpoint(f"{path}: members {pairs} are not distinct served families ({sorted(set(PREDICTORS) - {ENSEMBLE})}) "
-                         "with positive weights summing to 1")
+    if (
+        not pairs
+        or bad
+        or len(set(families)) != len(families)
+        or not np.isfinite(weights).all()
+        or (weights <= 0).any()
+        or abs(weights.sum() - 1.0) > 1e-6
+    ):
+        raise UnreadableCheckpoint(
+            f"{path}: members {pairs} are not distinct served families ({sorted(set(PREDICTORS) - {ENSEMBLE})}) "
+            "with positive weights summing to 1"
+        )
     return pairs
 
 
@@ -84,8 +95,9 @@ def member_dirs(directory: str | Path) -> list[Path]:
     members = []
     if read_config(directory)["model"].get("type") == ENSEMBLE:
         members = [member_dir(directory, family) for family, _ in read_ensemble(directory)]
-    return members + [fold_dir(d, k) for d in [Path(directory), *members] if (d / BAG_FILE).exists()
-                      for k in range(read_bag(d))]
+    return members + [
+        fold_dir(d, k) for d in [Path(directory), *members] if (d / BAG_FILE).exists() for k in range(read_bag(d))
+    ]
 
 
 BAG_FILE = "bag.json"
@@ -104,7 +116,9 @@ def read_bag(directory: str | Path) -> int:
     try:
         folds = json.loads(path.read_text())["folds"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UnreadableCheckpoint(f"{path}: not a bagged checkpoint trainflow wrote ({type(exc).__name__}: {exc})") from None
+        raise UnreadableCheckpoint(
+            f"{path}: not a bagged checkpoint trainflow wrote ({type(exc).__name__}: {exc})"
+        ) from None
     if not isinstance(folds, int) or isinstance(folds, bool) or not 2 <= folds <= MAX_FOLDS:
         raise UnreadableCheckpoint(f"{path}: folds {folds!r} is not a whole number from 2 to {MAX_FOLDS}")
     return folds
@@ -167,7 +181,8 @@ class EnsemblePredictor:
 
 # each family's predictor, and the ensemble's, built from a checkpoint folder; its config.json names which
 PREDICTORS: dict[str, Callable[..., Callable[[np.ndarray], np.ndarray]]] = {
-    **{name: family.predictor for name, family in REGISTRY.items()}, ENSEMBLE: EnsemblePredictor,
+    **{name: family.predictor for name, family in REGISTRY.items()},
+    ENSEMBLE: EnsemblePredictor,
 }
 
 
@@ -202,12 +217,21 @@ def load_servable(directory: str | Path, device: str | torch.device = "cpu", cal
     meta = read_metrics(directory)
     family = checkpoint_family(config)
     if family not in PREDICTORS:
-        raise ValueError(f"{directory / 'config.json'}: model.type {family!r} is not a family this trainflow serves "
-                         f"({sorted(PREDICTORS)})")
+        raise ValueError(
+            f"{directory / 'config.json'}: model.type {family!r} is not a family this trainflow serves "
+            f"({sorted(PREDICTORS)})"
+        )
     predict = predictor_for(directory, prep, config, str(device))
     calibration = read_calibration(directory) if prep.task == "classification" else None
     if calibration and calibration.get("method") and calibrated:
         predict = CalibratedPredictor(predict, calibration)
     threshold = (calibration or {}).get("threshold") if calibrated else None
-    return ServableModel(predict=predict, preprocessor=prep, config=config, epoch=int(meta["epoch"]), metrics=meta["metrics"],
-                         threshold=threshold, source=str(directory))
+    return ServableModel(
+        predict=predict,
+        preprocessor=prep,
+        config=config,
+        epoch=int(meta["epoch"]),
+        metrics=meta["metrics"],
+        threshold=threshold,
+        source=str(directory),
+    )

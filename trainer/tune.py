@@ -62,8 +62,14 @@ def trial_run_name(sweep: str, trial_id: str) -> str:
 
 
 def train_driver_fn(
-    params: dict[str, Any], base_config: dict, preprocessor: dict, train_ds: ray.data.Dataset,
-    val_ds: ray.data.Dataset, sweep: str, cache_shards: bool = False, external_memory: dict[str, bool] | None = None,
+    params: dict[str, Any],
+    base_config: dict,
+    preprocessor: dict,
+    train_ds: ray.data.Dataset,
+    val_ds: ray.data.Dataset,
+    sweep: str,
+    cache_shards: bool = False,
+    external_memory: dict[str, bool] | None = None,
     progress: ProgressCallback | None = None,
 ) -> None:
     """One trial: the base config with this trial's sampled values, trained by its family's Ray Train trainer.
@@ -73,14 +79,22 @@ def train_driver_fn(
     cfg = cfg.for_family(cfg.model.type)  # the trial's family reads its own model.params block
     name = trial_run_name(sweep, ray.tune.get_context().get_trial_id())
     family = cfg.model.type
-    external = REGISTRY[family].uses_external_memory(cfg.model.params.external_memory,
-                                                     (external_memory or {}).get(family, False))
+    external = REGISTRY[family].uses_external_memory(
+        cfg.model.params.external_memory, (external_memory or {}).get(family, False)
+    )
     callbacks = [TuneReportCallback()]
     if progress is not None:
         callbacks.append(progress.tagged(trial=ray.tune.get_context().get_trial_id(), family=family))
     trainer = build_trainer(
-        cfg, TabularPreprocessor.from_dict(preprocessor), train_ds, val_ds, name, callbacks=callbacks,
-        cache_shards=cache_shards, streamed=not cache_shards, external_memory=external,
+        cfg,
+        TabularPreprocessor.from_dict(preprocessor),
+        train_ds,
+        val_ds,
+        name,
+        callbacks=callbacks,
+        cache_shards=cache_shards,
+        streamed=not cache_shards,
+        external_memory=external,
     )
     trainer.fit()
 
@@ -97,9 +111,16 @@ def check_restore(path: str, sweep: str, resume: bool) -> None:
 
 
 def build_tuner(
-    config: Config, preprocessor: TabularPreprocessor, train_ds: ray.data.Dataset, val_ds: ray.data.Dataset,
-    sweep: str, max_concurrent_trials: int, cache_shards: bool = False, external_memory: dict[str, bool] | None = None,
-    resume: bool = False, progress: ProgressCallback | None = None,
+    config: Config,
+    preprocessor: TabularPreprocessor,
+    train_ds: ray.data.Dataset,
+    val_ds: ray.data.Dataset,
+    sweep: str,
+    max_concurrent_trials: int,
+    cache_shards: bool = False,
+    external_memory: dict[str, bool] | None = None,
+    resume: bool = False,
+    progress: ProgressCallback | None = None,
 ) -> ray.tune.Tuner:
     """A Tuner for config['tune']: new, or restored from the sweep's folder when resume is asked for.
 
@@ -107,8 +128,14 @@ def build_tuner(
     because a folder of that name exists: anyone who can write to storage_path could have put it there."""
     tune_cfg = config.require_tune()
     trainable = ray.tune.with_parameters(
-        train_driver_fn, base_config=config.to_dict(), preprocessor=preprocessor.to_dict(),
-        train_ds=train_ds, val_ds=val_ds, sweep=sweep, cache_shards=cache_shards, external_memory=external_memory,
+        train_driver_fn,
+        base_config=config.to_dict(),
+        preprocessor=preprocessor.to_dict(),
+        train_ds=train_ds,
+        val_ds=val_ds,
+        sweep=sweep,
+        cache_shards=cache_shards,
+        external_memory=external_memory,
         progress=progress,
     )
     # The driver only waits on its TorchTrainer; the Train workers ask for their own resources. Tune
@@ -126,7 +153,8 @@ def build_tuner(
             if not REGISTRY[f].uses_minibatches:
                 max_t = max(max_t, config.for_family(f).model.params.num_boost_round)
         scheduler = ASHAScheduler(
-            time_attr="epoch", max_t=max_t,
+            time_attr="epoch",
+            max_t=max_t,
             grace_period=min(tune_cfg.grace_period, max_t),
             reduction_factor=tune_cfg.reduction_factor,
         )
@@ -136,8 +164,11 @@ def build_tuner(
         trainable,
         param_space={"sampled": search_space(sweep_space(config))},
         tune_config=ray.tune.TuneConfig(
-            metric=tune_cfg.metric, mode=tune_cfg.mode, num_samples=tune_cfg.num_samples,
-            max_concurrent_trials=max_concurrent_trials, scheduler=scheduler,
+            metric=tune_cfg.metric,
+            mode=tune_cfg.mode,
+            num_samples=tune_cfg.num_samples,
+            max_concurrent_trials=max_concurrent_trials,
+            scheduler=scheduler,
         ),
         run_config=ray.tune.RunConfig(name=sweep, storage_path=config.storage_path, verbose=0),
     )
@@ -155,18 +186,20 @@ def summarize_trials(results: ray.tune.ResultGrid, sweep: str, metric: str, mode
         if df is not None and "timestamp" in df and len(df):
             end = float(df["timestamp"].max())
             start = float((df["timestamp"] - df.get("time_this_iter_s", 0)).min())
-        rows.append({
-            "trial_id": trial_id,
-            "run_name": trial_run_name(sweep, trial_id),
-            "params": dict(result.config["sampled"]),
-            metric: best,
-            # reports group short epochs; the last reported epoch (0-based) counts the epochs run
-            "epochs_run": 0 if df is None or "epoch" not in df or not len(df) else int(df["epoch"].max()) + 1,
-            "status": "error" if result.error else "ok",
-            "error": str(result.error).splitlines()[0][:300] if result.error else None,
-            "started_at": start,
-            "ended_at": end,
-        })
+        rows.append(
+            {
+                "trial_id": trial_id,
+                "run_name": trial_run_name(sweep, trial_id),
+                "params": dict(result.config["sampled"]),
+                metric: best,
+                # reports group short epochs; the last reported epoch (0-based) counts the epochs run
+                "epochs_run": 0 if df is None or "epoch" not in df or not len(df) else int(df["epoch"].max()) + 1,
+                "status": "error" if result.error else "ok",
+                "error": str(result.error).splitlines()[0][:300] if result.error else None,
+                "started_at": start,
+                "ended_at": end,
+            }
+        )
     return rows
 
 

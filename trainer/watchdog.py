@@ -60,13 +60,23 @@ class Watchdog:
             idle = time.monotonic() - self.last
             if idle > self.timeout_s:
                 if self.run_dir:
-                    measured = (f"; auto: {AUTO_FACTOR:g} x the longest gap so far, "
-                                f"{self.longest_gap or 0:.1f} s, at least {AUTO_MIN_S:g} s") if self.auto else ""
-                    append_event(self.run_dir, {
-                        "event": "hang", "rank": self.rank,
-                        "error": f"worker {self.rank}: no progress for {idle:.0f} s (hang_timeout_s={self.timeout_s:g}"
-                                 f"{measured}) after {self.where}; killed so that Ray Train restarts the worker group",
-                    })
+                    measured = (
+                        (
+                            f"; auto: {AUTO_FACTOR:g} x the longest gap so far, "
+                            f"{self.longest_gap or 0:.1f} s, at least {AUTO_MIN_S:g} s"
+                        )
+                        if self.auto
+                        else ""
+                    )
+                    append_event(
+                        self.run_dir,
+                        {
+                            "event": "hang",
+                            "rank": self.rank,
+                            "error": f"worker {self.rank}: no progress for {idle:.0f} s (hang_timeout_s={self.timeout_s:g}"
+                            f"{measured}) after {self.where}; killed so that Ray Train restarts the worker group",
+                        },
+                    )
                 os.kill(os.getpid(), signal.SIGKILL)
 
     def __enter__(self) -> Watchdog:

@@ -61,14 +61,25 @@ def record_move(client: mlflow.MlflowClient, name: str, old: str | None, new: st
         periods = _periods(client, name, version)
         if version == new or not periods or periods[-1].get("until"):
             continue
-        periods[-1].update(until=now, replaced_by=new, replaced_why=why[:500] if version == old else
-                           f"the alias was moved outside trainflow before {now}")
+        periods[-1].update(
+            until=now,
+            replaced_by=new,
+            replaced_why=why[:500] if version == old else f"the alias was moved outside trainflow before {now}",
+        )
         _write(client, name, version, periods)
         closed.add(version)
     if old is not None and old != new and old not in closed:
         periods = _periods(client, name, old)
-        periods.append({"since": None, "why": "set outside trainflow", "by": None, "until": now, "replaced_by": new,
-                        "replaced_why": why[:500]})
+        periods.append(
+            {
+                "since": None,
+                "why": "set outside trainflow",
+                "by": None,
+                "until": now,
+                "replaced_by": new,
+                "replaced_why": why[:500],
+            }
+        )
         _write(client, name, old, periods)
     periods = _periods(client, name, new)
     periods.append({"since": now, "why": why[:500], "by": by, "replaced": old})
@@ -87,8 +98,14 @@ def record_missed_move(client: mlflow.MlflowClient, name: str, version: str, why
     if version in still_open:
         return False
     old = next((v for v in still_open if v != version), None)
-    record_move(client, name, old, version, f"{why}; recorded by a rerun: the run that moved the alias stopped "
-                                           "before recording the move", by)
+    record_move(
+        client,
+        name,
+        old,
+        version,
+        f"{why}; recorded by a rerun: the run that moved the alias stopped before recording the move",
+        by,
+    )
     return True
 
 
@@ -102,8 +119,11 @@ def history(client: mlflow.MlflowClient, name: str) -> list[dict[str, Any]]:
             periods = json.loads(raw) if raw else []
         except ValueError:
             continue
-        rows += [{"version": str(mv.version), "since": None, "until": None, "why": None, "by": None, **p}
-                 for p in periods if isinstance(p, dict)]
+        rows += [
+            {"version": str(mv.version), "since": None, "until": None, "why": None, "by": None, **p}
+            for p in periods
+            if isinstance(p, dict)
+        ]
     return sorted(rows, key=lambda r: (r.get("since") or "", r.get("until") or "9999"))
 
 
@@ -122,8 +142,9 @@ def previous_champion(client: mlflow.MlflowClient, name: str) -> str:
     current = current_champion(client, name)
     serving = [r for r in history(client, name) if r.get("until") is None and r["version"] == current]
     if not serving or not serving[-1].get("replaced"):
-        raise ConfigError(f"rollback: {name}'s history records no version before the serving @champion; name one "
-                          "with --to")
+        raise ConfigError(
+            f"rollback: {name}'s history records no version before the serving @champion; name one with --to"
+        )
     return str(serving[-1]["replaced"])
 
 
@@ -160,8 +181,9 @@ def never_fit_to_serve(client: mlflow.MlflowClient, name: str, target) -> str | 
     return None
 
 
-def rollback(uri: str, name: str, version: str, reason: str, floor: float | None = None, mode: str = "max",
-             force: bool = False) -> dict[str, Any]:
+def rollback(
+    uri: str, name: str, version: str, reason: str, floor: float | None = None, mode: str = "max", force: bool = False
+) -> dict[str, Any]:
     """Move @champion of name back to version under the champion lock, recording who, when and why; the move. A
     version whose recorded score misses promotion.min_score (floor) is refused unless force. A Prefect event
     (trainflow.model.rolled_back) says so where a Prefect API is configured."""
@@ -204,7 +226,10 @@ def _emit_rolled_back(name: str, moved: dict[str, Any]) -> None:
     try:
         from prefect.events import emit_event
 
-        emit_event(event="trainflow.model.rolled_back", resource={"prefect.resource.id": f"trainflow.model.{name}"},
-                   payload=moved)
+        emit_event(
+            event="trainflow.model.rolled_back",
+            resource={"prefect.resource.id": f"trainflow.model.{name}"},
+            payload=moved,
+        )
     except Exception:  # noqa: BLE001 - the move stands whatever the event bus says
         pass

@@ -15,7 +15,14 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, create_model, field_validator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
     model_validator,
 )
 
@@ -23,7 +30,13 @@ from trainflow.errors import ConfigError
 from trainflow.redact import protect
 from trainflow.storage import is_uri
 
-CLASSIFICATION_METRICS = {"val_loss": "min", "train_loss": "min", "val_accuracy": "max", "val_f1": "max", "val_roc_auc": "max"}
+CLASSIFICATION_METRICS = {
+    "val_loss": "min",
+    "train_loss": "min",
+    "val_accuracy": "max",
+    "val_f1": "max",
+    "val_roc_auc": "max",
+}
 REGRESSION_METRICS = {"val_loss": "min", "train_loss": "min", "val_rmse": "min", "val_mae": "min", "val_r2": "max"}
 
 
@@ -45,9 +58,10 @@ def key(default: Any = ..., doc: str = "", *, shown: str | None = None, **constr
 class CsvSection(_Section):
     """How CSV files are parsed (pyarrow.csv): a delimiter, a quote character and the text encoding."""
 
-    delimiter: str = key(",", "the character between a CSV file's values (a tab: `\"\\t\"`)",
-                         min_length=1, max_length=1)
-    quote_char: str = key('"', "the character that quotes a CSV value holding the delimiter", min_length=1, max_length=1)
+    delimiter: str = key(",", 'the character between a CSV file\'s values (a tab: `"\\t"`)', min_length=1, max_length=1)
+    quote_char: str = key(
+        '"', "the character that quotes a CSV value holding the delimiter", min_length=1, max_length=1
+    )
     encoding: str = key("utf8", "the CSV files' text encoding, e.g. `latin-1`, `cp1252`")
 
     @field_validator("encoding")
@@ -63,20 +77,27 @@ class CsvSection(_Section):
 
 
 class DataSection(_Section):
-    path: str = key(doc="file, folder, glob or URI (`s3://...`) of the training table; files are picked by their "
-                        "extension (`.csv`, `.tsv`, `.parquet`, `.parq`, `.pq`, optionally compressed)")
-    format: Literal["parquet", "csv"] | None = key(None, "`parquet` or `csv`",
-                                                   shown="from the extension (`.csv` → csv, else parquet)")
+    path: str = key(
+        doc="file, folder, glob or URI (`s3://...`) of the training table; files are picked by their "
+        "extension (`.csv`, `.tsv`, `.parquet`, `.parq`, `.pq`, optionally compressed)"
+    )
+    format: Literal["parquet", "csv"] | None = key(
+        None, "`parquet` or `csv`", shown="from the extension (`.csv` → csv, else parquet)"
+    )
     csv: CsvSection = key(doc="how CSV files are parsed (pyarrow.csv)", default_factory=CsvSection)
     label: str = key(doc="label column (any name, spaces and punctuation allowed)")
-    features: list[str] | None = key(None, "feature columns: numbers, text, dates/timestamps",
-                                     shown="every column but label and id")
-    id_column: str | None = key(None, "carried into the predictions; also the split's key when given (not `prediction` "
-                                      "or `proba_*`)")
+    features: list[str] | None = key(
+        None, "feature columns: numbers, text, dates/timestamps", shown="every column but label and id"
+    )
+    id_column: str | None = key(
+        None, "carried into the predictions; also the split's key when given (not `prediction` or `proba_*`)"
+    )
     materialize: Literal["auto", "always", "never"] = key(
-        "auto", "keep the table in Ray's object store (`always`) or stream it from its files every epoch (`never`); "
-                "`auto`: materialize when its in-memory size (from the files' metadata) is under a quarter of the store "
-                "([pipeline.md](pipeline.md))")
+        "auto",
+        "keep the table in Ray's object store (`always`) or stream it from its files every epoch (`never`); "
+        "`auto`: materialize when its in-memory size (from the files' metadata) is under a quarter of the store "
+        "([pipeline.md](pipeline.md))",
+    )
 
     _not_features: set[str] = PrivateAttr(default_factory=set)  # split.group_column (Config sets it)
 
@@ -100,46 +121,65 @@ class DataSection(_Section):
         if self.id_column is not None and self.id_column == self.label:
             raise ValueError(f"id_column: {self.id_column!r} is also the label")
         if self.id_column is not None and (self.id_column == "prediction" or self.id_column.startswith("proba_")):
-            raise ValueError(f"id_column: {self.id_column!r} is a name the predictions use for their own columns "
-                             "(prediction, proba_<class>); rename the column")
+            raise ValueError(
+                f"id_column: {self.id_column!r} is a name the predictions use for their own columns "
+                "(prediction, proba_<class>); rename the column"
+            )
         return self
 
 
 class PreprocessSection(_Section):
     """How text and date columns become features."""
 
-    max_onehot: int = key(16, "text columns with at most this many distinct values are one-hot; wider ones get a "
-                              "learned embedding", ge=1)
-    min_frequency: int = key(5, "embedded columns: values seen fewer times share the unknown code with unseen ones", ge=1)
+    max_onehot: int = key(
+        16, "text columns with at most this many distinct values are one-hot; wider ones get a learned embedding", ge=1
+    )
+    min_frequency: int = key(
+        5, "embedded columns: values seen fewer times share the unknown code with unseen ones", ge=1
+    )
     max_categories: int = key(100_000, "embedded columns keep at most this many (most frequent) values", ge=1)
     parse_dates: bool = key(True, "text columns whose values parse as ISO-8601 dates or timestamps become date parts")
 
 
 class SplitSection(_Section):
     test_fraction: float = key(
-        0.2, "fraction of rows in the test role, read once by the final scoring and the gate, 0 <= f < 1, at most 50,000 "
-             "rows; a seeded hash of each row's id (or of its values) decides, so a table of over 1,000 rows that "
-             "grows keeps its test rows; 0: no test role", ge=0.0, lt=1.0)
+        0.2,
+        "fraction of rows in the test role, read once by the final scoring and the gate, 0 <= f < 1, at most 50,000 "
+        "rows; a seeded hash of each row's id (or of its values) decides, so a table of over 1,000 rows that "
+        "grows keeps its test rows; 0: no test role",
+        ge=0.0,
+        lt=1.0,
+    )
     validation_fraction: float = key(
-        0.2, "fraction of the non-test rows held out for early stopping, the family choice, the ensemble's weights and "
-             "calibration when `train.folds` is 1, 0 < f < 1; a class with too few rows for a role keeps them in "
-             "training", gt=0.0, lt=1.0)
+        0.2,
+        "fraction of the non-test rows held out for early stopping, the family choice, the ensemble's weights and "
+        "calibration when `train.folds` is 1, 0 < f < 1; a class with too few rows for a role keeps them in "
+        "training",
+        gt=0.0,
+        lt=1.0,
+    )
     seed: int = key(42, "seeds the split and training")
     time_column: str | None = key(
-        None, "a date, datetime or numeric column: the test role is then the newest rows (the last `test_fraction` of "
-              "them in time), validation the newest before them, training the rest (cross-fitting: blocks of time); "
-              "rows of one time are never split between roles; a missing time is refused "
-              "([pipeline.md](pipeline.md#roles-by-time-and-by-group))",
-        shown="none: roles by a seeded hash of each row's id or values")
+        None,
+        "a date, datetime or numeric column: the test role is then the newest rows (the last `test_fraction` of "
+        "them in time), validation the newest before them, training the rest (cross-fitting: blocks of time); "
+        "rows of one time are never split between roles; a missing time is refused "
+        "([pipeline.md](pipeline.md#roles-by-time-and-by-group))",
+        shown="none: roles by a seeded hash of each row's id or values",
+    )
     group_column: str | None = key(
-        None, "rows of one group (customer, patient, store) stay in one role and fold: a model is judged on groups it "
-              "never saw; not a feature unless `data.features` names it. With `time_column` the time cut decides, and "
-              "the groups it splits are counted")
+        None,
+        "rows of one group (customer, patient, store) stay in one role and fold: a model is judged on groups it "
+        "never saw; not a feature unless `data.features` names it. With `time_column` the time cut decides, and "
+        "the groups it splits are counted",
+    )
     backtest_fit: bool = key(
-        True, "with `time_column`: the backtest trains the chosen family once more, cut off one validation block "
-              "earlier, and scores both on the test rows (how much quality a model's age costs; one extra fit within "
-              "the time budget); false: the backtest by test-row age only "
-              "([pipeline.md](pipeline.md#the-backtest))")
+        True,
+        "with `time_column`: the backtest trains the chosen family once more, cut off one validation block "
+        "earlier, and scores both on the test rows (how much quality a model's age costs; one extra fit within "
+        "the time budget); false: the backtest by test-row age only "
+        "([pipeline.md](pipeline.md#the-backtest))",
+    )
 
 
 FAMILIES = ("mlp", "torch", "xgboost", "lightgbm", "catboost")
@@ -160,18 +200,35 @@ _ALL, _BOTH, _XGB, _LGB = BOOSTERS, ("xgboost", "lightgbm"), ("xgboost",), ("lig
 # which booster library takes each model.params key (trainflow passes the ones a family takes to it; CatBoost under
 # its own names: max_depth as depth, reg_lambda as l2_leaf_reg, max_bin as border_count)
 BOOSTER_KEYS: dict[str, tuple[str, ...]] = {
-    "num_boost_round": _ALL, "early_stopping_rounds": _ALL, "learning_rate": _ALL, "max_depth": _ALL,
-    "min_child_weight": _BOTH, "subsample": _ALL, "colsample_bytree": _BOTH, "reg_lambda": _ALL,
-    "reg_alpha": _BOTH, "max_bin": _ALL,
-    "gamma": _XGB, "colsample_bynode": _XGB, "tree_method": _XGB, "max_leaves": _XGB, "grow_policy": _XGB, "max_cat_to_onehot": _XGB,
+    "num_boost_round": _ALL,
+    "early_stopping_rounds": _ALL,
+    "learning_rate": _ALL,
+    "max_depth": _ALL,
+    "min_child_weight": _BOTH,
+    "subsample": _ALL,
+    "colsample_bytree": _BOTH,
+    "reg_lambda": _ALL,
+    "reg_alpha": _BOTH,
+    "max_bin": _ALL,
+    "gamma": _XGB,
+    "colsample_bynode": _XGB,
+    "tree_method": _XGB,
+    "max_leaves": _XGB,
+    "grow_policy": _XGB,
+    "max_cat_to_onehot": _XGB,
     "external_memory": _XGB,
-    "num_leaves": _LGB, "min_data_in_leaf": _LGB, "min_split_gain": _LGB, "cat_smooth": _LGB,
+    "num_leaves": _LGB,
+    "min_data_in_leaf": _LGB,
+    "min_split_gain": _LGB,
+    "cat_smooth": _LGB,
 }
 
 
 TRAINFLOW_KEYS = ("num_boost_round", "early_stopping_rounds", "external_memory")  # read by trainflow, not the library
-NETWORK_KEYS = {"mlp": ("hidden_sizes", "dropout", "numeric_embedding", "architecture", "tabm_k"),
-                "torch": ("class_path", "init_args")}  # the model keys each reads
+NETWORK_KEYS = {
+    "mlp": ("hidden_sizes", "dropout", "numeric_embedding", "architecture", "tabm_k"),
+    "torch": ("class_path", "init_args"),
+}  # the model keys each reads
 
 
 def _library(name: str, shown: str = "the library's", **constraints: Any) -> Any:
@@ -187,11 +244,15 @@ class BoosterParams(_Section):
     (CatBoost's learning rate, unless set, is the one CatBoost picks for the table)."""
 
     num_boost_round: int = key(1000, "the most boosting rounds; early stopping ends most runs well before", ge=1)
-    early_stopping_rounds: int | Literal["off"] = key(50, "rounds without a better validation loss before stopping, "
-                                                          "or `off`")
-    learning_rate: float = key(0.1, "the boosters' step size (HistGradientBoosting's and LightGBM's default; "
-                                    "XGBoost's own is 0.3; CatBoost picks its own for the table unless this is set)",
-                               gt=0.0)
+    early_stopping_rounds: int | Literal["off"] = key(
+        50, "rounds without a better validation loss before stopping, or `off`"
+    )
+    learning_rate: float = key(
+        0.1,
+        "the boosters' step size (HistGradientBoosting's and LightGBM's default; "
+        "XGBoost's own is 0.3; CatBoost picks its own for the table unless this is set)",
+        gt=0.0,
+    )
     max_depth: int | None = _library("max_depth", ge=-1)
     min_child_weight: float | None = _library("min_child_weight", ge=0.0)
     subsample: float | None = _library("subsample", gt=0.0, le=1.0)
@@ -210,8 +271,10 @@ class BoosterParams(_Section):
     min_split_gain: float | None = _library("min_split_gain", ge=0.0)
     cat_smooth: float | None = _library("cat_smooth", ge=0.0)
     external_memory: Literal["auto", "always", "never"] = key(
-        "auto", "xgboost: read the shard into XGBoost's external-memory matrix (ExtMemQuantileDMatrix, pages on the "
-                "worker's disk) instead of an in-memory one; `auto`: when the in-memory matrices would not fit")
+        "auto",
+        "xgboost: read the shard into XGBoost's external-memory matrix (ExtMemQuantileDMatrix, pages on the "
+        "worker's disk) instead of an in-memory one; `auto`: when the in-memory matrices would not fit",
+    )
 
     @field_validator("early_stopping_rounds")
     @classmethod
@@ -223,14 +286,19 @@ class BoosterParams(_Section):
     @model_validator(mode="after")
     def _external_memory_hist(self) -> BoosterParams:
         if self.external_memory == "always" and self.tree_method not in (None, "hist"):
-            raise ValueError(f"external_memory 'always' needs tree_method 'hist' (XGBoost's external-memory "
-                             f"matrix is built for it), not {self.tree_method!r}")
+            raise ValueError(
+                f"external_memory 'always' needs tree_method 'hist' (XGBoost's external-memory "
+                f"matrix is built for it), not {self.tree_method!r}"
+            )
         return self
 
     def for_family(self, family: str) -> dict[str, Any]:
         """The library keys this family takes, without the unset ones (trainflow's own keys are not passed on)."""
-        return {k: v for k, v in self.model_dump().items()
-                if k in BOOSTER_KEYS and v is not None and family in BOOSTER_KEYS[k] and k not in TRAINFLOW_KEYS}
+        return {
+            k: v
+            for k, v in self.model_dump().items()
+            if k in BOOSTER_KEYS and v is not None and family in BOOSTER_KEYS[k] and k not in TRAINFLOW_KEYS
+        }
 
 
 def _family_block(family: str) -> type[_Section]:
@@ -241,21 +309,28 @@ def _family_block(family: str) -> type[_Section]:
     for name in taken:
         shared = BoosterParams.model_fields[name]
         typed = Annotated[(shared.annotation, *shared.metadata)] if shared.metadata else shared.annotation  # its bounds
-        fields[name] = (typed | None, Field(None, description=shared.description,
-                                                        json_schema_extra={"x-default": "the shared value"}))
+        fields[name] = (
+            typed | None,
+            Field(None, description=shared.description, json_schema_extra={"x-default": "the shared value"}),
+        )
 
     def _own_keys(cls, raw: Any) -> Any:
         if isinstance(raw, dict):
             for name in raw:
                 if name not in taken and name in BOOSTER_KEYS:
-                    raise ValueError(f"{name}: {family} does not take it (it is {' and '.join(BOOSTER_KEYS[name])}'s); "
-                                     f"set it under model.params or model.params.{BOOSTER_KEYS[name][0]}")
+                    raise ValueError(
+                        f"{name}: {family} does not take it (it is {' and '.join(BOOSTER_KEYS[name])}'s); "
+                        f"set it under model.params or model.params.{BOOSTER_KEYS[name][0]}"
+                    )
         return raw
 
-    return create_model(f"{family.title()}Params", __base__=_Section,
-                        __doc__=f"{family}'s own values of model.params' keys, over the shared ones",
-                        __validators__={"_own_keys": model_validator(mode="before")(classmethod(_own_keys))},
-                        **fields)
+    return create_model(
+        f"{family.title()}Params",
+        __base__=_Section,
+        __doc__=f"{family}'s own values of model.params' keys, over the shared ones",
+        __validators__={"_own_keys": model_validator(mode="before")(classmethod(_own_keys))},
+        **fields,
+    )
 
 
 class _ParamsWithBlocks(BoosterParams):
@@ -280,12 +355,21 @@ _BLOCKS = {family: _family_block(family) for family in BOOSTERS}
 globals().update({block.__name__: block for block in _BLOCKS.values()})
 # the class above with one optional block per booster
 ParamsSection = create_model(
-    "ParamsSection", __base__=_ParamsWithBlocks, __doc__=_ParamsWithBlocks.__doc__,
-    **{family: (_BLOCKS[family] | None, Field(
-        None, description=f"{family}'s own values of the keys above (those it takes), over the shared ones, e.g. "
-                          f"`model.params.{family}.learning_rate`; a key it does not take is refused",
-        json_schema_extra={"x-family-block": True}))
-       for family in BOOSTERS},
+    "ParamsSection",
+    __base__=_ParamsWithBlocks,
+    __doc__=_ParamsWithBlocks.__doc__,
+    **{
+        family: (
+            _BLOCKS[family] | None,
+            Field(
+                None,
+                description=f"{family}'s own values of the keys above (those it takes), over the shared ones, e.g. "
+                f"`model.params.{family}.learning_rate`; a key it does not take is refused",
+                json_schema_extra={"x-family-block": True},
+            ),
+        )
+        for family in BOOSTERS
+    },
 )
 
 
@@ -295,37 +379,53 @@ class ModelSection(_Section):
     best."""
 
     type: Literal["auto"] | FamilyName | list[FamilyName] = key(
-        "auto", "the families trained: `auto` (`[mlp, xgboost, lightgbm, catboost]`), `mlp` (trainflow's network), "
-                "`xgboost`, `lightgbm`, `catboost` or `torch` (your own `nn.Module`), or a list of them; each family "
-                "trains as its own Ray Train run, with their weighted ensemble (`model.ensemble`), and the best on rows "
-                "its training never saw goes on ([families.md](families.md)). `auto` leaves out a family that cannot "
-                "fit or fails (summary `families_left_out`); a single family you name fails the run instead. A sweep "
-                "(`tune`) trains one family per trial and searches the family when there are several")
+        "auto",
+        "the families trained: `auto` (`[mlp, xgboost, lightgbm, catboost]`), `mlp` (trainflow's network), "
+        "`xgboost`, `lightgbm`, `catboost` or `torch` (your own `nn.Module`), or a list of them; each family "
+        "trains as its own Ray Train run, with their weighted ensemble (`model.ensemble`), and the best on rows "
+        "its training never saw goes on ([families.md](families.md)). `auto` leaves out a family that cannot "
+        "fit or fails (summary `families_left_out`); a single family you name fails the run instead. A sweep "
+        "(`tune`) trains one family per trial and searches the family when there are several",
+    )
     hidden_sizes: list[int] = key(doc="mlp: the hidden layers' widths", default_factory=lambda: [256, 128])
     dropout: float = key(0.3, "mlp: dropout after each hidden layer", ge=0.0, lt=1.0)
     numeric_embedding: Literal["auto", "none", "periodic"] = key(
-        "auto", "mlp: `periodic` passes each continuous value (numbers, date parts) through a periodic embedding "
-                "(`rtdl_num_embeddings`' PLR: learned frequencies, sin and cos, a linear layer) before the layers; "
-                "`none`: the standardized value as it is; `auto`: periodic up to 1,000,000 training rows "
-                "([families.md](families.md#the-network))")
+        "auto",
+        "mlp: `periodic` passes each continuous value (numbers, date parts) through a periodic embedding "
+        "(`rtdl_num_embeddings`' PLR: learned frequencies, sin and cos, a linear layer) before the layers; "
+        "`none`: the standardized value as it is; `auto`: periodic up to 1,000,000 training rows "
+        "([families.md](families.md#the-network))",
+    )
     architecture: Literal["mlp", "tabm"] = key(
-        "mlp", "mlp: the layers over the features: `mlp`, one MLP of `model.hidden_sizes`; `tabm`, TabM (the `tabm` "
-               "package): an ensemble of `model.tabm_k` MLPs of len(hidden_sizes) layers of max(hidden_sizes) units "
-               "that share their weights, trained together, served as their mean ([families.md](families.md#tabm-modelarchitecture-tabm))")
+        "mlp",
+        "mlp: the layers over the features: `mlp`, one MLP of `model.hidden_sizes`; `tabm`, TabM (the `tabm` "
+        "package): an ensemble of `model.tabm_k` MLPs of len(hidden_sizes) layers of max(hidden_sizes) units "
+        "that share their weights, trained together, served as their mean ([families.md](families.md#tabm-modelarchitecture-tabm))",
+    )
     tabm_k: int = key(32, "mlp with `architecture: tabm`: the ensemble's members", ge=2, le=128)
-    class_path: str | None = key(None, "torch: `package.module:ClassName` of your module, built as "
-                                       "`ClassName(in_features, out_features, **init_args)`")
+    class_path: str | None = key(
+        None,
+        "torch: `package.module:ClassName` of your module, built as "
+        "`ClassName(in_features, out_features, **init_args)`",
+    )
     init_args: dict[str, Any] = key(doc="torch: keyword arguments of your module's constructor", default_factory=dict)
     allowed_class_paths: list[str] = key(
         doc="module classes a model read from the registry or storage may import besides `model.class_path` (the "
-            "gate's champion, `predict --model`); any other is refused, never imported: storage someone else can write "
-            "to never chooses the code", default_factory=list)
-    params: ParamsSection = key(doc="the gradient-boosted trees' parameters (xgboost, lightgbm, catboost), shared by "
-                                    "each that takes the key, with a block per family over them "
-                                    "(`model.params.xgboost`, ...); a key no trained family takes is refused",
-                                default_factory=ParamsSection)
-    ensemble: bool = key(True, "with two or more families: also a weighted ensemble of their best checkpoints (greedy "
-                               "ensemble selection on out-of-fold or validation predictions), a candidate beside them")
+        "gate's champion, `predict --model`); any other is refused, never imported: storage someone else can write "
+        "to never chooses the code",
+        default_factory=list,
+    )
+    params: ParamsSection = key(
+        doc="the gradient-boosted trees' parameters (xgboost, lightgbm, catboost), shared by "
+        "each that takes the key, with a block per family over them "
+        "(`model.params.xgboost`, ...); a key no trained family takes is refused",
+        default_factory=ParamsSection,
+    )
+    ensemble: bool = key(
+        True,
+        "with two or more families: also a weighted ensemble of their best checkpoints (greedy "
+        "ensemble selection on out-of-fold or validation predictions), a candidate beside them",
+    )
 
     @property
     def families(self) -> list[str]:
@@ -380,7 +480,9 @@ class ModelSection(_Section):
         if len(set(families)) != len(families):
             raise ValueError(f"model.type: {families} names a family more than once")
         if "torch" in families and not self.class_path:
-            raise ValueError("model.type torch needs model.class_path, e.g. 'trainflow.examples.tabular_resnet:TabularResNet'")
+            raise ValueError(
+                "model.type torch needs model.class_path, e.g. 'trainflow.examples.tabular_resnet:TabularResNet'"
+            )
         if "torch" not in families and (self.class_path or self.init_args):
             raise ValueError("model.class_path and model.init_args are for model.type: torch")
         # a sweep's trial of one family keeps the user's keys of the sweep's other families (each reads only its own)
@@ -392,8 +494,9 @@ class ModelSection(_Section):
         boosters = [f for f in BOOSTERS if f in scope]
         for family in BOOSTERS:
             if self.params.family_block(family) is not None and family not in boosters:
-                raise ValueError(f"model.params.{family}: applies to {family}, which model.type {families} does not "
-                                 "train")
+                raise ValueError(
+                    f"model.params.{family}: applies to {family}, which model.type {families} does not train"
+                )
             if family in boosters:
                 try:  # what this family's run reads, validated as one booster's block (e.g. external_memory)
                     self.params.resolved(family)
@@ -402,15 +505,18 @@ class ModelSection(_Section):
                     raise ValueError(f"model.params.{family}: {msg}") from None
         for key, value in self.params.model_dump().items():
             # a default written back by model_dump (a tune trial's config) is not the user's choice
-            if (key not in BOOSTER_KEYS or value is None or key not in self.params.model_fields_set
-                    or value == BoosterParams.model_fields[key].default):
+            if (
+                key not in BOOSTER_KEYS
+                or value is None
+                or key not in self.params.model_fields_set
+                or value == BoosterParams.model_fields[key].default
+            ):
                 continue
             takers = [f for f in BOOSTER_KEYS[key] if f in boosters]
             if not takers:
                 takes = BOOSTER_KEYS[key]
                 named = " and ".join(takes) if len(takes) < 3 else ", ".join(takes[:-1]) + " and " + takes[-1]
-                raise ValueError(f"model.params.{key}: applies to {named}, "
-                                 f"which model.type {families} does not train")
+                raise ValueError(f"model.params.{key}: applies to {named}, which model.type {families} does not train")
         return self
 
     @field_validator("hidden_sizes")
@@ -425,8 +531,10 @@ class EarlyStoppingSection(_Section):
     """Stop when checkpoint.metric has not improved by min_delta for patience epochs."""
 
     patience: int | Literal["auto", "off"] = key(
-        "auto", "epochs without an improvement of `checkpoint.metric` before stopping; `auto`: max(10, epochs / 10); "
-                "`off`: never stop early")
+        "auto",
+        "epochs without an improvement of `checkpoint.metric` before stopping; `auto`: max(10, epochs / 10); "
+        "`off`: never stop early",
+    )
     min_delta: float = key(1e-4, "the smallest change that counts as an improvement", ge=0.0)
 
     @field_validator("patience")
@@ -439,37 +547,54 @@ class EarlyStoppingSection(_Section):
 
 class TrainSection(_Section):
     epochs: int | Literal["auto"] = key(
-        "auto", "the networks' most epochs (early stopping may end sooner); `auto`: about 4,000 optimizer steps per "
-                "worker, 10-300 epochs, from the training rows and the workers")
+        "auto",
+        "the networks' most epochs (early stopping may end sooner); `auto`: about 4,000 optimizer steps per "
+        "worker, 10-300 epochs, from the training rows and the workers",
+    )
     batch_size: int | Literal["auto"] = key(
-        "auto", "the networks' rows per optimizer step per worker; `auto`: rows per worker / 32 as a power of two, 16-512")
+        "auto",
+        "the networks' rows per optimizer step per worker; `auto`: rows per worker / 32 as a power of two, 16-512",
+    )
     learning_rate: float = key(1e-3, "the networks' AdamW peak learning rate", gt=0.0)
     weight_decay: float = key(0.01, "the networks' AdamW decoupled weight decay", ge=0.0)
     schedule: Literal["cosine", "constant"] = key(
-        "cosine", "the networks' per-step learning rate after the warm-up: `cosine` (to 0 at the last epoch) or `constant`")
+        "cosine",
+        "the networks' per-step learning rate after the warm-up: `cosine` (to 0 at the last epoch) or `constant`",
+    )
     warmup_fraction: float = key(0.05, "the networks' linear warm-up, as a fraction of all steps", ge=0.0, lt=1.0)
-    early_stopping: EarlyStoppingSection = key(doc="the networks stop when `checkpoint.metric` stops improving",
-                                               default_factory=EarlyStoppingSection)
+    early_stopping: EarlyStoppingSection = key(
+        doc="the networks stop when `checkpoint.metric` stops improving", default_factory=EarlyStoppingSection
+    )
     class_weight: Literal["balanced"] | dict[str, float] | None = key(
-        None, "classification: `balanced` (n / (classes x count), as scikit-learn) or `{class: weight}`; the loss of "
-              "`mlp` and `torch` takes it (the boosters do not, and say so in the log); their probabilities are "
-              "recalibrated (`calibration.method: auto`)")
+        None,
+        "classification: `balanced` (n / (classes x count), as scikit-learn) or `{class: weight}`; the loss of "
+        "`mlp` and `torch` takes it (the boosters do not, and say so in the log); their probabilities are "
+        "recalibrated (`calibration.method: auto`)",
+    )
     label_smoothing: float = key(
-        0.0, "classification, the networks: train on cross-entropy against labels smoothed by this much; validation "
-             "metrics, early stopping and every choice read the plain loss", ge=0.0, lt=1.0)
+        0.0,
+        "classification, the networks: train on cross-entropy against labels smoothed by this much; validation "
+        "metrics, early stopping and every choice read the plain loss",
+        ge=0.0,
+        lt=1.0,
+    )
     folds: int | Literal["auto"] = key(
-        "auto", "cross-fitting: K (2-20) fold models per family on the non-test rows, each early-stopped on its own "
-                "held-out fold; their out-of-fold predictions choose the family, weight the ensemble and fit "
-                "calibration and the threshold, and the served model averages them; `1`: one validation split; `auto`: "
-                "5 folds up to 4,000 non-test rows, else 1 "
-                "([pipeline.md](pipeline.md#cross-fitting-every-non-test-row-trains-and-is-judged))")
+        "auto",
+        "cross-fitting: K (2-20) fold models per family on the non-test rows, each early-stopped on its own "
+        "held-out fold; their out-of-fold predictions choose the family, weight the ensemble and fit "
+        "calibration and the threshold, and the served model averages them; `1`: one validation split; `auto`: "
+        "5 folds up to 4,000 non-test rows, else 1 "
+        "([pipeline.md](pipeline.md#cross-fitting-every-non-test-row-trains-and-is-judged))",
+    )
     time_limit: float | Literal["auto", "off"] = key(
-        "auto", "seconds for all of the training, every family and fold; in the families' order each may use the time "
-                "left, each of its runs the time left divided by the waves of its own runs still to start, and a run "
-                "stops adding epochs or rounds when its share is spent, keeping its best so far; a family whose runs "
-                "would get under 15 s each is left out with the reason; `auto`: no limit until the first family's runs "
-                "end, then the others share what keeps all of the training within max(twice that time, 300 s); `off`: "
-                "no limit ([families.md](families.md#one-time-budget))")
+        "auto",
+        "seconds for all of the training, every family and fold; in the families' order each may use the time "
+        "left, each of its runs the time left divided by the waves of its own runs still to start, and a run "
+        "stops adding epochs or rounds when its share is spent, keeping its best so far; a family whose runs "
+        "would get under 15 s each is left out with the reason; `auto`: no limit until the first family's runs "
+        "end, then the others share what keeps all of the training within max(twice that time, 300 s); `off`: "
+        "no limit ([families.md](families.md#one-time-budget))",
+    )
 
     @field_validator("time_limit")
     @classmethod
@@ -531,18 +656,25 @@ def workers_share_gpus(num_workers: int, use_gpu: bool, resources_per_worker: di
 class ScalingSection(_Section):
     num_workers: int = key(2, "Ray Train workers, each a process with a share of the data", ge=0)
     use_gpu: bool = key(False, "one GPU per worker unless `resources_per_worker.GPU` says otherwise")
-    resources_per_worker: dict[str, float] | None = key(None, "e.g. `{CPU: 2, GPU: 0.5}`; GPU needs `use_gpu: true`",
-                                                        shown="Ray's default")
+    resources_per_worker: dict[str, float] | None = key(
+        None, "e.g. `{CPU: 2, GPU: 0.5}`; GPU needs `use_gpu: true`", shown="Ray's default"
+    )
     accelerator_type: str | None = key(None, "the GPU type the workers ask for, e.g. `A100`")
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = key(
-        "PACK", "how the workers are placed on the nodes: `PACK`, `SPREAD`, `STRICT_PACK`, `STRICT_SPREAD`")
+        "PACK", "how the workers are placed on the nodes: `PACK`, `SPREAD`, `STRICT_PACK`, `STRICT_SPREAD`"
+    )
     backend: Literal["gloo", "nccl", "hccl"] | None = key(
-        None, "the networks' collective backend: `gloo`, `nccl` (needs `use_gpu`, and a whole GPU per worker when there "
-              "are several), `hccl`",
+        None,
+        "the networks' collective backend: `gloo`, `nccl` (needs `use_gpu`, and a whole GPU per worker when there "
+        "are several), `hccl`",
         shown="Ray's: `nccl` with GPUs, `gloo` without; `gloo` for workers that share a GPU (NCCL refuses two ranks on "
-              "one device, \"Duplicate GPU detected\")")
-    env_vars: dict[str, str] = key(doc="environment of every Train worker, e.g. `{NCCL_SOCKET_IFNAME: eth0}`; shown "
-                                       "and logged with secret-looking values masked", default_factory=dict)
+        'one device, "Duplicate GPU detected")',
+    )
+    env_vars: dict[str, str] = key(
+        doc="environment of every Train worker, e.g. `{NCCL_SOCKET_IFNAME: eth0}`; shown "
+        "and logged with secret-looking values masked",
+        default_factory=dict,
+    )
     wait_for_resources: bool = key(False, "skip the pre-start fit check and wait for an autoscaler")
 
     @model_validator(mode="before")
@@ -587,21 +719,27 @@ class TuneSection(_Section):
     reduction_factor: float = key(2.0, "ASHA's halving rate", gt=1.0)
     search_space: dict[str, dict[str, list[Any]]] = key(
         doc="dotted config key → `{loguniform: [lo, hi]}`, `{uniform: [lo, hi]}`, `{randint: [lo, hi]}`, "
-            "`{choice: [...]}` or `{grid: [...]}`; left out: each family's own default space (the network: "
-            "`train.learning_rate`, `train.weight_decay`, `model.dropout`, `model.hidden_sizes`; the boosters: "
-            "`model.params.learning_rate`, `max_depth`, `subsample`, `reg_lambda`), the family searched too when there "
-            "are several; a key one family does not read is ignored by it",
-        shown="each family's default space", default_factory=dict)
+        "`{choice: [...]}` or `{grid: [...]}`; left out: each family's own default space (the network: "
+        "`train.learning_rate`, `train.weight_decay`, `model.dropout`, `model.hidden_sizes`; the boosters: "
+        "`model.params.learning_rate`, `max_depth`, `subsample`, `reg_lambda`), the family searched too when there "
+        "are several; a key one family does not read is ignored by it",
+        shown="each family's default space",
+        default_factory=dict,
+    )
 
     @field_validator("search_space")
     @classmethod
     def _known_kinds(cls, space: dict[str, dict[str, list[Any]]]) -> dict[str, dict[str, list[Any]]]:
         for key, spec in space.items():
             if len(spec) != 1 or next(iter(spec)) not in SEARCH_KINDS:
-                raise ValueError(f"{key}: give exactly one of {sorted(SEARCH_KINDS)}, e.g. {{loguniform: [0.0001, 0.01]}}")
+                raise ValueError(
+                    f"{key}: give exactly one of {sorted(SEARCH_KINDS)}, e.g. {{loguniform: [0.0001, 0.01]}}"
+                )
             kind, args = next(iter(spec.items()))
             if not isinstance(args, list) or not args or (SEARCH_KINDS[kind] and len(args) != SEARCH_KINDS[kind]):
-                raise ValueError(f"{key}.{kind}: expected a list of {SEARCH_KINDS[kind] or 'one or more'} values, got {args!r}")
+                raise ValueError(
+                    f"{key}.{kind}: expected a list of {SEARCH_KINDS[kind] or 'one or more'} values, got {args!r}"
+                )
             if kind in ("loguniform", "uniform", "randint") and not args[0] < args[1]:
                 raise ValueError(f"{key}.{kind}: the lower bound must be below the upper bound, got {args!r}")
             if kind == "loguniform" and args[0] <= 0:
@@ -611,48 +749,79 @@ class TuneSection(_Section):
 
 class RaySection(_Section):
     address: str | None = key(
-        None, "join an existing cluster (`auto`, `host:6379`, `ray://host:10001`)",
+        None,
+        "join an existing cluster (`auto`, `host:6379`, `ray://host:10001`)",
         shown="`$RAY_ADDRESS`, else start a local Ray (a cluster `ray start` left on the machine is joined only when "
-              "named, e.g. `auto`)")
-    runtime_env: dict[str, Any] | None = key(None, "passed to `ray.init`, e.g. `{working_dir: .}` for a cluster "
-                                                   "without trainflow installed; on the local Ray trainflow starts, "
-                                                   "its `env_vars` reach Ray's processes through their environment "
-                                                   "(never Ray's logs)")
-    temp_dir: str | None = key(None, "the local Ray's session folder (logs, sockets, spilled objects), kept after the "
-                                     "run; must be private to its owner (mode 700, created so)",
-                               shown="a new private folder under the system's temporary folder, removed when the "
-                                     "run's Ray stops")
+        "named, e.g. `auto`)",
+    )
+    runtime_env: dict[str, Any] | None = key(
+        None,
+        "passed to `ray.init`, e.g. `{working_dir: .}` for a cluster "
+        "without trainflow installed; on the local Ray trainflow starts, "
+        "its `env_vars` reach Ray's processes through their environment "
+        "(never Ray's logs)",
+    )
+    temp_dir: str | None = key(
+        None,
+        "the local Ray's session folder (logs, sockets, spilled objects), kept after the "
+        "run; must be private to its owner (mode 700, created so)",
+        shown="a new private folder under the system's temporary folder, removed when the run's Ray stops",
+    )
 
 
 class CheckpointSection(_Section):
     num_to_keep: int | None = key(3, "best checkpoints kept (the latest is always kept too)", ge=1)
     metric: str = key("val_loss", "the metric that ranks checkpoints; must be reported for the task")
-    mode: Literal["min", "max"] | None = key(None, "`min` or `max`", shown="`min` for losses and errors, `max` otherwise")
+    mode: Literal["min", "max"] | None = key(
+        None, "`min` or `max`", shown="`min` for losses and errors, `max` otherwise"
+    )
     # each Ray Train report waits for the controller's poll (0.5 s here)
-    min_interval_s: float = key(2.0, "epochs shorter than this are grouped into one Ray Train report; the best epoch "
-                                     "of each group is always reported with its checkpoint", ge=0.0)
+    min_interval_s: float = key(
+        2.0,
+        "epochs shorter than this are grouped into one Ray Train report; the best epoch "
+        "of each group is always reported with its checkpoint",
+        ge=0.0,
+    )
 
 
 class PromotionSection(_Section):
-    metric: str | None = key(None, "the metric of the champion/challenger gate, scored on the test rows",
-                             shown="`checkpoint.metric` (`val_loss` if that is `train_loss`)")
+    metric: str | None = key(
+        None,
+        "the metric of the champion/challenger gate, scored on the test rows",
+        shown="`checkpoint.metric` (`val_loss` if that is `train_loss`)",
+    )
     mode: Literal["min", "max"] | None = key(None, "`min` or `max`", shown="from the metric")
     margin: float = key(0.0, "the challenger must beat the champion by more than this", ge=0.0)
     min_score: float | None = key(
-        None, "the floor: a model worse than this on `promotion.metric` is registered and tagged "
-              "(`trainflow.promotion.floor`) but never made `@champion`, the first one included; with no champion yet "
-              "nothing is predicted")
+        None,
+        "the floor: a model worse than this on `promotion.metric` is registered and tagged "
+        "(`trainflow.promotion.floor`) but never made `@champion`, the first one included; with no champion yet "
+        "nothing is predicted",
+    )
     confidence: float | None = key(
-        0.95, "the challenger must beat the champion by more than the margin in at least this share of 100 paired "
-              "bootstrap resamples of the judged test rows (about 5% false promotions, `python -m bench "
-              "gate-honesty`); `null`: one comparison on the whole split decides", gt=0.0, lt=1.0)
-    slices: list[str] = key(doc="columns whose values slice the test rows: every metric per value, with row counts",
-                            default_factory=list)
-    max_slice_drop: float | None = key(None, "reject a challenger whose `promotion.metric` is more than this worse "
-                                             "than the champion's on any slice of `min_slice_rows` rows or more", ge=0.0)
+        0.95,
+        "the challenger must beat the champion by more than the margin in at least this share of 100 paired "
+        "bootstrap resamples of the judged test rows (about 5% false promotions, `python -m bench "
+        "gate-honesty`); `null`: one comparison on the whole split decides",
+        gt=0.0,
+        lt=1.0,
+    )
+    slices: list[str] = key(
+        doc="columns whose values slice the test rows: every metric per value, with row counts", default_factory=list
+    )
+    max_slice_drop: float | None = key(
+        None,
+        "reject a challenger whose `promotion.metric` is more than this worse "
+        "than the champion's on any slice of `min_slice_rows` rows or more",
+        ge=0.0,
+    )
     min_slice_rows: int = key(30, "slices with fewer rows are reported, not judged", ge=1)
-    min_test_rows: int = key(30, "the fewest test rows, held out from both the challenger and the champion, that a "
-                                 "promotion may rest on; fewer: not promoted", ge=1)
+    min_test_rows: int = key(
+        30,
+        "the fewest test rows, held out from both the challenger and the champion, that a "
+        "promotion may rest on; fewer: not promoted",
+        ge=1,
+    )
 
     @field_validator("margin", "min_score")
     @classmethod
@@ -669,14 +838,18 @@ class CalibrationSection(_Section):
     when it lowers the ECE; temperature | platt: always that one; none: never."""
 
     method: Literal["auto", "temperature", "platt", "none"] = key(
-        "auto", "classification: `auto` recalibrates on the out-of-fold or validation predictions when "
-                "`train.class_weight` is set or their expected calibration error is above `max_ece` (a temperature for "
-                "networks, Platt scaling for boosters; kept only when it lowers the ECE); `temperature`, `platt`, `none`")
+        "auto",
+        "classification: `auto` recalibrates on the out-of-fold or validation predictions when "
+        "`train.class_weight` is set or their expected calibration error is above `max_ece` (a temperature for "
+        "networks, Platt scaling for boosters; kept only when it lowers the ECE); `temperature`, `platt`, `none`",
+    )
     max_ece: float = key(0.03, "`auto` recalibrates above this expected calibration error", ge=0.0, le=1.0)
     decision_threshold: Literal["none", "f1"] | float = key(
-        "none", "two classes: the `prediction` column is the positive class when its probability reaches this; `f1`: "
-                "the threshold that maximises F1 on the out-of-fold or validation predictions; `none`: the most "
-                "probable class")
+        "none",
+        "two classes: the `prediction` column is the positive class when its probability reaches this; `f1`: "
+        "the threshold that maximises F1 on the out-of-fold or validation predictions; `none`: the most "
+        "probable class",
+    )
 
     @field_validator("decision_threshold")
     @classmethod
@@ -689,16 +862,21 @@ class CalibrationSection(_Section):
 class FailureSection(_Section):
     max_failures: int = key(2, "Ray Train worker-group restarts (`-1`: unlimited)", ge=-1)
     hang_timeout_s: float | Literal["auto"] | None = key(
-        "auto", "a worker with no progress this long is killed and the group restarted (`null`: never); `auto`: 20x "
-                "the longest gap between progress marks (mini-batches, blocks, reports, boosting rounds) measured in "
-                "that attempt, at least 60 s, and 120 s until the first mark; a run whose attempts all stall ends with "
-                "an error naming what to change (not retried)")
+        "auto",
+        "a worker with no progress this long is killed and the group restarted (`null`: never); `auto`: 20x "
+        "the longest gap between progress marks (mini-batches, blocks, reports, boosting rounds) measured in "
+        "that attempt, at least 60 s, and 120 s until the first mark; a run whose attempts all stall ends with "
+        "an error naming what to change (not retried)",
+    )
     task_retries: int = key(2, "Prefect retries of the `train` task once Ray Train gives up", ge=0)
     retry_delay_s: float = key(5.0, "seconds between those retries", ge=0)
     worker_start_timeout_s: float = key(
-        180.0, "seconds Ray Train waits for a worker group to start before that attempt fails (Ray's own default, "
-               "60 s, expired on a loaded two-core machine after a worker died); a group that cannot be placed at all "
-               "is caught before training", gt=0)
+        180.0,
+        "seconds Ray Train waits for a worker group to start before that attempt fails (Ray's own default, "
+        "60 s, expired on a loaded two-core machine after a worker died); a group that cannot be placed at all "
+        "is caught before training",
+        gt=0,
+    )
 
     @field_validator("hang_timeout_s")
     @classmethod
@@ -712,58 +890,82 @@ class ValidationSection(_Section):
     """Checks of the training data against the current champion's training baseline, before any training."""
 
     on_anomaly: Literal["fail", "warn"] = key(
-        "fail", "`fail` or `warn` when the training data departs from the champion's "
-                "([monitoring.md](monitoring.md) lists the checks)")
+        "fail",
+        "`fail` or `warn` when the training data departs from the champion's "
+        "([monitoring.md](monitoring.md) lists the checks)",
+    )
     min_row_ratio: float = key(0.5, "training rows below this share of the champion's are a collapse", ge=0.0, le=1.0)
     max_null_increase: float = key(0.1, "a column's null rate rising by more than this is an anomaly", ge=0.0, le=1.0)
-    max_label_shift: float = key(0.1, "class shares moving by more than this (L-infinity; a number label: "
-                                      "Jensen-Shannon) is an anomaly", ge=0.0, le=1.0)
-    max_numeric_drift: float = key(0.2, "a number column's Jensen-Shannon divergence (base 2) above this is an anomaly",
-                                   ge=0.0, le=1.0)
-    max_category_drift: float = key(0.2, "a text column's category shares moving by more than this (L-infinity) is an "
-                                         "anomaly", ge=0.0, le=1.0)
-    min_rows: int = key(100, "distributions of fewer training rows are not judged (the row count and columns are)", ge=1)
+    max_label_shift: float = key(
+        0.1,
+        "class shares moving by more than this (L-infinity; a number label: Jensen-Shannon) is an anomaly",
+        ge=0.0,
+        le=1.0,
+    )
+    max_numeric_drift: float = key(
+        0.2, "a number column's Jensen-Shannon divergence (base 2) above this is an anomaly", ge=0.0, le=1.0
+    )
+    max_category_drift: float = key(
+        0.2, "a text column's category shares moving by more than this (L-infinity) is an anomaly", ge=0.0, le=1.0
+    )
+    min_rows: int = key(
+        100, "distributions of fewer training rows are not judged (the row count and columns are)", ge=1
+    )
 
 
 class MonitorSection(_Section):
     """Live performance once labels arrive (trainflow monitor)."""
 
-    max_drop: float = key(0.05, "degraded when the live (or, before labels, estimated) `promotion.metric` is worse "
-                                "than the version's held-out score by more", ge=0.0)
-    min_rows: int = key(100, "the fewest labelled predictions a verdict (ok or degraded) rests on; fewer are reported "
-                             "without one", ge=1)
+    max_drop: float = key(
+        0.05,
+        "degraded when the live (or, before labels, estimated) `promotion.metric` is worse "
+        "than the version's held-out score by more",
+        ge=0.0,
+    )
+    min_rows: int = key(
+        100, "the fewest labelled predictions a verdict (ok or degraded) rests on; fewer are reported without one", ge=1
+    )
 
 
 class MlflowSection(_Section):
-    tracking_uri: str | None = key(None, "the MLflow tracking server or store",
-                                   shown="`$MLFLOW_TRACKING_URI`, else `sqlite:///<storage_path>/../mlflow.db`")
+    tracking_uri: str | None = key(
+        None,
+        "the MLflow tracking server or store",
+        shown="`$MLFLOW_TRACKING_URI`, else `sqlite:///<storage_path>/../mlflow.db`",
+    )
     experiment: str = key("trainflow", "the MLflow experiment of the runs")
-    registered_model: str = key("trainflow-model", "the registered model: its versions, and the `@champion` alias the "
-                                                   "gate moves")
+    registered_model: str = key(
+        "trainflow-model", "the registered model: its versions, and the `@champion` alias the gate moves"
+    )
 
 
 class DriftSection(_Section):
     """Drift of a scoring table from the serving model's training baseline, per feature (TFDV's measures)."""
 
     enabled: bool = key(True, "measure drift in the prediction pass")
-    numeric_threshold: float = key(0.1, "a number feature drifts above this Jensen-Shannon divergence (base 2; 0 "
-                                        "same, 1 disjoint)", gt=0.0, le=1.0)
-    categorical_threshold: float = key(0.1, "a text feature drifts above this L-infinity distance of its category "
-                                            "frequencies", gt=0.0, le=1.0)
+    numeric_threshold: float = key(
+        0.1, "a number feature drifts above this Jensen-Shannon divergence (base 2; 0 same, 1 disjoint)", gt=0.0, le=1.0
+    )
+    categorical_threshold: float = key(
+        0.1, "a text feature drifts above this L-infinity distance of its category frequencies", gt=0.0, le=1.0
+    )
     min_rows: int = key(100, "fewer scoring rows are reported as too few, not judged", ge=1)
 
 
 class InferenceSection(_Section):
     input: str | None = key(None, "the table to score after each retrain (give both input and output, or neither)")
     on_unseen: Literal["unknown", "error"] = key(
-        "unknown", "a text value never seen in training: predict with the unknown code and count it (`unknown`), or "
-                   "fail the run (`error`)")
+        "unknown",
+        "a text value never seen in training: predict with the unknown code and count it (`unknown`), or "
+        "fail the run (`error`)",
+    )
     output: str | None = key(None, "the Parquet output folder (local or URI)")
     batch_size: int = key(4096, "rows per inference batch", ge=1)
     num_actors: int = key(1, "inference actors, for a table too large to score in the calling process", ge=1)
     use_gpu: bool = key(False, "each inference actor asks for a GPU and predicts on it")
-    drift: DriftSection = key(doc="drift of the scoring table from the model's training baseline, per feature",
-                              default_factory=DriftSection)
+    drift: DriftSection = key(
+        doc="drift of the scoring table from the model's training baseline, per feature", default_factory=DriftSection
+    )
 
     @model_validator(mode="after")
     def _both_or_neither(self) -> InferenceSection:
@@ -776,54 +978,85 @@ class ServicesSection(_Section):
     """How long a run waits out a service that does not answer before it fails naming it (trainflow/services.py)."""
 
     mlflow_wait_s: float = key(
-        300.0, "seconds a run waits for an MLflow tracking server (HTTP) that does not answer, retrying with growing "
-               "pauses and saying what it waits for, before failing with exit 1 naming it; a rerun resumes (MLflow's "
-               "client retries at most 10 times, 120 s apart: at most 1,080)", ge=0.0, le=1080.0)
+        300.0,
+        "seconds a run waits for an MLflow tracking server (HTTP) that does not answer, retrying with growing "
+        "pauses and saying what it waits for, before failing with exit 1 naming it; a rerun resumes (MLflow's "
+        "client retries at most 10 times, 120 s apart: at most 1,080)",
+        ge=0.0,
+        le=1080.0,
+    )
     prefect_wait_s: float = key(
-        300.0, "seconds a run waits for a configured Prefect API (`PREFECT_API_URL`) that does not answer, before it "
-               "starts and in the middle, before failing with exit 1 naming it", ge=0.0)
+        300.0,
+        "seconds a run waits for a configured Prefect API (`PREFECT_API_URL`) that does not answer, before it "
+        "starts and in the middle, before failing with exit 1 naming it",
+        ge=0.0,
+    )
     storage_wait_s: float = key(
-        300.0, "seconds trainflow's own reads and writes of an object store (`s3://`, `gs://`, ...) wait for it to "
-               "answer before the run fails with exit 1 naming it; Ray's workers read and write with their own "
-               "retries (a training run then resumes from its last checkpoint)", ge=0.0)
+        300.0,
+        "seconds trainflow's own reads and writes of an object store (`s3://`, `gs://`, ...) wait for it to "
+        "answer before the run fails with exit 1 naming it; Ray's workers read and write with their own "
+        "retries (a training run then resumes from its last checkpoint)",
+        ge=0.0,
+    )
 
 
 class Config(_Section):
     data: DataSection = key(doc="the training table: where it is, its label, features and id column")
     task: Literal["classification", "regression"] = key(
         doc="`classification` or `regression`; may be left out when the label decides it: text or true/false values "
-            "are classes, fractional numbers a quantity, two distinct whole numbers a binary class (more whole "
-            "numbers: set it)", shown="from the label")
+        "are classes, fractional numbers a quantity, two distinct whole numbers a binary class (more whole "
+        "numbers: set it)",
+        shown="from the label",
+    )
     split: SplitSection = key(doc="the seeded test/validation/train split of the rows", default_factory=SplitSection)
-    preprocess: PreprocessSection = key(doc="how text and date columns become features",
-                                        default_factory=PreprocessSection)
+    preprocess: PreprocessSection = key(
+        doc="how text and date columns become features", default_factory=PreprocessSection
+    )
     model: ModelSection = key(doc="the model families and their settings", default_factory=ModelSection)
-    train: TrainSection = key(doc="the training: folds, the time limit, and the networks' epochs, batch size, optimizer "
-                                  "and schedule (sized to the table by default)", default_factory=TrainSection)
-    scaling: ScalingSection = key(doc="Ray Train's workers: how many, CPU or GPU, resources per worker",
-                                  default_factory=ScalingSection)
-    checkpoint: CheckpointSection = key(doc="which checkpoints are kept and which one is best",
-                                        default_factory=CheckpointSection)
-    failure: FailureSection = key(doc="retries of failed workers and tasks, and the hang watchdog",
-                                  default_factory=FailureSection)
-    promotion: PromotionSection = key(doc="the champion gate: when a new version becomes `@champion`",
-                                      default_factory=PromotionSection)
-    calibration: CalibrationSection = key(doc="classification: probabilities recalibrated where training distorted them, "
-                                              "and the decision threshold", default_factory=CalibrationSection)
-    validation: ValidationSection = key(doc="checks of the training data against the champion's training baseline, "
-                                            "before any training", default_factory=ValidationSection)
-    monitor: MonitorSection = key(doc="the served model's performance, measured once labels arrive and estimated "
-                                      "before (`trainflow monitor`)", default_factory=MonitorSection)
-    storage_path: str = key("runs", "where Ray Train writes runs and checkpoints (local or URI); the root folder and "
-                                    "the home folder are refused")
+    train: TrainSection = key(
+        doc="the training: folds, the time limit, and the networks' epochs, batch size, optimizer "
+        "and schedule (sized to the table by default)",
+        default_factory=TrainSection,
+    )
+    scaling: ScalingSection = key(
+        doc="Ray Train's workers: how many, CPU or GPU, resources per worker", default_factory=ScalingSection
+    )
+    checkpoint: CheckpointSection = key(
+        doc="which checkpoints are kept and which one is best", default_factory=CheckpointSection
+    )
+    failure: FailureSection = key(
+        doc="retries of failed workers and tasks, and the hang watchdog", default_factory=FailureSection
+    )
+    promotion: PromotionSection = key(
+        doc="the champion gate: when a new version becomes `@champion`", default_factory=PromotionSection
+    )
+    calibration: CalibrationSection = key(
+        doc="classification: probabilities recalibrated where training distorted them, and the decision threshold",
+        default_factory=CalibrationSection,
+    )
+    validation: ValidationSection = key(
+        doc="checks of the training data against the champion's training baseline, before any training",
+        default_factory=ValidationSection,
+    )
+    monitor: MonitorSection = key(
+        doc="the served model's performance, measured once labels arrive and estimated before (`trainflow monitor`)",
+        default_factory=MonitorSection,
+    )
+    storage_path: str = key(
+        "runs",
+        "where Ray Train writes runs and checkpoints (local or URI); the root folder and the home folder are refused",
+    )
     mlflow: MlflowSection = key(doc="MLflow tracking and the model registry", default_factory=MlflowSection)
     ray: RaySection = key(doc="the Ray cluster to use", default_factory=RaySection)
     tune: TuneSection | None = key(None, "a Ray Tune sweep (`trainflow tune`)", shown="the sweep's defaults")
-    inference: InferenceSection = key(doc="batch inference after a retrain (and `trainflow predict`)",
-                                      default_factory=InferenceSection)
-    services: ServicesSection = key(doc="how long a run waits out the MLflow server, the Prefect API and the object "
-                                        "store when they do not answer ([operations.md](operations.md))",
-                                    default_factory=ServicesSection)
+    inference: InferenceSection = key(
+        doc="batch inference after a retrain (and `trainflow predict`)", default_factory=InferenceSection
+    )
+    services: ServicesSection = key(
+        doc="how long a run waits out the MLflow server, the Prefect API and the object "
+        "store when they do not answer ([operations.md](operations.md))",
+        default_factory=ServicesSection,
+    )
     # the config file's folder (load_config), which an output must not replace; not part of the config's data
     _source_dir: str | None = PrivateAttr(default=None)
     # why `task` is what it is, when the config left it out and the label decided it
@@ -865,17 +1098,23 @@ class Config(_Section):
                 raise ValueError(f"split.{name}: {column!r} is the label or id column")
         if self.split.group_column is not None and self.split.group_column == self.split.time_column:
             raise ValueError(f"split.group_column: {self.split.group_column!r} is also split.time_column")
-        if self.split.group_column is not None:  # a group's id is no feature unless named: it cannot carry to new groups
+        if (
+            self.split.group_column is not None
+        ):  # a group's id is no feature unless named: it cannot carry to new groups
             self.data._not_features = {self.split.group_column}
         if isinstance(self.train.folds, int) and self.train.folds > 1 and self.split.test_fraction == 0:
-            raise ValueError(f"train.folds: {self.train.folds} folds with split.test_fraction 0 leave no row that the "
-                             "served model (every fold model averaged) did not train on, so nothing could judge it: "
-                             "set split.test_fraction above 0, or train.folds: 1")
+            raise ValueError(
+                f"train.folds: {self.train.folds} folds with split.test_fraction 0 leave no row that the "
+                "served model (every fold model averaged) did not train on, so nothing could judge it: "
+                "set split.test_fraction above 0, or train.folds: 1"
+            )
         if self.tune is not None:
             if self.tune.metric is None:
                 self.tune.metric = self.checkpoint.metric
             if self.tune.metric not in known:
-                raise ValueError(f"tune.metric: {self.tune.metric!r} is not reported for {self.task}; choose one of {sorted(known)}")
+                raise ValueError(
+                    f"tune.metric: {self.tune.metric!r} is not reported for {self.task}; choose one of {sorted(known)}"
+                )
             if self.tune.mode is None:
                 self.tune.mode = known[self.tune.metric]
         return self
@@ -889,8 +1128,12 @@ class Config(_Section):
     @property
     def ray_start(self) -> dict[str, Any]:
         """ensure_ray's arguments for this config: the cluster to join, or how to start a local Ray."""
-        return {"address": self.ray.address, "runtime_env": self.ray.runtime_env,
-                "worker_env": dict(self.scaling.env_vars), "temp_dir": self.ray.temp_dir}
+        return {
+            "address": self.ray.address,
+            "runtime_env": self.ray.runtime_env,
+            "worker_env": dict(self.scaling.env_vars),
+            "temp_dir": self.ray.temp_dir,
+        }
 
     def require_workers(self) -> None:
         """The retrain pipeline keeps checkpoints, which Ray Train's local mode (num_workers=0) does not."""
@@ -938,11 +1181,16 @@ class Config(_Section):
             if model.get("architecture") == "mlp":  # what only TabM reads (a plain MLP's hash as before these keys)
                 del model["architecture"], model["tabm_k"]
             train = self.train.model_dump(mode="json", exclude={"epochs", "early_stopping", "time_limit"})
-        relevant = {"task": self.task, "label": self.data.label, "features": self.data.features,
-                    # an unset key: the hash as before it existed; the backtest's extra fit changes no model
-                    "split": self.split.model_dump(mode="json", exclude_none=True, exclude={"backtest_fit"}),
-                    "preprocess": self.preprocess.model_dump(mode="json"),
-                    "model": model, "train": train}
+        relevant = {
+            "task": self.task,
+            "label": self.data.label,
+            "features": self.data.features,
+            # an unset key: the hash as before it existed; the backtest's extra fit changes no model
+            "split": self.split.model_dump(mode="json", exclude_none=True, exclude={"backtest_fit"}),
+            "preprocess": self.preprocess.model_dump(mode="json"),
+            "model": model,
+            "train": train,
+        }
         return "config:" + hashlib.blake2b(json.dumps(relevant, sort_keys=True).encode(), digest_size=12).hexdigest()
 
 
@@ -1003,8 +1251,10 @@ def _format_errors(err: ValidationError, source: str) -> str:
             got = e.get("input")
             choices = [c for x in errors for c in re.findall(r"'([^']*)'", (x.get("ctx") or {}).get("expected", ""))]
             close = difflib.get_close_matches(got, choices, n=1, cutoff=0.6) if isinstance(got, str) else []
-            lines.append((f"  {key}: {msg} (got {got!r})" if "input" in e and not isinstance(got, dict) else f"  {key}: {msg}")
-                         + (f"; did you mean {close[0]!r}?" if close else ""))
+            lines.append(
+                (f"  {key}: {msg} (got {got!r})" if "input" in e and not isinstance(got, dict) else f"  {key}: {msg}")
+                + (f"; did you mean {close[0]!r}?" if close else "")
+            )
     return f"invalid config {source}:\n" + "\n".join(lines)
 
 
@@ -1020,8 +1270,11 @@ def _closest_key(name: str, parent: str) -> str:
         field = getattr(model, "model_fields", {}).get(part)
         if field is None:
             return ""
-        found = [a for a in (field.annotation, *typing.get_args(field.annotation))
-                 if isinstance(a, type) and issubclass(a, BaseModel)]
+        found = [
+            a
+            for a in (field.annotation, *typing.get_args(field.annotation))
+            if isinstance(a, type) and issubclass(a, BaseModel)
+        ]
         if not found:
             return ""
         model = found[0]
@@ -1046,14 +1299,20 @@ def config_from_dict(raw: dict[str, Any], base_dir: str | Path = ".", source: st
     if not is_uri(cfg.storage_path):
         resolved = os.path.realpath(os.path.expanduser(cfg.storage_path))
         if resolved in ("/", os.path.realpath(os.path.expanduser("~"))):
-            raise ConfigError(f"storage_path {cfg.storage_path!r} is {'the root folder' if resolved == '/' else 'your home folder'}: "
-                              "trainflow writes run folders there and cleans its own; give it a folder of its own "
-                              "(e.g. storage_path: runs)")
+            raise ConfigError(
+                f"storage_path {cfg.storage_path!r} is {'the root folder' if resolved == '/' else 'your home folder'}: "
+                "trainflow writes run folders there and cleans its own; give it a folder of its own "
+                "(e.g. storage_path: runs)"
+            )
     cfg.inference.input = _resolve(cfg.inference.input, base)
     cfg.inference.output = _resolve(cfg.inference.output, base)
     uri = cfg.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if uri is None:
-        uri = f"sqlite:///{Path(cfg.storage_path).parent / 'mlflow.db'}" if not is_uri(cfg.storage_path) else "sqlite:///mlflow.db"
+        uri = (
+            f"sqlite:///{Path(cfg.storage_path).parent / 'mlflow.db'}"
+            if not is_uri(cfg.storage_path)
+            else "sqlite:///mlflow.db"
+        )
     elif uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
         uri = "sqlite:///" + _resolve(uri.removeprefix("sqlite:///"), base)
     elif "://" not in uri:
@@ -1108,7 +1367,9 @@ def _check_search_space(cfg: Config, source: str) -> None:
                 trial_config(base, {key: value}, sweep)
             except ConfigError as exc:
                 detail = str(exc).split("\n", 1)[-1].strip()
-                raise ConfigError(f"invalid config {source}:\n  tune.search_space.{key}.{kind}: {value!r} fails: {detail}") from None
+                raise ConfigError(
+                    f"invalid config {source}:\n  tune.search_space.{key}.{kind}: {value!r} fails: {detail}"
+                ) from None
 
 
 def trial_config(base: dict[str, Any], sampled: dict[str, Any], sweep: list[str] | None = None) -> Config:
@@ -1144,8 +1405,12 @@ class _StrictLoader(yaml.SafeLoader):
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
-            raise yaml.composer.ComposerError(None, None, "YAML aliases (*name) are not accepted in a trainflow config: "
-                                              "write the value out", self.peek_event().start_mark)
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                "YAML aliases (*name) are not accepted in a trainflow config: write the value out",
+                self.peek_event().start_mark,
+            )
         return super().compose_node(parent, index)
 
     def construct_mapping(self, node, deep=False):
@@ -1155,8 +1420,11 @@ class _StrictLoader(yaml.SafeLoader):
             line = key_node.start_mark.line + 1
             if isinstance(key, (str, int, float, bool)) and key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} appears twice (lines {seen[key]} and {line}); keep one",
-                    key_node.start_mark)
+                    None,
+                    None,
+                    f"key {key!r} appears twice (lines {seen[key]} and {line}); keep one",
+                    key_node.start_mark,
+                )
             seen[key] = line
         return super().construct_mapping(node, deep)
 
@@ -1186,8 +1454,10 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Co
     hand_over gave this key)."""
     if str(path).startswith(IN_PROCESS):
         if str(path) not in _handed_over:
-            raise ConfigError(f"config_path {path}: a config handed over in another process (the Python API's); "
-                              "give a config file's path")
+            raise ConfigError(
+                f"config_path {path}: a config handed over in another process (the Python API's); "
+                "give a config file's path"
+            )
         cfg = _handed_over[str(path)]
         return config_from_dict(apply_overrides(cfg.to_dict(), overrides)) if overrides else cfg
     path = Path(path)

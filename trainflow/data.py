@@ -59,8 +59,12 @@ def streamed_task_args() -> dict:
     """
     return {"num_cpus": 0, "concurrency": max(1, int(ray.cluster_resources().get("CPU", 1)))}
 
+
 def read_table(
-    path: str, fmt: str, streamed: bool = False, listed: tuple[pafs.FileSystem, list[str]] | None = None,
+    path: str,
+    fmt: str,
+    streamed: bool = False,
+    listed: tuple[pafs.FileSystem, list[str]] | None = None,
     csv: Any = None,
 ) -> tuple[ray.data.Dataset, list[str], pafs.FileSystem]:
     """A lazy Ray Dataset over the table at path, with its files and filesystem.
@@ -72,8 +76,11 @@ def read_table(
     extra = {}
     if streamed:
         args = streamed_task_args()
-        extra = {"ray_remote_args": {"num_cpus": args["num_cpus"]}, "concurrency": args["concurrency"],
-                 "shuffle": "files"}
+        extra = {
+            "ray_remote_args": {"num_cpus": args["num_cpus"]},
+            "concurrency": args["concurrency"],
+            "shuffle": "files",
+        }
     if fmt == "csv":
         check_csv_header(fs, files[0], csv, path)
     try:
@@ -89,6 +96,7 @@ def read_table(
         store = ray.cluster_resources().get("object_store_memory", 0)
         ds.context.target_max_block_size = int(min(128 * 2**20, max(2**20, store / 32)))
     return ds, [with_scheme(path, f) for f in files], fs
+
 
 def should_materialize(mode: str, table_bytes: int, fraction: float = 0.25) -> tuple[bool, str]:
     """(materialize?, why) for data.materialize and the table's in-memory size against Ray's object store.
@@ -106,6 +114,7 @@ def should_materialize(mode: str, table_bytes: int, fraction: float = 0.25) -> t
         return True, f"{sizes}: under a quarter of the store"
     return False, f"{sizes}: over a quarter of the store, streamed from the files each epoch"
 
+
 def arrow_schema(ds: ray.data.Dataset, source: str) -> pa.Schema:
     """The dataset's pyarrow schema; DataError when the table has no columns at all."""
     schema = ds.schema(fetch_if_missing=True)
@@ -113,6 +122,7 @@ def arrow_schema(ds: ray.data.Dataset, source: str) -> pa.Schema:
         raise DataError(f"{source}: the table is empty (no columns)")
     check_names(list(schema.names), source)
     return schema.base_schema if hasattr(schema, "base_schema") else schema
+
 
 def _bad_labels(batch: pa.Table, label: str) -> dict[str, np.ndarray]:
     col = batch[label]
@@ -122,13 +132,16 @@ def _bad_labels(batch: pa.Table, label: str) -> dict[str, np.ndarray]:
         bad = int((~np.isfinite(vals)).sum())
     return {"bad": np.array([bad], dtype=np.int64), "rows": np.array([batch.num_rows], dtype=np.int64)}
 
+
 def _nulls(batch: pa.Table, column: str) -> dict[str, np.ndarray]:
     return {"nulls": np.array([batch[column].null_count], dtype=np.int64)}
+
 
 def count_nulls(ds: ray.data.Dataset, column: str) -> int:
     """Rows whose column is null (one pass over that column)."""
     out = ds.select_columns([column]).map_batches(_nulls, fn_kwargs={"column": column}, batch_format="pyarrow")
     return int(out.sum("nulls") or 0)
+
 
 def count_rows_and_bad_labels(ds: Rows, label: str) -> tuple[int, int]:
     """(rows, labels that are null, NaN or infinite) in one vectorised pass (this process's, for a table in its memory)."""
@@ -137,6 +150,7 @@ def count_rows_and_bad_labels(ds: Rows, label: str) -> tuple[int, int]:
     out = ds.select_columns([label]).map_batches(_bad_labels, fn_kwargs={"label": label}, batch_format="pyarrow")
     agg = out.sum(["rows", "bad"]) or {}
     return int(agg.get("sum(rows)") or 0), int(agg.get("sum(bad)") or 0)
+
 
 def _role_counts(batch: pa.Table, plan) -> pa.Table:
     """Per class (or for the whole batch): rows, rows in the test range, rows in the validation range and, with
@@ -151,16 +165,26 @@ def _role_counts(batch: pa.Table, plan) -> pa.Table:
     values, inverse = np.unique(labels.astype(str), return_inverse=True)
     count = lambda w=None: np.bincount(inverse, weights=w, minlength=len(values)).astype(np.int64)  # noqa: E731
     extra = {f"f{k}": count(folds == k) for k in range(plan.folds)} if folds is not None else {}
-    return pa.table({"value": pa.array(values.tolist(), pa.string()), "rows": count(), "test": count(test),
-                     "val": count(val), **extra})
+    return pa.table(
+        {
+            "value": pa.array(values.tolist(), pa.string()),
+            "rows": count(),
+            "test": count(test),
+            "val": count(val),
+            **extra,
+        }
+    )
 
 
 def _counts(ds: Rows, plan, columns: list[str]) -> list[dict]:
     """_role_counts over ds: Ray tasks, or this process for a table in its memory."""
     if isinstance(ds, pa.Table):
         return _role_counts(ds.select(columns), plan).to_pylist()
-    return ds.select_columns(columns).map_batches(_role_counts, fn_kwargs={"plan": plan}, batch_format="pyarrow",
-                                                  batch_size=None).take_all()
+    return (
+        ds.select_columns(columns)
+        .map_batches(_role_counts, fn_kwargs={"plan": plan}, batch_format="pyarrow", batch_size=None)
+        .take_all()
+    )
 
 
 def _keys_and_classes(batch: pa.Table, plan) -> pa.Table:
@@ -174,8 +198,11 @@ def _all_keys(ds: Rows, plan, columns: list[str]) -> tuple[np.ndarray, np.ndarra
     if isinstance(ds, pa.Table):
         out = _keys_and_classes(ds.select(columns), plan)
     else:
-        parts = ds.select_columns(columns).map_batches(_keys_and_classes, fn_kwargs={"plan": plan},
-                                                       batch_format="pyarrow").iter_batches(batch_format="pyarrow")
+        parts = (
+            ds.select_columns(columns)
+            .map_batches(_keys_and_classes, fn_kwargs={"plan": plan}, batch_format="pyarrow")
+            .iter_batches(batch_format="pyarrow")
+        )
         out = pa.concat_tables([pa.Table.from_batches([b]) if isinstance(b, pa.RecordBatch) else b for b in parts])
     return out["u"].to_numpy(), np.asarray(out["value"].to_numpy(zero_copy_only=False)).astype(str)
 
@@ -201,8 +228,9 @@ def _share(n: int, share: float, eligible: bool) -> int:
     return max(1, round(n * share)) if eligible and share > 0 else 0
 
 
-def exact_cuts(u: np.ndarray, classes: np.ndarray, plan, test_classes, val_classes, rows: int
-               ) -> tuple[dict, dict[str, int]]:
+def exact_cuts(
+    u: np.ndarray, classes: np.ndarray, plan, test_classes, val_classes, rows: int
+) -> tuple[dict, dict[str, int]]:
     """The plan's cuts for each class and the rows they give each role and fold: the validation role and the folds
     at the hash's ranks among the class's non-test rows (each its exact share); the test role too on a table of at
     most EXACT_TEST_ROWS rows, else at the fixed test range (a growing table keeps its test rows)."""
@@ -219,8 +247,7 @@ def exact_cuts(u: np.ndarray, classes: np.ndarray, plan, test_classes, val_class
         else:
             test_cut = plan.test_fraction if tested_class else 0.0
         fit = mine[mine >= test_cut]
-        n_val = _share(len(fit), plan.validation_fraction, val_classes is None or value in val_classes) \
-            if k < 2 else 0
+        n_val = _share(len(fit), plan.validation_fraction, val_classes is None or value in val_classes) if k < 2 else 0
         val_cut = _between(fit, n_val) if n_val else test_cut
         inner = [_between(fit, round(len(fit) * i / k)) for i in range(1, k)] if k > 1 else []
         cuts[str(value)] = (test_cut, val_cut, *inner)
@@ -255,8 +282,11 @@ def _gather(ds: Rows, fn, kwargs: dict, columns: list[str]) -> pa.Table:
     memory)."""
     if isinstance(ds, pa.Table):
         return fn(ds.select(columns), **kwargs)
-    parts = ds.select_columns(columns).map_batches(fn, fn_kwargs=kwargs, batch_format="pyarrow").iter_batches(
-        batch_format="pyarrow")
+    parts = (
+        ds.select_columns(columns)
+        .map_batches(fn, fn_kwargs=kwargs, batch_format="pyarrow")
+        .iter_batches(batch_format="pyarrow")
+    )
     return pa.concat_tables([pa.Table.from_batches([b]) if isinstance(b, pa.RecordBatch) else b for b in parts])
 
 
@@ -264,8 +294,19 @@ def _schema(ds: Rows) -> pa.Schema:
     return ds.schema if isinstance(ds, pa.Table) else arrow_schema(ds, "")
 
 
-def plan_ordered(ds: Rows, task: str, label: str, test_fraction: float, validation_fraction: float, seed: int,
-                 rows: int, folds: int | str, source: str, time_column: str | None, group_column: str | None):
+def plan_ordered(
+    ds: Rows,
+    task: str,
+    label: str,
+    test_fraction: float,
+    validation_fraction: float,
+    seed: int,
+    rows: int,
+    folds: int | str,
+    source: str,
+    time_column: str | None,
+    group_column: str | None,
+):
     """The plan by time (time_column: the newest rows test, the newest before them validation or the folds' blocks,
     the oldest training) or by group (group_column: a group's rows share a role and fold), cut at the ranks of every
     row's time or group hash in one pass; ties never straddle a cut. DataError naming the column for a missing time,
@@ -278,31 +319,43 @@ def plan_ordered(ds: Rows, task: str, label: str, test_fraction: float, validati
         if column is not None and column not in names:
             from trainflow.tables import did_you_mean
 
-            raise DataError(f"{source}: split.{key} {column!r} is not a column; {did_you_mean(column, names)}"
-                            f"columns are {names}")
+            raise DataError(
+                f"{source}: split.{key} {column!r} is not a column; {did_you_mean(column, names)}columns are {names}"
+            )
     kind = None
     if time_column is not None:
         kind = time_kind(_schema(ds).field(time_column).type)
         if kind is None:
-            raise DataError(f"{source}: split.time_column {time_column!r} has type "
-                            f"{_schema(ds).field(time_column).type}; it needs dates, timestamps or numbers (a text "
-                            "column of dates: parse it into a date or timestamp column first)")
+            raise DataError(
+                f"{source}: split.time_column {time_column!r} has type "
+                f"{_schema(ds).field(time_column).type}; it needs dates, timestamps or numbers (a text "
+                "column of dates: parse it into a date or timestamp column first)"
+            )
     test_share = effective_test_fraction(test_fraction, rows)
-    plan = FoldPlan(seed=seed, key_columns=(time_column or group_column,), test_fraction=test_share,
-                    validation_fraction=validation_fraction, folds=resolve_folds(folds, round(rows * (1 - test_share)),
-                                                                                  test_share),
-                    time_column=time_column, time_kind=kind, group_column=group_column)
+    plan = FoldPlan(
+        seed=seed,
+        key_columns=(time_column or group_column,),
+        test_fraction=test_share,
+        validation_fraction=validation_fraction,
+        folds=resolve_folds(folds, round(rows * (1 - test_share)), test_share),
+        time_column=time_column,
+        time_kind=kind,
+        group_column=group_column,
+    )
     by_label = label if task == "classification" else None
     columns = list(dict.fromkeys(c for c in (time_column, group_column, by_label) if c is not None))
     got = _gather(ds, _ordered_columns, {"plan": plan, "label": by_label, "group_column": group_column}, columns)
     u = got["u"].to_numpy()
     if time_column is not None and np.isnan(u).any():
-        raise DataError(f"{source}: split.time_column {time_column!r} is missing in {int(np.isnan(u).sum()):,} of "
-                        f"{len(u):,} rows; drop or fill them (a row's role comes from its time)")
+        raise DataError(
+            f"{source}: split.time_column {time_column!r} is missing in {int(np.isnan(u).sum()):,} of "
+            f"{len(u):,} rows; drop or fill them (a row's role comes from its time)"
+        )
     if by_label is not None:
         found = pc.value_counts(got["label"])
-        check_class_sizes(source, label, dict(zip(map(str, found.field("values").to_pylist()),
-                                                  found.field("counts").to_pylist())))
+        check_class_sizes(
+            source, label, dict(zip(map(str, found.field("values").to_pylist()), found.field("counts").to_pylist()))
+        )
     lo, hi = (-np.inf, np.inf) if time_column is not None else (0.0, 1.0)
     s, k = np.sort(u), plan.folds
     test_cut = _between(s, _share(len(s), test_share, True), lo, hi)
@@ -318,8 +371,11 @@ def plan_ordered(ds: Rows, task: str, label: str, test_fraction: float, validati
         counts.update({f"fold {i}": int((ids == i).sum()) for i in range(k)})
     extra: dict = {}
     if time_column is not None:
-        extra["time_ranges"] = {name: (float(-u[roles == r].max()), float(-u[roles == r].min()))
-                                for r, name in ((0, "train"), (1, "validation"), (2, "test")) if (roles == r).any()}
+        extra["time_ranges"] = {
+            name: (float(-u[roles == r].max()), float(-u[roles == r].min()))
+            for r, name in ((0, "train"), (1, "validation"), (2, "test"))
+            if (roles == r).any()
+        }
         extra["earlier"] = _earlier(u, (test_cut, val_cut, *inner), k, lo, hi)
         if group_column is not None:
             pairs = np.unique(np.stack([got["g"].to_numpy(), roles.astype(np.float64)], axis=1), axis=0)
@@ -343,8 +399,14 @@ def _earlier(u: np.ndarray, cuts: tuple[float, ...], k: int, lo: float, hi: floa
     rows = int((trained >= cut).sum())
     if rows < held or not np.isfinite(cut):
         return None
-    return {"cut": float(cut), "recent_cut": float(recent_cut), "end": float(-trained[trained >= cut].min()),
-            "recent_end": float(-trained.min()), "rows": rows, "validation_rows": len(trained) - rows}
+    return {
+        "cut": float(cut),
+        "recent_cut": float(recent_cut),
+        "end": float(-trained[trained >= cut].min()),
+        "recent_end": float(-trained.min()),
+        "rows": rows,
+        "validation_rows": len(trained) - rows,
+    }
 
 
 def _check_group_sizes(ds: Rows, plan, sorted_u: np.ndarray, counts: dict[str, int], source: str) -> None:
@@ -364,19 +426,32 @@ def _check_group_sizes(ds: Rows, plan, sorted_u: np.ndarray, counts: dict[str, i
         return
     hit = _gather(ds, _rows_of_key, {"plan": plan, "u": float(values[biggest])}, [plan.group_column])
     name = hit[plan.group_column][0].as_py() if hit.num_rows else "?"
-    raise DataError(f"{source}: group {name!r} of split.group_column {plan.group_column!r} has {int(sizes[biggest]):,} "
-                    f"rows, more than the {smallest} role's {target:,.0f} rows can hold (a group's rows share one role): "
-                    "split the group, raise split.test_fraction / split.validation_fraction, or choose another group "
-                    "column")
+    raise DataError(
+        f"{source}: group {name!r} of split.group_column {plan.group_column!r} has {int(sizes[biggest]):,} "
+        f"rows, more than the {smallest} role's {target:,.0f} rows can hold (a group's rows share one role): "
+        "split the group, raise split.test_fraction / split.validation_fraction, or choose another group "
+        "column"
+    )
 
 
 def _rows_of_key(batch: pa.Table, plan, u: float) -> pa.Table:
     return batch.filter(pa.array(plan.keys(batch) == u)).slice(0, 1)
 
 
-def plan_split(ds: Rows, task: str, label: str, test_fraction: float, validation_fraction: float,
-               seed: int, key_columns: list[str], rows: int, folds: int | str = 1, source: str = "",
-               time_column: str | None = None, group_column: str | None = None):
+def plan_split(
+    ds: Rows,
+    task: str,
+    label: str,
+    test_fraction: float,
+    validation_fraction: float,
+    seed: int,
+    key_columns: list[str],
+    rows: int,
+    folds: int | str = 1,
+    source: str = "",
+    time_column: str | None = None,
+    group_column: str | None = None,
+):
     """The fold plan for this table: one counting pass over the key and label columns gives the rows per class in
     each role, so every class with enough rows gets its share of test and validation rows (stratification) and a
     class too small for a role keeps those rows for training; a label whose classes are mostly too small for any is
@@ -384,16 +459,29 @@ def plan_split(ds: Rows, task: str, label: str, test_fraction: float, validation
     rows has its validation role and folds cut at the hash's ranks within each class (each gets its share: on 95
     rows, folds of 18 to 20), and its test role too when it has at most EXACT_TEST_ROWS rows (exact_cuts); a larger
     one by the hash's fixed ranges (within a fraction of a percent of those shares)."""
-    from trainflow.folds import EXACT_ROWS, FoldPlan, check_class_sizes, effective_test_fraction, eligible, resolve_folds
+    from trainflow.folds import (
+        EXACT_ROWS,
+        FoldPlan,
+        check_class_sizes,
+        effective_test_fraction,
+        eligible,
+        resolve_folds,
+    )
 
     if time_column is not None or group_column is not None:
-        return plan_ordered(ds, task, label, test_fraction, validation_fraction, seed, rows, folds, source,
-                            time_column, group_column)
+        return plan_ordered(
+            ds, task, label, test_fraction, validation_fraction, seed, rows, folds, source, time_column, group_column
+        )
     by_label = label if task == "classification" else None
     test_share = effective_test_fraction(test_fraction, rows)
-    plan = FoldPlan(seed=seed, key_columns=tuple(key_columns), test_fraction=test_share,
-                    validation_fraction=validation_fraction, label=by_label,
-                    folds=resolve_folds(folds, round(rows * (1 - test_share)), test_share))
+    plan = FoldPlan(
+        seed=seed,
+        key_columns=tuple(key_columns),
+        test_fraction=test_share,
+        validation_fraction=validation_fraction,
+        label=by_label,
+        folds=resolve_folds(folds, round(rows * (1 - test_share)), test_share),
+    )
     columns = list(dict.fromkeys([*key_columns, label]))
     if 0 < rows <= EXACT_ROWS:
         u, classes = _all_keys(ds, plan, columns)
@@ -411,8 +499,15 @@ def plan_split(ds: Rows, task: str, label: str, test_fraction: float, validation
     fold_names = [f"f{k}" for k in range(plan.folds)] if plan.folds > 1 else []
     if by_label is None:
         total = {c: sum(r[c] for r in counts) for c in ["rows", "test", "val", *fold_names]}
-        return replace(plan, counts={"train": total["rows"] - total["test"] - total["val"], "validation": total["val"],
-                                     "test": total["test"], **_fold_counts(total, fold_names)})
+        return replace(
+            plan,
+            counts={
+                "train": total["rows"] - total["test"] - total["val"],
+                "validation": total["val"],
+                "test": total["test"],
+                **_fold_counts(total, fold_names),
+            },
+        )
     per_class: dict[str, dict[str, int]] = {}
     for r in counts:
         tot = per_class.setdefault(r["value"], {})
@@ -428,8 +523,15 @@ def plan_split(ds: Rows, task: str, label: str, test_fraction: float, validation
     if fold_names:  # a class kept out of the test role spreads its test-range rows over the folds: count again
         counts = _counts(ds, plan, columns)
     total = {c: sum(r[c] for r in counts) for c in fold_names}
-    return replace(plan, counts={"train": sum(sizes.values()) - n_test - n_val, "validation": n_val, "test": n_test,
-                                 **_fold_counts(total, fold_names)})
+    return replace(
+        plan,
+        counts={
+            "train": sum(sizes.values()) - n_test - n_val,
+            "validation": n_val,
+            "test": n_test,
+            **_fold_counts(total, fold_names),
+        },
+    )
 
 
 def _fold_counts(total: dict[str, int], fold_names: list[str]) -> dict[str, int]:
@@ -465,8 +567,10 @@ def split_roles(ds: ray.data.Dataset, plan, materialize: bool) -> dict[int, ray.
 
     roles = plan_roles(plan)
     task_args = {} if materialize else streamed_task_args()
-    parts = {r: ds.map_batches(_role, fn_kwargs={"plan": plan, "role": r}, batch_format="pyarrow", **task_args)
-             for r in roles}
+    parts = {
+        r: ds.map_batches(_role, fn_kwargs={"plan": plan, "role": r}, batch_format="pyarrow", **task_args)
+        for r in roles
+    }
     if materialize:
         parts = {r: (p.random_shuffle(seed=plan.seed) if r == TRAIN else p).materialize() for r, p in parts.items()}
     return parts
@@ -483,8 +587,12 @@ def fold_parts(fit_rows: Rows, plan, fold: int, materialize: bool) -> tuple[Rows
     if isinstance(fit_rows, pa.Table):
         return tuple(_fold(fit_rows, plan, fold, held) for held in (False, True))
     task_args = {} if materialize else streamed_task_args()
-    return tuple(fit_rows.map_batches(_fold, fn_kwargs={"plan": plan, "fold": fold, "held": held},
-                                      batch_format="pyarrow", **task_args) for held in (False, True))
+    return tuple(
+        fit_rows.map_batches(
+            _fold, fn_kwargs={"plan": plan, "fold": fold, "held": held}, batch_format="pyarrow", **task_args
+        )
+        for held in (False, True)
+    )
 
 
 def _earlier_role(batch: pa.Table, plan, role: int) -> pa.Table:
@@ -499,12 +607,15 @@ def earlier_parts(fit_rows: Rows, plan, materialize: bool) -> tuple[Rows, Rows]:
     if isinstance(fit_rows, pa.Table):
         return tuple(_earlier_role(fit_rows, plan, r) for r in (TRAIN, VALIDATION))
     task_args = {} if materialize else streamed_task_args()
-    return tuple(fit_rows.map_batches(_earlier_role, fn_kwargs={"plan": plan, "role": r}, batch_format="pyarrow",
-                                      **task_args) for r in (TRAIN, VALIDATION))
+    return tuple(
+        fit_rows.map_batches(_earlier_role, fn_kwargs={"plan": plan, "role": r}, batch_format="pyarrow", **task_args)
+        for r in (TRAIN, VALIDATION)
+    )
 
 
-def split_table(ds: ray.data.Dataset, task: str, label: str, fraction: float, seed: int, key_columns: list[str],
-                materialize: bool):
+def split_table(
+    ds: ray.data.Dataset, task: str, label: str, fraction: float, seed: int, key_columns: list[str], materialize: bool
+):
     """A seeded train/validation split without a test role: (train, val, train_rows, val_rows)."""
     from trainflow.folds import TRAIN, VALIDATION
 

@@ -45,5 +45,7 @@ def disk_full(exc: BaseException | None) -> bool:
     import errno
 
     # pyarrow and Ray pass ENOSPC on as text
-    return any((isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e)
-               for e in exception_chain(exc))
+    return any(
+        (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e)
+        for e in exception_chain(exc)
+    )

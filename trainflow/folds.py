@@ -175,7 +175,9 @@ class FoldPlan:
             values = pc.cast(batch[self.label], pa.string())
             for mask, classes in ((test, self.test_classes), (val, self.validation_classes)):
                 if classes is not None:
-                    mask &= pc.is_in(values, value_set=pa.array(list(classes), pa.string())).to_numpy(zero_copy_only=False)
+                    mask &= pc.is_in(values, value_set=pa.array(list(classes), pa.string())).to_numpy(
+                        zero_copy_only=False
+                    )
         roles[val] = VALIDATION
         roles[test] = TEST
         return roles
@@ -217,28 +219,45 @@ class FoldPlan:
     def holds_out_every_test_row_of(self, other: FoldPlan) -> bool:
         """True when every row `other` puts in its test role is held out by this plan too (the same hash and classes,
         a test range at least as wide): a gate between their models needs no row-by-row check."""
-        if not (self.seed == other.seed and self.key_columns == other.key_columns and self.label == other.label
-                and self.test_classes == other.test_classes and other.test_fraction > 0
-                and self.time_column == other.time_column
-                and (self.time_column is not None or self.test_fraction >= other.test_fraction)):
+        if not (
+            self.seed == other.seed
+            and self.key_columns == other.key_columns
+            and self.label == other.label
+            and self.test_classes == other.test_classes
+            and other.test_fraction > 0
+            and self.time_column == other.time_column
+            and (self.time_column is not None or self.test_fraction >= other.test_fraction)
+        ):
             return False
         if not self.cuts and not other.cuts:
             return True
         mine, theirs = self.cuts or {}, other.cuts or {}
         classes = set(mine) | set(theirs)  # every class either cuts by rank; the others keep the fixed ranges
-        return all((mine[c][0] if c in mine else self.test_fraction) >= (theirs[c][0] if c in theirs else
-                                                                          other.test_fraction) for c in classes)
+        return all(
+            (mine[c][0] if c in mine else self.test_fraction) >= (theirs[c][0] if c in theirs else other.test_fraction)
+            for c in classes
+        )
 
     def describe(self) -> str:
-        rest = (f"{self.folds} cross-fitting folds of the rest" if self.folds > 1 else
-                f"validation {self.validation_fraction:.3g} of the rest")
+        rest = (
+            f"{self.folds} cross-fitting folds of the rest"
+            if self.folds > 1
+            else f"validation {self.validation_fraction:.3g} of the rest"
+        )
         if self.time_column is not None:
-            ranges = "; ".join(f"{role}: {self.time_text(a)} to {self.time_text(b)}, {self.counts.get(role, 0):,} rows"
-                               for role, (a, b) in (self.time_ranges or {}).items())
-            split = f"; {self.groups_split:,} group(s) of {self.group_column!r} have rows on both sides of a cut" \
-                if self.groups_split else ""
-            return (f"by time ({self.time_column!r}): the newest {self.test_fraction:.3g} of the rows test, {rest} "
-                    f"in time order" + (f" ({ranges})" if ranges else "") + split)
+            ranges = "; ".join(
+                f"{role}: {self.time_text(a)} to {self.time_text(b)}, {self.counts.get(role, 0):,} rows"
+                for role, (a, b) in (self.time_ranges or {}).items()
+            )
+            split = (
+                f"; {self.groups_split:,} group(s) of {self.group_column!r} have rows on both sides of a cut"
+                if self.groups_split
+                else ""
+            )
+            return (
+                f"by time ({self.time_column!r}): the newest {self.test_fraction:.3g} of the rows test, {rest} "
+                f"in time order" + (f" ({ranges})" if ranges else "") + split
+            )
         if self.group_column is not None:
             keyed = f"group column {self.group_column!r} (a group's rows share a role and fold)"
         else:
@@ -263,19 +282,25 @@ class FoldPlan:
         """A stored plan, checked: fractions in [0, 1), a seed and key columns as written."""
         try:
             plan = cls(
-                seed=int(d["seed"]), key_columns=tuple(str(c) for c in d["key_columns"]),
-                test_fraction=float(d["test_fraction"]), validation_fraction=float(d["validation_fraction"]),
+                seed=int(d["seed"]),
+                key_columns=tuple(str(c) for c in d["key_columns"]),
+                test_fraction=float(d["test_fraction"]),
+                validation_fraction=float(d["validation_fraction"]),
                 label=None if d.get("label") is None else str(d["label"]),
                 test_classes=None if d.get("test_classes") is None else tuple(map(str, d["test_classes"])),
-                validation_classes=None if d.get("validation_classes") is None else tuple(map(str, d["validation_classes"])),
+                validation_classes=None
+                if d.get("validation_classes") is None
+                else tuple(map(str, d["validation_classes"])),
                 counts={str(k): int(v) for k, v in (d.get("counts") or {}).items()},
                 folds=int(d.get("folds", 1)),
-                cuts=None if d.get("cuts") is None else {str(k): tuple(float(x) for x in v)
-                                                         for k, v in dict(d["cuts"]).items()},
+                cuts=None
+                if d.get("cuts") is None
+                else {str(k): tuple(float(x) for x in v) for k, v in dict(d["cuts"]).items()},
                 time_column=None if d.get("time_column") is None else str(d["time_column"]),
                 time_kind=None if d.get("time_kind") is None else str(d["time_kind"]),
-                time_ranges=None if d.get("time_ranges") is None else {
-                    str(k): (float(v[0]), float(v[1])) for k, v in dict(d["time_ranges"]).items()},
+                time_ranges=None
+                if d.get("time_ranges") is None
+                else {str(k): (float(v[0]), float(v[1])) for k, v in dict(d["time_ranges"]).items()},
                 group_column=None if d.get("group_column") is None else str(d["group_column"]),
                 groups_split=None if d.get("groups_split") is None else int(d["groups_split"]),
                 earlier=None if d.get("earlier") is None else {str(k): float(v) for k, v in dict(d["earlier"]).items()},
@@ -283,14 +308,30 @@ class FoldPlan:
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a split plan trainflow wrote ({type(exc).__name__}: {exc})") from None
         lo, hi = (-np.inf, np.inf) if plan.time_column is not None else (0.0, 1.0)  # by time: minus a time
-        bad_cuts = (plan.cuts is not None and any(
-            len(c) != plan.folds + 1 or any(not lo <= x <= hi for x in c) or list(c[2:]) != sorted(c[2:])
-            or c[1] < c[0] for c in plan.cuts.values())) or (plan.time_column is not None and not plan.cuts) \
+        bad_cuts = (
+            (
+                plan.cuts is not None
+                and any(
+                    len(c) != plan.folds + 1
+                    or any(not lo <= x <= hi for x in c)
+                    or list(c[2:]) != sorted(c[2:])
+                    or c[1] < c[0]
+                    for c in plan.cuts.values()
+                )
+            )
+            or (plan.time_column is not None and not plan.cuts)
             or plan.time_kind not in (None, "date", "timestamp", "number")
-        if bad_cuts or not (0.0 <= plan.test_fraction < 1.0 and 0.0 < plan.validation_fraction < 1.0
-                            and plan.key_columns and 1 <= plan.folds <= MAX_FOLDS):
-            raise ValueError(f"not a split plan trainflow wrote (fractions {plan.test_fraction}, "
-                             f"{plan.validation_fraction}; folds {plan.folds}; key columns {plan.key_columns})")
+        )
+        if bad_cuts or not (
+            0.0 <= plan.test_fraction < 1.0
+            and 0.0 < plan.validation_fraction < 1.0
+            and plan.key_columns
+            and 1 <= plan.folds <= MAX_FOLDS
+        ):
+            raise ValueError(
+                f"not a split plan trainflow wrote (fractions {plan.test_fraction}, "
+                f"{plan.validation_fraction}; folds {plan.folds}; key columns {plan.key_columns})"
+            )
         return plan
 
     def save(self, directory: str | Path) -> None:
@@ -318,8 +359,12 @@ class FoldPlan:
             else:  # the row's values: its features in the fitted order, then the label
                 prep = json.loads((directory / "preprocessor.json").read_text())
                 keys = [*prep["feature_order"], prep["label"]]
-            return cls(seed=int(split["seed"]), key_columns=tuple(keys), test_fraction=0.0,
-                       validation_fraction=float(split["validation_fraction"]))
+            return cls(
+                seed=int(split["seed"]),
+                key_columns=tuple(keys),
+                test_fraction=0.0,
+                validation_fraction=float(split["validation_fraction"]),
+            )
         except (OSError, KeyError, TypeError, ValueError):
             return None
 
@@ -359,8 +404,11 @@ def plan_mismatch(plan: FoldPlan, directory: str | Path, params: dict[str, str] 
             wrong.append(f"{key} {getattr(plan, key)!r} where its config says split.{key} {split.get(key)!r}")
     if plan.label != label:
         wrong.append(f"stratified by {plan.label!r} where its config implies {label!r}")
-    for key, value in (("split.seed", seed), ("split.test_fraction", asked_test),
-                       ("split.validation_fraction", asked_val)):  # config.json against what MLflow logged
+    for key, value in (
+        ("split.seed", seed),
+        ("split.test_fraction", asked_test),
+        ("split.validation_fraction", asked_val),
+    ):  # config.json against what MLflow logged
         if params and key in params and str(params[key]) != str(value):
             wrong.append(f"its config.json says {key} {value} where the version's MLflow run logged {params[key]}")
     return "; ".join(wrong) or None
@@ -412,10 +460,13 @@ def label_unfit_for_task(path: str, label: str, task: str, rows: str, values: st
     from trainflow.errors import DataError
 
     if task == "classification":
-        return DataError(f"{path}: label column {label!r} has only one class ({values}) in {rows}; classification "
-                         "needs at least two")
-    return DataError(f"{path}: label column {label!r} under task: regression holds at most two values in {rows} "
-                     f"({values}): that is a class, not a quantity to fit; set task: classification")
+        return DataError(
+            f"{path}: label column {label!r} has only one class ({values}) in {rows}; classification needs at least two"
+        )
+    return DataError(
+        f"{path}: label column {label!r} under task: regression holds at most two values in {rows} "
+        f"({values}): that is a class, not a quantity to fit; set task: classification"
+    )
 
 
 def check_class_sizes(path: str, label: str, label_counts: dict) -> None:
@@ -442,7 +493,8 @@ def check_class_sizes(path: str, label: str, label_counts: dict) -> None:
             f"{sum(sizes):,} rows (about {mean:.0f} rows each, half of them {median} or fewer): that reads as a "
             f"quantity (a count, an amount in whole units), not {len(sizes):,} classes. Set task: regression; if they "
             f"are codes of classes, each needs more rows (at least {MIN_NUMBER_CLASS_ROWS} on average with more than "
-            f"{MAX_NUMBER_CLASSES} classes)")
+            f"{MAX_NUMBER_CLASSES} classes)"
+        )
 
 
 def check_sizes(counts: dict[str, int], source: str, plan: FoldPlan) -> None:
@@ -450,8 +502,9 @@ def check_sizes(counts: dict[str, int], source: str, plan: FoldPlan) -> None:
     from trainflow.errors import DataError
 
     wanted = {"train": MIN_ROLE_ROWS}
-    wanted.update({f"fold {k}": MIN_ROLE_ROWS for k in range(plan.folds)} if plan.folds > 1 else
-                  {"validation": MIN_ROLE_ROWS})
+    wanted.update(
+        {f"fold {k}": MIN_ROLE_ROWS for k in range(plan.folds)} if plan.folds > 1 else {"validation": MIN_ROLE_ROWS}
+    )
     if plan.test_fraction > 0:
         wanted["test"] = MIN_ROLE_ROWS
     short = [f"{role} {counts.get(role, 0)}" for role, least in wanted.items() if counts.get(role, 0) < least]
@@ -460,10 +513,13 @@ def check_sizes(counts: dict[str, int], source: str, plan: FoldPlan) -> None:
             f"{source}: {sum(counts.get(r, 0) for r in ('train', 'validation', 'test'))} rows are too few to train, "
             "choose and judge a model: "
             f"{', '.join(f'{r} {n}' for r, n in counts.items() if not r.startswith('fold '))} rows"
-            + (f" (the train rows in {plan.folds} folds of "
-               f"{', '.join(str(counts.get(f'fold {k}', 0)) for k in range(plan.folds))})" if plan.folds > 1 else "")
+            + (
+                f" (the train rows in {plan.folds} folds of "
+                f"{', '.join(str(counts.get(f'fold {k}', 0)) for k in range(plan.folds))})"
+                if plan.folds > 1
+                else ""
+            )
             + f" (at least {MIN_ROLE_ROWS} each are needed; "
             f"short: {', '.join(short)}); add rows, or change split.test_fraction / split.validation_fraction"
             + (" / train.folds" if plan.folds > 1 else "")
         )
-

@@ -52,10 +52,10 @@ def normalized_scope(uri: str) -> str:
     `sqlite:////x/m.db` are one registry), a file:// URI as its path, any other URI with its trailing slashes cut."""
     uri = (uri or "").strip()
     if uri.startswith("sqlite:///"):
-        path = uri[len("sqlite:///"):].split("?", 1)
+        path = uri[len("sqlite:///") :].split("?", 1)
         return "sqlite:///" + os.path.realpath(path[0]) + (f"?{path[1]}" if len(path) > 1 else "")
     if uri.startswith("file://"):
-        uri = uri[len("file://"):]
+        uri = uri[len("file://") :]
     if uri and "://" not in uri:
         return os.path.realpath(os.path.expanduser(uri))
     return uri.rstrip("/")
@@ -82,8 +82,12 @@ def _holder() -> dict[str, Any]:
             run = f"{ctx.flow_run.name} ({ctx.flow_run.id})"
     except Exception:  # noqa: BLE001 - the holder's description is best effort
         run = None
-    return {"host": socket.gethostname(), "pid": os.getpid(), "run": run,
-            "since": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "run": run,
+        "since": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
 
 
 def describe_holder(holder: dict[str, Any] | None) -> str:
@@ -124,8 +128,10 @@ class _Waiter:
     def tick(self) -> None:
         now = time.monotonic()
         if self.timeout_s <= 0:  # asked not to wait (`--no-wait`)
-            raise LockTimeout(f"{self.kind} {self.key} is in use: the lock {self.name} is held by "
-                              f"{describe_holder(self.read_holder())}; without --no-wait this run waits for it")
+            raise LockTimeout(
+                f"{self.kind} {self.key} is in use: the lock {self.name} is held by "
+                f"{describe_holder(self.read_holder())}; without --no-wait this run waits for it"
+            )
         if self.left() <= 0:
             raise LockTimeout(
                 f"waited {self.timeout_s:g} s for the lock on {self.kind} {self.key} ({self.name}); it is held by "
@@ -134,8 +140,13 @@ class _Waiter:
                 "if that process is alive, it is still working: try again later"
             )
         if now >= self.next_note:
-            self.log.warning("waiting %.0f s so far for the lock on %s %s, held by %s", now - self.start, self.kind,
-                             self.key, describe_holder(self.read_holder()))
+            self.log.warning(
+                "waiting %.0f s so far for the lock on %s %s, held by %s",
+                now - self.start,
+                self.kind,
+                self.key,
+                describe_holder(self.read_holder()),
+            )
             self.next_note = now + WAIT_NOTE_S
 
 
@@ -208,8 +219,15 @@ def _prefect_lock(kind: str, key: str, name: str, timeout_s: float) -> Iterator[
         while True:
             try:
                 # a short acquisition wait so the waiter can say what it waits for; the lease dies with the holder
-                stack.enter_context(concurrency(name, occupy=1, timeout_seconds=max(1.0, min(10.0, waiter.left())),
-                                                strict=True, lease_duration=LEASE_S))
+                stack.enter_context(
+                    concurrency(
+                        name,
+                        occupy=1,
+                        timeout_seconds=max(1.0, min(10.0, waiter.left())),
+                        strict=True,
+                        lease_duration=LEASE_S,
+                    )
+                )
                 break
             except TimeoutError:
                 waiter.tick()

@@ -127,8 +127,10 @@ def check_owned(output: str) -> None:
     if info.type == pafs.FileType.NotFound:
         return
     if info.type == pafs.FileType.File:
-        raise DataError(f"inference.output {output} is a file that trainflow did not write; "
-                        "choose a folder path (nothing was touched)")
+        raise DataError(
+            f"inference.output {output} is a file that trainflow did not write; "
+            "choose a folder path (nothing was touched)"
+        )
     entries = sorted(i.base_name for i in fs.get_file_info(pafs.FileSelector(inner)))
     if not entries or read_manifest(output) is not None:
         return
@@ -164,10 +166,17 @@ def _count_rows(fs: pafs.FileSystem, files: list[str]) -> int:
 
 
 def _manifest(files: list[str], rows: int, meta: dict[str, Any], generation: str | None) -> bytes:
-    return json.dumps({
-        "trainflow_output": 1, "rows": rows, "files": files, "generation": generation,
-        "written_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), **meta,
-    }, indent=1).encode()
+    return json.dumps(
+        {
+            "trainflow_output": 1,
+            "rows": rows,
+            "files": files,
+            "generation": generation,
+            "written_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            **meta,
+        },
+        indent=1,
+    ).encode()
 
 
 _RENAME_EXCHANGE = 2
@@ -253,8 +262,9 @@ def _write_local(ds, fs: pafs.FileSystem, inner: str, expected_rows: int, meta: 
             fs.delete_dir(stage)
 
 
-def _write_object_store(ds, fs: pafs.FileSystem, inner: str, output: str, expected_rows: int,
-                        meta: dict[str, Any]) -> int:
+def _write_object_store(
+    ds, fs: pafs.FileSystem, inner: str, output: str, expected_rows: int, meta: dict[str, Any]
+) -> int:
     from trainflow.storage import with_scheme
 
     generation = f"gen-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"
@@ -265,7 +275,7 @@ def _write_object_store(ds, fs: pafs.FileSystem, inner: str, output: str, expect
         files = _parquet_files(fs, prefix)
         written = _count_rows(fs, files)
         _check_rows(written, expected_rows)
-        rel = [f[len(inner) + 1:] for f in files]
+        rel = [f[len(inner) + 1 :] for f in files]
         with fs.open_output_stream(f"{inner}/{MANIFEST}") as f:  # one PUT: the commit
             f.write(_manifest(rel, written, meta, generation))
         committed = True
@@ -278,7 +288,11 @@ def _write_object_store(ds, fs: pafs.FileSystem, inner: str, output: str, expect
     # leaves them to the next write
     try:
         for info in fs.get_file_info(pafs.FileSelector(inner)):
-            if info.type == pafs.FileType.Directory and GENERATION.match(info.base_name) and info.base_name != generation:
+            if (
+                info.type == pafs.FileType.Directory
+                and GENERATION.match(info.base_name)
+                and info.base_name != generation
+            ):
                 fs.delete_dir(info.path)
     except OSError as exc:
         if not is_down(exc):

@@ -67,9 +67,14 @@ def _local_node() -> dict[str, float]:
     return ResourceAndLabelSpec().resolve(is_head=True, node_ip_address="127.0.0.1").to_resource_dict()
 
 
-def ensure_ray(address: str | None = None, runtime_env: dict | None = None, num_cpus: int | None = None,
-               object_store_memory: int | None = None, worker_env: dict[str, str] | None = None,
-               temp_dir: str | None = None) -> None:
+def ensure_ray(
+    address: str | None = None,
+    runtime_env: dict | None = None,
+    num_cpus: int | None = None,
+    object_store_memory: int | None = None,
+    worker_env: dict[str, str] | None = None,
+    temp_dir: str | None = None,
+) -> None:
     """Join the cluster at address (ray.address / RAY_ADDRESS) if given, else start a local Ray (of num_cpus
     CPUs and an object store of object_store_memory bytes, when given: benchmarks and tests).
 
@@ -109,8 +114,10 @@ def private_temp_dir(temp_dir: str | None) -> str:
         path = os.path.abspath(os.path.expanduser(temp_dir))
         os.makedirs(path, mode=0o700, exist_ok=True)
         if os.stat(path).st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise ConfigError(f"ray.temp_dir {path}: readable by other users (mode {stat.S_IMODE(os.stat(path).st_mode):o});"
-                              " Ray's logs there may hold secrets: chmod 700 it or name another folder")
+            raise ConfigError(
+                f"ray.temp_dir {path}: readable by other users (mode {stat.S_IMODE(os.stat(path).st_mode):o});"
+                " Ray's logs there may hold secrets: chmod 700 it or name another folder"
+            )
         return path
     base = tempfile.gettempdir()
     if len(base) > 40:  # Ray's socket paths under it must stay within the 107 characters of a Unix socket path
@@ -124,8 +131,14 @@ def private_temp_dir(temp_dir: str | None) -> str:
     return path
 
 
-def _init(address: str | None, runtime_env: dict | None, num_cpus: int | None, object_store_memory: int | None = None,
-          worker_env: dict[str, str] | None = None, temp_dir: str | None = None) -> None:
+def _init(
+    address: str | None,
+    runtime_env: dict | None,
+    num_cpus: int | None,
+    object_store_memory: int | None = None,
+    worker_env: dict[str, str] | None = None,
+    temp_dir: str | None = None,
+) -> None:
     runtime_env = dict(runtime_env or {})
     defaults = dict(TRAIN_ENV_DEFAULTS)
     address = address or os.environ.get("RAY_ADDRESS") or None
@@ -303,8 +316,12 @@ class _NoThreadSigtermWarning(logging.Filter):
 _NO_THREAD_SIGTERM_WARNING = _NoThreadSigtermWarning()
 
 
-def start_ray_in_background(address: str | None = None, runtime_env: dict | None = None,
-                            worker_env: dict[str, str] | None = None, temp_dir: str | None = None) -> threading.Thread:
+def start_ray_in_background(
+    address: str | None = None,
+    runtime_env: dict | None = None,
+    worker_env: dict[str, str] | None = None,
+    temp_dir: str | None = None,
+) -> threading.Thread:
     """Start (or join) Ray on a daemon thread, so it comes up while the caller imports Prefect and
     Prefect starts its temporary server: both are seconds of CPU-bound start-up (docs/performance.md).
 
@@ -316,7 +333,9 @@ def start_ray_in_background(address: str | None = None, runtime_env: dict | None
     """
     if threading.current_thread() is threading.main_thread():
         watch_for_sigterm()
-        logging.getLogger("ray._private.worker").addFilter(_NO_THREAD_SIGTERM_WARNING)  # added once: addFilter skips a filter already there
+        logging.getLogger("ray._private.worker").addFilter(
+            _NO_THREAD_SIGTERM_WARNING
+        )  # added once: addFilter skips a filter already there
 
     def start() -> None:
         try:
@@ -404,11 +423,30 @@ def temporary_server():
             from prefect.settings import get_current_settings
 
             # Prefect's own command (prefect/server/api/server.py), forked with the parent-death signal
-            args = [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
-                    "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
-                    "--log-level", "error", "--lifespan", "on"]
-            env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
-                   "PREFECT__SERVER_FINAL": "1", **get_current_settings().to_environment_variables(exclude_unset=True)}
+            args = [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "--app-dir",
+                str(prefect.__module_path__.parent),
+                "--factory",
+                "prefect.server.api.server:create_app",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--log-level",
+                "error",
+                "--lifespan",
+                "on",
+            ]
+            env = {
+                **os.environ,
+                "PREFECT_UI_ENABLED": "0",
+                "PREFECT__SERVER_EPHEMERAL": "1",
+                "PREFECT__SERVER_FINAL": "1",
+                **get_current_settings().to_environment_variables(exclude_unset=True),
+            }
             return _spawn(lambda: subprocess.Popen(args, env=env, preexec_fn=_die_with_parent))
 
         def start(self, timeout: int | None = None) -> None:

@@ -62,7 +62,9 @@ def _write(table: pa.Table, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def write_sample(out: str | Path, rows: int = 100_000, score_rows: int = 20_000, seed: int = 7, force: bool = False) -> list[Path]:
+def write_sample(
+    out: str | Path, rows: int = 100_000, score_rows: int = 20_000, seed: int = 7, force: bool = False
+) -> list[Path]:
     """Write train.parquet (with label) and score.parquet (ids, no label) under out, unless present."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

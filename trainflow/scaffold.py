@@ -54,8 +54,10 @@ def _guess_task(dataset, label: str) -> tuple[str, str]:
     """(task, comment) when the label alone leaves a doubt: few whole-number values read as classes."""
     distinct = pc.count_distinct(dataset.to_table(columns=[label]).column(label)).as_py()
     task = "classification" if distinct <= 20 else "regression"
-    return task, (f"the label holds {distinct} distinct whole numbers: {task} is a guess, change it if they are "
-                  f"{'quantities' if task == 'classification' else 'classes'}")
+    return task, (
+        f"the label holds {distinct} distinct whole numbers: {task} is a guess, change it if they are "
+        f"{'quantities' if task == 'classification' else 'classes'}"
+    )
 
 
 def _id_column(schema: pa.Schema, label: str) -> str | None:
@@ -70,8 +72,10 @@ def scaffold(data: str, label: str, out: str) -> str:
     fmt = infer_format(data)
     path = data if is_uri(data) else str(Path(data).expanduser().resolve())
     if not is_uri(path) and (Path(out).resolve() == Path(path) or Path(path) in Path(out).resolve().parents):
-        raise ConfigError(f"--out {out} is the table --data {data} (or inside it): init never writes over its input; "
-                          "choose another file for the config")
+        raise ConfigError(
+            f"--out {out} is the table --data {data} (or inside it): init never writes over its input; "
+            "choose another file for the config"
+        )
     dataset = open_dataset(path, fmt)
     schema = dataset.schema
     try:
@@ -85,8 +89,14 @@ def scaffold(data: str, label: str, out: str) -> str:
     where = path if is_uri(path) else os.path.relpath(path, folder)
     stem = re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-") or "model"
     id_col = _id_column(schema, label)
-    time_col = next((f.name for f in schema if f.name not in (label, id_col)
-                     and (pa.types.is_date(f.type) or pa.types.is_timestamp(f.type))), None)
+    time_col = next(
+        (
+            f.name
+            for f in schema
+            if f.name not in (label, id_col) and (pa.types.is_date(f.type) or pa.types.is_timestamp(f.type))
+        ),
+        None,
+    )
     features = [n for n in schema.names if n not in (label, id_col)]
     rows = dataset.count_rows()
     shown = ", ".join(_q(f) for f in features[:6]) + (", ..." if len(features) > 6 else "")
@@ -100,10 +110,19 @@ def scaffold(data: str, label: str, out: str) -> str:
         *_noted(f"  id_column: {_q(id_col)}" if id_col else "  # id_column: ...", brief("data.id_column")),
         *_noted(f"  # features: [{shown}]", f"default: {default_of('data.features')}"),
         *_noted(f"task: {task}", _comment(task_comment)),
-        *(["split:", *_noted(f"  time_column: {_q(time_col)}",
-                             f"{_comment(time_col)} holds dates: the newest rows are the test role, like the rows a model "
-                             "meets next, not a random sample of all times; delete these two lines for roles by a hash "
-                             "of each row's id or values")] if time_col else []),
+        *(
+            [
+                "split:",
+                *_noted(
+                    f"  time_column: {_q(time_col)}",
+                    f"{_comment(time_col)} holds dates: the newest rows are the test role, like the rows a model "
+                    "meets next, not a random sample of all times; delete these two lines for roles by a hash "
+                    "of each row's id or values",
+                ),
+            ]
+            if time_col
+            else []
+        ),
         "model:",
         *_noted("  type: auto", brief("model.type")),
         *_noted("", f"train: {brief('train')}"),

@@ -42,10 +42,24 @@ class Waits:
 WAITS = Waits()
 
 # what an absent service's errors say (requests/urllib3, httpx, the AWS SDK under pyarrow.fs)
-_DOWN = ("Connection refused", "Max retries exceeded", "Failed to establish a new connection", "NETWORK_CONNECTION",
-         "Could not connect to server", "Couldn't connect to server", "curlCode: 7", "curlCode: 28",
-         "Connection reset by peer", "RemoteDisconnected", "Name or service not known", "All connection attempts failed",
-         "Server disconnected", "502 Bad Gateway", "503 Service Unavailable", "504 Gateway Timeout")
+_DOWN = (
+    "Connection refused",
+    "Max retries exceeded",
+    "Failed to establish a new connection",
+    "NETWORK_CONNECTION",
+    "Could not connect to server",
+    "Couldn't connect to server",
+    "curlCode: 7",
+    "curlCode: 28",
+    "Connection reset by peer",
+    "RemoteDisconnected",
+    "Name or service not known",
+    "All connection attempts failed",
+    "Server disconnected",
+    "502 Bad Gateway",
+    "503 Service Unavailable",
+    "504 Gateway Timeout",
+)
 
 
 class ServiceUnavailable(InfrastructureError):
@@ -54,9 +68,11 @@ class ServiceUnavailable(InfrastructureError):
     def __init__(self, service: str, where: str, waited_s: float, key: str, reason: str):
         self.service, self.where = service, where
         self._args = (service, where, waited_s, key, reason)
-        super().__init__(f"{service} at {where} did not answer for {waited_s:.0f} s (services.{key}; {reason}); "
-                         "nothing was published half-done: run the same command again when it is back (a retrain "
-                         "resumes from its last checkpoint and finishes what it had not)")
+        super().__init__(
+            f"{service} at {where} did not answer for {waited_s:.0f} s (services.{key}; {reason}); "
+            "nothing was published half-done: run the same command again when it is back (a retrain "
+            "resumes from its last checkpoint and finishes what it had not)"
+        )
 
     def __reduce__(self):  # raised in a Ray worker, it reaches the driver whole (an exception pickles its args)
         return type(self), self._args
@@ -64,8 +80,9 @@ class ServiceUnavailable(InfrastructureError):
 
 def is_down(exc: BaseException | None) -> bool:
     """Whether exc (or an exception in its chain) says a service could not be reached."""
-    return any(isinstance(e, (ConnectionError, TimeoutError)) or any(s in str(e) for s in _DOWN)
-               for e in exception_chain(exc))
+    return any(
+        isinstance(e, (ConnectionError, TimeoutError)) or any(s in str(e) for s in _DOWN) for e in exception_chain(exc)
+    )
 
 
 def _first_line(exc: BaseException) -> str:
@@ -102,13 +119,21 @@ def patient(op: Callable[[], T], service: str, where: str, key: str, wait_s: flo
             waited = time.monotonic() - start
             if waited + pause > wait_s:
                 raise ServiceUnavailable(service, where, waited, key, _first_line(exc)) from exc
-            note.say("waiting for %s at %s, which does not answer (%s): %.0f s so far, up to %.0f s "
-                     "(services.%s)", service, where, _first_line(exc), waited, wait_s, key)
+            note.say(
+                "waiting for %s at %s, which does not answer (%s): %.0f s so far, up to %.0f s (services.%s)",
+                service,
+                where,
+                _first_line(exc),
+                waited,
+                wait_s,
+                key,
+            )
         time.sleep(pause)
         pause = min(pause * 2, 15.0)
 
 
 # the object store ---------------------------------------------------------------------------------------------------
+
 
 def storage_endpoint(uri: str) -> str:
     """Where an object store URI's requests go, as a person would name it."""
@@ -125,6 +150,7 @@ def patient_storage(op: Callable[[], T], uri: str) -> T:
 
 
 # MLflow -------------------------------------------------------------------------------------------------------------
+
 
 def mlflow_retries(wait_s: float) -> tuple[int, int]:
     """(retries, backoff factor) whose pauses add up to at least wait_s and as little more as MLflow allows: urllib3
@@ -156,8 +182,13 @@ class _MlflowRetryLine(logging.Filter):
         if not message.startswith("Retrying") or "/mlflow" not in message:
             return True
         reason = "connection refused" if "refused" in message else message.split(" after ", 1)[-1][:160]
-        self.note.say("waiting for the MLflow tracking server at %s, which does not answer (%s): retrying for up "
-                      "to %.0f s (services.mlflow_wait_s)", self.where, reason, WAITS.mlflow)
+        self.note.say(
+            "waiting for the MLflow tracking server at %s, which does not answer (%s): retrying for up "
+            "to %.0f s (services.mlflow_wait_s)",
+            self.where,
+            reason,
+            WAITS.mlflow,
+        )
         return False
 
 
@@ -171,6 +202,7 @@ def mlflow_where(tracking_uri: str | None) -> str | None:
 
 
 # applying a config --------------------------------------------------------------------------------------------------
+
 
 def apply(mlflow_wait_s: float, prefect_wait_s: float, storage_wait_s: float, tracking_uri: str | None) -> None:
     """Make this process wait out each service as the config says: MLflow's HTTP retries sized to the MLflow wait
@@ -194,7 +226,7 @@ def prefect_retries(wait_s: float) -> int:
     retries, total = 0, 0.0
     while total < wait_s:
         retries += 1
-        total += 2 ** retries
+        total += 2**retries
     return retries
 
 
@@ -218,8 +250,13 @@ class _PrefectRetryLine(logging.Filter):
         message = record.getMessage()
         if "Another attempt will be made" in message:
             attempt = message.rsplit("This is attempt", 1)[-1].strip(" .")
-            self.note.say("waiting for the Prefect API at %s, which does not answer: attempt %s, up to %.0f s "
-                          "(services.prefect_wait_s)", self.api, attempt, WAITS.prefect)
+            self.note.say(
+                "waiting for the Prefect API at %s, which does not answer: attempt %s, up to %.0f s "
+                "(services.prefect_wait_s)",
+                self.api,
+                attempt,
+                WAITS.prefect,
+            )
             return False
         return record.levelno >= self.shown
 
@@ -258,7 +295,9 @@ def prefect_client_retries() -> Iterator[None]:
             child.setLevel(line.shown)
         events_log.addFilter(sparse)
         client_log.addFilter(line)
-        client_log.setLevel(logging.DEBUG)  # its retry record is made only at DEBUG; the filter keeps the rest as it was
+        client_log.setLevel(
+            logging.DEBUG
+        )  # its retry record is made only at DEBUG; the filter keeps the rest as it was
     try:
         with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: max(prefect_retries(WAITS.prefect), 1)}):
             yield
@@ -297,12 +336,14 @@ def explain(exc: BaseException) -> ServiceUnavailable | None:
     text = " ".join(str(e) for e in chain)
     mlflow = _RETRY_LINE.where or mlflow_where(None)
     if mlflow and (mlflow in text or "API request to" in text):
-        return ServiceUnavailable("the MLflow tracking server", mlflow, WAITS.mlflow, "mlflow_wait_s",
-                                  _first_line(chain[-1]))
+        return ServiceUnavailable(
+            "the MLflow tracking server", mlflow, WAITS.mlflow, "mlflow_wait_s", _first_line(chain[-1])
+        )
     api = prefect_api()
     if api and (api.split("://", 1)[-1].split("/", 1)[0] in text or any("httpx" in type(e).__module__ for e in chain)):
         return ServiceUnavailable("the Prefect API", api, WAITS.prefect, "prefect_wait_s", _first_line(chain[-1]))
     if "AWS Error" in text or "curlCode" in text:
-        return ServiceUnavailable("the object store", storage_endpoint("s3://"), WAITS.storage, "storage_wait_s",
-                                  _first_line(chain[-1]))
+        return ServiceUnavailable(
+            "the object store", storage_endpoint("s3://"), WAITS.storage, "storage_wait_s", _first_line(chain[-1])
+        )
     return None

@@ -134,7 +134,7 @@ def staging_folder(parent: Path, name: str) -> Path:
     Another host's, and a living process's, are left alone: they may still be writing."""
     pattern = re.compile(rf"^\.{re.escape(name)}\.tmp-(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{{8}}$")
     host = socket.gethostname()
-    for entry in (os.listdir(parent) if parent.is_dir() else []):
+    for entry in os.listdir(parent) if parent.is_dir() else []:
         m = pattern.match(entry)
         if m and m["host"] == host and int(m["pid"]) != os.getpid() and not process_alive(int(m["pid"])):
             shutil.rmtree(parent / entry, ignore_errors=True)
@@ -151,8 +151,13 @@ def private_dir(prefix: str) -> str:
             tmp = tempfile.gettempdir()
             for entry in os.scandir(tmp):
                 m = _PRIVATE_ROOT_NAME.match(entry.name)
-                if (m and int(m[1]) != os.getpid() and entry.is_dir(follow_symlinks=False)
-                        and entry.stat(follow_symlinks=False).st_uid == os.getuid() and not process_alive(int(m[1]))):
+                if (
+                    m
+                    and int(m[1]) != os.getpid()
+                    and entry.is_dir(follow_symlinks=False)
+                    and entry.stat(follow_symlinks=False).st_uid == os.getuid()
+                    and not process_alive(int(m[1]))
+                ):
                     shutil.rmtree(entry.path, ignore_errors=True)
             _PRIVATE_ROOT = tempfile.mkdtemp(prefix=f"trainflow-{os.getpid()}-")
             atexit.register(shutil.rmtree, _PRIVATE_ROOT, True)

@@ -75,8 +75,10 @@ def csv_arguments(csv: Any) -> dict[str, Any]:
         return {}
     import pyarrow.csv as pacsv
 
-    return {"parse_options": pacsv.ParseOptions(delimiter=csv.delimiter, quote_char=csv.quote_char),
-            "read_options": pacsv.ReadOptions(encoding=csv.encoding)}
+    return {
+        "parse_options": pacsv.ParseOptions(delimiter=csv.delimiter, quote_char=csv.quote_char),
+        "read_options": pacsv.ReadOptions(encoding=csv.encoding),
+    }
 
 
 # A table up to this size (decoded) is read, checked and scored by the calling process: below it, starting a Ray task
@@ -137,11 +139,14 @@ def check_csv_header(fs: pafs.FileSystem, first: str, csv: Any, source: str) -> 
     args = csv_arguments(csv)
     try:
         with fs.open_input_stream(first, compression="detect") as stream:
-            names = pacsv.open_csv(stream, read_options=args.get("read_options"),
-                                   parse_options=args.get("parse_options")).schema.names
+            names = pacsv.open_csv(
+                stream, read_options=args.get("read_options"), parse_options=args.get("parse_options")
+            ).schema.names
     except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
-        raise DataError(f"{source}: cannot read {first} as CSV ({str(exc).splitlines()[0]}); "
-                        "set data.csv.delimiter / quote_char / encoding to the file's dialect") from None
+        raise DataError(
+            f"{source}: cannot read {first} as CSV ({str(exc).splitlines()[0]}); "
+            "set data.csv.delimiter / quote_char / encoding to the file's dialect"
+        ) from None
     check_names(list(names), source)
 
 
@@ -193,16 +198,19 @@ def _task_of_label(dataset, path: str, label: str) -> tuple[str, str]:
     if pa.types.is_boolean(t) or pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_dictionary(t):
         return "classification", f"the label {label!r} holds {_type_name(t)} values"
     if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)):
-        raise ConfigError(f"task: cannot tell it from the label {label!r} of type {t}; set task: classification "
-                          "or task: regression")
+        raise ConfigError(
+            f"task: cannot tell it from the label {label!r} of type {t}; set task: classification or task: regression"
+        )
     values = dataset.to_table(columns=[label]).column(label).drop_null()  # the one column, every row
     if not pa.types.is_integer(t) and len(values) and pc.any(pc.not_equal(values, pc.floor(values))).as_py():
         return "regression", f"the label {label!r} holds fractional numbers"
     distinct = pc.count_distinct(values).as_py()
     if distinct <= 2:
         return "classification", f"the label {label!r} holds {distinct} distinct whole numbers"
-    raise ConfigError(f"task: the label {label!r} holds {distinct} distinct whole numbers, which could be classes "
-                      "or a quantity; set task: classification or task: regression")
+    raise ConfigError(
+        f"task: the label {label!r} holds {distinct} distinct whole numbers, which could be classes "
+        "or a quantity; set task: classification or task: regression"
+    )
 
 
 def is_numeric_type(t: pa.DataType) -> bool:
@@ -232,7 +240,10 @@ def in_memory_bytes(fs: pafs.FileSystem, files: list[str], fmt: str) -> int:
             total += fs.get_file_info(inner).size or 0
     return total
 
-def fingerprint(fs: pafs.FileSystem, files: list[str], content: bool = True, fmt: str = "parquet", csv: Any = None) -> str:
+
+def fingerprint(
+    fs: pafs.FileSystem, files: list[str], content: bool = True, fmt: str = "parquet", csv: Any = None
+) -> str:
     """A hash of the input files and how they are read, prefixed by what it covers; computed from the files alone
     (no Ray read), so a retrain tells an unchanged table before starting anything.
 
@@ -245,7 +256,9 @@ def fingerprint(fs: pafs.FileSystem, files: list[str], content: bool = True, fmt
     h = hashlib.blake2b(digest_size=16)
     h.update(fmt.encode())
     if fmt == "csv" and csv is not None:
-        h.update(json.dumps(csv.model_dump(mode="json") if hasattr(csv, "model_dump") else csv, sort_keys=True).encode())
+        h.update(
+            json.dumps(csv.model_dump(mode="json") if hasattr(csv, "model_dump") else csv, sort_keys=True).encode()
+        )
     for f in files:
         inner = f.split("://", 1)[1] if is_uri(f) else f  # the path inside fs, as list_files found it
         h.update(inner.rsplit("/", 1)[-1].encode())
@@ -263,6 +276,7 @@ def fingerprint(fs: pafs.FileSystem, files: list[str], content: bool = True, fmt
                 h.update(chunk)
     return ("content:" if content else "metadata:") + h.hexdigest()
 
+
 @dataclass
 class TableSpec:
     """What ingest learned about a table: its columns by kind and its size."""
@@ -279,6 +293,7 @@ class TableSpec:
     feature_order: list[str] = field(default_factory=list)
     mlflow_types: dict[str, str] = field(default_factory=dict)  # feature or label column -> MLflow ColSpec type
 
+
 def mlflow_type(t: pa.DataType) -> str:
     """The MLflow signature type of an arrow column type."""
     if pa.types.is_boolean(t):
@@ -291,8 +306,9 @@ def mlflow_type(t: pa.DataType) -> str:
         return "datetime"
     return "string"
 
+
 def did_you_mean(name: object, names: list[str]) -> str:
-    """"did you mean 'x'? " naming the closest of names to a misspelled name, or nothing."""
+    """ "did you mean 'x'? " naming the closest of names to a misspelled name, or nothing."""
     close = difflib.get_close_matches(str(name), [str(n) for n in names], n=1, cutoff=0.6)
     return f"did you mean {close[0]!r}? " if close else ""
 
@@ -304,8 +320,9 @@ def check_present(names: list[str], data: Any, source: str) -> None:
             raise DataError(f"{source}: {role} column {col!r} not found; {did_you_mean(col, names)}columns are {names}")
     missing = [c for c in (data.features or []) if c not in names]
     if missing:
-        raise DataError(f"{source}: feature column(s) {missing} not found; {did_you_mean(missing[0], names)}"
-                        f"columns are {names}")
+        raise DataError(
+            f"{source}: feature column(s) {missing} not found; {did_you_mean(missing[0], names)}columns are {names}"
+        )
 
 
 def check_columns(
@@ -327,8 +344,10 @@ def check_columns(
         elif is_temporal_type(t):
             dates.append(col)
         elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
-            raise DataError(f"{source}: column {col!r} holds text that is not UTF-8; set data.csv.encoding to the "
-                            "file's encoding (e.g. latin-1, cp1252)")
+            raise DataError(
+                f"{source}: column {col!r} holds text that is not UTF-8; set data.csv.encoding to the "
+                "file's encoding (e.g. latin-1, cp1252)"
+            )
         else:
             raise DataError(
                 f"{source}: feature column {col!r} has type {t}, which is neither numeric, text nor a date; "
@@ -341,6 +360,7 @@ def check_columns(
         raise DataError(f"{source}: label column {data.label!r} has type {lt}; classification needs numbers or text")
     return features, numeric, categorical, dates
 
+
 def table_spec(schema: pa.Schema, data: Any, task: str, source: str, files: list[str] | None = None) -> TableSpec:
     """Check the table's columns (check_columns) and describe them: kinds, order and MLflow signature types.
 
@@ -348,10 +368,17 @@ def table_spec(schema: pa.Schema, data: Any, task: str, source: str, files: list
     """
     features, numeric, categorical, dates = check_columns(schema, data, task, source)
     return TableSpec(
-        path=source, files=files or [], label=data.label, id_column=data.id_column, numeric=numeric,
-        categorical=categorical, dates=dates, feature_order=features,
+        path=source,
+        files=files or [],
+        label=data.label,
+        id_column=data.id_column,
+        numeric=numeric,
+        categorical=categorical,
+        dates=dates,
+        feature_order=features,
         mlflow_types={c: mlflow_type(schema.field(c).type) for c in [*features, data.label]},
     )
+
 
 def check_writable(output: str) -> None:
     """Fail before any work if output cannot be written; creates nothing (probes the nearest existing folder)."""

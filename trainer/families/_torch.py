@@ -63,8 +63,9 @@ class TorchPredictor:
     def __init__(self, directory: Path, prep: TabularPreprocessor, config: dict[str, Any], device="cpu"):
         # the weights file bounds what its config may honestly ask for: check before building the network
         weights = directory / MODEL_FILE
-        check_network_size(prep, config["model"], weights.stat().st_size + 2**20 if weights.is_file() else 0,
-                           f"the size of {weights}")
+        check_network_size(
+            prep, config["model"], weights.stat().st_size + 2**20 if weights.is_file() else 0, f"the size of {weights}"
+        )
         self.model = model_for(prep, config["model"])
         self.model.load_state_dict(load_weights(directory))
         for name, tensor in self.model.state_dict().items():

@@ -52,8 +52,9 @@ class BoostBudget:
 
     def describe(self) -> str:
         rounds = self.early_stopping_rounds
-        return (f"up to {self.num_boost_round} boosting round(s); early stopping "
-                + (f"after {rounds} round(s) without a lower validation loss" if rounds else "off"))
+        return f"up to {self.num_boost_round} boosting round(s); early stopping " + (
+            f"after {rounds} round(s) without a lower validation loss" if rounds else "off"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "unit": self.unit, "limit": self.limit, "description": self.describe()}
@@ -85,35 +86,56 @@ class RoundReporter:
     """Per boosting round: the history, early stopping on the validation loss, and Ray Train reports when the shared
     ReportSchedule says so (a report of the best round since the last one is the model cut at that round)."""
 
-    def __init__(self, loop_config: dict[str, Any], family: str, prep: TabularPreprocessor, budget: BoostBudget,
-                 start_round: int, history: list[dict[str, float]], stopper: EarlyStopping,
-                 y_val: np.ndarray, save: Callable[[Any, int, Path], None],
-                 predict: Callable[[Any, int], np.ndarray]):
+    def __init__(
+        self,
+        loop_config: dict[str, Any],
+        family: str,
+        prep: TabularPreprocessor,
+        budget: BoostBudget,
+        start_round: int,
+        history: list[dict[str, float]],
+        stopper: EarlyStopping,
+        y_val: np.ndarray,
+        save: Callable[[Any, int, Path], None],
+        predict: Callable[[Any, int], np.ndarray],
+    ):
         self.loop_config, self.family, self.prep, self.budget = loop_config, family, prep, budget
         self.cfg: Config = loop_config["config"]
         self.history, self.stopper = history, stopper
         self.y_val, self.save, self.predict = y_val, save, predict
         ctx = ray.train.get_context()
         self.rank = ctx.get_world_rank()
-        self.schedule = ReportSchedule(self.cfg.checkpoint.min_interval_s, start_round,
-                                       _agree if ctx.get_world_size() > 1 else list, DECISION_S,
-                                       rank_zero_deadline(loop_config, self.rank))
+        self.schedule = ReportSchedule(
+            self.cfg.checkpoint.min_interval_s,
+            start_round,
+            _agree if ctx.get_world_size() > 1 else list,
+            DECISION_S,
+            rank_zero_deadline(loop_config, self.rank),
+        )
         self.round_start = time.perf_counter()
 
     def after_round(self, model: Any, rnd: int, train_loss: float, val_loss: float) -> bool:
         """Record round rnd; report when due; True when training should stop."""
         heartbeat(f"boosting round {rnd}")
         now = time.perf_counter()
-        self.history.append({"epoch": rnd, "train_loss": float(train_loss), "val_loss": float(val_loss),
-                             "epoch_time_s": now - self.round_start})
+        self.history.append(
+            {
+                "epoch": rnd,
+                "train_loss": float(train_loss),
+                "val_loss": float(val_loss),
+                "epoch_time_s": now - self.round_start,
+            }
+        )
         self.round_start = now
         self.stopper.update(val_loss, rnd)
         last = rnd >= self.budget.num_boost_round - 1 or self.stopper.should_stop or not math.isfinite(val_loss)
         if self.schedule.due(rnd, last):
             self._report_up_to(model, rnd)
         if last and self.rank == 0 and self.stopper.should_stop:
-            print(f"trainflow early stopping at round {rnd}: validation loss has not improved for "
-                  f"{self.stopper.bad_epochs} round(s); best {self.stopper.best:.6g} at round {self.stopper.best_epoch}")
+            print(
+                f"trainflow early stopping at round {rnd}: validation loss has not improved for "
+                f"{self.stopper.bad_epochs} round(s); best {self.stopper.best:.6g} at round {self.stopper.best_epoch}"
+            )
         if self.schedule.expired and self.rank == 0:
             record_time_limit(self.loop_config, rnd, "round")
         return last or self.schedule.expired
@@ -134,11 +156,22 @@ class RoundReporter:
                 metrics.update(compute_metrics(self.prep.task, out, self.y_val, self.prep))
                 metrics["train_loss"] = float(history[-1]["train_loss"])
                 self.save(model, rnd, Path(tmp))
-                state = {"epoch": rnd, "seed": self.cfg.split.seed, "early_stopping": self.stopper.state(),
-                         "family": self.family}
+                state = {
+                    "epoch": rnd,
+                    "seed": self.cfg.split.seed,
+                    "early_stopping": self.stopper.state(),
+                    "family": self.family,
+                }
                 (Path(tmp) / STATE_JSON).write_text(json.dumps(state))
-                write_common(tmp, rnd, metrics, history, self.loop_config["preprocessor"], self.cfg.to_dict(),
-                             self.loop_config.get("lineage"))
+                write_common(
+                    tmp,
+                    rnd,
+                    metrics,
+                    history,
+                    self.loop_config["preprocessor"],
+                    self.cfg.to_dict(),
+                    self.loop_config.get("lineage"),
+                )
                 ckpt = ray.train.Checkpoint.from_directory(tmp)
             ray.train.report(metrics, checkpoint=ckpt)
         heartbeat(f"the report of round {rnd}")
@@ -160,10 +193,21 @@ class BoostRun:
     history: list[dict[str, float]]
     stopper: EarlyStopping
 
-    def reporter(self, family: str, save: Callable[[Any, int, Path], None],
-                 predict: Callable[[Any, int], np.ndarray]) -> RoundReporter:
-        return RoundReporter(self.loop_config, family, self.prep, self.budget, self.start, self.history, self.stopper,
-                             self.y_val, save, predict)
+    def reporter(
+        self, family: str, save: Callable[[Any, int, Path], None], predict: Callable[[Any, int], np.ndarray]
+    ) -> RoundReporter:
+        return RoundReporter(
+            self.loop_config,
+            family,
+            self.prep,
+            self.budget,
+            self.start,
+            self.history,
+            self.stopper,
+            self.y_val,
+            save,
+            predict,
+        )
 
 
 def prepare(loop_config: dict[str, Any], load_model: Callable[[Path], Any]) -> BoostRun | None:
@@ -182,8 +226,9 @@ def prepare(loop_config: dict[str, Any], load_model: Callable[[Path], Any]) -> B
             stopper.load(state["early_stopping"])
             history = read_metrics(d)["history"]
         start = int(state["epoch"]) + 1
-    record_start(loop_config, ctx.get_world_rank(), start, checkpoint is not None,
-                 external_memory=budget.external_memory)
+    record_start(
+        loop_config, ctx.get_world_rank(), start, checkpoint is not None, external_memory=budget.external_memory
+    )
     if stopper.should_stop or start >= budget.num_boost_round:
         return None
     prep = TabularPreprocessor.from_dict(loop_config["preprocessor"])

@@ -84,7 +84,6 @@ class Family:
     # `trainflow tune` without tune.search_space: its default space (dotted config key -> {kind: args})
     search_space: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
 
-
     def worker_scaling(self, scaling: ScalingSection) -> ScalingSection:
         """The scaling its Ray Train run asks for: the config's, or for a one-process family one CPU-only worker with
         the group's CPUs (at most the largest node's, where one worker must fit)."""
@@ -95,8 +94,14 @@ class Family:
         cpus = worker_bundle({**scaling.model_dump(), "use_gpu": False}).get("CPU", 1.0) * max(1, scaling.num_workers)
         largest = max((n.get("CPU", 0.0) for n in alive_nodes()), default=cpus)
         res = {k: v for k, v in (scaling.resources_per_worker or {}).items() if k != "GPU"}
-        return scaling.model_copy(update={"num_workers": 1, "use_gpu": False, "accelerator_type": None,
-                                          "resources_per_worker": {**res, "CPU": max(1.0, min(cpus, largest))}})
+        return scaling.model_copy(
+            update={
+                "num_workers": 1,
+                "use_gpu": False,
+                "accelerator_type": None,
+                "resources_per_worker": {**res, "CPU": max(1.0, min(cpus, largest))},
+            }
+        )
 
     def uses_external_memory(self, mode: str, chosen: bool) -> bool:
         """Whether this run's workers build external-memory matrices: model.params.external_memory always, or

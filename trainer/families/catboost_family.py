@@ -25,7 +25,13 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from trainflow.trainer.families.base import (
-    BOOSTER_SPACE, Family, booster_budget, categorical_positions, describe_booster, loss_from_metric, outputs_from,
+    BOOSTER_SPACE,
+    Family,
+    booster_budget,
+    categorical_positions,
+    describe_booster,
+    loss_from_metric,
+    outputs_from,
 )
 
 if TYPE_CHECKING:
@@ -37,8 +43,13 @@ CB_MODEL = "model.cbm"  # CatBoost's own binary model format (not a pickle)
 SNAPSHOT_S = 5  # how often CatBoost writes its snapshot (and the worker copies a new one to storage)
 REPORT_S = 2.0  # progress reports at most this often
 # model.params keys CatBoost takes, under its own names
-CATBOOST_NAMES = {"learning_rate": "learning_rate", "max_depth": "depth", "reg_lambda": "l2_leaf_reg",
-                  "max_bin": "border_count", "subsample": "subsample"}
+CATBOOST_NAMES = {
+    "learning_rate": "learning_rate",
+    "max_depth": "depth",
+    "reg_lambda": "l2_leaf_reg",
+    "max_bin": "border_count",
+    "subsample": "subsample",
+}
 
 
 def catboost_frame(prep: TabularPreprocessor, x: np.ndarray):
@@ -79,7 +90,9 @@ class CatBoostPredictor:
         return np.asarray(self.model.get_feature_importance(), dtype=np.float64)
 
 
-def library_params(prep: TabularPreprocessor, cfg: Config, threads: int = 1, work: Path | None = None) -> dict[str, Any]:
+def library_params(
+    prep: TabularPreprocessor, cfg: Config, threads: int = 1, work: Path | None = None
+) -> dict[str, Any]:
     """CatBoost's parameters: loss for the task, model.params under CatBoost's names, seed, threads. An unset
     learning rate is left to CatBoost, which picks it from the rows and the iterations (its strength as a default)."""
     from trainflow.trainer.families._trees import boost_budget
@@ -95,9 +108,16 @@ def library_params(prep: TabularPreprocessor, cfg: Config, threads: int = 1, wor
         loss = "Logloss"
     else:
         loss = "MultiClass"
-    params = {"loss_function": loss, "eval_metric": loss, "iterations": budget.num_boost_round,
-              "random_seed": cfg.split.seed, "thread_count": threads, "verbose": False,
-              "use_best_model": True, **chosen}
+    params = {
+        "loss_function": loss,
+        "eval_metric": loss,
+        "iterations": budget.num_boost_round,
+        "random_seed": cfg.split.seed,
+        "thread_count": threads,
+        "verbose": False,
+        "use_best_model": True,
+        **chosen,
+    }
     if prep.task == "classification":
         params["class_names"] = list(range(prep.num_outputs))  # every class a column, even one absent from a fold
     if budget.early_stopping_rounds:
@@ -120,8 +140,9 @@ class Progress:
     a copy of each new snapshot in storage, and the run's deadline (False stops the fit; CatBoost then keeps its best
     iteration)."""
 
-    def __init__(self, task: str, history: list[dict[str, float]], local: Path, remote: str,
-                 loop_config: dict[str, Any]):
+    def __init__(
+        self, task: str, history: list[dict[str, float]], local: Path, remote: str, loop_config: dict[str, Any]
+    ):
         self.task, self.history, self.local, self.remote = task, history, local, remote
         import ray.train
 
@@ -142,9 +163,14 @@ class Progress:
         now = time.perf_counter()
         del self.history[rnd:]  # rounds after the snapshot a restarted fit continues from are trained again
         learn, val = info.metrics["learn"], info.metrics["validation"]
-        self.history.append({"epoch": rnd, "train_loss": loss_from_metric(self.task, next(iter(learn.values()))[-1]),
-                             "val_loss": loss_from_metric(self.task, next(iter(val.values()))[-1]),
-                             "epoch_time_s": now - self.round_start})
+        self.history.append(
+            {
+                "epoch": rnd,
+                "train_loss": loss_from_metric(self.task, next(iter(learn.values()))[-1]),
+                "val_loss": loss_from_metric(self.task, next(iter(val.values()))[-1]),
+                "epoch_time_s": now - self.round_start,
+            }
+        )
         self.round_start = now
         if now - self.last_copy >= SNAPSHOT_S:
             self.copy_snapshot()
@@ -211,26 +237,45 @@ def train_fn(loop_config: dict[str, Any]) -> None:
         val_pool = Pool(catboost_frame(prep, x_val), label=label(y_val), cat_features=cats or None)
         params = library_params(prep, cfg, threads, work)
         if not history:
-            print(f"trainflow budget: up to {params['iterations']} boosting round(s) over {len(y)} training rows, "
-                  f"{threads} thread(s), learning rate {params.get('learning_rate', 'chosen by CatBoost')}")
+            print(
+                f"trainflow budget: up to {params['iterations']} boosting round(s) over {len(y)} training rows, "
+                f"{threads} thread(s), learning rate {params.get('learning_rate', 'chosen by CatBoost')}"
+            )
         progress = Progress(prep.task, history, local, remote, loop_config)
         model = CatBoost(params)
-        model.fit(train_pool, eval_set=val_pool, callbacks=[progress], save_snapshot=True, snapshot_file=str(local),
-                  snapshot_interval=SNAPSHOT_S)
+        model.fit(
+            train_pool,
+            eval_set=val_pool,
+            callbacks=[progress],
+            save_snapshot=True,
+            snapshot_file=str(local),
+            snapshot_interval=SNAPSHOT_S,
+        )
         best = int(model.get_best_iteration() if model.get_best_iteration() is not None else len(history) - 1)
-        metrics: dict[str, Any] = {"epoch": best, **compute_metrics(prep.task, catboost_outputs(model, prep, x_val),
-                                                                     y_val.astype(np.float32), prep)}
+        metrics: dict[str, Any] = {
+            "epoch": best,
+            **compute_metrics(prep.task, catboost_outputs(model, prep, x_val), y_val.astype(np.float32), prep),
+        }
         metrics["train_loss"] = float(history[min(best, len(history) - 1)]["train_loss"]) if history else float("nan")
         out = work / "checkpoint"
         out.mkdir()
         model.save_model(str(out / CB_MODEL), format="cbm")
-        state = {"epoch": best, "seed": cfg.split.seed, "family": NAME, "rounds_run": len(history),
-                 "learning_rate": float(model.get_all_params().get("learning_rate", float("nan")))}
+        state = {
+            "epoch": best,
+            "seed": cfg.split.seed,
+            "family": NAME,
+            "rounds_run": len(history),
+            "learning_rate": float(model.get_all_params().get("learning_rate", float("nan"))),
+        }
         (out / STATE_JSON).write_text(json.dumps(state))
-        write_common(out, best, metrics, history, loop_config["preprocessor"], cfg.to_dict(), loop_config.get("lineage"))
+        write_common(
+            out, best, metrics, history, loop_config["preprocessor"], cfg.to_dict(), loop_config.get("lineage")
+        )
         if best < len(history) - 1:
-            print(f"trainflow early stopping at round {len(history) - 1}: best validation loss "
-                  f"{history[best]['val_loss']:.6g} at round {best}")
+            print(
+                f"trainflow early stopping at round {len(history) - 1}: best validation loss "
+                f"{history[best]['val_loss']:.6g} at round {best}"
+            )
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(out)))
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -248,6 +293,18 @@ def _data_config():
     return ShardConfig({})  # its one worker reads every training and validation row
 
 
-FAMILY = Family(NAME, _trainer, train_fn, _data_config, booster_budget, CatBoostPredictor,
-                serving_packages=("catboost",), describe=describe_booster(NAME), calibration="platt",
-                class_weights=False, one_process=True, library_params=library_params, search_space=BOOSTER_SPACE)
+FAMILY = Family(
+    NAME,
+    _trainer,
+    train_fn,
+    _data_config,
+    booster_budget,
+    CatBoostPredictor,
+    serving_packages=("catboost",),
+    describe=describe_booster(NAME),
+    calibration="platt",
+    class_weights=False,
+    one_process=True,
+    library_params=library_params,
+    search_space=BOOSTER_SPACE,
+)

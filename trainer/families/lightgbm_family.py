@@ -10,7 +10,13 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from trainflow.trainer.families.base import (
-    BOOSTER_SPACE, Family, booster_budget, categorical_positions, describe_booster, outputs_from, trees_data_config,
+    BOOSTER_SPACE,
+    Family,
+    booster_budget,
+    categorical_positions,
+    describe_booster,
+    outputs_from,
+    trees_data_config,
 )
 
 if TYPE_CHECKING:
@@ -50,8 +56,14 @@ def library_params(prep: TabularPreprocessor, cfg: Config) -> dict[str, Any]:
         objective = {"objective": "binary", "metric": "binary_logloss"}
     else:
         objective = {"objective": "multiclass", "num_class": prep.num_outputs, "metric": "multi_logloss"}
-    params = {**objective, "seed": cfg.split.seed, "num_threads": worker_threads(scaling), "verbosity": -1,
-              "deterministic": True, **chosen}
+    params = {
+        **objective,
+        "seed": cfg.split.seed,
+        "num_threads": worker_threads(scaling),
+        "verbosity": -1,
+        "deterministic": True,
+        **chosen,
+    }
     if chosen.get("subsample", 1.0) < 1.0:
         params["subsample_freq"] = 1  # LightGBM bags rows only with a bagging frequency
     if scaling.use_gpu:
@@ -77,7 +89,9 @@ def train_fn(loop_config: dict[str, Any]) -> None:
         params.update({"tree_learner": "data_parallel", "pre_partition": True, **get_network_params()})
     cats = categorical_positions(prep) or "auto"
     train_set = lgb.Dataset(run.x, label=run.y, categorical_feature=cats, free_raw_data=False)
-    val_set = lgb.Dataset(run.x_val, label=run.y_val, categorical_feature=cats, reference=train_set, free_raw_data=False)
+    val_set = lgb.Dataset(
+        run.x_val, label=run.y_val, categorical_feature=cats, reference=train_set, free_raw_data=False
+    )
 
     def save(model, rnd: int, d: Path) -> None:
         model.save_model(str(d / LGB_MODEL), num_iteration=rnd + 1)
@@ -94,8 +108,15 @@ def train_fn(loop_config: dict[str, Any]) -> None:
 
     report.order = 30  # after LightGBM's own callbacks
 
-    lgb.train(params, train_set, num_boost_round=run.budget.num_boost_round - run.start, valid_sets=[train_set, val_set],
-              valid_names=["train", "val"], init_model=run.model, callbacks=[report])
+    lgb.train(
+        params,
+        train_set,
+        num_boost_round=run.budget.num_boost_round - run.start,
+        valid_sets=[train_set, val_set],
+        valid_names=["train", "val"],
+        init_model=run.model,
+        callbacks=[report],
+    )
 
 
 def _trainer(train_fn: Callable, scaling: ScalingSection, **kwargs: Any):
@@ -104,6 +125,17 @@ def _trainer(train_fn: Callable, scaling: ScalingSection, **kwargs: Any):
     return LightGBMTrainer(train_fn, lightgbm_config=LightGBMConfig(), **kwargs)
 
 
-FAMILY = Family(NAME, _trainer, train_fn, trees_data_config, booster_budget, LightGBMPredictor,
-                serving_packages=("lightgbm",), describe=describe_booster(NAME), calibration="platt",
-                class_weights=False, library_params=library_params, search_space=BOOSTER_SPACE)
+FAMILY = Family(
+    NAME,
+    _trainer,
+    train_fn,
+    trees_data_config,
+    booster_budget,
+    LightGBMPredictor,
+    serving_packages=("lightgbm",),
+    describe=describe_booster(NAME),
+    calibration="platt",
+    class_weights=False,
+    library_params=library_params,
+    search_space=BOOSTER_SPACE,
+)

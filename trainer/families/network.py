@@ -48,8 +48,17 @@ class TabMHead(nn.Module):
     returns the ensemble's: the log of the members' mean class probabilities (logits for softmax, so calibration and
     serving read it as any network's), or the mean value for regression."""
 
-    def __init__(self, width: int, output_dim: int, k: int, n_blocks: int, d_block: int, dropout: float,
-                 chunks: Sequence[int], classification: bool):
+    def __init__(
+        self,
+        width: int,
+        output_dim: int,
+        k: int,
+        n_blocks: int,
+        d_block: int,
+        dropout: float,
+        chunks: Sequence[int],
+        classification: bool,
+    ):
         super().__init__()
         from tabm import EnsembleView, LinearEnsemble, make_tabm_backbone
 
@@ -57,9 +66,15 @@ class TabMHead(nn.Module):
         self.view = EnsembleView(k=k)
         # the first scaling's initialization per feature chunk: random signs over plain values, normal over embeddings
         self.backbone = make_tabm_backbone(
-            d_in=width, n_blocks=n_blocks, d_block=d_block, dropout=dropout, k=k, arch_type="tabm",
+            d_in=width,
+            n_blocks=n_blocks,
+            d_block=d_block,
+            dropout=dropout,
+            k=k,
+            arch_type="tabm",
             start_scaling_init="normal" if any(c > 1 for c in chunks) else "random-signs",
-            start_scaling_init_chunks=list(chunks))
+            start_scaling_init_chunks=list(chunks),
+        )
         self.output = LinearEnsemble(d_block, output_dim, k=k)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -75,8 +90,9 @@ def head(width: int, output_dim: int, model_cfg: dict, chunks: Sequence[int], cl
     """The layers over the features' representation: trainflow's MLP, or TabM's ensemble (model.architecture)."""
     if model_cfg.get("architecture", "mlp") == "tabm":
         sizes = model_cfg["hidden_sizes"]
-        return TabMHead(width, output_dim, model_cfg["tabm_k"], len(sizes), max(sizes), model_cfg["dropout"],
-                        chunks, classification)
+        return TabMHead(
+            width, output_dim, model_cfg["tabm_k"], len(sizes), max(sizes), model_cfg["dropout"], chunks, classification
+        )
     return mlp(width, output_dim, model_cfg["hidden_sizes"], model_cfg["dropout"])
 
 
@@ -85,23 +101,33 @@ class EmbeddingMLP(nn.Module):
     rtdl_num_embeddings' periodic embedding (PLR: learned frequencies, sin and cos, a linear layer and ReLU; Gorishniy
     et al., 2022), then runs the layers (`head`) over [the other values, code embeddings, periodic embeddings]."""
 
-    def __init__(self, input_dim: int, output_dim: int, model_cfg: dict, slots: Sequence[tuple[int, int, int]],
-                 periodic: Sequence[int] = (), classification: bool = True):
+    def __init__(
+        self,
+        input_dim: int,
+        output_dim: int,
+        model_cfg: dict,
+        slots: Sequence[tuple[int, int, int]],
+        periodic: Sequence[int] = (),
+        classification: bool = True,
+    ):
         super().__init__()
         codes = [pos for pos, _, _ in slots]
         taken = set(codes) | set(periodic)
         self.register_buffer("code_idx", torch.tensor(codes, dtype=torch.long), persistent=False)
         self.register_buffer("num_idx", torch.tensor(list(periodic), dtype=torch.long), persistent=False)
         self.register_buffer(
-            "dense_idx", torch.tensor([i for i in range(input_dim) if i not in taken], dtype=torch.long), persistent=False
+            "dense_idx",
+            torch.tensor([i for i in range(input_dim) if i not in taken], dtype=torch.long),
+            persistent=False,
         )
         self.embeddings = nn.ModuleList(nn.Embedding(n, dim) for _, n, dim in slots)
         self.periodic = None
         if periodic:
             from rtdl_num_embeddings import PeriodicEmbeddings
 
-            self.periodic = PeriodicEmbeddings(len(periodic), PERIODIC_DIM, n_frequencies=PERIODIC_FREQUENCIES,
-                                               lite=False)
+            self.periodic = PeriodicEmbeddings(
+                len(periodic), PERIODIC_DIM, n_frequencies=PERIODIC_FREQUENCIES, lite=False
+            )
         chunks = [1] * len(self.dense_idx) + [dim for _, _, dim in slots] + [PERIODIC_DIM] * len(periodic)
         self.mlp = head(sum(chunks), output_dim, model_cfg, chunks, classification)
 
@@ -114,8 +140,12 @@ class EmbeddingMLP(nn.Module):
 
 
 def build_model(
-    input_dim: int, output_dim: int, model_cfg: dict, embeddings: Sequence[tuple[int, int, int]] = (),
-    periodic: Sequence[int] = (), classification: bool = True,
+    input_dim: int,
+    output_dim: int,
+    model_cfg: dict,
+    embeddings: Sequence[tuple[int, int, int]] = (),
+    periodic: Sequence[int] = (),
+    classification: bool = True,
 ) -> nn.Module:
     """The plain MLP, or an EmbeddingMLP when the preprocessor embeds some columns ((position, codes, width) each),
     continuous values get periodic embeddings (their positions) or the layers are TabM's."""
@@ -137,7 +167,9 @@ def import_class(class_path: str) -> type:
         raise ValueError(f"model.class_path {class_path!r}: cannot import module {module_name!r} ({exc})") from None
     cls = getattr(module, name, None)
     if not (inspect.isclass(cls) and issubclass(cls, nn.Module)):
-        raise ValueError(f"model.class_path {class_path!r}: {module_name} has no torch.nn.Module subclass named {name!r}")
+        raise ValueError(
+            f"model.class_path {class_path!r}: {module_name} has no torch.nn.Module subclass named {name!r}"
+        )
     return cls
 
 
@@ -200,8 +232,9 @@ def model_for(prep, model_cfg: dict) -> nn.Module:
             kwargs["embeddings"] = prep.embedding_slots()
         return cls(prep.num_features, prep.num_outputs, **kwargs)
     periodic = prep.continuous_positions() if uses_periodic(prep, model_cfg) else ()
-    return build_model(prep.num_features, prep.num_outputs, model_cfg, prep.embedding_slots(), periodic,
-                       prep.task == "classification")
+    return build_model(
+        prep.num_features, prep.num_outputs, model_cfg, prep.embedding_slots(), periodic, prep.task == "classification"
+    )
 
 
 def check_model(prep, model_cfg: dict) -> None:
@@ -210,24 +243,33 @@ def check_model(prep, model_cfg: dict) -> None:
     Raises ValueError naming the class path and what is wrong.
     """
     where = model_cfg.get("class_path") or "trainflow's MLP"
-    check_network_size(prep, model_cfg, available_memory_bytes() // TRAINING_COPIES,
-                       "a quarter of this machine's available memory (weights, gradients and optimizer state)")
+    check_network_size(
+        prep,
+        model_cfg,
+        available_memory_bytes() // TRAINING_COPIES,
+        "a quarter of this machine's available memory (weights, gradients and optimizer state)",
+    )
     if user_class_path(model_cfg):
         import_class(user_class_path(model_cfg))  # an import problem is named as such
     try:
         model = model_for(prep, model_cfg)
     except Exception as exc:  # noqa: BLE001 - a user's constructor can raise anything
-        raise ValueError(f"model {where}: cannot be built with in_features={prep.num_features}, "
-                         f"out_features={prep.num_outputs} and init_args {model_cfg.get('init_args') or {}}: "
-                         f"{type(exc).__name__}: {exc}") from None
+        raise ValueError(
+            f"model {where}: cannot be built with in_features={prep.num_features}, "
+            f"out_features={prep.num_outputs} and init_args {model_cfg.get('init_args') or {}}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
     model.eval()
     try:
         with torch.no_grad():
             out = model(torch.zeros(2, prep.num_features))
     except Exception as exc:  # noqa: BLE001
-        raise ValueError(f"model {where}: forward on a batch of shape (2, {prep.num_features}) failed: "
-                         f"{type(exc).__name__}: {exc}") from None
+        raise ValueError(
+            f"model {where}: forward on a batch of shape (2, {prep.num_features}) failed: {type(exc).__name__}: {exc}"
+        ) from None
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, prep.num_outputs):
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ValueError(f"model {where}: a batch of 2 rows gave output {shape}; expected (2, {prep.num_outputs}) "
-                         f"({'one logit per class' if prep.task == 'classification' else 'one value per row'})")
+        raise ValueError(
+            f"model {where}: a batch of 2 rows gave output {shape}; expected (2, {prep.num_outputs}) "
+            f"({'one logit per class' if prep.task == 'classification' else 'one value per row'})"
+        )

@@ -14,5 +14,15 @@ def _describe(model: dict[str, Any]) -> str:
     return f"`{model['class_path']}` with init_args {model['init_args']}"
 
 
-FAMILY = Family("torch", _torch.torch_trainer, _torch.train_fn, _torch.data_config, _torch.epoch_budget,
-                _torch.TorchPredictor, check_model, uses_minibatches=True, describe=_describe, imports_user_code=True)
+FAMILY = Family(
+    "torch",
+    _torch.torch_trainer,
+    _torch.train_fn,
+    _torch.data_config,
+    _torch.epoch_budget,
+    _torch.TorchPredictor,
+    check_model,
+    uses_minibatches=True,
+    describe=_describe,
+    imports_user_code=True,
+)

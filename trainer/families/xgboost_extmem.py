@@ -82,8 +82,9 @@ class PageIter(xgb.DataIter):
         self.position = 0
 
 
-def extmem_matrices(train_shard: Any, val_shard: Any, feature_types: list[str], directory: Path,
-                    params: dict[str, Any]) -> tuple[xgb.DMatrix, xgb.DMatrix, np.ndarray]:
+def extmem_matrices(
+    train_shard: Any, val_shard: Any, feature_types: list[str], directory: Path, params: dict[str, Any]
+) -> tuple[xgb.DMatrix, xgb.DMatrix, np.ndarray]:
     """(train, validation) ExtMemQuantileDMatrix from the worker's shards, with the validation labels in the
     validation matrix's row order. The validation matrix shares the training one's bins (ref); once built, both
     live in XGBoost's cache under directory and the spooled pages are deleted."""
@@ -93,10 +94,15 @@ def extmem_matrices(train_shard: Any, val_shard: Any, feature_types: list[str], 
         pages = spool(shard, directory / name)
         if not pages:
             raise DataError(f"XGBoost external memory: this worker's {name} shard has no rows; use fewer workers")
-        matrices.append(xgb.ExtMemQuantileDMatrix(
-            PageIter(pages, feature_types, str(directory / f"{name}-cache")), nthread=params.get("nthread"),
-            max_bin=params.get("max_bin"), ref=matrices[0] if matrices else None, enable_categorical=categorical,
-        ))
+        matrices.append(
+            xgb.ExtMemQuantileDMatrix(
+                PageIter(pages, feature_types, str(directory / f"{name}-cache")),
+                nthread=params.get("nthread"),
+                max_bin=params.get("max_bin"),
+                ref=matrices[0] if matrices else None,
+                enable_categorical=categorical,
+            )
+        )
         if name == "val":  # the metrics' labels; the training labels are in XGBoost's matrix
             labels = np.concatenate([np.load(y) for _, y in pages])
         for x_path, y_path in pages:  # XGBoost reads its own cache from here on: half the disk back

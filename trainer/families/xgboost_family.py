@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from trainflow.trainer.families.base import (
-    BOOSTER_SPACE, Family, booster_budget, loss_from_metric, categorical_positions, describe_booster, outputs_from,
+    BOOSTER_SPACE,
+    Family,
+    booster_budget,
+    loss_from_metric,
+    categorical_positions,
+    describe_booster,
+    outputs_from,
     trees_data_config,
 )
 
@@ -72,8 +78,15 @@ def library_params(prep: TabularPreprocessor, cfg: Config) -> dict[str, Any]:
     else:
         objective, metric = {"objective": "multi:softprob", "num_class": classes}, "mlogloss"
     # colsample_bynode 0.5: better on the model-quality tables, never worse beyond noise (docs/performance.md)
-    params = {"tree_method": "hist", "colsample_bynode": 0.5, **objective, "eval_metric": metric,
-              "seed": cfg.split.seed, "nthread": worker_threads(scaling), **chosen}
+    params = {
+        "tree_method": "hist",
+        "colsample_bynode": 0.5,
+        **objective,
+        "eval_metric": metric,
+        "seed": cfg.split.seed,
+        "nthread": worker_threads(scaling),
+        **chosen,
+    }
     if scaling.use_gpu:
         params["device"] = "cuda"
     return params
@@ -95,9 +108,13 @@ def train_fn(loop_config: dict[str, Any]) -> None:
             from trainflow.trainer.families.xgboost_extmem import extmem_matrices
 
             cache = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="trainflow-xgboost-")))
-            dtrain, dval, run.y_val = extmem_matrices(ray.train.get_dataset_shard("train"),
-                                                      ray.train.get_dataset_shard("val"), xgb_feature_types(prep), cache,
-                                                      params)
+            dtrain, dval, run.y_val = extmem_matrices(
+                ray.train.get_dataset_shard("train"),
+                ray.train.get_dataset_shard("val"),
+                xgb_feature_types(prep),
+                cache,
+                params,
+            )
         else:
             dtrain, dval = xgb_matrix(prep, run.x, run.y), xgb_matrix(prep, run.x_val, run.y_val)
         _boost(run, params, dtrain, dval)
@@ -125,8 +142,15 @@ def _boost(run, params: dict[str, Any], dtrain, dval) -> None:
             # the callback's epoch counts from 0 again on a continued model; the booster's count is global
             return reporter.after_round(model, model.num_boosted_rounds() - 1, train_loss, val_loss)
 
-    xgb.train(params, dtrain, num_boost_round=run.budget.num_boost_round - run.start,
-              evals=[(dtrain, "train"), (dval, "val")], xgb_model=run.model, callbacks=[Report()], verbose_eval=False)
+    xgb.train(
+        params,
+        dtrain,
+        num_boost_round=run.budget.num_boost_round - run.start,
+        evals=[(dtrain, "train"), (dval, "val")],
+        xgb_model=run.model,
+        callbacks=[Report()],
+        verbose_eval=False,
+    )
 
 
 def _trainer(train_fn: Callable, scaling: ScalingSection, **kwargs: Any):
@@ -135,6 +159,18 @@ def _trainer(train_fn: Callable, scaling: ScalingSection, **kwargs: Any):
     return XGBoostTrainer(train_fn, xgboost_config=XGBoostConfig(), **kwargs)
 
 
-FAMILY = Family(NAME, _trainer, train_fn, trees_data_config, booster_budget, XGBoostPredictor,
-                serving_packages=("xgboost-cpu",), describe=describe_booster(NAME), external_memory=True,
-                calibration="platt", class_weights=False, library_params=library_params, search_space=BOOSTER_SPACE)
+FAMILY = Family(
+    NAME,
+    _trainer,
+    train_fn,
+    trees_data_config,
+    booster_budget,
+    XGBoostPredictor,
+    serving_packages=("xgboost-cpu",),
+    describe=describe_booster(NAME),
+    external_memory=True,
+    calibration="platt",
+    class_weights=False,
+    library_params=library_params,
+    search_space=BOOSTER_SPACE,
+)
