@@ -97,12 +97,6 @@ def score_checkpoint(
     )
 
 
-def evaluate_checkpoint(checkpoint_path: str, ds: Rows, batch_size: int = 65536) -> dict[str, float]:
-    """Validation metrics of the checkpoint over every row of ds, computed like the train loop's."""
-    scored = score_checkpoint(checkpoint_path, ds, batch_size=batch_size)
-    return scored.metrics() if len(scored.labels) else {"val_loss": float("nan")}
-
-
 MAX_SLICE_VALUES = 50  # per column, the values with the most rows; the others are counted, not scored
 
 

@@ -46,11 +46,6 @@ def first_rows(rows: Rows, columns: list[str], n: int) -> pa.Table:
     return rows.select_columns(columns).take_batch(n, batch_format="pyarrow")
 
 
-def as_dataset(rows: Rows) -> ray.data.Dataset:
-    """The rows as a Ray Dataset (a table in this process's memory is put in the object store as one block)."""
-    return ray.data.from_arrow(rows) if isinstance(rows, pa.Table) else rows
-
-
 def streamed_task_args() -> dict:
     """Ray Data task arguments for a pipeline read while Ray Train's workers run (a streamed table).
 
