@@ -30,20 +30,6 @@ os.environ.pop("RAY_ADDRESS", None)
 # loadgroup" gives each group one worker, in collection order), on the CPU the others leave idle (on 2 cores, the
 # serial suite kept one core idle a third of the time).
 SIDE = ("tests/test_outages.py", "tests/test_runtime.py", "tests/test_deployments.py", "tests/test_concurrent_runs.py")
-# the fits split in two groups of about equal time, each on a worker of its own (the suite's CPU time is a third of
-# its wall time on 2 cores: most of a fit's test waits on process and server starts): these, with the modules that
-# bring their own Ray (so the other group's shared Ray never restarts)
-SECOND = (
-    "tests/test_cluster.py",
-    "tests/test_s3.py",
-    "tests/test_streaming.py",
-    "tests/test_time_roles.py",
-    "tests/test_retry_exhausted.py",
-    "tests/test_degrade.py",
-    "tests/test_tune.py",
-    "tests/test_notebook_example.py",
-    "tests/test_gpu.py",
-)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
@@ -52,8 +38,7 @@ def pytest_collection_modifyitems(items):
     instead of again after each of them (a local Ray start is 6-8 s here); each test's xdist group (SIDE)."""
     items.sort(key=lambda item: "own_ray" in getattr(item, "fixturenames", ()))
     for item in items:
-        group = "side" if item.nodeid.startswith(SIDE) else "second" if item.nodeid.startswith(SECOND) else "main"
-        item.add_marker(pytest.mark.xdist_group(group))
+        item.add_marker(pytest.mark.xdist_group("side" if item.nodeid.startswith(SIDE) else "main"))
 
 
 @pytest.fixture(scope="session")
