@@ -74,7 +74,7 @@ def scored_in_process(config: Config) -> bool:
 
     try:
         return scored_here(config, scoring_table_bytes(config))
-    except Exception:  # noqa: BLE001 - a missing or unreadable table is reported by the flow, as before
+    except Exception:  # noqa: BLE001 - a missing or unreadable table is reported by the flow, which names it
         return False
 
 

@@ -1178,14 +1178,15 @@ class Config(_Section):
         else:  # a booster's params never reach a network
             dumped = self.model.model_dump(mode="json")
             model = {"type": family, **{k: dumped[k] for k in NETWORK_KEYS[family]}}
-            if model.get("architecture") == "mlp":  # what only TabM reads (a plain MLP's hash as before these keys)
+            if model.get("architecture") == "mlp":  # keys only TabM reads never change a plain MLP's hash
                 del model["architecture"], model["tabm_k"]
             train = self.train.model_dump(mode="json", exclude={"epochs", "early_stopping", "time_limit"})
         relevant = {
             "task": self.task,
             "label": self.data.label,
             "features": self.data.features,
-            # an unset key: the hash as before it existed; the backtest's extra fit changes no model
+            # an unset key leaves the hash alone (runs trained before the key existed resume); the backtest's extra fit
+            # changes no model
             "split": self.split.model_dump(mode="json", exclude_none=True, exclude={"backtest_fit"}),
             "preprocess": self.preprocess.model_dump(mode="json"),
             "model": model,
