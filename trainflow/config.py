@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from trainflow.errors import ConfigError
+from trainflow.folds import AUTO_FOLD_ROWS, AUTO_FOLDS, EXACT_TEST_ROWS, MAX_FOLDS, MAX_TEST_ROWS
 from trainflow.redact import protect
 from trainflow.storage import is_uri
 
@@ -144,9 +145,9 @@ class PreprocessSection(_Section):
 class SplitSection(_Section):
     test_fraction: float = key(
         0.2,
-        "fraction of rows in the test role, read once by the final scoring and the gate, 0 <= f < 1, at most 50,000 "
-        "rows; a seeded hash of each row's id (or of its values) decides, so a table of over 1,000 rows that "
-        "grows keeps its test rows; 0: no test role",
+        "fraction of rows in the test role, read once by the final scoring and the gate, 0 <= f < 1, at most "
+        f"{MAX_TEST_ROWS:,} rows; a seeded hash of each row's id (or of its values) decides, so a table of over "
+        f"{EXACT_TEST_ROWS:,} rows that grows keeps its test rows; 0: no test role",
         ge=0.0,
         lt=1.0,
     )
@@ -580,10 +581,10 @@ class TrainSection(_Section):
     )
     folds: int | Literal["auto"] = key(
         "auto",
-        "cross-fitting: K (2-20) fold models per family on the non-test rows, each early-stopped on its own "
+        f"cross-fitting: K (2-{MAX_FOLDS}) fold models per family on the non-test rows, each early-stopped on its own "
         "held-out fold; their out-of-fold predictions choose the family, weight the ensemble and fit "
         "calibration and the threshold, and the served model averages them; `1`: one validation split; `auto`: "
-        "5 folds up to 4,000 non-test rows, else 1 "
+        f"{AUTO_FOLDS} folds up to {AUTO_FOLD_ROWS:,} non-test rows, else 1 "
         "([pipeline.md](pipeline.md#cross-fitting-every-non-test-row-trains-and-is-judged))",
     )
     time_limit: float | Literal["auto", "off"] = key(
