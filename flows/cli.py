@@ -18,20 +18,21 @@ from typing import Any
 
 from trainflow.errors import TrainflowError
 from trainflow.runtime import stop_ray, stop_requested
+from trainflow.storage import replace_bytes
 
 
 def write_text_atomic(path: str, text: str, replace: bool = True) -> None:
     """Write to a temp file beside path, then rename: readers never see half a file. replace=False: a hard link
     instead of the rename, which fails when path exists, so a file written meanwhile by someone else is kept."""
     target = Path(path).resolve()
+    if replace:
+        replace_bytes(str(target), text.encode())
+        return
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
-        if replace:
-            os.replace(tmp, target)
-            return
         try:
             os.link(tmp, target)
         except FileExistsError:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from trainflow.errors import UnreadableCheckpoint
+from trainflow.storage import replace_bytes
 
 CALIBRATION_FILE = "calibration.json"
 # the ranges fitting produces (and clamps to): a stored value outside them was not written by a fit
@@ -118,11 +119,10 @@ def _valid(data: Any) -> bool:
 
 
 def write_calibration(directory: str | Path, calibration: dict[str, Any] | None) -> None:
-    """Store the calibration in the checkpoint folder (written whole, then renamed); None removes an old one."""
+    """Store the calibration in the checkpoint folder (written whole, then moved over the old one); None removes an old
+    one."""
     path = Path(directory) / CALIBRATION_FILE
     if calibration is None:
         path.unlink(missing_ok=True)
         return
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(calibration))
-    tmp.replace(path)
+    replace_bytes(str(path), json.dumps(calibration).encode())

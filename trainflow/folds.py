@@ -335,10 +335,9 @@ class FoldPlan:
         return plan
 
     def save(self, directory: str | Path) -> None:
-        path = Path(directory) / PLAN_FILE
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1))
-        tmp.replace(path)
+        from trainflow.storage import replace_bytes
+
+        replace_bytes(str(Path(directory) / PLAN_FILE), json.dumps(self.to_dict(), indent=1).encode())
 
     @classmethod
     def load(cls, directory: str | Path) -> FoldPlan | None:
