@@ -103,6 +103,13 @@ def fit_earlier(
         return EarlierFit(family, None, None, skipped=why)
     finally:
         end_runs(config, [run_name], family, "KILLED" if stop_requested() else status)
+    if outcome.time_limited_at is not None:  # stopped by the budget, not by early stopping: worse for want of time
+        why = (
+            f"its fit {run_name} was cut short by the time budget after {outcome.budget.get('unit', 'epoch')} "
+            f"{outcome.time_limited_at}: a model short of training would overstate what age costs"
+        )
+        log.info("backtest: no earlier model: %s", why)
+        return EarlierFit(family, None, None, skipped=why)
     return EarlierFit(family, recent, chosen.path, shift, run_name)
 
 
