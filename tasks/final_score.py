@@ -70,17 +70,18 @@ def score_test(
     rows = len(chosen_scored.labels)
     aged = None
     if timed and rows:
-        aged = _backtest(config, chosen_scored, plan) or {
+        times = _times(chosen_scored, plan)  # the test rows' times, read once for every measure below
+        aged = _backtest(config, chosen_scored, plan, times) or {
             "metric": config.promotion.metric.removeprefix("val_"),
             "slices": [],
             "unit": "unit of the time column" if plan.time_kind == "number" else "month",
         }
         aged["by_time"] = {
-            "test": _by_time(config, chosen_scored, plan),
-            **({"out-of-fold": _by_time(config, oof, plan)} if oof is not None else {}),
+            "test": _by_time(config, chosen_scored, plan, times),
+            **({"out-of-fold": _by_time(config, oof, plan, _times(oof, plan))} if oof is not None else {}),
         }
         if earlier is not None:
-            aged.update(earlier_family=earlier.family, **_compared(config, test, earlier, plan))
+            aged.update(earlier_family=earlier.family, **_compared(config, test, earlier, plan, times))
     for column in extra:  # read for the backtest only: the gate's slices are the ones asked for
         chosen_scored.columns.pop(column, None)
     if aged:
@@ -107,12 +108,15 @@ def _times(scored: Scored, plan: FoldPlan) -> np.ndarray:
     return time_number(raw.combine_chunks() if isinstance(raw, pa.ChunkedArray) else pa.array(list(raw)))
 
 
-def _backtest(config: Config, scored: Scored, plan: FoldPlan) -> dict[str, Any] | None:
-    """The chosen model's promotion.metric by the age of its test rows after its last training time."""
-    times = _times(scored, plan)
-    cutoff = plan.time_ranges["train"][1]
-    if plan.time_kind == "timestamp":  # seconds: ages in days
-        times, cutoff = times / 86400.0, cutoff / 86400.0
+def _day_scale(plan: FoldPlan) -> float:
+    """What divides a time_number difference into days (timestamps count seconds), or units of a numeric column."""
+    return 86400.0 if plan.time_kind == "timestamp" else 1.0
+
+
+def _backtest(config: Config, scored: Scored, plan: FoldPlan, times: np.ndarray) -> dict[str, Any] | None:
+    """The chosen model's promotion.metric by the age of its test rows (times) after its last training time."""
+    scale = _day_scale(plan)
+    times, cutoff = times / scale, plan.time_ranges["train"][1] / scale
     name = config.promotion.metric
 
     def metric(rows):
@@ -129,26 +133,28 @@ def _backtest(config: Config, scored: Scored, plan: FoldPlan) -> dict[str, Any] 
     )
 
 
-def _by_time(config: Config, scored: Scored, plan: FoldPlan) -> list[dict[str, Any]]:
-    """promotion.metric on slices of scored's rows in time order, each with its time range as the column writes it."""
-    times, name = _times(scored, plan), config.promotion.metric
+def _by_time(config: Config, scored: Scored, plan: FoldPlan, times: np.ndarray) -> list[dict[str, Any]]:
+    """promotion.metric on slices of scored's rows in time order (times: theirs), each with its time range as the
+    column writes it."""
+    name = config.promotion.metric
     return [
         {**s, "start": plan.time_text(s["start"]), "end": plan.time_text(s["end"])}
         for s in time_slices(times, lambda rows: float(scored.metrics(rows).get(name, float("nan"))))
     ]
 
 
-def _compared(config: Config, test: Rows, earlier: EarlierFit, plan: FoldPlan) -> dict[str, Any]:
-    """{"earlier": the comparison} of the earlier and the recent model on the test rows, or {"earlier_skipped": why}."""
+def _compared(config: Config, test: Rows, earlier: EarlierFit, plan: FoldPlan, times: np.ndarray) -> dict[str, Any]:
+    """{"earlier": the comparison} of the earlier and the recent model on the test rows (times: theirs), or
+    {"earlier_skipped": why}. Both as trained: calibration is fitted for the served model only, and a comparison of a
+    calibrated with an uncalibrated model would count the calibration as age."""
     if earlier.earlier is None or earlier.recent is None:
         return {"earlier_skipped": earlier.skipped or "not trained"}
     name = config.promotion.metric
-    recent = score_checkpoint(earlier.recent, test, (plan.time_column,))
-    old = score_checkpoint(earlier.earlier, test, ())
+    recent, old = (score_checkpoint(path, test, calibrated=False) for path in (earlier.recent, earlier.earlier))
     days = plan.time_kind != "number"
-    scale = 86400.0 if plan.time_kind == "timestamp" else 1.0  # seconds: in days
+    scale = _day_scale(plan)
     shift = earlier.shift / scale
-    age = float(np.median(_times(recent, plan)) - plan.earlier["recent_end"]) / scale
+    age = float(np.median(times) - plan.earlier["recent_end"]) / scale
     compared = earlier_comparison(
         lambda rows: float(recent.metrics(rows).get(name, float("nan"))),
         lambda rows: float(old.metrics(rows).get(name, float("nan"))),
