@@ -26,9 +26,9 @@ from trainflow.tasks.mlflow_run import end_runs
 from trainflow.tasks.preprocess import Prepared
 from trainflow.tasks.select import select
 from trainflow.tasks.split import Split
-from trainflow.tasks.train import train
+from trainflow.tasks.train import lineage_for, train
 from trainflow.trainer.deadline import MIN_RUN_S, write_deadline
-from trainflow.trainer.runner import run_dir
+from trainflow.trainer.runner import latest_lineage, run_dir
 
 
 @dataclass
@@ -71,6 +71,14 @@ def fit_earlier(
         why = f"the time budget had {max(0.0, ends_at - time.time()):.0f} s left (train.time_limit)"
         log.info("backtest: no earlier model: %s", why)
         return EarlierFit(family, None, None, skipped=why)
+    folder = run_dir(run_config.for_family(family), run_name)
+    before = latest_lineage(folder)
+    now = lineage_for(config, prepared.fingerprint, family)
+    if before is not None and any(before.get(k) != v for k, v in now.items()):
+        # check_resume's rule for this run too: never resume onto another table or config; never delete what is there
+        why = f"{folder} holds a run of other data or another training config; it is left as it is"
+        log.warning("backtest: no earlier model: %s", why)
+        return EarlierFit(family, None, None, skipped=why)
     train_rows, held_rows = earlier_parts(parts.train, plan, parts.materialized)
     packed_train, packed_val = pack(train_rows, held_rows, prepared.preprocessor, prepared.materialized)
     mine = replace(prepared, train=packed_train, val=packed_val, folds=None)
@@ -85,7 +93,7 @@ def fit_earlier(
         int(plan.earlier["validation_rows"]),
         _span(plan, shift),
     )
-    write_deadline(run_dir(run_config.for_family(family), run_name), ends_at, "train.time_limit" if ends_at else "")
+    write_deadline(folder, ends_at, "train.time_limit" if ends_at else "")
     status = "FAILED"
     try:  # a report, not the model: its failure is said and the run goes on; a stop or a bad config is not
         outcome = train.with_options(
