@@ -328,3 +328,35 @@ def test_roles_by_group_keep_a_groups_rows_together_and_time_reports_the_groups_
         {"data": {"path": "t.parquet", "label": "y"}, "task": "classification", "split": {"group_column": "customer"}}
     )
     assert cfg.data.default_features(table.column_names) == ["day", "x"]  # a group's id is no feature
+
+
+def test_roles_by_group_are_stratified_by_each_groups_class_and_a_new_group_takes_the_overall_cuts():
+    # 60 patients, 9 of them sick (every row of a patient has their class): the hash alone can leave the test role
+    # without a sick patient; cut within each class, each class's groups give the test role its share of rows
+    rng = np.random.default_rng(3)
+    patient = np.repeat(np.arange(60), rng.integers(8, 13, 60))
+    sick = np.isin(patient, np.arange(0, 60, 7))
+    table = pa.table({"id": np.arange(len(patient)), "patient": patient, "x": rng.normal(size=len(patient)), "y": sick})
+    ds = ray.data.from_arrow(table)
+    plan = plan_split(ds, "classification", "y", 0.2, 0.25, 5, ["id"], table.num_rows, 1, "p.parquet", None, "patient")
+    assert sorted(plan.group_strata) == ["false", "true"] and len(plan.group_strata["true"]) == 9
+    assert "stratified by each group's majority class (60 groups)" in plan.describe()
+    parts = split_roles(ds, plan, materialize=False)
+    ids = {r: _ids(p) for r, p in parts.items()}
+    assert {k: len(ids[r]) for k, r in (("train", TRAIN), ("validation", VALIDATION), ("test", TEST))} == plan.counts
+    for role in (TEST, VALIDATION, TRAIN):  # every role holds sick patients, each a patient's every row
+        assert sick[ids[role]].any() and not sick[ids[role]].all()
+        assert not set(patient[ids[role]]) & set(patient[np.setdiff1d(np.arange(len(patient)), ids[role])])
+    assert abs(sick[ids[TEST]].sum() / sick.sum() - 0.2) < 0.12  # the hash alone: 0.45 with this seed
+    # stored and read back as written; a corrupted stratum list is refused
+    stored = json.loads(json.dumps(plan.to_dict()))
+    assert FoldPlan.from_dict(stored) == plan
+    with pytest.raises(ValueError, match="not a split plan"):
+        FoldPlan.from_dict({**stored, "group_strata": {"true": [0.9, 0.1]}})
+    # a patient new since the plan was made takes the cuts of all rows; a known patient keeps its role
+    grown = pa.concat_tables([table, pa.table({"id": [10_000], "patient": [999], "x": [0.0], "y": [True]})])
+    assert plan.group_stratum(plan.keys(grown))[-1] == "" and np.array_equal(plan.roles(grown)[:-1], plan.roles(table))
+    # with folds, each class's groups are spread over every fold
+    folded = plan_split(table, "classification", "y", 0.2, 0.25, 11, ["id"], table.num_rows, 3, "p", None, "patient")
+    fold = folded.fold_ids(table)
+    assert all(sick[fold == i].any() for i in range(3))

@@ -25,18 +25,24 @@ def heartbeat(where: str | None = None) -> None:
         _current.beat(where)
 
 
-AUTO_FIRST_S = 120.0  # auto: before the first progress mark (start-up, the first block of a large table)
+AUTO_FIRST_S = 120.0  # before the first progress mark (start-up, the first block of a large table): at least this
 AUTO_MIN_S = 60.0  # auto: never shorter than this
 AUTO_FACTOR = 20.0  # auto: this many times the longest gap between progress marks seen so far
 
 
+def timeout_label(seconds: float | None) -> str:
+    return "auto" if seconds is None else f"{seconds:g}"
+
+
 class Watchdog:
     """timeout_s: seconds, or "auto" (measured: AUTO_FACTOR x the longest gap between progress marks so far,
-    at least AUTO_MIN_S; AUTO_FIRST_S until the first mark)."""
+    at least AUTO_MIN_S). Start-up, until the first mark, gets at least AUTO_FIRST_S either way: a process group's
+    set-up on a loaded machine is not a stalled step, and killing it would restart the attempt from nothing."""
 
     def __init__(self, timeout_s: float | str, run_dir: str | None, rank: int):
         self.auto = timeout_s == "auto"
-        self.timeout_s = AUTO_FIRST_S if self.auto else float(timeout_s)
+        self.steady_s = None if self.auto else float(timeout_s)
+        self.timeout_s = AUTO_FIRST_S if self.auto else max(AUTO_FIRST_S, float(timeout_s))
         self.run_dir, self.rank = run_dir, rank
         self.last, self.where = time.monotonic(), "start"
         self.longest_gap: float | None = None
@@ -50,6 +56,8 @@ class Watchdog:
             gap = now - self.last
             self.longest_gap = gap if self.longest_gap is None else max(self.longest_gap, gap)
             self.timeout_s = max(AUTO_MIN_S, AUTO_FACTOR * self.longest_gap)
+        elif self.steady_s is not None:
+            self.timeout_s = self.steady_s
         self.started = True
         self.last = now
         if where is not None:
@@ -60,20 +68,22 @@ class Watchdog:
             idle = time.monotonic() - self.last
             if idle > self.timeout_s:
                 if self.run_dir:
-                    measured = (
-                        (
+                    label = f"{self.timeout_s:g}" if self.started else timeout_label(self.steady_s)
+                    if not self.started:
+                        measured = f"; start-up, before the first progress mark, is allowed at least {AUTO_FIRST_S:g} s"
+                    elif self.auto:
+                        measured = (
                             f"; auto: {AUTO_FACTOR:g} x the longest gap so far, "
                             f"{self.longest_gap or 0:.1f} s, at least {AUTO_MIN_S:g} s"
                         )
-                        if self.auto
-                        else ""
-                    )
+                    else:
+                        measured = ""
                     append_event(
                         self.run_dir,
                         {
                             "event": "hang",
                             "rank": self.rank,
-                            "error": f"worker {self.rank}: no progress for {idle:.0f} s (hang_timeout_s={self.timeout_s:g}"
+                            "error": f"worker {self.rank}: no progress for {idle:.0f} s (hang_timeout_s={label}"
                             f"{measured}) after {self.where}; killed so that Ray Train restarts the worker group",
                         },
                     )

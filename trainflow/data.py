@@ -359,10 +359,13 @@ def plan_ordered(
     val_cut = max(val_cut, test_cut)
     inner = [_between(fit, round(len(fit) * i / k), lo, hi) for i in range(1, k)] if k > 1 else []
     plan = replace(plan, cuts={"": (test_cut, val_cut, *inner)})
-    roles = np.where(u < test_cut, 2, np.where((u < val_cut) & (k < 2), 1, 0))
+    if group_column is not None and time_column is None and by_label is not None:
+        plan = _stratify_groups(plan, u, np.asarray(got["label"].to_numpy(zero_copy_only=False)).astype(str))
+    row_cuts = plan._row_cuts(None, len(u), u)
+    roles = np.where(u < row_cuts[:, 0], 2, np.where((u < row_cuts[:, 1]) & (k < 2), 1, 0))
     counts = {"train": int((roles == 0).sum()), "validation": int((roles == 1).sum()), "test": int((roles == 2).sum())}
     if k > 1:
-        ids = (u[roles != 2, None] >= np.array(inner)[None, :]).sum(axis=1)
+        ids = (u[roles != 2, None] >= row_cuts[roles != 2, 2:]).sum(axis=1)
         counts.update({f"fold {i}": int((ids == i).sum()) for i in range(k)})
     extra: dict = {}
     if time_column is not None:
@@ -378,6 +381,34 @@ def plan_ordered(
     elif group_column is not None:
         _check_group_sizes(ds, plan, s, counts, source)
     return replace(plan, counts=counts, **extra)
+
+
+def _stratify_groups(plan, u: np.ndarray, labels: np.ndarray):
+    """A group plan cut within each group's majority class (FoldPlan.group_strata): every class with groups to spare
+    gets its share of test, validation and fold rows, where the hash alone could leave a class of few groups out of
+    the test role. Unchanged above STRATIFIED_GROUPS groups (the hash spreads many groups evenly enough)."""
+    from trainflow.folds import STRATIFIED_GROUPS
+
+    groups, group_of = np.unique(u, return_inverse=True)
+    if len(groups) > STRATIFIED_GROUPS or len(groups) < 2:
+        return plan
+    classes, class_of = np.unique(labels, return_inverse=True)
+    per_group = np.zeros((len(groups), len(classes)), dtype=np.int64)
+    np.add.at(per_group, (group_of, class_of), 1)
+    majority = per_group.argmax(axis=1)  # ties: the class that sorts first
+    cuts, strata, k = dict(plan.cuts), {}, plan.folds
+    for c, value in enumerate(classes):
+        members = majority == c
+        if not members.any():
+            continue
+        mine = np.sort(u[members[group_of]])
+        test_cut = _between(mine, _share(len(mine), plan.test_fraction, True))
+        fit = mine[mine >= test_cut]
+        val_cut = max(_between(fit, _share(len(fit), plan.validation_fraction, True)), test_cut) if k < 2 else test_cut
+        inner = [_between(fit, round(len(fit) * i / k)) for i in range(1, k)] if k > 1 else []
+        cuts[str(value)] = (test_cut, max(val_cut, test_cut), *inner)
+        strata[str(value)] = tuple(float(g) for g in groups[members])
+    return replace(plan, cuts=cuts, group_strata=strata)
 
 
 def _earlier(u: np.ndarray, cuts: tuple[float, ...], k: int, lo: float, hi: float) -> dict[str, float] | None:

@@ -51,6 +51,10 @@ EXACT_ROWS = 50_000
 # at 0.15: 17 +- 4 rows, under the 10 that judge anything about 2% of the time); a larger table keeps its test rows as
 # it grows (the fixed range)
 EXACT_TEST_ROWS = 1_000
+# roles by group, classification: up to this many groups the roles and folds are cut within each group's majority
+# class (the plan stores which groups hold which class: a few tens of kilobytes); with more, the groups' hash alone
+# spreads the classes over the roles within a point or two of their shares
+STRATIFIED_GROUPS = 2_000
 NO_FOLD = -1  # the fold column of a test row (and of every row without cross-fitting)
 
 
@@ -127,6 +131,9 @@ class FoldPlan:
     # rows [recent_cut, cut), as many as the recent model's validation rows. {"cut", "recent_cut", "end" (the earlier
     # model's last training time), "recent_end", "rows" (its training rows), "validation_rows"}; None: too few rows
     earlier: dict[str, float] | None = field(default=None, compare=False)
+    # roles by group, classification, up to STRATIFIED_GROUPS groups: each group's hash (u) under its majority class
+    # (as text), sorted; its rows take that class's cuts. A group not listed (new since) takes the cuts of all rows ("")
+    group_strata: dict[str, tuple[float, ...]] | None = None
 
     @property
     def validation_cut(self) -> float:
@@ -137,13 +144,28 @@ class FoldPlan:
             return None
         return np.asarray(pc.cast(batch[self.label], pa.string()).to_numpy(zero_copy_only=False)).astype(str)
 
-    def _row_cuts(self, batch: pa.Table, n: int) -> np.ndarray:
+    def group_stratum(self, u: np.ndarray) -> np.ndarray:
+        """Per row (u: its group's hash), the majority class its group was stratified under; "" for a group the plan
+        does not list."""
+        out = np.full(len(u), "", dtype=object)
+        for value, members in (self.group_strata or {}).items():
+            members = np.asarray(members)
+            at = np.minimum(np.searchsorted(members, u), len(members) - 1)
+            out[members[at] == u] = value
+        return out
+
+    def _row_cuts(self, batch: pa.Table, n: int, u: np.ndarray | None = None) -> np.ndarray:
         """Per row, its class's cuts [test, validation, fold cuts ...] (rows of a class without cuts: the fixed ranges
-        as cuts); shape (n, 2 + folds - 1)."""
+        as cuts; by group stratum: its group's class's); shape (n, 2 + folds - 1)."""
         t, k = self.test_fraction, max(self.folds, 1)
         default = np.array([t, self.validation_cut, *[t + (1 - t) * i / k for i in range(1, k)]])
         out = np.tile(default, (n, 1))
         if not self.cuts:
+            return out
+        if self.group_strata:
+            strata = self.group_stratum(self.keys(batch) if u is None else u)
+            for value, cut in self.cuts.items():
+                out[strata == value] = cut
             return out
         classes = self._classes(batch)
         if classes is None:
@@ -168,7 +190,7 @@ class FoldPlan:
         (fold_ids says which fold holds it out). u: the batch's keys when the caller has them."""
         u = self.keys(batch) if u is None else u
         roles = np.full(len(u), TRAIN, dtype=np.int8)
-        cuts = self._row_cuts(batch, len(u))
+        cuts = self._row_cuts(batch, len(u), u)
         test = u < cuts[:, 0]
         val = (u >= cuts[:, 0]) & (u < cuts[:, 1]) & (self.folds < 2)
         if self.label is not None:
@@ -191,7 +213,7 @@ class FoldPlan:
             return out
         fit = roles != TEST
         if self.cuts:  # the class's own cuts on u among its non-test rows
-            inner = self._row_cuts(batch, len(u))[:, 2:]
+            inner = self._row_cuts(batch, len(u), u)[:, 2:]
             out[fit] = (u[fit, None] >= inner[fit]).sum(axis=1)
             return out
         # the non-test share of [0, 1) stretched back to [0, 1): u past the test range, or (a class kept out of the
@@ -227,6 +249,8 @@ class FoldPlan:
             and other.test_fraction > 0
             and self.time_column == other.time_column
             and (self.time_column is not None or self.test_fraction >= other.test_fraction)
+            and not self.group_strata
+            and not other.group_strata  # groups under classes that may differ between the tables: row by row
         ):
             return False
         if not self.cuts and not other.cuts:
@@ -260,6 +284,9 @@ class FoldPlan:
             )
         if self.group_column is not None:
             keyed = f"group column {self.group_column!r} (a group's rows share a role and fold)"
+            if self.group_strata:
+                groups = sum(len(v) for v in self.group_strata.values())
+                keyed += f", stratified by each group's majority class ({groups:,} groups)"
         else:
             keyed = f"id column {self.key_columns[0]!r}" if len(self.key_columns) == 1 else "each row's values"
         return f"test {self.test_fraction:.3g} of the rows, {rest}, by a hash of {keyed} with seed {self.seed}"
@@ -304,6 +331,9 @@ class FoldPlan:
                 group_column=None if d.get("group_column") is None else str(d["group_column"]),
                 groups_split=None if d.get("groups_split") is None else int(d["groups_split"]),
                 earlier=None if d.get("earlier") is None else {str(k): float(v) for k, v in dict(d["earlier"]).items()},
+                group_strata=None
+                if d.get("group_strata") is None
+                else {str(k): tuple(float(x) for x in v) for k, v in dict(d["group_strata"]).items()},
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a split plan trainflow wrote ({type(exc).__name__}: {exc})") from None
@@ -320,6 +350,16 @@ class FoldPlan:
                 )
             )
             or (plan.time_column is not None and not plan.cuts)
+            or (
+                plan.group_strata is not None
+                and (
+                    plan.group_column is None
+                    or not set(plan.group_strata) <= set(plan.cuts or {})
+                    or any(
+                        list(v) != sorted(v) or any(not 0.0 <= x < 1.0 for x in v) for v in plan.group_strata.values()
+                    )
+                )
+            )
             or plan.time_kind not in (None, "date", "timestamp", "number")
         )
         if bad_cuts or not (
