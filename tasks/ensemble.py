@@ -3,6 +3,8 @@ them (model.ensemble)."""
 
 from __future__ import annotations
 
+import time
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +52,7 @@ def ensemble(
     cross-fitting, on their out-of-fold outputs: decisions); None when it keeps a single member (that family is
     already a candidate). The ensemble's metrics are cross-fitted (each half of the rows scored with weights fitted
     on the other half), so it competes with the members on equal terms."""
-    log = get_run_logger()
+    log, started = get_run_logger(), time.monotonic()
     if decisions is None:
         servables = {f: load_servable(s.path, calibrated=False) for f, s in selections.items()}
         prep = next(iter(servables.values())).preprocessor
@@ -122,5 +124,6 @@ def ensemble(
             "description": f"no training of its own: the members' best checkpoints weighted {described}",
             "weights": kept,
         },
+        train_s=round(time.monotonic() - started, 1),  # its own time: the weights, the bundle, the load check
     )
     return Built(outcome, Selected(path=local, epoch=0, metrics=crossed, skipped=[], uri=target), record, kept)

@@ -239,9 +239,10 @@ def describe_version(config: Config, summary: dict[str, Any]) -> None:
         f"{k} {v:.4g}" for k, v in (summary.get("test_metrics") or {}).items() if isinstance(v, (int, float))
     )
     text = (
-        f"trainflow {summary.get('model_family')} trained on {redact_text(str(summary.get('data_path')))} "
-        f"({summary.get('training_rows')} rows, fingerprint {summary.get('data_fingerprint')}), run "
-        f"{summary.get('run_name')}. "
+        # Markdown, as MLflow renders it: names from storage in code spans (a path's underscores are no emphasis)
+        f"trainflow {summary.get('model_family')} trained on `{redact_text(str(summary.get('data_path')))}` "
+        f"({summary.get('training_rows')} rows, fingerprint `{summary.get('data_fingerprint')}`), run "
+        f"`{summary.get('run_name')}`. "
         + (f"Test ({summary.get('test_rows')} rows no choice touched): {test}. " if test else "")
         + f"Gate: {promotion.get('decision')}: {promotion.get('reason')}"
     )

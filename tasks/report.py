@@ -25,6 +25,25 @@ from trainflow.trainer.families import REGISTRY
 
 LOSS_CURVE = "loss_curve.png"
 MODEL_CARD_FILE = "model_card.md"
+MODEL_CARD_HTML = "model_card.html"  # MLflow's run page renders an HTML artifact (a .md one shows as its source)
+CARD_STYLE = (
+    "body{font-family:system-ui,sans-serif;max-width:1100px;margin:1em auto;padding:0 1em;line-height:1.45}"
+    "table{border-collapse:collapse;margin:.6em 0}th,td{border:1px solid #ccc;padding:.25em .6em;text-align:left}"
+    "code{background:#f3f3f3;padding:0 .2em}pre{background:#f6f6f6;padding:.6em;overflow:auto}img{max-width:100%}"
+)
+
+
+def card_html(card: str, title: str) -> str:
+    """The Markdown card as one self-contained HTML page (its images are data: URIs)."""
+    import html
+
+    import markdown
+
+    body = markdown.markdown(card, extensions=["tables", "fenced_code"])
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{CARD_STYLE}</style></head><body>{body}</body></html>"
+    )
 
 
 def artifact_key(model_name: str, what: str) -> str:
@@ -32,19 +51,97 @@ def artifact_key(model_name: str, what: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", f"{model_name}-{what}".lower()).strip("-")
 
 
-def loss_curve(history: list[dict[str, float]], title: str):
-    """Train and validation loss per epoch, as a matplotlib figure (no pyplot state)."""
-    from matplotlib.figure import Figure
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
 
-    fig = Figure(figsize=(6, 3.5), dpi=100)
-    ax = fig.subplots()
-    epochs = [int(r["epoch"]) for r in history]
-    for key in ("train_loss", "val_loss"):
-        ax.plot(epochs, [r.get(key, float("nan")) for r in history], marker="o", label=key)
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("loss")
-    ax.set_title(title)
-    ax.legend()
+
+def training_curves(curves: list[dict[str, Any]], title: str):
+    """The validation loss (and the training loss where a model reports it) per epoch or round of every model the
+    served one is made of, one panel per family: a family's own run, each fold model of a bag, each member of an
+    ensemble labelled with its weight. curves: [{"family", "label", "history", "unit"}]. None when no model reported
+    a finite loss (nothing to draw)."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    drawn = [c for c in curves if any(_finite(h.get("val_loss")) for h in c["history"])]
+    if not drawn:
+        return None
+    families = list(dict.fromkeys(c["family"] for c in drawn))
+    fig = Figure(figsize=(max(6.0, 4.2 * len(families)), 3.6), dpi=100)
+    axes = fig.subplots(1, len(families), squeeze=False)[0]
+    for ax, family in zip(axes, families):
+        mine = [c for c in drawn if c["family"] == family]
+        for c in mine:
+            steps = [int(h["epoch"]) for h in c["history"]]
+            line = ax.plot(steps, [h.get("val_loss", math.nan) for h in c["history"]], label=f"{c['label']} validation")
+            if len(mine) == 1 and any(_finite(h.get("train_loss")) for h in c["history"]):
+                train = [h.get("train_loss", math.nan) for h in c["history"]]
+                ax.plot(steps, train, linestyle="--", color=line[0].get_color(), label=f"{c['label']} training")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs and rounds are whole
+        ax.set_xlabel(mine[0].get("unit") or "epoch")
+        ax.set_ylabel("loss")
+        ax.set_title(mine[0].get("panel") or family, fontsize="small")
+        ax.legend(fontsize="x-small")
+    fig.suptitle(title, fontsize="small")
+    fig.tight_layout()
+    return fig
+
+
+def outcome_chart(scored, judged_on: str, title: str, sample: int = 5_000):
+    """On the rows the model is judged on: a regression's predictions against the actual values (the diagonal is
+    exact); a classifier's ROC and precision-recall curves (each class against the rest for more than two). None
+    when there are no rows, or a classifier's rows hold one class."""
+    import numpy as np
+    from matplotlib.figure import Figure
+    from sklearn import metrics as skm
+
+    if scored is None or len(scored.labels) == 0:
+        return None
+    prep = scored.prep
+    if prep.task != "classification":
+        pick = np.random.default_rng(0).permutation(len(scored.labels))[:sample]
+        pred = scored.outputs.reshape(-1)[pick] * prep.label_std + prep.label_mean
+        truth = scored.labels[pick] * prep.label_std + prep.label_mean
+        fig = Figure(figsize=(5, 4.5), dpi=100)
+        ax = fig.subplots()
+        ax.scatter(truth, pred, s=6, alpha=0.4)
+        lo, hi = float(min(truth.min(), pred.min())), float(max(truth.max(), pred.max()))
+        ax.plot([lo, hi], [lo, hi], linestyle="--", color="grey", label="exact")
+        ax.set_xlabel(f"actual {prep.label}")
+        ax.set_ylabel("predicted")
+        shown = f"{len(pick):,} of {len(scored.labels):,}" if len(pick) < len(scored.labels) else f"{len(pick):,}"
+        ax.set_title(f"{title}: {shown} {judged_on} rows, R2 {skm.r2_score(truth, pred):.3f}", fontsize="small")
+        ax.legend(fontsize="small")
+        fig.tight_layout()
+        return fig
+    y = scored.labels.astype(np.int64)
+    present = np.unique(y)
+    if len(present) < 2:
+        return None
+    z = scored.outputs - scored.outputs.max(axis=1, keepdims=True)
+    probs = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
+    classes = [int(present.max())] if prep.num_outputs == 2 else [int(c) for c in present[:10]]
+    names = [str(c) for c in (prep.classes or range(prep.num_outputs))]
+    fig = Figure(figsize=(10, 4.2), dpi=100)
+    roc, pr = fig.subplots(1, 2)
+    for c in classes:
+        truth = y == c
+        label = names[c] if c < len(names) else str(c)
+        fpr, tpr, _ = skm.roc_curve(truth, probs[:, c])
+        roc.plot(fpr, tpr, label=f"{label}: AUC {skm.auc(fpr, tpr):.3f}")
+        precision, recall, _ = skm.precision_recall_curve(truth, probs[:, c])
+        ap = skm.average_precision_score(truth, probs[:, c])
+        pr.plot(recall, precision, label=f"{label}: AP {ap:.3f} (share {truth.mean():.2f})")
+    roc.plot([0, 1], [0, 1], linestyle="--", color="grey")
+    roc.set_xlabel("false positive rate")
+    roc.set_ylabel("true positive rate")
+    roc.set_title(f"ROC on {len(y):,} {judged_on} rows", fontsize="small")
+    pr.set_xlabel("recall")
+    pr.set_ylabel("precision")
+    pr.set_title("precision-recall" + ("" if len(classes) == 1 else ", each class against the rest"), fontsize="small")
+    for ax in (roc, pr):
+        ax.legend(fontsize="x-small")
+    fig.suptitle(title, fontsize="small")
     fig.tight_layout()
     return fig
 
@@ -153,15 +250,16 @@ def _importance_lines(summary: dict[str, Any], metric: str) -> str:
     rows = summary.get("feature_importance") or []
     if not rows:
         return "- not computed"
-    lines, compared = [], any("change" in r for r in rows)
+    lines, compared, gains = [], any("change" in r for r in rows), any("gain_share" in r for r in rows)
     for r in rows[:10]:
-        change = f"{r['change']:+.4g}" if "change" in r else "not in the champion" if compared else "-"
-        gain = f"{r['gain_share']:.1%}" if "gain_share" in r else ""
-        lines.append(f"| {md(r['column'])} | {r['importance']:.4g} ± {r['importance_std']:.2g} | {change} | {gain} |")
+        change = f"{r['change']:+.4g}" if "change" in r else "not in the champion" if compared else "— (no champion)"
+        gain = (f" {r['gain_share']:.1%} |" if "gain_share" in r else " — |") if gains else ""
+        lines.append(f"| {md(r['column'])} | {r['importance']:.4g} ± {r['importance_std']:.2g} | {change} |{gain}")
     return (
         f"Permutation importance on {metric} (how much it worsens when the column is shuffled; artifact "
-        f"`-importance`), top {len(lines)} of {len(rows)}:\n\n| column | importance | change vs champion | "
-        "tree gain share |\n|---|---|---|---|\n" + "\n".join(lines)
+        f"`-importance`), top {len(lines)} of {len(rows)}:\n\n| column | importance | change vs champion |"
+        + (" tree gain share |\n|---|---|---|---|\n" if gains else "\n|---|---|---|\n")
+        + "\n".join(lines)
     )
 
 
@@ -212,7 +310,10 @@ def _confidence_line(promo: dict[str, Any]) -> str:
     )
 
 
-def _fmt(v: Any) -> str:
+def _fmt(v: Any, missing: str = "—") -> str:
+    """A figure as the card shows it; None or NaN (not applicable, not measured) as a dash (with a word: missing)."""
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return missing
     return f"{v:.6g}" if isinstance(v, float) else str(v)
 
 
@@ -245,23 +346,27 @@ def _chosen_on(summary: dict[str, Any]) -> str:
 
 
 def _candidates_lines(summary: dict[str, Any], metric: str) -> str:
-    rows = summary.get("candidates")
-    if not rows:
+    """The leaderboard as leaderboard_table gives it (the summary's candidates, the parent MLflow run's
+    leaderboard.json, trainflow.leaderboard): the same rows under the same names."""
+    from trainflow.tasks.mlflow_run import leaderboard_table
+
+    table = leaderboard_table(summary)
+    if not table:
         return ""
     oof = bool(summary.get("oof_metrics"))
     shown = metric.replace("val_", "oof_", 1) if oof else metric
-    test = metric.replace("val_", "test_", 1)
+    columns = list(table)
+    words = {"epoch": "— (no epochs of its own)", "epochs_run": "—", "unit": "—", "train_s": "— (not measured)"}
     lines = "\n".join(
-        f"| {r['family']} | {_fmt(r.get(shown))} | {_fmt(r.get(test))} | {r['epoch']} | "
-        f"{_fmt(r.get('train_s'))} | `{r['run_name']}` |"
-        for r in rows
+        "| " + " | ".join(_fmt(table[c][i], words.get(c, "—")) for c in columns) + " |"
+        for i in range(len(table[columns[0]]))
     )
     return (
-        f"\n\nCandidates trained in this run, best first by {shown} on "
+        f"\n\nEvery model trained in this run, best first by {shown} on "
         f"{'the out-of-fold predictions' if oof else 'the validation split'} (the test rows scored each once every "
-        f"choice was made; also the parent MLflow run's leaderboard.json):\n\n"
-        f"| family | {shown} | {test} | best epoch or round | training s | Ray Train run |\n"
-        f"|---|---|---|---|---|---|\n{lines}"
+        "choice was made; `epoch`: the epoch or round kept, `epochs_run`: those run, `train_s`: training seconds, "
+        "an ensemble's its own; also the parent MLflow run's leaderboard.json and `trainflow.leaderboard(summary)`):"
+        f"\n\n| {' | '.join(columns)} |\n|{'---|' * len(columns)}\n{lines}"
     )
 
 
@@ -320,13 +425,36 @@ def _serving_line(promo: dict[str, Any]) -> str:
     return serving + floor
 
 
-def _metric_rows(validation: dict[str, Any], test: dict[str, Any], chose: str = "val_") -> str:
+def _metric_rows(validation: dict[str, Any], test: dict[str, Any]) -> str:
+    """One row per metric, named by what it is (accuracy, roc_auc, ...): the validation or out-of-fold figure and the
+    test figure (a dash where the rows did not measure it)."""
+    names = dict.fromkeys(
+        [k.split("_", 1)[1] for k in validation if k.startswith(("val_", "oof_"))]
+        + [k.removeprefix("test_") for k in test if k.startswith("test_")]
+    )
     rows = []
-    for k, v in sorted(validation.items()):
-        t = test.get("test_" + k[4:]) if k.startswith("val_") else None
-        name = chose + k[4:] if k.startswith("val_") else k
-        rows.append(f"| {name} | {_fmt(v)} | {'' if t is None else _fmt(t)} |")
+    for name in sorted(names):
+        chose = validation.get(f"val_{name}", validation.get(f"oof_{name}"))
+        rows.append(f"| {name} | {_fmt(chose)} | {_fmt(test.get(f'test_{name}'))} |")
     return "\n".join(rows)
+
+
+def _model_lines(config: Config, summary: dict[str, Any]) -> str:
+    """What serves, and where its epochs or rounds stop: a family's run, a bag of fold models, an ensemble."""
+    best, family = summary["best_checkpoint"], summary.get("model_family")
+    unit = (summary.get("training_budget") or {}).get("unit", "epoch")
+    if family == ENSEMBLE:
+        kept = "- no epochs or rounds of its own: each member as its own run kept it (the candidates below)"
+        if (summary.get("folds") or 1) > 1:
+            kept += f"; each member is the mean of its {summary['folds']} fold models"
+    elif (summary.get("folds") or 1) > 1:
+        kept = (
+            f"- the mean of {summary['folds']} fold models, each kept at the {unit} its own held-out fold scored best "
+            f"(the latest kept: {unit} {best['epoch']}; the longest ran {summary['epochs_run']})"
+        )
+    else:
+        kept = f"- kept: {unit} {best['epoch']} of the {summary['epochs_run']} run this time (the best on validation)"
+    return f"{_family_line(config, summary)}\n{kept}"
 
 
 def _rows_line(summary: dict[str, Any]) -> str:
@@ -347,7 +475,35 @@ def _champion(promo: dict[str, Any]) -> str:
     return f"champion v{promo['champion_version']} {_fmt(promo['champion_score'])}"
 
 
-def model_card(config: Config, summary: dict[str, Any], curve_uri: str, curve_png: str = "") -> str:
+def _chose_rows(summary: dict[str, Any]) -> str:
+    if summary.get("oof_metrics"):
+        return f"out-of-fold ({summary.get('oof_rows') or 0:,} rows)"
+    return f"validation ({summary.get('validation_rows') or 0:,} rows)"
+
+
+def _curve_lines(curve_uri: str | None, curve_png: str) -> str:
+    if not curve_png:
+        return "No training curve: no model this one is made of reported a loss per epoch or round."
+    return (
+        f"Loss during training of every model this one is made of (also `{curve_uri}` and the MLflow run's "
+        f"`{LOSS_CURVE}`):\n\n![training curves]({curve_png})"
+    )
+
+
+def _outcome_lines(outcome_png: str, judged_on: str) -> str:
+    if not outcome_png:
+        return f"No plot of the {judged_on} rows: none were scored, or they hold one class."
+    return f"On the {judged_on} rows (the MLflow run's `{judged_on}_rows.png`):\n\n![{judged_on} rows]({outcome_png})"
+
+
+def model_card(
+    config: Config,
+    summary: dict[str, Any],
+    curve_uri: str | None,
+    curve_png: str = "",
+    outcome_png: str = "",
+    judged_on: str = "validation",
+) -> str:
     """Markdown: data, metrics, promotion decision, lineage and the resolved config."""
     best = summary["best_checkpoint"]
     promo = summary["promotion"]
@@ -361,18 +517,20 @@ challenger v{promo["challenger_version"]} {_fmt(promo["challenger_score"])}, {_c
 - table: `{summary["data_path"]}`
 - fingerprint: `{summary["data_fingerprint"]}`
 - rows: {_rows_line(summary)}
-- split: {summary.get("split") or "train/validation"}; assignment `{summary.get("split_path")}`{chr(10) + "- backtest: " + backtest_line(summary["backtest"]) if summary.get("backtest") else ""}
+- split: {summary.get("split") or "train/validation"}{f"; assignment `{summary['split_path']}`" if summary.get("split_path") else ""}{chr(10) + "- backtest: " + backtest_line(summary["backtest"]) if summary.get("backtest") else ""}
 
-## Best checkpoint (epoch {best["epoch"]} of {summary["epochs_run"]} run this time)
+## The model
+{_model_lines(config, summary)}
+
 {_chosen_on(summary)}
 
-| metric | {"out-of-fold" if summary.get("oof_metrics") else "validation"} | test |
+| metric | {_chose_rows(summary)} | test ({summary.get("test_rows") or 0:,} rows) |
 |---|---|---|
-{_metric_rows(best["metrics"], summary.get("test_metrics") or {}, "oof_" if summary.get("oof_metrics") else "val_")}
+{_metric_rows(best["metrics"], summary.get("test_metrics") or {})}
 
-Loss curve (also `{curve_uri}` and the MLflow run's `{LOSS_CURVE}`):
+{_curve_lines(curve_uri, curve_png)}
 
-{f"![loss curve]({curve_png})" if curve_png else ""}
+{_outcome_lines(outcome_png, judged_on)}
 
 ## What the model relies on
 {_importance_lines(summary, promo["metric"])}
@@ -383,8 +541,7 @@ Loss curve (also `{curve_uri}` and the MLflow run's `{LOSS_CURVE}`):
 ## Slices of the {promo.get("judged_on", "validation")} rows
 {_slices_lines(summary, promo["metric"])}
 
-## Model
-{_family_line(config, summary)}{_candidates_lines(summary, promo["metric"])}
+{"## Candidates" + _candidates_lines(summary, promo["metric"]) if summary.get("candidates") else ""}
 
 ## Training budget
 {_budget_line(summary.get("training_budget") or {})}
@@ -398,7 +555,7 @@ Loss curve (also `{curve_uri}` and the MLflow run's `{LOSS_CURVE}`):
 ## Lineage
 data `{summary["data_fingerprint"]}` → Ray Train run `{summary["ray_run_path"]}` →
 MLflow run `{summary["mlflow_run_id"]}`, model `{summary["model_uri"]}` →
-predictions `{summary["predictions_path"]}` (by version {summary.get("predictions_model_version")})
+{f"predictions `{summary['predictions_path']}` (by version {summary.get('predictions_model_version')})" if summary.get("predictions_path") else "no predictions in this run"}
 
 ## Config
 ```json
@@ -417,17 +574,36 @@ def new_params(client: mlflow.MlflowClient, run_id: str, values: dict[str, Any],
 
 
 @task(name="report", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def report(config: Config, history: list[dict[str, float]], summary: dict[str, Any]) -> dict[str, str]:
-    """Per-epoch metrics table, model card and loss curve as Prefect artifacts; the curve also in MLflow."""
+def report(
+    config: Config,
+    history: list[dict[str, float]],
+    summary: dict[str, Any],
+    curves: list[dict[str, Any]] | None = None,
+    scored=None,
+    judged_on: str = "validation",
+) -> dict[str, str]:
+    """The model card, the served model's training curves (curves: training_curves'), its ROC and precision-recall
+    curves or predictions against the actual values on the rows it is judged on (scored), the per-epoch metrics
+    (history) and the other plots, as Prefect artifacts and in the MLflow run. A plot with nothing to draw is not
+    made; the card says why."""
     name = summary["registered_model"]
-    fig = loss_curve(history, f"{summary['run_name']} (v{summary['model_version']})")
-    png_bytes, png = png_data_uri(fig)
-    curve = join(config.storage_path, summary["run_name"], LOSS_CURVE)  # the summary's paths are redacted
-    write_bytes(curve, png_bytes)
-    curve_uri = redact_text(curve if is_uri(curve) else f"file://{curve}")
+    title = f"{name} v{summary['model_version']}"
+    curves = curves if curves is not None else [{"family": summary["model_family"], "label": "", "history": history}]
+    fig = training_curves(curves, f"{title}: loss during training")
+    png, curve_uri = "", None
+    if fig is not None:
+        png_bytes, png = png_data_uri(fig)
+        curve = join(config.storage_path, summary["run_name"], LOSS_CURVE)  # the summary's paths are redacted
+        write_bytes(curve, png_bytes)
+        curve_uri = redact_text(curve if is_uri(curve) else f"file://{curve}")
+    outcome = outcome_chart(scored, judged_on, title)
+    outcome_png = png_data_uri(outcome)[1] if outcome is not None else ""
     with tracking(config.mlflow.tracking_uri):
         client = mlflow.MlflowClient()
-        client.log_figure(summary["mlflow_run_id"], fig, artifact_file=LOSS_CURVE)
+        if fig is not None:
+            client.log_figure(summary["mlflow_run_id"], fig, artifact_file=LOSS_CURVE)
+        if outcome is not None:
+            client.log_figure(summary["mlflow_run_id"], outcome, artifact_file=f"{judged_on}_rows.png")
         calibration = summary.get("calibration")
         if calibration:
             diagram = reliability_diagram(calibration, f"v{summary['model_version']}")
@@ -472,28 +648,38 @@ def report(config: Config, history: list[dict[str, float]], summary: dict[str, A
                 if aged and aged.get("earlier") and math.isfinite(aged["earlier"][k])
             ],
         )
-    card = model_card(config, summary, curve_uri, png)
+    card = model_card(config, summary, curve_uri, png, outcome_png, judged_on)
     with tracking(config.mlflow.tracking_uri):
         client = mlflow.MlflowClient()
         for run_id in [r for r in dict.fromkeys([summary["mlflow_run_id"], parent_run(config)]) if r]:
             client.log_text(run_id, card, MODEL_CARD_FILE)  # the version's run, and the retrain's parent run
+            client.log_text(run_id, card_html(card, f"{name} version {summary['model_version']}"), MODEL_CARD_HTML)
     ids = {
-        "metrics": create_table_artifact(
-            table=[{k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()} for row in history],
-            key=artifact_key(name, "epoch-metrics"),
-            description=f"Per-epoch metrics of Ray Train run {summary['run_name']}",
-        ),
         "model_card": create_markdown_artifact(
             markdown=card,
             key=artifact_key(name, "model-card"),
             description=f"Model card of {name} version {summary['model_version']}",
         ),
-        "loss_curve": create_image_artifact(
+    }
+    if history:  # an ensemble has no epochs of its own: its members' are in their runs
+        ids["metrics"] = create_table_artifact(
+            table=[{k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()} for row in history],
+            key=artifact_key(name, "epoch-metrics"),
+            description=f"Per-epoch metrics of Ray Train run {summary['run_name']}",
+        )
+    if png:
+        ids["loss_curve"] = create_image_artifact(
             image_url=png,
             key=artifact_key(name, "loss-curve"),
-            description=f"Loss curve of {summary['run_name']} ({curve_uri})",
-        ),
-    }
+            description=f"Training curves of the models {name} version {summary['model_version']} is made of "
+            f"({curve_uri})",
+        )
+    if outcome_png:
+        ids["outcome"] = create_image_artifact(
+            image_url=outcome_png,
+            key=artifact_key(name, "test-rows" if judged_on == "test" else "validation-rows"),
+            description=f"{name} version {summary['model_version']} on its {judged_on} rows ({judged_on}_rows.png)",
+        )
     importance = summary.get("feature_importance") or []
     if importance:
         chart = importance_chart(importance, summary["promotion"]["metric"], f"{name} v{summary['model_version']}")
@@ -515,5 +701,5 @@ def report(config: Config, history: list[dict[str, float]], summary: dict[str, A
             description=f"Reliability diagram of {name} version {summary['model_version']} on the "
             f"{(summary.get('promotion') or {}).get('judged_on', 'validation')} rows",
         )
-    get_run_logger().info("artifacts: epoch metrics, model card, loss curve (%s)", curve_uri)
+    get_run_logger().info("artifacts: %s (training curves: %s)", ", ".join(ids), curve_uri or "none to draw")
     return {k: str(v) for k, v in ids.items()}

@@ -60,7 +60,8 @@ def prefect_server(home: Path, port: int) -> subprocess.Popen:
     """`prefect server start` on 127.0.0.1:port with its database under home, once it answers."""
     proc = start(
         [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        prefect_env(home),
+        # the UI asks this address for its API (its default is port 4200 whatever --port says)
+        {**prefect_env(home), "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api"},
         home / "server.log",
         home,
     )

@@ -141,6 +141,64 @@ def test_deploy_worker_and_deployment_run(prefect_server, ray_local, tmp_path):
     assert first.num_rows == second.num_rows == 500
     assert first["customer_id"].to_pylist() == second["customer_id"].to_pylist()
     assert first["prediction"].to_pylist() == second["prediction"].to_pylist()
+    _a_person_sees_the_card_and_the_plots(env, retrain_run["id"], client, tmp_path)
+
+
+def _a_person_sees_the_card_and_the_plots(env, flow_run_id: str, client: MlflowClient, tmp_path: Path) -> None:
+    """In headless Chromium at a laptop's width: the retrain's model card in Prefect's UI (its flow run's artifact)
+    and, from an `mlflow server` on the run's store, the version's run page (the card as HTML, the training curves,
+    the test rows' curves) and the registered version's description: headings and tables rendered, every image
+    decoded and not blank, no raw Markdown or HTML escapes. Screenshots in build/ui-screenshots/; with
+    TRAINFLOW_DOCS_SCREENSHOT=1 (`make screenshots`) the card's top also refreshes docs/model_card.png."""
+    from tests.browser import WIDTH, browser, check_page
+    from tests.servers import mlflow_server
+
+    req = urllib.request.Request(
+        f"{env['PREFECT_API_URL']}/artifacts/filter",
+        data=json.dumps({"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        artifacts = {a["key"]: a for a in json.loads(r.read())}
+    assert {"churn-test-model-card", "churn-test-loss-curve", "churn-test-test-rows"} <= set(artifacts), artifacts
+    version = client.get_model_version_by_alias("churn-test", "champion")
+    run = client.get_run(version.run_id)
+    port = free_port()
+    server = mlflow_server(tmp_path, port)  # the store the retrain wrote (its artifacts beside it, absolute paths)
+    mlflow_ui = f"http://127.0.0.1:{port}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}/artifacts"
+    try:
+        with browser() as b:
+
+            def opened(url: str):
+                page = b.new_page(viewport={"width": WIDTH, "height": 900})
+                page.goto(url)
+                return page
+
+            prefect_ui = env["PREFECT_API_URL"].removesuffix("/api")
+            page = opened(f"{prefect_ui}/artifacts/artifact/{artifacts['churn-test-model-card']['id']}")
+            embedded = 'img[src^="data:image/png"]'
+            text = check_page(page, "prefect-model-card", ["The model", "Data", "Lineage"], 1, 2, embedded)
+            assert "roc_auc" in text and "test (" in text
+            if os.environ.get("TRAINFLOW_DOCS_SCREENSHOT"):
+                page.set_viewport_size({"width": WIDTH, "height": 1500})
+                page.screenshot(
+                    path=str(REPO / "docs" / "model_card.png"), clip={"x": 250, "y": 0, "width": 880, "height": 1500}
+                )
+            card = opened(f"{mlflow_ui}/model_card.html")
+            check_page(card, "mlflow-model-card", ["The model", "Data"], 1, 2, frame=_blob_frame)
+            for name in ("loss_curve.png", "test_rows.png"):
+                check_page(opened(f"{mlflow_ui}/{name}"), f"mlflow-{name[:-4]}", [], 0, 1, 'img[src^="blob:"]')
+            described = opened(f"http://127.0.0.1:{port}/#/models/churn-test/versions/{version.version}")
+            described.get_by_text("Gate: promoted").first.wait_for(timeout=60_000)
+            text = check_page(described, "mlflow-version", [], 0, 0)
+            assert str(tmp_path / "data" / "train.parquet") in text  # a path's underscores stay underscores
+    finally:
+        _stop(server)
+
+
+def _blob_frame(page):
+    """MLflow shows an HTML artifact in a frame of its own (a blob: URL)."""
+    return next((f for f in page.frames if f.url.startswith("blob:")), None)
 
 
 def _api(env: dict[str, str], method: str, path: str, body: dict | None = None) -> None:

@@ -105,6 +105,19 @@ def _check_mlflow(summary, tracking_uri, model_name):
     assert len(client.get_metric_history(run.info.run_id, "val_loss")) == summary["epochs_run"]
     version = client.get_model_version(model_name, summary["model_version"])
     assert version.run_id == run.info.run_id
+    # the plots of the model that serves, drawn (pixels vary), and a card that names its figures by what they are
+    judged = summary["promotion"].get("judged_on", "validation")
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"loss_curve.png", f"{judged}_rows.png", "model_card.md"} <= artifacts, artifacts
+    from matplotlib.image import imread
+
+    for name in ("loss_curve.png", f"{judged}_rows.png"):
+        assert imread(client.download_artifacts(run.info.run_id, name)).std() > 0.05, name
+    card = Path(client.download_artifacts(run.info.run_id, "model_card.md")).read_text()
+    assert "## The model" in card and "Best checkpoint" not in card and "| val_" not in card
+    assert not [
+        line for line in card.splitlines() if line.startswith("|") and ("| None |" in line or "| nan |" in line)
+    ]
 
 
 def test_retrain_classification_end_to_end_then_boosters_replace_the_champion(tmp_path, capsys):
@@ -440,7 +453,9 @@ def _boosters_replace_the_champion(tmp_path, cfg_path, score, tracking, capsys):
         ).read_text()
     assert list(board["family"]) == [c["family"] for c in summary["candidates"]]
     assert {"val_roc_auc", "test_roc_auc", "train_s"} <= set(board.columns)
-    assert all(board.loc[board["family"] != "ensemble", "train_s"] > 0)
+    assert all(board.loc[board["family"] != "ensemble", "train_s"] > 0) and board["train_s"].notna().all()
+    header = next(line for line in card.splitlines() if line.startswith("| family"))
+    assert [c.strip() for c in header.strip("|").split("|")] == list(board.columns)  # the card's leaderboard
     assert card.startswith("# ") and f"version {summary['model_version']}" in card, card[:300]
     description = client.get_model_version("churn-test", summary["model_version"]).description
     assert f"trainflow {winner} trained on" in description and "Gate: promoted" in description, description

@@ -866,7 +866,8 @@ class FailureSection(_Section):
         "auto",
         "a worker with no progress this long is killed and the group restarted (`null`: never); `auto`: 20x "
         "the longest gap between progress marks (mini-batches, blocks, reports, boosting rounds) measured in "
-        "that attempt, at least 60 s, and 120 s until the first mark; a run whose attempts all stall ends with "
+        "that attempt, at least 60 s; start-up, until the first mark, is allowed at least 120 s whatever the "
+        "value; a run whose attempts all stall ends with "
         "an error naming what to change (not retried)",
     )
     task_retries: int = key(2, "Prefect retries of the `train` task once Ray Train gives up", ge=0)
