@@ -16,12 +16,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from trainflow.limits import AUTO_FLOOR_S, MIN_RUN_S
 from trainflow.storage import join, read_text, write_text
 
 DEADLINE_FILE = "trainflow_deadline.json"
 CHECK_S = 5.0  # how often a run's rank 0 reads its deadline
-MIN_RUN_S = 15.0  # a family whose runs would get less than this each is left out (a Ray Train start alone takes ~11 s)
-AUTO_FLOOR_S = 300.0  # auto: training takes at most max(twice the first family's time, this)
 
 
 def write_deadline(run_dir: str, ends_at: float | None, why: str = "") -> None:

@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from trainflow.limits import HANG_FACTOR, HANG_FIRST_S, HANG_MIN_S
 from trainflow.trainer.recovery import append_event
 
 _current: Watchdog | None = None
@@ -25,24 +26,19 @@ def heartbeat(where: str | None = None) -> None:
         _current.beat(where)
 
 
-AUTO_FIRST_S = 120.0  # before the first progress mark (start-up, the first block of a large table): at least this
-AUTO_MIN_S = 60.0  # auto: never shorter than this
-AUTO_FACTOR = 20.0  # auto: this many times the longest gap between progress marks seen so far
-
-
 def timeout_label(seconds: float | None) -> str:
     return "auto" if seconds is None else f"{seconds:g}"
 
 
 class Watchdog:
-    """timeout_s: seconds, or "auto" (measured: AUTO_FACTOR x the longest gap between progress marks so far,
-    at least AUTO_MIN_S). Start-up, until the first mark, gets at least AUTO_FIRST_S either way: a process group's
+    """timeout_s: seconds, or "auto" (measured: HANG_FACTOR x the longest gap between progress marks so far,
+    at least HANG_MIN_S). Start-up, until the first mark, gets at least HANG_FIRST_S either way: a process group's
     set-up on a loaded machine is not a stalled step, and killing it would restart the attempt from nothing."""
 
     def __init__(self, timeout_s: float | str, run_dir: str | None, rank: int):
         self.auto = timeout_s == "auto"
         self.steady_s = None if self.auto else float(timeout_s)
-        self.timeout_s = AUTO_FIRST_S if self.auto else max(AUTO_FIRST_S, float(timeout_s))
+        self.timeout_s = HANG_FIRST_S if self.auto else max(HANG_FIRST_S, float(timeout_s))
         self.run_dir, self.rank = run_dir, rank
         self.last, self.where = time.monotonic(), "start"
         self.longest_gap: float | None = None
@@ -55,7 +51,7 @@ class Watchdog:
         if self.auto and self.started:  # the wait for the first mark is start-up, not a step
             gap = now - self.last
             self.longest_gap = gap if self.longest_gap is None else max(self.longest_gap, gap)
-            self.timeout_s = max(AUTO_MIN_S, AUTO_FACTOR * self.longest_gap)
+            self.timeout_s = max(HANG_MIN_S, HANG_FACTOR * self.longest_gap)
         elif self.steady_s is not None:
             self.timeout_s = self.steady_s
         self.started = True
@@ -70,11 +66,11 @@ class Watchdog:
                 if self.run_dir:
                     label = f"{self.timeout_s:g}" if self.started else timeout_label(self.steady_s)
                     if not self.started:
-                        measured = f"; start-up, before the first progress mark, is allowed at least {AUTO_FIRST_S:g} s"
+                        measured = f"; start-up, before the first progress mark, is allowed at least {HANG_FIRST_S:g} s"
                     elif self.auto:
                         measured = (
-                            f"; auto: {AUTO_FACTOR:g} x the longest gap so far, "
-                            f"{self.longest_gap or 0:.1f} s, at least {AUTO_MIN_S:g} s"
+                            f"; auto: {HANG_FACTOR:g} x the longest gap so far, "
+                            f"{self.longest_gap or 0:.1f} s, at least {HANG_MIN_S:g} s"
                         )
                     else:
                         measured = ""

@@ -28,6 +28,7 @@ from pydantic import (
 
 from trainflow.errors import ConfigError
 from trainflow.folds import AUTO_FOLD_ROWS, AUTO_FOLDS, EXACT_TEST_ROWS, MAX_FOLDS, MAX_TEST_ROWS
+from trainflow.limits import AUTO_FLOOR_S, HANG_FACTOR, HANG_FIRST_S, HANG_MIN_S, MIN_RUN_S
 from trainflow.redact import protect
 from trainflow.storage import is_uri
 
@@ -592,8 +593,9 @@ class TrainSection(_Section):
         "seconds for all of the training, every family and fold; in the families' order each may use the time "
         "left, each of its runs the time left divided by the waves of its own runs still to start, and a run "
         "stops adding epochs or rounds when its share is spent, keeping its best so far; a family whose runs "
-        "would get under 15 s each is left out with the reason; `auto`: no limit until the first family's runs "
-        "end, then the others share what keeps all of the training within max(twice that time, 300 s); `off`: "
+        f"would get under {MIN_RUN_S:.0f} s each is left out with the reason; `auto`: no limit until the first "
+        "family's runs end, then the others share what keeps all of the training within max(twice that time, "
+        f"{AUTO_FLOOR_S:.0f} s); `off`: "
         "no limit ([families.md](families.md#one-time-budget))",
     )
 
@@ -864,10 +866,10 @@ class FailureSection(_Section):
     max_failures: int = key(2, "Ray Train worker-group restarts (`-1`: unlimited)", ge=-1)
     hang_timeout_s: float | Literal["auto"] | None = key(
         "auto",
-        "a worker with no progress this long is killed and the group restarted (`null`: never); `auto`: 20x "
-        "the longest gap between progress marks (mini-batches, blocks, reports, boosting rounds) measured in "
-        "that attempt, at least 60 s; start-up, until the first mark, is allowed at least 120 s whatever the "
-        "value; a run whose attempts all stall ends with "
+        f"a worker with no progress this long is killed and the group restarted (`null`: never); `auto`: "
+        f"{HANG_FACTOR:.0f}x the longest gap between progress marks (mini-batches, blocks, reports, boosting "
+        f"rounds) measured in that attempt, at least {HANG_MIN_S:.0f} s; start-up, until the first mark, is "
+        f"allowed at least {HANG_FIRST_S:.0f} s whatever the value; a run whose attempts all stall ends with "
         "an error naming what to change (not retried)",
     )
     task_retries: int = key(2, "Prefect retries of the `train` task once Ray Train gives up", ge=0)
