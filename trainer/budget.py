@@ -13,11 +13,16 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from trainflow.config import TrainSection
-
-TARGET_STEPS = 4000
-MIN_BATCH, MAX_BATCH = 16, 512
-MIN_AUTO_EPOCHS, MAX_AUTO_EPOCHS = 10, 300
-ROWS_PER_STEP = 32  # auto batch: about this many steps per epoch before the batch-size cap
+from trainflow.limits import (
+    MAX_AUTO_EPOCHS,
+    MAX_BATCH,
+    MIN_AUTO_EPOCHS,
+    MIN_BATCH,
+    MIN_PATIENCE,
+    PATIENCE_SHARE,
+    ROWS_PER_STEP,
+    TARGET_STEPS,
+)
 
 
 @dataclass(frozen=True)
@@ -56,7 +61,7 @@ def resolve_budget(train: TrainSection, train_rows: int, num_workers: int) -> Bu
         epochs = int(min(MAX_AUTO_EPOCHS, max(MIN_AUTO_EPOCHS, math.ceil(TARGET_STEPS / steps))))
     patience = train.early_stopping.patience
     if patience == "auto":
-        patience = max(10, epochs // 10)
+        patience = max(MIN_PATIENCE, epochs // PATIENCE_SHARE)
     elif patience == "off":
         patience = None
     return Budget(batch_size=int(batch), epochs=int(epochs), patience=patience, steps_per_epoch=steps)

@@ -15,7 +15,7 @@ from ray.tune.integration.ray_train import TuneReportCallback
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from trainflow.preprocessors.tabular import TabularPreprocessor
-from trainflow.trainer.budget import MAX_AUTO_EPOCHS
+from trainflow.limits import MAX_AUTO_EPOCHS
 from trainflow.trainer.families import REGISTRY
 from trainflow.trainer.progress import ProgressCallback
 from trainflow.trainer.runner import build_trainer, run_dir

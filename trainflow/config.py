@@ -28,7 +28,21 @@ from pydantic import (
 
 from trainflow.errors import ConfigError
 from trainflow.folds import AUTO_FOLD_ROWS, AUTO_FOLDS, EXACT_TEST_ROWS, MAX_FOLDS, MAX_TEST_ROWS
-from trainflow.limits import AUTO_FLOOR_S, HANG_FACTOR, HANG_FIRST_S, HANG_MIN_S, MIN_RUN_S
+from trainflow.limits import (
+    AUTO_FLOOR_S,
+    HANG_FACTOR,
+    HANG_FIRST_S,
+    HANG_MIN_S,
+    MAX_AUTO_EPOCHS,
+    MAX_BATCH,
+    MIN_AUTO_EPOCHS,
+    MIN_BATCH,
+    MIN_PATIENCE,
+    MIN_RUN_S,
+    PATIENCE_SHARE,
+    ROWS_PER_STEP,
+    TARGET_STEPS,
+)
 from trainflow.redact import protect
 from trainflow.storage import is_uri
 
@@ -534,7 +548,8 @@ class EarlyStoppingSection(_Section):
 
     patience: int | Literal["auto", "off"] = key(
         "auto",
-        "epochs without an improvement of `checkpoint.metric` before stopping; `auto`: max(10, epochs / 10); "
+        "epochs without an improvement of `checkpoint.metric` before stopping; `auto`: "
+        f"max({MIN_PATIENCE}, epochs / {PATIENCE_SHARE}); "
         "`off`: never stop early",
     )
     min_delta: float = key(1e-4, "the smallest change that counts as an improvement", ge=0.0)
@@ -550,12 +565,13 @@ class EarlyStoppingSection(_Section):
 class TrainSection(_Section):
     epochs: int | Literal["auto"] = key(
         "auto",
-        "the networks' most epochs (early stopping may end sooner); `auto`: about 4,000 optimizer steps per "
-        "worker, 10-300 epochs, from the training rows and the workers",
+        f"the networks' most epochs (early stopping may end sooner); `auto`: about {TARGET_STEPS:,} optimizer "
+        f"steps per worker, {MIN_AUTO_EPOCHS}-{MAX_AUTO_EPOCHS} epochs, from the training rows and the workers",
     )
     batch_size: int | Literal["auto"] = key(
         "auto",
-        "the networks' rows per optimizer step per worker; `auto`: rows per worker / 32 as a power of two, 16-512",
+        "the networks' rows per optimizer step per worker; `auto`: rows per worker / "
+        f"{ROWS_PER_STEP} as a power of two, {MIN_BATCH}-{MAX_BATCH}",
     )
     learning_rate: float = key(1e-3, "the networks' AdamW peak learning rate", gt=0.0)
     weight_decay: float = key(0.01, "the networks' AdamW decoupled weight decay", ge=0.0)

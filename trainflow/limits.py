@@ -1,5 +1,12 @@
 """Numbers the config's descriptions state and the trainer applies, owned here (the ground floor both read): the
-time budget's shortest run and auto floor, the hang watchdog's auto rule."""
+networks' auto budget, the time budget's shortest run and auto floor, the hang watchdog's auto rule."""
+
+# train.epochs, train.batch_size, train.early_stopping.patience: auto (trainer/budget.py)
+TARGET_STEPS = 4000  # optimizer steps per worker an auto budget aims at
+MIN_BATCH, MAX_BATCH = 16, 512
+MIN_AUTO_EPOCHS, MAX_AUTO_EPOCHS = 10, 300
+ROWS_PER_STEP = 32  # auto batch: about this many steps per epoch before the batch-size cap
+MIN_PATIENCE, PATIENCE_SHARE = 10, 10  # auto patience: max(MIN_PATIENCE, epochs / PATIENCE_SHARE)
 
 # train.time_limit
 MIN_RUN_S = 15.0  # a family whose runs would get less than this each is left out (a Ray Train start alone takes ~11 s)
