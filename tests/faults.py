@@ -39,6 +39,15 @@ def wait_registered(
         time.sleep(0.1)
 
 
+def train_worker_pids(address: str) -> list[int]:
+    """PIDs of the live Ray Train worker processes of the Ray at address: this test's own, never those of another
+    Ray on the machine (the other pytest-xdist worker's fits; a scan of /proc for the actor's name killed them)."""
+    from ray.util.state import list_actors
+
+    found = list_actors(address=address, filters=[("state", "=", "ALIVE"), ("class_name", "=", "RayTrainWorker")])
+    return [a.pid for a in found if a.pid]
+
+
 def small_run(tmp_path, hang_timeout_s=600.0, resources_per_worker=None, max_failures=2):
     """A 2-worker regression run on 1200 rows: (config, preprocessor, train, val), datasets materialized."""
     table = make_regression_table(1200)

@@ -11,6 +11,7 @@ import threading
 import pytest
 
 from tests.conftest import churn_config
+from tests.faults import train_worker_pids
 from trainflow.flows.cli import main as cli_main
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_local")]
@@ -19,16 +20,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_l
 def _kill_train_workers_once(ready, stop: threading.Event, killed: list[int]) -> None:
     """SIGKILL every Ray Train worker process that appears once ready() is true, until stop is set."""
     import ray
-    from ray.util.state import list_actors
 
     address = ray.get_runtime_context().gcs_address  # this test's Ray, whatever else runs on the machine
     while not stop.is_set():
         if ready():
-            for actor in list_actors(
-                address=address, filters=[("state", "=", "ALIVE"), ("class_name", "=", "RayTrainWorker")]
-            ):
-                pid = actor.pid
-                if pid and pid not in killed:
+            for pid in train_worker_pids(address):
+                if pid not in killed:
                     try:
                         os.kill(pid, signal.SIGKILL)
                         killed.append(pid)

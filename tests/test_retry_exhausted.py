@@ -13,41 +13,32 @@ import pytest
 from mlflow import MlflowClient
 
 from tests.conftest import churn_config
-from tests.faults import checkpoint_registered
+from tests.faults import checkpoint_registered, train_worker_pids
 from trainflow.trainer.checkpoint import read_metrics
 from trainflow.flows.cli import main as cli_main
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_local")]
 
 
-def _train_workers() -> list[int]:
-    """PIDs of this machine's Ray Train worker processes (their process title names the actor)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if b"RayTrainWorker" in (proc / "cmdline").read_bytes():
-                pids.append(int(proc.name))
-        except OSError:
-            continue
-    return pids
-
-
 class WorkerKiller(threading.Thread):
     """SIGKILLs the Ray Train workers: once after the run's first checkpoint, or every time they start."""
 
     def __init__(self, run: Path, always: bool):
+        import ray
+
         super().__init__(daemon=True)
         self.run_path, self.always, self.kills = run, always, 0
         self.done = threading.Event()
+        self.address = ray.get_runtime_context().gcs_address  # this test's Ray only
+        self.killed: set[int] = set()
 
     def run(self) -> None:
         while not self.done.wait(0.3):
             if not self.always and not checkpoint_registered(self.run_path):
                 continue
-            pids = _train_workers()
+            pids = [p for p in train_worker_pids(self.address) if p not in self.killed]
             for pid in pids:
+                self.killed.add(pid)
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
