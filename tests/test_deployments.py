@@ -17,7 +17,7 @@ from mlflow import MlflowClient
 
 from tests.conftest import churn_config, free_port, new_prefect_home
 from tests.faults import wait_registered
-from tests.servers import prefect_env, start as _start, stop as _stop
+from tests.servers import mlflow_server, prefect_env, start as _start, stop as _stop
 from tests.servers import prefect_server as prefect_server_process
 from trainflow.trainer.recovery import read_events
 from trainflow.trainer.runner import checkpoints_on_disk
@@ -79,46 +79,57 @@ def test_deploy_worker_and_deployment_run(prefect_server, ray_local, tmp_path):
     _prefect(env, "work-pool", "create", POOL, "--type", "process")
     _prefect(env, "deploy", "--prefect-file", "deployments/prefect.yaml", "--all")
     _pause_schedules(env, "watch-data/watch")
-    cfg = churn_config(tmp_path, rows=2000)
-    # the worker runs somewhere else: the deployment's pull step must bring flows back to the checkout
-    worker = _start([str(BIN / "prefect"), "worker", "start", "--pool", POOL], env, tmp_path / "worker.log", tmp_path)
+    # MLflow as a team runs it: an `mlflow server` on loopback, which the UI check below opens too
+    tracking = f"http://127.0.0.1:{free_port()}"
+    mlflow_proc = mlflow_server(tmp_path / "mlflow-server", int(tracking.rsplit(":", 1)[1]))
     try:
-        _prefect(
-            env,
-            "deployment",
-            "run",
-            "retrain/manual",
-            "--param",
-            f"config_path={cfg}",
-            "--param",
-            'overrides={"train.epochs": 2}',
-            "--watch",
-            "--watch-timeout",
-            "420",
-            timeout=480,
+        cfg = churn_config(tmp_path, rows=2000, mlflow={"tracking_uri": tracking})
+        # the worker runs somewhere else: the deployment's pull step must bring flows back to the checkout
+        worker = _start(
+            [str(BIN / "prefect"), "worker", "start", "--pool", POOL], env, tmp_path / "worker.log", tmp_path
         )
-        scored = tmp_path / "by-champion"
-        _prefect(
-            env,
-            "deployment",
-            "run",
-            "batch-inference/champion",
-            "--param",
-            f"config_path={cfg}",
-            "--param",
-            json.dumps({"inference.output": str(scored)}).join(["overrides=", ""]),
-            "--watch",
-            "--watch-timeout",
-            "300",
-            timeout=360,
-        )
-        _a_changed_table_starts_one_retrain(env, cfg, tmp_path)
-    except AssertionError:
-        print((tmp_path / "worker.log").read_text()[-6000:])
-        raise
+        try:
+            _prefect(
+                env,
+                "deployment",
+                "run",
+                "retrain/manual",
+                "--param",
+                f"config_path={cfg}",
+                "--param",
+                'overrides={"train.epochs": 2}',
+                "--watch",
+                "--watch-timeout",
+                "420",
+                timeout=480,
+            )
+            scored = tmp_path / "by-champion"
+            _prefect(
+                env,
+                "deployment",
+                "run",
+                "batch-inference/champion",
+                "--param",
+                f"config_path={cfg}",
+                "--param",
+                json.dumps({"inference.output": str(scored)}).join(["overrides=", ""]),
+                "--watch",
+                "--watch-timeout",
+                "300",
+                timeout=360,
+            )
+            _a_changed_table_starts_one_retrain(env, cfg, tmp_path)
+        except AssertionError:
+            print((tmp_path / "worker.log").read_text()[-6000:])
+            raise
+        finally:
+            _stop(worker)
+        _the_runs_registered_served_and_showed(env, cfg, tmp_path, tracking, scored)
     finally:
-        _stop(worker)
+        _stop(mlflow_proc)
 
+
+def _the_runs_registered_served_and_showed(env, cfg: Path, tmp_path: Path, tracking: str, scored: Path) -> None:
     for name in ("retrain/manual", "batch-inference/champion"):
         runs = _flow_runs(env, _deployment(env, name)["id"])
         assert [r["state"]["type"] for r in runs] == ["COMPLETED"], name
@@ -127,7 +138,7 @@ def test_deploy_worker_and_deployment_run(prefect_server, ray_local, tmp_path):
     assert retrain_run["parameters"]["overrides"] == {"train.epochs": 2}
 
     # the outputs: a registered model version that is @champion, with lineage back to this flow run
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(tracking_uri=tracking, registry_uri=tracking)
     champion = client.get_model_version_by_alias("churn-test", "champion")
     assert str(champion.version) == "1"
     assert champion.tags["trainflow.prefect_flow_run_id"] == retrain_run["id"]
@@ -141,17 +152,18 @@ def test_deploy_worker_and_deployment_run(prefect_server, ray_local, tmp_path):
     assert first.num_rows == second.num_rows == 500
     assert first["customer_id"].to_pylist() == second["customer_id"].to_pylist()
     assert first["prediction"].to_pylist() == second["prediction"].to_pylist()
-    _a_person_sees_the_card_and_the_plots(env, retrain_run["id"], client, tmp_path)
+    _a_person_sees_the_card_and_the_plots(env, retrain_run["id"], client, tmp_path, tracking)
 
 
-def _a_person_sees_the_card_and_the_plots(env, flow_run_id: str, client: MlflowClient, tmp_path: Path) -> None:
+def _a_person_sees_the_card_and_the_plots(
+    env, flow_run_id: str, client: MlflowClient, tmp_path: Path, tracking: str
+) -> None:
     """In headless Chromium at a laptop's width: the retrain's model card in Prefect's UI (its flow run's artifact)
-    and, from an `mlflow server` on the run's store, the version's run page (the card as HTML, the training curves,
-    the test rows' curves) and the registered version's description: headings and tables rendered, every image
-    decoded and not blank, no raw Markdown or HTML escapes. Screenshots in build/ui-screenshots/; with
-    TRAINFLOW_DOCS_SCREENSHOT=1 (`make screenshots`) the card's top also refreshes docs/model_card.png."""
+    and, in the `mlflow server`'s UI, the version's run page (the card as HTML, the training curves, the test rows'
+    curves) and the registered version's description: headings and tables rendered, every image decoded and not
+    blank, no raw Markdown or HTML escapes. Screenshots in build/ui-screenshots/; with TRAINFLOW_DOCS_SCREENSHOT=1
+    (`make screenshots`) the card's top also refreshes docs/model_card.png."""
     from tests.browser import WIDTH, browser, check_page
-    from tests.servers import mlflow_server
 
     req = urllib.request.Request(
         f"{env['PREFECT_API_URL']}/artifacts/filter",
@@ -163,37 +175,32 @@ def _a_person_sees_the_card_and_the_plots(env, flow_run_id: str, client: MlflowC
     assert {"churn-test-model-card", "churn-test-loss-curve", "churn-test-test-rows"} <= set(artifacts), artifacts
     version = client.get_model_version_by_alias("churn-test", "champion")
     run = client.get_run(version.run_id)
-    port = free_port()
-    server = mlflow_server(tmp_path, port)  # the store the retrain wrote (its artifacts beside it, absolute paths)
-    mlflow_ui = f"http://127.0.0.1:{port}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}/artifacts"
-    try:
-        with browser() as b:
+    mlflow_ui = f"{tracking}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}/artifacts"
+    with browser() as b:
 
-            def opened(url: str):
-                page = b.new_page(viewport={"width": WIDTH, "height": 900})
-                page.goto(url)
-                return page
+        def opened(url: str):
+            page = b.new_page(viewport={"width": WIDTH, "height": 900})
+            page.goto(url)
+            return page
 
-            prefect_ui = env["PREFECT_API_URL"].removesuffix("/api")
-            page = opened(f"{prefect_ui}/artifacts/artifact/{artifacts['churn-test-model-card']['id']}")
-            embedded = 'img[src^="data:image/png"]'
-            text = check_page(page, "prefect-model-card", ["The model", "Data", "Lineage"], 1, 2, embedded)
-            assert "roc_auc" in text and "test (" in text
-            if os.environ.get("TRAINFLOW_DOCS_SCREENSHOT"):
-                page.set_viewport_size({"width": WIDTH, "height": 1500})
-                page.screenshot(
-                    path=str(REPO / "docs" / "model_card.png"), clip={"x": 250, "y": 0, "width": 880, "height": 1500}
-                )
-            card = opened(f"{mlflow_ui}/model_card.html")
-            check_page(card, "mlflow-model-card", ["The model", "Data"], 1, 2, frame=_blob_frame)
-            for name in ("loss_curve.png", "test_rows.png"):
-                check_page(opened(f"{mlflow_ui}/{name}"), f"mlflow-{name[:-4]}", [], 0, 1, 'img[src^="blob:"]')
-            described = opened(f"http://127.0.0.1:{port}/#/models/churn-test/versions/{version.version}")
-            described.get_by_text("Gate: promoted").first.wait_for(timeout=60_000)
-            text = check_page(described, "mlflow-version", [], 0, 0)
-            assert str(tmp_path / "data" / "train.parquet") in text  # a path's underscores stay underscores
-    finally:
-        _stop(server)
+        prefect_ui = env["PREFECT_API_URL"].removesuffix("/api")
+        page = opened(f"{prefect_ui}/artifacts/artifact/{artifacts['churn-test-model-card']['id']}")
+        embedded = 'img[src^="data:image/png"]'
+        text = check_page(page, "prefect-model-card", ["The model", "Data", "Lineage"], 1, 2, embedded)
+        assert "roc_auc" in text and "test (" in text
+        if os.environ.get("TRAINFLOW_DOCS_SCREENSHOT"):
+            page.set_viewport_size({"width": WIDTH, "height": 1500})
+            page.screenshot(
+                path=str(REPO / "docs" / "model_card.png"), clip={"x": 250, "y": 0, "width": 880, "height": 1500}
+            )
+        card = opened(f"{mlflow_ui}/model_card.html")
+        check_page(card, "mlflow-model-card", ["The model", "Data"], 1, 2, frame=_blob_frame)
+        for name in ("loss_curve.png", "test_rows.png"):
+            check_page(opened(f"{mlflow_ui}/{name}"), f"mlflow-{name[:-4]}", [], 0, 1, 'img[src^="blob:"]')
+        described = opened(f"{tracking}/#/models/churn-test/versions/{version.version}")
+        described.get_by_text("Gate: promoted").first.wait_for(timeout=60_000)
+        text = check_page(described, "mlflow-version", [], 0, 0)
+        assert str(tmp_path / "data" / "train.parquet") in text  # a path's underscores stay underscores
 
 
 def _blob_frame(page):
