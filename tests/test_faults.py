@@ -29,11 +29,23 @@ def test_successive_worker_faults_each_resume_where_they_stopped(tmp_path):
     losses = [h["val_loss"] for h in history]
     assert stopper["best"] == pytest.approx(min(losses)) and stopper["best_epoch"] == losses.index(min(losses))
     events = read_events(run_dir(cfg, "faults"))
-    assert [e["epoch"] for e in events if e["event"] == "resume"] == [1, 2]
+    assert [e["epoch"] for e in events if e["event"] == "resume"] == [1, 2], events
     raised, hung = recoveries(events)
     assert (raised["resumed_from_epoch"], hung["resumed_from_epoch"]) == (1, 2)
     assert "injected failure in epoch 1" in raised["error"]
     assert "no progress for" in hung["error"] and "hang_timeout_s=10" in hung["error"]
+
+
+def test_a_fixed_hang_timeout_applies_from_the_first_progress_mark_and_start_up_gets_the_allowance():
+    # a worker group's set-up on a loaded machine outlasted 10 s: killed there, the attempt restarted from nothing
+    from trainflow.limits import HANG_FIRST_S
+    from trainflow.trainer.watchdog import Watchdog
+
+    fixed, auto = Watchdog(10.0, None, 0), Watchdog("auto", None, 0)
+    assert fixed.timeout_s == auto.timeout_s == HANG_FIRST_S
+    fixed.beat("the start of epoch 0")
+    assert fixed.timeout_s == 10.0
+    assert Watchdog(600.0, None, 0).timeout_s == 600.0  # a longer value than the allowance is kept
 
 
 @pytest.mark.usefixtures("prefect_harness")

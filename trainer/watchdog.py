@@ -26,13 +26,19 @@ def heartbeat(where: str | None = None) -> None:
         _current.beat(where)
 
 
+def timeout_label(seconds: float | None) -> str:
+    return "auto" if seconds is None else f"{seconds:g}"
+
+
 class Watchdog:
     """timeout_s: seconds, or "auto" (measured: HANG_FACTOR x the longest gap between progress marks so far,
-    at least HANG_MIN_S; HANG_FIRST_S until the first mark)."""
+    at least HANG_MIN_S). Start-up, until the first mark, gets at least HANG_FIRST_S either way: a process group's
+    set-up on a loaded machine is not a stalled step, and killing it would restart the attempt from nothing."""
 
     def __init__(self, timeout_s: float | str, run_dir: str | None, rank: int):
         self.auto = timeout_s == "auto"
-        self.timeout_s = HANG_FIRST_S if self.auto else float(timeout_s)
+        self.steady_s = None if self.auto else float(timeout_s)
+        self.timeout_s = HANG_FIRST_S if self.auto else max(HANG_FIRST_S, float(timeout_s))
         self.run_dir, self.rank = run_dir, rank
         self.last, self.where = time.monotonic(), "start"
         self.longest_gap: float | None = None
@@ -46,6 +52,8 @@ class Watchdog:
             gap = now - self.last
             self.longest_gap = gap if self.longest_gap is None else max(self.longest_gap, gap)
             self.timeout_s = max(HANG_MIN_S, HANG_FACTOR * self.longest_gap)
+        elif self.steady_s is not None:
+            self.timeout_s = self.steady_s
         self.started = True
         self.last = now
         if where is not None:
@@ -56,20 +64,22 @@ class Watchdog:
             idle = time.monotonic() - self.last
             if idle > self.timeout_s:
                 if self.run_dir:
-                    measured = (
-                        (
+                    label = f"{self.timeout_s:g}" if self.started else timeout_label(self.steady_s)
+                    if not self.started:
+                        measured = f"; start-up, before the first progress mark, is allowed at least {HANG_FIRST_S:g} s"
+                    elif self.auto:
+                        measured = (
                             f"; auto: {HANG_FACTOR:g} x the longest gap so far, "
                             f"{self.longest_gap or 0:.1f} s, at least {HANG_MIN_S:g} s"
                         )
-                        if self.auto
-                        else ""
-                    )
+                    else:
+                        measured = ""
                     append_event(
                         self.run_dir,
                         {
                             "event": "hang",
                             "rank": self.rank,
-                            "error": f"worker {self.rank}: no progress for {idle:.0f} s (hang_timeout_s={self.timeout_s:g}"
+                            "error": f"worker {self.rank}: no progress for {idle:.0f} s (hang_timeout_s={label}"
                             f"{measured}) after {self.where}; killed so that Ray Train restarts the worker group",
                         },
                     )

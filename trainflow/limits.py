@@ -13,6 +13,6 @@ MIN_RUN_S = 15.0  # a family whose runs would get less than this each is left ou
 AUTO_FLOOR_S = 300.0  # auto: training takes at most max(twice the first family's time, this)
 
 # failure.hang_timeout_s
-HANG_FIRST_S = 120.0  # auto: before the first progress mark (start-up, the first block of a large table)
+HANG_FIRST_S = 120.0  # before the first progress mark (start-up, the first block of a large table): at least this
 HANG_MIN_S = 60.0  # auto: never shorter than this
 HANG_FACTOR = 20.0  # auto: this many times the longest gap between progress marks seen so far
