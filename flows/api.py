@@ -21,15 +21,8 @@ from typing import Any
 import pandas as pd
 import pyarrow.fs as pafs
 
-from trainflow.config import (
-    Config,
-    apply_overrides,
-    config_from_dict,
-    forget,
-    hand_over,
-    load_config,
-    storage_path_of,
-)
+from trainflow.config import Config, apply_overrides, config_from_dict, load_config, storage_path_of
+from trainflow.flows.handover import forget, hand_over
 
 ConfigLike = str | os.PathLike | dict | Config
 

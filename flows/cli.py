@@ -583,7 +583,7 @@ def _init(args: argparse.Namespace) -> None:
 
 def _config_command(args: argparse.Namespace) -> None:
     if args.config_command == "schema":
-        from trainflow.config_schema import config_schema
+        from trainflow.config.schema import config_schema
 
         print(json.dumps(config_schema(), indent=2))
         return

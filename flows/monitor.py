@@ -7,8 +7,8 @@ from typing import Any
 
 from prefect import flow
 
+from trainflow.flows.handover import flow_config
 from trainflow.tasks.monitor import measure_live
-from trainflow.config import load_config
 from trainflow.redact import redact_value
 from trainflow.runtime import plain_progress, watch_for_sigterm
 
@@ -19,5 +19,5 @@ def monitor(config_path: str, labels: str | None = None, overrides: dict[str, An
     estimate a classifier's performance from its probabilities (CBPE). Reads with pyarrow: no Ray."""
     watch_for_sigterm()
     plain_progress()  # MLflow's transfer bars in a terminal only
-    config = load_config(config_path, overrides)
+    config = flow_config(config_path, overrides)
     return redact_value({"monitor": measure_live(config, labels)})

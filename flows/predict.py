@@ -6,10 +6,11 @@ from typing import Any
 
 from prefect import flow
 
+from trainflow.flows.handover import flow_config
 from trainflow.tasks.infer import infer, resolve_checkpoint_task
 from trainflow.tasks.common import step
 from trainflow.tasks.summary import skipped_summary
-from trainflow.config import Config, load_config
+from trainflow.config import Config
 from trainflow.redact import redact_value
 from trainflow.runtime import plain_progress, watch_for_sigterm
 
@@ -21,7 +22,7 @@ def batch_inference(
     """Predict inference.input into inference.output with model (default: models:/<registered_model>@champion)."""
     watch_for_sigterm()  # a cancel (SIGTERM) stops Ray at once and retries nothing, in every process that runs a flow
     plain_progress()  # MLflow's transfer bars in a terminal only
-    return score(load_config(config_path, overrides), model)
+    return score(flow_config(config_path, overrides), model)
 
 
 def score(config: Config, model: str | None, in_flow: bool = True) -> dict[str, Any]:

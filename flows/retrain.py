@@ -10,6 +10,7 @@ from typing import Any
 from prefect import flow
 from prefect.futures import wait
 
+from trainflow.flows.handover import flow_config
 from trainflow.flows.predict import skipped_run
 from trainflow.flows.publish import publish
 from trainflow.tasks.candidates import compare, run_names
@@ -28,7 +29,7 @@ from trainflow.tasks.validate import validate_data
 from trainflow.trainer.deadline import MIN_RUN_S, TimeShare, write_deadline
 from trainflow.trainer.resources import concurrent_runs
 from trainflow.trainer.runner import run_dir
-from trainflow.config import ENSEMBLE, Config, load_config
+from trainflow.config import ENSEMBLE, Config
 from trainflow.errors import ConfigError, DataError, disk_full
 from trainflow.locks import run_lock
 from trainflow.redact import redact_text
@@ -50,7 +51,7 @@ def retrain(
     then finds it finished and does nothing."""
     watch_for_sigterm()  # a cancel (SIGTERM) stops Ray at once and retries nothing, in every process that runs a flow
     plain_progress()  # MLflow's transfer bars in a terminal only
-    config = load_config(config_path, overrides)
+    config = flow_config(config_path, overrides)
     if config.task_inferred:
         print(config.task_inferred)
     name = resolve_run_name(run_name)

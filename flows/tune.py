@@ -6,6 +6,7 @@ from typing import Any
 
 from prefect import flow
 
+from trainflow.flows.handover import flow_config
 from trainflow.flows.publish import publish
 from trainflow.tasks.ingest import ingest
 from trainflow.tasks.preprocess import preprocess
@@ -14,7 +15,6 @@ from trainflow.tasks.select import select
 from trainflow.tasks.split import record_split, split
 from trainflow.tasks.tune import check_sweep, tune_sweep
 from trainflow.tasks.validate import validate_data
-from trainflow.config import load_config
 from trainflow.trainer.tune import sweep_space
 from trainflow.locks import run_lock
 from trainflow.runtime import plain_progress, watch_for_sigterm
@@ -33,7 +33,7 @@ def tune(
     One start per sweep name at a time (wait=False: fail at once naming the holder)."""
     watch_for_sigterm()  # a cancel (SIGTERM) stops Ray at once and retries nothing, in every process that runs a flow
     plain_progress()  # MLflow's transfer bars in a terminal only
-    config = load_config(config_path, overrides)
+    config = flow_config(config_path, overrides)
     sweep_space(config)  # before any work: a family with no default space and no tune.search_space fails here
     sweep = resolve_run_name(run_name, prefix="tune")
     with run_lock(config.storage_path, sweep, wait):

@@ -7,7 +7,8 @@ from typing import Any
 
 from prefect import flow
 
-from trainflow.config import Config, load_config
+from trainflow.flows.handover import flow_config
+from trainflow.config import Config
 from trainflow.redact import redact_value
 from trainflow.runtime import plain_progress, watch_for_sigterm
 from trainflow.tasks.common import step
@@ -24,7 +25,7 @@ def validate(config_path: str, overrides: dict[str, Any] | None = None) -> dict[
     the champion's baseline; a failed check raises with the file, column or key to fix. Trains nothing."""
     watch_for_sigterm()
     plain_progress()  # MLflow's transfer bars in a terminal only
-    config = load_config(config_path, overrides)
+    config = flow_config(config_path, overrides)
     if config.task_inferred:
         print(config.task_inferred)
     return checks(config)

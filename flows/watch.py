@@ -10,7 +10,7 @@ from prefect import flow, get_run_logger
 from prefect.events import emit_event
 from prefect.variables import Variable
 
-from trainflow.config import load_config
+from trainflow.flows.handover import flow_config
 from trainflow.tables import list_files
 from trainflow.redact import redact_text
 
@@ -30,7 +30,7 @@ def files_fingerprint(path: str, fmt: str) -> str:
 def watch_data(config_path: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """Compare data.path's files with the last look (a Prefect variable) and emit trainflow.data.changed when they
     differ; the first look only records them."""
-    config = load_config(config_path, overrides)
+    config = flow_config(config_path, overrides)
     key = hashlib.blake2b(config.data.path.encode(), digest_size=8).hexdigest()
     name = f"trainflow-watch-{key}"
     now = files_fingerprint(config.data.path, config.data.format)

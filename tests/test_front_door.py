@@ -82,10 +82,10 @@ def test_config_schema_describes_every_key_and_show_resolves_without_secrets(tmp
 
 
 def test_each_key_is_described_once_and_the_docs_table_and_init_comments_are_made_from_it(tmp_path):
-    from trainflow import config_schema
+    from trainflow.config import schema as config_schema
 
     # the docs' key table is what the config's descriptions make: a key added or re-described without
-    # `python -m trainflow.config_schema --write` fails here
+    # `python -m trainflow.config.schema --write` fails here
     docs = config_schema.DOCS.read_text()
     assert config_schema.docs_with_table(docs) == docs
     table = config_schema.key_table()

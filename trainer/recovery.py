@@ -80,7 +80,9 @@ class RecoveryLog(UserCallback):
 
     def after_exception(self, run_context, worker_exceptions: dict[int, Exception]) -> None:
         if self.config is not None:
-            self.config.apply_to_process()
+            from trainflow.config import apply_to_process
+
+            apply_to_process(self.config)
         rank, exc = sorted(worker_exceptions.items())[0]
         msg = str(exc).strip().splitlines()
         detail = next((ln for ln in reversed(msg) if ln.strip()), type(exc).__name__)

@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from trainflow.config import apply_to_process
 from trainflow.limits import HANG_FACTOR, HANG_FIRST_S, HANG_MIN_S
 from trainflow.trainer.recovery import append_event
 
@@ -107,7 +108,7 @@ class Watched:
 
     def __call__(self, loop_config: dict[str, Any]) -> Any:
         if loop_config.get("config") is not None:
-            loop_config["config"].apply_to_process()
+            apply_to_process(loop_config["config"])
         if not self.timeout_s:
             return self.train_fn(loop_config)
         import ray.train

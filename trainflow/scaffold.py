@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import yaml
 
 from trainflow.config import config_from_dict, infer_format, load_yaml
-from trainflow.config_schema import brief, default_of
+from trainflow.config.schema import brief, default_of
 from trainflow.errors import ConfigError
 from trainflow.storage import is_uri
 from trainflow.tables import infer_task, open_dataset

@@ -49,7 +49,7 @@ def no_check(prep: TabularPreprocessor, model_cfg: dict[str, Any]) -> None:
 Predictor = Callable[..., Callable[[np.ndarray], np.ndarray]]
 
 
-# the boosters' default sweep (model.params keys every booster maps to its library's own: trainflow/config.py)
+# the boosters' default sweep (model.params keys every booster maps to its library's own: trainflow/config/model.py)
 BOOSTER_SPACE = {
     "model.params.learning_rate": {"loguniform": [0.01, 0.3]},
     "model.params.max_depth": {"randint": [3, 11]},

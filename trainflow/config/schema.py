@@ -1,5 +1,5 @@
-"""What the config's keys mean, made from their one description (`trainflow.config.key`): the JSON schema
-(`trainflow config schema`), docs/configuration.md's key table (`python -m trainflow.config_schema --write`) and
+"""What the config's keys mean, made from their one description (`trainflow.config.base.key`): the JSON schema
+(`trainflow config schema`), docs/configuration.md's key table (`python -m trainflow.config.schema --write`) and
 `trainflow init`'s comments."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Any, Iterator
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from trainflow.config import Config
+from trainflow.config.root import Config
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
-BEGIN = "<!-- the key table: made by `python -m trainflow.config_schema --write` from trainflow/config.py -->"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+BEGIN = "<!-- the key table: made by `python -m trainflow.config.schema --write` from trainflow/config/ -->"
 END = "<!-- end of the key table -->"
 
 
@@ -107,7 +107,7 @@ def config_schema() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainflow.config_schema", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m trainflow.config.schema", description=__doc__)
     parser.add_argument("--write", action="store_true", help=f"rewrite the key table in {DOCS} (else print it)")
     args = parser.parse_args(argv)
     if not args.write:

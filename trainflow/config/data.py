@@ -1,0 +1,149 @@
+"""The data sections: the table (data, data.csv), its preprocessing and the split of its rows into roles."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import (
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
+
+from trainflow.config.base import _Section, key
+from trainflow.folds import EXACT_TEST_ROWS, MAX_TEST_ROWS
+
+
+def infer_format(path: str) -> Literal["parquet", "csv"]:
+    """Guess the table format from a path's extension; folders and globs default to parquet."""
+    lower = path.lower().rstrip("/")
+    for suffix in (".gz", ".bz2", ".zst"):
+        lower = lower.removesuffix(suffix)
+    return "csv" if lower.endswith(".csv") else "parquet"
+
+
+class CsvSection(_Section):
+    """How CSV files are parsed (pyarrow.csv): a delimiter, a quote character and the text encoding."""
+
+    delimiter: str = key(",", 'the character between a CSV file\'s values (a tab: `"\\t"`)', min_length=1, max_length=1)
+    quote_char: str = key(
+        '"', "the character that quotes a CSV value holding the delimiter", min_length=1, max_length=1
+    )
+    encoding: str = key("utf8", "the CSV files' text encoding, e.g. `latin-1`, `cp1252`")
+
+    @field_validator("encoding")
+    @classmethod
+    def _known_encoding(cls, v: str) -> str:
+        import codecs
+
+        try:
+            codecs.lookup(v)
+        except LookupError:
+            raise ValueError(f"unknown text encoding {v!r} (e.g. utf8, latin-1, cp1252)") from None
+        return v
+
+
+class DataSection(_Section):
+    path: str = key(
+        doc="file, folder, glob or URI (`s3://...`) of the training table; files are picked by their "
+        "extension (`.csv`, `.tsv`, `.parquet`, `.parq`, `.pq`, optionally compressed)"
+    )
+    format: Literal["parquet", "csv"] | None = key(
+        None, "`parquet` or `csv`", shown="from the extension (`.csv` → csv, else parquet)"
+    )
+    csv: CsvSection = key(doc="how CSV files are parsed (pyarrow.csv)", default_factory=CsvSection)
+    label: str = key(doc="label column (any name, spaces and punctuation allowed)")
+    features: list[str] | None = key(
+        None, "feature columns: numbers, text, dates/timestamps", shown="every column but label and id"
+    )
+    id_column: str | None = key(
+        None, "carried into the predictions; also the split's key when given (not `prediction` or `proba_*`)"
+    )
+    materialize: Literal["auto", "always", "never"] = key(
+        "auto",
+        "keep the table in Ray's object store (`always`) or stream it from its files every epoch (`never`); "
+        "`auto`: materialize when its in-memory size (from the files' metadata) is under a quarter of the store "
+        "([pipeline.md](pipeline.md))",
+    )
+
+    _not_features: set[str] = PrivateAttr(default_factory=set)  # split.group_column (Config sets it)
+
+    def default_features(self, names: list[str]) -> list[str]:
+        """The feature columns: data.features, else every column of names but the label, the id and the split's group."""
+        skip = {self.label, self.id_column, *self._not_features}
+        return list(self.features) if self.features else [c for c in names if c not in skip]
+
+    @model_validator(mode="after")
+    def _infer_format(self) -> DataSection:
+        if self.format is None:
+            self.format = infer_format(self.path)
+        if self.features is not None:
+            if not self.features:
+                raise ValueError("features: give at least one column, or leave it out to use every column")
+            for bad in (self.label, self.id_column):
+                if bad is not None and bad in self.features:
+                    raise ValueError(f"features: {bad!r} is the label or id column and cannot be a feature")
+            if len(set(self.features)) != len(self.features):
+                raise ValueError("features: a column is listed twice")
+        if self.id_column is not None and self.id_column == self.label:
+            raise ValueError(f"id_column: {self.id_column!r} is also the label")
+        if self.id_column is not None and (self.id_column == "prediction" or self.id_column.startswith("proba_")):
+            raise ValueError(
+                f"id_column: {self.id_column!r} is a name the predictions use for their own columns "
+                "(prediction, proba_<class>); rename the column"
+            )
+        return self
+
+
+class PreprocessSection(_Section):
+    """How text and date columns become features."""
+
+    max_onehot: int = key(
+        16, "text columns with at most this many distinct values are one-hot; wider ones get a learned embedding", ge=1
+    )
+    min_frequency: int = key(
+        5, "embedded columns: values seen fewer times share the unknown code with unseen ones", ge=1
+    )
+    max_categories: int = key(100_000, "embedded columns keep at most this many (most frequent) values", ge=1)
+    parse_dates: bool = key(True, "text columns whose values parse as ISO-8601 dates or timestamps become date parts")
+
+
+class SplitSection(_Section):
+    test_fraction: float = key(
+        0.2,
+        "fraction of rows in the test role, read once by the final scoring and the gate, 0 <= f < 1, at most "
+        f"{MAX_TEST_ROWS:,} rows; a seeded hash of each row's id (or of its values) decides, so a table of over "
+        f"{EXACT_TEST_ROWS:,} rows that grows keeps its test rows; 0: no test role",
+        ge=0.0,
+        lt=1.0,
+    )
+    validation_fraction: float = key(
+        0.2,
+        "fraction of the non-test rows held out for early stopping, the family choice, the ensemble's weights and "
+        "calibration when `train.folds` is 1, 0 < f < 1; a class with too few rows for a role keeps them in "
+        "training",
+        gt=0.0,
+        lt=1.0,
+    )
+    seed: int = key(42, "seeds the split and training")
+    time_column: str | None = key(
+        None,
+        "a date, datetime or numeric column: the test role is then the newest rows (the last `test_fraction` of "
+        "them in time), validation the newest before them, training the rest (cross-fitting: blocks of time); "
+        "rows of one time are never split between roles; a missing time is refused "
+        "([pipeline.md](pipeline.md#roles-by-time-and-by-group))",
+        shown="none: roles by a seeded hash of each row's id or values",
+    )
+    group_column: str | None = key(
+        None,
+        "rows of one group (customer, patient, store) stay in one role and fold: a model is judged on groups it "
+        "never saw; not a feature unless `data.features` names it. With `time_column` the time cut decides, and "
+        "the groups it splits are counted",
+    )
+    backtest_fit: bool = key(
+        True,
+        "with `time_column`: the backtest trains the chosen family once more, cut off one validation block "
+        "earlier, and scores both on the test rows (how much quality a model's age costs; one extra fit within "
+        "the time budget); false: the backtest by test-row age only "
+        "([pipeline.md](pipeline.md#the-backtest))",
+    )

@@ -1,0 +1,219 @@
+"""The root config: every section, the checks across sections, and what a family's run reads of it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import (
+    PrivateAttr,
+    model_validator,
+)
+
+from trainflow.config.base import CLASSIFICATION_METRICS, REGRESSION_METRICS, _Section, key
+from trainflow.config.data import DataSection, PreprocessSection, SplitSection
+from trainflow.config.model import BOOSTERS, ENSEMBLE, ModelSection
+from trainflow.config.operations import (
+    CalibrationSection,
+    InferenceSection,
+    MlflowSection,
+    MonitorSection,
+    PromotionSection,
+    ServicesSection,
+    ValidationSection,
+)
+from trainflow.config.training import (
+    CheckpointSection,
+    FailureSection,
+    RaySection,
+    ScalingSection,
+    TrainSection,
+    TuneSection,
+)
+from trainflow.errors import ConfigError
+
+
+class Config(_Section):
+    data: DataSection = key(doc="the training table: where it is, its label, features and id column")
+    task: Literal["classification", "regression"] = key(
+        doc="`classification` or `regression`; may be left out when the label decides it: text or true/false values "
+        "are classes, fractional numbers a quantity, two distinct whole numbers a binary class (more whole "
+        "numbers: set it)",
+        shown="from the label",
+    )
+    split: SplitSection = key(doc="the seeded test/validation/train split of the rows", default_factory=SplitSection)
+    preprocess: PreprocessSection = key(
+        doc="how text and date columns become features", default_factory=PreprocessSection
+    )
+    model: ModelSection = key(doc="the model families and their settings", default_factory=ModelSection)
+    train: TrainSection = key(
+        doc="the training: folds, the time limit, and the networks' epochs, batch size, optimizer "
+        "and schedule (sized to the table by default)",
+        default_factory=TrainSection,
+    )
+    scaling: ScalingSection = key(
+        doc="Ray Train's workers: how many, CPU or GPU, resources per worker", default_factory=ScalingSection
+    )
+    checkpoint: CheckpointSection = key(
+        doc="which checkpoints are kept and which one is best", default_factory=CheckpointSection
+    )
+    failure: FailureSection = key(
+        doc="retries of failed workers and tasks, and the hang watchdog", default_factory=FailureSection
+    )
+    promotion: PromotionSection = key(
+        doc="the champion gate: when a new version becomes `@champion`", default_factory=PromotionSection
+    )
+    calibration: CalibrationSection = key(
+        doc="classification: probabilities recalibrated where training distorted them, and the decision threshold",
+        default_factory=CalibrationSection,
+    )
+    validation: ValidationSection = key(
+        doc="checks of the training data against the champion's training baseline, before any training",
+        default_factory=ValidationSection,
+    )
+    monitor: MonitorSection = key(
+        doc="the served model's performance, measured once labels arrive and estimated before (`trainflow monitor`)",
+        default_factory=MonitorSection,
+    )
+    storage_path: str = key(
+        "runs",
+        "where Ray Train writes runs and checkpoints (local or URI); the root folder and the home folder are refused",
+    )
+    mlflow: MlflowSection = key(doc="MLflow tracking and the model registry", default_factory=MlflowSection)
+    ray: RaySection = key(doc="the Ray cluster to use", default_factory=RaySection)
+    tune: TuneSection | None = key(None, "a Ray Tune sweep (`trainflow tune`)", shown="the sweep's defaults")
+    inference: InferenceSection = key(
+        doc="batch inference after a retrain (and `trainflow predict`)", default_factory=InferenceSection
+    )
+    services: ServicesSection = key(
+        doc="how long a run waits out the MLflow server, the Prefect API and the object "
+        "store when they do not answer ([operations.md](operations.md))",
+        default_factory=ServicesSection,
+    )
+    # the config file's folder (load_config), which an output must not replace; not part of the config's data
+    _source_dir: str | None = PrivateAttr(default=None)
+    # why `task` is what it is, when the config left it out and the label decided it
+    _task_inferred: str | None = PrivateAttr(default=None)
+
+    @property
+    def task_inferred(self) -> str | None:
+        return self._task_inferred
+
+    @property
+    def source_dir(self) -> str | None:
+        return self._source_dir
+
+    @model_validator(mode="after")
+    def _metric_fits_task(self) -> Config:
+        known = CLASSIFICATION_METRICS if self.task == "classification" else REGRESSION_METRICS
+        if self.task == "regression" and self.train.class_weight is not None:
+            raise ValueError("train.class_weight: class weights apply to classification only")
+        if self.checkpoint.metric not in known:
+            raise ValueError(
+                f"checkpoint.metric: {self.checkpoint.metric!r} is not reported for {self.task}; "
+                f"choose one of {sorted(known)}"
+            )
+        if self.checkpoint.mode is None:
+            self.checkpoint.mode = known[self.checkpoint.metric]
+        if self.promotion.metric is None:
+            # the gate scores both models on held-out rows, so a training-loss checkpoint metric maps to val_loss
+            self.promotion.metric = "val_loss" if self.checkpoint.metric == "train_loss" else self.checkpoint.metric
+        if self.promotion.metric not in known or self.promotion.metric == "train_loss":
+            raise ValueError(
+                f"promotion.metric: {self.promotion.metric!r} is not a validation metric for {self.task}; "
+                f"choose one of {sorted(k for k in known if k.startswith('val_'))}"
+            )
+        if self.promotion.mode is None:
+            self.promotion.mode = known[self.promotion.metric]
+        for name in ("time_column", "group_column"):
+            column = getattr(self.split, name)
+            if column is not None and column in (self.data.label, self.data.id_column):
+                raise ValueError(f"split.{name}: {column!r} is the label or id column")
+        if self.split.group_column is not None and self.split.group_column == self.split.time_column:
+            raise ValueError(f"split.group_column: {self.split.group_column!r} is also split.time_column")
+        if (
+            self.split.group_column is not None
+        ):  # a group's id is no feature unless named: it cannot carry to new groups
+            self.data._not_features = {self.split.group_column}
+        if isinstance(self.train.folds, int) and self.train.folds > 1 and self.split.test_fraction == 0:
+            raise ValueError(
+                f"train.folds: {self.train.folds} folds with split.test_fraction 0 leave no row that the "
+                "served model (every fold model averaged) did not train on, so nothing could judge it: "
+                "set split.test_fraction above 0, or train.folds: 1"
+            )
+        if self.tune is not None:
+            if self.tune.metric is None:
+                self.tune.metric = self.checkpoint.metric
+            if self.tune.metric not in known:
+                raise ValueError(
+                    f"tune.metric: {self.tune.metric!r} is not reported for {self.task}; choose one of {sorted(known)}"
+                )
+            if self.tune.mode is None:
+                self.tune.mode = known[self.tune.metric]
+        return self
+
+    def require_tune(self) -> TuneSection:
+        """The sweep's settings: the tune section, or its defaults. Without tune.search_space each family searches
+        its own default space, and with several families (auto, a list) the family is a search dimension too
+        (trainer/tune.py sweep_space)."""
+        return self.tune or TuneSection()
+
+    @property
+    def ray_start(self) -> dict[str, Any]:
+        """ensure_ray's arguments for this config: the cluster to join, or how to start a local Ray."""
+        return {
+            "address": self.ray.address,
+            "runtime_env": self.ray.runtime_env,
+            "worker_env": dict(self.scaling.env_vars),
+            "temp_dir": self.ray.temp_dir,
+        }
+
+    def require_workers(self) -> None:
+        """The retrain pipeline keeps checkpoints, which Ray Train's local mode (num_workers=0) does not."""
+        if self.scaling.num_workers < 1:
+            raise ConfigError(
+                "scaling.num_workers: the retrain pipeline needs at least 1 Ray Train worker "
+                "(0 is Ray Train's local mode, which keeps no checkpoints to select, resume or register)"
+            )
+
+    def require_inference(self) -> None:
+        if not self.inference.input:
+            raise ConfigError("inference.input and inference.output must be set to run batch inference")
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def for_family(self, family: str) -> Config:
+        """The config as one family's training run sees it (model.type that family): what its workers get. The
+        ensemble's is the whole config (it weights every family's best checkpoint)."""
+        if family == ENSEMBLE:
+            return self
+        return self.model_copy(update={"model": self.model.family_section(family)})
+
+    def training_hash(self, family: str) -> str:
+        """A hash of what decides a model's weights, so a resume onto other settings is caught: the task, label,
+        features, split, preprocessing, the keys of the model section this family reads and (networks) the optimiser;
+        another family's keys never change it. Left out: what only extends
+        or stops a run (epochs, early stopping, rounds, the time limit), scaling, storage, gate and inference settings. The ensemble's:
+        every member family's."""
+        if family == ENSEMBLE:
+            members = [self.training_hash(f) for f in self.model.families]
+            return "config:" + hashlib.blake2b(json.dumps(members).encode(), digest_size=12).hexdigest()
+        model = self.model.hashed(family)
+        if family in BOOSTERS:  # the networks' optimiser never reaches a booster
+            train: dict[str, Any] = {"folds": self.train.folds}
+        else:
+            train = self.train.model_dump(mode="json", exclude={"epochs", "early_stopping", "time_limit"})
+        relevant = {
+            "task": self.task,
+            "label": self.data.label,
+            "features": self.data.features,
+            # an unset key leaves the hash alone (runs trained before the key existed resume); the backtest's extra fit
+            # changes no model
+            "split": self.split.model_dump(mode="json", exclude_none=True, exclude={"backtest_fit"}),
+            "preprocess": self.preprocess.model_dump(mode="json"),
+            "model": model,
+            "train": train,
+        }
+        return "config:" + hashlib.blake2b(json.dumps(relevant, sort_keys=True).encode(), digest_size=12).hexdigest()

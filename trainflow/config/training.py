@@ -1,0 +1,317 @@
+"""How a model trains: train (folds, time limit, the networks' schedule), scaling, tune, ray, checkpoint, failure."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import (
+    field_validator,
+    model_validator,
+)
+
+from trainflow.config.base import _Section, key
+from trainflow.folds import AUTO_FOLD_ROWS, AUTO_FOLDS, MAX_FOLDS
+from trainflow.limits import (
+    AUTO_FLOOR_S,
+    HANG_FACTOR,
+    HANG_FIRST_S,
+    HANG_MIN_S,
+    MAX_AUTO_EPOCHS,
+    MAX_BATCH,
+    MIN_AUTO_EPOCHS,
+    MIN_BATCH,
+    MIN_PATIENCE,
+    MIN_RUN_S,
+    PATIENCE_SHARE,
+    ROWS_PER_STEP,
+    TARGET_STEPS,
+)
+
+
+class EarlyStoppingSection(_Section):
+    """Stop when checkpoint.metric has not improved by min_delta for patience epochs."""
+
+    patience: int | Literal["auto", "off"] = key(
+        "auto",
+        "epochs without an improvement of `checkpoint.metric` before stopping; `auto`: "
+        f"max({MIN_PATIENCE}, epochs / {PATIENCE_SHARE}); "
+        "`off`: never stop early",
+    )
+    min_delta: float = key(1e-4, "the smallest change that counts as an improvement", ge=0.0)
+
+    @field_validator("patience")
+    @classmethod
+    def _positive(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("must be >= 1, 'auto' or 'off'")
+        return v
+
+
+class TrainSection(_Section):
+    epochs: int | Literal["auto"] = key(
+        "auto",
+        f"the networks' most epochs (early stopping may end sooner); `auto`: about {TARGET_STEPS:,} optimizer "
+        f"steps per worker, {MIN_AUTO_EPOCHS}-{MAX_AUTO_EPOCHS} epochs, from the training rows and the workers",
+    )
+    batch_size: int | Literal["auto"] = key(
+        "auto",
+        "the networks' rows per optimizer step per worker; `auto`: rows per worker / "
+        f"{ROWS_PER_STEP} as a power of two, {MIN_BATCH}-{MAX_BATCH}",
+    )
+    learning_rate: float = key(1e-3, "the networks' AdamW peak learning rate", gt=0.0)
+    weight_decay: float = key(0.01, "the networks' AdamW decoupled weight decay", ge=0.0)
+    schedule: Literal["cosine", "constant"] = key(
+        "cosine",
+        "the networks' per-step learning rate after the warm-up: `cosine` (to 0 at the last epoch) or `constant`",
+    )
+    warmup_fraction: float = key(0.05, "the networks' linear warm-up, as a fraction of all steps", ge=0.0, lt=1.0)
+    early_stopping: EarlyStoppingSection = key(
+        doc="the networks stop when `checkpoint.metric` stops improving", default_factory=EarlyStoppingSection
+    )
+    class_weight: Literal["balanced"] | dict[str, float] | None = key(
+        None,
+        "classification: `balanced` (n / (classes x count), as scikit-learn) or `{class: weight}`; the loss of "
+        "`mlp` and `torch` takes it (the boosters do not, and say so in the log); their probabilities are "
+        "recalibrated (`calibration.method: auto`)",
+    )
+    label_smoothing: float = key(
+        0.0,
+        "classification, the networks: train on cross-entropy against labels smoothed by this much; validation "
+        "metrics, early stopping and every choice read the plain loss",
+        ge=0.0,
+        lt=1.0,
+    )
+    folds: int | Literal["auto"] = key(
+        "auto",
+        f"cross-fitting: K (2-{MAX_FOLDS}) fold models per family on the non-test rows, each early-stopped on its own "
+        "held-out fold; their out-of-fold predictions choose the family, weight the ensemble and fit "
+        "calibration and the threshold, and the served model averages them; `1`: one validation split; `auto`: "
+        f"{AUTO_FOLDS} folds up to {AUTO_FOLD_ROWS:,} non-test rows, else 1 "
+        "([pipeline.md](pipeline.md#cross-fitting-every-non-test-row-trains-and-is-judged))",
+    )
+    time_limit: float | Literal["auto", "off"] = key(
+        "auto",
+        "seconds for all of the training, every family and fold; in the families' order each may use the time "
+        "left, each of its runs the time left divided by the waves of its own runs still to start, and a run "
+        "stops adding epochs or rounds when its share is spent, keeping its best so far; a family whose runs "
+        f"would get under {MIN_RUN_S:.0f} s each is left out with the reason; `auto`: no limit until the first "
+        "family's runs end, then the others share what keeps all of the training within max(twice that time, "
+        f"{AUTO_FLOOR_S:.0f} s); `off`: "
+        "no limit ([families.md](families.md#one-time-budget))",
+    )
+
+    @field_validator("time_limit")
+    @classmethod
+    def _time_limit(cls, v: float | str) -> float | str:
+        if isinstance(v, (int, float)) and not (math.isfinite(v) and v > 0):
+            raise ValueError("must be a positive number of seconds, 'auto' or 'off'")
+        return v
+
+    @field_validator("folds")
+    @classmethod
+    def _fold_count(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 1 <= v <= 20:
+            raise ValueError("must be 1 (one validation split), 2 to 20 folds, or 'auto'")
+        return v
+
+    @field_validator("epochs", "batch_size")
+    @classmethod
+    def _at_least_one(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("must be >= 1 or 'auto'")
+        return v
+
+    @field_validator("learning_rate", "weight_decay")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        return v
+
+    @field_validator("class_weight", mode="before")
+    @classmethod
+    def _class_names_as_text(cls, v: Any) -> Any:
+        # YAML reads `{0: 1, 1: 5}` with integer keys; classes are matched by their text form
+        return {str(k): w for k, w in v.items()} if isinstance(v, dict) else v
+
+    @field_validator("class_weight")
+    @classmethod
+    def _weights_positive(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            for cls_name, w in v.items():
+                if not (math.isfinite(w) and w > 0):
+                    raise ValueError(f"weight of class {cls_name!r} must be a positive number, got {w}")
+        return v
+
+
+DEPRECATED_SCALING = {
+    "trainer_resources": "Ray 2.60 (Train V2) runs the trainer's controller with 0 CPUs and rejects "
+    "trainer_resources; remove it and put what each worker needs in scaling.resources_per_worker",
+    "max_retries": "use failure.max_failures",
+}
+
+
+def workers_share_gpus(num_workers: int, use_gpu: bool, resources_per_worker: dict[str, float] | None) -> bool:
+    """Several workers with a fraction of a GPU each: Ray packs them onto the same device."""
+    gpu = (resources_per_worker or {}).get("GPU", 0)
+    return bool(use_gpu) and num_workers > 1 and 0 < gpu < 1
+
+
+class ScalingSection(_Section):
+    num_workers: int = key(2, "Ray Train workers, each a process with a share of the data", ge=0)
+    use_gpu: bool = key(False, "one GPU per worker unless `resources_per_worker.GPU` says otherwise")
+    resources_per_worker: dict[str, float] | None = key(
+        None, "e.g. `{CPU: 2, GPU: 0.5}`; GPU needs `use_gpu: true`", shown="Ray's default"
+    )
+    accelerator_type: str | None = key(None, "the GPU type the workers ask for, e.g. `A100`")
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = key(
+        "PACK", "how the workers are placed on the nodes: `PACK`, `SPREAD`, `STRICT_PACK`, `STRICT_SPREAD`"
+    )
+    backend: Literal["gloo", "nccl", "hccl"] | None = key(
+        None,
+        "the networks' collective backend: `gloo`, `nccl` (needs `use_gpu`, and a whole GPU per worker when there "
+        "are several), `hccl`",
+        shown="Ray's: `nccl` with GPUs, `gloo` without; `gloo` for workers that share a GPU (NCCL refuses two ranks on "
+        'one device, "Duplicate GPU detected")',
+    )
+    env_vars: dict[str, str] = key(
+        doc="environment of every Train worker, e.g. `{NCCL_SOCKET_IFNAME: eth0}`; shown "
+        "and logged with secret-looking values masked",
+        default_factory=dict,
+    )
+    wait_for_resources: bool = key(False, "skip the pre-start fit check and wait for an autoscaler")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deprecated(cls, raw: Any) -> Any:
+        if isinstance(raw, dict):
+            for key, instead in DEPRECATED_SCALING.items():
+                if key in raw:
+                    raise ValueError(f"{key} is not supported: {instead}")
+        return raw
+
+    @model_validator(mode="after")
+    def _gpu_needs_use_gpu(self) -> ScalingSection:
+        res = self.resources_per_worker or {}
+        for name, val in res.items():
+            if val < 0:
+                raise ValueError(f"resources_per_worker.{name}: must be >= 0, got {val}")
+        if res.get("GPU", 0) > 0 and not self.use_gpu:
+            raise ValueError("resources_per_worker.GPU is set but use_gpu is false; set scaling.use_gpu: true")
+        if self.backend == "nccl" and not self.use_gpu:
+            raise ValueError("backend: nccl needs GPUs; set scaling.use_gpu: true or use gloo")
+        if self.backend == "nccl" and workers_share_gpus(self.num_workers, self.use_gpu, res):
+            raise ValueError(
+                f"backend: nccl cannot train {self.num_workers} workers at resources_per_worker.GPU "
+                f"{res['GPU']:g}: Ray places such workers on the same GPU and NCCL refuses two ranks on one "
+                "device ('Duplicate GPU detected'); leave backend unset (trainflow then uses gloo) or give "
+                "each worker a whole GPU"
+            )
+        return self
+
+
+SEARCH_KINDS = {"loguniform": 2, "uniform": 2, "randint": 2, "choice": None, "grid": None}
+
+
+class TuneSection(_Section):
+    num_samples: int = key(4, "trials, each a full Ray Train run", ge=1)
+    max_concurrent_trials: int | None = key(None, "the most trials at once", shown="as many as the cluster holds", ge=1)
+    metric: str | None = key(None, "what the sweep optimises", shown="`checkpoint.metric`")
+    mode: Literal["min", "max"] | None = key(None, "`min` or `max`", shown="from the metric")
+    scheduler: Literal["asha", "fifo"] = key("asha", "`asha` (early stopping over epochs) or `fifo`")
+    grace_period: int = key(1, "ASHA's minimum epochs", ge=1)
+    reduction_factor: float = key(2.0, "ASHA's halving rate", gt=1.0)
+    search_space: dict[str, dict[str, list[Any]]] = key(
+        doc="dotted config key → `{loguniform: [lo, hi]}`, `{uniform: [lo, hi]}`, `{randint: [lo, hi]}`, "
+        "`{choice: [...]}` or `{grid: [...]}`; left out: each family's own default space (the network: "
+        "`train.learning_rate`, `train.weight_decay`, `model.dropout`, `model.hidden_sizes`; the boosters: "
+        "`model.params.learning_rate`, `max_depth`, `subsample`, `reg_lambda`), the family searched too when there "
+        "are several; a key one family does not read is ignored by it",
+        shown="each family's default space",
+        default_factory=dict,
+    )
+
+    @field_validator("search_space")
+    @classmethod
+    def _known_kinds(cls, space: dict[str, dict[str, list[Any]]]) -> dict[str, dict[str, list[Any]]]:
+        for dotted, spec in space.items():
+            if len(spec) != 1 or next(iter(spec)) not in SEARCH_KINDS:
+                raise ValueError(
+                    f"{dotted}: give exactly one of {sorted(SEARCH_KINDS)}, e.g. {{loguniform: [0.0001, 0.01]}}"
+                )
+            kind, args = next(iter(spec.items()))
+            if not isinstance(args, list) or not args or (SEARCH_KINDS[kind] and len(args) != SEARCH_KINDS[kind]):
+                raise ValueError(
+                    f"{dotted}.{kind}: expected a list of {SEARCH_KINDS[kind] or 'one or more'} values, got {args!r}"
+                )
+            if kind in ("loguniform", "uniform", "randint") and not args[0] < args[1]:
+                raise ValueError(f"{dotted}.{kind}: the lower bound must be below the upper bound, got {args!r}")
+            if kind == "loguniform" and args[0] <= 0:
+                raise ValueError(f"{dotted}.loguniform: bounds must be positive, got {args!r}")
+        return space
+
+
+class RaySection(_Section):
+    address: str | None = key(
+        None,
+        "join an existing cluster (`auto`, `host:6379`, `ray://host:10001`)",
+        shown="`$RAY_ADDRESS`, else start a local Ray (a cluster `ray start` left on the machine is joined only when "
+        "named, e.g. `auto`)",
+    )
+    runtime_env: dict[str, Any] | None = key(
+        None,
+        "passed to `ray.init`, e.g. `{working_dir: .}` for a cluster "
+        "without trainflow installed; on the local Ray trainflow starts, "
+        "its `env_vars` reach Ray's processes through their environment "
+        "(never Ray's logs)",
+    )
+    temp_dir: str | None = key(
+        None,
+        "the local Ray's session folder (logs, sockets, spilled objects), kept after the "
+        "run; must be private to its owner (mode 700, created so)",
+        shown="a new private folder under the system's temporary folder, removed when the run's Ray stops",
+    )
+
+
+class CheckpointSection(_Section):
+    num_to_keep: int | None = key(3, "best checkpoints kept (the latest is always kept too)", ge=1)
+    metric: str = key("val_loss", "the metric that ranks checkpoints; must be reported for the task")
+    mode: Literal["min", "max"] | None = key(
+        None, "`min` or `max`", shown="`min` for losses and errors, `max` otherwise"
+    )
+    # each Ray Train report waits for the controller's poll (0.5 s here)
+    min_interval_s: float = key(
+        2.0,
+        "epochs shorter than this are grouped into one Ray Train report; the best epoch "
+        "of each group is always reported with its checkpoint",
+        ge=0.0,
+    )
+
+
+class FailureSection(_Section):
+    max_failures: int = key(2, "Ray Train worker-group restarts (`-1`: unlimited)", ge=-1)
+    hang_timeout_s: float | Literal["auto"] | None = key(
+        "auto",
+        f"a worker with no progress this long is killed and the group restarted (`null`: never); `auto`: "
+        f"{HANG_FACTOR:.0f}x the longest gap between progress marks (mini-batches, blocks, reports, boosting "
+        f"rounds) measured in that attempt, at least {HANG_MIN_S:.0f} s; start-up, until the first mark, is "
+        f"allowed at least {HANG_FIRST_S:.0f} s whatever the value; a run whose attempts all stall ends with "
+        "an error naming what to change (not retried)",
+    )
+    task_retries: int = key(2, "Prefect retries of the `train` task once Ray Train gives up", ge=0)
+    retry_delay_s: float = key(5.0, "seconds between those retries", ge=0)
+    worker_start_timeout_s: float = key(
+        180.0,
+        "seconds Ray Train waits for a worker group to start before that attempt fails (Ray's own default, "
+        "60 s, expired on a loaded two-core machine after a worker died); a group that cannot be placed at all "
+        "is caught before training",
+        gt=0,
+    )
+
+    @field_validator("hang_timeout_s")
+    @classmethod
+    def _positive_timeout(cls, v: float | str | None) -> float | str | None:
+        if isinstance(v, (int, float)) and v <= 0:
+            raise ValueError("must be a positive number of seconds, 'auto', or null to disable the watchdog")
+        return v
