@@ -241,7 +241,7 @@ def load_model(
     tracking_uri: the MLflow registry (default: MLFLOW_TRACKING_URI / MLflow's default). A checkpoint of your own
     nn.Module imports its class only when it is listed in allowed_class_paths (nothing is imported because a stored
     model names it)."""
-    from trainflow.tasks.infer import resolve_checkpoint
+    from trainflow.trainer.resolve import resolve_checkpoint
     from trainflow.trainer.serving import load_servable
 
     uri = str(uri)

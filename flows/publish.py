@@ -13,18 +13,14 @@ from prefect import get_run_logger
 
 from trainflow.config import Config
 from trainflow.tasks.calibrate import calibrate
-from trainflow.tasks.earlier import EarlierFit
+from trainflow.tasks.values import EarlierFit, Ingested, Selected, Split, TrainOutcome
 from trainflow.tasks.explain import explain
 from trainflow.tasks.final_score import score_test
 from trainflow.tasks.infer import infer
-from trainflow.tasks.ingest import Ingested
 from trainflow.tasks.promote import promote
 from trainflow.tasks.register import describe_version, register
 from trainflow.tasks.report import report
-from trainflow.tasks.select import Selected
-from trainflow.tasks.split import Split
 from trainflow.tasks.summary import summarize
-from trainflow.tasks.train import TrainOutcome
 from trainflow.trainer.evaluate import Scored
 
 
@@ -45,7 +41,7 @@ def publish(
     version serves after the gate (a rejected challenger never writes predictions), and report; the summary.
     selections: every candidate's selected checkpoint (scored on the test rows beside the chosen one); oof: the
     chosen checkpoint's out-of-fold outputs (cross-fitting), which calibration is fitted on instead of validation rows; earlier: the
-    backtest's earlier model (tasks/earlier.py), scored on the test rows beside the recent one; oof_by_time: by time,
+    backtest's earlier model (flows/backtest.py), scored on the test rows beside the recent one; oof_by_time: by time,
     the chosen model's out-of-fold outputs with their rows' times (the backtest's out-of-fold rows); curves: the
     training histories of the models the served one is made of (default: outcome's own)."""
     # stored in the checkpoint before it is registered (fitted on the validation rows or the out-of-fold outputs)

@@ -14,17 +14,18 @@ from trainflow.flows.handover import flow_config
 from trainflow.flows.predict import skipped_run
 from trainflow.flows.publish import publish
 from trainflow.tasks.candidates import compare, run_names
-from trainflow.tasks.earlier import backtest_family, fit_earlier
+from trainflow.flows.backtest import backtest_family, fit_earlier
 from trainflow.tasks.cross_fit import bag_folds, fold_config, fold_run_names, oof_names
 from trainflow.tasks.ensemble import ensemble
-from trainflow.tasks.ingest import Ingested, ingest, table_fingerprint
+from trainflow.tasks.ingest import ingest, table_fingerprint
+from trainflow.tasks.values import Ingested, Prepared, Split, TrainOutcome
 from trainflow.tasks.mlflow_run import end_parent, end_runs, open_parent
-from trainflow.tasks.preprocess import Prepared, preprocess
+from trainflow.tasks.preprocess import preprocess
 from trainflow.tasks.run_name import finished_before, record_finished, resolve_run_name
 from trainflow.tasks.select import select
 from trainflow.tasks.skip import check_unchanged
-from trainflow.tasks.split import Split, record_split, split
-from trainflow.tasks.train import TrainOutcome, check_resume, train
+from trainflow.tasks.split import record_split, split
+from trainflow.tasks.train import check_resume, train
 from trainflow.tasks.validate import validate_data
 from trainflow.trainer.deadline import MIN_RUN_S, TimeShare, write_deadline
 from trainflow.trainer.resources import concurrent_runs

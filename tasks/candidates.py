@@ -9,8 +9,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from trainflow.tasks.select import Selected
-from trainflow.tasks.train import TrainOutcome
+from trainflow.tasks.values import Selected, TrainOutcome
 from trainflow.trainer.checkpoint import metric_value
 from trainflow.config import ENSEMBLE, Config
 from trainflow.errors import TrainingError

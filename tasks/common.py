@@ -5,11 +5,13 @@ from __future__ import annotations
 import base64
 import io
 import logging
+import re
 from typing import Any, Callable
 
 from prefect import get_run_logger
 from prefect.exceptions import MissingContextError
 
+from trainflow.config import Config
 from trainflow.errors import TrainflowError, disk_full
 from trainflow.runtime import stop_requested
 from trainflow.services import explain
@@ -73,3 +75,13 @@ def md_code(text: object) -> str:
     """Text from data as an inline code span (shown as typed, never as a link or HTML): backticks and line breaks
     cannot end it, and a table's cell divider is escaped."""
     return "`" + " ".join(str(text).split()).replace("`", "'").replace("|", "\\|") + "`"
+
+
+def lineage_for(config: Config, fingerprint: str, family: str) -> dict[str, str]:
+    """What a checkpoint records of its training: the data fingerprint and the training-relevant config's hash."""
+    return {"data_fingerprint": fingerprint, "config_hash": config.training_hash(family)}
+
+
+def artifact_key(model_name: str, what: str) -> str:
+    """Prefect artifact keys allow lowercase letters, digits and dashes only."""
+    return re.sub(r"[^a-z0-9-]+", "-", f"{model_name}-{what}".lower()).strip("-")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,42 +18,14 @@ from prefect.cache_policies import NO_CACHE
 
 from trainflow.config import Config
 from trainflow.folds import AUTO_FOLD_ROWS
-from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.storage import join, private_copy
-from trainflow.tasks.common import retry_unless_user_error
+from trainflow.tasks.common import retry_unless_user_error, lineage_for
 from trainflow.tasks.mlflow_run import end_runs
-from trainflow.tasks.select import Selected
-from trainflow.tasks.split import Split
-from trainflow.tasks.train import TrainOutcome, lineage_for
+from trainflow.tasks.values import Selected, Split, TrainOutcome, Decisions
 from trainflow.trainer.checkpoint import read_config
 from trainflow.trainer.ensemble import member_outputs, write_bundle
-from trainflow.trainer.evaluate import Scored
 from trainflow.trainer.metrics import compute_metrics
-from trainflow.trainer.serving import BAG_FILE, combine, fold_dir, load_servable
-
-
-@dataclass
-class Decisions:
-    """The rows the choices after training read: each candidate's uncalibrated outputs and the encoded labels, in one
-    row order (the out-of-fold predictions; an ensemble's added once it is built)."""
-
-    prep: TabularPreprocessor
-    outputs: dict[str, np.ndarray]
-    labels: np.ndarray
-    times: dict[str, pa.ChunkedArray] = field(default_factory=dict)  # roles by time: the time column, row by row
-
-    def scored(self, family: str) -> Scored:
-        """A candidate's out-of-fold outputs as calibration reads them."""
-        return Scored(self.prep, self.outputs[family], self.labels)
-
-    def by_time(self, family: str) -> Scored | None:
-        """Roles by time: a candidate's out-of-fold outputs with each row's time (the backtest's rows by time)."""
-        return Scored(self.prep, self.outputs[family], self.labels, dict(self.times)) if self.times else None
-
-    def with_ensemble(self, name: str, members: dict[str, float]) -> Decisions:
-        """The ensemble's out-of-fold outputs (its members' weighted) beside the families'."""
-        combined = combine(self.prep.task, [self.outputs[f] for f in members], list(members.values()))
-        return Decisions(self.prep, {**self.outputs, name: combined}, self.labels, self.times)
+from trainflow.trainer.serving import BAG_FILE, fold_dir, load_servable
 
 
 def fold_run_names(runs: dict[str, str], folds: int) -> dict[str, list[str]]:

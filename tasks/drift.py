@@ -74,7 +74,7 @@ def publish(
     from prefect.artifacts import create_markdown_artifact
     from prefect.events import emit_event
 
-    from trainflow.tasks.report import artifact_key
+    from trainflow.tasks.common import artifact_key
 
     source = redact_text(source)  # the artifact and the event never carry a URI's credentials
     log = task_logger("drift")

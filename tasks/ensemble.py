@@ -15,9 +15,8 @@ from prefect.cache_policies import NO_CACHE
 from trainflow.data import Rows
 from trainflow.config import ENSEMBLE, Config
 from trainflow.storage import private_copy
-from trainflow.tasks.cross_fit import Decisions
-from trainflow.tasks.select import Selected
-from trainflow.tasks.train import TrainOutcome, lineage_for
+from trainflow.tasks.values import Decisions, Selected, TrainOutcome
+from trainflow.tasks.common import lineage_for
 from trainflow.trainer.ensemble import (
     ROUNDS,
     cross_fitted,

@@ -14,9 +14,8 @@ from prefect.cache_policies import NO_CACHE
 from trainflow.data import Rows
 from trainflow.config import Config
 from trainflow.tasks.common import retry_unless_user_error
-from trainflow.tasks.select import Selected
+from trainflow.tasks.values import Selected, EarlierFit
 from trainflow.folds import FoldPlan
-from trainflow.tasks.earlier import EarlierFit
 from trainflow.trainer.backtest import backtest, backtest_line, earlier_comparison, time_slices
 from trainflow.trainer.evaluate import Scored, score_checkpoint
 
@@ -56,7 +55,7 @@ def score_test(
 ) -> TestScores:
     """Every candidate's test metrics (the chosen one as it serves, calibration applied; the others as trained), and
     the chosen one's scored test rows; by time (plan), its backtest (trainer/backtest.py): by the test rows' age, and
-    the earlier model (tasks/earlier.py) against the recent one on the test rows, and the metric by time on the
+    the earlier model (flows/backtest.py) against the recent one on the test rows, and the metric by time on the
     rows no model that scored them trained on (the test rows; cross-fitted, the out-of-fold rows: oof)."""
     metrics, chosen_scored = {}, None
     timed = plan is not None and plan.time_column is not None and (plan.time_ranges or {}).get("train")

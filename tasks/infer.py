@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any
-from pathlib import Path
 
 import ray
 from prefect import task
@@ -14,9 +11,7 @@ from prefect.cache_policies import NO_CACHE
 from trainflow.preprocessors.tabular import SchemaDriftError, TabularPreprocessor
 from trainflow.tasks.common import in_prefect_run, retry_unless_user_error, task_logger
 from trainflow.tasks.drift import markdown, measure, publish, publish_estimate
-from trainflow.trainer.checkpoint import read_config
-from trainflow.trainer.families.network import user_class_path
-from trainflow.trainer.serving import member_dirs
+from trainflow.trainer.evaluate import estimate_metrics
 from trainflow.trainer.predict import (
     CountCollector,
     NonFiniteOutput,
@@ -26,25 +21,15 @@ from trainflow.trainer.predict import (
 from trainflow.config import Config, infer_format
 from trainflow.data import arrow_schema, read_table, should_materialize
 from trainflow.preprocessors.fit import check_unseen, count_drift, count_drift_table, count_unseen, count_unseen_table
-from trainflow.tables import check_writable, in_memory_bytes, list_files, read_arrow, scoring_in_process_bytes
+from trainflow.tables import check_writable, in_memory_bytes, list_files, read_arrow
 from trainflow.outputs import guard_output, write_output
-from trainflow.errors import CheckpointError, DataError, InfrastructureError
+from trainflow.errors import CheckpointError, DataError
 from trainflow.runtime import ensure_ray
-from trainflow.storage import private_copy, private_dir
 from trainflow.tracking import MODEL_URI
 from trainflow.trainer.resources import check_fits
-
-
-@dataclass
-class Predictions:
-    path: str
-    input_rows: int
-    output_rows: int
-    unseen: dict[str, int] = field(default_factory=dict)  # text column -> rows with a value never seen in training
-    drift: dict[str, Any] = field(default_factory=dict)  # per feature: score, threshold, verdict; drifted_columns
-    model: str = ""  # the model that predicted (a registry URI or a checkpoint folder)
-    # a classifier scored in this process: its metrics estimated from the calibrated probabilities (CBPE, no labels)
-    estimated: dict[str, float] = field(default_factory=dict)
+from trainflow.trainer.resolve import allowed_class_paths, resolve_checkpoint
+from trainflow.tasks.values import Predictions
+from trainflow.trainer.predict import scored_here
 
 
 def non_finite_cause(exc: BaseException | None) -> NonFiniteOutput | None:
@@ -57,102 +42,6 @@ def non_finite_cause(exc: BaseException | None) -> NonFiniteOutput | None:
         cause = getattr(exc, "cause", None)  # a RayTaskError keeps the worker's exception here
         exc = cause if isinstance(cause, BaseException) else (exc.__cause__ or exc.__context__)
     return None
-
-
-def allowed_class_paths(config: Config) -> set[str]:
-    """The user module class paths a stored checkpoint may import: the config's own and model.allowed_class_paths."""
-    return {p for p in [config.model.class_path, *config.model.allowed_class_paths] if p}
-
-
-def check_class_path(checkpoint: str, allowed: set[str], source: str) -> None:
-    """CheckpointError when the checkpoint's config names a user module outside allowed: its code is never imported."""
-    try:
-        model_cfgs = [
-            read_config(d)["model"] for d in [checkpoint, *member_dirs(checkpoint)]
-        ]  # an ensemble's members too
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CheckpointError(
-            f"{source}: the checkpoint (or an ensemble member) cannot be read: {type(exc).__name__}: {exc}"
-        ) from None
-    for class_path in {user_class_path(m) for m in model_cfgs} - allowed - {None}:
-        raise CheckpointError(
-            f"{source}: its checkpoint asks to import the module class {class_path!r}, which this config does not "
-            f"name (model.class_path {sorted(allowed) or 'unset'}); trainflow imports no code a stored model names. "
-            "If you trust it, list it under model.allowed_class_paths"
-        )
-
-
-def _artifact_uri(model: str, tracking_uri: str | None) -> str:
-    """Where a models:/name/version or models:/name@alias URI's files are, asked of this registry explicitly
-    (MLflow resolves models:/ through its process-wide registry URI, which another thread may have changed)."""
-    m = MODEL_URI.match(model)
-    if tracking_uri is None or m is None:
-        return model
-    import mlflow
-
-    client = mlflow.MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
-    version = m["version"] or client.get_model_version_by_alias(m["name"], m["alias"]).version
-    return client.get_model_version_download_uri(m["name"], str(version))
-
-
-def resolve_checkpoint(model: str, allowed: set[str] | None = None, tracking_uri: str | None = None) -> str:
-    """A local checkpoint folder for a checkpoint path or an MLflow model URI (models:/name@alias, runs:/...).
-
-    allowed: the user module class paths the checkpoint may import (None: not checked, the caller vouches);
-    tracking_uri: the registry to read (default: MLflow's current one).
-    A registry error other than "no such model" is an InfrastructureError (retried); a missing model or a
-    folder that is not a trainflow checkpoint is the user's CheckpointError."""
-    if model.startswith(("models:/", "runs:/")):
-        import mlflow
-
-        dst = Path(private_dir("model-")).resolve()  # removed when this process exits
-        try:
-            local = mlflow.artifacts.download_artifacts(
-                artifact_uri=_artifact_uri(model, tracking_uri), dst_path=str(dst), tracking_uri=tracking_uri
-            )
-        except mlflow.exceptions.MlflowException as exc:
-            if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
-                raise CheckpointError(f"cannot load model {model}: {exc.message}") from None
-            raise InfrastructureError(f"cannot load model {model} from the registry: {exc.message}") from None
-        except OSError as exc:
-            raise InfrastructureError(f"cannot download model {model}: {exc}") from None
-        try:
-            spec = mlflow.models.Model.load(local).flavors["python_function"]["artifacts"]["checkpoint"]
-        except (KeyError, OSError, mlflow.exceptions.MlflowException):
-            raise CheckpointError(f"model {model} is not a trainflow model (no checkpoint artifact)") from None
-        path = (Path(local) / spec["path"]).resolve()
-        if not path.is_relative_to(dst):
-            raise CheckpointError(
-                f"model {model}: its checkpoint artifact path {spec['path']!r} points outside the "
-                "model's download folder; refused"
-            )
-        if not path.is_dir():
-            raise CheckpointError(f"model {model} has no trainflow checkpoint artifact")
-        path = str(path)
-    elif not Path(model).is_dir():
-        raise CheckpointError(f"checkpoint folder not found: {model}")
-    else:
-        path = private_copy(model)  # what is checked below is what is scored, whatever happens to the folder
-    if allowed is not None:
-        check_class_path(path, allowed, model)
-    return path
-
-
-def scored_here(config: Config, table_bytes: int) -> bool:
-    """Whether a scoring table of table_bytes (decoded) is read, predicted and written by the calling process, with
-    no Ray: a CPU scoring of a table under scoring_in_process_bytes() (512 MiB on a machine of 4 GiB or more),
-    unless data.materialize is never."""
-    return (
-        not config.inference.use_gpu
-        and table_bytes <= scoring_in_process_bytes()
-        and config.data.materialize != "never"
-    )
-
-
-def scoring_table_bytes(config: Config) -> int:
-    """inference.input's decoded size from its files' metadata (no read)."""
-    fmt = infer_format(config.inference.input)
-    return in_memory_bytes(*list_files(config.inference.input, fmt), fmt)
 
 
 @task(name="infer", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
@@ -247,8 +136,6 @@ def infer(checkpoint_path: str, config: Config, model: str = "") -> Predictions:
             ray.kill(collector)
         estimated, dropped = {}, None
         if here and prep.task == "classification":  # the predictions are in this process (larger tables: monitor)
-            from trainflow.tasks.monitor import estimate_metrics
-
             estimated = estimate_metrics(prep, preds)
             dropped = publish_estimate(config, model, input_path, estimated, rows)
         if drifting or dropped:  # one drift event for the run, whether columns moved or the estimate fell

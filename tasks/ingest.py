@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -10,7 +9,6 @@ from prefect.cache_policies import NO_CACHE
 from trainflow.tasks.common import retry_unless_user_error, task_logger
 from trainflow.config import Config, infer_format
 from trainflow.data import (
-    Rows,
     arrow_schema,
     count_nulls,
     count_rows_and_bad_labels,
@@ -37,14 +35,7 @@ from trainflow.errors import DataError
 from trainflow.outputs import guard_output
 from trainflow.trainer.resources import check_fits
 from trainflow.runtime import cluster_named, ensure_ray
-
-
-@dataclass
-class Ingested:
-    dataset: Rows  # a small Parquet table: read by this process, cut by the split here
-    spec: TableSpec
-    materialized: bool = True  # kept in memory; else streamed from the files each time it is read
-    table_bytes: int = 0  # in-memory size, from the files' metadata
+from trainflow.tasks.values import Ingested
 
 
 def _kind(t) -> str:

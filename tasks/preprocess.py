@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
-import ray.data
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.tasks.common import retry_unless_user_error, task_logger
-from trainflow.tasks.ingest import Ingested
-from trainflow.tasks.split import Split
+from trainflow.tasks.values import Ingested, Split, Prepared
 from trainflow.config import Config, infer_format
 from trainflow.errors import ConfigError, DataError
 from trainflow.redact import redact_text
@@ -22,25 +20,8 @@ from trainflow.data import read_table
 from trainflow.preprocessors.fit import check_unseen, count_unseen, count_unseen_table, fit_preprocessor, pack
 from trainflow.runtime import cluster_resources, ensure_ray
 from trainflow.tables import in_memory_bytes, list_files, read_arrow
-from trainflow.tasks.infer import scored_here
+from trainflow.trainer.predict import scored_here
 from trainflow.trainer.memory import check_booster_matrix, check_packed_size, is_out_of_memory, out_of_memory_error
-
-
-@dataclass
-class Prepared:
-    preprocessor: TabularPreprocessor
-    train: ray.data.Dataset | None  # None: validate's checks only (preprocess(packed=False))
-    val: ray.data.Dataset | None
-    materialized: bool
-    budgets: dict[str, Any]  # per model family that trains: its budget (batch size, epochs, patience; or rounds)
-    fingerprint: str = ""  # the training table's, recorded in every checkpoint
-    left_out: dict[str, str] = field(default_factory=dict)  # model.type auto: family -> why it does not fit
-    folds: list[tuple[ray.data.Dataset, ray.data.Dataset]] | None = None  # cross-fitting: each fold's, packed
-
-    def for_fold(self, k: int) -> Prepared:
-        """What fold model k trains on (its training rows) and early-stops on (its held-out fold)."""
-        train, val = self.folds[k]
-        return replace(self, train=train, val=val, folds=None)
 
 
 def _unseen_in_scoring_table(config: Config, prep: TabularPreprocessor) -> dict[str, dict]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
 
 import mlflow
 from mlflow.entities import Metric, RunTag
@@ -16,9 +15,8 @@ from prefect.cache_policies import NO_CACHE
 from trainflow.data import Rows
 from trainflow.preprocessors.tabular import SchemaDriftError
 from trainflow.tasks.common import retry_unless_user_error, task_logger
-from trainflow.tasks.infer import allowed_class_paths, resolve_checkpoint
-from trainflow.tasks.register import Registered
-from trainflow.tasks.select import Selected
+from trainflow.trainer.resolve import allowed_class_paths, resolve_checkpoint
+from trainflow.tasks.values import Registered, Selected, Promotion
 from trainflow.trainer.evaluate import Scored, paired_bootstrap, score_checkpoint, slice_metrics
 from trainflow.config import Config
 from trainflow.errors import InfrastructureError
@@ -28,34 +26,6 @@ from trainflow.locks import exclusive
 from trainflow.tracking import CHAMPION, DECISION_TAG, current_champion, mlflow_key
 
 PROMOTED, NOT_PROMOTED = "promoted", "not_promoted"
-
-
-@dataclass
-class Promotion:
-    decision: str
-    reason: str
-    metric: str
-    mode: str
-    margin: float
-    min_score: float | None  # the floor (promotion.min_score)
-    below_floor: bool  # the challenger scored worse than the floor: registered, never champion
-    model_name: str
-    challenger_version: str
-    challenger_score: float | None
-    champion_version: str | None
-    champion_score: float | None
-    serving_version: str | None  # the @champion version after the gate (None: no model has met the floor yet)
-    serving_checkpoint: str  # its local checkpoint folder, for the flow's inference step
-    confidence: dict | None = None  # the paired bootstrap of the gain (when both models scored)
-    slices: dict | None = None  # column -> value -> the challenger's metrics, rows, judged, the champion's metric
-    calibration: dict | None = None  # the challenger's ECE, Brier score and reliability bins (classification)
-    judged_on: str = "test"  # the rows the scores come from: the test role (validation where the plan has none)
-    rows: int = 0  # how many: with a champion, the rows held out from both models
-    judged_rows_note: str | None = None  # by time or group: which rows those are, and why they tell the models apart
-
-    def record(self) -> dict:
-        """The summary JSON's `promotion` entry (slices and calibration have their own summary keys)."""
-        return {k: v for k, v in asdict(self).items() if k not in ("serving_checkpoint", "slices", "calibration")}
 
 
 def decide(challenger: float | None, champion: float | None, mode: str, margin: float) -> tuple[bool, str]:

@@ -6,7 +6,6 @@ import datetime as dt
 import hashlib
 import json
 import tempfile
-from dataclasses import dataclass
 from typing import Any
 from pathlib import Path
 
@@ -18,9 +17,7 @@ from prefect.runtime import flow_run
 
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.tasks.common import retry_unless_user_error
-from trainflow.tasks.ingest import Ingested
-from trainflow.tasks.select import Selected
-from trainflow.tasks.train import TrainOutcome
+from trainflow.tasks.values import Ingested, Selected, TrainOutcome, Registered
 from trainflow.config import Config
 from trainflow.folds import FoldPlan
 from trainflow.redact import redact_text, redact_value
@@ -28,14 +25,6 @@ from trainflow.tasks.mlflow_run import REGISTER_KEY, find_run, log_params, log_r
 from trainflow.tasks.model_package import MODEL_CODE, example_input, requirements, serving_code, signature_for
 from trainflow.tracking import CHECKPOINT_KEY, PUBLISHED_TAG, ensure_experiment, tracking
 from trainflow.trainer.serving import checkpoint_families
-
-
-@dataclass
-class Registered:
-    run_id: str
-    model_name: str
-    model_version: str
-    model_uri: str
 
 
 @task(

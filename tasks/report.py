@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import time
-import re
 from typing import Any
 
 import mlflow
@@ -14,10 +13,11 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from trainflow.config import ENSEMBLE, Config, is_uri
+from trainflow.config import ENSEMBLE, Config
+from trainflow.storage import is_uri
 from trainflow.redact import redact_config, redact_text
 from trainflow.storage import join, write_bytes
-from trainflow.tasks.common import md, md_code, png_data_uri
+from trainflow.tasks.common import md, md_code, png_data_uri, artifact_key
 from trainflow.trainer.backtest import backtest_line
 from trainflow.tasks.mlflow_run import parent_run
 from trainflow.tracking import mlflow_key, tracking
@@ -44,11 +44,6 @@ def card_html(card: str, title: str) -> str:
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{CARD_STYLE}</style></head><body>{body}</body></html>"
     )
-
-
-def artifact_key(model_name: str, what: str) -> str:
-    """Prefect artifact keys allow lowercase letters, digits and dashes only."""
-    return re.sub(r"[^a-z0-9-]+", "-", f"{model_name}-{what}".lower()).strip("-")
 
 
 def _finite(v: Any) -> bool:

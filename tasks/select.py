@@ -2,28 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from trainflow.tasks.infer import allowed_class_paths, check_class_path
-from trainflow.tasks.train import TrainOutcome
+from trainflow.trainer.resolve import allowed_class_paths, check_class_path
+from trainflow.tasks.values import TrainOutcome, Selected
 from trainflow.trainer.checkpoint import metric_value
 from trainflow.trainer.serving import load_servable
 from trainflow.config import Config
 from trainflow.errors import CheckpointError
 from trainflow.storage import private_copy
-
-
-@dataclass
-class Selected:
-    path: str  # a local folder (a download when the run lives in remote storage)
-    epoch: int
-    metrics: dict[str, Any]
-    skipped: list[dict[str, str]]
-    uri: str = ""  # where the checkpoint lives in storage_path
 
 
 def rank_checkpoints(checkpoints: list[dict[str, Any]], metric: str, mode: str) -> tuple[list[dict], list[dict]]:

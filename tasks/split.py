@@ -4,7 +4,7 @@ assignment written with the run."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -16,34 +16,10 @@ from trainflow.data import Rows, fold_parts, plan_split, split_roles, table_role
 from trainflow.folds import NO_FOLD, ROLE_NAMES, TEST, TRAIN, VALIDATION, FoldPlan, check_sizes
 from trainflow.storage import filesystem_for, join, list_dir, write_text
 from trainflow.tasks.common import retry_unless_user_error, task_logger
-from trainflow.tasks.ingest import Ingested
+from trainflow.tasks.values import Ingested, Split
 
 
 ASSIGNMENT_PLAN = "_plan.json"
-
-
-@dataclass
-class Split:
-    """The rows of each role: Ray Datasets, or pyarrow tables for a small table read by this process (ingest's
-    rule); training wraps them as Datasets when it starts (preprocess's pack)."""
-
-    train: Rows
-    val: Rows
-    train_rows: int
-    val_rows: int
-    materialized: bool = True
-    test: Rows | None = None  # read once: the final scoring and the gate
-    test_rows: int = 0
-    plan: FoldPlan | None = None
-    split_path: str | None = None  # the assignment (key -> role and fold), Parquet
-    # cross-fitting (plan.folds > 1): per fold model, its (training rows, held-out rows); train holds every non-test row
-    # and val is empty (the held-out folds are the validation rows)
-    folds: list[tuple[Rows, Rows]] | None = None
-    note: str | None = None  # what the roles do not know: a table with dates split by a hash (time_hint)
-
-    @property
-    def fold_count(self) -> int:
-        return len(self.folds) if self.folds else 1
 
 
 def _assignment(batch: pa.Table, plan: FoldPlan, id_column: str | None) -> pa.Table:

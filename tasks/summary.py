@@ -7,13 +7,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from trainflow.tasks.infer import Predictions
-from trainflow.tasks.ingest import Ingested
-from trainflow.tasks.promote import Promotion
-from trainflow.tasks.register import Registered
-from trainflow.tasks.select import Selected
-from trainflow.tasks.split import Split
-from trainflow.tasks.train import TrainOutcome
+from trainflow.tasks.values import Predictions, Ingested, Promotion, Registered, Selected, Split, TrainOutcome
 from trainflow.config import Config
 from trainflow.redact import redact_value
 from trainflow.storage import is_uri

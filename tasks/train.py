@@ -6,15 +6,15 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from trainflow.tasks.common import retry_unless_user_error
+from trainflow.tasks.common import retry_unless_user_error, lineage_for
 from trainflow.tasks.mlflow_run import log_rows, open_run
-from trainflow.tasks.preprocess import Prepared
+from trainflow.tasks.values import Prepared, TrainOutcome
 from trainflow.trainer.checkpoint import METRICS_FILE, read_metrics
 from trainflow.trainer.loop import STOP_REASON
 from trainflow.trainer.progress import ProgressLine, watch_progress
@@ -39,25 +39,6 @@ from trainflow.storage import join, read_text, with_scheme, write_text
 
 WORKER_GROUP_START_TIMEOUT = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 FINISHED_FILE = "trainflow_finished.json"  # a run that trained to its end: what it kept, for a rerun to reuse
-
-
-@dataclass
-class TrainOutcome:
-    run_name: str
-    family: str  # the model.type this run trained
-    run_path: str
-    checkpoints: list[dict[str, Any]]  # {"path", "epoch", "metrics"}, as kept by CheckpointConfig
-    history: list[dict[str, float]]
-    resumed_from_epoch: int | None = None
-    recoveries: list[dict[str, Any]] = field(default_factory=list)
-    budget: dict[str, Any] = field(default_factory=dict)  # the resolved batch size, epochs and patience
-    time_limited_at: int | None = None  # the epoch or round after which its train.time_limit share ran out
-    train_s: float | None = None  # wall time of its fit in this flow run (worker start included)
-
-
-def lineage_for(config: Config, fingerprint: str, family: str) -> dict[str, str]:
-    """What a checkpoint records of its training: the data fingerprint and the training-relevant config's hash."""
-    return {"data_fingerprint": fingerprint, "config_hash": config.training_hash(family)}
 
 
 @task(name="check-resume", cache_policy=NO_CACHE)

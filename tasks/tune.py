@@ -10,10 +10,8 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from trainflow.tasks.common import retry_unless_user_error
-from trainflow.tasks.preprocess import Prepared
-from trainflow.tasks.report import artifact_key
-from trainflow.tasks.train import TrainOutcome
+from trainflow.tasks.common import retry_unless_user_error, artifact_key
+from trainflow.tasks.values import Prepared, TrainOutcome
 from trainflow.trainer.checkpoint import METRICS_FILE
 from trainflow.trainer.progress import ProgressLine, watch_progress
 from trainflow.trainer.recovery import read_events, recoveries

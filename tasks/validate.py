@@ -11,7 +11,7 @@ from prefect.events import emit_event
 from trainflow.preprocessors.baseline import compare_baselines
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.tasks.common import in_prefect_run, retry_unless_user_error, task_logger
-from trainflow.tasks.infer import allowed_class_paths, resolve_checkpoint
+from trainflow.trainer.resolve import allowed_class_paths, resolve_checkpoint
 from trainflow.config import Config
 from trainflow.errors import DataError
 from trainflow.tracking import champion_version

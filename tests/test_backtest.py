@@ -59,7 +59,7 @@ def test_the_earlier_fit_is_skipped_with_a_reason_when_asked_too_small_or_out_of
     from types import SimpleNamespace
 
     from trainflow.config import config_from_dict
-    from trainflow.tasks.earlier import backtest_family, fit_earlier
+    from trainflow.flows.backtest import backtest_family, fit_earlier
 
     base = {"data": {"path": "t.parquet", "label": "y"}, "task": "classification", "split": {"time_column": "day"}}
     on, off = config_from_dict(base), config_from_dict({**base, "split": {"time_column": "day", "backtest_fit": False}})

@@ -95,7 +95,7 @@ def test_what_select_checked_is_what_later_steps_read_after_a_swap(tmp_path):
     """The class-path check and every later step read one private copy: rewriting the storage folder's config.json
     after the check changes nothing of what is scored or registered."""
     from trainflow.storage import private_copy
-    from trainflow.tasks.infer import check_class_path, resolve_checkpoint
+    from trainflow.trainer.resolve import check_class_path, resolve_checkpoint
 
     d = tiny_checkpoint(tmp_path)
     checked = resolve_checkpoint(str(d), allowed=set())

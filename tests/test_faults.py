@@ -51,7 +51,7 @@ def test_a_fixed_hang_timeout_applies_from_the_first_progress_mark_and_start_up_
 @pytest.mark.usefixtures("prefect_harness")
 def test_select_skips_a_truncated_checkpoint(tmp_path):
     from trainflow.tasks.select import select
-    from trainflow.tasks.train import TrainOutcome
+    from trainflow.tasks.values import TrainOutcome
 
     cfg = config_from_dict(
         {

@@ -64,7 +64,8 @@ def test_every_config_param_is_recorded_with_class_weights_keyed_by_odd_labels(c
 
 
 def test_after_the_alias_moved_a_record_mlflow_refuses_is_a_warning_not_a_failure(client, caplog):
-    from trainflow.tasks.promote import PROMOTED, Promotion, evaluation_metrics, record_decision
+    from trainflow.tasks.promote import PROMOTED, evaluation_metrics, record_decision
+    from trainflow.tasks.values import Promotion
 
     uri, c, run_id = client
 

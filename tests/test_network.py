@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from tests.conftest import tiny_preprocessor, tiny_table
-from trainflow.config import ConfigError, config_from_dict
+from trainflow.config import config_from_dict
+from trainflow.errors import ConfigError
 from trainflow.trainer.checkpoint import save_checkpoint
 from trainflow.trainer.families.network import EmbeddingMLP, check_model, model_for, network_parameters
 from trainflow.trainer.serving import load_servable

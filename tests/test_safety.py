@@ -178,7 +178,7 @@ def _gate_setup(tmp_path, table=None, **sections):
 
 
 def _register(cfg, path: str):
-    from trainflow.tasks.register import Registered
+    from trainflow.tasks.values import Registered
     from trainflow.tasks.model_package import MODEL_CODE, requirements
     from trainflow.tracking import ensure_experiment, tracking
 
@@ -330,10 +330,10 @@ def test_register_is_idempotent_across_task_retries(tmp_path):
     run and one model version."""
     from prefect import flow
 
-    from trainflow.tasks.ingest import Ingested
+    from trainflow.tasks.values import Ingested
     from trainflow.tasks.register import register
-    from trainflow.tasks.select import Selected
-    from trainflow.tasks.train import TrainOutcome
+    from trainflow.tasks.values import Selected
+    from trainflow.tasks.values import TrainOutcome
     from trainflow.tables import TableSpec
 
     cfg, _, checkpoint = _gate_setup(tmp_path)
@@ -407,7 +407,7 @@ def test_dataset_inputs_never_carry_credentials_of_the_table_uri(tmp_path):
     # the MLflow run's dataset inputs name the table by its URI: user-info and credential query values masked,
     # in the source and in the dataset's name
     from trainflow.tables import TableSpec
-    from trainflow.tasks.ingest import Ingested
+    from trainflow.tasks.values import Ingested
     from trainflow.tasks.register import log_datasets
 
     uri = "s3://AKIAUSER:pa55-s3cret@bucket/tables/train.parquet?X-Amz-Signature=sig-s3cret&versionId=7"

@@ -170,3 +170,42 @@ def paired_bootstrap(
         "gain_p95": float(np.percentile(gains_arr, 95)),
         "share_not_better": float((gains_arr <= margin).mean()),
     }
+
+
+def model_outputs(prep: TabularPreprocessor, predictions: pa.Table) -> np.ndarray:
+    """What compute_metrics takes, rebuilt from the written predictions: log-probabilities per class (their softmax
+    is the probabilities) or the standardized prediction."""
+    if prep.task == "classification":
+        probs = np.column_stack(
+            [np.asarray(predictions[f"proba_{c}"].to_pylist(), dtype=np.float64) for c in prep.classes]
+        )
+        return np.log(np.clip(probs, 1e-12, 1.0)).astype(np.float32)
+    pred = np.asarray(predictions["prediction"].to_pylist(), dtype=np.float64)
+    return ((pred - prep.label_mean) / prep.label_std).astype(np.float32)
+
+
+def estimate_metrics(prep: TabularPreprocessor, predictions: pa.Table) -> dict[str, float]:
+    """Confidence-based performance estimation (CBPE) of a classifier from its written predictions alone: with
+    calibrated probabilities (the served calibration), the expected accuracy is the mean probability of the predicted
+    class, the expected log loss the mean entropy, and for two classes the expected confusion matrix (each row counts
+    p towards a positive and 1 - p towards a negative) gives F1 and, over every threshold, ROC AUC. Valid while the
+    probabilities stay calibrated, i.e. under covariate shift but not under concept shift (P(y|x) changing)."""
+    probs = np.exp(model_outputs(prep, predictions).astype(np.float64))
+    probs /= probs.sum(axis=1, keepdims=True)
+    index = {str(c): i for i, c in enumerate(prep.classes)}
+    chosen = np.array([index[str(v)] for v in predictions["prediction"].to_pylist()], dtype=np.int64)
+    rows = np.arange(len(chosen))
+    out = {
+        "val_loss": float(-(probs * np.log(np.clip(probs, 1e-12, 1.0))).sum(axis=1).mean()),
+        "val_accuracy": float(probs[rows, chosen].mean()),
+    }
+    if probs.shape[1] == 2:
+        p = probs[:, 1]
+        positive = chosen == 1
+        tp, fp, fn = p[positive].sum(), (1 - p[positive]).sum(), p[~positive].sum()
+        out["val_f1"] = float(2 * tp / (2 * tp + fp + fn)) if tp + fp + fn > 0 else 0.0
+        order = np.argsort(-p, kind="stable")
+        tpr = np.concatenate([[0.0], np.cumsum(p[order])]) / max(p.sum(), 1e-12)
+        fpr = np.concatenate([[0.0], np.cumsum(1 - p[order])]) / max((1 - p).sum(), 1e-12)
+        out["val_roc_auc"] = float(np.trapezoid(tpr, fpr))
+    return out

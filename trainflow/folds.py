@@ -125,7 +125,7 @@ class FoldPlan:
     # roles by group (split.group_column, without time_column): the group's hash decides, so its rows share a role
     group_column: str | None = None
     groups_split: int | None = field(default=None, compare=False)
-    # roles by time: the backtest's earlier model (tasks/earlier.py), the recent model's procedure one validation
+    # roles by time: the backtest's earlier model (flows/backtest.py), the recent model's procedure one validation
     # block back in time. The recent model (one split: the chosen family's; folds: its newest fold model, fold 0)
     # trains on u >= recent_cut; the earlier one on u >= cut and early-stops on the recent model's newest training
     # rows [recent_cut, cut), as many as the recent model's validation rows. {"cut", "recent_cut", "end" (the earlier

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from trainflow.storage import replace_bytes
 
 PLANS = ["basic", "standard", "premium"]
 REGIONS = ["north", "south", "east", "west", "central"]
@@ -57,9 +58,10 @@ def make_churn_table(rows: int, seed: int, with_label: bool = True, id_offset: i
 
 
 def _write(table: pa.Table, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    pq.write_table(table, tmp, row_group_size=25_000)
-    os.replace(tmp, path)
+    """The table as one Parquet file, written whole (storage.replace_bytes): a few MB, built in memory."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, row_group_size=25_000)
+    replace_bytes(str(path.resolve()), sink.getvalue().to_pybytes())
 
 
 def write_sample(

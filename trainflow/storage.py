@@ -92,6 +92,21 @@ def replace_bytes(uri: str, data: bytes) -> None:
         raise
 
 
+def write_new(path: str, data: bytes) -> None:
+    """Write a local file whole, and only where none exists: the finished temporary file is hard-linked to path, which
+    fails (FileExistsError) when path exists, so a file someone else wrote meanwhile is kept; no temporary file is
+    left either way."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.link(tmp, target)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
 def write_text(uri: str, text: str) -> None:
     write_bytes(uri, text.encode())
 

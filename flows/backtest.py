@@ -13,7 +13,7 @@ ensemble's backtest trains its heaviest member.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from trainflow.config import ENSEMBLE, Config
 from trainflow.data import earlier_parts
@@ -21,24 +21,13 @@ from trainflow.errors import ConfigError, DataError, disk_full
 from trainflow.redact import redact_text
 from trainflow.runtime import stop_requested
 from trainflow.preprocessors.fit import pack
-from trainflow.tasks.common import task_logger
+from trainflow.tasks.common import task_logger, lineage_for
 from trainflow.tasks.mlflow_run import end_runs
-from trainflow.tasks.preprocess import Prepared
+from trainflow.tasks.values import Prepared, Split, EarlierFit
 from trainflow.tasks.select import select
-from trainflow.tasks.split import Split
-from trainflow.tasks.train import lineage_for, train
+from trainflow.tasks.train import train
 from trainflow.trainer.deadline import MIN_RUN_S, write_deadline
 from trainflow.trainer.runner import latest_lineage, run_dir
-
-
-@dataclass
-class EarlierFit:
-    family: str
-    recent: str | None  # the recent model's checkpoint folder (local), None when skipped
-    earlier: str | None  # the earlier model's
-    shift: float = 0.0  # the recent model's last training time minus the earlier one's (time_number units)
-    run_name: str | None = None
-    skipped: str | None = None  # why there is no earlier model
 
 
 def backtest_family(chosen: str, weights: dict[str, float] | None) -> str:

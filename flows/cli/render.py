@@ -1,0 +1,296 @@
+"""How each command's summary reads for a person (the JSON itself: --summary-json)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def _progress_line(s: dict[str, Any]) -> str:
+    budget = s.get("training_budget") or {}
+    unit = budget.get("unit", "epoch")
+    line = f"  {unit + 's run':<18}{s.get('epochs_run')}" + (
+        f" of at most {budget['limit']}" if "limit" in budget else ""
+    )
+    if budget.get("batch_size"):
+        line += f", batch {budget['batch_size']} per worker"
+    if s.get("resumed_from_epoch") is not None:
+        line += f" (resumed from epoch {s['resumed_from_epoch']})"
+    return line
+
+
+def _weights(s: dict[str, Any]) -> str:
+    return ", ".join(f"{m['family']} {m['weight']:.2f}" for m in (s.get("ensemble") or {}).get("members", []))
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    from trainflow.trainer.backtest import backtest_line
+
+    if s.get("skipped"):
+        lines = [
+            "",
+            "trainflow summary",
+            f"  skipped           {s['skipped']['reason']}",
+            f"  data              {s.get('data_path')} (fingerprint {s.get('data_fingerprint')})",
+        ]
+        return "\n".join(lines + _scoring_lines(s))
+    best = s.get("best_checkpoint") or {}
+    metrics = best.get("metrics") or {}
+    shown = {k: v for k, v in metrics.items() if k.startswith("val_") or k == "train_loss"}
+    lines = [
+        "",
+        "trainflow summary",
+        *(
+            [
+                f"  already finished  run {s.get('run_name')} finished at {s['already_finished']} on the same data and "
+                "config (this start waited for it): nothing was done again; its summary follows"
+            ]
+            if s.get("already_finished")
+            else []
+        ),
+        f"  run name          {s.get('run_name')}",
+        f"  data              {s.get('data_path')} ({s.get('training_rows')} rows, fingerprint {s.get('data_fingerprint')})",
+        f"  model family      {s.get('model_family')}",
+        *(
+            [
+                f"  ensemble          {_weights(s)} (greedy ensemble selection"
+                + ("; its scores cross-fitted)" if s.get("oof_metrics") else " on the validation split)"),
+                f"  checkpoint        {best.get('path')}",
+            ]
+            if s.get("ensemble") and s.get("model_family") == "ensemble"
+            else [
+                _progress_line(s),
+                f"  best checkpoint   {(s.get('training_budget') or {}).get('unit', 'epoch')} "
+                f"{best.get('epoch')}: {best.get('path')}",
+            ]
+        ),
+        *(
+            [
+                "  validation        "
+                + ", ".join(f"{k}={v:.4f}" for k, v in shown.items())
+                + f" ({s.get('validation_rows')} rows; chose the model)"
+            ]
+            if not s.get("oof_metrics")
+            else [
+                "  out-of-fold       "
+                + ", ".join(f"{k}={v:.4f}" for k, v in s["oof_metrics"].items() if k != "train_loss")
+                + f" ({s.get('oof_rows')} rows, each predicted by the one of {s.get('folds')} fold models that never saw it;"
+                " chose the model)"
+            ]
+        ),
+        *(
+            [
+                "  test              "
+                + ", ".join(f"{k}={v:.4f}" for k, v in (s.get("test_metrics") or {}).items())
+                + f" ({s.get('test_rows')} rows no choice touched)"
+            ]
+            if s.get("test_metrics")
+            else []
+        ),
+        *([f"  roles             {s['split']}"] if s.get("split") and s.get("split").startswith("by time") else []),
+        *([f"  note              {s['split_note']}"] if s.get("split_note") else []),
+        *([f"  backtest          {backtest_line(s['backtest'])}"] if s.get("backtest") else []),
+        f"  mlflow            run {s.get('mlflow_run_id')}, model {s.get('model_uri')}",
+    ]
+    if s.get("trials"):
+        b, metric = s.get("best_trial") or {}, s.get("tune_metric")
+        lines.append(
+            f"  sweep             {len(s['trials'])} trials, {s.get('max_concurrent_trials')} at a time; "
+            f"best {b.get('trial_id')} by {metric} ({s.get('tune_mode')})"
+        )
+        for t in s["trials"]:
+            score = t.get(metric)
+            params = ", ".join(
+                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in (t.get("params") or {}).items()
+            )
+            lines.append(
+                f"    {t.get('trial_id')}  {params}  {metric}={'-' if score is None else f'{score:.4f}'}"
+                f" after {t.get('epochs_run')} epoch(s), {t.get('status')}"
+            )
+    if s.get("candidates"):
+        metric = (s.get("promotion") or {}).get("metric")
+        tested = metric.replace("val_", "test_", 1) if metric else None
+        where = "the validation split" if not s.get("oof_metrics") else "the out-of-fold predictions"
+        chose = metric.replace("val_", "oof_", 1) if metric and s.get("oof_metrics") else metric
+        lines.append(
+            f"  candidates        by {chose} on {where}, best first"
+            + (f" ({tested} on the test rows beside it):" if s.get("test_metrics") else ":")
+        )
+        for c in s["candidates"]:
+            score, test = c.get(chose), c.get(tested)
+            how = (
+                f"weights {_weights(s)}"
+                if c["family"] == "ensemble"
+                else f"{c.get('unit', 'epoch')} {c['epoch']} of {c['epochs_run']}"
+            )
+            lines.append(
+                f"    {c['family']:<10} {chose}={'-' if score is None else f'{score:.4f}'}"
+                + (f"  {tested}={test:.4f}" if test is not None else "")
+                + f" ({how}, run {c['run_name']})"
+            )
+    for family, why in (s.get("families_left_out") or {}).items():
+        lines.append(f"    {family:<10} left out: {why}")
+    for member in (s.get("ensemble") or {}).get("members", []):
+        if member.get("left_out"):
+            lines.append(f"    {member['family']:<10} not in the ensemble: {member['left_out']}")
+    budget = s.get("time_budget") or {}
+    if budget.get("rule") or budget.get("cut_short"):
+        cut = ", ".join(f"{run} after step {step}" for run, step in (budget.get("cut_short") or {}).items())
+        lines.append(
+            f"  time budget       training took {budget.get('training_s')} s; {budget.get('rule') or 'no limit'}"
+            + (f"; stopped by it: {cut}" if cut else "")
+        )
+    for family, why in (s.get("families_failed") or {}).items():
+        lines.append(f"    {family:<10} failed, left out (the other families went on): {why}")
+    if s.get("feature_importance"):
+        lines.append(
+            "  relies on         "
+            + ", ".join(f"{r['column']} {r['importance']:.3g}" for r in s["feature_importance"][:5])
+            + f" ({(s.get('promotion') or {}).get('metric')} lost when shuffled)"
+        )
+    if s.get("calibration"):
+        where = (s.get("promotion") or {}).get("judged_on", "validation")
+        lines.append(
+            f"  calibration       ECE {s['calibration']['ece']:.4f}, Brier {s['calibration']['brier']:.4f} ({where} rows)"
+        )
+    if s.get("promotion"):
+        p = s["promotion"]
+        lines.append(
+            f"  promotion         {p.get('decision')} on {p.get('rows')} {p.get('judged_on', 'validation')} rows: "
+            f"{p.get('reason')}"
+        )
+        if p.get("judged_rows_note"):
+            lines.append(f"  judged rows       {p['judged_rows_note']}")
+    return "\n".join(lines + _scoring_lines(s))
+
+
+def format_predict_summary(s: dict[str, Any]) -> str:
+    """`trainflow predict`'s summary: the model that scored, where the predictions went, drift (the JSON behind it:
+    --summary-json)."""
+    lines = [
+        "",
+        "trainflow summary",
+        f"  model             {s.get('model')}"
+        + (f" ({s['model_version_uri']})" if s.get("model_version_uri") not in (None, s.get("model")) else ""),
+    ]
+    return "\n".join(lines + _scoring_lines({**s, "predictions_model_version": None}))
+
+
+def format_monitor_summary(s: dict[str, Any]) -> str:
+    """`trainflow monitor`'s summary: the verdict and the figures behind it (the JSON: --summary-json)."""
+    m = s.get("monitor") or {}
+    f = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
+    return "\n".join(
+        [
+            "",
+            "trainflow summary",
+            f"  model             {m.get('model_uri')}",
+            f"  labelled rows     {m.get('rows')} of {m.get('predictions')} predictions (coverage {m.get('coverage', 0):.0%})"
+            if not m.get("estimated")
+            else f"  estimated         from the probabilities of {m.get('predictions')} predictions "
+            "(CBPE: no labels; holds while they stay calibrated)",
+            f"  {m.get('metric', 'metric'):<18}{'estimated' if m.get('estimated') else 'live'} {f(m.get('live_score'))}, "
+            f"at registration {f(m.get('validation_score'))}"
+            + (f" ({m['baseline_on']})" if m.get("baseline_on") else "")
+            + f", drop {f(m.get('drop'))} (max {m.get('max_drop')})",
+            f"  verdict           {m.get('verdict')}",
+            *(
+                [
+                    f"  estimated         {m['metric']} {f(m['estimated_metrics'].get(m['metric']))} from the probabilities of "
+                    f"the same rows (CBPE), against {f(m.get('live_score'))} from their labels"
+                ]
+                if m.get("estimated_metrics") and m.get("metric") in m["estimated_metrics"]
+                else []
+            ),
+        ]
+    )
+
+
+def format_validate_summary(s: dict[str, Any]) -> str:
+    """`trainflow validate`'s summary: what a retrain would train on (the JSON: --summary-json)."""
+    feats = s.get("features") or {}
+    lines = [
+        "",
+        "trainflow summary",
+        "  valid             yes: every check a retrain makes before training passed",
+        f"  data              {s.get('data_path')} ({s.get('rows')} rows, task {s.get('task')})",
+        f"  split             {s.get('train_rows')} training, {s.get('validation_rows')} validation, "
+        f"{s.get('test_rows')} test rows" + (f", {s['folds']} folds" if (s.get("folds") or 1) > 1 else ""),
+        *([f"  roles             {s['split']}"] if s.get("split") else []),
+        *([f"  note              {s['split_note']}"] if s.get("split_note") else []),
+        f"  features          {len(feats.get('numeric') or [])} numeric, {len(feats.get('text') or [])} text, "
+        f"{len(feats.get('dates') or [])} date -> {s.get('packed_features')} packed",
+        f"  families          {', '.join(s.get('families') or {}) or '-'}",
+    ]
+    for family, why in (s.get("families_left_out") or {}).items():
+        lines.append(f"    {family:<10} left out: {why}")
+    if s.get("inference_input"):
+        lines.append(f"  scoring           {s['inference_input']} -> {s.get('inference_output')}")
+    return "\n".join(lines)
+
+
+def _scoring_lines(s: dict[str, Any]) -> list[str]:
+    lines = []
+    if s.get("predictions_path"):
+        version = s.get("predictions_model_version")
+        lines.append(
+            f"  predictions       {s['predictions_path']} ({s.get('output_rows')} rows for {s.get('input_rows')} "
+            f"inputs" + (f", model version {version})" if version else ")")
+        )
+    if s.get("drift") and s["drift"].get("columns"):
+        d = s["drift"]
+        lines.append(
+            f"  drift             {', '.join(d['drifted_columns']) or 'none'} drifted of {len(d['columns'])} "
+            f"feature(s) over {d['rows']} scoring rows"
+            + (" (too few rows to judge)" if d["rows"] < d["min_rows"] else "")
+        )
+    if s.get("estimated_metrics"):
+        lines.append(
+            "  estimated         "
+            + ", ".join(f"{k.removeprefix('val_')} {v:.4f}" for k, v in s["estimated_metrics"].items())
+            + " (CBPE: from the calibrated probabilities, no labels; trainflow monitor --labels measures)"
+        )
+    if s.get("unseen_categories"):
+        lines.append(
+            "  unseen values     "
+            + ", ".join(f"{c}: {n} row(s)" for c, n in s["unseen_categories"].items())
+            + " (predicted with the unknown code)"
+        )
+    return lines
+
+
+def format_champion_summary(s: dict[str, Any]) -> str:
+    """`trainflow champion`'s answer for a person (the JSON: --summary-json)."""
+    if "moved" in s:
+        return (
+            f"{s['model']}@champion -> version {s['champion']} ({s['why']}; was {s.get('previous')}, {s.get('by')})"
+            if s["moved"]
+            else f"{s['model']}: {s['why']}; nothing moved"
+        )
+    rows = s["history"] if "history" in s else [s["period"]] if s.get("period") else []
+    if not rows:
+        return f"{s['model']}: no recorded @champion period" + (f" covers {s['at']}" if "at" in s else "")
+    lines = [f"{'version':>7}  {'since':25}  {'until':25}  why"]
+    for r in rows:
+        replaced = f"; replaced by v{r['replaced_by']}: {r.get('replaced_why')}" if r.get("replaced_by") else ""
+        lines.append(
+            f"{r['version']:>7}  {r.get('since') or '?':25}  {r.get('until') or 'serving':25}  "
+            f"{r.get('why')} ({r.get('by')}){replaced}"
+        )
+    return "\n".join(lines)
+
+
+RENDERERS = {
+    "retrain": format_summary,
+    "tune": format_summary,
+    "predict": format_predict_summary,
+    "monitor": format_monitor_summary,
+    "validate": format_validate_summary,
+    "champion": format_champion_summary,
+}
+
+
+def render(command: str, summary: dict[str, Any]) -> str:
+    """The summary of command as a person reads it."""
+    formatter = RENDERERS.get(command)
+    return formatter(summary) if formatter else json.dumps(summary, indent=2, default=str)
