@@ -21,7 +21,8 @@ import torch
 import ray
 import ray.data
 from trainflow.config import config_from_dict
-from trainflow.data import split_table
+from trainflow.data import plan_split, split_roles
+from trainflow.folds import TRAIN, VALIDATION
 from trainflow.preprocessors.fit import check_text_columns, fit_and_pack
 from trainflow.tables import table_spec
 from trainflow.trainer.runner import build_trainer
@@ -81,7 +82,10 @@ for name, workers, per in [
     spec = table_spec(table.schema, cfg.data, "classification", "mem")
     ds = ray.data.from_arrow(table)
     check_text_columns(ds, spec, True, "mem")
-    train, val, _, _ = split_table(ds, "classification", "y", 0.2, 42, spec.feature_order + ["y"], True)
+    parts = split_roles(
+        ds, plan_split(ds, "classification", "y", 0.0, 0.2, 42, spec.feature_order + ["y"], rows=0), True
+    )
+    train, val = parts[TRAIN], parts[VALIDATION]
     prep, tr, va = fit_and_pack(train, val, spec, "classification", cfg.preprocess)
     trainer = build_trainer(cfg, prep, tr, va, f"gpu-{name}", cache_shards=os.environ.get("CACHE", "1") == "1")
     result = trainer.fit()

@@ -227,10 +227,10 @@ def no_skill_loss(prep) -> float:
 def _not_earning(
     family: str, first_fold: TrainOutcome, first_folds: dict[str, float], prepared: Prepared, k: int
 ) -> str | None:
-    """Why family's remaining folds are not worth their time, measured on its first fold's validation rows (about a
-    k-th of the non-test rows; never the test rows) against the other families' first folds; records its loss in
+    """Why family's remaining folds are not worth their time, measured on its first fold's validation rows (a fold of
+    the non-test rows; never the test rows) against the other families' first folds; records its loss in
     first_folds."""
-    fold_rows = prepared.preprocessor.train_rows // k  # cross-fitted, the preprocessor is fitted on every non-test row
+    fold_rows = prepared.fold_rows[0] if prepared.fold_rows else 0  # the plan's count of the first fold's rows
     losses = [h["val_loss"] for h in first_fold.history if isinstance(h.get("val_loss"), (int, float))]
     if not losses:
         return None

@@ -52,10 +52,10 @@ def preprocess(ingested: Ingested, parts: Split, config: Config, packed: bool = 
         # before any training: a scoring value this vocabulary lacks would fail the run after register and promote
         check_unseen(_unseen_in_scoring_table(config, prep), prep, config.inference.input)
     k = parts.fold_count
+    fold_rows = parts.plan.fold_rows() if k > 1 and parts.plan is not None else []
+    # cross-fitted, each family is sized for its largest fold model: the most training and the most held-out rows
     fit_rows, held_rows = (
-        (parts.train_rows - parts.train_rows // k, parts.train_rows // k)
-        if k > 1
-        else (parts.train_rows, parts.val_rows)
+        (parts.train_rows - min(fold_rows), max(fold_rows)) if fold_rows else (parts.train_rows, parts.val_rows)
     )
     budgets, estimate, left_out = size_families(
         config, prep, fit_rows, held_rows, cluster_resources().get("memory", 0), ingested.spec.path
@@ -93,7 +93,7 @@ def preprocess(ingested: Ingested, parts: Split, config: Config, packed: bool = 
         estimate["table_bytes"] / 2**20,
         rows,
     )
-    return Prepared(prep, train, val, materialize, budgets, ingested.spec.fingerprint, left_out, folds)
+    return Prepared(prep, train, val, materialize, budgets, ingested.spec.fingerprint, left_out, folds, fold_rows)
 
 
 def size_families(

@@ -60,6 +60,7 @@ class Prepared:
     fingerprint: str = ""  # the training table's, recorded in every checkpoint
     left_out: dict[str, str] = field(default_factory=dict)  # model.type auto: family -> why it does not fit
     folds: list[tuple[ray.data.Dataset, ray.data.Dataset]] | None = None  # cross-fitting: each fold's, packed
+    fold_rows: list[int] = field(default_factory=list)  # cross-fitting: each fold's rows (FoldPlan.fold_rows)
 
     def for_fold(self, k: int) -> Prepared:
         """What fold model k trains on (its training rows) and early-stops on (its held-out fold)."""

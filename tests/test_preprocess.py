@@ -10,12 +10,22 @@ import ray.data
 
 from trainflow.preprocessors.tabular import SchemaDriftError, TabularPreprocessor
 from trainflow.config import DataSection
-from trainflow.data import arrow_schema, split_table
+from trainflow.data import arrow_schema
 from trainflow.preprocessors.fit import apply_preprocessor, fit_preprocessor
 from trainflow.tables import check_columns, table_spec
 from trainflow.errors import DataError
 
 pytestmark = pytest.mark.usefixtures("ray_local")
+
+
+def split_table(ds, task: str, label: str, fraction: float, seed: int, key_columns: list[str], materialize: bool):
+    """A seeded train/validation split without a test role, by the fold plan: (train, val, train_rows, val_rows)."""
+    from trainflow.data import plan_split, split_roles
+    from trainflow.folds import TRAIN, VALIDATION
+
+    plan = plan_split(ds, task, label, 0.0, fraction, seed, key_columns, rows=0)
+    parts = split_roles(ds, plan, materialize)
+    return parts[TRAIN], parts[VALIDATION], plan.counts["train"], plan.counts["validation"]
 
 
 def _table(n=400, seed=0):

@@ -307,7 +307,7 @@ def test_auto_leaves_out_a_family_whose_first_fold_is_far_behind_and_says_why():
             non_test_rows,
             {"no": 50, "yes": 50},
         )
-        return Prepared(prep, None, None, True, {})
+        return Prepared(prep, None, None, True, {}, fold_rows=[non_test_rows // 5] * 5)  # the plan's fold counts
 
     enough, few = prepared(5 * NOT_EARNING_MIN_ROWS), prepared(5 * NOT_EARNING_MIN_ROWS - 5)
     assert no_skill_loss(enough.preprocessor) == pytest.approx(math.log(2))  # even classes: log 2 = 0.693

@@ -148,10 +148,13 @@ def count_rows_and_bad_labels(ds: Rows, label: str) -> tuple[int, int]:
 
 
 def _role_counts(batch: pa.Table, plan) -> pa.Table:
-    """Per class (or for the whole batch): rows, rows in the test range, rows in the validation range and, with
-    folds, rows per fold (f0, f1, ...)."""
-    u = plan.keys(batch)
-    test, val = u < plan.test_fraction, (u >= plan.test_fraction) & (u < plan.validation_cut)
+    """Per class (or for the whole batch): rows, rows the plan puts in the test role, in the validation role and,
+    with folds, rows per fold (f0, f1, ...): the plan's own roles (before its classes are chosen, every class's rows
+    in the test and validation ranges)."""
+    from trainflow.folds import TEST, VALIDATION
+
+    roles = plan.roles(batch)
+    test, val = roles == TEST, roles == VALIDATION
     folds = plan.fold_ids(batch) if plan.folds > 1 else None
     if plan.label is None:
         extra = {f"f{k}": [int((folds == k).sum())] for k in range(plan.folds)} if folds is not None else {}
@@ -637,14 +640,3 @@ def earlier_parts(fit_rows: Rows, plan, materialize: bool) -> tuple[Rows, Rows]:
         fit_rows.map_batches(_earlier_role, fn_kwargs={"plan": plan, "role": r}, batch_format="pyarrow", **task_args)
         for r in (TRAIN, VALIDATION)
     )
-
-
-def split_table(
-    ds: ray.data.Dataset, task: str, label: str, fraction: float, seed: int, key_columns: list[str], materialize: bool
-):
-    """A seeded train/validation split without a test role: (train, val, train_rows, val_rows)."""
-    from trainflow.folds import TRAIN, VALIDATION
-
-    plan = plan_split(ds, task, label, 0.0, fraction, seed, key_columns, rows=0)
-    parts = split_roles(ds, plan, materialize)
-    return parts[TRAIN], parts[VALIDATION], plan.counts["train"], plan.counts["validation"]

@@ -135,6 +135,10 @@ class FoldPlan:
     # (as text), sorted; its rows take that class's cuts. A group not listed (new since) takes the cuts of all rows ("")
     group_strata: dict[str, tuple[float, ...]] | None = None
 
+    def fold_rows(self) -> list[int]:
+        """Cross-fitting: the rows of each fold (its fold model's held-out rows) when the plan was made."""
+        return [int(self.counts.get(f"fold {i}", 0)) for i in range(self.folds)] if self.folds > 1 else []
+
     @property
     def validation_cut(self) -> float:
         return self.test_fraction + (1.0 - self.test_fraction) * self.validation_fraction
