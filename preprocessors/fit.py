@@ -30,7 +30,7 @@ from trainflow.preprocessors.baseline import (
 from trainflow.preprocessors.dates import date_parts, looks_like_dates, parts_for
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.config import PreprocessSection
-from trainflow.data import Rows, arrow_schema, streamed_task_args
+from trainflow.data import Rows, arrow_schema, per_batch, schema_of, streamed_task_args
 from trainflow.tables import TableSpec
 
 
@@ -332,23 +332,11 @@ def _unseen_in_batch(batch: pa.Table, prep: dict) -> pa.Table:
     return pa.table(out)
 
 
-def count_unseen(ds: ray.data.Dataset, prep: TabularPreprocessor) -> dict[str, dict]:
-    """Per text column, the rows whose value is outside the model's vocabulary, and one such value (one pass)."""
+def count_unseen(rows: Rows, prep: TabularPreprocessor) -> dict[str, dict]:
+    """Per text column, the rows whose value is outside the model's vocabulary, and one such value (one pass; a
+    table in this process's memory is counted here)."""
     cols = list(prep.text_columns())
-    if not cols:
-        return {}
-    per_batch = (
-        ds.select_columns(cols)
-        .map_batches(_unseen_in_batch, fn_kwargs={"prep": prep.to_dict()}, batch_format="pyarrow", batch_size=None)
-        .take_all()
-    )
-    return _sum_unseen(per_batch, cols)
-
-
-def count_unseen_table(table: pa.Table, prep: TabularPreprocessor) -> dict[str, dict]:
-    """count_unseen of a table in this process's memory."""
-    cols = list(prep.text_columns())
-    return _sum_unseen(_unseen_in_batch(table.select(cols), prep.to_dict()).to_pylist(), cols) if cols else {}
+    return _sum_unseen(per_batch(rows, _unseen_in_batch, {"prep": prep.to_dict()}, cols), cols) if cols else {}
 
 
 def _sum_unseen(per_batch: list[dict], cols: list[str]) -> dict[str, dict]:
@@ -364,24 +352,15 @@ def _drift_counts(batch: pa.Table, baseline: dict) -> pa.Table:
     return pa.table({"counts": [json.dumps(count_batch(baseline, batch))]})
 
 
-def count_drift(ds: ray.data.Dataset, baseline: dict[str, Any]) -> dict[str, list[int]]:
-    """Counts of ds in the baseline's buckets with Ray tasks (a table already in memory: a pass over the object
-    store, not the files; streamed tables are counted by the predictors instead)."""
-    cols = [c for c in baseline.get("columns", {}) if c in arrow_schema(ds, "scoring table").names]
+def count_drift(rows: Rows, baseline: dict[str, Any]) -> dict[str, list[int]]:
+    """Counts of rows in the baseline's buckets: here for a table in this process's memory, else with Ray tasks (a
+    table already in the object store: a pass over it, not the files; streamed tables are counted by the predictors
+    instead)."""
+    cols = [c for c in baseline.get("columns", {}) if c in schema_of(rows, "scoring table").names]
     if not cols:
         return {}
-    parts = (
-        ds.select_columns(cols)
-        .map_batches(_drift_counts, fn_kwargs={"baseline": baseline}, batch_format="pyarrow", batch_size=None)
-        .take_all()
-    )
+    parts = per_batch(rows, _drift_counts, {"baseline": baseline}, cols)
     return merge_counts([json.loads(p["counts"]) for p in parts])
-
-
-def count_drift_table(table: pa.Table, baseline: dict[str, Any]) -> dict[str, list[int]]:
-    """count_drift of a table in this process's memory."""
-    cols = [c for c in baseline.get("columns", {}) if c in table.schema.names]
-    return merge_counts([count_batch(baseline, table.select(cols))]) if cols else {}
 
 
 def check_unseen(unseen: dict[str, dict], prep: TabularPreprocessor, source: str) -> None:

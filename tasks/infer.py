@@ -20,7 +20,7 @@ from trainflow.trainer.predict import (
 )
 from trainflow.config import Config, infer_format
 from trainflow.data import arrow_schema, read_table, should_materialize
-from trainflow.preprocessors.fit import check_unseen, count_drift, count_drift_table, count_unseen, count_unseen_table
+from trainflow.preprocessors.fit import check_unseen, count_drift, count_unseen
 from trainflow.tables import check_writable, in_memory_bytes, list_files, read_arrow
 from trainflow.outputs import guard_output, write_output
 from trainflow.errors import CheckpointError, DataError
@@ -89,7 +89,7 @@ def infer(checkpoint_path: str, config: Config, model: str = "") -> Predictions:
     input_rows = ds.num_rows if here else ds.count()
     if input_rows == 0:
         raise DataError(f"{input_path}: the table has no rows")
-    unseen = count_unseen_table(ds, prep) if here else count_unseen(ds, prep)  # a pass over the text columns only
+    unseen = count_unseen(ds, prep)  # a pass over the text columns only
     if config.inference.on_unseen == "error":
         check_unseen(unseen, prep, input_path)
     for col, found in unseen.items():
@@ -106,7 +106,7 @@ def infer(checkpoint_path: str, config: Config, model: str = "") -> Predictions:
     drift, drawn = {}, None
     with ThreadPoolExecutor(1, thread_name_prefix="trainflow-drift-chart") as helper:
         if drifting and materialize:
-            counts = count_drift_table(ds, prep.baseline) if here else count_drift(ds, prep.baseline)
+            counts = count_drift(ds, prep.baseline)
             drift = measure(config, prep.baseline, counts, input_rows)
             if in_prefect_run():  # the artifact's chart, drawn while the rows are predicted (no artifact outside a run)
                 drawn = helper.submit(markdown, drift, model, input_path)

@@ -17,7 +17,7 @@ from trainflow.redact import redact_text
 from trainflow.trainer.families import family_for
 from trainflow.trainer.loop import class_weights
 from trainflow.data import read_table
-from trainflow.preprocessors.fit import check_unseen, count_unseen, count_unseen_table, fit_preprocessor, pack
+from trainflow.preprocessors.fit import check_unseen, count_unseen, fit_preprocessor, pack
 from trainflow.runtime import cluster_resources, ensure_ray
 from trainflow.tables import in_memory_bytes, list_files, read_arrow
 from trainflow.trainer.predict import scored_here
@@ -30,7 +30,7 @@ def _unseen_in_scoring_table(config: Config, prep: TabularPreprocessor) -> dict[
     fmt = infer_format(inp)
     fs, files = listed = list_files(inp, fmt)
     if scored_here(config, in_memory_bytes(fs, files, fmt)):
-        return count_unseen_table(read_arrow(fs, files, fmt, config.data.csv, inp), prep)
+        return count_unseen(read_arrow(fs, files, fmt, config.data.csv, inp), prep)
     ensure_ray(**config.ray_start)
     return count_unseen(read_table(inp, fmt, listed=listed, csv=config.data.csv)[0], prep)
 

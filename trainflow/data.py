@@ -174,15 +174,20 @@ def _role_counts(batch: pa.Table, plan) -> pa.Table:
     )
 
 
-def _counts(ds: Rows, plan, columns: list[str]) -> list[dict]:
-    """_role_counts over ds: Ray tasks, or this process for a table in its memory."""
-    if isinstance(ds, pa.Table):
-        return _role_counts(ds.select(columns), plan).to_pylist()
+def per_batch(rows: Rows, fn, kwargs: dict, columns: list[str]) -> list[dict]:
+    """fn (a batch of rows' columns -> a small table) over rows, its results' rows as dicts: this process's one call
+    for a table in its memory, a Ray task per block of a Dataset."""
+    if isinstance(rows, pa.Table):
+        return fn(rows.select(columns), **kwargs).to_pylist()
     return (
-        ds.select_columns(columns)
-        .map_batches(_role_counts, fn_kwargs={"plan": plan}, batch_format="pyarrow", batch_size=None)
+        rows.select_columns(columns)
+        .map_batches(fn, fn_kwargs=kwargs, batch_format="pyarrow", batch_size=None)
         .take_all()
     )
+
+
+def _counts(ds: Rows, plan, columns: list[str]) -> list[dict]:
+    return per_batch(ds, _role_counts, {"plan": plan}, columns)
 
 
 def _keys_and_classes(batch: pa.Table, plan) -> pa.Table:
@@ -288,8 +293,9 @@ def _gather(ds: Rows, fn, kwargs: dict, columns: list[str]) -> pa.Table:
     return pa.concat_tables([pa.Table.from_batches([b]) if isinstance(b, pa.RecordBatch) else b for b in parts])
 
 
-def _schema(ds: Rows) -> pa.Schema:
-    return ds.schema if isinstance(ds, pa.Table) else arrow_schema(ds, "")
+def schema_of(rows: Rows, source: str = "") -> pa.Schema:
+    """The Arrow schema of a table in memory or of a Dataset (arrow_schema)."""
+    return rows.schema if isinstance(rows, pa.Table) else arrow_schema(rows, source)
 
 
 def plan_ordered(
@@ -312,7 +318,7 @@ def plan_ordered(
     from trainflow.errors import DataError
     from trainflow.folds import FoldPlan, check_class_sizes, effective_test_fraction, resolve_folds, time_kind
 
-    names = _schema(ds).names
+    names = schema_of(ds).names
     for key, column in (("time_column", time_column), ("group_column", group_column)):
         if column is not None and column not in names:
             from trainflow.tables import did_you_mean
@@ -322,11 +328,11 @@ def plan_ordered(
             )
     kind = None
     if time_column is not None:
-        kind = time_kind(_schema(ds).field(time_column).type)
+        kind = time_kind(schema_of(ds).field(time_column).type)
         if kind is None:
             raise DataError(
                 f"{source}: split.time_column {time_column!r} has type "
-                f"{_schema(ds).field(time_column).type}; it needs dates, timestamps or numbers (a text "
+                f"{schema_of(ds).field(time_column).type}; it needs dates, timestamps or numbers (a text "
                 "column of dates: parse it into a date or timestamp column first)"
             )
     test_share = effective_test_fraction(test_fraction, rows)
