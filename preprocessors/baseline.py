@@ -21,7 +21,6 @@ import pyarrow.compute as pc
 STEP = 0.02  # asinh-scale width of the fit's fine bins: about 2% of a value away from zero
 BINS = 20  # equal-mass bins per number in the stored baseline
 TOP_CATEGORIES = 50  # categories per text column in the stored baseline; the rest is one "other" bucket
-NULL, OTHER = "__null__", "__other__"
 
 
 def numeric_baseline(fine: dict[int, int] | None, rows: int, missing: int) -> dict[str, Any]:

@@ -296,7 +296,7 @@ class TabularPreprocessor:
             rows = np.flatnonzero(~unseen)
             codes = idx[rows].astype(np.int64)
             if col in self.embedded:
-                out[rows, pos] = codes + 1  # exact in float32 below 2**24 codes
+                out[rows, pos] = codes + UNKNOWN_CODE + 1  # after the unknown code; exact in float32 below 2**24 codes
                 pos += 1
             else:
                 out[rows, pos + codes] = 1.0

@@ -27,7 +27,6 @@ T = TypeVar("T")
 WAIT_NOTE_S = 30.0  # a waiting run says so at once, then this often
 MLFLOW_BACKOFF_CAP_S = 120.0  # urllib3's longest pause between two of MLflow's retries
 MLFLOW_MAX_RETRIES = 10  # MLflow refuses more (its _MLFLOW_HTTP_REQUEST_MAX_RETRIES_LIMIT)
-MLFLOW_MAX_WAIT_S = MLFLOW_BACKOFF_CAP_S * (MLFLOW_MAX_RETRIES - 1)
 
 
 @dataclass
