@@ -35,6 +35,17 @@ OVERRIDES = _shared(
     )
 )
 SUMMARY_JSON = _shared(("--summary-json", {"help": "also write the summary as JSON to this file"}))
+NO_WAIT = _shared(
+    (
+        "--no-wait",
+        {
+            "dest": "wait",
+            "action": "store_false",
+            "help": "fail at once, naming the holder, when another start of this --run-name is running (default: wait "
+            "for it)",
+        },
+    )
+)
 
 
 def _version() -> str:
@@ -53,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser(
-        "retrain", help="train, select, register and predict from a config", parents=[CONFIG, OVERRIDES, SUMMARY_JSON]
+        "retrain",
+        help="train, select, register and predict from a config",
+        parents=[CONFIG, OVERRIDES, SUMMARY_JSON, NO_WAIT],
     )
     r.add_argument("--run-name", help="Ray Train run name; an existing name resumes that run")
     r.add_argument(
@@ -61,29 +74,17 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="retrain even when the data and training config are those of the current champion",
     )
-    r.add_argument(
-        "--no-wait",
-        dest="wait",
-        action="store_false",
-        help="fail at once, naming the holder, when another start of this --run-name is running (default: wait for it)",
-    )
 
     t = sub.add_parser(
         "tune",
         help="Ray Tune sweep over the config's tune.search_space, then register the best",
-        parents=[CONFIG, OVERRIDES, SUMMARY_JSON],
+        parents=[CONFIG, OVERRIDES, SUMMARY_JSON, NO_WAIT],
     )
     t.add_argument("--run-name", help="sweep name")
     t.add_argument(
         "--resume",
         action="store_true",
         help="restore the sweep --run-name names from its folder (unpickles Ray Tune's state: only your own)",
-    )
-    t.add_argument(
-        "--no-wait",
-        dest="wait",
-        action="store_false",
-        help="fail at once, naming the holder, when another start of this --run-name is running",
     )
 
     pr = sub.add_parser(
