@@ -85,7 +85,7 @@ def run(name: str, variants: list[dict]) -> None:
             opt,
             functools.partial(
                 lr_factor,
-                total_steps=budget.epochs * steps,
+                total_steps=budget.limit * steps,
                 warmup_fraction=train_cfg["warmup_fraction"],
                 schedule=train_cfg["schedule"],
             ),
@@ -94,7 +94,7 @@ def run(name: str, variants: list[dict]) -> None:
         smooth = train_cfg["label_smoothing"]
         fit_loss = torch.nn.CrossEntropyLoss(label_smoothing=smooth) if task == "classification" else loss_fn
         best_state, started = None, time.perf_counter()
-        for epoch in range(budget.epochs):
+        for epoch in range(budget.limit):
             model.train()
             order = torch.randperm(len(ya))
             for i in range(0, len(ya), batch):

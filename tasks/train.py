@@ -121,7 +121,7 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
             run_name,
             cache_shards=prepared.materialized,
             streamed=not prepared.materialized,
-            external_memory=getattr(budget, "external_memory", False),
+            external_memory=budget.external_memory,
             lineage=lineage,
             callbacks=[callback],
         )

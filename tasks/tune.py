@@ -82,7 +82,7 @@ def tune_sweep(prepared: Prepared, config: Config, sweep: str, resume: bool = Fa
             sweep,
             parallel,
             cache_shards=prepared.materialized,
-            external_memory={name: getattr(b, "external_memory", False) for name, b in prepared.budgets.items()},
+            external_memory={name: b.external_memory for name, b in prepared.budgets.items()},
             resume=resume,
             progress=progress,
         )

@@ -212,8 +212,8 @@ def test_a_boosters_own_params_block_overrides_the_shared_keys_for_it_alone():
     lgb = REGISTRY["lightgbm"].library_params(prep, own.for_family("lightgbm"))
     assert (xgb["learning_rate"], xgb["max_depth"]) == (0.2, 8) and "num_leaves" not in xgb
     assert (lgb["learning_rate"], lgb["num_leaves"]) == (0.05, 63) and "max_depth" not in lgb
-    assert boost_budget(own.for_family("catboost").model).num_boost_round == 3000
-    assert boost_budget(own.for_family("xgboost").model).num_boost_round == 1000
+    assert boost_budget(own.for_family("catboost").model).limit == 3000
+    assert boost_budget(own.for_family("xgboost").model).limit == 1000
     assert own.for_family("catboost").for_family("catboost") == own.for_family("catboost")  # resolved once
     import pickle
 

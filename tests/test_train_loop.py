@@ -147,13 +147,13 @@ def test_budget_gives_small_tables_steps_and_large_tables_full_batches():
 
     train = TrainSection()  # epochs, batch size and patience auto
     small, large = resolve_budget(train, 120, 2), resolve_budget(train, 5_000_000, 2)
-    assert small.batch_size == 16 and small.epochs == 300 and small.epochs * small.steps_per_epoch >= 1000
-    assert large.batch_size == 512 and large.epochs == 10 and large.patience == 10
+    assert small.batch_size == 16 and small.limit == 300 and small.limit * small.steps_per_epoch >= 1000
+    assert large.batch_size == 512 and large.limit == 10 and large.patience == 10
     # an explicit value always wins
     fixed = resolve_budget(
         TrainSection(epochs=7, batch_size=64, early_stopping={"patience": "off", "min_delta": 0}), 120, 2
     )
-    assert (fixed.batch_size, fixed.epochs, fixed.patience) == (64, 7, None)
+    assert (fixed.batch_size, fixed.limit, fixed.patience) == (64, 7, None)
     # the early-stopping state is plain data that a resumed run loads and keeps counting from
     stopper = EarlyStopping("min", patience=2, min_delta=0.0)
     for epoch, value in enumerate([1.0, 0.5, 0.6]):

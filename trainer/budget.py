@@ -9,7 +9,7 @@ epochs; early stopping then ends the run once the checkpoint metric stops improv
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from trainflow.config import TrainSection
@@ -27,25 +27,46 @@ from trainflow.limits import (
 
 @dataclass(frozen=True)
 class Budget:
-    batch_size: int  # per worker
-    epochs: int  # the most epochs; early stopping may end sooner
-    patience: int | None  # epochs without improvement before stopping; None: never stop early
-    steps_per_epoch: int  # per worker
-    unit = "epoch"  # what one report's step counts, in progress lines
+    """What one fit may spend, for every family: at most `limit` steps of its `unit` (the network's epochs, a
+    booster's rounds), early stopping after `patience` steps without improvement (None: never); the network's batch
+    size and steps per epoch (per worker); whether a booster's workers read their shard into an external-memory
+    matrix (XGBoost, xgboost_extmem.py)."""
 
-    @property
-    def limit(self) -> int:
-        return self.epochs
+    unit: str  # "epoch" or "round": what one report's step counts, in progress lines
+    limit: int
+    patience: int | None
+    batch_size: int | None = None
+    steps_per_epoch: int | None = None
+    external_memory: bool = False
 
     def describe(self) -> str:
+        if self.unit == "round":
+            return f"up to {self.limit} boosting round(s); early stopping " + (
+                f"after {self.patience} round(s) without a lower validation loss" if self.patience else "off"
+            )
         return (
-            f"batch size {self.batch_size} per worker, up to {self.epochs} epoch(s) ({self.steps_per_epoch} step(s) "
+            f"batch size {self.batch_size} per worker, up to {self.limit} epoch(s) ({self.steps_per_epoch} step(s) "
             "each); early stopping "
             + (f"after {self.patience} epoch(s) without improvement" if self.patience else "off")
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "unit": self.unit, "limit": self.limit, "description": self.describe()}
+        """The record (summary, MLflow params, a finished run's file) under each unit's own names: epochs and
+        patience, or num_boost_round and early_stopping_rounds."""
+        if self.unit == "round":
+            own = {
+                "num_boost_round": self.limit,
+                "early_stopping_rounds": self.patience,
+                "external_memory": self.external_memory,
+            }
+        else:
+            own = {
+                "batch_size": self.batch_size,
+                "epochs": self.limit,
+                "patience": self.patience,
+                "steps_per_epoch": self.steps_per_epoch,
+            }
+        return {**own, "unit": self.unit, "limit": self.limit, "description": self.describe()}
 
 
 def resolve_budget(train: TrainSection, train_rows: int, num_workers: int) -> Budget:
@@ -64,7 +85,7 @@ def resolve_budget(train: TrainSection, train_rows: int, num_workers: int) -> Bu
         patience = max(MIN_PATIENCE, epochs // PATIENCE_SHARE)
     elif patience == "off":
         patience = None
-    return Budget(batch_size=int(batch), epochs=int(epochs), patience=patience, steps_per_epoch=steps)
+    return Budget("epoch", int(epochs), patience, batch_size=int(batch), steps_per_epoch=steps)
 
 
 def lr_factor(step: int, total_steps: int, warmup_fraction: float, schedule: str) -> float:

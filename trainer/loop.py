@@ -322,7 +322,7 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
     rank = ctx.get_world_rank()
     device = ray.train.torch.get_device()
     budget = resolve_budget(train_cfg, prep.train_rows, ctx.get_world_size())
-    batch_size, epochs = budget.batch_size, budget.epochs
+    batch_size, epochs = budget.batch_size, budget.limit
 
     torch.manual_seed(seed)
     model = model_for(prep, cfg.model.model_dump(mode="json"))  # the checkpoint's config.json form, as serving reads it

@@ -14,7 +14,7 @@ import json
 import math
 import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,7 +23,7 @@ import ray.train
 
 from trainflow.config import Config, ModelSection, ScalingSection
 from trainflow.preprocessors.tabular import FEATURES, LABEL, TabularPreprocessor
-from trainflow.trainer.budget import EarlyStopping
+from trainflow.trainer.budget import Budget, EarlyStopping
 from trainflow.trainer.checkpoint import read_metrics, write_common
 from trainflow.trainer.metrics import compute_metrics
 from trainflow.trainer.reporting import ReportSchedule, rank_zero_deadline, record_start, record_time_limit
@@ -39,30 +39,10 @@ def _agree(decision: list[int]) -> list[int]:
     return list(broadcast_from_rank_zero(decision))
 
 
-@dataclass(frozen=True)
-class BoostBudget:
-    num_boost_round: int
-    early_stopping_rounds: int | None
-    external_memory: bool = False  # XGBoost reads its shard into an ExtMemQuantileDMatrix (xgboost_extmem.py)
-    unit = "round"  # what one report's step counts, in progress lines
-
-    @property
-    def limit(self) -> int:
-        return self.num_boost_round
-
-    def describe(self) -> str:
-        rounds = self.early_stopping_rounds
-        return f"up to {self.num_boost_round} boosting round(s); early stopping " + (
-            f"after {rounds} round(s) without a lower validation loss" if rounds else "off"
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "unit": self.unit, "limit": self.limit, "description": self.describe()}
-
-
-def boost_budget(model: ModelSection) -> BoostBudget:
+def boost_budget(model: ModelSection) -> Budget:
+    """A booster's budget: model.params' rounds and early stopping."""
     patience = model.params.early_stopping_rounds
-    return BoostBudget(model.params.num_boost_round, None if patience == "off" else int(patience))
+    return Budget("round", model.params.num_boost_round, None if patience == "off" else int(patience))
 
 
 def worker_threads(scaling: ScalingSection) -> int:
@@ -91,7 +71,7 @@ class RoundReporter:
         loop_config: dict[str, Any],
         family: str,
         prep: TabularPreprocessor,
-        budget: BoostBudget,
+        budget: Budget,
         start_round: int,
         history: list[dict[str, float]],
         stopper: EarlyStopping,
@@ -128,7 +108,7 @@ class RoundReporter:
         )
         self.round_start = now
         self.stopper.update(val_loss, rnd)
-        last = rnd >= self.budget.num_boost_round - 1 or self.stopper.should_stop or not math.isfinite(val_loss)
+        last = rnd >= self.budget.limit - 1 or self.stopper.should_stop or not math.isfinite(val_loss)
         if self.schedule.due(rnd, last):
             self._report_up_to(model, rnd)
         if last and self.rank == 0 and self.stopper.should_stop:
@@ -187,7 +167,7 @@ class BoostRun:
     y: np.ndarray | None
     x_val: np.ndarray | None
     y_val: np.ndarray | None
-    budget: BoostBudget
+    budget: Budget
     model: Any  # the checkpoint's booster to continue from, or None
     start: int  # the first round to boost
     history: list[dict[str, float]]
@@ -216,7 +196,7 @@ def prepare(loop_config: dict[str, Any], load_model: Callable[[Path], Any]) -> B
     cfg: Config = loop_config["config"]
     ctx = ray.train.get_context()
     budget = replace(boost_budget(cfg.model), external_memory=bool(loop_config.get("external_memory")))
-    stopper = EarlyStopping("min", budget.early_stopping_rounds, cfg.train.early_stopping.min_delta)
+    stopper = EarlyStopping("min", budget.patience, cfg.train.early_stopping.min_delta)
     model, start, history = None, 0, []
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
@@ -229,7 +209,7 @@ def prepare(loop_config: dict[str, Any], load_model: Callable[[Path], Any]) -> B
     record_start(
         loop_config, ctx.get_world_rank(), start, checkpoint is not None, external_memory=budget.external_memory
     )
-    if stopper.should_stop or start >= budget.num_boost_round:
+    if stopper.should_stop or start >= budget.limit:
         return None
     prep = TabularPreprocessor.from_dict(loop_config["preprocessor"])
     x = y = x_val = y_val = None

@@ -111,7 +111,7 @@ def library_params(
     params = {
         "loss_function": loss,
         "eval_metric": loss,
-        "iterations": budget.num_boost_round,
+        "iterations": budget.limit,
         "random_seed": cfg.split.seed,
         "thread_count": threads,
         "verbose": False,
@@ -120,8 +120,8 @@ def library_params(
     }
     if prep.task == "classification":
         params["class_names"] = list(range(prep.num_outputs))  # every class a column, even one absent from a fold
-    if budget.early_stopping_rounds:
-        params["early_stopping_rounds"] = budget.early_stopping_rounds
+    if budget.patience:
+        params["early_stopping_rounds"] = budget.patience
     if work is not None:
         params["train_dir"] = str(work)
     return params
@@ -221,7 +221,7 @@ def train_fn(loop_config: dict[str, Any]) -> None:
     cfg: Config = loop_config["config"]
     prep = TabularPreprocessor.from_dict(loop_config["preprocessor"])
     if ray.train.get_checkpoint() is not None:  # the fit finished and reported its model: nothing left
-        record_start(loop_config, 0, boost_budget(cfg.model).num_boost_round, True)
+        record_start(loop_config, 0, boost_budget(cfg.model).limit, True)
         return
     threads = max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
     work = Path(tempfile.mkdtemp(prefix="trainflow-catboost-"))

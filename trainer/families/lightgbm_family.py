@@ -111,7 +111,7 @@ def train_fn(loop_config: dict[str, Any]) -> None:
     lgb.train(
         params,
         train_set,
-        num_boost_round=run.budget.num_boost_round - run.start,
+        num_boost_round=run.budget.limit - run.start,
         valid_sets=[train_set, val_set],
         valid_names=["train", "val"],
         init_model=run.model,

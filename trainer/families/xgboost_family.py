@@ -145,7 +145,7 @@ def _boost(run, params: dict[str, Any], dtrain, dval) -> None:
     xgb.train(
         params,
         dtrain,
-        num_boost_round=run.budget.num_boost_round - run.start,
+        num_boost_round=run.budget.limit - run.start,
         evals=[(dtrain, "train"), (dval, "val")],
         xgb_model=run.model,
         callbacks=[Report()],
