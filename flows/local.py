@@ -70,7 +70,7 @@ def _small_work(command: str, config: Config, args: argparse.Namespace) -> dict[
 
 def scored_in_process(config: Config) -> bool:
     """Whether inference.input is scored in this process (tasks/infer.py's rule)."""
-    from trainflow.trainer.predict import scored_here, scoring_table_bytes
+    from trainflow.tasks.common import scored_here, scoring_table_bytes
 
     try:
         return scored_here(config, scoring_table_bytes(config))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from prefect import flow
@@ -54,7 +53,7 @@ def checks(config: Config, in_flow: bool = True) -> dict[str, Any]:
             "features": {"numeric": spec.numeric, "text": spec.categorical, "dates": spec.dates},
             "packed_features": prepared.preprocessor.num_features,
             "materialized": prepared.materialized,
-            "families": {name: dataclasses.asdict(budget) for name, budget in prepared.budgets.items()},
+            "families": {name: budget.to_dict() for name, budget in prepared.budgets.items()},
             "families_left_out": prepared.left_out or None,
             "inference_input": config.inference.input,
             "inference_output": config.inference.output,

@@ -11,10 +11,11 @@ from typing import Any, Callable
 from prefect import get_run_logger
 from prefect.exceptions import MissingContextError
 
-from trainflow.config import Config
+from trainflow.config import Config, infer_format
 from trainflow.errors import TrainflowError, disk_full
 from trainflow.runtime import stop_requested
 from trainflow.services import explain
+from trainflow.tables import in_memory_bytes, list_files, scoring_in_process_bytes
 
 
 def png_data_uri(fig) -> tuple[bytes, str]:
@@ -85,3 +86,20 @@ def lineage_for(config: Config, fingerprint: str, family: str) -> dict[str, str]
 def artifact_key(model_name: str, what: str) -> str:
     """Prefect artifact keys allow lowercase letters, digits and dashes only."""
     return re.sub(r"[^a-z0-9-]+", "-", f"{model_name}-{what}".lower()).strip("-")
+
+
+def scored_here(config: Config, table_bytes: int) -> bool:
+    """Whether a scoring table of table_bytes (decoded) is read, predicted and written by the calling process, with
+    no Ray: a CPU scoring of a table under scoring_in_process_bytes() (512 MiB on a machine of 4 GiB or more),
+    unless data.materialize is never."""
+    return (
+        not config.inference.use_gpu
+        and table_bytes <= scoring_in_process_bytes()
+        and config.data.materialize != "never"
+    )
+
+
+def scoring_table_bytes(config: Config) -> int:
+    """inference.input's decoded size from its files' metadata (no read)."""
+    fmt = infer_format(config.inference.input)
+    return in_memory_bytes(*list_files(config.inference.input, fmt), fmt)

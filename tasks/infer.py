@@ -9,7 +9,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.preprocessors.tabular import SchemaDriftError, TabularPreprocessor
-from trainflow.tasks.common import in_prefect_run, retry_unless_user_error, task_logger
+from trainflow.tasks.common import in_prefect_run, retry_unless_user_error, task_logger, scored_here
 from trainflow.tasks.drift import markdown, measure, publish, publish_estimate
 from trainflow.trainer.evaluate import estimate_metrics
 from trainflow.trainer.predict import (
@@ -29,7 +29,6 @@ from trainflow.tracking import MODEL_URI
 from trainflow.trainer.resources import check_fits
 from trainflow.trainer.resolve import allowed_class_paths, resolve_checkpoint
 from trainflow.tasks.values import Predictions
-from trainflow.trainer.predict import scored_here
 
 
 def non_finite_cause(exc: BaseException | None) -> NonFiniteOutput | None:

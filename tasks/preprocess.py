@@ -9,7 +9,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.preprocessors.tabular import TabularPreprocessor
-from trainflow.tasks.common import retry_unless_user_error, task_logger
+from trainflow.tasks.common import retry_unless_user_error, task_logger, scored_here
 from trainflow.tasks.values import Ingested, Split, Prepared
 from trainflow.config import Config, infer_format
 from trainflow.errors import ConfigError, DataError
@@ -20,7 +20,6 @@ from trainflow.data import read_table
 from trainflow.preprocessors.fit import check_unseen, count_unseen, fit_preprocessor, pack
 from trainflow.runtime import cluster_resources, ensure_ray
 from trainflow.tables import in_memory_bytes, list_files, read_arrow
-from trainflow.trainer.predict import scored_here
 from trainflow.trainer.memory import check_booster_matrix, check_packed_size, is_out_of_memory, out_of_memory_error
 
 

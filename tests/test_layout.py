@@ -145,3 +145,19 @@ def test_no_family_is_named_outside_its_folder():
             if isinstance(node, ast.Constant) and node.value in names:
                 found.append(f"{rel}:{node.lineno}: {node.value!r}")
     assert found == []
+
+
+def test_the_serving_code_imports_only_the_serving_code():
+    """A registered model ships SERVING_MODULES as its code (tasks/model_package.py) and serves where trainflow is not
+    installed: a module-level import of anything else fails there (the e2e test's isolated venv finds it, slowly)."""
+    from trainflow.tasks.model_package import SERVING_MODULES
+
+    modules = _modules()
+    serving = set(SERVING_MODULES)
+    found = [
+        f"{m} imports {i}"
+        for m in sorted(serving)
+        for i in sorted(_imports(modules[m], modules, top_level_only=True))
+        if i not in serving
+    ]
+    assert found == []

@@ -58,7 +58,7 @@ def test_performance_estimated_from_calibrated_probabilities_matches_what_labels
     from sklearn.metrics import accuracy_score, f1_score, roc_auc_score
 
     from trainflow.preprocessors.tabular import TabularPreprocessor
-    from trainflow.tasks.drift import estimate_metrics
+    from trainflow.trainer.evaluate import estimate_metrics
 
     rng = np.random.default_rng(0)
     p = rng.beta(2, 3, 20_000)

@@ -385,6 +385,7 @@ def test_a_full_disk_is_one_clear_error_and_never_retried(capsys, monkeypatch):
     import errno
 
     import trainflow.flows.cli as cli
+    import trainflow.flows.cli.app as cli_main_module
     from trainflow.tasks.common import retry_unless_user_error
 
     full = OSError(errno.ENOSPC, "No space left on device", "/data/runs/x")
@@ -398,7 +399,7 @@ def test_a_full_disk_is_one_clear_error_and_never_retried(capsys, monkeypatch):
     def run(args):
         raise RuntimeError("Ray task failed") from full
 
-    monkeypatch.setattr(cli, "_run", run)
+    monkeypatch.setattr(cli_main_module, "run_command", run)
     assert cli.main(["retrain", "--config", "x.yaml"]) == 2
     assert "no space left on device" in capsys.readouterr().err
 

@@ -6,9 +6,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from trainflow.config import Config, infer_format
 from trainflow.preprocessors.baseline import count_batch, merge_counts
-from trainflow.tables import in_memory_bytes, list_files, scoring_in_process_bytes
 from trainflow.trainer.serving import ServableModel, load_servable
 
 
@@ -116,20 +114,3 @@ def predict_dataset(
         compute=ray.data.ActorPoolStrategy(size=num_actors),
         num_gpus=1 if use_gpu else 0,
     )
-
-
-def scored_here(config: Config, table_bytes: int) -> bool:
-    """Whether a scoring table of table_bytes (decoded) is read, predicted and written by the calling process, with
-    no Ray: a CPU scoring of a table under scoring_in_process_bytes() (512 MiB on a machine of 4 GiB or more),
-    unless data.materialize is never."""
-    return (
-        not config.inference.use_gpu
-        and table_bytes <= scoring_in_process_bytes()
-        and config.data.materialize != "never"
-    )
-
-
-def scoring_table_bytes(config: Config) -> int:
-    """inference.input's decoded size from its files' metadata (no read)."""
-    fmt = infer_format(config.inference.input)
-    return in_memory_bytes(*list_files(config.inference.input, fmt), fmt)

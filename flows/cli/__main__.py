@@ -1,5 +1,5 @@
 """`python -m trainflow.flows.cli`: the `trainflow` command."""
 
-from trainflow.flows.cli.main import entry
+from trainflow.flows.cli.app import entry
 
 entry()
