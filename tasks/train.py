@@ -162,7 +162,7 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
     log_rows(config.mlflow.tracking_uri, mlflow_run, [h for h in history if int(h.get("epoch", -1)) not in logged])
     events = read_events(path)
     final = history[-1] if history else {}
-    unit = getattr(budget, "unit", "epoch")
+    unit = budget.unit
     log.info(
         "trained %d %s(s); the last: %s",
         len(history),
