@@ -12,7 +12,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.config import Config
-from trainflow.data import Rows, fold_parts, plan_split, split_roles, table_roles
+from trainflow.data import Rows, fold_parts, plan_split, split_roles
 from trainflow.folds import NO_FOLD, ROLE_NAMES, TEST, TRAIN, VALIDATION, FoldPlan, check_sizes
 from trainflow.storage import filesystem_for, join, list_dir, write_text
 from trainflow.tasks.common import retry_unless_user_error, task_logger
@@ -114,7 +114,7 @@ def split(ingested: Ingested, config: Config, folds: int | str | None = None) ->
     check_sizes(plan.counts, ingested.spec.path, plan)
     note = time_hint(config, ingested.spec.dates)
     in_process = isinstance(rows, pa.Table)  # read by this process: cut here, as tables (no Ray passes)
-    parts = table_roles(rows, plan) if in_process else split_roles(rows, plan, ingested.materialized)
+    parts = split_roles(rows, plan, ingested.materialized)
     log = task_logger("split")
     if note:
         log.warning("split: %s", note)

@@ -584,29 +584,28 @@ def plan_roles(plan) -> list[int]:
     return [TRAIN] + ([VALIDATION] if plan.folds < 2 else []) + ([TEST] if plan.test_fraction > 0 else [])
 
 
-def table_roles(table: pa.Table, plan) -> dict[int, pa.Table]:
-    """split_roles of a table in this process's memory, as tables: the training rows in a seeded random order."""
-    from trainflow.folds import TRAIN
+def _filtered(rows: Rows, fn, variants: list[dict], materialize: bool) -> list[Rows]:
+    """rows filtered by fn(batch, **kwargs), once per kwargs in variants: here for a table in this process's memory,
+    lazily by Ray tasks for a Dataset (streamed tasks ask for no CPU: streamed_task_args)."""
+    if isinstance(rows, pa.Table):
+        return [fn(rows, **kwargs) for kwargs in variants]
+    task_args = {} if materialize else streamed_task_args()
+    return [rows.map_batches(fn, fn_kwargs=kwargs, batch_format="pyarrow", **task_args) for kwargs in variants]
 
-    parts = {r: _role(table, plan, r) for r in plan_roles(plan)}
-    parts[TRAIN] = parts[TRAIN].take(np.random.default_rng(plan.seed).permutation(parts[TRAIN].num_rows))
-    return parts
 
-
-def split_roles(ds: ray.data.Dataset, plan, materialize: bool) -> dict[int, ray.data.Dataset]:
-    """The table's rows by role (folds.TRAIN, VALIDATION, TEST), read lazily or, with materialize, kept in the
-    object store with the training rows shuffled once (SGD needs mixed batches; streamed tables are mixed per
-    epoch by the files' order and a fresh permutation of each block's rows on the workers instead). With folds,
-    TRAIN holds every non-test row (fold_parts cuts it)."""
+def split_roles(rows: Rows, plan, materialize: bool) -> dict[int, Rows]:
+    """The table's rows by role (folds.TRAIN, VALIDATION, TEST), with the training rows in a seeded random order
+    where they are held (SGD needs mixed batches): a table in this process's memory cut here; a Dataset read lazily
+    or, with materialize, kept in the object store (streamed tables are mixed per epoch by the files' order and a
+    fresh permutation of each block's rows on the workers instead). With folds, TRAIN holds every non-test row
+    (fold_parts cuts it)."""
     from trainflow.folds import TRAIN
 
     roles = plan_roles(plan)
-    task_args = {} if materialize else streamed_task_args()
-    parts = {
-        r: ds.map_batches(_role, fn_kwargs={"plan": plan, "role": r}, batch_format="pyarrow", **task_args)
-        for r in roles
-    }
-    if materialize:
+    parts = dict(zip(roles, _filtered(rows, _role, [{"plan": plan, "role": r} for r in roles], materialize)))
+    if isinstance(rows, pa.Table):
+        parts[TRAIN] = parts[TRAIN].take(np.random.default_rng(plan.seed).permutation(parts[TRAIN].num_rows))
+    elif materialize:
         parts = {r: (p.random_shuffle(seed=plan.seed) if r == TRAIN else p).materialize() for r, p in parts.items()}
     return parts
 
@@ -618,15 +617,9 @@ def _fold(batch: pa.Table, plan, fold: int, held: bool) -> pa.Table:
 
 def fold_parts(fit_rows: Rows, plan, fold: int, materialize: bool) -> tuple[Rows, Rows]:
     """(training rows, held-out rows) of fold model `fold`: the non-test rows (split_roles' TRAIN) outside and inside
-    that fold; cut by this process, as tables, for a table in its memory."""
-    if isinstance(fit_rows, pa.Table):
-        return tuple(_fold(fit_rows, plan, fold, held) for held in (False, True))
-    task_args = {} if materialize else streamed_task_args()
+    that fold."""
     return tuple(
-        fit_rows.map_batches(
-            _fold, fn_kwargs={"plan": plan, "fold": fold, "held": held}, batch_format="pyarrow", **task_args
-        )
-        for held in (False, True)
+        _filtered(fit_rows, _fold, [{"plan": plan, "fold": fold, "held": h} for h in (False, True)], materialize)
     )
 
 
@@ -636,13 +629,9 @@ def _earlier_role(batch: pa.Table, plan, role: int) -> pa.Table:
 
 def earlier_parts(fit_rows: Rows, plan, materialize: bool) -> tuple[Rows, Rows]:
     """(training rows, early-stopping rows) of the backtest's earlier model (FoldPlan.earlier), from the rows the
-    recent model could read (split_roles' TRAIN); as tables for a table in this process's memory."""
+    recent model could read (split_roles' TRAIN)."""
     from trainflow.folds import TRAIN, VALIDATION
 
-    if isinstance(fit_rows, pa.Table):
-        return tuple(_earlier_role(fit_rows, plan, r) for r in (TRAIN, VALIDATION))
-    task_args = {} if materialize else streamed_task_args()
     return tuple(
-        fit_rows.map_batches(_earlier_role, fn_kwargs={"plan": plan, "role": r}, batch_format="pyarrow", **task_args)
-        for r in (TRAIN, VALIDATION)
+        _filtered(fit_rows, _earlier_role, [{"plan": plan, "role": r} for r in (TRAIN, VALIDATION)], materialize)
     )
