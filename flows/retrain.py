@@ -127,7 +127,9 @@ def _train_and_publish(
             outcomes = {f: trained[(f, 0)] for f in runs}
             selections = {f: select(outcome, config) for f, outcome in outcomes.items()}
         if ENSEMBLE in config.model.candidates:
-            built = ensemble(config, parts.val, outcomes, selections, name, ingested.spec.fingerprint, decisions)
+            built = ensemble(
+                config, parts.val, outcomes, selections, name, ingested.spec.fingerprint, decisions, parts.plan
+            )
             if built:
                 outcomes[ENSEMBLE], selections[ENSEMBLE] = built.outcome, built.selected
                 if decisions is not None:

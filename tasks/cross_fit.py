@@ -79,19 +79,22 @@ def bag_folds(
     servables = {f: [load_servable(s.path, calibrated=False) for s in selections[f]] for f in families}
     prep = servables[families[0]][0].preprocessor
     pieces: dict[str, list[np.ndarray]] = {f: [] for f in families}
-    labels, times = [], []
+    labels, times, keys = [], [], []
     keep = (parts.plan.time_column,) if parts.plan is not None and parts.plan.time_column is not None else ()
     for k, (_, held) in enumerate(parts.folds):
-        outs, y, kept = member_outputs({f: servables[f][k].predict for f in families}, prep, held, keep=keep)
+        predictors = {f: servables[f][k].predict for f in families}
+        outs, y, kept, u = member_outputs(predictors, prep, held, keep=keep, plan=parts.plan)
         for f in families:
             pieces[f].append(outs[f])
         labels.append(y)
         times.extend(c for column in kept.values() for c in column.chunks)
+        keys.extend([u] if u is not None else [])
     decisions = Decisions(
         prep,
         {f: np.concatenate(p) for f, p in pieces.items()},
         np.concatenate(labels),
         {keep[0]: pa.chunked_array(times, type=times[0].type)} if keep and times else {},
+        np.concatenate(keys) if keys else None,
     )
     for f in families:  # each fold model's MLflow run is complete: the bag is registered under its own run
         end_runs(config, [o.run_name for o in outcomes[f]], f, "FINISHED")

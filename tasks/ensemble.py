@@ -13,6 +13,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.data import Rows
+from trainflow.folds import FoldPlan
 from trainflow.config import ENSEMBLE, Config
 from trainflow.storage import private_copy
 from trainflow.tasks.values import Decisions, Selected, TrainOutcome
@@ -20,6 +21,7 @@ from trainflow.tasks.common import lineage_for
 from trainflow.trainer.ensemble import (
     ROUNDS,
     cross_fitted,
+    halves,
     ensemble_dir,
     greedy_weights,
     member_outputs,
@@ -37,6 +39,12 @@ class Built:
     weights: dict[str, float]  # the members kept, by family
 
 
+def _halves(keys, labels: np.ndarray) -> np.ndarray:
+    """The two halves the ensemble's score is cross-fitted over: the fold plan's (trainer/ensemble.py halves); rows
+    without a plan (a table split elsewhere) alternate."""
+    return halves(keys) if keys is not None else (np.arange(len(labels)) % 2).astype(np.int8)
+
+
 @task(name="ensemble", cache_policy=NO_CACHE)
 def ensemble(
     config: Config,
@@ -46,18 +54,23 @@ def ensemble(
     run_name: str,
     fingerprint: str,
     decisions: Decisions | None = None,
+    plan: FoldPlan | None = None,
 ) -> Built | None:
     """Greedy ensemble selection over the families' selected checkpoints on the validation split (or, with
     cross-fitting, on their out-of-fold outputs: decisions); None when it keeps a single member (that family is
-    already a candidate). The ensemble's metrics are cross-fitted (each half of the rows scored with weights fitted
-    on the other half), so it competes with the members on equal terms."""
+    already a candidate). The ensemble's metrics are cross-fitted (each half of the rows, the fold plan's halves:
+    by hash, or by time the newer and the older, scored with weights fitted on the other half), so it competes with
+    the members on equal terms."""
     log, started = get_run_logger(), time.monotonic()
     if decisions is None:
         servables = {f: load_servable(s.path, calibrated=False) for f, s in selections.items()}
         prep = next(iter(servables.values())).preprocessor
-        outputs, labels, _ = member_outputs({f: s.predict for f, s in servables.items()}, prep, holdout)
+        outputs, labels, _, keys = member_outputs(
+            {f: s.predict for f, s in servables.items()}, prep, holdout, plan=plan
+        )
     else:
         prep, outputs, labels = decisions.prep, {f: decisions.outputs[f] for f in selections}, decisions.labels
+        keys = decisions.keys
     rows_are = "the validation split" if decisions is None else "the out-of-fold predictions"
     families = list(outputs)
     weights = greedy_weights(prep.task, [outputs[f] for f in families], labels)
@@ -67,7 +80,7 @@ def ensemble(
         log.info("ensemble: greedy selection on %s kept %s alone; no ensemble candidate", rows_are, list(kept))
         return None
     crossed = compute_metrics(
-        prep.task, cross_fitted(prep.task, [outputs[f] for f in families], labels, config.split.seed), labels, prep
+        prep.task, cross_fitted(prep.task, [outputs[f] for f in families], labels, _halves(keys, labels)), labels, prep
     )
     in_sample = compute_metrics(
         prep.task, combine(prep.task, [outputs[f] for f in kept], list(kept.values())), labels, prep

@@ -100,6 +100,7 @@ class Decisions:
     outputs: dict[str, np.ndarray]
     labels: np.ndarray
     times: dict[str, pa.ChunkedArray] = field(default_factory=dict)  # roles by time: the time column, row by row
+    keys: np.ndarray | None = None  # each row's number in the fold plan (FoldPlan.keys), for the ensemble's halves
 
     def scored(self, family: str) -> Scored:
         """A candidate's out-of-fold outputs as calibration reads them."""
@@ -112,7 +113,7 @@ class Decisions:
     def with_ensemble(self, name: str, members: dict[str, float]) -> Decisions:
         """The ensemble's out-of-fold outputs (its members' weighted) beside the families'."""
         combined = combine(self.prep.task, [self.outputs[f] for f in members], list(members.values()))
-        return Decisions(self.prep, {**self.outputs, name: combined}, self.labels, self.times)
+        return Decisions(self.prep, {**self.outputs, name: combined}, self.labels, self.times, self.keys)
 
 
 @dataclass

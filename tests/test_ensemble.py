@@ -17,7 +17,7 @@ import torch
 from tests.conftest import BUCKET, write_config, write_parquet
 from trainflow.config import load_config
 from trainflow.errors import CheckpointError
-from trainflow.trainer.ensemble import cross_fitted, greedy_weights
+from trainflow.trainer.ensemble import cross_fitted, greedy_weights, halves
 from trainflow.trainer.serving import combine, load_servable
 
 pytestmark = pytest.mark.usefixtures("prefect_harness", "ray_local")
@@ -41,7 +41,7 @@ def test_greedy_selection_weights_complementary_models_and_drops_a_bad_one():
     weights = greedy_weights("classification", [left, right], labels)
     assert 0.3 <= weights[0] <= 0.7
     # cross-fitted outputs: every row scored, by weights from the other half
-    assert cross_fitted("classification", [left, right], labels, seed=1).shape == left.shape
+    assert cross_fitted("classification", [left, right], labels, halves(rng.random(labels.size))).shape == left.shape
 
 
 def _members(tmp_path):

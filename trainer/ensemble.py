@@ -37,17 +37,22 @@ def member_outputs(
     ds: Rows,
     batch_size: int = 65536,
     keep: tuple[str, ...] = (),
-) -> tuple[dict[str, np.ndarray], np.ndarray, dict[str, pa.ChunkedArray]]:
-    """Every member's raw outputs on every row of ds, the same rows in one pass, the encoded labels, and the raw
-    values of the columns in keep (a time column), in the same row order."""
+    plan=None,
+) -> tuple[dict[str, np.ndarray], np.ndarray, dict[str, pa.ChunkedArray], np.ndarray | None]:
+    """Every member's raw outputs on every row of ds, the same rows in one pass, the encoded labels, the raw values
+    of the columns in keep (a time column), and with a fold plan each row's number in it (FoldPlan.keys: its hash, or
+    minus its time), in the same row order."""
     outs: dict[str, list[np.ndarray]] = {f: [] for f in predictors}
-    labels, kept = [], {c: [] for c in keep}
-    wanted = list(dict.fromkeys([*prep.feature_order, prep.label, *keep]))
+    labels, kept, keys = [], {c: [] for c in keep}, []
+    plan_columns = ([plan.time_column] if plan.time_column else list(plan.key_columns)) if plan is not None else []
+    wanted = list(dict.fromkeys([*prep.feature_order, prep.label, *keep, *plan_columns]))
     for batch in arrow_batches(ds, wanted, batch_size):
         x = prep.transform_features(batch, strict=False)
         labels.append(prep.transform_label(batch))
         for c in keep:
             kept[c].extend(batch[c].chunks)
+        if plan is not None:
+            keys.append(plan.keys(batch))
         for family, predict in predictors.items():
             outs[family].append(predict(x))
     if not labels:
@@ -56,6 +61,7 @@ def member_outputs(
         {f: np.concatenate(o) for f, o in outs.items()},
         np.concatenate(labels),
         {c: pa.chunked_array(v) for c, v in kept.items() if v},
+        np.concatenate(keys) if keys else None,
     )
 
 
@@ -86,13 +92,18 @@ def greedy_weights(task: str, outputs: list[np.ndarray], labels: np.ndarray, rou
     return (counts / rounds).tolist()
 
 
-def cross_fitted(task: str, outputs: list[np.ndarray], labels: np.ndarray, seed: int) -> np.ndarray:
-    """The ensemble's outputs on each row with weights fitted on the other half of the rows (two folds, seeded):
-    a score from these is not flattered by weights fitted on the very rows scored, as the members' are not."""
-    fold = np.random.default_rng(seed).permutation(len(labels)) % 2
+def halves(keys: np.ndarray) -> np.ndarray:
+    """Each row's half (0 or 1) by its number in the fold plan (FoldPlan.keys): below or from the median, so the
+    halves are the plan's seeded hash halves, or by time the newer and the older half; whatever the rows' order."""
+    return (keys >= np.median(keys)).astype(np.int8) if len(keys) else np.zeros(0, np.int8)
+
+
+def cross_fitted(task: str, outputs: list[np.ndarray], labels: np.ndarray, half: np.ndarray) -> np.ndarray:
+    """The ensemble's outputs on each row with weights fitted on the other half of the rows (half: each row's, from
+    halves): a score from these is not flattered by weights fitted on the very rows scored, as the members' are not."""
     out = np.empty_like(outputs[0], dtype=np.float32)
     for k in (0, 1):
-        fit, held = fold != k, fold == k
+        fit, held = half != k, half == k
         if not held.any():
             continue
         weights = (
