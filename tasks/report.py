@@ -14,9 +14,8 @@ from prefect.artifacts import create_image_artifact, create_markdown_artifact, c
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.config import ENSEMBLE, Config
-from trainflow.storage import is_uri
+from trainflow.storage import is_uri, join, write_bytes
 from trainflow.redact import redact_config, redact_text
-from trainflow.storage import join, write_bytes
 from trainflow.tasks.common import md, md_code, png_data_uri, artifact_key
 from trainflow.trainer.backtest import backtest_line
 from trainflow.tasks.mlflow_run import parent_run

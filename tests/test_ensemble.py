@@ -104,8 +104,7 @@ def test_an_ensemble_checkpoint_is_served_registered_rebuilt_and_read_strictly(t
     from trainflow.tasks.ensemble import ensemble
     from trainflow.trainer.resolve import check_class_path
     from trainflow.tasks.model_package import MODEL_CODE, requirements
-    from trainflow.tasks.values import Selected
-    from trainflow.tasks.values import TrainOutcome
+    from trainflow.tasks.values import Selected, TrainOutcome
     from trainflow.trainer.serving import checkpoint_families
     from trainflow.tracking import ensure_experiment, tracking
 
@@ -219,8 +218,7 @@ def test_a_killed_writers_staging_folder_is_removed_by_the_next_writer_and_a_liv
 def test_an_ensemble_in_remote_storage_is_uploaded_whole_and_found_again(tmp_path, s3_endpoint):
     from trainflow.storage import list_dir
     from trainflow.tasks.ensemble import ensemble
-    from trainflow.tasks.values import Selected
-    from trainflow.tasks.values import TrainOutcome
+    from trainflow.tasks.values import Selected, TrainOutcome
 
     cfg, ds, table, paths = _members(tmp_path)
     cfg = cfg.model_copy(update={"storage_path": f"s3://{BUCKET}/ensembles"})

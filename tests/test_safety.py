@@ -330,10 +330,8 @@ def test_register_is_idempotent_across_task_retries(tmp_path):
     run and one model version."""
     from prefect import flow
 
-    from trainflow.tasks.values import Ingested
+    from trainflow.tasks.values import Ingested, Selected, TrainOutcome
     from trainflow.tasks.register import register
-    from trainflow.tasks.values import Selected
-    from trainflow.tasks.values import TrainOutcome
     from trainflow.tables import TableSpec
 
     cfg, _, checkpoint = _gate_setup(tmp_path)

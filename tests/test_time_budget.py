@@ -287,8 +287,7 @@ def test_auto_leaves_out_a_family_whose_first_fold_is_far_behind_and_says_why():
 
     from trainflow.flows.retrain import NOT_EARNING_MIN_ROWS, _not_earning, no_skill_loss
     from trainflow.preprocessors.tabular import TabularPreprocessor
-    from trainflow.tasks.values import Prepared
-    from trainflow.tasks.values import TrainOutcome
+    from trainflow.tasks.values import Prepared, TrainOutcome
 
     def fold0(family: str, losses: list[float]) -> TrainOutcome:
         return TrainOutcome(
