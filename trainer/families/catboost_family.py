@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 NAME = "catboost"
 CB_MODEL = "model.cbm"  # CatBoost's own binary model format (not a pickle)
 SNAPSHOT_S = 5  # how often CatBoost writes its snapshot (and the worker copies a new one to storage)
-REPORT_S = 2.0  # progress reports at most this often
 # model.params keys CatBoost takes, under its own names
 CATBOOST_NAMES = {
     "learning_rate": "learning_rate",
@@ -136,9 +135,9 @@ def snapshot_uri(run_dir: str, lineage: dict[str, str] | None) -> str:
 
 
 class Progress:
-    """CatBoost's callback: the history per round, the watchdog's heartbeat, progress reports every REPORT_S seconds
-    a copy of each new snapshot in storage, and the run's deadline (False stops the fit; CatBoost then keeps its best
-    iteration)."""
+    """CatBoost's callback: the history per round, the watchdog's heartbeat, progress reports when the shared
+    ReportSchedule says (checkpoint.min_interval_s), a copy of each new snapshot in storage, and the run's deadline
+    through the same schedule (False stops the fit; CatBoost then keeps its best iteration)."""
 
     def __init__(
         self, task: str, history: list[dict[str, float]], local: Path, remote: str, loop_config: dict[str, Any]
@@ -146,14 +145,17 @@ class Progress:
         self.task, self.history, self.local, self.remote = task, history, local, remote
         import ray.train
 
-        from trainflow.trainer.deadline import Deadline
-        from trainflow.trainer.reporting import record_time_limit
+        from trainflow.trainer.reporting import ReportSchedule, rank_zero_deadline, record_time_limit
         from trainflow.trainer.watchdog import heartbeat
 
         # the training imports once per fit, not per round (this module also serves, where none of them exists)
         self.report, self.record_time_limit, self.heartbeat = ray.train.report, record_time_limit, heartbeat
-        self.loop_config, self.deadline = loop_config, Deadline(loop_config.get("run_dir"))
-        self.last_report = self.last_copy = 0.0
+        self.loop_config = loop_config
+        # the schedule every family's loop reports by (one process: nothing to agree on), with the run's deadline
+        self.schedule = ReportSchedule(
+            loop_config["config"].checkpoint.min_interval_s, len(history), list, 0.0, rank_zero_deadline(loop_config, 0)
+        )
+        self.last_copy = 0.0
         self.copied_mtime = 0.0
         self.round_start = time.perf_counter()
 
@@ -174,10 +176,10 @@ class Progress:
         self.round_start = now
         if now - self.last_copy >= SNAPSHOT_S:
             self.copy_snapshot()
-        if now - self.last_report >= REPORT_S:
-            self.last_report = now
+        if self.schedule.due(rnd, False):  # a progress report (CatBoost's model is reported once, at the end)
+            self.schedule.reported_through(rnd)
             self.report(dict(self.history[-1]))
-        if self.deadline.passed():
+        if self.schedule.expired:
             self.record_time_limit(self.loop_config, rnd, "round")
             return False
         return True
