@@ -30,7 +30,7 @@ from trainflow.preprocessors.baseline import (
 from trainflow.preprocessors.dates import date_parts, looks_like_dates, parts_for
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.config import PreprocessSection
-from trainflow.data import Rows, arrow_schema, per_batch, schema_of, streamed_task_args
+from trainflow.data import Rows, per_batch, schema_of, streamed_task_args
 from trainflow.tables import TableSpec
 
 
@@ -161,23 +161,35 @@ def _expand_dates(batch: pa.Table, dates: dict[str, list[str]]) -> pa.Table:
     return batch
 
 
-def _partial_aggregates(batch: pa.Table, aggs: list) -> dict[str, np.ndarray]:
+def _prepared(batch: pa.Table, casts: dict[str, pa.DataType], dates: dict[str, list[str]]) -> pa.Table:
+    return _expand_dates(_cast_columns(batch, casts), dates)
+
+
+def _partial_aggregates(batch: pa.Table, aggs: list, casts: dict, dates: dict) -> dict[str, np.ndarray]:
     out = np.empty(1, dtype=object)
-    out[0] = [agg.accumulate_block(agg.init(None), batch) for agg in aggs]
+    out[0] = [agg.accumulate_block(agg.init(None), _prepared(batch, casts, dates)) for agg in aggs]
     return {"partial": out}
 
 
-def aggregate_streaming(ds: ray.data.Dataset, aggs: list) -> dict[str, Any]:
-    """Ray Data aggregates (Count, Mean, Std, ValueCounter ...) over ds as a streaming map-reduce: each block's
-    partial accumulators in a map task, merged here as they arrive, then finalized; the aggregate functions'
-    own accumulate/merge/finalize do the arithmetic.
+def aggregate(
+    rows: Rows, aggs: list, casts: dict[str, pa.DataType] | None = None, dates: dict[str, list[str]] | None = None
+) -> dict[str, Any]:
+    """Ray Data aggregates (Count, Mean, Std, ValueCounter ...) over rows, each batch first cast (casts) and its date
+    columns expanded into parts (dates): a table in this process's memory as one block, here; a Dataset as a
+    streaming map-reduce: each block's partial accumulators in a map task, merged here as they arrive, then
+    finalized; the aggregate functions' own accumulate/merge/finalize do the arithmetic.
 
     `Dataset.aggregate` is an all-to-all operator that holds every input block before it starts: on the
     12M-row beyond-memory table (a 200 MiB object store) it spilled 678 MiB, the whole spill of the run; this
     keeps one block at a time per map task.
     """
+    kwargs = {"aggs": aggs, "casts": casts or {}, "dates": dates or {}}
+    if isinstance(rows, pa.Table):
+        return {
+            agg.name: agg.finalize(acc) for agg, acc in zip(aggs, _partial_aggregates(rows, **kwargs)["partial"][0])
+        }
     merged = [agg.init(None) for agg in aggs]
-    partials = ds.map_batches(_partial_aggregates, fn_kwargs={"aggs": aggs}, batch_format="pyarrow", batch_size=None)
+    partials = rows.map_batches(_partial_aggregates, fn_kwargs=kwargs, batch_format="pyarrow", batch_size=None)
     for batch in partials.iter_batches(batch_size=None, batch_format="numpy"):
         for accs in batch["partial"]:
             merged = [agg.merge(m, a) for agg, m, a in zip(aggs, merged, accs)]
@@ -212,19 +224,13 @@ class BoundedValueCounter(ValueCounter):
         return self._cut(super().combine(writable, new_accumulator))
 
 
-def aggregate_table(table: pa.Table, aggs: list) -> dict[str, Any]:
-    """aggregate_streaming of a table in this process's memory: the same aggregate functions, one block, here."""
-    return {agg.name: agg.finalize(agg.accumulate_block(agg.init(None), table)) for agg in aggs}
-
-
 def fit_preprocessor(
     train: Rows, spec: TableSpec, task: str, options: PreprocessSection | None = None
 ) -> TabularPreprocessor:
     """Fit imputation, missing indicators, scaling, date parts and text vocabularies on the training split
     with Ray Data's aggregate functions (one pass; in this process for a table in its memory)."""
     options = options or PreprocessSection()
-    in_process = isinstance(train, pa.Table)
-    schema = train.schema if in_process else arrow_schema(train, spec.path)
+    schema = schema_of(train, spec.path)
     dates = {c: parts_for(schema.field(c).type) for c in spec.dates}
     date_cols = {c: [f"{c}{DATE_PART_SEP}{p}" for p in parts] for c, parts in dates.items()}
     aggs = [Count()]
@@ -245,15 +251,9 @@ def fit_preprocessor(
     casts = {c: pa.float64() for c in numeric if not _has_aggregate_kernels(schema.field(c).type)}
     if task == "classification" and pa.types.is_decimal(schema.field(spec.label).type):
         casts[spec.label] = pa.float64()  # decimal classes as numbers: JSON (the checkpoint) has no decimal
-    if in_process:
-        stats = aggregate_table(_expand_dates(_cast_columns(train.select(cols), casts), dates), aggs)
-    else:
-        projected = train.select_columns(cols)
-        if casts:
-            projected = projected.map_batches(_cast_columns, fn_kwargs={"casts": casts}, batch_format="pyarrow")
-        if dates:
-            projected = projected.map_batches(_expand_dates, fn_kwargs={"dates": dates}, batch_format="pyarrow")
-        stats = aggregate_streaming(projected, aggs)
+    stats = aggregate(
+        train.select(cols) if isinstance(train, pa.Table) else train.select_columns(cols), aggs, casts, dates
+    )
     rows = stats["count()"]
     for col in [*spec.numeric, *parts, *([] if task == "classification" else ["__label__"])]:
         found = _column_stats(stats, col)

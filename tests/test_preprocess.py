@@ -356,7 +356,7 @@ def test_a_packed_row_too_wide_for_memory_fails_naming_the_column_and_an_oom_is_
 
 
 def test_distinct_text_values_are_counted_in_bounded_memory():
-    from trainflow.preprocessors.fit import BoundedValueCounter, aggregate_streaming
+    from trainflow.preprocessors.fit import BoundedValueCounter, aggregate as aggregate_streaming
 
     # 20,000 one-off ids (a UUID-like column nobody declared) and three values seen 500 times each, in 8 blocks
     ids = [f"u{i:06d}" for i in range(20_000)] + ["hot-a"] * 500 + ["hot-b"] * 500 + ["hot-c"] * 500 + [None] * 7
