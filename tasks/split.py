@@ -131,10 +131,9 @@ def split(ingested: Ingested, config: Config, folds: int | str | None = None) ->
         cut = [fold_parts(parts[TRAIN], plan, k, ingested.materialized) for k in range(plan.folds)]
         if ingested.materialized and not in_process:
             cut = [(a.materialize(), b.materialize()) for a, b in cut]
-        empty = parts[TRAIN].slice(0, 0) if in_process else parts[TRAIN].limit(0)
         return Split(
             parts[TRAIN],
-            empty,
+            None,
             non_test,
             0,
             ingested.materialized,

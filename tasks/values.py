@@ -32,7 +32,7 @@ class Split:
     rule); training wraps them as Datasets when it starts (preprocess's pack)."""
 
     train: Rows
-    val: Rows
+    val: Rows | None  # None with folds: each fold's held-out rows are its validation rows (folds)
     train_rows: int
     val_rows: int
     materialized: bool = True
@@ -41,7 +41,6 @@ class Split:
     plan: FoldPlan | None = None
     split_path: str | None = None  # the assignment (key -> role and fold), Parquet
     # cross-fitting (plan.folds > 1): per fold model, its (training rows, held-out rows); train holds every non-test row
-    # and val is empty (the held-out folds are the validation rows)
     folds: list[tuple[Rows, Rows]] | None = None
     note: str | None = None  # what the roles do not know: a table with dates split by a hash (time_hint)
 
