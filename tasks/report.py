@@ -112,8 +112,9 @@ def outcome_chart(scored, judged_on: str, title: str, sample: int = 5_000):
     present = np.unique(y)
     if len(present) < 2:
         return None
-    z = scored.outputs - scored.outputs.max(axis=1, keepdims=True)
-    probs = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
+    from scipy.special import softmax
+
+    probs = softmax(scored.outputs.astype(np.float64), axis=1)  # the outputs are log-probabilities
     classes = [int(present.max())] if prep.num_outputs == 2 else [int(c) for c in present[:10]]
     names = [str(c) for c in (prep.classes or range(prep.num_outputs))]
     fig = Figure(figsize=(10, 4.2), dpi=100)
