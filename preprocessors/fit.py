@@ -185,9 +185,8 @@ def aggregate(
     """
     kwargs = {"aggs": aggs, "casts": casts or {}, "dates": dates or {}}
     if isinstance(rows, pa.Table):
-        return {
-            agg.name: agg.finalize(acc) for agg, acc in zip(aggs, _partial_aggregates(rows, **kwargs)["partial"][0])
-        }
+        block = _prepared(rows, kwargs["casts"], kwargs["dates"])  # one block, here
+        return {agg.name: agg.finalize(agg.accumulate_block(agg.init(None), block)) for agg in aggs}
     merged = [agg.init(None) for agg in aggs]
     partials = rows.map_batches(_partial_aggregates, fn_kwargs=kwargs, batch_format="pyarrow", batch_size=None)
     for batch in partials.iter_batches(batch_size=None, batch_format="numpy"):
