@@ -241,3 +241,29 @@ def test_a_misspelled_column_is_refused_from_the_files_metadata_before_anything_
     assert proc.returncode == 2 and "label column 'churned' has only one class (['1']) in its 300 rows" in proc.stderr
     assert "Ray dashboard" not in proc.stderr and "temporary server" not in proc.stderr, proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_dated_table_is_noticed_init_writes_split_time_column_and_hash_roles_say_so(tmp_path):
+    import datetime as dt
+
+    from trainflow.config import load_config
+    from trainflow.scaffold import scaffold
+    from trainflow.tasks.split import time_hint
+
+    n = 300
+    table = pa.table(
+        {
+            "when": [dt.date(2024, 1, 1) + dt.timedelta(days=i) for i in range(n)],
+            "x": np.arange(n, dtype=np.float64),
+            "y": np.arange(n) % 2,
+        }
+    )
+    write_parquet(table, tmp_path / "t.parquet")
+    out = tmp_path / "c.yaml"
+    text = scaffold(str(tmp_path / "t.parquet"), "y", str(out))
+    assert yaml.safe_load(text)["split"]["time_column"] == "when"
+    assert "not a random sample of all times" in text and "delete these two lines" in text  # why, and the way back
+    out.write_text(text)
+    assert load_config(out).split.time_column == "when" and time_hint(load_config(out), ["when"]) is None
+    hashed = load_config(out, {"split.time_column": None})
+    assert "set split.time_column: when" in time_hint(hashed, ["when"])
