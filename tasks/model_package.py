@@ -15,7 +15,8 @@ from packaging.version import Version
 from mlflow.types import ColSpec, Schema
 
 from trainflow.preprocessors.tabular import TabularPreprocessor
-from trainflow.trainer.families import FAMILY_MODULES, REGISTRY
+from trainflow.catalogue import family_modules
+from trainflow.trainer.families import REGISTRY
 
 # MLflow "models from code": this file is the model's definition (nothing pickled)
 MODEL_CODE = str(Path(importlib.util.find_spec("trainflow.trainer").origin).with_name("pyfunc_model.py"))
@@ -41,7 +42,8 @@ SERVING_MODULES = (
     "trainflow.trainer.families.base",
     "trainflow.trainer.families._torch",
     "trainflow.trainer.families.network",
-    *(f"trainflow.trainer.families.{m}" for m in FAMILY_MODULES),
+    "trainflow.catalogue",
+    *(m for m in family_modules().values() if m.startswith("trainflow.")),
 )
 
 

@@ -32,7 +32,7 @@ class Budget:
     size and steps per epoch (per worker); whether a booster's workers read their shard into an external-memory
     matrix (XGBoost, xgboost_extmem.py)."""
 
-    unit: str  # "epoch" or "round": what one report's step counts, in progress lines
+    unit: str  # "epoch", "round" (a booster's) or another family's step (its name, e.g. "tree"), in progress lines
     limit: int
     patience: int | None
     batch_size: int | None = None
@@ -40,9 +40,10 @@ class Budget:
     external_memory: bool = False
 
     def describe(self) -> str:
-        if self.unit == "round":
-            return f"up to {self.limit} boosting round(s); early stopping " + (
-                f"after {self.patience} round(s) without a lower validation loss" if self.patience else "off"
+        if self.unit != "epoch":
+            noun = "boosting round" if self.unit == "round" else self.unit
+            return f"up to {self.limit} {noun}(s); early stopping " + (
+                f"after {self.patience} {self.unit}(s) without a lower validation loss" if self.patience else "off"
             )
         return (
             f"batch size {self.batch_size} per worker, up to {self.limit} epoch(s) ({self.steps_per_epoch} step(s) "
@@ -52,13 +53,15 @@ class Budget:
 
     def to_dict(self) -> dict[str, Any]:
         """The record (summary, MLflow params, a finished run's file) under each unit's own names: epochs and
-        patience, or num_boost_round and early_stopping_rounds."""
+        patience, or num_boost_round and early_stopping_rounds; another unit's under its limit and patience."""
         if self.unit == "round":
             own = {
                 "num_boost_round": self.limit,
                 "early_stopping_rounds": self.patience,
                 "external_memory": self.external_memory,
             }
+        elif self.unit != "epoch":
+            own = {"patience": self.patience}
         else:
             own = {
                 "batch_size": self.batch_size,

@@ -1,21 +1,33 @@
-"""Model families behind one interface (base.Family), listed once in REGISTRY: how each fits across Ray Train
-workers, what it checks before training, its budget, and how its checkpoint serves. A new family is one file in this
-folder defining FAMILY, added to the list below; no task, flow or other trainer module names a family
-(tests/test_layout.py holds it). Checkpoints name their family (config.json's model.type), so everything after
-training reads them through this registry and is family-blind."""
+"""Model families behind one interface (base.Family), listed once in REGISTRY: their parameters, how each fits
+across Ray Train workers, what it checks before training, its budget, and how its checkpoint serves. A new family is
+one file in this folder defining FAMILY, and one line naming it in pyproject.toml's `trainflow.families` entry points
+(trainflow/catalogue.py); no config section, task, flow or other trainer module names a family (tests/test_layout.py
+holds it). Checkpoints name their family (config.json's model.type), so everything after training reads them through
+this registry and is family-blind."""
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 
+from trainflow.catalogue import families
 from trainflow.trainer.families.base import Family
 
-# one module per family, each defining FAMILY; a new family's file is added to the bottom of this list
-FAMILY_MODULES = ("mlp_family", "torch_family", "xgboost_family", "lightgbm_family", "catboost_family")
-REGISTRY: dict[str, Family] = {
-    family.name: family for family in (importlib.import_module(f"{__name__}.{m}").FAMILY for m in FAMILY_MODULES)
-}
+
+class _Registry(Mapping[str, Family]):
+    """The catalogue's families by name, found on first use (a family's file imports this package first)."""
+
+    def __getitem__(self, name: str) -> Family:
+        return families()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(families())
+
+    def __len__(self) -> int:
+        return len(families())
+
+
+REGISTRY: Mapping[str, Family] = _Registry()
 # what a checkpoint written before config.json named its family holds: trainflow's network, its only family then
 UNNAMED = "mlp"
 

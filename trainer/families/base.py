@@ -8,9 +8,10 @@ functions that train.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 if TYPE_CHECKING:
     from trainflow.config import Config, ScalingSection
@@ -43,6 +44,60 @@ def loss_from_metric(task: str, value: float) -> float:
 
 def no_check(prep: TabularPreprocessor, model_cfg: dict[str, Any]) -> None:
     """Boosters take any packed width; their parameters were validated with the config."""
+
+
+def library_key(default: Any = None, *, named: str | None = None, shown: str | None = None, **bounds: Any) -> Any:
+    """A key passed to the family's library as it is (named: under the library's own name); unset (None), the
+    library's default. Its description names the families that take it (made from the catalogue by the config)."""
+    extra = {k: v for k, v in (("x-library-name", named), ("x-default", shown)) if v}
+    return Field(default, json_schema_extra=extra or None, **bounds)
+
+
+class Params(BaseModel):
+    """A family's own keys, `model.params.<family>` (unknown keys refused). A key several families take means the
+    same for each; a key whose default is None is the library's own, passed on only when set."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class TreeParams(Params):
+    """What every gradient-boosted trees family takes."""
+
+    num_boost_round: int = Field(
+        1000, description="the most boosting rounds; early stopping ends most runs well before", ge=1
+    )
+    early_stopping_rounds: int | Literal["off"] = Field(
+        50, description="rounds without a better validation loss before stopping, or `off`"
+    )
+    learning_rate: float = Field(
+        0.1,
+        description="the boosters' step size (HistGradientBoosting's and LightGBM's default; "
+        "XGBoost's own is 0.3; CatBoost picks its own for the table unless this is set)",
+        gt=0.0,
+    )
+    max_depth: int | None = library_key(ge=-1)
+    subsample: float | None = library_key(gt=0.0, le=1.0)
+    reg_lambda: float | None = library_key(ge=0.0)
+    max_bin: int | None = library_key(ge=2)
+
+    @field_validator("early_stopping_rounds")
+    @classmethod
+    def _positive(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("must be at least 1, or 'off'")
+        return v
+
+
+class LeafwiseTreeParams(TreeParams):
+    """What XGBoost and LightGBM both take beyond every booster's keys."""
+
+    min_child_weight: float | None = library_key(ge=0.0)
+    colsample_bytree: float | None = library_key(gt=0.0, le=1.0)
+    reg_alpha: float | None = library_key(ge=0.0)
+
+
+# a booster's keys trainflow reads (its budget, its matrices) and never passes to the library
+BUDGET_KEYS = ("num_boost_round", "early_stopping_rounds", "external_memory")
 
 
 # (directory, fitted preprocessor, the checkpoint's config.json, device) -> packed features -> model outputs
@@ -83,6 +138,22 @@ class Family:
     library_params: Callable[[TabularPreprocessor, Config], dict[str, Any]] | None = None
     # `trainflow tune` without tune.search_space: its default space (dotted config key -> {kind: args})
     search_space: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+    # its keys: a Params class validating model.params.<name> (and the shared model.params keys it takes), and the
+    # keys it reads from the model section itself (the networks': their checkpoints keep that layout)
+    params: type[Params] | None = None
+    model_keys: type[Params] | None = None
+    trainflow_keys: tuple[str, ...] = ()  # its params trainflow reads and never passes to the library
+    # model.type auto: its place among the families when cross-fitting (small tables) and on one split; None: not in
+    # auto. Cross-fitting runs the strongest defaults first; one split the fastest first, because its time sets
+    # train.time_limit auto's budget for the rest (trainflow/config/model.py training_order)
+    auto_rank: tuple[int, int] | None = None
+    # checks of the config before anything runs, given its model section and the families the run trains: raises
+    # ValueError naming the key
+    check_config: Callable[[Any, list[str]], None] | None = None
+    # its part of the training hash, from its model section as its run reads it (keys that cannot change its weights
+    # left out)
+    hashed: Callable[[dict[str, Any]], dict[str, Any]] = lambda model: model
+    listed: int = 1000  # its place where families are listed (model.type's choices, the docs): the order they came
 
     def worker_scaling(self, scaling: ScalingSection) -> ScalingSection:
         """The scaling its Ray Train run asks for: the config's, or for a one-process family one CPU-only worker with

@@ -11,7 +11,10 @@ import numpy as np
 
 from trainflow.trainer.families.base import (
     BOOSTER_SPACE,
+    BUDGET_KEYS,
     Family,
+    LeafwiseTreeParams,
+    library_key,
     booster_budget,
     categorical_positions,
     describe_booster,
@@ -25,6 +28,15 @@ if TYPE_CHECKING:
 
 NAME = "lightgbm"
 LGB_MODEL = "model.txt"  # LightGBM's own text model format
+
+
+class LightGBMParams(LeafwiseTreeParams):
+    """LightGBM's keys (model.params.lightgbm): every booster's, and LightGBM's own."""
+
+    num_leaves: int | None = library_key(ge=2)
+    min_data_in_leaf: int | None = library_key(ge=0)
+    min_split_gain: float | None = library_key(ge=0.0)
+    cat_smooth: float | None = library_key(ge=0.0)
 
 
 def load_lightgbm(path: Path):
@@ -138,4 +150,9 @@ FAMILY = Family(
     class_weights=False,
     library_params=library_params,
     search_space=BOOSTER_SPACE,
+    params=LightGBMParams,
+    trainflow_keys=BUDGET_KEYS,
+    # cross-fitting: second, a strong default; one split: last, the booster most like XGBoost (364 s on 4M rows)
+    auto_rank=(1, 3),
+    listed=4,
 )

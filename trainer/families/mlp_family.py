@@ -4,11 +4,44 @@ TorchTrainer with streaming_split (trainer/loop.py)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
 
 from trainflow.trainer.families import _torch
-from trainflow.trainer.families.base import Family
+from trainflow.trainer.families.base import Family, Params
 from trainflow.trainer.families.network import check_model
+
+
+class NetworkKeys(Params):
+    """The network's keys, in the model section itself (model.hidden_sizes, ...), as its checkpoints keep them."""
+
+    hidden_sizes: list[Annotated[int, Field(gt=0)]] = Field(
+        default_factory=lambda: [256, 128], description="mlp: the hidden layers' widths"
+    )
+    dropout: float = Field(0.3, description="mlp: dropout after each hidden layer", ge=0.0, lt=1.0)
+    numeric_embedding: Literal["auto", "none", "periodic"] = Field(
+        "auto",
+        description="mlp: `periodic` passes each continuous value (numbers, date parts) through a periodic embedding "
+        "(`rtdl_num_embeddings`' PLR: learned frequencies, sin and cos, a linear layer) before the layers; "
+        "`none`: the standardized value as it is; `auto`: periodic up to 1,000,000 training rows "
+        "([families.md](families.md#the-network))",
+    )
+    architecture: Literal["mlp", "tabm"] = Field(
+        "mlp",
+        description="mlp: the layers over the features: `mlp`, one MLP of `model.hidden_sizes`; `tabm`, TabM (the "
+        "`tabm` package): an ensemble of `model.tabm_k` MLPs of len(hidden_sizes) layers of max(hidden_sizes) units "
+        "that share their weights, trained together, served as their mean "
+        "([families.md](families.md#tabm-modelarchitecture-tabm))",
+    )
+    tabm_k: int = Field(32, description="mlp with `architecture: tabm`: the ensemble's members", ge=2, le=128)
+
+
+def _hashed(model: dict[str, Any]) -> dict[str, Any]:
+    """The keys only TabM reads never change a plain MLP's training hash."""
+    if model.get("architecture") == "mlp":
+        return {k: v for k, v in model.items() if k not in ("architecture", "tabm_k")}
+    return model
 
 
 def _describe(model: dict[str, Any]) -> str:
@@ -36,4 +69,9 @@ FAMILY = Family(
         "model.dropout": {"uniform": [0.0, 0.4]},
         "model.hidden_sizes": {"choice": [[256, 128], [512, 256], [256, 256, 128]]},
     },
+    model_keys=NetworkKeys,
+    # cross-fitting: last (its fits cost most on small tables); one split: second, the family least like the first
+    auto_rank=(3, 1),
+    hashed=_hashed,
+    listed=1,
 )

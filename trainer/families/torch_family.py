@@ -5,9 +5,35 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field
+
 from trainflow.trainer.families import _torch
-from trainflow.trainer.families.base import Family
+from trainflow.trainer.families.base import Family, Params
 from trainflow.trainer.families.network import check_model
+
+NAME = "torch"
+
+
+class ModuleKeys(Params):
+    """Your module's keys, in the model section itself (model.class_path, model.init_args)."""
+
+    class_path: str | None = Field(
+        None,
+        description="torch: `package.module:ClassName` of your module, built as "
+        "`ClassName(in_features, out_features, **init_args)`",
+    )
+    init_args: dict[str, Any] = Field(
+        default_factory=dict, description="torch: keyword arguments of your module's constructor"
+    )
+
+
+def _check_config(model: Any, families: list[str]) -> None:
+    if NAME in families and not model.class_path:
+        raise ValueError(
+            "model.type torch needs model.class_path, e.g. 'trainflow.examples.tabular_resnet:TabularResNet'"
+        )
+    if NAME not in families and (model.class_path or model.init_args):
+        raise ValueError("model.class_path and model.init_args are for model.type: torch")
 
 
 def _describe(model: dict[str, Any]) -> str:
@@ -15,7 +41,7 @@ def _describe(model: dict[str, Any]) -> str:
 
 
 FAMILY = Family(
-    "torch",
+    NAME,
     _torch.torch_trainer,
     _torch.train_fn,
     _torch.data_config,
@@ -25,4 +51,7 @@ FAMILY = Family(
     uses_minibatches=True,
     describe=_describe,
     imports_user_code=True,
+    model_keys=ModuleKeys,
+    check_config=_check_config,
+    listed=2,
 )

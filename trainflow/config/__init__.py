@@ -16,7 +16,6 @@ from trainflow.config.loading import (
 )
 from trainflow.config.model import (
     AUTO_FAMILIES,
-    BOOSTERS,
     ENSEMBLE,
     FAMILIES,
     ModelSection,
@@ -46,7 +45,6 @@ from trainflow.config.training import (
 
 __all__ = [
     "AUTO_FAMILIES",
-    "BOOSTERS",
     "CLASSIFICATION_METRICS",
     "ENSEMBLE",
     "FAMILIES",

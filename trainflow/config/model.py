@@ -1,4 +1,8 @@
-"""model: the families a run trains and their keys (model.type, the network's keys, model.params and its blocks)."""
+"""model: the families a run trains and their keys. This section knows no family by name: model.type's choices, which
+family takes each model.params key, each family's own block (model.params.<family>), the network's keys in this
+section and the checks on them all come from the families (trainer/families/), found through the catalogue
+(trainflow/catalogue.py); a new family's keys appear here, in the schema and in the docs' key table with no change
+to this file."""
 
 from __future__ import annotations
 
@@ -11,250 +15,191 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     create_model,
-    field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 
+from trainflow.catalogue import families as catalogue
 from trainflow.config.base import _Section, key
 
-
-FAMILIES = ("mlp", "torch", "xgboost", "lightgbm", "catboost")
-FamilyName = Literal["mlp", "torch", "xgboost", "lightgbm", "catboost"]
-BOOSTERS = ("xgboost", "lightgbm", "catboost")
-AUTO_FAMILIES = ("mlp", "xgboost", "lightgbm", "catboost")  # model.type auto
-# the order auto trains them in, which is their priority for time (a time limit gives each family what the ones before
-# it left, trainer/deadline.py). Cross-fitting (small tables): the strongest defaults first, the network, whose fits
-# cost most there, last. One split (larger tables): the fastest first, because its time sets train.time_limit auto's
-# budget for the rest (at most max(twice that time, 300 s) in all), then the family least like it (the ensemble gains
-# most from it), then CatBoost (strong, but one process a fit) and LightGBM, the booster most like XGBoost. Measured on
-# 4M streamed rows (docs/performance.md, beyond-memory-default): XGBoost 170 s, the network 317 s, LightGBM 364 s,
-# CatBoost over 380 s
-AUTO_FOLDED_ORDER = ("catboost", "lightgbm", "xgboost", "mlp")
-AUTO_SPLIT_ORDER = ("xgboost", "mlp", "catboost", "lightgbm")
 ENSEMBLE = "ensemble"  # what a checkpoint's model.type says when it weights several families' checkpoints
-_ALL, _BOTH, _XGB, _LGB = BOOSTERS, ("xgboost", "lightgbm"), ("xgboost",), ("lightgbm",)
-# which booster library takes each model.params key (trainflow passes the ones a family takes to it; CatBoost under
-# its own names: max_depth as depth, reg_lambda as l2_leaf_reg, max_bin as border_count)
-BOOSTER_KEYS: dict[str, tuple[str, ...]] = {
-    "num_boost_round": _ALL,
-    "early_stopping_rounds": _ALL,
-    "learning_rate": _ALL,
-    "max_depth": _ALL,
-    "min_child_weight": _BOTH,
-    "subsample": _ALL,
-    "colsample_bytree": _BOTH,
-    "reg_lambda": _ALL,
-    "reg_alpha": _BOTH,
-    "max_bin": _ALL,
-    "gamma": _XGB,
-    "colsample_bynode": _XGB,
-    "tree_method": _XGB,
-    "max_leaves": _XGB,
-    "grow_policy": _XGB,
-    "max_cat_to_onehot": _XGB,
-    "external_memory": _XGB,
-    "num_leaves": _LGB,
-    "min_data_in_leaf": _LGB,
-    "min_split_gain": _LGB,
-    "cat_smooth": _LGB,
-}
+_CATALOGUE = catalogue()
+FAMILIES = tuple(_CATALOGUE)
+FamilyName = Literal[FAMILIES]  # type: ignore[valid-type]
+AUTO_FAMILIES = tuple(name for name, family in _CATALOGUE.items() if family.auto_rank is not None)  # model.type auto
+_OWN_PARAMS = {name: family.params for name, family in _CATALOGUE.items() if family.params is not None}
+# which families take each model.params key (a key several take means the same for each)
+KEY_TAKERS: dict[str, tuple[str, ...]] = {}
+for _name, _params in _OWN_PARAMS.items():
+    for _key in _params.model_fields:
+        KEY_TAKERS[_key] = (*KEY_TAKERS.get(_key, ()), _name)
+# which families read each key of this section itself (the networks', kept there: their checkpoints' layout)
+MODEL_KEY_READERS: dict[str, tuple[str, ...]] = {}
+for _name, _family in _CATALOGUE.items():
+    for _key in _family.model_keys.model_fields if _family.model_keys else ():
+        MODEL_KEY_READERS[_key] = (*MODEL_KEY_READERS.get(_key, ()), _name)
 
 
-TRAINFLOW_KEYS = ("num_boost_round", "early_stopping_rounds", "external_memory")  # read by trainflow, not the library
-NETWORK_KEYS = {
-    "mlp": ("hidden_sizes", "dropout", "numeric_embedding", "architecture", "tabm_k"),
-    "torch": ("class_path", "init_args"),
-}  # the model keys each reads
+def _listed(names: tuple[str, ...] | list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
-def _library(name: str, shown: str = "the library's", **constraints: Any) -> Any:
-    """A booster key passed as it is to the libraries that take it (BOOSTER_KEYS; CatBoost's under its own names)."""
-    takes = BOOSTER_KEYS[name]
-    libs = takes[0] if len(takes) == 1 else ", ".join(takes[:-1]) + " and " + takes[-1]
-    own = {"max_depth": "depth", "reg_lambda": "l2_leaf_reg", "max_bin": "border_count"}.get(name)
-    return key(None, f"{libs}'s own `{name}`" + (f" (catboost's `{own}`)" if own else ""), shown=shown, **constraints)
+def _typed(field: FieldInfo) -> Any:
+    """A field's type with its bounds (ge, le, ...), to declare it again elsewhere."""
+    return Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
 
 
-class BoosterParams(_Section):
-    """Gradient-boosted trees (model.type xgboost / lightgbm / catboost); unset keys keep each library's default
-    (CatBoost's learning rate, unless set, is the one CatBoost picks for the table)."""
+def _shared_field(name: str) -> tuple[Any, FieldInfo]:
+    """model.params.<name>: the key as the first family taking it declares it. A library's own key (unset by default)
+    is described by who takes it, and under which of their own names."""
+    takers = KEY_TAKERS[name]
+    field = _OWN_PARAMS[takers[0]].model_fields[name]
+    extra = dict(field.json_schema_extra or {}) if isinstance(field.json_schema_extra, dict) else {}
+    extra.pop("x-library-name", None)
+    description = field.description
+    if field.default is None:
+        renamed = [
+            f"{t}'s `{own}`"
+            for t in takers
+            if (own := (_OWN_PARAMS[t].model_fields[name].json_schema_extra or {}).get("x-library-name"))
+        ]
+        description = f"{_listed(takers)}'s own `{name}`" + (f" ({', '.join(renamed)})" if renamed else "")
+        extra.setdefault("x-default", "the library's")
+    if field.default_factory is not None:
+        made = Field(default_factory=field.default_factory, description=description, json_schema_extra=extra or None)
+    else:
+        made = Field(field.default, description=description, json_schema_extra=extra or None)
+    return _typed(field), made
 
-    num_boost_round: int = key(1000, "the most boosting rounds; early stopping ends most runs well before", ge=1)
-    early_stopping_rounds: int | Literal["off"] = key(
-        50, "rounds without a better validation loss before stopping, or `off`"
-    )
-    learning_rate: float = key(
-        0.1,
-        "the boosters' step size (HistGradientBoosting's and LightGBM's default; "
-        "XGBoost's own is 0.3; CatBoost picks its own for the table unless this is set)",
-        gt=0.0,
-    )
-    max_depth: int | None = _library("max_depth", ge=-1)
-    min_child_weight: float | None = _library("min_child_weight", ge=0.0)
-    subsample: float | None = _library("subsample", gt=0.0, le=1.0)
-    colsample_bytree: float | None = _library("colsample_bytree", gt=0.0, le=1.0)
-    reg_lambda: float | None = _library("reg_lambda", ge=0.0)
-    reg_alpha: float | None = _library("reg_alpha", ge=0.0)
-    max_bin: int | None = _library("max_bin", ge=2)
-    gamma: float | None = _library("gamma", ge=0.0)
-    colsample_bynode: float | None = _library("colsample_bynode", "`0.5` (trainflow's)", gt=0.0, le=1.0)
-    tree_method: Literal["hist", "approx", "exact"] | None = _library("tree_method")
-    max_leaves: int | None = _library("max_leaves", ge=0)
-    grow_policy: Literal["depthwise", "lossguide"] | None = _library("grow_policy")
-    max_cat_to_onehot: int | None = _library("max_cat_to_onehot", ge=1)
-    num_leaves: int | None = _library("num_leaves", ge=2)
-    min_data_in_leaf: int | None = _library("min_data_in_leaf", ge=0)
-    min_split_gain: float | None = _library("min_split_gain", ge=0.0)
-    cat_smooth: float | None = _library("cat_smooth", ge=0.0)
-    external_memory: Literal["auto", "always", "never"] = key(
-        "auto",
-        "xgboost: read the shard into XGBoost's external-memory matrix (ExtMemQuantileDMatrix, pages on the "
-        "worker's disk) instead of an in-memory one; `auto`: when the in-memory matrices would not fit",
-    )
 
-    @field_validator("early_stopping_rounds")
-    @classmethod
-    def _positive(cls, v: int | str) -> int | str:
-        if isinstance(v, int) and v < 1:
-            raise ValueError("must be at least 1, or 'off'")
-        return v
-
-    @model_validator(mode="after")
-    def _external_memory_hist(self) -> BoosterParams:
-        if self.external_memory == "always" and self.tree_method not in (None, "hist"):
-            raise ValueError(
-                f"external_memory 'always' needs tree_method 'hist' (XGBoost's external-memory "
-                f"matrix is built for it), not {self.tree_method!r}"
-            )
-        return self
-
-    def for_family(self, family: str) -> dict[str, Any]:
-        """The library keys this family takes, without the unset ones (trainflow's own keys are not passed on)."""
-        return {
-            k: v
-            for k, v in self.model_dump().items()
-            if k in BOOSTER_KEYS and v is not None and family in BOOSTER_KEYS[k] and k not in TRAINFLOW_KEYS
-        }
+_SHARED = {name: _shared_field(name) for name in KEY_TAKERS}
 
 
 def _family_block(family: str) -> type[_Section]:
-    """model.params.<family>: the keys of BoosterParams this family takes, each unset (None) unless written, so only
-    what the user wrote there overrides the shared value; another family's key is refused naming whose it is."""
-    taken = [k for k, takes in BOOSTER_KEYS.items() if family in takes]
-    fields: dict[str, Any] = {}
-    for name in taken:
-        shared = BoosterParams.model_fields[name]
-        typed = Annotated[(shared.annotation, *shared.metadata)] if shared.metadata else shared.annotation  # its bounds
-        fields[name] = (
-            typed | None,
-            Field(None, description=shared.description, json_schema_extra={"x-default": "the shared value"}),
+    """model.params.<family>: the keys this family takes, each unset (None) unless written, so only what the user
+    wrote there overrides the shared value; another family's key is refused naming whose it is."""
+    taken = list(_OWN_PARAMS[family].model_fields)
+    fields: dict[str, Any] = {
+        name: (
+            _SHARED[name][0] | None,
+            Field(None, description=_SHARED[name][1].description, json_schema_extra={"x-default": "the shared value"}),
         )
+        for name in taken
+    }
 
     def _own_keys(cls, raw: Any) -> Any:
         if isinstance(raw, dict):
             for name in raw:
-                if name not in taken and name in BOOSTER_KEYS:
+                if name not in taken and name in KEY_TAKERS:
                     raise ValueError(
-                        f"{name}: {family} does not take it (it is {' and '.join(BOOSTER_KEYS[name])}'s); "
-                        f"set it under model.params or model.params.{BOOSTER_KEYS[name][0]}"
+                        f"{name}: {family} does not take it (it is {' and '.join(KEY_TAKERS[name])}'s); "
+                        f"set it under model.params or model.params.{KEY_TAKERS[name][0]}"
                     )
         return raw
 
     return create_model(
         f"{family.title()}Params",
         __base__=_Section,
+        __module__=__name__,
         __doc__=f"{family}'s own values of model.params' keys, over the shared ones",
         __validators__={"_own_keys": model_validator(mode="before")(classmethod(_own_keys))},
         **fields,
     )
 
 
-class _ParamsWithBlocks(BoosterParams):
-    """model.params: the boosters' keys, shared by every booster the run trains that takes the key, and one block per
-    booster (model.params.xgboost, ...) whose keys override the shared ones for that family alone."""
+def _error(e: ValidationError) -> str:
+    """A family's validation error as one line: the key and the message."""
+    first = e.errors()[0]
+    msg = first["msg"].removeprefix("Value error, ")
+    return f"{'.'.join(map(str, first['loc']))}: {msg}" if first["loc"] else msg
+
+
+class _ParamsWithBlocks(_Section):
+    """model.params: every family's keys, shared by every family the run trains that takes the key, and one block per
+    family (model.params.xgboost, ...) whose keys override the shared ones for that family alone."""
 
     def family_block(self, family: str) -> BaseModel | None:
         return getattr(self, family, None)
 
     def resolved(self, family: str) -> _ParamsWithBlocks:
         """The params as this family's run reads them: the shared keys the user set, overridden by the family's own
-        block (validated again as one booster's, e.g. external_memory against tree_method); no blocks."""
-        chosen = {k: getattr(self, k) for k in self.model_fields_set if k in BOOSTER_KEYS}
+        block, validated by the family's own Params (e.g. external_memory against tree_method); no blocks."""
+        chosen = {k: getattr(self, k) for k in self.model_fields_set if family in KEY_TAKERS.get(k, ())}
         block = self.family_block(family)
         if block is not None:
             chosen.update({k: getattr(block, k) for k in block.model_fields_set if getattr(block, k) is not None})
+        _OWN_PARAMS[family].model_validate({k: v for k, v in chosen.items() if v is not None})
         return ParamsSection(**chosen)
 
+    def for_family(self, family: str) -> dict[str, Any]:
+        """The library keys this family takes, without the unset ones (trainflow's own keys are not passed on)."""
+        own = _CATALOGUE[family].trainflow_keys
+        return {
+            k: v
+            for k, v in self.model_dump().items()
+            if family in KEY_TAKERS.get(k, ()) and v is not None and k not in own
+        }
 
-# each booster's block class, a name of this module as any class (pickle finds it by reference)
-_BLOCKS = {family: _family_block(family) for family in BOOSTERS}
+    @model_validator(mode="after")
+    def _shared_values(self) -> _ParamsWithBlocks:
+        """A shared key's value, checked as the first family taking it checks it (its validators)."""
+        for name in self.model_fields_set & set(KEY_TAKERS):
+            value = getattr(self, name)
+            if value is not None:
+                try:
+                    _OWN_PARAMS[KEY_TAKERS[name][0]].model_validate({name: value})
+                except ValidationError as e:
+                    raise ValueError(_error(e)) from None
+        return self
+
+
+# each family's block class, a name of this module as any class (pickle finds it by reference)
+_BLOCKS = {family: _family_block(family) for family in _OWN_PARAMS}
 globals().update({block.__name__: block for block in _BLOCKS.values()})
-# the class above with one optional block per booster
+# the class above with every family's keys and one optional block per family that has params
 ParamsSection = create_model(
     "ParamsSection",
     __base__=_ParamsWithBlocks,
+    __module__=__name__,
     __doc__=_ParamsWithBlocks.__doc__,
+    **_SHARED,
     **{
         family: (
             _BLOCKS[family] | None,
             Field(
                 None,
                 description=f"{family}'s own values of the keys above (those it takes), over the shared ones, e.g. "
-                f"`model.params.{family}.learning_rate`; a key it does not take is refused",
+                f"`model.params.{family}.{next(iter(_OWN_PARAMS[family].model_fields))}`; a key it does not take is "
+                "refused",
                 json_schema_extra={"x-family-block": True},
             ),
         )
-        for family in BOOSTERS
+        for family in _OWN_PARAMS
     },
 )
 
 
-class ModelSection(_Section):
-    """The model family: `mlp` (trainflow's network), `torch` (a user's nn.Module imported from class_path,
-    LightningCLI style), `xgboost`, `lightgbm` or `catboost` (gradient-boosted trees); a list trains each and keeps the
-    best."""
+class _Model(_Section):
+    """The model families: each trains as its own Ray Train run; a list trains each and keeps the best."""
 
-    type: Literal["auto"] | FamilyName | list[FamilyName] = key(
+    type: Literal["auto"] | FamilyName | list[FamilyName] = key(  # type: ignore[valid-type]
         "auto",
-        "the families trained: `auto` (`[mlp, xgboost, lightgbm, catboost]`), `mlp` (trainflow's network), "
-        "`xgboost`, `lightgbm`, `catboost` or `torch` (your own `nn.Module`), or a list of them; each family "
+        f"the families trained: `auto` (`[{', '.join(AUTO_FAMILIES)}]`), one of "
+        f"{_listed([f'`{f}`' for f in FAMILIES]).replace(' and ', ' or ')}, or a list of them; each family "
         "trains as its own Ray Train run, with their weighted ensemble (`model.ensemble`), and the best on rows "
         "its training never saw goes on ([families.md](families.md)). `auto` leaves out a family that cannot "
         "fit or fails (summary `families_left_out`); a single family you name fails the run instead. A sweep "
         "(`tune`) trains one family per trial and searches the family when there are several",
     )
-    hidden_sizes: list[int] = key(doc="mlp: the hidden layers' widths", default_factory=lambda: [256, 128])
-    dropout: float = key(0.3, "mlp: dropout after each hidden layer", ge=0.0, lt=1.0)
-    numeric_embedding: Literal["auto", "none", "periodic"] = key(
-        "auto",
-        "mlp: `periodic` passes each continuous value (numbers, date parts) through a periodic embedding "
-        "(`rtdl_num_embeddings`' PLR: learned frequencies, sin and cos, a linear layer) before the layers; "
-        "`none`: the standardized value as it is; `auto`: periodic up to 1,000,000 training rows "
-        "([families.md](families.md#the-network))",
-    )
-    architecture: Literal["mlp", "tabm"] = key(
-        "mlp",
-        "mlp: the layers over the features: `mlp`, one MLP of `model.hidden_sizes`; `tabm`, TabM (the `tabm` "
-        "package): an ensemble of `model.tabm_k` MLPs of len(hidden_sizes) layers of max(hidden_sizes) units "
-        "that share their weights, trained together, served as their mean ([families.md](families.md#tabm-modelarchitecture-tabm))",
-    )
-    tabm_k: int = key(32, "mlp with `architecture: tabm`: the ensemble's members", ge=2, le=128)
-    class_path: str | None = key(
-        None,
-        "torch: `package.module:ClassName` of your module, built as "
-        "`ClassName(in_features, out_features, **init_args)`",
-    )
-    init_args: dict[str, Any] = key(doc="torch: keyword arguments of your module's constructor", default_factory=dict)
     allowed_class_paths: list[str] = key(
         doc="module classes a model read from the registry or storage may import besides `model.class_path` (the "
         "gate's champion, `predict --model`); any other is refused, never imported: storage someone else can write "
         "to never chooses the code",
         default_factory=list,
     )
-    params: ParamsSection = key(
-        doc="the gradient-boosted trees' parameters (xgboost, lightgbm, catboost), shared by "
-        "each that takes the key, with a block per family over them "
-        "(`model.params.xgboost`, ...); a key no trained family takes is refused",
+    params: ParamsSection = key(  # type: ignore[valid-type]
+        doc="the families' own parameters: each key shared by every trained family that takes it, with a block per "
+        "family over them (`model.params.xgboost`, ...); a key no trained family takes is refused",
         default_factory=ParamsSection,
     )
     ensemble: bool = key(
@@ -274,40 +219,42 @@ class ModelSection(_Section):
         return families + [ENSEMBLE] if self.ensemble and len(families) > 1 else families
 
     def training_order(self, folds: int) -> list[str]:
-        """The families in the order their runs start: the config's, or under auto AUTO_FOLDED_ORDER when
-        cross-fitting and AUTO_SPLIT_ORDER on one split."""
+        """The families in the order their runs start: the config's, or under auto by each family's auto_rank (when
+        cross-fitting, and on one split)."""
         if self.auto:
-            return [f for f in (AUTO_FOLDED_ORDER if folds > 1 else AUTO_SPLIT_ORDER) if f in self.families]
+            slot = 0 if folds > 1 else 1
+            return sorted(self.families, key=lambda f: _CATALOGUE[f].auto_rank[slot])
         return self.families
 
     def for_family(self, family: str) -> dict[str, Any]:
         """This section as one family's config (model.type a single name, model.params as that family reads them)."""
         return self.family_section(family).model_dump(mode="json")
 
-    def family_section(self, family: str) -> ModelSection:
-        """This section as one family's run reads it: model.type that family; a booster's params resolved (its own
-        block over the shared keys, no blocks)."""
+    def family_section(self, family: str) -> _Model:
+        """This section as one family's run reads it: model.type that family; its params resolved (its own block
+        over the shared keys, no blocks)."""
         update: dict[str, Any] = {"type": family}
-        if family in BOOSTERS:
+        if family in _OWN_PARAMS:
             update["params"] = self.params.resolved(family)
         return self.model_copy(update=update)
 
     def hashed(self, family: str) -> dict[str, Any]:
-        """The keys of this section that decide family's weights (Config.training_hash): a booster's library keys
-        as its run reads them, a network's own keys; another family's keys never change it."""
-        if family in BOOSTERS:
-            return {"type": family, "params": self.params.resolved(family).for_family(family)}
-        dumped = self.model_dump(mode="json")
-        model = {"type": family, **{k: dumped[k] for k in NETWORK_KEYS[family]}}
-        if model.get("architecture") == "mlp":  # keys only TabM reads never change a plain MLP's hash
-            del model["architecture"], model["tabm_k"]
-        return model
+        """The keys of this section that decide family's weights (Config.training_hash), as the family says: its
+        library keys as its run reads them, its keys in this section; another family's keys never change it."""
+        model: dict[str, Any] = {"type": family}
+        if family in _OWN_PARAMS:
+            model["params"] = self.params.resolved(family).for_family(family)
+        own = _CATALOGUE[family].model_keys
+        if own is not None:
+            dumped = self.model_dump(mode="json")
+            model.update({k: dumped[k] for k in own.model_fields})
+        return _CATALOGUE[family].hashed(model)
 
     _auto: bool = PrivateAttr(False)
 
     @model_validator(mode="wrap")
     @classmethod
-    def _expand_auto(cls, raw: Any, handler: Any) -> ModelSection:
+    def _expand_auto(cls, raw: Any, handler: Any) -> _Model:
         auto = isinstance(raw, dict) and raw.get("type", "auto") == "auto"
         section = handler({**raw, "type": list(AUTO_FAMILIES)} if auto else raw)
         section._auto = auto or section._auto
@@ -320,55 +267,56 @@ class ModelSection(_Section):
         return self._auto
 
     @model_validator(mode="after")
-    def _family_keys(self, info: ValidationInfo) -> ModelSection:
+    def _family_keys(self, info: ValidationInfo) -> _Model:
         families = self.families
         if not families:
             raise ValueError(f"model.type: give a family or a list of them, from {list(FAMILIES)}")
         if len(set(families)) != len(families):
             raise ValueError(f"model.type: {families} names a family more than once")
-        if "torch" in families and not self.class_path:
-            raise ValueError(
-                "model.type torch needs model.class_path, e.g. 'trainflow.examples.tabular_resnet:TabularResNet'"
-            )
-        if "torch" not in families and (self.class_path or self.init_args):
-            raise ValueError("model.class_path and model.init_args are for model.type: torch")
+        for family in _CATALOGUE.values():  # each family's own checks of this section
+            if family.check_config is not None:
+                family.check_config(self, families)
         # a sweep's trial of one family keeps the user's keys of the sweep's other families (each reads only its own)
         scope = [*families, *((info.context or {}).get("sweep_families") or ())]
-        for name in NETWORK_KEYS["mlp"]:  # set to something else than its default, for a run without the network
+        for name, readers in MODEL_KEY_READERS.items():  # set to something else than its default, for nobody
             default = type(self).model_fields[name].get_default(call_default_factory=True)
-            if name in self.model_fields_set and getattr(self, name) != default and "mlp" not in scope:
-                raise ValueError(f"model.{name}: applies to mlp, which model.type {families} does not train")
-        boosters = [f for f in BOOSTERS if f in scope]
-        for family in BOOSTERS:
-            if self.params.family_block(family) is not None and family not in boosters:
+            if name in self.model_fields_set and getattr(self, name) != default and not set(readers) & set(scope):
+                raise ValueError(
+                    f"model.{name}: applies to {_listed(readers)}, which model.type {families} does not train"
+                )
+        for family in _OWN_PARAMS:
+            if self.params.family_block(family) is not None and family not in scope:
                 raise ValueError(
                     f"model.params.{family}: applies to {family}, which model.type {families} does not train"
                 )
-            if family in boosters:
-                try:  # what this family's run reads, validated as one booster's block (e.g. external_memory)
+            if family in scope:
+                try:  # what this family's run reads, validated by the family's own Params
                     self.params.resolved(family)
                 except ValidationError as e:
-                    msg = e.errors()[0]["msg"].removeprefix("Value error, ")
-                    raise ValueError(f"model.params.{family}: {msg}") from None
-        for name, value in self.params.model_dump().items():
+                    raise ValueError(f"model.params.{family}: {_error(e)}") from None
+        for name in self.params.model_fields_set & set(KEY_TAKERS):
+            value = getattr(self.params, name)
             # a default written back by model_dump (a tune trial's config) is not the user's choice
-            if (
-                name not in BOOSTER_KEYS
-                or value is None
-                or name not in self.params.model_fields_set
-                or value == BoosterParams.model_fields[name].default
-            ):
+            if value is None or value == ParamsSection.model_fields[name].default:
                 continue
-            takers = [f for f in BOOSTER_KEYS[name] if f in boosters]
-            if not takers:
-                takes = BOOSTER_KEYS[name]
-                named = " and ".join(takes) if len(takes) < 3 else ", ".join(takes[:-1]) + " and " + takes[-1]
-                raise ValueError(f"model.params.{name}: applies to {named}, which model.type {families} does not train")
+            if not [f for f in KEY_TAKERS[name] if f in scope]:
+                raise ValueError(
+                    f"model.params.{name}: applies to {_listed(KEY_TAKERS[name])}, which model.type {families} "
+                    "does not train"
+                )
         return self
 
-    @field_validator("hidden_sizes")
-    @classmethod
-    def _positive(cls, v: list[int]) -> list[int]:
-        if any(h <= 0 for h in v):
-            raise ValueError("every hidden size must be a positive integer")
-        return v
+
+# the section: _Model and the keys each family reads from it (the networks'), declared by the families
+ModelSection = create_model(
+    "ModelSection",
+    __base__=_Model,
+    __module__=__name__,
+    __doc__=_Model.__doc__,
+    **{
+        name: (field.annotation, field)
+        for family in _CATALOGUE.values()
+        if family.model_keys is not None
+        for name, field in family.model_keys.model_fields.items()
+    },
+)

@@ -13,7 +13,8 @@ from pydantic import (
 
 from trainflow.config.base import CLASSIFICATION_METRICS, REGRESSION_METRICS, _Section, key
 from trainflow.config.data import DataSection, PreprocessSection, SplitSection
-from trainflow.config.model import BOOSTERS, ENSEMBLE, ModelSection
+from trainflow.catalogue import families
+from trainflow.config.model import ENSEMBLE, ModelSection
 from trainflow.config.operations import (
     CalibrationSection,
     InferenceSection,
@@ -201,7 +202,7 @@ class Config(_Section):
             members = [self.training_hash(f) for f in self.model.families]
             return "config:" + hashlib.blake2b(json.dumps(members).encode(), digest_size=12).hexdigest()
         model = self.model.hashed(family)
-        if family in BOOSTERS:  # the networks' optimiser never reaches a booster
+        if not families()[family].uses_minibatches:  # the networks' optimiser never reaches another family
             train: dict[str, Any] = {"folds": self.train.folds}
         else:
             train = self.train.model_dump(mode="json", exclude={"epochs", "early_stopping", "time_limit"})
