@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import ray.train
 
+from tests.conftest import make_regression_table
 from tests.faults import small_run, wait_registered
 from trainflow.trainer.checkpoint import read_metrics
 from trainflow.trainer.serving import load_servable
@@ -311,3 +312,66 @@ def test_catboost_is_one_worker_with_the_group_cpus_and_a_killed_fit_continues_f
     assert "died" in killed["error"] or "dead" in killed["error"]
     assert served.family == "catboost" and served.predict.model.tree_count_ == 1500
     assert result.metrics["val_r2"] > 0.8 and served.predict.native_importance().shape == (prep.num_features,)
+
+
+def test_extra_trees_trains_in_one_process_serves_from_arrays_through_pyfunc_and_a_finished_fit_returns(tmp_path):
+    """The family that landed as one file (trainer/families/extra_trees_family.py): its block reaches the worker, one
+    worker holds the group's CPUs, the forest is stored as arrays (no pickle) and serves the figures it reported, the
+    registered pyfunc model predicts the same, and a rerun of the finished run name trains nothing."""
+    import mlflow
+    import pyarrow as pa
+
+    from trainflow.preprocessors.tabular import FEATURES, LABEL
+    from trainflow.tasks.model_package import MODEL_CODE, requirements
+    from trainflow.trainer.metrics import compute_metrics
+    from trainflow.tracking import ensure_experiment, tracking
+
+    cfg, prep, train, val = small_run(tmp_path)
+    cfg = trial_config(
+        cfg.to_dict(),
+        {
+            "model.type": "extra_trees",
+            "model.params.extra_trees.n_estimators": 40,
+            "model.params.extra_trees.min_samples_leaf": 2,
+            "mlflow.tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        },
+    )
+    from trainflow.trainer.families import REGISTRY
+
+    scaling = REGISTRY["extra_trees"].worker_scaling(cfg.scaling)
+    assert (scaling.num_workers, scaling.resources_per_worker["CPU"]) == (1, 2.0)
+    result = build_trainer(cfg, prep, train, val, "xt").fit()
+    with result.checkpoint.as_directory() as d:
+        history = read_metrics(d)["history"]
+        served = load_servable(d)
+        stored = sorted(p.name for p in Path(d).iterdir())
+    assert [h["epoch"] for h in history] == list(range(10)) and history[-1]["val_loss"] < history[0]["val_loss"]
+    assert "forest.npz" in stored and not [s for s in stored if s.endswith((".pkl", ".pickle", ".joblib"))]
+    assert served.family == "extra_trees" and len(served.predict.trees) == 40
+    assert served.predict.native_importance().shape == (prep.num_features,)
+    # the reported figures are the served forest's on the validation rows
+    packed = pa.concat_tables(ray.get(val.to_arrow_refs()))
+    x, y = np.stack(packed[FEATURES].to_numpy(zero_copy_only=False)), packed[LABEL].to_numpy()
+    again = compute_metrics("regression", served.predict(x.astype(np.float32)), y.astype(np.float32), prep)
+    assert again["val_r2"] == pytest.approx(result.metrics["val_r2"], rel=1e-6) and again["val_r2"] > 0.5
+    # finished: a rerun under the same name returns at once with the same forest
+    starts = len([e for e in read_events(run_dir(cfg, "xt")) if e["event"] == "worker_start"])
+    rerun = build_trainer(cfg, prep, train, val, "xt").fit()
+    assert rerun.checkpoint.path == result.checkpoint.path
+    events = [e for e in read_events(run_dir(cfg, "xt")) if e["event"] == "worker_start"]
+    assert len(events) == starts + 1 and events[-1]["from_epoch"] == 10
+    # registered as every family is: MLflow's pyfunc model serves the same predictions (scikit-learn pinned)
+    reqs = requirements(["extra_trees"])
+    assert any(r.startswith("scikit-learn==") for r in reqs)
+    with result.checkpoint.as_directory() as d:
+        with tracking(cfg.mlflow.tracking_uri):
+            with mlflow.start_run(experiment_id=ensure_experiment(cfg.mlflow.tracking_uri, "xt")):
+                info = mlflow.pyfunc.log_model(
+                    name="model", python_model=MODEL_CODE, artifacts={"checkpoint": d}, pip_requirements=reqs
+                )
+            table = make_regression_table(50, seed=3)
+            got = mlflow.pyfunc.load_model(info.model_uri).predict(table.to_pandas())
+    expected = served.preprocessor.decode_predictions(
+        served.predict(served.preprocessor.transform_features(table)), None
+    )
+    np.testing.assert_allclose(got["prediction"].to_numpy(), expected["prediction"], rtol=1e-5)
