@@ -4,8 +4,10 @@ Use it with
 
     model:
       type: torch
-      class_path: trainflow.examples.tabular_resnet:TabularResNet
-      init_args: {width: 128, blocks: 2, dropout: 0.1}
+      params:
+        torch:
+          class_path: trainflow.examples.tabular_resnet:TabularResNet
+          init_args: {width: 128, blocks: 2, dropout: 0.1}
 
 trainflow imports the class on every Ray Train worker and in every process that loads the model, and
 builds it as TabularResNet(in_features, out_features, **init_args). The input is trainflow's packed

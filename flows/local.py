@@ -18,6 +18,7 @@ from typing import Any
 
 from trainflow.config import Config, infer_format
 from trainflow.errors import DataError
+from trainflow.sources import SNAPSHOT_FORMATS, resolve_snapshot, snapshot_bytes, source_dataset
 from trainflow.tables import check_names, check_present, did_you_mean, open_dataset
 from trainflow.locks import prefect_server_configured
 
@@ -84,6 +85,8 @@ def small_table_fingerprint(config: Config) -> str | None:
     from trainflow.tables import IN_PROCESS_BYTES, fingerprint, in_memory_bytes, list_files
 
     data = config.data
+    if data.format in SNAPSHOT_FORMATS:  # a Delta or Iceberg table: from its snapshot, at any size
+        return resolve_snapshot(data).fingerprint
     if data.materialize == "never":
         return None
     fs, files = list_files(data.path, data.format)
@@ -97,7 +100,8 @@ def preflight(config: Config) -> None:
     block): the training table and the scoring table hold the columns the config names. DataError naming the file,
     the column and the closest name; the flow checks the rest (types, values) as before."""
     data = config.data
-    names = list(open_dataset(data.path, data.format, data.csv).schema.names)
+    table = source_dataset(data) if data.format in SNAPSHOT_FORMATS else open_dataset(data.path, data.format, data.csv)
+    names = list(table.schema.names)
     check_names(names, data.path)
     check_present(names, data, data.path)
     for key in ("time_column", "group_column"):
@@ -137,10 +141,16 @@ def check_label_values(config: Config) -> None:
     from trainflow.tables import IN_PROCESS_BYTES, in_memory_bytes, list_files
 
     data = config.data
-    fs, files = list_files(data.path, data.format)
-    if data.materialize == "never" or in_memory_bytes(fs, files, data.format) > IN_PROCESS_BYTES:
-        return
-    table = open_dataset(data.path, data.format, data.csv, (fs, files)).to_table(columns=[data.label])
+    if data.format in SNAPSHOT_FORMATS:  # a Delta or Iceberg table: its snapshot's size and label column
+        snap = resolve_snapshot(data)
+        if data.materialize == "never" or snapshot_bytes(snap) > IN_PROCESS_BYTES:
+            return
+        table = source_dataset(data, snap).to_table(columns=[data.label])
+    else:
+        fs, files = list_files(data.path, data.format)
+        if data.materialize == "never" or in_memory_bytes(fs, files, data.format) > IN_PROCESS_BYTES:
+            return
+        table = open_dataset(data.path, data.format, data.csv, (fs, files)).to_table(columns=[data.label])
     values = table[data.label]
     rows, bad = count_rows_and_bad_labels(table, data.label)  # ingest's count
     if rows == 0:

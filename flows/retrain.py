@@ -17,7 +17,7 @@ from trainflow.tasks.candidates import compare, run_names
 from trainflow.flows.backtest import backtest_family, fit_earlier
 from trainflow.tasks.cross_fit import bag_folds, fold_config, fold_run_names, oof_names
 from trainflow.tasks.ensemble import ensemble
-from trainflow.tasks.ingest import ingest, table_fingerprint
+from trainflow.tasks.ingest import ingest, pin_source, table_fingerprint
 from trainflow.tasks.values import Ingested, Prepared, Split, TrainOutcome
 from trainflow.tasks.mlflow_run import end_parent, end_runs, open_parent
 from trainflow.tasks.preprocess import preprocess
@@ -57,6 +57,7 @@ def retrain(
         print(config.task_inferred)
     name = resolve_run_name(run_name)
     with run_lock(config.storage_path, name, wait):
+        config = pin_source(config, name)  # a Delta or Iceberg table: the snapshot this run name reads
         # the champion's own data and config: nothing to train (checked before the table is read into Ray)
         fingerprint = None if force else table_fingerprint(config)
         done = finished_before(config, name, fingerprint) if run_name else None  # a default name is new every time

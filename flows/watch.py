@@ -1,5 +1,6 @@
-"""The watch flow: emit a Prefect event when the training table's files change, so a deployment trigger can
-start `retrain/scheduled` (deployments/prefect.yaml); a small deployment runs it on a short interval."""
+"""The watch flow: emit a Prefect event when the training table's files change (a Delta table's version, an Iceberg
+table's snapshot), so a deployment trigger can start `retrain/scheduled` (deployments/prefect.yaml); a small
+deployment runs it on a short interval."""
 
 from __future__ import annotations
 
@@ -11,10 +12,18 @@ from prefect.events import emit_event
 from prefect.variables import Variable
 
 from trainflow.flows.handover import flow_config
+from trainflow.sources import SNAPSHOT_FORMATS, resolve_snapshot
 from trainflow.tables import list_files
 from trainflow.redact import redact_text
 
 DATA_EVENT = "trainflow.data.changed"
+
+
+def source_fingerprint(data) -> str:
+    """A Delta or Iceberg table's current snapshot (from its log or metadata), or files_fingerprint."""
+    if data.format in SNAPSHOT_FORMATS:
+        return resolve_snapshot(data.model_copy(update={"snapshot": None})).fingerprint
+    return files_fingerprint(data.path, data.format)
 
 
 def files_fingerprint(path: str, fmt: str) -> str:
@@ -33,7 +42,7 @@ def watch_data(config_path: str, overrides: dict[str, Any] | None = None) -> dic
     config = flow_config(config_path, overrides)
     key = hashlib.blake2b(config.data.path.encode(), digest_size=8).hexdigest()
     name = f"trainflow-watch-{key}"
-    now = files_fingerprint(config.data.path, config.data.format)
+    now = source_fingerprint(config.data)
     last = Variable.get(name, default=None)
     changed = last is not None and last != now
     if last != now:

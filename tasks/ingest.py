@@ -10,10 +10,20 @@ from trainflow.tasks.common import retry_unless_user_error, task_logger
 from trainflow.config import Config, infer_format
 from trainflow.data import (
     arrow_schema,
+    bounded_blocks,
     count_nulls,
     count_rows_and_bad_labels,
     read_table,
     should_materialize,
+    streamed_read_args,
+)
+from trainflow.sources import (
+    SNAPSHOT_FORMATS,
+    Snapshot,
+    read_arrow as snapshot_arrow,
+    read_dataset,
+    resolve_snapshot,
+    snapshot_bytes,
 )
 from trainflow.preprocessors.fit import check_text_columns
 from trainflow.tables import (
@@ -36,6 +46,8 @@ from trainflow.outputs import guard_output
 from trainflow.trainer.resources import check_fits
 from trainflow.runtime import cluster_named, ensure_ray
 from trainflow.tasks.values import Ingested
+
+SOURCE_SUFFIX = "-source.json"  # under storage_path: the snapshot a run name's first attempt read
 
 
 def _kind(t) -> str:
@@ -100,28 +112,55 @@ def _fingerprint(data, fs, files) -> tuple[str, bool, int, str]:
     cache_policy=NO_CACHE,
 )
 def table_fingerprint(config: Config) -> str:
-    """The training table's fingerprint as ingest computes it, from the files alone (no Ray Data read): enough to
-    tell that a retrain would train on the champion's own data (which its run checked already)."""
+    """The training table's fingerprint as ingest computes it, from the files alone (no Ray Data read), or a Delta
+    or Iceberg table's from its snapshot: enough to tell that a retrain would train on the champion's own data
+    (which its run checked already)."""
+    if config.data.format in SNAPSHOT_FORMATS:
+        return resolve_snapshot(config.data).fingerprint
     if cluster_named(config.ray.address):  # its object store's size decides content or metadata
         ensure_ray(**config.ray_start)
     fs, files = list_files(config.data.path, config.data.format)
     return _fingerprint(config.data, fs, files)[0]
 
 
-@task(
-    name="ingest", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE
-)
-def ingest(config: Config, known_fingerprint: str | None = None) -> Ingested:
-    """Read and check the training table; compute its content fingerprint (known_fingerprint: table_fingerprint's
-    answer for it, not computed again)."""
-    config.require_workers()
-    if cluster_named(config.ray.address):  # else this process reads a small table without Ray (runtime.nodes)
-        ensure_ray(**config.ray_start)
-    check_fits(config.scaling.model_dump())  # seconds, not a placement group that waits forever
+@task(name="pin-source", cache_policy=NO_CACHE)
+def pin_source(config: Config, run_name: str) -> Config:
+    """A Delta or Iceberg table's snapshot for this run name: the one its first attempt recorded in storage (a rerun
+    or a resume reads what it read, however the table grew since), else data.snapshot or the table's current one,
+    recorded now. A record naming another table is not trusted: the run reads the table's current snapshot."""
+    import json
+
+    from trainflow.storage import join, read_text, write_new
+
     data = config.data
-    if config.inference.output:  # a place trainflow may write: checked before anything is read
-        guard_output(config.inference.output, config)
-        check_writable(config.inference.output)
+    if data.format not in SNAPSHOT_FORMATS:
+        return config
+    log = task_logger("pin-source")
+    record_uri = join(config.storage_path, f"{run_name}{SOURCE_SUFFIX}")
+    try:
+        recorded = json.loads(read_text(record_uri))
+    except (OSError, ValueError):
+        recorded = None
+    if isinstance(recorded, dict) and (recorded.get("format"), recorded.get("table")) == (data.format, data.path):
+        pinned = recorded.get("snapshot")
+        if isinstance(pinned, int) and (data.snapshot is None or data.snapshot == pinned):
+            snap = resolve_snapshot(data, pinned)
+            if snap.table_id == recorded.get("table_id"):
+                log.info("%s: what run %s read first (%s)", snap.describe(), run_name, record_uri)
+                return config.model_copy(update={"data": data.model_copy(update={"snapshot": snap.snapshot})})
+        log.warning("%s names another table or snapshot than this run reads; not followed", record_uri)
+    snap = resolve_snapshot(data)
+    try:
+        write_new(record_uri, json.dumps(snap.record()).encode())
+    except FileExistsError:
+        pass  # another record is there (not followed, above): this run reads its own snapshot
+    log.info("%s (recorded for reruns of %s)", snap.describe(), run_name)
+    return config.model_copy(update={"data": data.model_copy(update={"snapshot": snap.snapshot})})
+
+
+def _read_files(config: Config, known_fingerprint: str | None):
+    """A file table: (rows, files, schema, fingerprint, materialize, bytes, why)."""
+    data = config.data
     listed = fs, found = list_files(data.path, data.format)  # once: a remote folder's listing is a request per page
     fp, materialize, table_bytes, why = (
         _fingerprint(data, fs, found) if known_fingerprint is None else (known_fingerprint, *_sizing(data, fs, found))
@@ -134,12 +173,67 @@ def ingest(config: Config, known_fingerprint: str | None = None) -> Ingested:
         else None
     )
     if table is not None:
-        ds, files, schema = table, [with_scheme(data.path, f) for f in found], table.schema
-        why += "; read by this process"
+        return (
+            table,
+            [with_scheme(data.path, f) for f in found],
+            table.schema,
+            fp,
+            True,
+            table_bytes,
+            why + "; read by this process",
+        )
+    ensure_ray(**config.ray_start)
+    ds, files, _ = read_table(data.path, data.format, listed=listed, csv=data.csv)
+    schema = arrow_schema(ds, data.path)
+    if materialize:
+        ds = ds.materialize()  # read once; the checks and the split reuse it
     else:
+        ds, _, _ = read_table(data.path, data.format, streamed=True, listed=listed, csv=data.csv)
+    return ds, files, schema, fp, materialize, table_bytes, why
+
+
+def _read_snapshot(config: Config, snap: Snapshot):
+    """A Delta or Iceberg table at its snapshot: (rows, files, schema, fingerprint, materialize, bytes, why)."""
+    data = config.data
+    table_bytes = snapshot_bytes(snap)
+    materialize, why = should_materialize(data.materialize, table_bytes)
+    why = f"{snap.describe()}; {why}"
+    if materialize and table_bytes <= IN_PROCESS_BYTES:
+        table = snapshot_arrow(data, snap)
+        return (
+            table,
+            list(snap.files),
+            table.schema,
+            snap.fingerprint,
+            True,
+            table_bytes,
+            why + "; read by this process",
+        )
+    ensure_ray(**config.ray_start)
+    ds = read_dataset(data, snap, **({} if materialize else streamed_read_args()))
+    schema = arrow_schema(ds, data.path)
+    ds = ds.materialize() if materialize else bounded_blocks(ds)
+    return ds, list(snap.files), schema, snap.fingerprint, materialize, table_bytes, why
+
+
+@task(
+    name="ingest", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE
+)
+def ingest(config: Config, known_fingerprint: str | None = None) -> Ingested:
+    """Read and check the training table; compute its content fingerprint (known_fingerprint: table_fingerprint's
+    answer for it, not computed again); a Delta or Iceberg table at its snapshot (pin_source's)."""
+    config.require_workers()
+    if cluster_named(config.ray.address):  # else this process reads a small table without Ray (runtime.nodes)
         ensure_ray(**config.ray_start)
-        ds, files, _ = read_table(data.path, data.format, listed=listed, csv=data.csv)
-        schema = arrow_schema(ds, data.path)
+    check_fits(config.scaling.model_dump())  # seconds, not a placement group that waits forever
+    data = config.data
+    if config.inference.output:  # a place trainflow may write: checked before anything is read
+        guard_output(config.inference.output, config)
+        check_writable(config.inference.output)
+    snap = resolve_snapshot(data) if data.format in SNAPSHOT_FORMATS else None
+    ds, files, schema, fp, materialize, table_bytes, why = (
+        _read_snapshot(config, snap) if snap is not None else _read_files(config, known_fingerprint)
+    )
     spec = table_spec(schema, data, config.task, data.path, files=files)
     missing = [c for c in config.promotion.slices if c not in schema.names]
     if missing:
@@ -147,10 +241,6 @@ def ingest(config: Config, known_fingerprint: str | None = None) -> Ingested:
             f"{data.path}: promotion.slices names column(s) {missing} that the table lacks; "
             f"columns are {list(schema.names)}"
         )
-    if table is None and materialize:
-        ds = ds.materialize()  # read once; the checks below and the split reuse it
-    elif table is None:
-        ds, _, _ = read_table(data.path, data.format, streamed=True, listed=listed, csv=data.csv)
     task_logger("ingest").info("table %s: %s", "materialized" if materialize else "streamed", why)
     check_text_columns(ds, spec, config.preprocess.parse_dates, data.path)
     if config.inference.input:
@@ -164,6 +254,7 @@ def ingest(config: Config, known_fingerprint: str | None = None) -> Ingested:
             "drop or fix those rows"
         )
     spec.rows, spec.fingerprint = rows, fp
+    spec.snapshot = snap.record() if snap is not None else None
     task_logger("ingest").info(
         "read %d rows from %d file(s): %d numeric, %d text, %d date feature(s); fingerprint %s",
         rows,

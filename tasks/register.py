@@ -41,6 +41,11 @@ def register(
     lineage = {
         "trainflow.data_path": ingested.spec.path,
         "trainflow.data_fingerprint": ingested.spec.fingerprint,
+        **(
+            {"trainflow.data_snapshot": json.dumps(ingested.spec.snapshot, sort_keys=True)}
+            if ingested.spec.snapshot
+            else {}
+        ),
         "trainflow.run_name": outcome.run_name,
         "trainflow.model_family": outcome.family,
         "trainflow.storage_path": config.storage_path,
@@ -100,7 +105,8 @@ def log_datasets(
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.types import ColSpec, Schema
 
-    path = redact_text(ingested.spec.path)  # a URI's user-info and credential query values masked
+    snapshot = ingested.spec.snapshot  # a Delta or Iceberg table: where its files are, and which snapshot
+    path = redact_text(snapshot["location"] if snapshot else ingested.spec.path)  # a URI's credentials masked
     with warnings.catch_warnings():  # a local path reads as more than one kind of source; MLflow picks the local one
         warnings.simplefilter("ignore", UserWarning)
         source = resolve_dataset_source(path)
@@ -109,6 +115,8 @@ def log_datasets(
         f"{fp}:{json.dumps(config.split.model_dump(mode='json'), sort_keys=True)}".encode(), digest_size=16
     ).hexdigest()
     name = path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+    if snapshot:
+        name = f"{ingested.spec.path.rstrip('/').rsplit('/', 1)[-1]}@{snapshot['snapshot']}"
     spec = ingested.spec
     schema = Schema([ColSpec(t, c) for c, t in spec.mlflow_types.items()]) if spec.mlflow_types else None
     counts = (plan.counts if plan is not None else None) or {}
@@ -119,6 +127,7 @@ def log_datasets(
         "task": config.task,
         **{f"{role}_rows": n for role, n in counts.items() if " " not in role},
         "folds": plan.folds if plan is not None else 1,
+        **({"snapshot": snapshot} if snapshot else {}),
         # the columns with any missing value, the most missing first, at most 200 (a wide table's profile stays small)
         "missing_rate": dict(
             sorted(

@@ -491,6 +491,15 @@ def _outcome_lines(outcome_png: str, judged_on: str) -> str:
     return f"On the {judged_on} rows (the MLflow run's `{judged_on}_rows.png`):\n\n![{judged_on} rows]({outcome_png})"
 
 
+def _snapshot_line(summary: dict[str, Any]) -> str:
+    """The card's line naming the Delta or Iceberg snapshot the run read."""
+    snap = summary.get("data_snapshot")
+    if not snap:
+        return ""
+    what = "version" if snap["format"] == "delta" else "snapshot"
+    return f"\n- read: {snap['format']} table `{snap['table']}` at {what} {snap['snapshot']} (table id `{snap['table_id']}`)"
+
+
 def model_card(
     config: Config,
     summary: dict[str, Any],
@@ -510,7 +519,7 @@ challenger v{promo["challenger_version"]} {_fmt(promo["challenger_score"])}, {_c
 
 ## Data
 - table: `{summary["data_path"]}`
-- fingerprint: `{summary["data_fingerprint"]}`
+- fingerprint: `{summary["data_fingerprint"]}`{_snapshot_line(summary)}
 - rows: {_rows_line(summary)}
 - split: {summary.get("split") or "train/validation"}{f"; assignment `{summary['split_path']}`" if summary.get("split_path") else ""}{chr(10) + "- backtest: " + backtest_line(summary["backtest"]) if summary.get("backtest") else ""}
 

@@ -31,6 +31,7 @@ def summarize(
             "model_family": outcome.family,
             "data_path": ingested.spec.path,
             "data_fingerprint": ingested.spec.fingerprint,
+            **({"data_snapshot": ingested.spec.snapshot} if ingested.spec.snapshot else {}),
             "training_rows": ingested.spec.rows,
             "data_materialized": parts.materialized,
             "train_rows": parts.train_rows,

@@ -68,14 +68,7 @@ def read_table(
     per read (Ray's file shuffle: the streaming half of a large table's shuffle). listed: list_files'
     answer for path when the caller has it already. csv: the config's data.csv section."""
     fs, files = listed or list_files(path, fmt)
-    extra = {}
-    if streamed:
-        args = streamed_task_args()
-        extra = {
-            "ray_remote_args": {"num_cpus": args["num_cpus"]},
-            "concurrency": args["concurrency"],
-            "shuffle": "files",
-        }
+    extra = streamed_read_args() if streamed else {}
     if fmt == "csv":
         check_csv_header(fs, files[0], csv, path)
     try:
@@ -85,12 +78,22 @@ def read_table(
             ds = ray.data.read_parquet(files, filesystem=fs, **extra)
     except Exception as exc:  # noqa: BLE001 - Ray wraps pyarrow's errors in many types
         raise DataError(f"cannot read {path} as {fmt}: {str(exc).splitlines()[0]}") from None
-    if streamed:
-        # blocks small against the store (Ray's default is up to 128 MiB): a 3M-row file read as 33 MiB blocks
-        # into a 100 MiB store left the next operator a budget of 1 byte, and the workers waited forever
-        store = ray.cluster_resources().get("object_store_memory", 0)
-        ds.context.target_max_block_size = int(min(128 * 2**20, max(2**20, store / 32)))
-    return ds, [with_scheme(path, f) for f in files], fs
+    return (bounded_blocks(ds) if streamed else ds), [with_scheme(path, f) for f in files], fs
+
+
+def streamed_read_args() -> dict[str, Any]:
+    """A read beside running training workers (streamed_task_args), its files in a random order per read (Ray's
+    file shuffle: the streaming half of a large table's shuffle)."""
+    args = streamed_task_args()
+    return {"ray_remote_args": {"num_cpus": args["num_cpus"]}, "concurrency": args["concurrency"], "shuffle": "files"}
+
+
+def bounded_blocks(ds: ray.data.Dataset) -> ray.data.Dataset:
+    """A streamed read's blocks small against the store (Ray's default is up to 128 MiB): a 3M-row file read as
+    33 MiB blocks into a 100 MiB store left the next operator a budget of 1 byte, and the workers waited forever."""
+    store = ray.cluster_resources().get("object_store_memory", 0)
+    ds.context.target_max_block_size = int(min(128 * 2**20, max(2**20, store / 32)))
+    return ds
 
 
 def should_materialize(mode: str, table_bytes: int, fraction: float = 0.25) -> tuple[bool, str]:

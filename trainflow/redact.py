@@ -20,6 +20,8 @@ CREDENTIAL_KEY = re.compile(r"key|secret|token|passw|pwd|credential|signature|se
 URI = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>`,)\]}]+")
 # config keys whose values are all secrets: the Ray guide passes credentials to workers this way
 ENV_KEYS = (("scaling", "env_vars"), ("ray", "runtime_env", "env_vars"))
+# config mappings whose credential-like keys (CREDENTIAL_KEY) hold secrets: an Iceberg catalog's properties
+PROPERTY_KEYS = (("data", "catalog"),)
 
 
 def redact_uri(uri: str) -> str:
@@ -66,10 +68,15 @@ def redact_value(value: Any) -> Any:
     return value
 
 
-def _env_sections(config: dict[str, Any]) -> list[dict[str, Any]]:
-    """The env var mappings (ENV_KEYS) a config dict holds."""
+def _credential_entries(config: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+    """(mapping, key) of every credential-like key of the PROPERTY_KEYS mappings a config dict holds."""
+    return [(props, k) for props in _env_sections(config, PROPERTY_KEYS) for k in props if CREDENTIAL_KEY.search(k)]
+
+
+def _env_sections(config: dict[str, Any], paths: tuple[tuple[str, ...], ...] = ENV_KEYS) -> list[dict[str, Any]]:
+    """The env var mappings (ENV_KEYS, or the given paths) a config dict holds."""
     found = []
-    for path in ENV_KEYS:
+    for path in paths:
         node: Any = config
         for key in path:
             node = node.get(key) if isinstance(node, dict) else None
@@ -84,12 +91,15 @@ def redact_config(config: dict[str, Any]) -> dict[str, Any]:
     for env in _env_sections(out):
         for k in env:
             env[k] = MASK
+    for props, k in _credential_entries(out):
+        props[k] = MASK
     return redact_value(out)
 
 
 def secrets_of(config: dict[str, Any]) -> set[str]:
     """The secret values a config holds: env var values and URI passwords/credential query values."""
     found: set[str] = {str(v) for env in _env_sections(config) for v in env.values() if v is not None}
+    found.update(str(props[k]) for props, k in _credential_entries(config) if props[k] is not None)
 
     def walk(v: Any) -> None:
         if isinstance(v, dict):

@@ -49,6 +49,13 @@ def _list_files(path: str, fmt: str) -> tuple[pafs.FileSystem, list[str]]:
     if info.type == pafs.FileType.File:
         return fs, [inner]
     infos = fs.get_file_info(pafs.FileSelector(inner, recursive=True))
+    names = {i.path.removeprefix(inner.rstrip("/") + "/") for i in infos}
+    if "_delta_log" in names:  # its Parquet files hold rows the table has removed since
+        raise DataError(f"data path {path}: a Delta table; read it as one (data.format: delta)")
+    if "metadata" in names and any(n.startswith("metadata/") and n.endswith(".metadata.json") for n in names):
+        raise DataError(
+            f"data path {path}: an Iceberg table's folder; read it through its catalog (data.format: iceberg)"
+        )
     files = sorted(
         i.path
         for i in infos
@@ -292,6 +299,7 @@ class TableSpec:
     fingerprint: str = ""
     feature_order: list[str] = field(default_factory=list)
     mlflow_types: dict[str, str] = field(default_factory=dict)  # feature or label column -> MLflow ColSpec type
+    snapshot: dict[str, Any] | None = None  # a Delta or Iceberg table's snapshot read (sources.Snapshot.record)
 
 
 def mlflow_type(t: pa.DataType) -> str:

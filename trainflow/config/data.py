@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import (
     PrivateAttr,
@@ -46,10 +46,26 @@ class CsvSection(_Section):
 class DataSection(_Section):
     path: str = key(
         doc="file, folder, glob or URI (`s3://...`) of the training table; files are picked by their "
-        "extension (`.csv`, `.tsv`, `.parquet`, `.parq`, `.pq`, optionally compressed)"
+        "extension (`.csv`, `.tsv`, `.parquet`, `.parq`, `.pq`, optionally compressed); a Delta table's folder "
+        "(`format: delta`); an Iceberg table's identifier, `namespace.table` (`format: iceberg`)"
     )
-    format: Literal["parquet", "csv"] | None = key(
-        None, "`parquet` or `csv`", shown="from the extension (`.csv` → csv, else parquet)"
+    format: Literal["parquet", "csv", "delta", "iceberg"] | None = key(
+        None,
+        "`parquet`, `csv`, `delta` (a Delta Lake table) or `iceberg` (an Apache Iceberg table of `data.catalog`); "
+        "a Delta or Iceberg table is read at one snapshot, recorded with the run ([sources.md](sources.md))",
+        shown="from the extension (`.csv` → csv, else parquet)",
+    )
+    catalog: dict[str, Any] | None = key(
+        None,
+        "`format: iceberg`: the pyiceberg catalog's properties, e.g. `{uri: sqlite:////data/catalog.db, "
+        "warehouse: file:///data/warehouse}` (its `type` defaults to `sql`, pyiceberg's SQL catalog); values of "
+        "credential-like keys are masked wherever the config is shown or logged",
+    )
+    snapshot: int | None = key(
+        None,
+        "`format: delta` or `iceberg`: the table version (Delta) or snapshot id (Iceberg) to read, e.g. last "
+        "Tuesday's; a rerun of a run name reads what its first attempt read",
+        shown="the table's current one when the run starts",
     )
     csv: CsvSection = key(doc="how CSV files are parsed (pyarrow.csv)", default_factory=CsvSection)
     label: str = key(doc="label column (any name, spaces and punctuation allowed)")
@@ -77,6 +93,15 @@ class DataSection(_Section):
     def _infer_format(self) -> DataSection:
         if self.format is None:
             self.format = infer_format(self.path)
+        if self.catalog is not None and self.format != "iceberg":
+            raise ValueError(f"catalog: an Iceberg catalog, for format iceberg (the format is {self.format})")
+        if self.snapshot is not None and self.format not in ("delta", "iceberg"):
+            raise ValueError(f"snapshot: a Delta version or an Iceberg snapshot id (the format is {self.format})")
+        if self.format == "iceberg" and "/" in self.path:
+            raise ValueError(
+                f"path: {self.path!r}: an Iceberg table is named by its identifier in data.catalog, "
+                "e.g. `analytics.orders`, not a path"
+            )
         if self.features is not None:
             if not self.features:
                 raise ValueError("features: give at least one column, or leave it out to use every column")

@@ -7,6 +7,7 @@ import copy
 import difflib
 import os
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,8 @@ from pydantic import (
 )
 
 from trainflow.config.data import DataSection
-from trainflow.config.model import FAMILIES
+from trainflow.config.model import FAMILIES, deprecated_keys
+from trainflow.sources import SNAPSHOT_FORMATS
 from trainflow.config.operations import ServicesSection
 from trainflow.config.root import Config
 from trainflow.errors import ConfigError
@@ -112,12 +114,16 @@ def config_from_dict(raw: dict[str, Any], base_dir: str | Path = ".", source: st
     base = Path(base_dir).resolve()
     _apply_waits(raw.get("services"), None)  # reading the table to infer the task already waits as the config says
     raw, task_note = _with_task(raw, base)
+    model = raw.get("model")
+    for line in deprecated_keys(model) if isinstance(model, dict) else ():  # read this release, with a warning
+        warnings.warn(f"{source}: {line}", FutureWarning, stacklevel=2)
     try:
         cfg = Config.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(_format_errors(err, source)) from None
     cfg._task_inferred = task_note
-    cfg.data.path = _resolve(cfg.data.path, base)
+    if cfg.data.format != "iceberg":  # an Iceberg table's path is its identifier in the catalog
+        cfg.data.path = _resolve(cfg.data.path, base)
     cfg.storage_path = _resolve(cfg.storage_path, base)
     if not is_uri(cfg.storage_path):
         resolved = os.path.realpath(os.path.expanduser(cfg.storage_path))
@@ -179,6 +185,13 @@ def _with_task(raw: dict[str, Any], base: Path) -> tuple[dict[str, Any], str | N
         return raw, None
     from trainflow.tables import infer_task
 
+    if data.format in SNAPSHOT_FORMATS:  # the label column at the snapshot the run reads
+        from trainflow.sources import source_dataset
+
+        if data.format != "iceberg":
+            data = data.model_copy(update={"path": _resolve(data.path, base)})
+        task, why = infer_task(data.path, data.format, data.label, dataset=source_dataset(data))
+        return {**raw, "task": task}, f"task: {task} ({why}; set task to choose)"
     task, why = infer_task(_resolve(data.path, base), data.format, data.label, data.csv)
     return {**raw, "task": task}, f"task: {task} ({why}; set task to choose)"
 

@@ -28,6 +28,9 @@ FAMILIES = tuple(_CATALOGUE)
 FamilyName = Literal[FAMILIES]  # type: ignore[valid-type]
 AUTO_FAMILIES = tuple(name for name, family in _CATALOGUE.items() if family.auto_rank is not None)  # model.type auto
 _OWN_PARAMS = {name: family.params for name, family in _CATALOGUE.items() if family.params is not None}
+# the families whose keys their runs read from the model section itself (the networks': their checkpoints' layout);
+# model.params.<family> is where a user writes them, copied there before validation
+_MODEL_KEYS = {name: family.model_keys for name, family in _CATALOGUE.items() if family.model_keys is not None}
 # which families take each model.params key (a key several take means the same for each)
 KEY_TAKERS: dict[str, tuple[str, ...]] = {}
 for _name, _params in _OWN_PARAMS.items():
@@ -77,15 +80,25 @@ _SHARED = {name: _shared_field(name) for name in KEY_TAKERS}
 
 def _family_block(family: str) -> type[_Section]:
     """model.params.<family>: the keys this family takes, each unset (None) unless written, so only what the user
-    wrote there overrides the shared value; another family's key is refused naming whose it is."""
-    taken = list(_OWN_PARAMS[family].model_fields)
-    fields: dict[str, Any] = {
-        name: (
-            _SHARED[name][0] | None,
-            Field(None, description=_SHARED[name][1].description, json_schema_extra={"x-default": "the shared value"}),
-        )
-        for name in taken
-    }
+    wrote there overrides the shared value (a network's: its default); another family's key is refused naming whose
+    it is."""
+    if family in _OWN_PARAMS:
+        taken = list(_OWN_PARAMS[family].model_fields)
+        fields: dict[str, Any] = {
+            name: (
+                _SHARED[name][0] | None,
+                Field(
+                    None, description=_SHARED[name][1].description, json_schema_extra={"x-default": "the shared value"}
+                ),
+            )
+            for name in taken
+        }
+    else:
+        own = _MODEL_KEYS[family].model_fields
+        taken = list(own)
+        fields = {
+            name: (_typed(field) | None, Field(None, description=field.description)) for name, field in own.items()
+        }
 
     def _own_keys(cls, raw: Any) -> Any:
         if isinstance(raw, dict):
@@ -94,6 +107,12 @@ def _family_block(family: str) -> type[_Section]:
                     raise ValueError(
                         f"{name}: {family} does not take it (it is {' and '.join(KEY_TAKERS[name])}'s); "
                         f"set it under model.params or model.params.{KEY_TAKERS[name][0]}"
+                    )
+                if name not in taken and name in MODEL_KEY_READERS:
+                    readers = MODEL_KEY_READERS[name]
+                    raise ValueError(
+                        f"{name}: {family} does not take it (it is {' and '.join(readers)}'s); "
+                        f"set it under model.params.{readers[0]}"
                     )
         return raw
 
@@ -154,7 +173,7 @@ class _ParamsWithBlocks(_Section):
 
 
 # each family's block class, a name of this module as any class (pickle finds it by reference)
-_BLOCKS = {family: _family_block(family) for family in _OWN_PARAMS}
+_BLOCKS = {family: _family_block(family) for family in (*_OWN_PARAMS, *_MODEL_KEYS)}
 globals().update({block.__name__: block for block in _BLOCKS.values()})
 # the class above with every family's keys and one optional block per family that has params
 ParamsSection = create_model(
@@ -175,6 +194,19 @@ ParamsSection = create_model(
             ),
         )
         for family in _OWN_PARAMS
+    },
+    **{
+        family: (
+            _BLOCKS[family] | None,
+            Field(
+                None,
+                description=f"{family}'s keys: {', '.join(f'`{k}`' for k in _MODEL_KEYS[family].model_fields)} "
+                f"(described at `model.<key>`, their earlier place, still read with a warning), e.g. "
+                f"`model.params.{family}.{next(iter(_MODEL_KEYS[family].model_fields))}`",
+                json_schema_extra={"x-family-block": True},
+            ),
+        )
+        for family in _MODEL_KEYS
     },
 )
 
@@ -256,7 +288,12 @@ class _Model(_Section):
     @classmethod
     def _expand_auto(cls, raw: Any, handler: Any) -> _Model:
         auto = isinstance(raw, dict) and raw.get("type", "auto") == "auto"
+        if isinstance(raw, dict):
+            raw = {**raw, **network_keys(raw)}
         section = handler({**raw, "type": list(AUTO_FAMILIES)} if auto else raw)
+        for family in _MODEL_KEYS:  # copied onto the keys its run reads (what a dump, a trial's base, holds)
+            if section.params.family_block(family) is not None:
+                setattr(section.params, family, None)
         section._auto = auto or section._auto
         return section
 
@@ -273,11 +310,16 @@ class _Model(_Section):
             raise ValueError(f"model.type: give a family or a list of them, from {list(FAMILIES)}")
         if len(set(families)) != len(families):
             raise ValueError(f"model.type: {families} names a family more than once")
+        # a sweep's trial of one family keeps the user's keys of the sweep's other families (each reads only its own)
+        scope = [*families, *((info.context or {}).get("sweep_families") or ())]
+        for family in _MODEL_KEYS:
+            if self.params.family_block(family) is not None and family not in scope:
+                raise ValueError(
+                    f"model.params.{family}: applies to {family}, which model.type {families} does not train"
+                )
         for family in _CATALOGUE.values():  # each family's own checks of this section
             if family.check_config is not None:
                 family.check_config(self, families)
-        # a sweep's trial of one family keeps the user's keys of the sweep's other families (each reads only its own)
-        scope = [*families, *((info.context or {}).get("sweep_families") or ())]
         for name, readers in MODEL_KEY_READERS.items():  # set to something else than its default, for nobody
             default = type(self).model_fields[name].get_default(call_default_factory=True)
             if name in self.model_fields_set and getattr(self, name) != default and not set(readers) & set(scope):
@@ -305,6 +347,33 @@ class _Model(_Section):
                     "does not train"
                 )
         return self
+
+
+def network_keys(model: dict[str, Any]) -> dict[str, Any]:
+    """The keys a raw model section's model.params.<family> blocks set for the families that read them from the
+    model section itself (the networks'); each wins over the same key written at model.<key>."""
+    params = model.get("params")
+    found: dict[str, Any] = {}
+    for family in _MODEL_KEYS if isinstance(params, dict) else ():
+        block = params.get(family)
+        if isinstance(block, dict):
+            found.update({k: v for k, v in block.items() if k in _MODEL_KEYS[family].model_fields and v is not None})
+    return found
+
+
+def deprecated_keys(model: dict[str, Any]) -> list[str]:
+    """The keys a raw model section sets at their earlier place (model.<key>, a network's) to something else than the
+    default and not in its model.params.<family> block: one line each, naming where to write it."""
+    moved = network_keys(model)
+    lines = []
+    for name, readers in MODEL_KEY_READERS.items():
+        field = _MODEL_KEYS[readers[0]].model_fields[name]
+        if name in model and name not in moved and model[name] != field.get_default(call_default_factory=True):
+            lines.append(
+                f"model.{name} is deprecated: write it as model.params.{readers[0]}.{name} (model.{name} is read "
+                "until the next release)"
+            )
+    return lines
 
 
 # the section: _Model and the keys each family reads from it (the networks'), declared by the families

@@ -1,0 +1,99 @@
+"""Delta Lake and Apache Iceberg tables read at one snapshot, for real (local Delta tables written by `deltalake`,
+pyiceberg's SQL catalog on SQLite): a run records the snapshot it read in its summary, its card, MLflow's dataset input
+and the model version's tags; a rerun of the same run name reads that snapshot although the table grew, so it finds
+its work done; data.snapshot pins an older one; a snapshot or table that does not exist, and a table format read as
+plain Parquet files, are refused naming them."""
+
+from __future__ import annotations
+
+import json
+
+import deltalake
+import mlflow
+import pytest
+
+from tests.conftest import write_config
+from trainflow.flows.cli import main as cli_main
+from trainflow.sample import make_churn_table
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_local")]
+
+
+def _config(tmp_path, data: dict, **extra) -> str:
+    return str(
+        write_config(
+            tmp_path,
+            {
+                "data": {"label": "churned", "id_column": "customer_id", **data},
+                "task": "classification",
+                "model": {"type": "xgboost", "params": {"xgboost": {"num_boost_round": 20}}},
+                "train": {"folds": 1},
+                "scaling": {"num_workers": 1},
+                "storage_path": "runs",
+                "mlflow": {"experiment": "sources", "registered_model": "sourced"},
+                **extra,
+            },
+        )
+    )
+
+
+def _retrain(cfg: str, out, *args: str) -> dict:
+    assert cli_main(["retrain", "--config", cfg, "--summary-json", str(out), *args]) == 0
+    return json.loads(out.read_text())
+
+
+def test_a_delta_table_is_read_at_its_version_and_a_rerun_reads_what_the_first_attempt_read(tmp_path, capsys):
+    table = tmp_path / "lake" / "customers"
+    deltalake.write_deltalake(str(table), make_churn_table(1500, seed=1))  # version 0
+    deltalake.write_deltalake(str(table), make_churn_table(500, seed=3, id_offset=50_000), mode="append")  # 1
+    cfg = _config(tmp_path, {"path": "lake/customers", "format": "delta"})
+    first = _retrain(cfg, tmp_path / "s1.json", "--run-name", "nightly")
+    snap = first["data_snapshot"]
+    assert (snap["format"], snap["snapshot"], first["training_rows"]) == ("delta", 1, 2000)
+    assert snap["table"] == str(table) and first["data_fingerprint"].startswith("snapshot:")
+    # recorded where a person and a script look: the model version's tags and MLflow's dataset input
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    version = client.get_model_version("sourced", str(first["model_version"]))
+    assert json.loads(version.tags["trainflow.data_snapshot"])["snapshot"] == 1
+    inputs = client.get_run(version.run_id).inputs.dataset_inputs
+    assert {i.dataset.name for i in inputs} == {"customers@1 (training)", "customers@1 (validation)"}
+    # the table grows; the same run name reads version 1 again: the same data, so the finished run is found
+    deltalake.write_deltalake(str(table), make_churn_table(700, seed=4, id_offset=90_000), mode="append")  # 2
+    again = _retrain(cfg, tmp_path / "s2.json", "--run-name", "nightly")
+    assert again["data_snapshot"]["snapshot"] == 1 and again["model_version"] == first["model_version"]
+    # a new run name reads the current version; data.snapshot pins an older one ("last Tuesday's table")
+    older = _retrain(cfg, tmp_path / "s3.json", "--set", "data.snapshot=0")
+    assert (older["data_snapshot"]["snapshot"], older["training_rows"]) == (0, 1500)
+    capsys.readouterr()
+    # refused by name: a version the table does not have; the table's Parquet files read as a plain folder
+    assert cli_main(["retrain", "--config", cfg, "--set", "data.snapshot=7"]) == 2
+    assert "no version 7" in capsys.readouterr().err
+    plain = _config(tmp_path, {"path": "lake/customers"})
+    assert cli_main(["retrain", "--config", plain]) == 2
+    assert "a Delta table; read it as one (data.format: delta)" in capsys.readouterr().err
+
+
+def test_an_iceberg_table_is_read_at_a_snapshot_of_its_catalog_and_a_missing_one_is_named(tmp_path, capsys):
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    catalog = {"uri": f"sqlite:///{tmp_path / 'catalog.db'}", "warehouse": f"file://{tmp_path / 'warehouse'}"}
+    first_rows = make_churn_table(1500, seed=1)
+    iceberg = SqlCatalog("default", **catalog)
+    iceberg.create_namespace("crm")
+    customers = iceberg.create_table("crm.customers", schema=first_rows.schema)
+    customers.append(first_rows)
+    oldest = customers.current_snapshot().snapshot_id
+    customers.append(make_churn_table(500, seed=3, id_offset=50_000))
+    cfg = _config(tmp_path, {"path": "crm.customers", "format": "iceberg", "catalog": catalog})
+    s = _retrain(cfg, tmp_path / "s.json", "--set", f"data.snapshot={oldest}")
+    assert (s["data_snapshot"]["snapshot"], s["training_rows"]) == (oldest, 1500)
+    assert s["data_snapshot"]["table_id"] == str(customers.metadata.table_uuid)
+    capsys.readouterr()
+    assert cli_main(["retrain", "--config", cfg, "--set", "data.snapshot=12345"]) == 2
+    assert "crm.customers: the Iceberg table has no snapshot 12345" in capsys.readouterr().err
+    assert cli_main(["retrain", "--config", cfg, "--set", "data.path=crm.orders"]) == 2
+    assert "the Iceberg catalog has no table 'crm.orders'" in capsys.readouterr().err
+    # the catalog's credentials never reach what trainflow shows
+    secret = {**catalog, "s3.secret-access-key": "hunter2-very-secret"}
+    assert cli_main(["config", "show", "--config", cfg, "--set", f"data.catalog={json.dumps(secret)}"]) == 0
+    assert "hunter2-very-secret" not in capsys.readouterr().out
