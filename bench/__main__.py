@@ -11,6 +11,7 @@ from bench import (
     gate_honesty,
     gbdt_parity,
     inference_throughput,
+    ingest_lakehouse,
     model_quality,
     monitor_estimate,
     outage_soak,
@@ -31,6 +32,7 @@ BENCHES = {
     "gbdt-parity": gbdt_parity.main,
     "preprocess-throughput": preprocess_throughput.main,
     "inference-throughput": inference_throughput.main,
+    "ingest-iceberg": ingest_lakehouse.main,  # also prints ingest-delta
     "tune-parallelism": tune_parallelism.main,
     "demo-e2e": demo_e2e.main,
     "beyond-memory": beyond_memory.main,  # also prints scale-linearity

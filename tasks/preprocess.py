@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from prefect import task
@@ -20,7 +19,7 @@ from trainflow.data import read_table
 from trainflow.preprocessors.fit import check_unseen, count_unseen, fit_preprocessor, pack
 from trainflow.runtime import cluster_resources, ensure_ray
 from trainflow.tables import in_memory_bytes, list_files, read_arrow
-from trainflow.trainer.memory import check_booster_matrix, check_packed_size, is_out_of_memory, out_of_memory_error
+from trainflow.trainer.memory import is_out_of_memory, out_of_memory_error
 
 
 def _unseen_in_scoring_table(config: Config, prep: TabularPreprocessor) -> dict[str, dict]:
@@ -122,23 +121,7 @@ def size_families(
             )
         budget = family.budget(resolved, prep.train_rows, workers)
         try:
-            if family.uses_minibatches:
-                fits = check_packed_size(
-                    prep, train_rows + val_rows, budget.batch_size, max(1, workers), memory, source
-                )
-            else:
-                params = resolved.model.params
-                # a one-process family's single worker holds every training row
-                fits = check_booster_matrix(
-                    prep,
-                    train_rows,
-                    val_rows,
-                    1 if family.one_process else max(1, workers),
-                    memory,
-                    source,
-                    params.external_memory if family.external_memory else None,
-                )
-                budget = replace(budget, external_memory=fits["external_memory"])
+            fits, budget = family.plan_memory(prep, resolved, budget, (train_rows, val_rows), workers, memory, source)
         except DataError as exc:
             if not config.model.auto:
                 raise

@@ -174,6 +174,41 @@ class Family:
             }
         )
 
+    def plan_memory(
+        self,
+        prep: TabularPreprocessor,
+        config: Config,
+        budget: Any,
+        rows: tuple[int, int],
+        workers: int,
+        memory: float,
+        source: str,
+    ) -> tuple[dict[str, Any], Any]:
+        """Its memory plan: whether its training data fits a worker's share of the cluster's memory (rows: training
+        and validation rows; memory: the cluster's bytes), and its budget as the plan leaves it: (the estimate, the
+        budget). DataError naming the table and the reason when it does not fit. A mini-batch family streams its
+        epochs (its working set of batches counts); any other holds its rows as matrices (a one-process family's
+        one worker holds every training row; XGBoost's may page them to disk: external_memory)."""
+        from dataclasses import replace
+
+        from trainflow.trainer.memory import check_booster_matrix, check_packed_size
+
+        train_rows, val_rows = rows
+        if self.uses_minibatches:
+            return check_packed_size(
+                prep, train_rows + val_rows, budget.batch_size, max(1, workers), memory, source
+            ), budget
+        fits = check_booster_matrix(
+            prep,
+            train_rows,
+            val_rows,
+            1 if self.one_process else max(1, workers),
+            memory,
+            source,
+            config.model.params.external_memory if self.external_memory else None,
+        )
+        return fits, replace(budget, external_memory=fits["external_memory"])
+
     def uses_external_memory(self, mode: str, chosen: bool) -> bool:
         """Whether this run's workers build external-memory matrices: model.params.external_memory always, or
         auto where the preprocess task's memory check chose them (chosen)."""
