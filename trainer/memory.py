@@ -102,10 +102,10 @@ def check_booster_matrix(
     if over and external_memory == "auto":
         estimate["external_memory"] = True
     if over and not estimate["external_memory"]:
-        from trainflow.trainer.families import REGISTRY
+        from trainflow.catalogue import families  # the families by name (not the trainer package: it plans with this)
 
-        extmem = " or ".join(f.name for f in REGISTRY.values() if f.external_memory)
-        streams = " or ".join(f.name for f in REGISTRY.values() if f.uses_minibatches and not f.imports_user_code)
+        extmem = " or ".join(f.name for f in families().values() if f.external_memory)
+        streams = " or ".join(f.name for f in families().values() if f.uses_minibatches and not f.imports_user_code)
         way_out = (
             f"model.params.external_memory: auto (now never), which reads the shard into {extmem}'s "
             "external-memory matrix"
