@@ -231,6 +231,20 @@ def describe_booster(family: str) -> Callable[[dict[str, Any]], str]:
     return describe
 
 
+def one_process_trainer(train_fn: Callable, scaling: ScalingSection, **kwargs: Any):
+    """A one-process family's Ray Train run: a plain DataParallelTrainer of its one worker (Family.worker_scaling)."""
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    return DataParallelTrainer(train_fn, **kwargs)
+
+
+def whole_data_config():
+    """A one-process family's one worker reads every training and validation row."""
+    from trainflow.trainer.shards import ShardConfig
+
+    return ShardConfig({})
+
+
 def trees_data_config():
     """Each worker boosts on its share of the training rows and evaluates the whole validation split, so every rank
     computes the same validation loss and stops at the same round."""

@@ -20,7 +20,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,11 +34,13 @@ from trainflow.trainer.families.base import (
     categorical_positions,
     describe_booster,
     loss_from_metric,
+    one_process_trainer,
     outputs_from,
+    whole_data_config,
 )
 
 if TYPE_CHECKING:
-    from trainflow.config import Config, ScalingSection
+    from trainflow.config import Config
     from trainflow.preprocessors.tabular import TabularPreprocessor
 
 NAME = "catboost"
@@ -294,23 +296,11 @@ def train_fn(loop_config: dict[str, Any]) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _trainer(train_fn: Callable, scaling: ScalingSection, **kwargs: Any):
-    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
-
-    return DataParallelTrainer(train_fn, **kwargs)
-
-
-def _data_config():
-    from trainflow.trainer.shards import ShardConfig
-
-    return ShardConfig({})  # its one worker reads every training and validation row
-
-
 FAMILY = Family(
     NAME,
-    _trainer,
+    one_process_trainer,
     train_fn,
-    _data_config,
+    whole_data_config,
     booster_budget,
     CatBoostPredictor,
     serving_packages=("catboost",),

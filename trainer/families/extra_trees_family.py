@@ -17,15 +17,23 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from pydantic import Field
 
-from trainflow.trainer.families.base import Family, Params, describe_booster, library_key, outputs_from
+from trainflow.trainer.families.base import (
+    Family,
+    Params,
+    describe_booster,
+    library_key,
+    one_process_trainer,
+    outputs_from,
+    whole_data_config,
+)
 
 if TYPE_CHECKING:
-    from trainflow.config import Config, ScalingSection
+    from trainflow.config import Config
     from trainflow.preprocessors.tabular import TabularPreprocessor
 
 NAME = "extra_trees"
@@ -203,23 +211,11 @@ def _fitted(model, prep: TabularPreprocessor, work: Path) -> ExtraTreesPredictor
     return ExtraTreesPredictor(folder, prep, {})
 
 
-def _trainer(train_fn: Callable, scaling: ScalingSection, **kwargs: Any):
-    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
-
-    return DataParallelTrainer(train_fn, **kwargs)
-
-
-def _data_config():
-    from trainflow.trainer.shards import ShardConfig
-
-    return ShardConfig({})  # its one worker reads every training and validation row
-
-
 FAMILY = Family(
     NAME,
-    _trainer,
+    one_process_trainer,
     train_fn,
-    _data_config,
+    whole_data_config,
     _budget,
     ExtraTreesPredictor,
     serving_packages=("scikit-learn",),
