@@ -57,12 +57,19 @@ def test_a_delta_table_is_read_at_its_version_and_a_rerun_reads_what_the_first_a
     assert json.loads(version.tags["trainflow.data_snapshot"])["snapshot"] == 1
     inputs = client.get_run(version.run_id).inputs.dataset_inputs
     assert {i.dataset.name for i in inputs} == {"customers@1 (training)", "customers@1 (validation)"}
-    # the table grows; the same run name reads version 1 again: the same data, so the finished run is found
+    # the table grows; the watch deployment's look sees the new version (from the log, no rows read); the same run
+    # name reads version 1 again: the same data, so the finished run is found
+    from trainflow.config import load_config
+    from trainflow.flows.watch import source_fingerprint
+
+    data = load_config(cfg).data
+    before = source_fingerprint(data)
+    assert source_fingerprint(data) == before == first["data_fingerprint"]
     deltalake.write_deltalake(str(table), make_churn_table(700, seed=4, id_offset=90_000), mode="append")  # 2
+    assert source_fingerprint(data) != before
     again = _retrain(cfg, tmp_path / "s2.json", "--run-name", "nightly")
     assert again["data_snapshot"]["snapshot"] == 1 and again["model_version"] == first["model_version"]
     # data.snapshot pins an older version ("last Tuesday's table"; a whole retrain of it: the Iceberg test below)
-    from trainflow.config import load_config
     from trainflow.sources import read_arrow, resolve_snapshot
 
     data = load_config(cfg, {"data.snapshot": 0}).data
