@@ -107,3 +107,28 @@ def test_an_iceberg_table_is_read_at_a_snapshot_of_its_catalog_and_a_missing_one
     secret = {**catalog, "s3.secret-access-key": "hunter2-very-secret"}
     assert cli_main(["config", "show", "--config", cfg, "--set", f"data.catalog={json.dumps(secret)}"]) == 0
     assert "hunter2-very-secret" not in capsys.readouterr().out
+
+
+def test_a_pin_record_storage_holds_for_another_table_is_not_followed_nor_overwritten(tmp_path):
+    """The run name's record is a claim read from storage: one naming another table (another id) or a snapshot other
+    than data.snapshot is not followed, and the run's own first record is never overwritten."""
+    from trainflow.config import load_config
+    from trainflow.tasks.ingest import SOURCE_SUFFIX, pin_source
+
+    table = tmp_path / "lake" / "customers"
+    deltalake.write_deltalake(str(table), make_churn_table(300, seed=1))
+    deltalake.write_deltalake(str(table), make_churn_table(300, seed=2, id_offset=5_000), mode="append")  # 1
+    config = load_config(_config(tmp_path, {"path": "lake/customers", "format": "delta"}))
+    record = tmp_path / "runs" / f"nightly{SOURCE_SUFFIX}"
+    record.parent.mkdir(parents=True)
+    planted = {"format": "delta", "table": str(table), "snapshot": 0, "table_id": "someone-elses-table"}
+    record.write_text(json.dumps(planted))
+    assert pin_source.fn(config, "nightly").data.snapshot == 1  # the table's current version, not the planted 0
+    assert json.loads(record.read_text()) == planted  # left as it was
+    # the run's own record is followed: a rerun of another name reads its first attempt's version after growth
+    first = pin_source.fn(config, "weekly")
+    deltalake.write_deltalake(str(table), make_churn_table(300, seed=3, id_offset=9_000), mode="append")  # 2
+    assert first.data.snapshot == 1 and pin_source.fn(config, "weekly").data.snapshot == 1
+    # a pin to another version than the config's data.snapshot is not followed either
+    pinned = config.model_copy(update={"data": config.data.model_copy(update={"snapshot": 2})})
+    assert pin_source.fn(pinned, "weekly").data.snapshot == 2
