@@ -130,7 +130,7 @@ def pin_source(config: Config, run_name: str) -> Config:
     recorded now. A record naming another table is not trusted: the run reads the table's current snapshot."""
     import json
 
-    from trainflow.storage import join, read_text, write_new
+    from trainflow.storage import is_uri, join, read_text, replace_bytes, write_new
 
     data = config.data
     if data.format not in SNAPSHOT_FORMATS:
@@ -150,12 +150,25 @@ def pin_source(config: Config, run_name: str) -> Config:
                 return config.model_copy(update={"data": data.model_copy(update={"snapshot": snap.snapshot})})
         log.warning("%s names another table or snapshot than this run reads; not followed", record_uri)
     snap = resolve_snapshot(data)
+    body = json.dumps(snap.record()).encode()
     try:
-        write_new(record_uri, json.dumps(snap.record()).encode())
+        if not is_uri(record_uri):
+            write_new(record_uri, body)  # whole, and never over a file that appeared meanwhile
+        elif recorded is None and not _exists(record_uri):  # object stores: the run lock serializes this name
+            replace_bytes(record_uri, body)
     except FileExistsError:
         pass  # another record is there (not followed, above): this run reads its own snapshot
     log.info("%s (recorded for reruns of %s)", snap.describe(), run_name)
     return config.model_copy(update={"data": data.model_copy(update={"snapshot": snap.snapshot})})
+
+
+def _exists(uri: str) -> bool:
+    import pyarrow.fs as pafs
+
+    from trainflow.storage import filesystem_for
+
+    fs, inner = filesystem_for(uri)
+    return fs.get_file_info(inner).type != pafs.FileType.NotFound
 
 
 def _read_files(config: Config, known_fingerprint: str | None):
