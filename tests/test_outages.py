@@ -145,24 +145,28 @@ def test_a_prefect_api_away_is_waited_for_mid_run_and_before_it_and_named_past_i
     cfg = write_config(tmp_path, raw)
     env = {**prefect_env(home), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
 
+    command = [str(BIN / "trainflow"), "champion", "rollback", "--config", str(cfg), "--reason", "v3 mislabels refunds"]
+
     def rollback(to: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [
-                str(BIN / "trainflow"),
-                "champion",
-                "rollback",
-                "--config",
-                str(cfg),
-                "--to",
-                to,
-                "--reason",
-                "v3 mislabels refunds",
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=240,
+        return subprocess.run([*command, "--to", to], env=env, capture_output=True, text=True, timeout=240)
+
+    def rollback_while_away(to: str, back: dict) -> tuple[int, str]:
+        """The rollback started with the API away; the server is started again once the command says it waits
+        (not after a fixed delay: a slow start of the command would otherwise find the server already back)."""
+        process = subprocess.Popen(
+            [*command, "--to", to], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
         )
+        said = []
+        try:
+            for line in process.stderr:
+                said.append(line)
+                if "waiting for the Prefect API" in line and "server" not in back:
+                    back["server"] = prefect_server(home, port)
+            process.wait(timeout=240)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        return process.returncode, "".join(said)
 
     # the API away in the middle of a run: the Prefect client's retries, sized to the wait, carry the run over
     # the gap, and trainflow's line says what it waits for
@@ -189,15 +193,12 @@ def test_a_prefect_api_away_is_waited_for_mid_run_and_before_it_and_named_past_i
     # the API away when the command starts (Prefect's client retries only after a first connection): trainflow
     # waits for it, saying so, and the rollback goes through the Prefect server's lock once it is back
     stop(server)
-    thread, box = _later(1, lambda: prefect_server(home, port))
+    back: dict = {}
+    code, said = rollback_while_away("1", back)
+    server = back.get("server", server)
     try:
-        done = rollback("1")
-    finally:
-        thread.join()
-    server = box["server"]
-    try:
-        assert done.returncode == 0, done.stderr[-3000:]
-        assert f"waiting for the Prefect API at http://127.0.0.1:{port}/api" in done.stderr, done.stderr[-3000:]
+        assert f"waiting for the Prefect API at http://127.0.0.1:{port}/api" in said, said[-3000:]
+        assert code == 0, said[-3000:]
         assert _champion(client, "m") == "1"
 
         # away for longer than the wait: exit 1 naming the API and the key; nothing moved
