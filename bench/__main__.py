@@ -12,6 +12,7 @@ from bench import (
     gbdt_parity,
     inference_throughput,
     ingest_lakehouse,
+    ingest_postgres,
     model_quality,
     monitor_estimate,
     outage_soak,
@@ -33,6 +34,7 @@ BENCHES = {
     "preprocess-throughput": preprocess_throughput.main,
     "inference-throughput": inference_throughput.main,
     "ingest-iceberg": ingest_lakehouse.main,  # also prints ingest-delta
+    "ingest-postgres": ingest_postgres.main,  # also prints ingest-postgres-read-sql
     "tune-parallelism": tune_parallelism.main,
     "demo-e2e": demo_e2e.main,
     "beyond-memory": beyond_memory.main,  # also prints scale-linearity

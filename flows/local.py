@@ -18,7 +18,7 @@ from typing import Any
 
 from trainflow.config import Config, infer_format
 from trainflow.errors import DataError
-from trainflow.sources import SNAPSHOT_FORMATS, resolve_snapshot, snapshot_bytes, source_dataset
+from trainflow.sources import SNAPSHOT_FORMATS, SOURCE_FORMATS, resolve_snapshot, snapshot_bytes, source_dataset
 from trainflow.tables import check_names, check_present, did_you_mean, open_dataset
 from trainflow.locks import prefect_server_configured
 
@@ -87,7 +87,7 @@ def small_table_fingerprint(config: Config) -> str | None:
     data = config.data
     if data.format in SNAPSHOT_FORMATS:  # a Delta or Iceberg table: from its snapshot, at any size
         return resolve_snapshot(data).fingerprint
-    if data.materialize == "never":
+    if data.format == "postgres" or data.materialize == "never":  # a query's rows: known once the run copied them
         return None
     fs, files = list_files(data.path, data.format)
     if in_memory_bytes(fs, files, data.format) > IN_PROCESS_BYTES:
@@ -95,25 +95,29 @@ def small_table_fingerprint(config: Config) -> str | None:
     return fingerprint(fs, files, content=True, fmt=data.format, csv=data.csv)
 
 
-def preflight(config: Config) -> None:
+def preflight(config: Config, run_name: str | None = None) -> None:
     """What the files' metadata can tell before Ray or Prefect start (Parquet footers, a CSV's header and first
     block): the training table and the scoring table hold the columns the config names. DataError naming the file,
-    the column and the closest name; the flow checks the rest (types, values) as before."""
-    data = config.data
-    table = source_dataset(data) if data.format in SNAPSHOT_FORMATS else open_dataset(data.path, data.format, data.csv)
+    the column and the closest name; the flow checks the rest (types, values) as before. A PostgreSQL source: the
+    query's columns from the server, or the copy run_name's first attempt made (read without the server)."""
+    from trainflow.tasks.ingest import recorded_copy
+
+    copied = recorded_copy(config, run_name)
+    data = config.data.as_copy(copied) if copied else config.data
+    table = source_dataset(data) if data.format in SOURCE_FORMATS else open_dataset(data.path, data.format, data.csv)
     names = list(table.schema.names)
-    check_names(names, data.path)
-    check_present(names, data, data.path)
+    check_names(names, data.where)
+    check_present(names, data, data.where)
     for key in ("time_column", "group_column"):
         column = getattr(config.split, key)
         if column is not None and column not in names:
             raise DataError(
-                f"{data.path}: split.{key} {column!r} is not a column; {did_you_mean(column, names)}columns are {names}"
+                f"{data.where}: split.{key} {column!r} is not a column; {did_you_mean(column, names)}columns are {names}"
             )
     missing = [c for c in config.promotion.slices if c not in names]
     if missing:
         raise DataError(
-            f"{data.path}: promotion.slices names column(s) {missing} that the table lacks; "
+            f"{data.where}: promotion.slices names column(s) {missing} that the table lacks; "
             f"{did_you_mean(missing[0], names)}columns are {names}"
         )
     check_label_values(config)
@@ -141,6 +145,8 @@ def check_label_values(config: Config) -> None:
     from trainflow.tables import IN_PROCESS_BYTES, in_memory_bytes, list_files
 
     data = config.data
+    if data.format == "postgres":  # the label's values are checked on the run's copy (ingest)
+        return
     if data.format in SNAPSHOT_FORMATS:  # a Delta or Iceberg table: its snapshot's size and label column
         snap = resolve_snapshot(data)
         if data.materialize == "never" or snapshot_bytes(snap) > IN_PROCESS_BYTES:

@@ -8,7 +8,7 @@ from prefect import flow
 
 from trainflow.flows.handover import flow_config
 from trainflow.flows.publish import publish
-from trainflow.tasks.ingest import ingest
+from trainflow.tasks.ingest import ingest, pin_source
 from trainflow.tasks.preprocess import preprocess
 from trainflow.tasks.run_name import resolve_run_name
 from trainflow.tasks.select import select
@@ -37,6 +37,7 @@ def tune(
     sweep_space(config)  # before any work: a family with no default space and no tune.search_space fails here
     sweep = resolve_run_name(run_name, prefix="tune")
     with run_lock(config.storage_path, sweep, wait):
+        config = pin_source(config, sweep)  # a snapshot or a PostgreSQL copy: what the sweep and its resume read
         return _tune(config, sweep, resume)
 
 

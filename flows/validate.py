@@ -11,7 +11,7 @@ from trainflow.config import Config
 from trainflow.redact import redact_value
 from trainflow.runtime import plain_progress, watch_for_sigterm
 from trainflow.tasks.common import step
-from trainflow.tasks.ingest import ingest
+from trainflow.tasks.ingest import ingest, throwaway_copy
 from trainflow.tasks.preprocess import preprocess
 from trainflow.tasks.split import split
 from trainflow.tasks.validate import validate_data
@@ -32,11 +32,13 @@ def validate(config_path: str, overrides: dict[str, Any] | None = None) -> dict[
 
 def checks(config: Config, in_flow: bool = True) -> dict[str, Any]:
     """The flow's steps (in_flow=False: the same steps as plain functions, without Prefect: flows/local.py). Ray
-    starts only for a step that needs it: a table read through Ray Data (a CSV, a large one) or a named cluster."""
-    ingested = step(ingest, in_flow)(config)
-    parts = step(split, in_flow)(ingested, config)
-    prepared = step(preprocess, in_flow)(ingested, parts, config, packed=False)
-    validation = step(validate_data, in_flow)(config, prepared.preprocessor)
+    starts only for a step that needs it: a table read through Ray Data (a CSV, a large one) or a named cluster. A
+    PostgreSQL source's rows are checked in a temporary copy, removed after."""
+    with throwaway_copy(config) as config:
+        ingested = step(ingest, in_flow)(config)
+        parts = step(split, in_flow)(ingested, config)
+        prepared = step(preprocess, in_flow)(ingested, parts, config, packed=False)
+        validation = step(validate_data, in_flow)(config, prepared.preprocessor)
     spec = ingested.spec
     return redact_value(
         {

@@ -1,5 +1,5 @@
 """The watch flow: emit a Prefect event when the training table's files change (a Delta table's version, an Iceberg
-table's snapshot), so a deployment trigger can start `retrain/scheduled` (deployments/prefect.yaml); a small
+table's snapshot, a PostgreSQL source's watermark: data.watermark's maximum or the row count), so a deployment trigger can start `retrain/scheduled` (deployments/prefect.yaml); a small
 deployment runs it on a short interval."""
 
 from __future__ import annotations
@@ -20,7 +20,12 @@ DATA_EVENT = "trainflow.data.changed"
 
 
 def source_fingerprint(data) -> str:
-    """A Delta or Iceberg table's current snapshot (from its log or metadata), or files_fingerprint."""
+    """A Delta or Iceberg table's current snapshot (from its log or metadata), a PostgreSQL source's watermark (one
+    aggregate query), or files_fingerprint."""
+    if data.format == "postgres":
+        from trainflow.postgres import SqlSource
+
+        return SqlSource.of(data).watermark(data.watermark)
     if data.format in SNAPSHOT_FORMATS:
         return resolve_snapshot(data.model_copy(update={"snapshot": None})).fingerprint
     return files_fingerprint(data.path, data.format)
@@ -40,7 +45,7 @@ def watch_data(config_path: str, overrides: dict[str, Any] | None = None) -> dic
     """Compare data.path's files with the last look (a Prefect variable) and emit trainflow.data.changed when they
     differ; the first look only records them."""
     config = flow_config(config_path, overrides)
-    key = hashlib.blake2b(config.data.path.encode(), digest_size=8).hexdigest()
+    key = hashlib.blake2b(f"{config.data.where}|{config.data.sql or ''}".encode(), digest_size=8).hexdigest()
     name = f"trainflow-watch-{key}"
     now = source_fingerprint(config.data)
     last = Variable.get(name, default=None)
@@ -53,14 +58,14 @@ def watch_data(config_path: str, overrides: dict[str, Any] | None = None) -> dic
             resource={"prefect.resource.id": f"trainflow.data.{key}"},
             payload={
                 "config_path": config_path,
-                "data_path": redact_text(config.data.path),
+                "data_path": redact_text(config.data.where),
                 "fingerprint": now,
                 "previous": last,
             },
         )
     get_run_logger().info(
         "%s: %s (%s)",
-        redact_text(config.data.path),
+        redact_text(config.data.where),
         "changed" if changed else "unchanged" if last else "first look",
         now,
     )

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
+from typing import Any, Iterator
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -19,6 +22,7 @@ from trainflow.data import (
 )
 from trainflow.sources import (
     SNAPSHOT_FORMATS,
+    SOURCE_FORMATS,
     Snapshot,
     read_arrow as snapshot_arrow,
     read_dataset,
@@ -127,13 +131,14 @@ def table_fingerprint(config: Config) -> str:
 def pin_source(config: Config, run_name: str) -> Config:
     """A Delta or Iceberg table's snapshot for this run name: the one its first attempt recorded in storage (a rerun
     or a resume reads what it read, however the table grew since), else data.snapshot or the table's current one,
-    recorded now. A record naming another table is not trusted: the run reads the table's current snapshot."""
+    recorded now. A record naming another table is not trusted: the run reads the table's current snapshot. A
+    PostgreSQL source: its copy (_pin_copy)."""
     import json
 
-    from trainflow.storage import is_uri, join, read_text, replace_bytes, write_new
+    from trainflow.storage import join, read_text
 
     data = config.data
-    if data.format not in SNAPSHOT_FORMATS:
+    if data.format not in SOURCE_FORMATS:
         return config
     log = task_logger("pin-source")
     record_uri = join(config.storage_path, f"{run_name}{SOURCE_SUFFIX}")
@@ -141,6 +146,8 @@ def pin_source(config: Config, run_name: str) -> Config:
         recorded = json.loads(read_text(record_uri))
     except (OSError, ValueError):
         recorded = None
+    if data.format == "postgres":
+        return config.model_copy(update={"data": _pin_copy(config, run_name, record_uri, recorded, log)})
     if isinstance(recorded, dict) and (recorded.get("format"), recorded.get("table")) == (data.format, data.path):
         pinned = recorded.get("snapshot")
         if isinstance(pinned, int) and (data.snapshot is None or data.snapshot == pinned):
@@ -150,16 +157,126 @@ def pin_source(config: Config, run_name: str) -> Config:
                 return config.model_copy(update={"data": data.model_copy(update={"snapshot": snap.snapshot})})
         log.warning("%s names another table or snapshot than this run reads; not followed", record_uri)
     snap = resolve_snapshot(data)
-    body = json.dumps(snap.record()).encode()
-    try:
-        if not is_uri(record_uri):
-            write_new(record_uri, body)  # whole, and never over a file that appeared meanwhile
-        elif recorded is None and not _exists(record_uri):  # object stores: the run lock serializes this name
-            replace_bytes(record_uri, body)
-    except FileExistsError:
-        pass  # another record is there (not followed, above): this run reads its own snapshot
+    _record(record_uri, json.dumps(snap.record()).encode(), recorded)
     log.info("%s (recorded for reruns of %s)", snap.describe(), run_name)
     return config.model_copy(update={"data": data.model_copy(update={"snapshot": snap.snapshot})})
+
+
+def _record(record_uri: str, body: bytes, recorded: Any) -> None:
+    """The run's source record, written whole where none is: a local file never over one that appeared meanwhile;
+    on an object store, where none was (the run lock serializes this run name)."""
+    from trainflow.storage import is_uri, replace_bytes, write_new
+
+    try:
+        if not is_uri(record_uri):
+            write_new(record_uri, body)
+        elif recorded is None and not _exists(record_uri):
+            replace_bytes(record_uri, body)
+    except FileExistsError:
+        pass  # another record is there (not followed): this run reads its own snapshot or copy
+
+
+def _pin_copy(config: Config, run_name: str, record_uri: str, recorded: Any, log):
+    """A PostgreSQL source for this run name: the copy its first attempt made (checked against the files in
+    storage: a record naming other files, another server or query, or files outside this run's storage is not
+    followed), else a new copy, recorded. The run then reads the copy's Parquet files."""
+    import json
+    import uuid
+
+    from trainflow.postgres import SqlSource, copy_to_parquet
+    from trainflow.storage import join
+
+    data = config.data
+    source = SqlSource.of(data)
+    prefix = join(config.storage_path, f"{run_name}-source-")
+    if _same_source(recorded, source):
+        if _copy_intact(recorded, prefix):
+            log.info(
+                "%s: the copy run %s made first (%s rows, %s, copied %s)",
+                source.describe(),
+                run_name,
+                f"{recorded['rows']:,}",
+                recorded["location"],
+                recorded["copied_at"],
+            )
+            return data.as_copy(recorded)
+        log.warning("%s names files that are not all there as written; a new copy is made", record_uri)
+    elif recorded is not None:
+        log.warning("%s names another source than this run reads; not followed", record_uri)
+    folder = prefix + uuid.uuid4().hex[:8]
+    record = copy_to_parquet(source, folder)
+    _record(record_uri, json.dumps(record).encode(), recorded)
+    log.info(
+        "%s: %s rows copied in one transaction to %s (recorded for reruns of %s)",
+        source.describe(),
+        f"{record['rows']:,}",
+        folder,
+        run_name,
+    )
+    return data.as_copy(record)
+
+
+def _same_source(recorded: Any, source) -> bool:
+    return isinstance(recorded, dict) and (recorded.get("format"), recorded.get("server"), recorded.get("query")) == (
+        "postgres",
+        source.server,
+        source.query,
+    )
+
+
+def recorded_copy(config: Config, run_name: str | None) -> dict[str, Any] | None:
+    """The copy of this PostgreSQL source run_name's first attempt made, when its record and files are intact (what
+    pin_source would read: the checks before a rerun read it too, without the server); else None."""
+    import json
+
+    from trainflow.postgres import SqlSource
+    from trainflow.storage import join, read_text
+
+    if not run_name or config.data.format != "postgres":
+        return None
+    try:
+        recorded = json.loads(read_text(join(config.storage_path, f"{run_name}{SOURCE_SUFFIX}")))
+    except (OSError, ValueError):
+        return None
+    prefix = join(config.storage_path, f"{run_name}-source-")
+    intact = _same_source(recorded, SqlSource.of(config.data)) and _copy_intact(recorded, prefix)
+    return recorded if intact else None
+
+
+@contextlib.contextmanager
+def throwaway_copy(config: Config) -> Iterator[Config]:
+    """config, its PostgreSQL source read into a temporary local copy for the checks of a dry run (validate), which
+    records nothing and leaves nothing behind; any other config as it is."""
+    if config.data.format != "postgres":
+        yield config
+        return
+    import tempfile
+
+    from trainflow.postgres import SqlSource, copy_to_parquet
+
+    with tempfile.TemporaryDirectory(prefix="trainflow-validate-") as folder:
+        record = copy_to_parquet(SqlSource.of(config.data), str(Path(folder) / "copy"))
+        yield config.model_copy(update={"data": config.data.as_copy(record)})
+
+
+def _copy_intact(record: dict, prefix: str) -> bool:
+    """Whether a copy's record names a folder of this run's storage whose Parquet files are those it lists, each
+    whole (its footer readable, the row counts adding up to the record's)."""
+    import pyarrow.parquet as pq
+
+    from trainflow.storage import filesystem_for
+
+    location, files, rows = record.get("location"), record.get("files"), record.get("rows")
+    if not (isinstance(location, str) and location.startswith(prefix) and isinstance(files, list) and files):
+        return False
+    if not all(isinstance(f, str) and f.startswith(location + "/") for f in files) or not isinstance(rows, int):
+        return False
+    try:
+        fs, _ = filesystem_for(location)
+        found = sum(pq.ParquetFile(filesystem_for(f)[1], filesystem=fs).metadata.num_rows for f in files)
+    except (OSError, ValueError):
+        return False
+    return found == rows
 
 
 def _exists(uri: str) -> bool:
@@ -267,7 +384,7 @@ def ingest(config: Config, known_fingerprint: str | None = None) -> Ingested:
             "drop or fix those rows"
         )
     spec.rows, spec.fingerprint = rows, fp
-    spec.snapshot = snap.record() if snap is not None else None
+    spec.snapshot = snap.record() if snap is not None else data.copied_from
     task_logger("ingest").info(
         "read %d rows from %d file(s): %d numeric, %d text, %d date feature(s); fingerprint %s",
         rows,

@@ -105,7 +105,7 @@ def log_datasets(
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.types import ColSpec, Schema
 
-    snapshot = ingested.spec.snapshot  # a Delta or Iceberg table: where its files are, and which snapshot
+    snapshot = ingested.spec.snapshot  # a Delta or Iceberg table's snapshot, or a PostgreSQL source's copy
     path = redact_text(snapshot["location"] if snapshot else ingested.spec.path)  # a URI's credentials masked
     with warnings.catch_warnings():  # a local path reads as more than one kind of source; MLflow picks the local one
         warnings.simplefilter("ignore", UserWarning)
@@ -115,7 +115,9 @@ def log_datasets(
         f"{fp}:{json.dumps(config.split.model_dump(mode='json'), sort_keys=True)}".encode(), digest_size=16
     ).hexdigest()
     name = path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
-    if snapshot:
+    if snapshot and snapshot.get("format") == "postgres":  # the query's copy, by what it read and when
+        name = f"{snapshot.get('table') or 'query'}@{snapshot['copied_at']}"
+    elif snapshot:
         name = f"{ingested.spec.path.rstrip('/').rsplit('/', 1)[-1]}@{snapshot['snapshot']}"
     spec = ingested.spec
     schema = Schema([ColSpec(t, c) for c, t in spec.mlflow_types.items()]) if spec.mlflow_types else None

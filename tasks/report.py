@@ -492,10 +492,16 @@ def _outcome_lines(outcome_png: str, judged_on: str) -> str:
 
 
 def _snapshot_line(summary: dict[str, Any]) -> str:
-    """The card's line naming the Delta or Iceberg snapshot the run read."""
+    """The card's line naming the Delta or Iceberg snapshot the run read, or a PostgreSQL source's copy."""
     snap = summary.get("data_snapshot")
     if not snap:
         return ""
+    if snap["format"] == "postgres":
+        read = f"table `{snap['table']}`" if snap.get("table") else f"query `{' '.join(snap['query'].split())[:200]}`"
+        return (
+            f"\n- read: PostgreSQL {read} on `{snap['server']}`, {snap['rows']:,} rows copied in one transaction at "
+            f"{snap['copied_at']} to `{snap['location']}`"
+        )
     what = "version" if snap["format"] == "delta" else "snapshot"
     return f"\n- read: {snap['format']} table `{snap['table']}` at {what} {snap['snapshot']} (table id `{snap['table_id']}`)"
 

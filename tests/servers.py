@@ -99,3 +99,89 @@ def mlflow_server(folder: Path, port: int) -> subprocess.Popen:
     )
     wait_healthy(f"http://127.0.0.1:{port}/health", proc, folder / "server.log")
     return proc
+
+
+class Postgres:
+    """A PostgreSQL server of its own on 127.0.0.1:port, from the binaries on this machine (initdb, pg_ctl,
+    postgres: PostgreSQL 15 is installed on the machines the suite runs on), with password login for one user.
+    Run as the `postgres` account where the suite runs as root (the server refuses root). stop() and start()
+    take it away and bring it back on the same port and data."""
+
+    USER, PASSWORD = "trainflow", "pg-Secret-7f3a9"
+
+    def __init__(self, port: int):
+        missing = [b for b in ("initdb", "pg_ctl", "postgres") if shutil.which(b) is None]
+        if missing:
+            pytest.fail(
+                f"the PostgreSQL tests start a server from PostgreSQL's binaries, and {missing} are not on the PATH: "
+                "install PostgreSQL 15 (e.g. apt-get install postgresql-15, then add /usr/lib/postgresql/15/bin to "
+                "the PATH)"
+            )
+        import tempfile
+
+        self.port = port
+        # under /tmp itself: the server's account must reach it (pytest's tmp folders are the test runner's only)
+        self.folder = Path(tempfile.mkdtemp(prefix="trainflow-pg-", dir="/tmp"))
+        self.as_root = os.geteuid() == 0
+        (self.folder / "pw").write_text(self.PASSWORD + "\n")
+        if self.as_root:
+            shutil.chown(self.folder, "postgres")
+            shutil.chown(self.folder / "pw", "postgres")
+        self._run(
+            [
+                "initdb",
+                "-D",
+                str(self.folder / "data"),
+                "-U",
+                self.USER,
+                "--auth=scram-sha-256",
+                f"--pwfile={self.folder / 'pw'}",
+                "--no-sync",
+            ]
+        )
+        (self.folder / "pw").unlink()
+        self.start()
+
+    def _run(self, args: list[str]) -> None:
+        command = ["runuser", "-u", "postgres", "--", *args] if self.as_root else args
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd="/tmp")
+        if done.returncode != 0:
+            pytest.fail(f"{' '.join(args[:2])} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+
+    def start(self) -> None:
+        options = f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._run(
+            ["pg_ctl", "-D", str(self.folder / "data"), "-o", options, "-l", str(self.folder / "log"), "-w", "start"]
+        )
+
+    def stop(self) -> None:
+        self._run(["pg_ctl", "-D", str(self.folder / "data"), "-m", "immediate", "-w", "stop"])
+
+    def close(self) -> None:
+        subprocess.run(
+            (["runuser", "-u", "postgres", "--"] if self.as_root else [])
+            + ["pg_ctl", "-D", str(self.folder / "data"), "-m", "immediate", "-w", "stop"],
+            capture_output=True,
+            timeout=60,
+        )
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    @property
+    def connection(self) -> str:
+        """The URI a config names (no password: PGPASSWORD or a Secret block)."""
+        return f"postgresql://{self.USER}@127.0.0.1:{self.port}/postgres"
+
+    def connect(self):
+        import adbc_driver_postgresql.dbapi as pg
+
+        return pg.connect(f"postgresql://{self.USER}:{self.PASSWORD}@127.0.0.1:{self.port}/postgres", autocommit=True)
+
+    def load(self, name: str, table, mode: str = "create") -> None:
+        """table (pyarrow) into the server's table name (create it, or append to it)."""
+        with self.connect() as conn, conn.cursor() as cursor:
+            cursor.adbc_ingest(name, table, mode=mode)
+
+    def execute(self, sql: str):
+        with self.connect() as conn, conn.cursor() as cursor:
+            cursor.execute(sql)
+            return cursor.fetchall() if cursor.description else None

@@ -1,5 +1,5 @@
 """The services a run leans on, and how long it waits out each one's absence: the MLflow tracking server, the
-Prefect API and the object store (s3://, gs://, ... through pyarrow.fs).
+Prefect API, the object store (s3://, gs://, ... through pyarrow.fs) and a PostgreSQL source's server.
 
 Each wait is a config key (`services.*_wait_s`) and is bounded: while a service does not answer, a line says every
 WAIT_NOTE_S seconds what the run waits for and for how long; when the wait is spent the run fails with
@@ -36,6 +36,7 @@ class Waits:
     mlflow: float = 300.0
     prefect: float = 300.0
     storage: float = 300.0
+    database: float = 300.0
 
 
 WAITS = Waits()
@@ -203,11 +204,19 @@ def mlflow_where(tracking_uri: str | None) -> str | None:
 # applying a config --------------------------------------------------------------------------------------------------
 
 
-def apply(mlflow_wait_s: float, prefect_wait_s: float, storage_wait_s: float, tracking_uri: str | None) -> None:
+def apply(
+    mlflow_wait_s: float,
+    prefect_wait_s: float,
+    storage_wait_s: float,
+    tracking_uri: str | None,
+    database_wait_s: float = 300.0,
+) -> None:
     """Make this process wait out each service as the config says: MLflow's HTTP retries sized to the MLflow wait
-    (a remote tracking server only), trainflow's object-store calls to the storage wait, and the Prefect client's
-    retries (`prefect_client_retries`) to the Prefect wait."""
+    (a remote tracking server only), trainflow's object-store calls to the storage wait, a PostgreSQL source's
+    connection to the database wait, and the Prefect client's retries (`prefect_client_retries`) to the Prefect
+    wait."""
     WAITS.mlflow, WAITS.prefect, WAITS.storage = mlflow_wait_s, prefect_wait_s, storage_wait_s
+    WAITS.database = database_wait_s
     where = mlflow_where(tracking_uri)
     if where is None:
         return

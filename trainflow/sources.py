@@ -19,6 +19,7 @@ import pyarrow as pa
 from trainflow.errors import DataError
 
 SNAPSHOT_FORMATS = ("delta", "iceberg")
+SOURCE_FORMATS = (*SNAPSHOT_FORMATS, "postgres")  # tables that are not files (their own readers, their own checks)
 DEFAULT_CATALOG = {"type": "sql"}  # pyiceberg's SQL catalog (SQLite by default): the embedded one
 
 
@@ -135,7 +136,11 @@ class _IcebergScan:
 
 def source_dataset(data, snap: Snapshot | None = None):
     """The snapshot a run would read (or snap) as a pyarrow dataset: its schema and the columns the checks before
-    Ray starts read (the label for task inference and its values)."""
+    Ray starts read (the label for task inference and its values); a PostgreSQL source's query the same way."""
+    if data.format == "postgres":
+        from trainflow.postgres import SqlScan, SqlSource
+
+        return SqlScan(SqlSource.of(data))
     snap = snap or resolve_snapshot(data)
     if snap.format == "delta":
         return _delta_table(data.path, snap.snapshot).to_pyarrow_dataset()

@@ -62,7 +62,9 @@ def run_command(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.command in ("retrain", "tune", "validate"):
         from trainflow.flows.local import preflight
 
-        preflight(config)  # the columns the config names, from the files' metadata: seconds, before anything starts
+        preflight(
+            config, getattr(args, "run_name", None)
+        )  # the columns the config names, from the files' metadata: seconds, before anything starts
     from trainflow.flows.local import run_here
     from trainflow.runtime import local_flow_settings
     from trainflow.services import prefect_client_retries, wait_for_prefect

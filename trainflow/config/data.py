@@ -44,16 +44,19 @@ class CsvSection(_Section):
 
 
 class DataSection(_Section):
-    path: str = key(
-        doc="file, folder, glob or URI (`s3://...`) of the training table; files are picked by their "
-        "extension (`.csv`, `.tsv`, `.parquet`, `.parq`, `.pq`, optionally compressed); a Delta table's folder "
-        "(`format: delta`); an Iceberg table's identifier, `namespace.table` (`format: iceberg`)"
-    )
-    format: Literal["parquet", "csv", "delta", "iceberg"] | None = key(
+    path: str | None = key(
         None,
-        "`parquet`, `csv`, `delta` (a Delta Lake table) or `iceberg` (an Apache Iceberg table of `data.catalog`); "
-        "a Delta or Iceberg table is read at one snapshot, recorded with the run ([sources.md](sources.md))",
-        shown="from the extension (`.csv` → csv, else parquet)",
+        "file, folder, glob or URI (`s3://...`) of the training table; files are picked by their "
+        "extension (`.csv`, `.tsv`, `.parquet`, `.parq`, `.pq`, optionally compressed); a Delta table's folder "
+        "(`format: delta`); an Iceberg table's identifier, `namespace.table` (`format: iceberg`)",
+        shown="required, but for a PostgreSQL source (`data.sql` or `data.table`)",
+    )
+    format: Literal["parquet", "csv", "delta", "iceberg", "postgres"] | None = key(
+        None,
+        "`parquet`, `csv`, `delta` (a Delta Lake table), `iceberg` (an Apache Iceberg table of `data.catalog`) or "
+        "`postgres` (`data.sql` or `data.table` on `data.connection`); a Delta or Iceberg table is read at one "
+        "snapshot, a PostgreSQL source copied once per run, recorded with the run ([sources.md](sources.md))",
+        shown="from the extension (`.csv` → csv, else parquet); postgres with `data.sql` or `data.table`",
     )
     catalog: dict[str, Any] | None = key(
         None,
@@ -66,6 +69,28 @@ class DataSection(_Section):
         "`format: delta` or `iceberg`: the table version (Delta) or snapshot id (Iceberg) to read, e.g. last "
         "Tuesday's; a rerun of a run name reads what its first attempt read",
         shown="the table's current one when the run starts",
+    )
+    sql: str | None = key(
+        None,
+        "a PostgreSQL query whose rows are the training table (one read-only transaction, copied once to the run's "
+        "storage as Parquet: a rerun of the run name reads that copy)",
+    )
+    table: str | None = key(None, "a PostgreSQL table, `name` or `schema.name`: every row of it (as `data.sql`)")
+    connection: str | None = key(
+        None,
+        "with `data.sql` or `data.table`: `postgresql://user@host:port/database`, never with a password (PGPASSWORD, "
+        "~/.pgpass or `data.password_secret`)",
+    )
+    password_secret: str | None = key(
+        None,
+        "the name of a Prefect Secret block holding the PostgreSQL password",
+        shown="none: libpq's PGPASSWORD or ~/.pgpass",
+    )
+    watermark: str | None = key(
+        None,
+        "a PostgreSQL source: the column whose maximum the watch deployment compares between looks (a new maximum "
+        "is new data)",
+        shown="the row count",
     )
     csv: CsvSection = key(doc="how CSV files are parsed (pyarrow.csv)", default_factory=CsvSection)
     label: str = key(doc="label column (any name, spaces and punctuation allowed)")
@@ -83,6 +108,58 @@ class DataSection(_Section):
     )
 
     _not_features: set[str] = PrivateAttr(default_factory=set)  # split.group_column (Config sets it)
+    # a PostgreSQL source once copied (pin_source): the copy's record; path is then the copy's folder
+    _copied_from: dict[str, Any] | None = PrivateAttr(default=None)
+
+    @property
+    def copied_from(self) -> dict[str, Any] | None:
+        return self._copied_from
+
+    @property
+    def where(self) -> str:
+        """What messages name the table by: its path, or a PostgreSQL source's server and query."""
+        if self.format == "postgres":
+            from trainflow.postgres import server_of
+
+            return (
+                f"PostgreSQL {f'table {self.table}' if self.table else 'query'} on {server_of(self.connection or '')}"
+            )
+        return str(self.path)
+
+    def as_copy(self, record: dict[str, Any]) -> DataSection:
+        """This PostgreSQL source as its copy: the Parquet files record names, read like any Parquet folder."""
+        copy = self.model_copy(
+            update={
+                "path": record["location"],
+                "format": "parquet",
+                "sql": None,
+                "table": None,
+                "connection": None,
+                "password_secret": None,
+                "watermark": None,
+            }
+        )
+        copy._copied_from = {k: v for k, v in record.items() if k != "files"}
+        return copy
+
+    def _check_postgres(self, sql_keys: dict[str, str]) -> None:
+        from trainflow.postgres import check_connection, check_table_name
+
+        if len(sql_keys) != 1:
+            raise ValueError("format postgres: give data.sql (a query) or data.table (a table), one of them")
+        if self.path is not None:
+            raise ValueError(f"path: a PostgreSQL source is data.sql or data.table, not a path ({self.path!r})")
+        if not self.connection:
+            raise ValueError("connection: a PostgreSQL source needs postgresql://user@host:port/database")
+        check_connection(self.connection)
+        if self.table is not None:
+            check_table_name(self.table)
+        if self.sql is not None and not self.sql.strip().rstrip(";").strip():
+            raise ValueError("sql: the query is empty")
+        if self.snapshot is not None:
+            raise ValueError(
+                "snapshot: a PostgreSQL source has no versions; a run's copy is its snapshot (rerun the run name)"
+            )
 
     def default_features(self, names: list[str]) -> list[str]:
         """The feature columns: data.features, else every column of names but the label, the id and the split's group."""
@@ -91,8 +168,17 @@ class DataSection(_Section):
 
     @model_validator(mode="after")
     def _infer_format(self) -> DataSection:
+        sql_keys = {k: v for k, v in (("sql", self.sql), ("table", self.table)) if v is not None}
         if self.format is None:
-            self.format = infer_format(self.path)
+            self.format = "postgres" if sql_keys else infer_format(self.path) if self.path is not None else None
+        if self.format == "postgres":
+            self._check_postgres(sql_keys)
+        else:
+            if self.path is None:
+                raise ValueError("path: required (a file, folder, glob or URI; or data.sql/data.table on PostgreSQL)")
+            for name in ("sql", "table", "connection", "password_secret", "watermark"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}: a PostgreSQL source's key (the format is {self.format})")
         if self.catalog is not None and self.format != "iceberg":
             raise ValueError(f"catalog: an Iceberg catalog, for format iceberg (the format is {self.format})")
         if self.snapshot is not None and self.format not in ("delta", "iceberg"):

@@ -19,7 +19,7 @@ from pydantic import (
 
 from trainflow.config.data import DataSection
 from trainflow.config.model import FAMILIES, deprecated_keys
-from trainflow.sources import SNAPSHOT_FORMATS
+from trainflow.sources import SOURCE_FORMATS
 from trainflow.config.operations import ServicesSection
 from trainflow.config.root import Config
 from trainflow.errors import ConfigError
@@ -122,7 +122,7 @@ def config_from_dict(raw: dict[str, Any], base_dir: str | Path = ".", source: st
     except ValidationError as err:
         raise ConfigError(_format_errors(err, source)) from None
     cfg._task_inferred = task_note
-    if cfg.data.format != "iceberg":  # an Iceberg table's path is its identifier in the catalog
+    if cfg.data.format not in ("iceberg", "postgres"):  # an Iceberg table's path is its identifier in the catalog
         cfg.data.path = _resolve(cfg.data.path, base)
     cfg.storage_path = _resolve(cfg.storage_path, base)
     if not is_uri(cfg.storage_path):
@@ -171,7 +171,13 @@ def _apply_waits(services: ServicesSection | dict | None, tracking_uri: str | No
             services = ServicesSection.model_validate(services or {})
         except ValidationError:
             services = ServicesSection()
-    waits.apply(services.mlflow_wait_s, services.prefect_wait_s, services.storage_wait_s, tracking_uri)
+    waits.apply(
+        services.mlflow_wait_s,
+        services.prefect_wait_s,
+        services.storage_wait_s,
+        tracking_uri,
+        services.database_wait_s,
+    )
 
 
 def _with_task(raw: dict[str, Any], base: Path) -> tuple[dict[str, Any], str | None]:
@@ -185,12 +191,12 @@ def _with_task(raw: dict[str, Any], base: Path) -> tuple[dict[str, Any], str | N
         return raw, None
     from trainflow.tables import infer_task
 
-    if data.format in SNAPSHOT_FORMATS:  # the label column at the snapshot the run reads
+    if data.format in SOURCE_FORMATS:  # the label column at the snapshot the run reads, or the query's
         from trainflow.sources import source_dataset
 
-        if data.format != "iceberg":
+        if data.format == "delta":
             data = data.model_copy(update={"path": _resolve(data.path, base)})
-        task, why = infer_task(data.path, data.format, data.label, dataset=source_dataset(data))
+        task, why = infer_task(data.where, data.format, data.label, dataset=source_dataset(data))
         return {**raw, "task": task}, f"task: {task} ({why}; set task to choose)"
     task, why = infer_task(_resolve(data.path, base), data.format, data.label, data.csv)
     return {**raw, "task": task}, f"task: {task} ({why}; set task to choose)"

@@ -200,3 +200,9 @@ class ServicesSection(_Section):
         "retries (a training run then resumes from its last checkpoint)",
         ge=0.0,
     )
+    database_wait_s: float = key(
+        300.0,
+        "seconds a PostgreSQL source's server that refuses connections is waited for (saying so) before the run "
+        "fails with exit 1 naming it; a refused login or query fails at once",
+        ge=0.0,
+    )

@@ -1,0 +1,290 @@
+"""A PostgreSQL table or query as a training table: read in one read-only transaction (one snapshot of the database
+for every row) through ADBC's PostgreSQL driver, which streams the result as Arrow record batches over COPY ... TO
+STDOUT (binary), and written once, as Parquet, to the run's storage. That copy is what the run trains on and what a
+rerun or resume of its run name reads, however the table changed since: the record beside it names the server, the
+query, the row count and the copy's files.
+
+The password never appears in the config: libpq's own PGPASSWORD (or ~/.pgpass), or a Prefect Secret block named by
+data.password_secret. It is added to the connection only in this process's memory and masked in every message.
+
+Why not ray.data.read_sql: it turns each shard into Python tuples (fetchall) before Arrow, holds a whole shard in
+memory, and shards a query by re-running it once per shard with a hash filter (each shard a separate transaction:
+no one snapshot); bench/ingest_postgres.py measures both against a bare COPY."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import pyarrow as pa
+
+from trainflow.errors import DataError
+
+COPY_ROWS_PER_FILE = 1_000_000  # the copy's Parquet files: Ray Data reads them in parallel, a file per task
+COPY_ROW_GROUP_ROWS = 128 * 1024
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*(\.[A-Za-z_][A-Za-z0-9_$]*)?$")
+
+
+def server_of(connection: str) -> str:
+    """host:port/database of a connection URI (what the record and messages name; never a password)."""
+    parts = urlsplit(connection)
+    host = parts.hostname or "localhost"
+    return f"{host}:{parts.port or 5432}{parts.path or '/'}"
+
+
+def check_connection(connection: str) -> None:
+    """ValueError for a connection URI that is not PostgreSQL's or that carries a password."""
+    parts = urlsplit(connection)
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise ValueError(
+            f"connection: {server_of(connection)!r} is not a PostgreSQL URI (postgresql://user@host:port/database)"
+        )
+    if parts.password is not None:
+        raise ValueError(
+            "connection: the URI carries a password; a config file never does: leave it out and set PGPASSWORD in "
+            "the environment, or name a Prefect Secret block in data.password_secret"
+        )
+
+
+def check_table_name(table: str) -> None:
+    if not _IDENTIFIER.match(table):
+        raise ValueError(
+            f"table: {table!r} is not a table name (`name` or `schema.name`; for anything else write data.sql)"
+        )
+
+
+def quote_table(table: str) -> str:
+    return ".".join('"' + part + '"' for part in table.split("."))
+
+
+@dataclass(frozen=True)
+class SqlSource:
+    """What a PostgreSQL source reads: the server, and a query (data.sql, or every row of data.table)."""
+
+    connection: str  # without a password
+    query: str
+    table: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def of(cls, data) -> SqlSource:
+        query = data.sql.strip().rstrip(";") if data.sql else f"SELECT * FROM {quote_table(data.table)}"
+        return cls(data.connection, query, data.table, _password(data.password_secret))
+
+    @property
+    def server(self) -> str:
+        return server_of(self.connection)
+
+    @property
+    def what(self) -> str:
+        return f"table {self.table}" if self.table else "query"
+
+    def describe(self) -> str:
+        return f"PostgreSQL {self.what} on {self.server}"
+
+    def _uri(self) -> str:
+        if self.password is None:
+            return self.connection  # libpq reads PGPASSWORD or ~/.pgpass
+        parts = urlsplit(self.connection)
+        user = quote(parts.username or "", safe="")
+        netloc = f"{user}:{quote(self.password, safe='')}@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+    def _masked(self, text: str) -> str:
+        if self.password:
+            text = text.replace(self.password, "***").replace(quote(self.password, safe=""), "***")
+        return text
+
+    def connect(self):
+        """An ADBC connection in one read-only REPEATABLE READ transaction (one snapshot for all it reads). A server
+        that refuses connections is waited for (services.database_wait_s, saying so), then ServiceUnavailable
+        naming it; a refused login is a DataError at once."""
+        try:
+            import adbc_driver_postgresql.dbapi as pg
+        except ModuleNotFoundError:
+            raise DataError("a PostgreSQL source needs its driver: pip install 'trainflow[postgres]'") from None
+        from trainflow.services import WAITS, patient
+
+        try:
+            conn = patient(
+                lambda: pg.connect(self._uri()), "PostgreSQL", self.server, "database_wait_s", WAITS.database
+            )
+        except pg.Error as exc:
+            said = self._masked(" ".join(str(exc).split()))
+            hint = (
+                " (the password: PGPASSWORD, ~/.pgpass, or the Prefect Secret block data.password_secret names)"
+                if "password" in said or "authentication" in said
+                else ""
+            )
+            raise DataError(f"data.connection: cannot connect to PostgreSQL at {self.server}: {said}{hint}") from None
+        cursor = conn.cursor()
+        cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        return conn, cursor
+
+    @property
+    def key(self) -> str:
+        return "table" if self.table else "sql"
+
+    def _said(self, exc: BaseException) -> str:
+        said = self._masked(str(exc)).split("\n\nQuery was:")[0]
+        return " ".join(said.replace("Failed to prepare query:", "").split())
+
+    def run(self, cursor, sql: str, what: str) -> None:
+        try:
+            cursor.execute(sql)
+        except Exception as exc:  # noqa: BLE001 - the driver's ProgrammingError, OperationalError, ...
+            raise DataError(f"data.{what}: PostgreSQL on {self.server} refused it: {self._said(exc)}") from None
+
+    def batches(self, cursor) -> Iterator[pa.RecordBatch]:
+        """The query's rows, a record batch at a time (the driver's types; its per-column metadata dropped)."""
+        self.run(cursor, self.query, self.key)
+        reader = cursor.fetch_record_batch()
+        schema = _plain(reader.schema)
+        for batch in reader:
+            yield pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+
+    def schema(self) -> pa.Schema:
+        """The query's columns and types, from the server's plan of it (no row read)."""
+        conn, cursor = self.connect()
+        try:
+            try:
+                return _plain(cursor.adbc_execute_schema(self.query))
+            except Exception as exc:  # noqa: BLE001 - the driver's ProgrammingError, ...
+                raise DataError(f"data.{self.key}: PostgreSQL on {self.server} refused it: {self._said(exc)}") from None
+        finally:
+            conn.close()
+
+    def watermark(self, column: str | None) -> str:
+        """What the watch compares between looks: max(column), or the row count; with the server and the query."""
+        conn, cursor = self.connect()
+        try:
+            expr = f'max("{column}")::text' if column else "count(*)::text"
+            self.run(cursor, f"SELECT {expr} FROM ({self.query}) AS q", "watermark" if column else self.key)
+            value = cursor.fetchone()[0]
+        finally:
+            conn.close()
+        ident = json.dumps([self.server, self.query, column, value])
+        return "watermark:" + hashlib.blake2b(ident.encode(), digest_size=16).hexdigest()
+
+
+class SqlScan:
+    """A PostgreSQL source as the pyarrow dataset calls the checks before Ray starts make of a table: its schema,
+    and the columns they read (one query of those columns)."""
+
+    def __init__(self, source: SqlSource):
+        self.source = source
+        self.schema = source.schema()
+
+    def to_table(self, columns: list[str] | None = None) -> pa.Table:
+        cols = ", ".join('"' + c.replace('"', '""') + '"' for c in columns) if columns else "*"
+        conn, cursor = self.source.connect()
+        try:
+            self.source.run(cursor, f"SELECT {cols} FROM ({self.source.query}) AS q", self.source.key)
+            return _plain_table(cursor.fetch_arrow_table())
+        finally:
+            conn.close()
+
+
+def _plain(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([f.remove_metadata() for f in schema]).remove_metadata()
+
+
+def _plain_table(table: pa.Table) -> pa.Table:
+    return table.cast(_plain(table.schema))
+
+
+def _password(secret_name: str | None) -> str | None:
+    if not secret_name:
+        return None
+    try:
+        from prefect.blocks.system import Secret
+
+        return Secret.load(secret_name).get()
+    except ValueError as exc:
+        raise DataError(f"data.password_secret: no Prefect Secret block {secret_name!r} ({exc})") from None
+
+
+def copy_to_parquet(source: SqlSource, folder: str) -> dict[str, Any]:
+    """The query's result, read in one read-only transaction, streamed into Parquet files under folder (a new
+    folder of this run's storage); the record of the copy (server, query, rows, files, when). DataError for a query
+    with no rows (nothing is left behind)."""
+    from trainflow.storage import filesystem_for, join, with_scheme
+
+    fs, inner = filesystem_for(folder)
+    conn, cursor = source.connect()
+    files: list[str] = []
+    rows = 0
+    writer = None
+    started = time.time()
+    try:
+        for batch in source.batches(cursor):
+            if writer is not None and writer.rows >= COPY_ROWS_PER_FILE:
+                writer.close()
+                writer = None
+            if writer is None:
+                if not files:
+                    fs.create_dir(inner, recursive=True)
+                path = join(inner, f"part-{len(files):05d}.parquet")
+                writer = _Writer(fs.open_output_stream(path), batch.schema)
+                files.append(with_scheme(folder, path))
+            writer.write(batch)
+            rows += batch.num_rows
+        if writer is not None:
+            writer.close()
+            writer = None
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        if files:
+            fs.delete_dir(inner)  # this copy's own new folder: never anything else
+        raise
+    finally:
+        conn.close()
+    if rows == 0:
+        if files:
+            fs.delete_dir(inner)
+        raise DataError(f"data.{source.key}: {source.describe()} returned no rows")
+    return {
+        "format": "postgres",
+        "server": source.server,
+        "query": source.query,
+        "table": source.table,
+        "rows": rows,
+        "location": folder,
+        "files": files,
+        "copied_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "copy_id": uuid.uuid4().hex[:12],
+    }
+
+
+class _Writer:
+    """One Parquet file of the copy: its writer and the stream under it (closed too: an object store's upload
+    completes on close)."""
+
+    def __init__(self, stream, schema: pa.Schema):
+        import pyarrow.parquet as pq
+
+        self.stream, self.rows = stream, 0
+        self.writer = pq.ParquetWriter(stream, schema)
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        self.writer.write_batch(batch, row_group_size=COPY_ROW_GROUP_ROWS)
+        self.rows += batch.num_rows
+
+    def close(self) -> None:
+        try:
+            self.writer.close()
+        finally:
+            self.stream.close()
+
+    def abort(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - the copy failed already; its folder is removed next
+            pass
