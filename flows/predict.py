@@ -55,5 +55,5 @@ def skipped_run(config: Config, run_name: str, skipped: dict[str, Any], in_flow:
     predictions = None
     if config.inference.input:
         checkpoint, pinned = step(resolve_checkpoint_task, in_flow)(model, config)
-        predictions = step(infer, in_flow)(checkpoint, config, pinned)
+        predictions = step(infer, in_flow)(checkpoint, config, pinned, run_name)
     return step(skipped_summary, in_flow)(config, run_name, skipped, model, predictions)

@@ -36,6 +36,7 @@ def publish(
     earlier: EarlierFit | None = None,
     oof_by_time: Scored | None = None,
     curves: list[dict[str, Any]] | None = None,
+    run_name: str | None = None,
 ) -> dict[str, Any]:
     """Register the selected checkpoint, gate it against @champion, predict inference.input with whichever
     version serves after the gate (a rejected challenger never writes predictions), and report; the summary.
@@ -43,7 +44,8 @@ def publish(
     chosen checkpoint's out-of-fold outputs (cross-fitting), which calibration is fitted on instead of validation rows; earlier: the
     backtest's earlier model (flows/backtest.py), scored on the test rows beside the recent one; oof_by_time: by time,
     the chosen model's out-of-fold outputs with their rows' times (the backtest's out-of-fold rows); curves: the
-    training histories of the models the served one is made of (default: outcome's own)."""
+    training histories of the models the served one is made of (default: outcome's own); run_name: the scoring run's
+    id in a table the predictions are appended to (a rerun of the name appends nothing twice)."""
     # stored in the checkpoint before it is registered (fitted on the validation rows or the out-of-fold outputs)
     fit, scored = calibrate(config, parts.val, selected, outcome.family, oof)
     holdout, judged_on, tested = parts.val, "validation", None
@@ -70,7 +72,10 @@ def publish(
         )
     elif config.inference.input:
         predictions = infer(
-            promotion.serving_checkpoint, config, f"models:/{promotion.model_name}/{promotion.serving_version}"
+            promotion.serving_checkpoint,
+            config,
+            f"models:/{promotion.model_name}/{promotion.serving_version}",
+            run_name,
         )
     summary = summarize(
         ingested,

@@ -193,6 +193,7 @@ def _train_and_publish(
             earlier,
             decisions.by_time(family) if decisions is not None else None,
             served_curves(family, k, trained, built),
+            name,
         )
         status = "FINISHED"
         return summary

@@ -66,4 +66,5 @@ def _tune(config, sweep: str, resume: bool) -> dict[str, Any]:
             "tune_mode": config.tune.mode,
             "validation": validation,
         },
+        run_name=sweep,
     )

@@ -21,8 +21,9 @@ from trainflow.trainer.predict import (
 from trainflow.config import Config, infer_format
 from trainflow.data import arrow_schema, read_table, should_materialize
 from trainflow.preprocessors.fit import check_unseen, count_drift, count_unseen
-from trainflow.tables import check_writable, in_memory_bytes, list_files, read_arrow
-from trainflow.outputs import guard_output, write_output
+from trainflow.tables import in_memory_bytes, list_files, read_arrow
+from trainflow.outputs import check_destination, write_output
+from trainflow.sinks import SINK_FORMATS, Sink, prediction_columns, scoring_run_id, write_sink
 from trainflow.errors import CheckpointError, DataError
 from trainflow.runtime import ensure_ray
 from trainflow.tracking import MODEL_URI
@@ -44,16 +45,19 @@ def non_finite_cause(exc: BaseException | None) -> NonFiniteOutput | None:
 
 
 @task(name="infer", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
-def infer(checkpoint_path: str, config: Config, model: str = "") -> Predictions:
+def infer(checkpoint_path: str, config: Config, model: str = "", run_id: str | None = None) -> Predictions:
     """Predict every row of inference.input with the checkpoint's own preprocessor; one output row per input row.
-    model: what the manifest names as the predictions' model (a registry URI or version)."""
+    model: what the manifest names as the predictions' model (a registry URI or version); run_id: the scoring run's
+    id in a table the predictions are appended to (default: this flow run's id)."""
     config.require_inference()
     inf, id_column = config.inference, config.data.id_column
     input_path, output_path = inf.input, inf.output
-    guard_output(output_path, config)
-    check_writable(output_path)
+    check_destination(config)
     log = task_logger("infer")
     prep = TabularPreprocessor.load(checkpoint_path)
+    sink = Sink.of(config) if inf.output_format in SINK_FORMATS else None
+    if sink is not None:  # an existing table of other columns is refused before anything is scored
+        sink.check(prediction_columns(id_column, prep.classes if prep.task == "classification" else None))
     fmt = infer_format(input_path)
     fs, files = listed = list_files(input_path, fmt)
     table_bytes = in_memory_bytes(fs, files, fmt)
@@ -124,7 +128,10 @@ def infer(checkpoint_path: str, config: Config, model: str = "") -> Predictions:
                 collector,
             )
         try:
-            rows = write_output(preds, output_path, input_rows, {"model": model, "input": input_path}, config)
+            if sink is not None:
+                rows = write_sink(preds, sink, input_rows, model, run_id or scoring_run_id())
+            else:
+                rows = write_output(preds, output_path, input_rows, {"model": model, "input": input_path}, config)
         except Exception as exc:  # noqa: BLE001 - a non-finite batch may come back wrapped by Ray
             bad = non_finite_cause(exc)
             if bad is None:

@@ -33,7 +33,6 @@ from trainflow.preprocessors.fit import check_text_columns
 from trainflow.tables import (
     IN_PROCESS_BYTES,
     TableSpec,
-    check_writable,
     fingerprint,
     in_memory_bytes,
     is_numeric_type,
@@ -46,7 +45,7 @@ from trainflow.tables import (
 )
 from trainflow.storage import with_scheme
 from trainflow.errors import DataError
-from trainflow.outputs import guard_output
+from trainflow.outputs import check_destination
 from trainflow.trainer.resources import check_fits
 from trainflow.runtime import cluster_named, ensure_ray
 from trainflow.tasks.values import Ingested
@@ -358,8 +357,7 @@ def ingest(config: Config, known_fingerprint: str | None = None) -> Ingested:
     check_fits(config.scaling.model_dump())  # seconds, not a placement group that waits forever
     data = config.data
     if config.inference.output:  # a place trainflow may write: checked before anything is read
-        guard_output(config.inference.output, config)
-        check_writable(config.inference.output)
+        check_destination(config)
     snap = resolve_snapshot(data) if data.format in SNAPSHOT_FORMATS else None
     ds, files, schema, fp, materialize, table_bytes, why = (
         _read_snapshot(config, snap) if snap is not None else _read_files(config, known_fingerprint)

@@ -41,6 +41,7 @@ SIDE = (
     "tests/test_cluster.py",
     "tests/test_s3.py",
     "tests/test_postgres.py",  # a PostgreSQL server of its own
+    "tests/test_sinks.py",  # (its own too)
     "tests/test_faults.py",  # (a fit, not a service: it balances the two workers, about 900 s each here)
 )
 

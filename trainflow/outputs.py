@@ -78,7 +78,9 @@ def mlflow_store_paths(tracking_uri: str | None) -> list[str]:
 def protected_paths(config: Any) -> list[tuple[str, str, bool]]:
     """(what, path, both_ways) the output must not overlap. both_ways: the output may be neither inside nor
     around it; otherwise it only must not contain it (an output inside the config's folder is fine)."""
-    out = [("data.path", _glob_base(config.data.path), True), ("storage_path", config.storage_path, True)]
+    out = [("storage_path", config.storage_path, True)]
+    if config.data.path:  # (a PostgreSQL source has none)
+        out.insert(0, ("data.path", _glob_base(config.data.path), True))
     if config.inference.input:
         out.append(("inference.input", _glob_base(config.inference.input), True))
     for p in mlflow_store_paths(config.mlflow.tracking_uri):
@@ -145,6 +147,34 @@ def guard_output(output: str, config: Any) -> None:
     """Before any work: the output overlaps nothing of the run's and replaces only a trainflow output."""
     check_overlap(output, protected_paths(config))
     check_owned(output)
+
+
+def check_destination(config: Any) -> None:
+    """Before any work, wherever the predictions go: a Parquet folder (guard_output, and writable); a Delta table's
+    location overlaps nothing of the run's and is a Delta table or nothing (not a folder of other files); an
+    Iceberg or PostgreSQL table is checked against the predictions' columns once the model is known (infer)."""
+    from trainflow.tables import check_writable
+
+    output, fmt = config.inference.output, config.inference.output_format
+    if fmt == "parquet":
+        guard_output(output, config)
+        check_writable(output)
+    elif fmt == "delta":
+        check_overlap(output, protected_paths(config))
+        fs, inner = filesystem_for(output)
+        info = fs.get_file_info(inner.rstrip("/"))
+        if info.type == pafs.FileType.File:
+            raise DataError(f"inference.output {output} is a file, not a Delta table (nothing was touched)")
+        if info.type == pafs.FileType.Directory:
+            names = {i.base_name for i in fs.get_file_info(pafs.FileSelector(inner.rstrip("/")))}
+            if names and "_delta_log" not in names:
+                shown = ", ".join(sorted(names)[:5])
+                raise DataError(
+                    f"inference.output {output} holds files that are not a Delta table ({shown}); name a Delta "
+                    "table's folder or a new one (nothing was touched)"
+                )
+        else:
+            check_writable(output)
 
 
 def output_files(output: str) -> list[str]:

@@ -101,10 +101,11 @@ class SqlSource:
             text = text.replace(self.password, "***").replace(quote(self.password, safe=""), "***")
         return text
 
-    def connect(self):
-        """An ADBC connection in one read-only REPEATABLE READ transaction (one snapshot for all it reads). A server
-        that refuses connections is waited for (services.database_wait_s, saying so), then ServiceUnavailable
-        naming it; a refused login is a DataError at once."""
+    def connect(self, read_only: bool = True):
+        """An ADBC connection in one transaction: read-only and REPEATABLE READ (one snapshot for all it reads), or
+        (read_only False) the server's default, for a sink's one commit. A server that refuses connections is
+        waited for (services.database_wait_s, saying so), then ServiceUnavailable naming it; a refused login is a
+        DataError at once."""
         try:
             import adbc_driver_postgresql.dbapi as pg
         except ModuleNotFoundError:
@@ -124,7 +125,8 @@ class SqlSource:
             )
             raise DataError(f"data.connection: cannot connect to PostgreSQL at {self.server}: {said}{hint}") from None
         cursor = conn.cursor()
-        cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        if read_only:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         return conn, cursor
 
     @property

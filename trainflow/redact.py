@@ -111,7 +111,8 @@ def secrets_of(config: dict[str, Any]) -> set[str]:
         elif isinstance(v, str) and "://" in v:
             for m in URI.finditer(v):
                 parts = urlsplit(m.group(0))
-                if "@" in parts.netloc:
+                if "@" in parts.netloc and not (parts.scheme.startswith("postgres") and parts.password is None):
+                    # (a PostgreSQL user name alone is no secret: masking it would mask every word it appears in)
                     userinfo = parts.netloc.rsplit("@", 1)[0]
                     found.update(p for p in (userinfo, *userinfo.split(":", 1)) if p)
                 found.update(val for k, val in parse_qsl(parts.query) if CREDENTIAL_KEY.search(k) and val)

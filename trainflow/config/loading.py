@@ -134,7 +134,8 @@ def config_from_dict(raw: dict[str, Any], base_dir: str | Path = ".", source: st
                 "(e.g. storage_path: runs)"
             )
     cfg.inference.input = _resolve(cfg.inference.input, base)
-    cfg.inference.output = _resolve(cfg.inference.output, base)
+    if cfg.inference.output_format in ("parquet", "delta"):  # an Iceberg or PostgreSQL table is named, not a path
+        cfg.inference.output = _resolve(cfg.inference.output, base)
     uri = cfg.mlflow.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if uri is None:
         uri = (

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import (
     field_validator,
@@ -161,7 +161,30 @@ class InferenceSection(_Section):
         "a text value never seen in training: predict with the unknown code and count it (`unknown`), or "
         "fail the run (`error`)",
     )
-    output: str | None = key(None, "the Parquet output folder (local or URI)")
+    output: str | None = key(
+        None,
+        "where the predictions go: a Parquet output folder (local or URI); with `output_format`, a Delta table's "
+        "location, an Iceberg table's identifier or a PostgreSQL table (`schema.name`)",
+    )
+    output_format: Literal["parquet", "delta", "iceberg", "postgres"] = key(
+        "parquet",
+        "`parquet` (a folder trainflow replaces whole), or a table each scoring run appends to as one commit with "
+        "its `model_version` and `scoring_run` columns: `delta`, `iceberg` (of `inference.catalog`) or `postgres` "
+        "(on `inference.connection`) ([sources.md](sources.md#predictions-into-a-table))",
+    )
+    catalog: dict[str, Any] | None = key(
+        None, "`output_format: iceberg`: the pyiceberg catalog's properties", shown="data.catalog"
+    )
+    connection: str | None = key(
+        None,
+        "`output_format: postgres`: `postgresql://user@host:port/database`, never with a password",
+        shown="data.connection",
+    )
+    password_secret: str | None = key(
+        None,
+        "`output_format: postgres`: a Prefect Secret block holding the password",
+        shown="data.password_secret, else PGPASSWORD",
+    )
     batch_size: int = key(4096, "rows per inference batch", ge=1)
     num_actors: int = key(1, "inference actors, for a table too large to score in the calling process", ge=1)
     use_gpu: bool = key(False, "each inference actor asks for a GPU and predicts on it")
@@ -173,6 +196,21 @@ class InferenceSection(_Section):
     def _both_or_neither(self) -> InferenceSection:
         if (self.input is None) != (self.output is None):
             raise ValueError("give both inference.input and inference.output, or neither")
+        if self.output_format == "postgres" and self.output is not None:
+            from trainflow.postgres import check_table_name
+
+            try:
+                check_table_name(self.output)
+            except ValueError as exc:
+                raise ValueError("output" + str(exc).removeprefix("table")) from None
+        if self.output_format == "iceberg" and self.output is not None and "/" in self.output:
+            raise ValueError(f"output: {self.output!r}: an Iceberg table is named by its identifier, e.g. `crm.scores`")
+        if self.connection is not None:
+            from trainflow.postgres import check_connection
+
+            check_connection(self.connection)
+        if self.catalog is not None and self.output_format != "iceberg":
+            raise ValueError(f"catalog: an Iceberg catalog, for output_format iceberg (it is {self.output_format})")
         return self
 
 

@@ -137,6 +137,12 @@ class Config(_Section):
             self.split.group_column is not None
         ):  # a group's id is no feature unless named: it cannot carry to new groups
             self.data._not_features = {self.split.group_column}
+        if (
+            self.inference.output
+            and self.inference.output_format == "postgres"
+            and not (self.inference.connection or self.data.connection)
+        ):
+            raise ValueError("inference.connection: output_format postgres needs postgresql://user@host:port/database")
         if isinstance(self.train.folds, int) and self.train.folds > 1 and self.split.test_fraction == 0:
             raise ValueError(
                 f"train.folds: {self.train.folds} folds with split.test_fraction 0 leave no row that the "

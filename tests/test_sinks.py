@@ -1,0 +1,148 @@
+"""Predictions appended to a table as one commit per scoring run, for real: a local Delta table, an Iceberg table of
+pyiceberg's SQL catalog, a PostgreSQL table on a server started here. Each row carries the model version and the
+scoring run's id; a retry of a scoring run appends nothing twice; a run that fails mid-write leaves the table as it
+was; an existing table of other columns is refused before anything is scored, naming them; a folder of other files
+is never written into."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import deltalake
+import pyarrow as pa
+import pytest
+import yaml
+
+from tests.conftest import free_port, write_config, write_parquet
+from tests.servers import Postgres
+from trainflow.flows.cli import main as cli_main
+from trainflow.sample import make_churn_table
+
+pytestmark = [pytest.mark.usefixtures("prefect_harness", "ray_local")]
+SCORED = 300
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One retrain whose predictions go to a new Delta table (the model the other checks score with)."""
+    tmp = tmp_path_factory.mktemp("sinks")
+    write_parquet(make_churn_table(1500, seed=1), tmp / "train.parquet")
+    write_parquet(make_churn_table(SCORED, seed=2, with_label=False, id_offset=10_000), tmp / "score.parquet")
+    cfg = write_config(
+        tmp,
+        {
+            "data": {"path": "train.parquet", "label": "churned", "id_column": "customer_id"},
+            "task": "classification",
+            "model": {"type": "xgboost", "params": {"xgboost": {"num_boost_round": 20}}},
+            "train": {"folds": 1},
+            "scaling": {"num_workers": 1},
+            "storage_path": "runs",
+            "mlflow": {"experiment": "sinks", "registered_model": "scored"},
+            "inference": {"input": "score.parquet", "output": "lake/scores", "output_format": "delta"},
+        },
+    )
+    out = tmp / "summary.json"
+    assert cli_main(["retrain", "--config", str(cfg), "--run-name", "nightly", "--summary-json", str(out)]) == 0
+    return tmp, str(cfg), json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    server = Postgres(free_port())
+    yield server
+    server.close()
+
+
+def _predict(cfg: str, capsys, *sets: str) -> tuple[int, str]:
+    code = cli_main(["predict", "--config", cfg, *(a for s in sets for a in ("--set", s))])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def test_a_retrain_appends_its_predictions_to_a_delta_table_as_one_commit(trained, capsys):
+    tmp, cfg, summary = trained
+    table = deltalake.DeltaTable(str(tmp / "lake" / "scores"))
+    rows = table.to_pyarrow_table()
+    assert (table.version(), rows.num_rows, summary["output_rows"]) == (0, SCORED, SCORED)
+    assert set(rows.column("model_version").to_pylist()) == {f"models:/scored/{summary['model_version']}"}
+    assert set(rows.column("scoring_run").to_pylist()) == {"nightly"}
+    assert rows.column_names == ["customer_id", "prediction", "proba_0", "proba_1", "model_version", "scoring_run"]
+    assert table.metadata().description == "trainflow predictions"
+    # a predict appends its own commit; the first stays as it was
+    code, said = _predict(cfg, capsys)
+    assert code == 0, said
+    table = deltalake.DeltaTable(str(tmp / "lake" / "scores"))
+    runs = table.to_pyarrow_table().column("scoring_run").to_pylist()
+    assert table.version() == 1 and len(runs) == 2 * SCORED and runs.count("nightly") == SCORED
+
+    # a Delta table of other columns: refused before scoring, naming them, and left as it was
+    other = tmp / "lake" / "theirs"
+    deltalake.write_deltalake(str(other), pa.table({"customer_id": [1], "score": [0.5]}))
+    code, said = _predict(cfg, capsys, f"inference.output={other}")
+    assert code == 2 and "lacks column(s) ['prediction'" in said and "has column(s) ['score']" in said, said
+    assert deltalake.DeltaTable(str(other)).version() == 0
+    # a folder of other files is not a Delta table trainflow writes into
+    (tmp / "reports").mkdir()
+    (tmp / "reports" / "q3.csv").write_text("a\n1\n")
+    code, said = _predict(cfg, capsys, f"inference.output={tmp / 'reports'}")
+    assert code == 2 and "holds files that are not a Delta table (q3.csv)" in said, said
+
+
+def test_a_scoring_run_is_one_commit_retried_once_and_a_failed_write_leaves_each_table_as_it_was(
+    trained, postgres, monkeypatch, capsys
+):
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from trainflow import sinks
+    from trainflow.config import load_config
+
+    tmp, cfg, summary = trained
+    monkeypatch.setenv("PGPASSWORD", Postgres.PASSWORD)
+    catalog = {"uri": f"sqlite:///{tmp / 'catalog.db'}", "warehouse": f"file://{tmp / 'warehouse'}"}
+    SqlCatalog("default", **catalog).create_namespace("crm")
+    targets = {
+        "postgres": ("inference.output_format=postgres", "inference.output=public.scores")
+        + (f"inference.connection={postgres.connection}",),
+        "iceberg": ("inference.output_format=iceberg", "inference.output=crm.scores")
+        + (f"inference.catalog={json.dumps(catalog)}",),
+    }
+
+    def count(kind: str) -> int:
+        if kind == "postgres":
+            return postgres.execute("SELECT count(*) FROM public.scores")[0][0]
+        return SqlCatalog("default", **catalog).load_table("crm.scores").scan().to_arrow().num_rows
+
+    real = sinks.with_run_columns
+
+    def dies(batches, model, run_id):
+        yield next(real(batches, model, run_id))
+        raise ConnectionError("the scoring process died mid-write")
+
+    for kind, sets in targets.items():
+        code, said = _predict(cfg, capsys, *sets)  # the table is created with the first scoring run's rows
+        assert code == 0, said
+        assert count(kind) == SCORED
+        # a write that fails after its first batch (a killed process, a lost connection): nothing is committed
+        monkeypatch.setattr(sinks, "with_run_columns", dies)
+        code, said = _predict(cfg, capsys, *sets, "inference.batch_size=50")
+        assert code != 0 and "died mid-write" in said, said
+        monkeypatch.setattr(sinks, "with_run_columns", real)
+        assert count(kind) == SCORED
+        # a retry of a committed scoring run appends nothing
+        config = load_config(cfg, {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in sets)})
+        sink = sinks.Sink.of(config)
+        batch = pa.table({"customer_id": [1], "prediction": [0], "proba_0": [0.5], "proba_1": [0.5]})
+        run = sink.columns() and "retried-run"
+        assert sinks.write_sink(batch, sink, 1, "models:/scored/1", run) == 1
+        assert sinks.write_sink(batch, sink, 1, "models:/scored/1", run) == 1
+        assert count(kind) == SCORED + 1
+
+    # a PostgreSQL table of other columns (someone else's): refused before scoring, naming them; never altered
+    postgres.execute("CREATE TABLE public.theirs (customer_id bigint, score double precision)")
+    code, said = _predict(
+        cfg, capsys, *targets["postgres"][:1], "inference.output=public.theirs", targets["postgres"][2]
+    )
+    assert code == 2 and "PostgreSQL table public.theirs lacks column(s)" in said, said
+    assert postgres.execute("SELECT count(*) FROM public.theirs")[0][0] == 0
+    assert Path(tmp / "lake" / "scores").is_dir()
