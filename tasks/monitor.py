@@ -16,6 +16,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
+from trainflow.sinks import SINK_FORMATS, Sink
 from trainflow.preprocessors.tabular import SchemaDriftError, TabularPreprocessor
 from trainflow.tasks.common import retry_unless_user_error, artifact_key
 from trainflow.tasks.drift import held_out_score, publish, score_drop
@@ -88,9 +89,14 @@ def measure_live(config: Config, labels_path: str | None) -> dict[str, Any]:
         raise DataError("monitor joins labels to predictions by data.id_column; set it in the config")
     if not config.inference.output:
         raise DataError("monitor reads the predictions under inference.output; set it in the config")
-    manifest = read_manifest(config.inference.output)
-    if manifest is None:
-        raise DataError(f"{config.inference.output}: no trainflow predictions here to monitor")
+    sink = Sink.of(config) if config.inference.output_format in SINK_FORMATS else None
+    if sink is not None:  # a table: its newest scoring run's rows
+        model_uri, predictions = sink.latest()
+        manifest = {"model": model_uri}
+    else:
+        manifest = read_manifest(config.inference.output)
+        if manifest is None:
+            raise DataError(f"{config.inference.output}: no trainflow predictions here to monitor")
     m = MODEL_URI.match(manifest.get("model") or "")
     if m is None or m["version"] is None:
         raise DataError(
@@ -98,8 +104,9 @@ def measure_live(config: Config, labels_path: str | None) -> dict[str, Any]:
             f"({manifest.get('model')!r}); monitor measures registered versions"
         )
     name, version = m["name"], m["version"]
-    fs, _ = filesystem_for(config.inference.output)
-    predictions = pq.read_table(output_files(config.inference.output), filesystem=fs)
+    if sink is None:
+        fs, _ = filesystem_for(config.inference.output)
+        predictions = pq.read_table(output_files(config.inference.output), filesystem=fs)
     uri = config.mlflow.tracking_uri
     prep = TabularPreprocessor.load(resolve_checkpoint(f"models:/{name}/{version}", allowed_class_paths(config), uri))
     if labels_path is None:

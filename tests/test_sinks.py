@@ -67,7 +67,15 @@ def test_a_retrain_appends_its_predictions_to_a_delta_table_as_one_commit(traine
     assert (table.version(), rows.num_rows, summary["output_rows"]) == (0, SCORED, SCORED)
     assert set(rows.column("model_version").to_pylist()) == {f"models:/scored/{summary['model_version']}"}
     assert set(rows.column("scoring_run").to_pylist()) == {"nightly"}
-    assert rows.column_names == ["customer_id", "prediction", "proba_0", "proba_1", "model_version", "scoring_run"]
+    assert rows.column_names == [
+        "customer_id",
+        "prediction",
+        "proba_0",
+        "proba_1",
+        "model_version",
+        "scoring_run",
+        "scored_at",
+    ]
     assert table.metadata().description == "trainflow predictions"
     # a predict appends its own commit; the first stays as it was
     code, said = _predict(cfg, capsys)
@@ -75,6 +83,15 @@ def test_a_retrain_appends_its_predictions_to_a_delta_table_as_one_commit(traine
     table = deltalake.DeltaTable(str(tmp / "lake" / "scores"))
     runs = table.to_pyarrow_table().column("scoring_run").to_pylist()
     assert table.version() == 1 and len(runs) == 2 * SCORED and runs.count("nightly") == SCORED
+    # monitor reads the newest scoring run's rows from the table and joins the labels that arrived since
+    labels = make_churn_table(SCORED, seed=2, id_offset=10_000).select(["customer_id", "churned"])
+    write_parquet(labels, tmp / "labels.parquet")
+    out = tmp / "monitor.json"
+    assert (
+        cli_main(["monitor", "--config", cfg, "--labels", str(tmp / "labels.parquet"), "--summary-json", str(out)]) == 0
+    )
+    watched = json.loads(out.read_text())["monitor"]
+    assert watched["rows"] == SCORED and watched["model_version"] == str(summary["model_version"]), watched
 
     # a Delta table of other columns: refused before scoring, naming them, and left as it was
     other = tmp / "lake" / "theirs"

@@ -17,17 +17,23 @@ import pyarrow as pa
 from trainflow.errors import DataError
 
 SINK_FORMATS = ("delta", "iceberg", "postgres")
-MODEL_COLUMN, RUN_COLUMN = "model_version", "scoring_run"
+MODEL_COLUMN, RUN_COLUMN, TIME_COLUMN = "model_version", "scoring_run", "scored_at"
+RUN_FIELDS = (
+    pa.field(MODEL_COLUMN, pa.string()),
+    pa.field(RUN_COLUMN, pa.string()),
+    pa.field(TIME_COLUMN, pa.timestamp("us", tz="UTC")),
+)
 CREATED_BY = "trainflow predictions"  # a table trainflow made: its Delta description, Iceberg property, SQL comment
 
 
 def prediction_columns(id_column: str | None, classes: list | None) -> list[str]:
-    """The columns a scoring run appends, in order: [id], prediction, proba_<class>..., model_version, scoring_run."""
+    """The columns a scoring run appends, in order: [id], prediction, proba_<class>..., model_version, scoring_run,
+    scored_at (when the scoring run began writing; one value per run)."""
     return (
         ([id_column] if id_column else [])
         + ["prediction"]
         + [f"proba_{c}" for c in classes or []]
-        + [MODEL_COLUMN, RUN_COLUMN]
+        + [f.name for f in RUN_FIELDS]
     )
 
 
@@ -90,6 +96,40 @@ class Sink:
         counted = _Counted(batches, expected_rows, self.describe())
         getattr(self, f"_{self.format}_append")(counted, schema, run_id)
         return counted.rows
+
+    def latest(self) -> tuple[str, pa.Table]:
+        """The newest scoring run's rows (the largest scored_at) and the model that made them: what monitor joins
+        labels to. DataError when the table holds no trainflow predictions."""
+        table = getattr(self, f"_{self.format}_latest")() if self.columns() is not None else None
+        if table is None or table.num_rows == 0 or MODEL_COLUMN not in table.column_names:
+            raise DataError(f"inference.output: the {self.describe()} holds no trainflow predictions to monitor")
+        return str(table.column(MODEL_COLUMN)[0].as_py()), table
+
+    def _newest(self, table: pa.Table) -> pa.Table:
+        import pyarrow.compute as pc
+
+        return table.filter(pc.equal(table.column(TIME_COLUMN), pc.max(table.column(TIME_COLUMN))))
+
+    def _delta_latest(self) -> pa.Table:
+        return self._newest(self._delta().to_pyarrow_table())
+
+    def _iceberg_latest(self) -> pa.Table:
+        return self._newest(self._iceberg().scan().to_arrow())
+
+    def _postgres_latest(self) -> pa.Table:
+        from trainflow.postgres import _plain_table, quote_table
+
+        source, (conn, cursor) = self._pg()
+        try:
+            name = quote_table(self.table)
+            source.run(
+                cursor,
+                f'SELECT * FROM {name} WHERE "{TIME_COLUMN}" = (SELECT max("{TIME_COLUMN}") FROM {name})',
+                "output",
+            )
+            return _plain_table(cursor.fetch_arrow_table())
+        finally:
+            conn.close()
 
     # -- Delta Lake ---------------------------------------------------------------------------------------------
 
@@ -282,11 +322,15 @@ def _chunks(batches: Iterable[pa.RecordBatch], schema: pa.Schema, rows: int = 1_
 
 
 def with_run_columns(batches: Iterable[pa.RecordBatch], model: str, run_id: str) -> Iterator[pa.RecordBatch]:
+    import datetime
+
+    at = datetime.datetime.now(datetime.timezone.utc)
     for batch in batches:
         n = batch.num_rows
+        extra = [pa.array([model] * n, pa.string()), pa.array([run_id] * n, pa.string())]
+        extra.append(pa.array([at] * n, RUN_FIELDS[2].type))
         yield pa.RecordBatch.from_arrays(
-            [*batch.columns, pa.array([model] * n, pa.string()), pa.array([run_id] * n, pa.string())],
-            names=[*batch.schema.names, MODEL_COLUMN, RUN_COLUMN],
+            [*batch.columns, *extra], names=[*batch.schema.names, *(f.name for f in RUN_FIELDS)]
         )
 
 
@@ -323,5 +367,5 @@ def write_sink(preds, sink: Sink, expected_rows: int, model: str, run_id: str) -
             raise DataError(f"inference.output: no predictions to write to the {sink.describe()}")
         schema = first.schema
         batches = itertools.chain([first], batches)
-    schema = pa.schema([*schema, pa.field(MODEL_COLUMN, pa.string()), pa.field(RUN_COLUMN, pa.string())])
+    schema = pa.schema([*schema, *RUN_FIELDS])
     return sink.write(with_run_columns(batches, model, run_id), schema, expected_rows, run_id)
