@@ -193,3 +193,34 @@ def test_a_wrong_password_a_server_away_and_a_bad_query_are_refused_naming_them(
     )
     assert code == 1 and f"PostgreSQL at 127.0.0.1:{away}/postgres did not answer" in said, said
     assert "services.database_wait_s" in said
+
+
+def test_a_copy_into_an_object_store_is_recorded_there_and_read_back_by_its_run_name(
+    tmp_path, postgres, password, moto_server
+):
+    """storage_path on S3 (moto's server): the copy's files and its record are written there, and the run name's
+    next attempt reads them back instead of copying again."""
+    import pyarrow.dataset as pads
+
+    from tests.conftest import BUCKET
+    from trainflow.config import load_config
+    from trainflow.storage import filesystem_for, read_text
+    from trainflow.tasks.ingest import SOURCE_SUFFIX, pin_source
+
+    cfg = _config(
+        tmp_path, {"table": "churn", "connection": postgres.connection}, storage_path=f"s3://{BUCKET}/pg-runs"
+    )
+    config = load_config(cfg)
+    record = pin_source.fn(config, "s3run").data.copied_from
+    assert record["location"].startswith(f"s3://{BUCKET}/pg-runs/s3run-source-") and record["rows"] == 1500
+    stored = json.loads(read_text(f"s3://{BUCKET}/pg-runs/s3run{SOURCE_SUFFIX}"))
+    assert stored["copy_id"] == record["copy_id"] and all(
+        f.startswith(record["location"] + "/") for f in stored["files"]
+    )
+    fs, inner = filesystem_for(record["location"])
+    assert pads.dataset(inner, filesystem=fs).count_rows() == 1500
+    postgres.stop()  # the next attempt needs no server: it reads what storage holds
+    try:
+        assert pin_source.fn(config, "s3run").data.copied_from == record
+    finally:
+        postgres.start()
