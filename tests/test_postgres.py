@@ -153,6 +153,17 @@ def test_a_copy_is_one_transaction_reused_by_its_run_name_and_a_doubtful_record_
         assert not folder.exists()
     assert postgres.execute("SELECT count(*) FROM churn")[0][0] == 1500
 
+    # the watch deployment's watermark: max(data.watermark), one aggregate query; a row with a newer value moves it
+    from trainflow.flows.watch import source_fingerprint
+
+    postgres.execute("CREATE TABLE marked AS SELECT * FROM churn WHERE customer_id < 100")
+    marked = load_config(cfg, {"data.sql": None, "data.table": "marked", "data.watermark": "customer_id"}).data
+    before = source_fingerprint(marked)
+    postgres.execute("UPDATE marked SET age = age + 1")  # no new maximum: the same watermark
+    assert source_fingerprint(marked) == before
+    postgres.execute("INSERT INTO marked SELECT * FROM churn WHERE customer_id = 100")
+    assert source_fingerprint(marked) != before
+
 
 def test_a_wrong_password_a_server_away_and_a_bad_query_are_refused_naming_them(
     tmp_path, postgres, monkeypatch, capsys
@@ -182,6 +193,15 @@ def test_a_wrong_password_a_server_away_and_a_bad_query_are_refused_naming_them(
         code, said = validate("data.table=null", f"data.sql={sql}")
         assert code == 2 and f"data.sql: PostgreSQL on 127.0.0.1:{postgres.port}/postgres refused it" in said, said
         assert expected in said
+    # the password from a Prefect Secret block instead of the environment; a block that does not exist is named
+    from prefect.blocks.system import Secret
+
+    Secret(value=Postgres.PASSWORD).save("warehouse-password", overwrite=True)
+    monkeypatch.delenv("PGPASSWORD")
+    code, said = validate("data.password_secret=warehouse-password")
+    assert code == 0 and Postgres.PASSWORD not in said, said
+    code, said = validate("data.password_secret=no-such-block")
+    assert code == 2 and "data.password_secret: no Prefect Secret block 'no-such-block'" in said, said
     monkeypatch.setenv("PGPASSWORD", "not-the-password")
     code, said = validate()
     assert code == 2 and f"cannot connect to PostgreSQL at 127.0.0.1:{postgres.port}/postgres" in said, said
