@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import time
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +37,17 @@ def start_ray() -> None:
     from trainflow.runtime import ensure_ray
 
     ensure_ray(num_cpus=os.cpu_count())  # as trainflow starts it
+
+
+def best_of(fn, repeats: int = 3) -> tuple[float, Any]:
+    """(the fastest of repeats calls' seconds, the last call's answer): the first call warms the libraries' imports
+    and the page cache for both sides of a comparison."""
+    times, answer = [], None
+    for _ in range(repeats):
+        started = time.perf_counter()
+        answer = fn()
+        times.append(time.perf_counter() - started)
+    return min(times), answer
 
 
 def report(name: str, ours: float, baseline: float, unit: str, ratio: float, note: str, digits: int = 2) -> None:

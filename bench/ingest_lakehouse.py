@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench.common import report
+from bench.common import best_of, report
 
 ROWS = int(os.environ.get("INGEST_ROWS", "2000000"))
 REPEATS = 3
@@ -39,23 +39,13 @@ def _trainflow_rows(config, snap) -> int:
     return sum(b.num_rows for b in ds.iter_batches(batch_format="pyarrow", batch_size=None))
 
 
-def _best(fn, repeats: int = REPEATS) -> tuple[float, int]:
-    """The fastest of repeats calls (the first warms the libraries' imports and the page cache for both sides)."""
-    times, rows = [], 0
-    for _ in range(repeats):
-        started = time.perf_counter()
-        rows = fn()
-        times.append(time.perf_counter() - started)
-    return min(times), rows
-
-
 def _measure(name: str, config, snap) -> None:
     from trainflow.storage import filesystem_for
 
     fs, _ = filesystem_for(snap.files[0])
     files = [filesystem_for(f)[1] for f in snap.files]
-    ours, rows = _best(lambda: _trainflow_rows(config, snap))
-    base, plain = _best(lambda: pq.read_table(files, filesystem=fs).num_rows)
+    ours, rows = best_of(lambda: _trainflow_rows(config, snap), REPEATS)
+    base, plain = best_of(lambda: pq.read_table(files, filesystem=fs).num_rows)
     assert rows == plain == ROWS, (rows, plain)
     report(
         name,

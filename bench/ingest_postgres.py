@@ -22,19 +22,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from bench.common import report
+from bench.common import best_of, report
 
 ROWS = int(os.environ.get("INGEST_ROWS", "2000000"))
 REPEATS = 3
-
-
-def _best(fn, repeats: int = REPEATS) -> tuple[float, int]:
-    times, rows = [], 0
-    for _ in range(repeats):
-        started = time.perf_counter()
-        rows = fn()
-        times.append(time.perf_counter() - started)
-    return min(times), rows
 
 
 def _trainflow_rows(config, work: Path) -> int:
@@ -87,8 +78,8 @@ def main() -> None:
                     cursor.execute("SELECT * FROM churn")
                     return cursor.fetch_arrow_table().num_rows
 
-            ours, rows = _best(lambda: _trainflow_rows(config, work))
-            base, plain = _best(bare)
+            ours, rows = best_of(lambda: _trainflow_rows(config, work))
+            base, plain = best_of(bare)
             assert rows == plain == ROWS, (rows, plain)
             report(
                 "ingest-postgres",

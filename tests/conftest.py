@@ -258,6 +258,22 @@ def write_config(directory: Path, raw: dict[str, Any], name: str = "config.yaml"
     return path
 
 
+def xgboost_config(tmp_path: Path, data: dict[str, Any], registered_model: str, **extra: Any) -> str:
+    """A short one-family (XGBoost, 20 rounds, one worker) classification config of the churn columns over data (a
+    table's source keys; label and id given), inside tmp_path: the tests of sources and sinks."""
+    raw: dict[str, Any] = {
+        "data": {"label": "churned", "id_column": "customer_id", **data},
+        "task": "classification",
+        "model": {"type": "xgboost", "params": {"xgboost": {"num_boost_round": 20}}},
+        "train": {"folds": 1},
+        "scaling": {"num_workers": 1},
+        "storage_path": "runs",
+        "mlflow": {"experiment": registered_model, "registered_model": registered_model},
+        **extra,
+    }
+    return str(write_config(tmp_path, raw))
+
+
 def churn_config(tmp_path: Path, rows: int = 3000, **sections: Any) -> Path:
     """A small classification config over the bundled sample generator, inside tmp_path."""
     from trainflow.sample import make_churn_table

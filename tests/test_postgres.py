@@ -12,7 +12,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from tests.conftest import free_port, write_config
+from tests.conftest import xgboost_config, free_port
 from tests.servers import Postgres
 from trainflow.flows.cli import main as cli_main
 from trainflow.sample import make_churn_table
@@ -34,22 +34,8 @@ def password(monkeypatch):
     monkeypatch.setenv("PGPASSWORD", Postgres.PASSWORD)
 
 
-def _config(tmp_path: Path, data: dict, **extra) -> str:
-    return str(
-        write_config(
-            tmp_path,
-            {
-                "data": {"label": "churned", "id_column": "customer_id", **data},
-                "task": "classification",
-                "model": {"type": "xgboost", "params": {"xgboost": {"num_boost_round": 20}}},
-                "train": {"folds": 1},
-                "scaling": {"num_workers": 1},
-                "storage_path": "runs",
-                "mlflow": {"experiment": "postgres", "registered_model": "from-postgres"},
-                **extra,
-            },
-        )
-    )
+def _config(tmp_path, data: dict, **extra) -> str:
+    return xgboost_config(tmp_path, data, "from-postgres", **extra)
 
 
 def _files_holding(root: Path, secret: str) -> list[str]:

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from tests.conftest import free_port, write_config, write_parquet
+from tests.conftest import free_port, write_parquet, xgboost_config
 from tests.servers import Postgres
 from trainflow.flows.cli import main as cli_main
 from trainflow.sample import make_churn_table
@@ -29,22 +29,15 @@ def trained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sinks")
     write_parquet(make_churn_table(1500, seed=1), tmp / "train.parquet")
     write_parquet(make_churn_table(SCORED, seed=2, with_label=False, id_offset=10_000), tmp / "score.parquet")
-    cfg = write_config(
+    cfg = xgboost_config(
         tmp,
-        {
-            "data": {"path": "train.parquet", "label": "churned", "id_column": "customer_id"},
-            "task": "classification",
-            "model": {"type": "xgboost", "params": {"xgboost": {"num_boost_round": 20}}},
-            "train": {"folds": 1},
-            "scaling": {"num_workers": 1},
-            "storage_path": "runs",
-            "mlflow": {"experiment": "sinks", "registered_model": "scored"},
-            "inference": {"input": "score.parquet", "output": "lake/scores", "output_format": "delta"},
-        },
+        {"path": "train.parquet"},
+        "scored",
+        inference={"input": "score.parquet", "output": "lake/scores", "output_format": "delta"},
     )
     out = tmp / "summary.json"
-    assert cli_main(["retrain", "--config", str(cfg), "--run-name", "nightly", "--summary-json", str(out)]) == 0
-    return tmp, str(cfg), json.loads(out.read_text())
+    assert cli_main(["retrain", "--config", cfg, "--run-name", "nightly", "--summary-json", str(out)]) == 0
+    return tmp, cfg, json.loads(out.read_text())
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import deltalake
 import mlflow
 import pytest
 
-from tests.conftest import write_config
+from tests.conftest import xgboost_config
 from trainflow.flows.cli import main as cli_main
 from trainflow.sample import make_churn_table
 
@@ -20,21 +20,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_l
 
 
 def _config(tmp_path, data: dict, **extra) -> str:
-    return str(
-        write_config(
-            tmp_path,
-            {
-                "data": {"label": "churned", "id_column": "customer_id", **data},
-                "task": "classification",
-                "model": {"type": "xgboost", "params": {"xgboost": {"num_boost_round": 20}}},
-                "train": {"folds": 1},
-                "scaling": {"num_workers": 1},
-                "storage_path": "runs",
-                "mlflow": {"experiment": "sources", "registered_model": "sourced"},
-                **extra,
-            },
-        )
-    )
+    return xgboost_config(tmp_path, data, "sourced", **extra)
 
 
 def _retrain(cfg: str, out, *args: str) -> dict:
