@@ -358,6 +358,8 @@ def ingest(config: Config, known_fingerprint: str | None = None) -> Ingested:
     data = config.data
     if config.inference.output:  # a place trainflow may write: checked before anything is read
         check_destination(config)
+    if data.format == "postgres":  # a flow reads a PostgreSQL source through its copy (pin_source, throwaway_copy)
+        raise DataError(f"{data.where}: not copied yet; a flow reads a PostgreSQL source after pin_source")
     snap = resolve_snapshot(data) if data.format in SNAPSHOT_FORMATS else None
     ds, files, schema, fp, materialize, table_bytes, why = (
         _read_snapshot(config, snap) if snap is not None else _read_files(config, known_fingerprint)

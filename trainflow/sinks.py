@@ -66,6 +66,15 @@ class Sink:
 
     def columns(self) -> list[str] | None:
         """The existing table's columns; None when there is no table yet."""
+        import importlib.util
+
+        module, extra = {"delta": ("deltalake", "lakehouse"), "iceberg": ("pyiceberg", "lakehouse")}.get(
+            self.format, ("adbc_driver_postgresql", "postgres")
+        )
+        if importlib.util.find_spec(module) is None:
+            raise DataError(
+                f"inference.output_format {self.format} needs the {module} package: pip install 'trainflow[{extra}]'"
+            )
         return getattr(self, f"_{self.format}_columns")()
 
     def check(self, expected: list[str]) -> None:
