@@ -110,6 +110,14 @@ def test_every_knob_reaches_ray_train(tmp_path):
     # two workers at half a GPU share one device, which NCCL refuses: Gloo instead of Ray's default
     assert trainer.backend_config.backend == "gloo"
     assert trainer.run_config.worker_runtime_env == {"env_vars": {"NCCL_SOCKET_IFNAME": "lo"}}
+    # a drained node's restarts on their own budget, with the survivors' grace period (Ray's defaults unless set)
+    fc = trainer.run_config.failure_config
+    assert (fc.max_failures, fc.max_preemption_failures, fc.preemption_grace_s) == (2, -1, 0.0)
+    spot = cfg.model_copy(
+        update={"failure": cfg.failure.model_copy(update={"max_preemption_failures": 5, "preemption_grace_s": 30.0})}
+    )
+    fc = build_trainer(spot, prep, ds, ds, "knobs").run_config.failure_config
+    assert (fc.max_preemption_failures, fc.preemption_grace_s, fc.controller_failure_limit) == (5, 30.0, 3)
     # Ray's default with GPUs
     assert (
         build_trainer(scaled(resources_per_worker={"CPU": 2, "GPU": 1}), prep, ds, ds, "knobs").backend_config.backend

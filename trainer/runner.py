@@ -14,7 +14,7 @@ from trainflow.trainer.checkpoint import LINEAGE_FILE, METRICS_FILE
 from trainflow.trainer.families import family_for
 from trainflow.trainer.recovery import RecoveryLog, read_events
 from trainflow.trainer.watchdog import Watched
-from trainflow.config import Config, ScalingSection
+from trainflow.config import Config, FailureSection, ScalingSection
 from trainflow.errors import TrainingError
 from trainflow.trainer.memory import is_out_of_memory, out_of_memory_error
 from trainflow.storage import filesystem_for, join, list_dir, read_text
@@ -34,11 +34,16 @@ def scaling_config(scaling: ScalingSection) -> ScalingConfig:
     )
 
 
-def failure_config(max_failures: int) -> FailureConfig:
-    """Worker failures up to max_failures; worker-group start-up failures bounded too (Ray's default is
-    unlimited, so workers that die while starting would retry forever instead of reaching the Prefect retry)."""
+def failure_config(failure: FailureSection) -> FailureConfig:
+    """Worker failures up to failure.max_failures; worker-group start-up failures bounded too (Ray's default is
+    unlimited, so workers that die while starting would retry forever instead of reaching the Prefect retry); a
+    drained node's restarts on their own budget (max_preemption_failures), with the survivors' grace period."""
+    max_failures = failure.max_failures
     return FailureConfig(
-        max_failures=max_failures, controller_failure_limit=-1 if max_failures < 0 else max_failures + 1
+        max_failures=max_failures,
+        controller_failure_limit=-1 if max_failures < 0 else max_failures + 1,
+        max_preemption_failures=failure.max_preemption_failures,
+        preemption_grace_s=failure.preemption_grace_s,
     )
 
 
@@ -151,7 +156,7 @@ def build_trainer(
                 checkpoint_score_attribute=ckpt.metric,
                 checkpoint_score_order=ckpt.mode,
             ),
-            failure_config=failure_config(config.failure.max_failures),
+            failure_config=failure_config(config.failure),
             callbacks=[RecoveryLog(run_dir(config, run_name), config), *(callbacks or [])],
             worker_runtime_env={"env_vars": worker_env_to_pass(dict(config.scaling.env_vars))},
         ),

@@ -299,6 +299,19 @@ class FailureSection(_Section):
         f"allowed at least {HANG_FIRST_S:.0f} s whatever the value; a run whose attempts all stall ends with "
         "an error naming what to change (not retried)",
     )
+    max_preemption_failures: int = key(
+        -1,
+        "Ray Train restarts after a node is drained (a spot or preemptible node reclaimed with a warning), counted "
+        "apart from `max_failures` (`-1`: unlimited, as Ray's); on a cluster trainflow joins, Ray Train's "
+        "preemption watcher is on, on a local Ray trainflow starts it is off (nothing drains it)",
+        ge=-1,
+    )
+    preemption_grace_s: float = key(
+        0.0,
+        "seconds the surviving workers may run past a drained node's deadline (e.g. to finish a checkpoint's "
+        "upload) before Ray Train restarts the group",
+        ge=0,
+    )
     task_retries: int = key(2, "Prefect retries of the `train` task once Ray Train gives up", ge=0)
     retry_delay_s: float = key(5.0, "seconds between those retries", ge=0)
     worker_start_timeout_s: float = key(
