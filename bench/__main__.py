@@ -3,6 +3,7 @@
 import sys
 
 from bench import (
+    async_upload,
     beyond_memory,
     demo_e2e,
     drift_overhead,
@@ -35,6 +36,7 @@ BENCHES = {
     "inference-throughput": inference_throughput.main,
     "ingest-iceberg": ingest_lakehouse.main,  # also prints ingest-delta
     "ingest-postgres": ingest_postgres.main,  # also prints ingest-postgres-read-sql
+    "async-upload": async_upload.main,
     "tune-parallelism": tune_parallelism.main,
     "demo-e2e": demo_e2e.main,
     "beyond-memory": beyond_memory.main,  # also prints scale-linearity

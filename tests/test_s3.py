@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import json
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -163,6 +165,13 @@ def test_read_checkpoint_resume_and_predict_in_s3(moto_server, s3_endpoint, tmp_
     registered |= {snapshot["latest_checkpoint_result"]["checkpoint_dir_name"]}
     assert first["best_checkpoint"]["uri"].rsplit("/", 1)[1] in registered
     assert 3 <= len(registered) <= 4  # num_to_keep + the latest
+    # checkpoints to S3 upload while training goes on (checkpoint.upload auto): every registered one is whole (its
+    # model and metrics read back), and the workers' local copies were removed once uploaded
+    for name in registered:
+        with fs.open_input_stream(f"{BUCKET}/runs/s3-run/{name}/metrics.json") as f:
+            assert json.loads(f.read())["epoch"] >= 0
+        assert fs.get_file_info(f"{BUCKET}/runs/s3-run/{name}/model.pt").type == pafs.FileType.File
+    assert not list(Path(tempfile.gettempdir()).glob("trainflow-checkpoint-*"))
     # nothing beside them: the checkpoint the stopped attempt's worker was writing when the store went away (Ray's
     # controller never registered it), and any of that attempt's that Ray dropped without deleting, were removed
     assert set(kept) == registered, (kept, registered)

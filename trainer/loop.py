@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import functools
 import math
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +22,13 @@ from trainflow.trainer.budget import EarlyStopping, lr_factor, resolve_budget
 from trainflow.trainer.metrics import compute_metrics
 from trainflow.trainer.checkpoint import load_train_state, load_weights, read_metrics, save_checkpoint
 from trainflow.trainer.families.network import model_for
-from trainflow.trainer.reporting import ReportSchedule, rank_zero_deadline, record_start, record_time_limit
+from trainflow.trainer.reporting import (
+    ReportSchedule,
+    rank_zero_deadline,
+    record_start,
+    record_time_limit,
+    report_step,
+)
 from trainflow.trainer.watchdog import heartbeat
 
 STOP_REASON = "stop_reason"
@@ -285,22 +290,22 @@ def _snapshot(model, optimizer, scheduler, stopper: EarlyStopping, epoch, seed, 
 
 
 def _report(state: EpochState, rank: int, loop_config: dict[str, Any]) -> None:
-    """One Ray Train report with its checkpoint, written by rank 0."""
-    with tempfile.TemporaryDirectory() as tmp:
-        ckpt = None
-        if rank == 0:
-            save_checkpoint(
-                tmp,
-                state.model,
-                state.train_state,
-                state.metrics,
-                state.history,
-                loop_config["preprocessor"],
-                loop_config["config"].to_dict(),
-                loop_config.get("lineage"),
-            )
-            ckpt = ray.train.Checkpoint.from_directory(tmp)
-        ray.train.report(state.metrics, checkpoint=ckpt)
+    """One Ray Train report with its checkpoint, written by rank 0 (uploaded as checkpoint.upload says)."""
+    config = loop_config["config"]
+
+    def write(folder: str) -> None:
+        save_checkpoint(
+            folder,
+            state.model,
+            state.train_state,
+            state.metrics,
+            state.history,
+            loop_config["preprocessor"],
+            config.to_dict(),
+            loop_config.get("lineage"),
+        )
+
+    report_step(state.metrics, rank, write, config)
     heartbeat(f"the report of epoch {state.epoch}")
 
 

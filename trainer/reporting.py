@@ -8,6 +8,8 @@ checkpoint records a resume event, and every worker records where it started (th
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 from typing import Any, Callable
 
@@ -100,3 +102,43 @@ def record_time_limit(loop_config: dict[str, Any], step: int, unit: str) -> None
     )
     if loop_config.get("run_dir"):
         append_event(loop_config["run_dir"], {"event": "time_limit", "epoch": step})
+
+
+def async_upload(upload: str, storage_path: str) -> bool:
+    """checkpoint.upload: whether a checkpoint goes to storage while training goes on (auto: where it is remote)."""
+    from trainflow.storage import is_uri
+
+    return upload == "async" or (upload == "auto" and is_uri(storage_path))
+
+
+def report_step(metrics: dict[str, Any], rank: int, write: Callable[[str], None], config: Any) -> None:
+    """One Ray Train report, with the checkpoint rank 0 writes into a folder (write(folder)). Synchronous: Ray
+    uploads the folder before the report returns. Asynchronous (checkpoint.upload): training goes on while Ray
+    uploads it, the local copy is removed after, and the report (so the checkpoint Ray registers, ranks and lets a
+    resume or the selection read) reaches the controller only once the upload is whole; a failed upload fails the
+    worker group (Ray restarts it from the last registered checkpoint)."""
+    from ray.train import Checkpoint, CheckpointUploadMode
+
+    if not async_upload(config.checkpoint.upload, config.storage_path):
+        with tempfile.TemporaryDirectory() as tmp:
+            checkpoint = None
+            if rank == 0:
+                write(tmp)
+                checkpoint = Checkpoint.from_directory(tmp)
+            ray.train.report(metrics, checkpoint=checkpoint)
+        return
+    checkpoint = None
+    if rank == 0:
+        folder = tempfile.mkdtemp(prefix="trainflow-checkpoint-")  # Ray removes it once uploaded
+        try:
+            write(folder)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        checkpoint = Checkpoint.from_directory(folder)
+    ray.train.report(
+        metrics,
+        checkpoint=checkpoint,
+        checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
+        delete_local_checkpoint_after_upload=True,
+    )

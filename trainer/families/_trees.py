@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,7 +25,13 @@ from trainflow.preprocessors.tabular import FEATURES, LABEL, TabularPreprocessor
 from trainflow.trainer.budget import Budget, EarlyStopping
 from trainflow.trainer.checkpoint import read_metrics, write_common
 from trainflow.trainer.metrics import compute_metrics
-from trainflow.trainer.reporting import ReportSchedule, rank_zero_deadline, record_start, record_time_limit
+from trainflow.trainer.reporting import (
+    ReportSchedule,
+    rank_zero_deadline,
+    record_start,
+    record_time_limit,
+    report_step,
+)
 from trainflow.trainer.watchdog import heartbeat
 
 STATE_JSON = "train_state.json"
@@ -129,31 +134,31 @@ class RoundReporter:
         """One Ray Train report of the model cut at round rnd, with its checkpoint from rank 0."""
         history = [h for h in self.history if h["epoch"] <= rnd]
         metrics: dict[str, Any] = {"epoch": rnd}
-        with tempfile.TemporaryDirectory() as tmp:
-            ckpt = None
-            if self.rank == 0:
-                out = self.predict(model, rnd)
-                metrics.update(compute_metrics(self.prep.task, out, self.y_val, self.prep))
-                metrics["train_loss"] = float(history[-1]["train_loss"])
-                self.save(model, rnd, Path(tmp))
-                state = {
-                    "epoch": rnd,
-                    "seed": self.cfg.split.seed,
-                    "early_stopping": self.stopper.state(),
-                    "family": self.family,
-                }
-                (Path(tmp) / STATE_JSON).write_text(json.dumps(state))
-                write_common(
-                    tmp,
-                    rnd,
-                    metrics,
-                    history,
-                    self.loop_config["preprocessor"],
-                    self.cfg.to_dict(),
-                    self.loop_config.get("lineage"),
-                )
-                ckpt = ray.train.Checkpoint.from_directory(tmp)
-            ray.train.report(metrics, checkpoint=ckpt)
+        if self.rank == 0:
+            out = self.predict(model, rnd)
+            metrics.update(compute_metrics(self.prep.task, out, self.y_val, self.prep))
+            metrics["train_loss"] = float(history[-1]["train_loss"])
+
+        def write(folder: str) -> None:
+            self.save(model, rnd, Path(folder))
+            state = {
+                "epoch": rnd,
+                "seed": self.cfg.split.seed,
+                "early_stopping": self.stopper.state(),
+                "family": self.family,
+            }
+            (Path(folder) / STATE_JSON).write_text(json.dumps(state))
+            write_common(
+                folder,
+                rnd,
+                metrics,
+                history,
+                self.loop_config["preprocessor"],
+                self.cfg.to_dict(),
+                self.loop_config.get("lineage"),
+            )
+
+        report_step(metrics, self.rank, write, self.cfg)
         heartbeat(f"the report of round {rnd}")
 
 

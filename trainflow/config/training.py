@@ -276,6 +276,13 @@ class RaySection(_Section):
 
 class CheckpointSection(_Section):
     num_to_keep: int | None = key(3, "best checkpoints kept (the latest is always kept too)", ge=1)
+    upload: Literal["auto", "sync", "async"] = key(
+        "auto",
+        "how a report's checkpoint reaches `storage_path`: `async` uploads it while training goes on (the local "
+        "copy removed after; Ray registers it, so a resume, the selection and the gate can read it, only once it "
+        "is whole), `sync` before the next step; `auto`: async where storage_path is remote (`s3://`, ...), sync "
+        "on a local or shared folder",
+    )
     metric: str = key("val_loss", "the metric that ranks checkpoints; must be reported for the task")
     mode: Literal["min", "max"] | None = key(
         None, "`min` or `max`", shown="`min` for losses and errors, `max` otherwise"
