@@ -171,7 +171,10 @@ def test_read_checkpoint_resume_and_predict_in_s3(moto_server, s3_endpoint, tmp_
         with fs.open_input_stream(f"{BUCKET}/runs/s3-run/{name}/metrics.json") as f:
             assert json.loads(f.read())["epoch"] >= 0
         assert fs.get_file_info(f"{BUCKET}/runs/s3-run/{name}/model.pt").type == pafs.FileType.File
-    assert not list(Path(tempfile.gettempdir()).glob("trainflow-checkpoint-*"))
+    # (and what the attempt the store's absence stopped had left unuploaded, by the next attempt's start)
+    from trainflow.trainer.reporting import local_checkpoint_prefix
+
+    assert not list(Path(tempfile.gettempdir()).glob(local_checkpoint_prefix(first["ray_run_path"]) + "*"))
     # nothing beside them: the checkpoint the stopped attempt's worker was writing when the store went away (Ray's
     # controller never registered it), and any of that attempt's that Ray dropped without deleting, were removed
     assert set(kept) == registered, (kept, registered)

@@ -305,7 +305,7 @@ def _report(state: EpochState, rank: int, loop_config: dict[str, Any]) -> None:
             loop_config.get("lineage"),
         )
 
-    report_step(state.metrics, rank, write, config)
+    report_step(state.metrics, rank, write, config, loop_config.get("run_dir") or "")
     heartbeat(f"the report of epoch {state.epoch}")
 
 

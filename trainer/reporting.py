@@ -8,9 +8,11 @@ checkpoint records a resume event, and every worker records where it started (th
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import tempfile
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import ray
@@ -70,10 +72,13 @@ class ReportSchedule:
 
 def record_start(loop_config: dict[str, Any], rank: int, start: int, resumed: bool, **extra: Any) -> None:
     """The recovery log's events for a worker's start: a resume (rank 0, when a checkpoint was loaded) and which
-    node each rank runs on per attempt (where a run spread, and where it restarted after a failure)."""
+    node each rank runs on per attempt (where a run spread, and where it restarted after a failure). Rank 0 also
+    removes the local copies an earlier attempt of the run left on this node unuploaded (its group is gone)."""
     run_dir = loop_config.get("run_dir")
     if not run_dir:
         return
+    if rank == 0:
+        clean_local_checkpoints(run_dir)
     if resumed and rank == 0:
         append_event(run_dir, {"event": "resume", "epoch": start})
     append_event(
@@ -111,7 +116,25 @@ def async_upload(upload: str, storage_path: str) -> bool:
     return upload == "async" or (upload == "auto" and is_uri(storage_path))
 
 
-def report_step(metrics: dict[str, Any], rank: int, write: Callable[[str], None], config: Any) -> None:
+def local_checkpoint_prefix(run_dir: str) -> str:
+    """The prefix of the local folders a run's asynchronous reports are written into (one run's, by its run folder)."""
+    return f"trainflow-checkpoint-{hashlib.blake2b(run_dir.encode(), digest_size=6).hexdigest()}-"
+
+
+def clean_local_checkpoints(run_dir: str) -> list[str]:
+    """Remove this run's local checkpoint copies on this node: those an attempt wrote and Ray never uploaded (the
+    store went away, the worker died), which nothing else removes. Called as an attempt starts, when no upload of
+    the run is in flight. Returns what was removed."""
+    removed = []
+    for folder in Path(tempfile.gettempdir()).glob(local_checkpoint_prefix(run_dir) + "*"):
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(str(folder))
+    return removed
+
+
+def report_step(
+    metrics: dict[str, Any], rank: int, write: Callable[[str], None], config: Any, run_dir: str = ""
+) -> None:
     """One Ray Train report, with the checkpoint rank 0 writes into a folder (write(folder)). Synchronous: Ray
     uploads the folder before the report returns. Asynchronous (checkpoint.upload): training goes on while Ray
     uploads it, the local copy is removed after, and the report (so the checkpoint Ray registers, ranks and lets a
@@ -129,7 +152,7 @@ def report_step(metrics: dict[str, Any], rank: int, write: Callable[[str], None]
         return
     checkpoint = None
     if rank == 0:
-        folder = tempfile.mkdtemp(prefix="trainflow-checkpoint-")  # Ray removes it once uploaded
+        folder = tempfile.mkdtemp(prefix=local_checkpoint_prefix(run_dir))  # Ray removes it once uploaded
         try:
             write(folder)
         except BaseException:

@@ -158,7 +158,7 @@ class RoundReporter:
                 self.loop_config.get("lineage"),
             )
 
-        report_step(metrics, self.rank, write, self.cfg)
+        report_step(metrics, self.rank, write, self.cfg, self.loop_config.get("run_dir") or "")
         heartbeat(f"the report of round {rnd}")
 
 
