@@ -138,6 +138,24 @@ def test_a_copy_is_one_transaction_reused_by_its_run_name_and_a_doubtful_record_
         assert not folder.exists()
     assert postgres.execute("SELECT count(*) FROM churn")[0][0] == 1500
 
+    # the server goes away in the middle of the copy: an error naming it (exit 1: run it again), the copy's folder
+    # removed, nothing recorded; back, the same run name copies again
+    import threading
+
+    from trainflow.errors import InfrastructureError
+
+    slow = SqlSource(source.connection, "SELECT c.*, pg_sleep(0.002) FROM churn c")  # about 3 s of rows
+    folder = tmp_path / "copies" / "gone"
+    stopper = threading.Timer(1.0, postgres.stop)
+    stopper.start()
+    try:
+        with pytest.raises(InfrastructureError, match=f"PostgreSQL at 127.0.0.1:{postgres.port}/postgres went away"):
+            copy_to_parquet(slow, str(folder))
+    finally:
+        stopper.join()
+        postgres.start()
+    assert not folder.exists()
+
     # the watch deployment's watermark: max(data.watermark), one aggregate query; a row with a newer value moves it
     from trainflow.flows.watch import source_fingerprint
 

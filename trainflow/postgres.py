@@ -24,10 +24,18 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import pyarrow as pa
 
-from trainflow.errors import DataError
+from trainflow.errors import DataError, InfrastructureError
+from trainflow.services import is_down
 
 COPY_ROWS_PER_FILE = 1_000_000  # the copy's Parquet files: Ray Data reads them in parallel, a file per task
 COPY_ROW_GROUP_ROWS = 128 * 1024
+# what libpq says when the server goes away under a query (is_down knows a refused connection)
+_GONE = (
+    "server closed the connection",
+    "terminating connection",
+    "could not receive data",
+    "no connection to the server",
+)
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*(\.[A-Za-z_][A-Za-z0-9_$]*)?$")
 
 
@@ -141,15 +149,31 @@ class SqlSource:
         try:
             cursor.execute(sql)
         except Exception as exc:  # noqa: BLE001 - the driver's ProgrammingError, OperationalError, ...
-            raise DataError(f"data.{what}: PostgreSQL on {self.server} refused it: {self._said(exc)}") from None
+            raise self._failure(exc, what) from None
+
+    def _failure(self, exc: BaseException, what: str) -> Exception:
+        """A refused query (DataError: the config's to fix), or a server gone in the middle (InfrastructureError:
+        the same command again, once it is back)."""
+        said = self._said(exc)
+        if is_down(exc) or any(s in said for s in _GONE):
+            return InfrastructureError(
+                f"PostgreSQL at {self.server} went away while reading data.{what}: {said}; nothing was recorded: run "
+                "the same command again when it is back"
+            )
+        return DataError(f"data.{what}: PostgreSQL on {self.server} refused it: {said}")
 
     def batches(self, cursor) -> Iterator[pa.RecordBatch]:
         """The query's rows, a record batch at a time (the driver's types; its per-column metadata dropped)."""
         self.run(cursor, self.query, self.key)
-        reader = cursor.fetch_record_batch()
-        schema = _plain(reader.schema)
-        for batch in reader:
-            yield pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+        try:
+            reader = cursor.fetch_record_batch()
+            schema = _plain(reader.schema)
+            for batch in reader:
+                yield pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+        except (DataError, InfrastructureError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the driver's errors while the rows stream
+            raise self._failure(exc, self.key) from None
 
     def schema(self) -> pa.Schema:
         """The query's columns and types, from the server's plan of it (no row read)."""
