@@ -67,6 +67,14 @@ def test_a_delta_table_is_read_at_its_version_and_a_rerun_reads_what_the_first_a
     plain = _config(tmp_path, {"path": "lake/customers"})
     assert cli_main(["retrain", "--config", plain]) == 2
     assert "a Delta table; read it as one (data.format: delta)" in capsys.readouterr().err
+    # today's version lost a column the champion was trained on: the check against the champion's training data
+    # (made on the snapshot the champion read) refuses it before anything trains, naming the column
+    fewer = make_churn_table(700, seed=5, id_offset=95_000).drop_columns(["age"])
+    deltalake.write_deltalake(str(table), fewer, mode="overwrite", schema_mode="overwrite")  # 3
+    cfg = _config(tmp_path, {"path": "lake/customers", "format": "delta"})  # (the plain one was written over it)
+    assert cli_main(["validate", "--config", cfg]) == 2
+    err = capsys.readouterr().err
+    assert "fails validation against sourced version 1" in err and "gone ['age']" in err, err[-2000:]
 
 
 def test_an_iceberg_table_is_read_at_a_snapshot_of_its_catalog_and_a_missing_one_is_named(tmp_path, capsys):
