@@ -155,4 +155,9 @@ def test_a_scoring_run_is_one_commit_retried_once_and_a_failed_write_leaves_each
     )
     assert code == 2 and "PostgreSQL table public.theirs lacks column(s)" in said, said
     assert postgres.execute("SELECT count(*) FROM public.theirs")[0][0] == 0
+    # a retrain into it is refused before the table is read or anything trained
+    into_theirs = (*targets["postgres"][:1], "inference.output=public.theirs", targets["postgres"][2])
+    code = cli_main(["retrain", "--config", cfg, "--force", *(a for s in into_theirs for a in ("--set", s))])
+    said = capsys.readouterr().err
+    assert code == 2 and "PostgreSQL table public.theirs lacks column(s)" in said and "epoch" not in said, said
     assert Path(tmp / "lake" / "scores").is_dir()

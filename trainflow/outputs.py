@@ -152,7 +152,8 @@ def guard_output(output: str, config: Any) -> None:
 def check_destination(config: Any) -> None:
     """Before any work, wherever the predictions go: a Parquet folder (guard_output, and writable); a Delta table's
     location overlaps nothing of the run's and is a Delta table or nothing (not a folder of other files); an
-    Iceberg or PostgreSQL table is checked against the predictions' columns once the model is known (infer)."""
+    existing table holds the predictions' columns (those of every scoring run now; the classes' once the model is
+    known, in infer)."""
     from trainflow.tables import check_writable
 
     output, fmt = config.inference.output, config.inference.output_format
@@ -175,6 +176,10 @@ def check_destination(config: Any) -> None:
                 )
         else:
             check_writable(output)
+    if fmt != "parquet":  # an existing table of other columns: refused before the table is read or a model trained
+        from trainflow.sinks import Sink
+
+        Sink.of(config).check_early(config.data.id_column)
 
 
 def output_files(output: str) -> list[str]:

@@ -77,6 +77,19 @@ class Sink:
             )
         return getattr(self, f"_{self.format}_columns")()
 
+    def check_early(self, id_column: str | None) -> None:
+        """Before anything is read or trained: an existing table must hold the columns every scoring run writes
+        ([id], prediction, model_version, scoring_run, scored_at) and no others but proba_* (the classes are known
+        once the model is; check() then compares every column)."""
+        found = self.columns()
+        if found is None:
+            return
+        expected = prediction_columns(id_column, None)
+        if [c for c in expected if c not in found] or [
+            c for c in found if c not in expected and not c.startswith("proba_")
+        ]:
+            self.check(expected + [c for c in found if c.startswith("proba_")])
+
     def check(self, expected: list[str]) -> None:
         """Before scoring: an existing table whose columns are not the predictions' is refused naming them."""
         found = self.columns()
