@@ -43,7 +43,11 @@ def test_a_fixed_hang_timeout_applies_from_the_first_progress_mark_and_start_up_
 
     fixed, auto = Watchdog(10.0, None, 0), Watchdog("auto", None, 0)
     assert fixed.timeout_s == auto.timeout_s == HANG_FIRST_S
-    fixed.beat("the start of epoch 0")
+    # an attempt's first epoch starting is still start-up: its shard's first block may take long to arrive (on a
+    # loaded machine both workers were killed 12 s after "the start of epoch 0", before any step)
+    fixed.beat("the start of epoch 2", startup=True)
+    assert fixed.timeout_s == HANG_FIRST_S and fixed.where == "the start of epoch 2" and not fixed.started
+    fixed.beat()  # its first mini-batch
     assert fixed.timeout_s == 10.0
     assert Watchdog(600.0, None, 0).timeout_s == 600.0  # a longer value than the allowance is kept
 

@@ -381,7 +381,8 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
     if stopper.should_stop:
         return history
     for epoch in range(start_epoch, epochs):
-        heartbeat(f"the start of epoch {epoch}")
+        # the first epoch of an attempt waits for its shard's first block (a streaming split starting up): start-up
+        heartbeat(f"the start of epoch {epoch}", startup=epoch == start_epoch)
         # Seeding per (seed, epoch, rank) makes dropout identical whether an epoch runs fresh or after a resume.
         torch.manual_seed(seed * 100_003 + epoch * 1009 + rank)
         generator = torch.Generator().manual_seed(seed * 100_003 + epoch * 1009 + rank)

@@ -21,10 +21,12 @@ from trainflow.trainer.recovery import append_event
 _current: Watchdog | None = None
 
 
-def heartbeat(where: str | None = None) -> None:
-    """Mark progress (a block or mini-batch arrived, a report returned); a no-op outside a watched worker."""
+def heartbeat(where: str | None = None, startup: bool = False) -> None:
+    """Mark progress (a block or mini-batch arrived, a report returned); a no-op outside a watched worker.
+    startup: a mark still inside start-up (an attempt's first epoch begins, its data pipeline not yet producing),
+    which keeps start-up's allowance until the first real step."""
     if _current is not None:
-        _current.beat(where)
+        _current.beat(where, startup)
 
 
 def timeout_label(seconds: float | None) -> str:
@@ -47,8 +49,13 @@ class Watchdog:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="trainflow-watchdog", daemon=True)
 
-    def beat(self, where: str | None = None) -> None:
+    def beat(self, where: str | None = None, startup: bool = False) -> None:
         now = time.monotonic()
+        if startup and not self.started:
+            self.last = now
+            if where is not None:
+                self.where = where
+            return
         if self.auto and self.started:  # the wait for the first mark is start-up, not a step
             gap = now - self.last
             self.longest_gap = gap if self.longest_gap is None else max(self.longest_gap, gap)
@@ -67,7 +74,7 @@ class Watchdog:
                 if self.run_dir:
                     label = f"{self.timeout_s:g}" if self.started else timeout_label(self.steady_s)
                     if not self.started:
-                        measured = f"; start-up, before the first progress mark, is allowed at least {HANG_FIRST_S:g} s"
+                        measured = f"; start-up, before the first step, is allowed at least {HANG_FIRST_S:g} s"
                     elif self.auto:
                         measured = (
                             f"; auto: {HANG_FACTOR:g} x the longest gap so far, "

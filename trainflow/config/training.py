@@ -302,7 +302,7 @@ class FailureSection(_Section):
         "auto",
         f"a worker with no progress this long is killed and the group restarted (`null`: never); `auto`: "
         f"{HANG_FACTOR:.0f}x the longest gap between progress marks (mini-batches, blocks, reports, boosting "
-        f"rounds) measured in that attempt, at least {HANG_MIN_S:.0f} s; start-up, until the first mark, is "
+        f"rounds) measured in that attempt, at least {HANG_MIN_S:.0f} s; start-up, until the first step, is "
         f"allowed at least {HANG_FIRST_S:.0f} s whatever the value; a run whose attempts all stall ends with "
         "an error naming what to change (not retried)",
     )
