@@ -16,6 +16,7 @@ from bench import (
     ingest_postgres,
     model_quality,
     monitor_estimate,
+    node_loss,
     outage_soak,
     portable,
     preprocess_throughput,
@@ -37,6 +38,7 @@ BENCHES = {
     "ingest-iceberg": ingest_lakehouse.main,  # also prints ingest-delta
     "ingest-postgres": ingest_postgres.main,  # also prints ingest-postgres-read-sql
     "async-upload": async_upload.main,
+    "node-loss": node_loss.main,  # an elastic run losing one of two worker nodes halfway vs uninterrupted
     "tune-parallelism": tune_parallelism.main,
     "demo-e2e": demo_e2e.main,
     "beyond-memory": beyond_memory.main,  # also prints scale-linearity

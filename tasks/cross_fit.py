@@ -37,7 +37,7 @@ def fold_config(config: Config, fit_rows: int) -> Config:
     """The config fold models train with: on a small table (at most AUTO_FOLD_ROWS rows to cross-fit) one worker
     each, so that several folds train side by side (a few thousand rows gain nothing from data-parallel training,
     and each Ray Train run has a fixed start-up); else the configured scaling."""
-    workers = min(config.scaling.num_workers, 1) if fit_rows <= AUTO_FOLD_ROWS else config.scaling.num_workers
+    workers = min(config.scaling.min_workers, 1) if fit_rows <= AUTO_FOLD_ROWS else config.scaling.num_workers
     return config.model_copy(update={"scaling": config.scaling.model_copy(update={"num_workers": workers})})
 
 
@@ -126,6 +126,7 @@ def bag_folds(
             history=max((o.history for o in folds), key=len),
             resumed_from_epoch=next((o.resumed_from_epoch for o in folds if o.resumed_from_epoch is not None), None),
             recoveries=[r for o in folds for r in o.recoveries],
+            resizes=[{**r, "fold_run": o.run_name} for o in folds for r in o.resizes],
             budget={
                 **folds[0].budget,
                 "folds": len(folds),

@@ -238,6 +238,11 @@ def metrics_of(row: dict[str, Any], now_ms: int) -> list[Metric]:
     ]
 
 
+def tag_run(uri: str, run_id: str, key: str, value: str) -> None:
+    """One tag on a run (MLflow keeps at most 8,000 characters of a tag's value)."""
+    mlflow.MlflowClient(tracking_uri=uri).set_tag(run_id, key, value[:8000])
+
+
 def log_rows(uri: str, run_id: str, rows: list[dict[str, Any]]) -> None:
     """Metrics of rows, in batches (MLflow takes at most 1,000 per request)."""
     client = mlflow.MlflowClient(tracking_uri=uri)

@@ -71,7 +71,7 @@ def preprocess(ingested: Ingested, parts: Split, config: Config, packed: bool = 
             train, val = pack(parts.train, parts.val, prep, materialize)
     except Exception as exc:
         if is_out_of_memory(exc):
-            raise out_of_memory_error("preprocessing", config.scaling.num_workers) from None
+            raise out_of_memory_error("preprocessing", config.scaling.workers_label) from None
         raise
     task_logger("preprocess").info(
         "preprocessor: %d input columns -> %d features (%d one-hot, %d embedded: %s; %d date column(s))%s; training set %s",
@@ -101,7 +101,7 @@ def size_families(
     worker's share of the cluster's memory): (budgets, the last memory estimate, left out). Under model.type auto
     a family whose data does not fit is left out with the reason (a booster's in-memory matrices on a table the
     network streams), as long as one family remains; a family named in model.type fails the run instead."""
-    workers = config.scaling.num_workers
+    workers = config.scaling.max_workers
     budgets, estimate, left_out, refused = {}, None, {}, None
     for name in config.model.families:
         resolved = config.for_family(name)

@@ -41,6 +41,7 @@ def summarize(
             "training_budget": outcome.budget,
             "resumed_from_epoch": outcome.resumed_from_epoch,
             "recoveries": outcome.recoveries,
+            "resizes": outcome.resizes,
             # path: a local folder holding it (the checkpoint itself on local storage, the run's checked copy otherwise)
             "best_checkpoint": {
                 "path": selected.uri if selected.uri and not is_uri(selected.uri) else selected.path,

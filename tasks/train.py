@@ -13,12 +13,12 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.tasks.common import retry_unless_user_error, lineage_for
-from trainflow.tasks.mlflow_run import log_rows, open_run
+from trainflow.tasks.mlflow_run import log_rows, open_run, tag_run
 from trainflow.tasks.values import Prepared, TrainOutcome
 from trainflow.trainer.checkpoint import METRICS_FILE, read_metrics
 from trainflow.trainer.loop import STOP_REASON
 from trainflow.trainer.progress import ProgressLine, watch_progress
-from trainflow.trainer.recovery import read_events, recoveries, started_from
+from trainflow.trainer.recovery import describe_resize, read_events, recoveries, run_resizes, started_from
 from trainflow.trainer.resources import check_fits
 from trainflow.trainer.runner import (
     build_trainer,
@@ -96,10 +96,10 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
         logged.add(int(metrics.get("epoch", -1)))
 
     log.info(
-        "training %s (%s): %d worker(s)%s; %s; storage %s",
+        "training %s (%s): %s worker(s)%s; %s; storage %s",
         run_name,
         family,
-        config.scaling.num_workers,
+        config.scaling.workers_label,
         ", GPU" if config.scaling.use_gpu else "",
         budget.describe(),
         config.storage_path,
@@ -125,7 +125,7 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
             lineage=lineage,
             callbacks=[callback],
         )
-        result = fit_run(trainer, path, config.scaling.num_workers, config.data.materialize)
+        result = fit_run(trainer, path, config.scaling.workers_label, config.data.materialize)
     if result.metrics and result.metrics.get(STOP_REASON):
         raise TrainingError(
             f"training stopped: {result.metrics[STOP_REASON]}; lower train.learning_rate or check the data"
@@ -167,9 +167,16 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
         "trained %d %s(s); the last: %s",
         len(history),
         unit,
-        ", ".join(f"{k} {v:.4g}" for k, v in final.items() if k not in ("epoch", "epoch_time_s", "learning_rate")),
+        ", ".join(
+            f"{k} {v:.4g}" for k, v in final.items() if k not in ("epoch", "epoch_time_s", "learning_rate", "workers")
+        ),
     )
     cut = [int(e.get("epoch", -1)) for e in events[seen:] if e.get("event") == "time_limit"]
+    resized = run_resizes(events)
+    for r in resized:
+        log.info("%s resized at %s", run_name, describe_resize(r))
+    if resized:
+        tag_run(config.mlflow.tracking_uri, mlflow_run, "trainflow.resizes", "; ".join(map(describe_resize, resized)))
     outcome = TrainOutcome(
         run_name=run_name,
         family=family,
@@ -178,6 +185,7 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
         history=history,
         resumed_from_epoch=started_from(events[seen:]) if existed else None,
         recoveries=recoveries(events),
+        resizes=resized,
         budget=budget.to_dict(),
         time_limited_at=cut[-1] if cut else None,
         train_s=round(time.monotonic() - started, 1),
@@ -225,6 +233,7 @@ def finished_outcome(
         checkpoints=on_disk,
         history=history,
         recoveries=recoveries(events),
+        resizes=run_resizes(events),
         budget=budget,
         time_limited_at=cut[-1] if cut else None,
         train_s=seconds,

@@ -76,6 +76,7 @@ class TrainOutcome:
     history: list[dict[str, float]]
     resumed_from_epoch: int | None = None
     recoveries: list[dict[str, Any]] = field(default_factory=list)
+    resizes: list[dict[str, Any]] = field(default_factory=list)  # an elastic run's worker-count changes
     budget: dict[str, Any] = field(default_factory=dict)  # the resolved batch size, epochs and patience
     time_limited_at: int | None = None  # the epoch or round after which its train.time_limit share ran out
     train_s: float | None = None  # wall time of its fit in this flow run (worker start included)

@@ -1,15 +1,22 @@
-"""The retrain flow on an existing multi-node cluster (`ray.address`), surviving the loss of a training node.
+"""The retrain flow on an existing multi-node cluster (`ray.address`) whose nodes come and go, under an elastic
+worker count.
 
-A `ray.cluster_utils.Cluster` on loopback: a head that does the data work, and two nodes that
-carry only a custom `trainer` resource, so the 2 Train workers spread one per node. Once Ray has
-registered a checkpoint, the first training node is removed and a third joins: Ray Train restarts
-the worker group on the surviving and the new node and resumes from that checkpoint.
+A `ray.cluster_utils.Cluster` on loopback: a head that does the data work, and nodes that carry only a custom
+`trainer` resource, so the Train workers spread one per node. scaling.num_workers [1, 2]: once Ray has
+registered a checkpoint, the first training node is killed (its raylet and every process on it): the run goes
+on with one worker; a node joins: the run grows back to two at its next resize check; that node is then drained
+as a cloud drains a spot instance (`ray drain-node`, reason preemption) and killed at its deadline: a
+preemption, counted on its own budget, not against failure.max_failures (1 here, spent by the killed node).
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -17,7 +24,7 @@ from ray.cluster_utils import Cluster
 
 from tests.conftest import churn_config
 from tests.faults import wait_registered
-from trainflow.trainer.recovery import read_events, recoveries
+from trainflow.trainer.recovery import read_events
 from trainflow.flows.cli import main as cli_main
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "own_ray")]
@@ -25,8 +32,26 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "own_r
 TRAINER = {"trainer": 1}
 
 
-def test_retrain_on_an_existing_cluster_survives_losing_a_node(tmp_path):
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+def _wait_for(run, what, test, alive, timeout_s=240.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        events = read_events(str(run))
+        if test(events):
+            return events
+        assert alive(), f"the run ended while waiting for {what}: {events}"
+        assert time.monotonic() < deadline, f"no {what} after {timeout_s:g} s: {events}"
+        time.sleep(0.2)
+
+
+def _attempts(events):
+    return [e for e in events if e["event"] == "attempt"]
+
+
+def test_an_elastic_retrain_shrinks_when_a_node_dies_grows_back_and_counts_a_drain_as_a_preemption(tmp_path):
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "include_dashboard": False},
+    )
     try:  # shut down however the test ends: a head left running is what ray.init() joins next
         first = cluster.add_node(num_cpus=0, resources=TRAINER)
         second = cluster.add_node(num_cpus=0, resources=TRAINER)
@@ -34,9 +59,14 @@ def test_retrain_on_an_existing_cluster_survives_losing_a_node(tmp_path):
         cfg = churn_config(
             tmp_path,
             rows=6000,
-            train={"epochs": 4, "batch_size": 64},
-            scaling={"num_workers": 2, "placement_strategy": "SPREAD", "resources_per_worker": {"CPU": 0, **TRAINER}},
-            failure={"max_failures": 2},
+            train={"epochs": 80, "batch_size": 64, "early_stopping": {"patience": "off"}},
+            scaling={
+                "num_workers": [1, 2],
+                "placement_strategy": "SPREAD",
+                "resources_per_worker": {"CPU": 0, **TRAINER},
+                "elastic_resize_monitor_interval_s": 2,
+            },
+            failure={"max_failures": 1},
             ray={"address": cluster.address},
             checkpoint={"min_interval_s": 0},  # a checkpoint per epoch, however fast the epochs
         )
@@ -47,8 +77,23 @@ def test_retrain_on_an_existing_cluster_survives_losing_a_node(tmp_path):
         flow.start()
         run = tmp_path / "runs" / "on-cluster"
         wait_registered(run, timeout_s=300, alive=flow.is_alive)
-        cluster.remove_node(first)
+        assert [a["workers"] for a in _attempts(read_events(str(run)))] == [2]
+        cluster.remove_node(first, allow_graceful=False)  # the node dies: its raylet and its worker, SIGKILLed
+        _wait_for(run, "a group of one", lambda ev: [a["workers"] for a in _attempts(ev)][-1:] == [1], flow.is_alive)
         third = cluster.add_node(num_cpus=0, resources=TRAINER)
+        _wait_for(
+            run, "the group grown back", lambda ev: [a["workers"] for a in _attempts(ev)][-1:] == [2], flow.is_alive
+        )
+        drain = [
+            "ray", "drain-node", "--address", cluster.address, "--node-id", third.node_id,
+            "--reason", "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot capacity reclaimed",
+            "--deadline-remaining-seconds", "10",
+        ]  # fmt: skip
+        subprocess.run([str(Path(sys.executable).parent / drain[0]), *drain[1:]], check=True, timeout=60)
+        reclaim_at = time.monotonic() + 12
+        _wait_for(run, "the preemption", lambda ev: any(e["event"] == "preemption" for e in ev), flow.is_alive)
+        time.sleep(max(0.0, reclaim_at - time.monotonic()))
+        cluster.remove_node(third, allow_graceful=False)  # the cloud takes the node back just after its deadline
         flow.join(timeout=600)
         assert outcome.get("rc") == 0
         # the flow joined this cluster instead of starting its own Ray
@@ -57,20 +102,34 @@ def test_retrain_on_an_existing_cluster_survives_losing_a_node(tmp_path):
         assert "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER" not in ray.get_runtime_context().runtime_env.get("env_vars", {})
         summary = json.loads((tmp_path / "s.json").read_text())
         events = read_events(summary["ray_run_path"])
-        starts = [e for e in events if e["event"] == "worker_start"]
-        fresh = {e["node_id"] for e in starts if e["from_epoch"] == 0}
-        resumed = {e["node_id"] for e in starts if e["from_epoch"] > 0}
-        # one worker per training node, before and after the loss; never on the head
-        assert fresh == {first.node_id, second.node_id}
-        assert resumed == {second.node_id, third.node_id}
-        assert summary["resumed_from_epoch"] is None  # the run was new; the resume happened inside Ray Train
-        [recovery] = recoveries(events)
-        assert recovery["resumed_from_epoch"] >= 1
-        assert [e["epoch"] for e in events if e["event"] == "resume"] == [recovery["resumed_from_epoch"]]
-        assert summary["epochs_run"] == 4
+        sizes = [(a["workers"], set(a["nodes"])) for a in _attempts(events)]
+        assert sizes[0] == (2, {first.node_id, second.node_id}) and sizes[-1] == (1, {second.node_id}), sizes
+        assert (2, {second.node_id, third.node_id}) in sizes
+        # never on the head; every resize in the summary, each with its cause
+        assert all(
+            a["workers"] == len(a["nodes"]) and cluster.head_node.node_id not in a["nodes"] for a in _attempts(events)
+        )
+        resized = summary["resizes"]
+        assert [(r["from"], r["to"]) for r in resized] == [(2, 1), (1, 2), (2, 1)], resized
+        died, grew, drained = resized
+        assert f"node {first.node_id[:12]} died" in died["why"] and died["epoch"] >= 1
+        assert "capacity returned" in grew["why"] and grew["epoch"] >= died["epoch"]
+        assert f"node {third.node_id[:12]} drained (a preemption)" in drained["why"]
+        restarts = [e for e in events if e["event"] == "restart"]
+        assert [r["preempted"] for r in restarts][-1] is True  # on its own budget: max_failures (1) was not exceeded
+        assert summary["epochs_run"] == 80
         # checkpoints in the storage every node shares; predictions for every row
         assert summary["best_checkpoint"]["path"].startswith(str(run))
         assert summary["output_rows"] == summary["input_rows"] == 500
+        import mlflow
+
+        client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+        [family_run] = [
+            r for r in client.search_runs(client.get_experiment_by_name("test").experiment_id)
+            if "mlflow.parentRunId" in r.data.tags
+        ]  # fmt: skip
+        assert family_run.data.tags["trainflow.resizes"].count(" -> ") == 3
+        assert [m.value for m in client.get_metric_history(family_run.info.run_id, "workers")][-1] == 1
     finally:
         ray.shutdown()
         cluster.shutdown()

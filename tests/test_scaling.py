@@ -63,6 +63,65 @@ def test_check_fits_names_the_numbers():
     check_fits({"num_workers": 2, "use_gpu": True, "resources_per_worker": {"GPU": 0.5}}, nodes=GPU_BOX)
     check_fits({"num_workers": 64, "wait_for_resources": True}, nodes=LAPTOP)  # an autoscaler may add nodes
     check_fits({"num_workers": 0}, nodes=LAPTOP)  # local mode asks for nothing
+    # elastic: the run can start once min fit; fewer than min is refused before training, naming both
+    check_fits({"num_workers": [2, 8]}, nodes=LAPTOP)
+    with pytest.raises(
+        ConfigError, match=r"asks for at least 3 worker\(s\) x \(CPU 1\) but this cluster can place only 2"
+    ):
+        check_fits({"num_workers": [3, 8]}, nodes=LAPTOP)
+
+
+def test_an_elastic_worker_count_is_a_range_passed_to_ray_and_a_resize_keeps_the_global_batch():
+    from trainflow.trainer.budget import resolve_budget
+    from trainflow.trainer.runner import scaling_config
+
+    elastic = _cfg(num_workers=[1, 4], elastic_resize_monitor_interval_s=5)
+    assert (elastic.scaling.min_workers, elastic.scaling.max_workers, elastic.scaling.workers_label) == (1, 4, "[1, 4]")
+    ray_scaling = scaling_config(elastic.scaling)
+    assert ray_scaling.num_workers == (1, 4) and ray_scaling.elastic_resize_monitor_interval_s == 5
+    assert _cfg(num_workers=[3, 3]).scaling.num_workers == 3  # fixed
+    for bad in ([0, 2], [3, 2], [1, 2, 3]):
+        with pytest.raises(ConfigError, match=r"scaling.num_workers: an elastic worker count is \[min, max\]"):
+            _cfg(num_workers=bad)
+    # the budget of 4 workers whatever the group has: same steps per epoch and epochs, the per-worker batch grows
+    planned = resolve_budget(elastic.train, 100_000, 4)
+    for workers in (4, 2, 1):
+        b = resolve_budget(elastic.train, 100_000, 4, workers)
+        assert (b.steps_per_epoch, b.limit, b.batch_size * workers) == (
+            planned.steps_per_epoch,
+            planned.limit,
+            planned.batch_size * 4,
+        )
+
+
+def test_a_resize_shows_in_the_progress_line_and_its_cause_is_named():
+    from trainflow.trainer.progress import ProgressLine
+    from trainflow.trainer.recovery import resizes
+
+    line = ProgressLine("mlp", 10)
+    assert "workers]" not in line({"epoch": 0, "val_loss": 0.5, "workers": 2})
+    assert line({"epoch": 1, "val_loss": 0.4, "workers": 1}).endswith("[2 -> 1 workers]")
+    assert "workers]" not in line({"epoch": 2, "val_loss": 0.3, "workers": 1})
+    a, b, c = "a" * 56, "b" * 56, "c" * 56
+    events = [
+        {"time": 1, "event": "attempt", "workers": 2, "nodes": [a, b]},
+        {"time": 2, "event": "error", "error": "worker 1: ActorDiedError"},
+        {"time": 3, "event": "restart", "preempted": False, "nodes": [a, b], "draining": []},
+        {"time": 4, "event": "attempt", "workers": 1, "nodes": [a]},
+        {"time": 5, "event": "worker_start", "rank": 0, "from_epoch": 3},
+        {"time": 6, "event": "resize_check", "workers": 2},
+        {"time": 7, "event": "attempt", "workers": 2, "nodes": [a, c]},
+        {"time": 8, "event": "worker_start", "rank": 0, "from_epoch": 5},
+        {"time": 9, "event": "preemption", "nodes": [c]},
+        {"time": 10, "event": "restart", "preempted": True, "nodes": [a, c], "draining": [c]},
+        {"time": 11, "event": "attempt", "workers": 1, "nodes": [a]},
+        {"time": 12, "event": "worker_start", "rank": 0, "from_epoch": 7},
+    ]
+    died, grew, drained = resizes(events, {b: {"state": "dead", "reason": "health check failed"}})
+    assert (died["from"], died["to"], died["epoch"]) == (2, 1, 3)
+    assert died["why"].startswith(f"node {b[:12]} died (health check failed)")
+    assert grew["epoch"] == 5 and grew["why"] == "capacity returned: a resize check found room for 2 worker(s)"
+    assert drained["epoch"] == 7 and drained["why"].startswith(f"node {c[:12]} drained (a preemption)")
 
 
 @pytest.mark.parametrize(

@@ -72,14 +72,23 @@ class Budget:
         return {**own, "unit": self.unit, "limit": self.limit, "description": self.describe()}
 
 
-def resolve_budget(train: TrainSection, train_rows: int, num_workers: int) -> Budget:
-    """The budget for train_rows split over num_workers (0, Ray Train's local mode, counts as 1)."""
-    per_worker = max(1, train_rows // max(1, num_workers))
+def resolve_budget(train: TrainSection, train_rows: int, num_workers: int, world_size: int | None = None) -> Budget:
+    """The budget for train_rows split over num_workers (0, Ray Train's local mode, counts as 1).
+
+    world_size: the workers an attempt of an elastic run got, when not num_workers (the planned count, its maximum).
+    The global batch (per-worker batch x workers) and so the steps per epoch, the epochs and the learning-rate
+    schedule stay those of the planned count: each worker's batch grows as the group shrinks (rounded to whole
+    rows), so a resize changes how the work is spread, not the optimisation."""
+    planned = max(1, num_workers)
+    per_worker = max(1, train_rows // planned)
     batch = train.batch_size
     if batch == "auto":
         batch = 2 ** math.floor(math.log2(max(1.0, per_worker / ROWS_PER_STEP)))
         batch = int(min(MAX_BATCH, max(MIN_BATCH, batch)))
     steps = max(1, math.ceil(per_worker / batch))
+    if world_size is not None and max(1, world_size) != planned:
+        batch = max(1, round(batch * planned / max(1, world_size)))
+        steps = max(1, math.ceil(max(1, train_rows // max(1, world_size)) / batch))
     epochs = train.epochs
     if epochs == "auto":
         epochs = int(min(MAX_AUTO_EPOCHS, max(MIN_AUTO_EPOCHS, math.ceil(TARGET_STEPS / steps))))

@@ -326,7 +326,7 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()
     device = ray.train.torch.get_device()
-    budget = resolve_budget(train_cfg, prep.train_rows, ctx.get_world_size())
+    budget = resolve_budget(train_cfg, prep.train_rows, cfg.scaling.max_workers, ctx.get_world_size())
     batch_size, epochs = budget.batch_size, budget.limit
 
     torch.manual_seed(seed)
@@ -407,6 +407,7 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
             "train_loss": train_loss,
             "epoch_time_s": epoch_time,
             "learning_rate": optimizer.param_groups[0]["lr"],
+            "workers": ctx.get_world_size(),  # an elastic run's worker count, epoch by epoch (MLflow's `workers`)
         }
         if not math.isfinite(train_loss):
             # Reported, not raised: a raise would be retried by FailureConfig, and NaN does not heal.

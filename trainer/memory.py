@@ -61,7 +61,7 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return False
 
 
-def out_of_memory_error(stage: str, num_workers: int) -> TrainingError:
+def out_of_memory_error(stage: str, num_workers: int | str) -> TrainingError:
     return TrainingError(
         f"a Ray worker was killed for running out of memory during {stage}; retrying would fail the same way. "
         f"Use fewer workers (scaling.num_workers is {num_workers}), a smaller train.batch_size, give Ray more "

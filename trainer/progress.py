@@ -89,6 +89,7 @@ class ProgressLine:
     def __init__(self, family: str, max_epochs: int | None, unit: str = "epoch"):
         self.family, self.max_epochs, self.unit = family, max_epochs, unit
         self.last: tuple[int, float] | None = None
+        self.workers: int | None = None
 
     def __call__(self, metrics: dict[str, Any]) -> str:
         epoch, at = int(metrics.get("epoch", -1)), float(metrics.get("reported_at", time.time()))
@@ -100,4 +101,10 @@ class ProgressLine:
             pace = f" ({(at - self.last[1]) / (epoch - self.last[0]):.2f} s/{self.unit})"
         self.last = (epoch, at)
         total = f"/{self.max_epochs}" if self.max_epochs else ""
-        return f"{self.family} {self.unit} {epoch + 1}{total}: {shown}{pace}"
+        workers = metrics.get("workers")
+        resized = ""
+        if isinstance(workers, (int, float)):
+            if self.workers is not None and int(workers) != self.workers:
+                resized = f" [{self.workers} -> {int(workers)} workers]"
+            self.workers = int(workers)
+        return f"{self.family} {self.unit} {epoch + 1}{total}: {shown}{pace}{resized}"

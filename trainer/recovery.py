@@ -12,6 +12,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+import ray
 from ray.train import UserCallback
 
 from trainflow.storage import join, list_dir, read_text, write_text
@@ -87,3 +88,184 @@ class RecoveryLog(UserCallback):
         msg = str(exc).strip().splitlines()
         detail = next((ln for ln in reversed(msg) if ln.strip()), type(exc).__name__)
         append_event(self.run_dir, {"event": "error", "error": f"worker {rank}: {type(exc).__name__}: {detail}"[:500]})
+
+
+def _controller_callbacks() -> tuple[type, type]:
+    # Ray Train's own hooks on its controller (RunConfig(callbacks=) passes every callback that is not a
+    # UserCallback to them): the worker group's start and the controller's state changes, which UserCallback lacks
+    from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
+
+    return ControllerCallback, WorkerGroupCallback
+
+
+class AttemptLog(*_controller_callbacks()):  # type: ignore[misc]
+    """On Ray Train's controller: each worker group it starts (how many workers, on which nodes), the resize checks
+    of an elastic run that change its size, a preemption it detects (a drained node) and each restart (whether a
+    preemption or a failure caused it, and which of the group's nodes Ray Core was draining then). Read back by
+    `resizes`, which tells a drained node from a dead one."""
+
+    def __init__(self, run_dir: str, config: Config | None = None):
+        self.run_dir, self.config = run_dir, config
+        self.nodes: list[str] = []
+
+    def _append(self, event: dict[str, Any]) -> None:
+        if self.config is not None:
+            from trainflow.config import apply_to_process
+
+            apply_to_process(self.config)
+        append_event(self.run_dir, event)
+
+    def after_worker_group_start(self, worker_group) -> None:
+        workers = worker_group.get_workers()
+        self.nodes = sorted({w.metadata.node_id for w in workers})
+        self._append({"event": "attempt", "workers": len(workers), "nodes": self.nodes})
+
+    def after_controller_state_update(self, previous_state, current_state) -> None:
+        kind = type(current_state).__name__
+        if kind == "PreemptingState" and type(previous_state).__name__ != "PreemptingState":
+            info = current_state.preemption_info
+            self._append({"event": "preemption", "nodes": sorted(info.preempted_node_to_ranks)})
+        elif kind in ("RestartingState", "ReschedulingState"):
+            from ray.train.v2.api.exceptions import PreemptionError
+
+            error = current_state.training_failed_error
+            event = {
+                "event": "restart",
+                "preempted": isinstance(error, PreemptionError),
+                "nodes": self.nodes,
+                "draining": sorted(set(self.nodes) & set(draining_nodes())),
+            }
+            if self.config is not None and self.config.scaling.elastic:
+                event["gone"] = settle(self.nodes, event["draining"] if event["preempted"] else [])
+            self._append(event)
+        elif kind == "ResizingState" and type(previous_state).__name__ == "RunningState":
+            self._append({"event": "resize_check", "workers": int(current_state.scaling_decision.num_workers)})
+
+
+SETTLE_S = 90.0  # the longest a restart waits for Ray Core to declare an unreachable node dead
+
+
+def settle(node_ids: list[str], drained: list[str] = (), limit_s: float = SETTLE_S) -> list[str]:
+    """Before an elastic run's group restarts: wait until Ray Core has declared dead each of node_ids whose raylet
+    no longer answers (it does so only after its health checks fail, 15-30 s by default), and each drained node of a
+    preemption (its deadline has passed: the cloud takes it now), so that the restart is sized by the nodes that are
+    there. Without the wait Ray Train counted the dead or draining node's resources, asked for the old size and
+    waited out failure.worker_start_timeout_s (180 s) for a worker that could never start there. Returns the nodes
+    found gone."""
+    import socket
+
+    def table() -> dict[str, dict[str, Any]]:
+        try:
+            return {n["NodeID"]: n for n in ray.nodes() if n.get("NodeID") in node_ids}
+        except Exception:  # noqa: BLE001 - Ray Core unreachable: nothing to wait for
+            return {}
+
+    def answers(node: dict[str, Any]) -> bool:
+        try:
+            socket.create_connection((node["NodeManagerAddress"], int(node["NodeManagerPort"])), timeout=2).close()
+            return True
+        except (OSError, KeyError, ValueError):
+            return False
+
+    nodes = table()
+    gone = [n for n, node in nodes.items() if n in drained or not node.get("Alive") or not answers(node)]
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and any(table().get(n, {}).get("Alive") for n in gone):
+        time.sleep(0.5)
+    if gone:
+        # Ray Train's elastic policy reads the nodes from Ray Data's AutoscalingCoordinator, which looks again only
+        # every 20 s: make it look now (a recompute, as its callers that pin nodes ask for)
+        try:
+            coordinator = ray.get_actor("AutoscalingCoordinator", namespace="AutoscalingCoordinator")
+            ray.get(coordinator.get_reserved_resources.remote("trainflow-settle", recompute=True), timeout=30)
+        except Exception:  # noqa: BLE001 - none (a fixed-size run) or unreachable: Ray Train looks at its next tick
+            pass
+    return sorted(gone)
+
+
+def draining_nodes() -> list[str]:
+    """The nodes Ray Core is draining (a preemption notice, `ray drain-node`); none where it cannot say."""
+    try:
+        return list(ray._private.state.state.get_draining_nodes())  # Ray Train's preemption watcher reads the same
+    except Exception:  # noqa: BLE001 - an old or unreachable GCS: no drains known
+        return []
+
+
+def node_states(node_ids: set[str]) -> dict[str, dict[str, str]]:
+    """{node id: {state: alive|dead, reason}} from Ray Core's node table (Ray's death reason and message)."""
+    out: dict[str, dict[str, str]] = {}
+    try:
+        table = ray.nodes()
+    except Exception:  # noqa: BLE001 - not connected: nothing known
+        return out
+    for node in table:
+        if node.get("NodeID") in node_ids:
+            alive = bool(node.get("Alive"))
+            reason = "" if alive else str(node.get("DeathReasonMessage") or node.get("DeathReason") or "")
+            out[node["NodeID"]] = {"state": "alive" if alive else "dead", "reason": reason}
+    return out
+
+
+def resizes(events: list[dict[str, Any]], states: dict[str, dict[str, str]] | None = None) -> list[dict[str, Any]]:
+    """Each change of the worker count between attempts: {time, epoch (where the new group started), from, to, why}.
+    why names the nodes the group lost: drained (a preemption: Ray Train's watcher saw it, or Ray Core was draining
+    it when the group restarted) or dead (with Ray's reason, from `states`: node_states at the time of reading),
+    or says that an elastic run's resize check found room for more (or fewer) workers."""
+    states = states or {}
+    out: list[dict[str, Any]] = []
+    previous: dict[str, Any] | None = None
+    between: list[dict[str, Any]] = []
+    for i, e in enumerate(events):
+        if e.get("event") != "attempt":
+            between.append(e)
+            continue
+        if previous is not None and e["workers"] != previous["workers"]:
+            start = next((s for s in events[i + 1 :] if s.get("event") == "worker_start" and s.get("rank") == 0), {})
+            out.append(
+                {
+                    "time": e["time"],
+                    "epoch": start.get("from_epoch"),
+                    "from": previous["workers"],
+                    "to": e["workers"],
+                    "why": _why(previous, e, between, states),
+                }
+            )
+        previous, between = e, []
+    return out
+
+
+def _why(before: dict[str, Any], after: dict[str, Any], between: list[dict[str, Any]], states) -> str:
+    drained = {n for b in between if b.get("event") == "preemption" for n in b.get("nodes", [])}
+    drained |= {n for b in between if b.get("event") == "restart" for n in b.get("draining", [])}
+    restarts = [b for b in between if b.get("event") == "restart"]
+    lost = sorted(set(before.get("nodes", [])) - set(after.get("nodes", [])))
+    if restarts or drained:
+        parts = []
+        for node in lost or sorted(drained):
+            if node in drained or any(r.get("preempted") for r in restarts):
+                parts.append(f"node {node[:12]} drained (a preemption)")
+            elif states.get(node, {}).get("state") == "dead":
+                reason = states[node].get("reason")
+                parts.append(f"node {node[:12]} died" + (f" ({reason})" if reason else ""))
+            else:
+                parts.append(f"node {node[:12]} lost its worker(s)")
+        failure = next((b["error"] for b in between if b.get("event") in ("error", "hang")), None)
+        if not parts:
+            parts.append(f"a worker failed: {failure}" if failure else "the worker group restarted")
+        return "; ".join(parts) + f"; restarted with the {after['workers']} worker(s) the cluster held"
+    if after["workers"] > before["workers"]:
+        return f"capacity returned: a resize check found room for {after['workers']} worker(s)"
+    return f"a resize check found room for only {after['workers']} worker(s)"
+
+
+def run_resizes(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """resizes() with the nodes' states read from Ray Core now (a dead node's reason), when the run resized."""
+    attempts = [e for e in events if e.get("event") == "attempt"]
+    if len({a.get("workers") for a in attempts}) < 2:
+        return []
+    return resizes(events, node_states({n for a in attempts for n in a.get("nodes", [])}))
+
+
+def describe_resize(r: dict[str, Any]) -> str:
+    """'epoch 3: 2 -> 1 worker(s): node 5f2c... died (...)' (the progress log line and MLflow's tag)."""
+    return f"epoch {r.get('epoch')}: {r['from']} -> {r['to']} worker(s): {r['why']}"

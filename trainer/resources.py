@@ -52,7 +52,8 @@ def check_fits(scaling: dict[str, Any], what: str = "training", nodes: list[dict
         return
     nodes = alive_nodes() if nodes is None else nodes
     bundle = worker_bundle(scaling)
-    n, fit = int(scaling["num_workers"]), workers_that_fit(bundle, nodes)
+    elastic = not isinstance(scaling["num_workers"], int)
+    n, fit = min(scaling["num_workers"]) if elastic else int(scaling["num_workers"]), workers_that_fit(bundle, nodes)
     if fit >= n:
         return
     asked = ", ".join(f"{k} {v:g}" for k, v in bundle.items())
@@ -64,7 +65,7 @@ def check_fits(scaling: dict[str, Any], what: str = "training", nodes: list[dict
     elif "GPU" in missing:
         hint = " No node has a GPU of that size: set use_gpu: false, or a fraction such as resources_per_worker: {GPU: 0.5}."
     raise ConfigError(
-        f"{what} asks for {n} worker(s) x ({asked}) but this cluster can place only {fit} "
+        f"{what} asks for {'at least ' if elastic else ''}{n} worker(s) x ({asked}) but this cluster can place only {fit} "
         f"({_describe(nodes, [k for k in bundle if not k.startswith('accelerator_type:')])}).{hint} "
         "Lower scaling.num_workers or the per-worker resources, or set scaling.wait_for_resources: true "
         "to wait for an autoscaler."
@@ -74,4 +75,9 @@ def check_fits(scaling: dict[str, Any], what: str = "training", nodes: list[dict
 def concurrent_runs(scaling: dict[str, Any], nodes: list[dict[str, float]] | None = None) -> int:
     """How many training runs of num_workers workers each the cluster holds at once (at least 1)."""
     nodes = alive_nodes() if nodes is None else nodes
-    return max(1, workers_that_fit(worker_bundle(scaling), nodes) // max(1, int(scaling.get("num_workers") or 1)))
+    workers = scaling.get("num_workers") or 1
+    return max(
+        1,
+        workers_that_fit(worker_bundle(scaling), nodes)
+        // max(1, workers if isinstance(workers, int) else max(workers)),
+    )

@@ -12,7 +12,7 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.trainer.checkpoint import LINEAGE_FILE, METRICS_FILE
 from trainflow.trainer.families import family_for
-from trainflow.trainer.recovery import RecoveryLog, read_events
+from trainflow.trainer.recovery import AttemptLog, RecoveryLog, read_events
 from trainflow.trainer.watchdog import Watched
 from trainflow.config import Config, FailureSection, ScalingSection
 from trainflow.errors import TrainingError
@@ -26,7 +26,8 @@ CHECKPOINT_DIR = re.compile(r"^checkpoint_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d\.\d{6}$
 def scaling_config(scaling: ScalingSection) -> ScalingConfig:
     """ScalingConfig from the config's `scaling` section."""
     return ScalingConfig(
-        num_workers=scaling.num_workers,
+        num_workers=(scaling.min_workers, scaling.max_workers) if scaling.elastic else scaling.num_workers,
+        elastic_resize_monitor_interval_s=scaling.elastic_resize_monitor_interval_s,
         use_gpu=scaling.use_gpu,
         resources_per_worker=scaling.resources_per_worker,
         accelerator_type=scaling.accelerator_type,
@@ -157,7 +158,11 @@ def build_trainer(
                 checkpoint_score_order=ckpt.mode,
             ),
             failure_config=failure_config(config.failure),
-            callbacks=[RecoveryLog(run_dir(config, run_name), config), *(callbacks or [])],
+            callbacks=[
+                RecoveryLog(run_dir(config, run_name), config),
+                AttemptLog(run_dir(config, run_name), config),
+                *(callbacks or []),
+            ],
             worker_runtime_env={"env_vars": worker_env_to_pass(dict(config.scaling.env_vars))},
         ),
     )
@@ -172,7 +177,7 @@ def worker_env_to_pass(wanted: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in wanted.items() if carried.get(k) != str(v)}
 
 
-def stalled_error(last: str, count: int, num_workers: int, materialize: str) -> TrainingError:
+def stalled_error(last: str, count: int, num_workers: int | str, materialize: str) -> TrainingError:
     """A run whose workers stopped making progress: what ran out and what to change."""
     return TrainingError(
         f"training made no progress ({count} stalled worker(s) over its attempts); the last: {last}. A full "
@@ -183,7 +188,7 @@ def stalled_error(last: str, count: int, num_workers: int, materialize: str) -> 
     )
 
 
-def fit_run(trainer, run_path: str, num_workers: int, materialize: str = "auto"):
+def fit_run(trainer, run_path: str, num_workers: int | str, materialize: str = "auto"):
     """trainer.fit(), with the failures a retry cannot fix turned into TrainingErrors that say what to change:
     a worker killed for memory, and a run whose every attempt stalled (the hang watchdog's events)."""
     seen = len(read_events(run_path))

@@ -26,7 +26,7 @@ def torch_config(scaling: ScalingSection):
     from trainflow.config import workers_share_gpus
 
     backend = scaling.backend
-    if backend is None and workers_share_gpus(scaling.num_workers, scaling.use_gpu, scaling.resources_per_worker):
+    if backend is None and workers_share_gpus(scaling.max_workers, scaling.use_gpu, scaling.resources_per_worker):
         backend = "gloo"
     return TorchConfig(backend=backend)
 

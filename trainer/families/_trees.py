@@ -89,7 +89,7 @@ class RoundReporter:
         self.history, self.stopper = history, stopper
         self.y_val, self.save, self.predict = y_val, save, predict
         ctx = ray.train.get_context()
-        self.rank = ctx.get_world_rank()
+        self.rank, self.workers = ctx.get_world_rank(), ctx.get_world_size()
         self.schedule = ReportSchedule(
             self.cfg.checkpoint.min_interval_s,
             start_round,
@@ -109,6 +109,7 @@ class RoundReporter:
                 "train_loss": float(train_loss),
                 "val_loss": float(val_loss),
                 "epoch_time_s": now - self.round_start,
+                "workers": self.workers,
             }
         )
         self.round_start = now

@@ -162,7 +162,7 @@ class Family:
             return scaling
         from trainflow.trainer.resources import alive_nodes, worker_bundle
 
-        cpus = worker_bundle({**scaling.model_dump(), "use_gpu": False}).get("CPU", 1.0) * max(1, scaling.num_workers)
+        cpus = worker_bundle({**scaling.model_dump(), "use_gpu": False}).get("CPU", 1.0) * max(1, scaling.min_workers)
         largest = max((n.get("CPU", 0.0) for n in alive_nodes()), default=cpus)
         res = {k: v for k, v in (scaling.resources_per_worker or {}).items() if k != "GPU"}
         return scaling.model_copy(

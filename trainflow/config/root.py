@@ -178,7 +178,7 @@ class Config(_Section):
 
     def require_workers(self) -> None:
         """The retrain pipeline keeps checkpoints, which Ray Train's local mode (num_workers=0) does not."""
-        if self.scaling.num_workers < 1:
+        if self.scaling.min_workers < 1:
             raise ConfigError(
                 "scaling.num_workers: the retrain pipeline needs at least 1 Ray Train worker "
                 "(0 is Ray Train's local mode, which keeps no checkpoints to select, resume or register)"

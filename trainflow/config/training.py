@@ -158,8 +158,23 @@ def workers_share_gpus(num_workers: int, use_gpu: bool, resources_per_worker: di
     return bool(use_gpu) and num_workers > 1 and 0 < gpu < 1
 
 
+def worker_range(num_workers: int | list[int] | tuple[int, ...]) -> tuple[int, int]:
+    """(min, max) of scaling.num_workers: a fixed count is both."""
+    if isinstance(num_workers, int):
+        return num_workers, num_workers
+    return int(num_workers[0]), int(num_workers[-1])
+
+
 class ScalingSection(_Section):
-    num_workers: int = key(2, "Ray Train workers, each a process with a share of the data", ge=0)
+    num_workers: int | list[int] = key(
+        2,
+        "Ray Train workers, each a process with a share of the data; `[min, max]`: elastic, the run starts with as "
+        "many as the cluster holds (at least min), goes on with fewer when a node is lost and grows back when "
+        "capacity returns (docs/scaling.md)",
+    )
+    elastic_resize_monitor_interval_s: float = key(
+        60.0, "an elastic run checks this often whether the cluster holds more (or fewer) workers", ge=0
+    )
     use_gpu: bool = key(False, "one GPU per worker unless `resources_per_worker.GPU` says otherwise")
     resources_per_worker: dict[str, float] | None = key(
         None, "e.g. `{CPU: 2, GPU: 0.5}`; GPU needs `use_gpu: true`", shown="Ray's default"
@@ -191,6 +206,37 @@ class ScalingSection(_Section):
                     raise ValueError(f"{key} is not supported: {instead}")
         return raw
 
+    @field_validator("num_workers")
+    @classmethod
+    def _worker_count(cls, value: int | list[int]) -> int | list[int]:
+        if isinstance(value, int):
+            if value < 0:
+                raise ValueError(f"must be >= 0, got {value}")
+            return value
+        if len(value) != 2 or not 1 <= value[0] <= value[1]:
+            raise ValueError(
+                f"an elastic worker count is [min, max] with 1 <= min <= max, got {list(value)}; a fixed count is one "
+                "number"
+            )
+        return [int(v) for v in value] if value[0] < value[1] else int(value[0])
+
+    @property
+    def elastic(self) -> bool:
+        return not isinstance(self.num_workers, int)
+
+    @property
+    def min_workers(self) -> int:
+        return worker_range(self.num_workers)[0]
+
+    @property
+    def max_workers(self) -> int:
+        return worker_range(self.num_workers)[1]
+
+    @property
+    def workers_label(self) -> str:
+        """The worker count as the config writes it: `2`, or `[1, 4]` (elastic)."""
+        return f"[{self.min_workers}, {self.max_workers}]" if self.elastic else str(self.num_workers)
+
     @model_validator(mode="after")
     def _gpu_needs_use_gpu(self) -> ScalingSection:
         res = self.resources_per_worker or {}
@@ -201,9 +247,9 @@ class ScalingSection(_Section):
             raise ValueError("resources_per_worker.GPU is set but use_gpu is false; set scaling.use_gpu: true")
         if self.backend == "nccl" and not self.use_gpu:
             raise ValueError("backend: nccl needs GPUs; set scaling.use_gpu: true or use gloo")
-        if self.backend == "nccl" and workers_share_gpus(self.num_workers, self.use_gpu, res):
+        if self.backend == "nccl" and workers_share_gpus(self.max_workers, self.use_gpu, res):
             raise ValueError(
-                f"backend: nccl cannot train {self.num_workers} workers at resources_per_worker.GPU "
+                f"backend: nccl cannot train {self.workers_label} workers at resources_per_worker.GPU "
                 f"{res['GPU']:g}: Ray places such workers on the same GPU and NCCL refuses two ranks on one "
                 "device ('Duplicate GPU detected'); leave backend unset (trainflow then uses gloo) or give "
                 "each worker a whole GPU"
