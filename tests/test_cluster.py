@@ -47,7 +47,7 @@ def _attempts(events):
     return [e for e in events if e["event"] == "attempt"]
 
 
-def test_an_elastic_retrain_shrinks_when_a_node_dies_grows_back_and_counts_a_drain_as_a_preemption(tmp_path):
+def test_an_elastic_retrain_shrinks_when_a_node_dies_grows_back_and_counts_a_drain_as_a_preemption(tmp_path, capsys):
     cluster = Cluster(
         initialize_head=True,
         head_node_args={"num_cpus": 2, "include_dashboard": False},
@@ -117,6 +117,7 @@ def test_an_elastic_retrain_shrinks_when_a_node_dies_grows_back_and_counts_a_dra
         assert f"node {third.node_id[:12]} drained (a preemption)" in drained["why"]
         restarts = [e for e in events if e["event"] == "restart"]
         assert [r["preempted"] for r in restarts][-1] is True  # on its own budget: max_failures (1) was not exceeded
+        assert summary["recoveries"][-1]["error"].startswith(f"a preemption: node {third.node_id[:12]} drained")
         assert summary["epochs_run"] == 80
         # checkpoints in the storage every node shares; predictions for every row
         assert summary["best_checkpoint"]["path"].startswith(str(run))
@@ -130,6 +131,22 @@ def test_an_elastic_retrain_shrinks_when_a_node_dies_grows_back_and_counts_a_dra
         ]  # fmt: skip
         assert family_run.data.tags["trainflow.resizes"].count(" -> ") == 3
         assert [m.value for m in client.get_metric_history(family_run.info.run_id, "workers")][-1] == 1
+
+        # a fixed-size run of 2 that loses a node: refused at its restart in seconds, naming the numbers, not after
+        # failure.worker_start_timeout_s (180 s) per restart; exit 2, resumable under its name
+        fourth = cluster.add_node(num_cpus=0, resources=TRAINER)
+        cluster.wait_for_nodes()
+        fixed = ["retrain", "--config", str(cfg), "--run-name", "fixed", "--force", "--set", "scaling.num_workers=2"]
+        flow = threading.Thread(target=lambda: outcome.update(fixed=cli_main(fixed)), daemon=True)
+        flow.start()
+        wait_registered(tmp_path / "runs" / "fixed", timeout_s=300, alive=flow.is_alive)
+        lost = time.monotonic()
+        cluster.remove_node(fourth, allow_graceful=False)
+        flow.join(timeout=240)
+        assert outcome.get("fixed") == 2 and time.monotonic() - lost < 120
+        err = capsys.readouterr().err
+        assert "the restart of training after a lost node asks for 2 worker(s)" in err and "can place only 1" in err
+        assert "scaling.num_workers: [min, max]" in err
     finally:
         ray.shutdown()
         cluster.shutdown()

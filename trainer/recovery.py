@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from trainflow.config import Config
 
 EVENTS_DIR = "trainflow_events"
+RESTART = "the restart of training after a lost node"  # check_fits's subject when a fixed-size restart cannot fit
 
 
 def append_event(run_dir: str, event: dict[str, Any]) -> None:
@@ -51,6 +52,9 @@ def recoveries(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if e.get("event") in ("error", "hang"):
             # a hang is logged by the watchdog before Ray reports the killed worker; keep the first cause
             pending = e["error"] if pending is None else pending
+        elif e.get("event") == "restart" and e.get("preempted"):  # counted on failure.max_preemption_failures
+            drained = ", ".join(n[:12] for n in e.get("draining") or e.get("nodes", []))
+            pending = f"a preemption: node {drained} drained (not counted against failure.max_failures)"
         elif e.get("event") == "resume":
             out.append(
                 {
@@ -120,6 +124,18 @@ class AttemptLog(*_controller_callbacks()):  # type: ignore[misc]
         self.nodes = sorted({w.metadata.node_id for w in workers})
         self._append({"event": "attempt", "workers": len(workers), "nodes": self.nodes})
 
+    def before_controller_execute_resize_decision(self, resize_decision) -> None:
+        """A fixed-size run restarting on a cluster that lost the nodes it needs fails here, in seconds, naming what
+        the cluster holds against what the config asks for (trainflow's pre-start check, again), instead of Ray
+        Train waiting out failure.worker_start_timeout_s once per remaining restart. Elastic runs size themselves;
+        with scaling.wait_for_resources an autoscaler may bring the nodes back."""
+        scaling = self.config.scaling if self.config is not None else None
+        if scaling is None or not self.nodes or scaling.elastic or scaling.wait_for_resources:
+            return  # before the first group: trainflow checked the cluster before training
+        from trainflow.trainer.resources import check_fits
+
+        check_fits(scaling.model_dump(), what=RESTART)
+
     def after_controller_state_update(self, previous_state, current_state) -> None:
         kind = type(current_state).__name__
         if kind == "PreemptingState" and type(previous_state).__name__ != "PreemptingState":
@@ -135,7 +151,7 @@ class AttemptLog(*_controller_callbacks()):  # type: ignore[misc]
                 "nodes": self.nodes,
                 "draining": sorted(set(self.nodes) & set(draining_nodes())),
             }
-            if self.config is not None and self.config.scaling.elastic:
+            if self.config is not None and not self.config.scaling.wait_for_resources:
                 event["gone"] = settle(self.nodes, event["draining"] if event["preempted"] else [])
             self._append(event)
         elif kind == "ResizingState" and type(previous_state).__name__ == "RunningState":

@@ -12,10 +12,10 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.trainer.checkpoint import LINEAGE_FILE, METRICS_FILE
 from trainflow.trainer.families import family_for
-from trainflow.trainer.recovery import AttemptLog, RecoveryLog, read_events
+from trainflow.trainer.recovery import RESTART, AttemptLog, RecoveryLog, read_events
 from trainflow.trainer.watchdog import Watched
 from trainflow.config import Config, FailureSection, ScalingSection
-from trainflow.errors import TrainingError
+from trainflow.errors import ConfigError, TrainingError
 from trainflow.trainer.memory import is_out_of_memory, out_of_memory_error
 from trainflow.storage import filesystem_for, join, list_dir, read_text
 
@@ -200,4 +200,11 @@ def fit_run(trainer, run_path: str, num_workers: int | str, materialize: str = "
         hangs = [e for e in read_events(run_path)[seen:] if e.get("event") == "hang"]
         if hangs:  # every attempt Ray Train made stalled: a retry would stall the same way
             raise stalled_error(hangs[-1]["error"], len(hangs), num_workers, materialize) from None
+        text = str(exc)
+        if RESTART in text:  # AttemptLog refused a fixed-size restart the cluster cannot hold any more
+            said = text[text.index(RESTART) :].splitlines()[0]
+            raise ConfigError(
+                f"{said} The run is resumable: rerun it under its name once the cluster holds it, or make it "
+                "elastic (scaling.num_workers: [min, max]) to go on with fewer workers."
+            ) from None
         raise
