@@ -202,6 +202,8 @@ def _pin_copy(config: Config, run_name: str, record_uri: str, recorded: Any, log
         log.warning("%s names files that are not all there as written; a new copy is made", record_uri)
     elif recorded is not None:
         log.warning("%s names another source than this run reads; not followed", record_uri)
+    for left in _unrecorded_copies(config.storage_path, run_name, recorded):
+        log.info("removed %s: a copy of run %s that was cut short (killed) and never recorded", left, run_name)
     folder = prefix + uuid.uuid4().hex[:8]
     record = copy_to_parquet(source, folder)
     _record(record_uri, json.dumps(record).encode(), recorded)
@@ -213,6 +215,38 @@ def _pin_copy(config: Config, run_name: str, record_uri: str, recorded: Any, log
         run_name,
     )
     return data.as_copy(record)
+
+
+def _unrecorded_copies(storage_path: str, run_name: str, recorded: Any) -> list[str]:
+    """Remove this run name's copy folders that no record names: what a copy killed before its record was written
+    left (a copy that fails otherwise removes its own folder). Only folders of this run's copy name
+    (`<run>-source-<8 hex>`) holding nothing but copy_to_parquet's `part-NNNNN.parquet` files: never anything else
+    in a shared storage; called under the run's lock, so no copy of this run name is being written."""
+    import re
+
+    from trainflow.storage import filesystem_for, join, list_dir
+
+    named = re.compile(re.escape(run_name) + r"-source-[0-9a-f]{8}")
+    keep = str(recorded.get("location", "")).rstrip("/") if isinstance(recorded, dict) else ""
+    removed = []
+    try:
+        entries = list_dir(storage_path)
+    except OSError:
+        return removed
+    for name, is_dir in entries:
+        folder = join(storage_path, name)
+        if not is_dir or not named.fullmatch(name) or folder.rstrip("/") == keep:
+            continue
+        try:
+            files = list_dir(folder)
+            if not all(not d and re.fullmatch(r"part-\d{5}\.parquet", f) for f, d in files):
+                continue
+            fs, inner = filesystem_for(folder)
+            fs.delete_dir(inner)
+        except OSError:
+            continue
+        removed.append(folder)
+    return removed
 
 
 def _same_source(recorded: Any, source) -> bool:

@@ -1,6 +1,7 @@
 """Shared pieces of the fault-injection tests: a small run, a train function that fails on purpose."""
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Callable
@@ -101,10 +102,16 @@ def successive_faults(marker_dir: str):
     return train_fn
 
 
-def stall_after_first_block(batch: dict, marker: str) -> dict:
-    """A Ray Data map that passes its first block, then never returns: a pipeline that stops producing
-    blocks, as a streaming executor starved of object-store memory does."""
-    if Path(marker).exists():
-        time.sleep(3600)
-    Path(marker).touch()
+def stall_after_blocks(batch: dict, marker: str, passes: int) -> dict:
+    """A Ray Data map that passes its first `passes` blocks (a streamed epoch's worth: every worker trains a step),
+    then never returns: a pipeline that stops producing blocks, as a streaming executor starved of object-store
+    memory does. (A worker that never trained a step is still in start-up, which the hang watchdog allows at least
+    HANG_FIRST_S, 120 s, whatever failure.hang_timeout_s says.)"""
+    for i in range(passes):
+        try:
+            os.close(os.open(f"{marker}-{i}", os.O_CREAT | os.O_EXCL))  # one block per marker, across processes
+            return batch
+        except FileExistsError:
+            continue
+    time.sleep(3600)
     return batch

@@ -125,6 +125,17 @@ def test_a_copy_is_one_transaction_reused_by_its_run_name_and_a_doubtful_record_
     assert fresh["location"].startswith(str(Path(raw.storage_path) / "r2-source-")) and fresh["rows"] == expected
     assert json.loads(where.read_text()) == planted
 
+    # a copy killed (SIGKILL) before its record was written left its folder: the run name's next copy removes it,
+    # and nothing that is not such a copy (another name, a file trainflow does not write)
+    storage = Path(raw.storage_path)
+    killed, theirs, other = storage / "r3-source-0badc0de", storage / "r3-source-1badc0de", storage / "r3-sources"
+    for folder in (killed, theirs, other):
+        folder.mkdir()
+        (folder / "part-00000.parquet").write_bytes(next(Path(record["location"]).glob("part-*.parquet")).read_bytes())
+    (theirs / "notes.txt").write_text("someone else's")
+    assert pin_source.fn(raw, "r3").data.copied_from["rows"] == expected
+    assert not killed.exists() and theirs.exists() and other.exists()
+
     # a query that would write is refused by the read-only transaction, and writes nothing; one with no rows is
     # refused, leaving no folder behind
     source = SqlSource.of(raw.data)

@@ -7,7 +7,7 @@ import pyarrow.dataset as pads
 import pytest
 
 from tests.conftest import write_config, write_parquet
-from tests.faults import small_run, stall_after_first_block
+from tests.faults import small_run, stall_after_blocks
 from trainflow.trainer.runner import build_trainer, fit_run, run_dir
 from trainflow.flows.cli import main as cli_main
 from trainflow.errors import TrainingError
@@ -71,8 +71,15 @@ def test_a_table_larger_than_the_object_store_streams_from_its_files(tmp_path):
 def test_a_stalled_data_pipeline_fails_with_what_ran_out_and_what_to_change(tmp_path):
     ensure_ray(num_cpus=2)
     cfg, prep, train, val = small_run(tmp_path, hang_timeout_s=5.0, max_failures=0)
-    stalled = train.repartition(8).map_batches(
-        stall_after_first_block, fn_kwargs={"marker": str(tmp_path / "first-block")}, batch_size=None
+    stalled = (
+        train.repartition(8)
+        .materialize()
+        .map_batches(
+            stall_after_blocks,
+            fn_kwargs={"marker": str(tmp_path / "block"), "passes": 8},
+            batch_size=None,
+            num_cpus=0,  # as trainflow's streamed tasks: one asking for a CPU never runs beside the workers
+        )
     )
     trainer = build_trainer(cfg, prep, stalled, val, "stalled", streamed=True)
     with pytest.raises(TrainingError) as err:
