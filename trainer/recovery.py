@@ -18,7 +18,7 @@ from ray.train import UserCallback
 from trainflow.storage import join, list_dir, read_text, write_text
 
 if TYPE_CHECKING:
-    from trainflow.config import Config
+    from trainflow.config import Config, ScalingSection
 
 EVENTS_DIR = "trainflow_events"
 RESTART = "the restart of training after a lost node"  # check_fits's subject when a fixed-size restart cannot fit
@@ -108,8 +108,10 @@ class AttemptLog(*_controller_callbacks()):  # type: ignore[misc]
     preemption or a failure caused it, and which of the group's nodes Ray Core was draining then). Read back by
     `resizes`, which tells a drained node from a dead one."""
 
-    def __init__(self, run_dir: str, config: Config | None = None):
+    def __init__(self, run_dir: str, config: Config | None = None, scaling: ScalingSection | None = None):
+        """scaling: what the run's worker group asks for (a one-process family's one worker), else config's."""
         self.run_dir, self.config = run_dir, config
+        self.scaling = scaling if scaling is not None else (config.scaling if config is not None else None)
         self.nodes: list[str] = []
 
     def _append(self, event: dict[str, Any]) -> None:
@@ -129,7 +131,7 @@ class AttemptLog(*_controller_callbacks()):  # type: ignore[misc]
         the cluster holds against what the config asks for (trainflow's pre-start check, again), instead of Ray
         Train waiting out failure.worker_start_timeout_s once per remaining restart. Elastic runs size themselves;
         with scaling.wait_for_resources an autoscaler may bring the nodes back."""
-        scaling = self.config.scaling if self.config is not None else None
+        scaling = self.scaling
         if scaling is None or not self.nodes or scaling.elastic or scaling.wait_for_resources:
             return  # before the first group: trainflow checked the cluster before training
         from trainflow.trainer.resources import check_fits
@@ -151,7 +153,7 @@ class AttemptLog(*_controller_callbacks()):  # type: ignore[misc]
                 "nodes": self.nodes,
                 "draining": sorted(set(self.nodes) & set(draining_nodes())),
             }
-            if self.config is not None and not self.config.scaling.wait_for_resources:
+            if self.scaling is not None and not self.scaling.wait_for_resources:
                 event["gone"] = settle(self.nodes, event["draining"] if event["preempted"] else [])
             self._append(event)
         elif kind == "ResizingState" and type(previous_state).__name__ == "RunningState":

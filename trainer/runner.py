@@ -160,7 +160,7 @@ def build_trainer(
             failure_config=failure_config(config.failure),
             callbacks=[
                 RecoveryLog(run_dir(config, run_name), config),
-                AttemptLog(run_dir(config, run_name), config),
+                AttemptLog(run_dir(config, run_name), config, family.worker_scaling(config.scaling)),
                 *(callbacks or []),
             ],
             worker_runtime_env={"env_vars": worker_env_to_pass(dict(config.scaling.env_vars))},
