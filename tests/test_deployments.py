@@ -53,18 +53,36 @@ def _prefect(env: dict[str, str], *args: str, timeout: float = 120, cwd: Path = 
     return proc
 
 
+# what Prefect's own client retries (prefect.client.base): a server busy writing its SQLite database (its
+# scheduler inserting a new deployment's runs) answers 503 to a request it can take a moment later
+RETRIED = {429, 502, 503}
+
+
+def _api(env: dict[str, str], method: str, path: str, body: dict | None = None):
+    """One request to the Prefect server's REST API, retried as Prefect's client does; the JSON answer, if any."""
+    req = urllib.request.Request(
+        f"{env['PREFECT_API_URL']}{path}",
+        method=method,
+        headers={"Content-Type": "application/json"},
+        data=json.dumps(body).encode() if body is not None else None,
+    )
+    for attempt in range(8):
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                answer = r.read()
+            return json.loads(answer) if answer else None
+        except urllib.error.HTTPError as exc:
+            if exc.code not in RETRIED or attempt == 7:
+                raise
+        time.sleep(min(2**attempt * 0.25, 5))
+
+
 def _deployment(env: dict[str, str], name: str) -> dict:
-    with urllib.request.urlopen(f"{env['PREFECT_API_URL']}/deployments/name/{name}", timeout=10) as r:
-        return json.loads(r.read())
+    return _api(env, "GET", f"/deployments/name/{name}")
 
 
 def _flow_runs(env: dict[str, str], deployment_id: str) -> list[dict]:
-    body = json.dumps({"deployments": {"id": {"any_": [deployment_id]}}}).encode()
-    req = urllib.request.Request(
-        f"{env['PREFECT_API_URL']}/flow_runs/filter", data=body, headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read())
+    return _api(env, "POST", "/flow_runs/filter", {"deployments": {"id": {"any_": [deployment_id]}}})
 
 
 def test_deploy_worker_and_deployment_run(prefect_server, ray_local, tmp_path):
@@ -165,13 +183,8 @@ def _a_person_sees_the_card_and_the_plots(
     (`make screenshots`) the card's top also refreshes docs/model_card.png."""
     from tests.browser import WIDTH, browser, check_page
 
-    req = urllib.request.Request(
-        f"{env['PREFECT_API_URL']}/artifacts/filter",
-        data=json.dumps({"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=10) as r:
-        artifacts = {a["key"]: a for a in json.loads(r.read())}
+    found = _api(env, "POST", "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}})
+    artifacts = {a["key"]: a for a in found}
     assert {"churn-test-model-card", "churn-test-loss-curve", "churn-test-test-rows"} <= set(artifacts), artifacts
     version = client.get_model_version_by_alias("churn-test", "champion")
     run = client.get_run(version.run_id)
@@ -206,17 +219,6 @@ def _a_person_sees_the_card_and_the_plots(
 def _blob_frame(page):
     """MLflow shows an HTML artifact in a frame of its own (a blob: URL)."""
     return next((f for f in page.frames if f.url.startswith("blob:")), None)
-
-
-def _api(env: dict[str, str], method: str, path: str, body: dict | None = None) -> None:
-    req = urllib.request.Request(
-        f"{env['PREFECT_API_URL']}{path}",
-        method=method,
-        headers={"Content-Type": "application/json"},
-        data=json.dumps(body).encode() if body is not None else None,
-    )
-    with urllib.request.urlopen(req, timeout=10):
-        pass
 
 
 def _pause_schedules(env: dict[str, str], name: str) -> None:
@@ -372,8 +374,7 @@ def _cancel_stops_a_served_run(env, serve, tmp_path):
 
 
 def _flow_run(env: dict[str, str], flow_run_id: str) -> dict:
-    with urllib.request.urlopen(f"{env['PREFECT_API_URL']}/flow_runs/{flow_run_id}", timeout=10) as r:
-        return json.loads(r.read())
+    return _api(env, "GET", f"/flow_runs/{flow_run_id}")
 
 
 def _served(env: dict[str, str], name: str, config_path: str) -> bool:
