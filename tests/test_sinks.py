@@ -147,6 +147,9 @@ def test_a_scoring_run_is_one_commit_retried_once_and_a_failed_write_leaves_each
         assert sinks.write_sink(batch, sink, 1, "models:/scored/1", run) == 1
         assert sinks.write_sink(batch, sink, 1, "models:/scored/1", run) == 1
         assert count(kind) == SCORED + 1
+        # what monitor joins labels to: the newest scoring run's rows and the model that made them
+        model, newest = sink.latest()
+        assert model == "models:/scored/1" and newest.column("scoring_run").to_pylist() == ["retried-run"], kind
 
     # a PostgreSQL table of other columns (someone else's): refused before scoring, naming them; never altered
     postgres.execute("CREATE TABLE public.theirs (customer_id bigint, score double precision)")

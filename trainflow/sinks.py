@@ -8,15 +8,15 @@ columns); nothing is ever dropped, overwritten or deleted."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
-from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any, ClassVar, Iterable, Iterator
 
 import pyarrow as pa
 
 from trainflow.errors import DataError
 
-SINK_FORMATS = ("delta", "iceberg", "postgres")
 MODEL_COLUMN, RUN_COLUMN, TIME_COLUMN = "model_version", "scoring_run", "scored_at"
 RUN_FIELDS = (
     pa.field(MODEL_COLUMN, pa.string()),
@@ -37,21 +37,28 @@ def prediction_columns(id_column: str | None, classes: list | None) -> list[str]
     )
 
 
-@dataclass
 class Sink:
-    """Where a scoring run's predictions go, and how one commit of them is made."""
+    """Where a scoring run's predictions go, and how one commit of them is made: a class per table format
+    (DeltaSink, IcebergSink, PostgresSink), chosen by inference.output_format (Sink.of)."""
 
-    format: str
-    table: str  # the Delta table's location, the Iceberg identifier, the PostgreSQL table name
-    catalog: dict[str, Any] | None = None
-    connection: str | None = None
-    password_secret: str | None = None
+    format: ClassVar[str]
+    noun: ClassVar[str]
+    package: ClassVar[tuple[str, str]]  # the module the format needs, and the extra that installs it
+
+    def __init__(
+        self,
+        table: str,
+        catalog: dict[str, Any] | None = None,
+        connection: str | None = None,
+        password_secret: str | None = None,
+    ):
+        self.table = table  # the Delta table's location, the Iceberg identifier, the PostgreSQL table name
+        self.catalog, self.connection, self.password_secret = catalog, connection, password_secret
 
     @classmethod
     def of(cls, config) -> Sink:
         inf = config.inference
-        return cls(
-            inf.output_format,
+        return SINKS[inf.output_format](
             inf.output,
             inf.catalog if inf.catalog is not None else config.data.catalog,
             inf.connection or config.data.connection,
@@ -59,8 +66,7 @@ class Sink:
         )
 
     def describe(self) -> str:
-        names = {"delta": "Delta table", "iceberg": "Iceberg table", "postgres": "PostgreSQL table"}
-        return f"{names[self.format]} {self.table}"
+        return f"{self.noun} {self.table}"
 
     # -- what is there ------------------------------------------------------------------------------------------
 
@@ -68,14 +74,13 @@ class Sink:
         """The existing table's columns; None when there is no table yet."""
         import importlib.util
 
-        module, extra = {"delta": ("deltalake", "lakehouse"), "iceberg": ("pyiceberg", "lakehouse")}.get(
-            self.format, ("adbc_driver_postgresql", "postgres")
-        )
+        module, extra = self.package
         if importlib.util.find_spec(module) is None:
             raise DataError(
                 f"inference.output_format {self.format} needs the {module} package: pip install 'trainflow[{extra}]'"
             )
-        return getattr(self, f"_{self.format}_columns")()
+        with self._session():
+            return self._columns()
 
     def check_early(self, id_column: str | None) -> None:
         """Before anything is read or trained: an existing table must hold the columns every scoring run writes
@@ -88,13 +93,15 @@ class Sink:
         if [c for c in expected if c not in found] or [
             c for c in found if c not in expected and not c.startswith("proba_")
         ]:
-            self.check(expected + [c for c in found if c.startswith("proba_")])
+            self._compare(found, expected + [c for c in found if c.startswith("proba_")])
 
     def check(self, expected: list[str]) -> None:
         """Before scoring: an existing table whose columns are not the predictions' is refused naming them."""
         found = self.columns()
-        if found is None:
-            return
+        if found is not None:
+            self._compare(found, expected)
+
+    def _compare(self, found: list[str], expected: list[str]) -> None:
         missing = [c for c in expected if c not in found]
         extra = [c for c in found if c not in expected]
         if missing or extra:
@@ -112,50 +119,71 @@ class Sink:
         """Append every batch as one commit, unless this scoring run's rows are committed already (a retry): the
         rows committed. The rows are counted as they stream; a count other than expected_rows aborts the commit
         (DataError), so the table is left as it was."""
-        done = getattr(self, f"_{self.format}_committed")(run_id)
-        if done:
-            return done
-        counted = _Counted(batches, expected_rows, self.describe())
-        getattr(self, f"_{self.format}_append")(counted, schema, run_id)
-        return counted.rows
+        with self._session():
+            done = self._committed(run_id)
+            if done:
+                return done
+            counted = _Counted(batches, expected_rows, self.describe())
+            try:
+                self._append(counted, schema, run_id)
+            except DataError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the format's own refusal (a schema mismatch, ...): no commit
+                if counted.error is not None:  # the predictions' own failure, raised as it was
+                    raise counted.error from None
+                raise DataError(
+                    f"inference.output: the {self.describe()} refused the predictions: {self._said(exc)}"
+                ) from None
+            return counted.rows
 
     def latest(self) -> tuple[str, pa.Table]:
         """The newest scoring run's rows (the largest scored_at) and the model that made them: what monitor joins
         labels to. DataError when the table holds no trainflow predictions."""
-        table = getattr(self, f"_{self.format}_latest")() if self.columns() is not None else None
+        with self._session():
+            table = self._newest() if self.columns() is not None else None
         if table is None or table.num_rows == 0 or MODEL_COLUMN not in table.column_names:
             raise DataError(f"inference.output: the {self.describe()} holds no trainflow predictions to monitor")
         return str(table.column(MODEL_COLUMN)[0].as_py()), table
 
-    def _newest(self, table: pa.Table) -> pa.Table:
-        import pyarrow.compute as pc
+    # -- what each format says how to do ------------------------------------------------------------------------
 
-        return table.filter(pc.equal(table.column(TIME_COLUMN), pc.max(table.column(TIME_COLUMN))))
+    @contextlib.contextmanager
+    def _session(self) -> Iterator[None]:
+        """What the calls inside share (PostgresSink: one connection and transaction)."""
+        yield
 
-    def _delta_latest(self) -> pa.Table:
-        return self._newest(self._delta().to_pyarrow_table())
+    def _said(self, exc: BaseException) -> str:
+        text = str(exc).strip().splitlines()
+        return text[0] if text else type(exc).__name__
 
-    def _iceberg_latest(self) -> pa.Table:
-        return self._newest(self._iceberg().scan().to_arrow())
+    def _columns(self) -> list[str] | None:
+        raise NotImplementedError
 
-    def _postgres_latest(self) -> pa.Table:
-        from trainflow.postgres import _plain_table, quote_table
+    def _committed(self, run_id: str) -> int:
+        """The rows of scoring run run_id the table holds (0 without a table)."""
+        raise NotImplementedError
 
-        source, (conn, cursor) = self._pg()
-        try:
-            name = quote_table(self.table)
-            source.run(
-                cursor,
-                f'SELECT * FROM {name} WHERE "{TIME_COLUMN}" = (SELECT max("{TIME_COLUMN}") FROM {name})',
-                "output",
-            )
-            return _plain_table(cursor.fetch_arrow_table())
-        finally:
-            conn.close()
+    def _append(self, counted: _Counted, schema: pa.Schema, run_id: str) -> None:
+        """counted's batches appended as one commit, or none of them (an exception)."""
+        raise NotImplementedError
 
-    # -- Delta Lake ---------------------------------------------------------------------------------------------
+    def _newest(self) -> pa.Table:
+        """The rows of the largest scored_at."""
+        raise NotImplementedError
 
-    def _delta(self):
+
+def _newest_rows(table: pa.Table) -> pa.Table:
+    import pyarrow.compute as pc
+
+    return table.filter(pc.equal(table.column(TIME_COLUMN), pc.max(table.column(TIME_COLUMN))))
+
+
+class DeltaSink(Sink):
+    """A Delta Lake table by its location: one commit per scoring run (its log entry names the run)."""
+
+    format, noun, package = "delta", "Delta table", ("deltalake", "lakehouse")
+
+    def _table(self):
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
 
@@ -164,146 +192,164 @@ class Sink:
         except TableNotFoundError:
             return None
 
-    def _delta_columns(self) -> list[str] | None:
-        table = self._delta()
+    def _columns(self) -> list[str] | None:
+        table = self._table()
         return None if table is None else list(table.schema().to_arrow().names)
 
-    def _delta_committed(self, run_id: str) -> int:
+    def _committed(self, run_id: str) -> int:
         import pyarrow.dataset as pads
 
-        table = self._delta()
+        table = self._table()
         if table is None:
             return 0
         return table.to_pyarrow_dataset().count_rows(filter=pads.field(RUN_COLUMN) == run_id)
 
-    def _delta_append(self, counted: _Counted, schema: pa.Schema, run_id: str) -> None:
+    def _append(self, counted: _Counted, schema: pa.Schema, run_id: str) -> None:
         from deltalake import CommitProperties, write_deltalake
 
-        new = self._delta() is None
-        reader = pa.RecordBatchReader.from_batches(schema, iter(counted))
-        try:
-            write_deltalake(
-                self.table,
-                reader,
-                mode="append",
-                description=CREATED_BY if new else None,
-                commit_properties=CommitProperties(custom_metadata={"trainflow.scoring_run": run_id}),
-            )
-        except DataError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - deltalake's SchemaMismatchError, ...; the commit was not made
-            if counted.error is not None:
-                raise counted.error from None
-            raise DataError(f"inference.output: the {self.describe()} refused the predictions: {_first(exc)}") from None
+        new = self._table() is None
+        write_deltalake(
+            self.table,
+            pa.RecordBatchReader.from_batches(schema, iter(counted)),
+            mode="append",
+            description=CREATED_BY if new else None,
+            commit_properties=CommitProperties(custom_metadata={"trainflow.scoring_run": run_id}),
+        )
 
-    # -- Apache Iceberg -----------------------------------------------------------------------------------------
+    def _newest(self) -> pa.Table:
+        return _newest_rows(self._table().to_pyarrow_table())
 
-    def _iceberg_catalog(self):
+
+class IcebergSink(Sink):
+    """An Apache Iceberg table of a pyiceberg catalog: one transaction per scoring run."""
+
+    format, noun, package = "iceberg", "Iceberg table", ("pyiceberg", "lakehouse")
+
+    def _catalog(self):
         from trainflow.sources import _catalog
 
         return _catalog(self.catalog)
 
-    def _iceberg(self):
+    def _table(self):
         from pyiceberg.exceptions import NoSuchTableError
 
         try:
-            return self._iceberg_catalog().load_table(self.table)
+            return self._catalog().load_table(self.table)
         except NoSuchTableError:
             return None
 
-    def _iceberg_columns(self) -> list[str] | None:
-        table = self._iceberg()
+    def _columns(self) -> list[str] | None:
+        table = self._table()
         return None if table is None else [f.name for f in table.schema().fields]
 
-    def _iceberg_committed(self, run_id: str) -> int:
+    def _committed(self, run_id: str) -> int:
         from pyiceberg.expressions import EqualTo
 
-        table = self._iceberg()
+        table = self._table()
         if table is None or table.current_snapshot() is None:
             return 0
         return table.scan(row_filter=EqualTo(RUN_COLUMN, run_id), selected_fields=(RUN_COLUMN,)).to_arrow().num_rows
 
-    def _iceberg_append(self, counted: _Counted, schema: pa.Schema, run_id: str) -> None:
-        catalog, table = self._iceberg_catalog(), self._iceberg()
+    def _append(self, counted: _Counted, schema: pa.Schema, run_id: str) -> None:
+        table = self._table()
         if table is None:  # the table and its rows in one commit: a failed write leaves no empty table behind
-            txn = catalog.create_table_transaction(
+            txn = self._catalog().create_table_transaction(
                 self.table, schema=schema, properties={"trainflow.created_by": CREATED_BY}
             )
         else:
             txn = table.transaction()
-        try:
-            for batch in _chunks(counted, schema):
-                txn.append(batch)
-            txn.set_properties({"trainflow.last_scoring_run": run_id})
-        except DataError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - pyiceberg's ValueError for a schema that does not match, ...
-            if counted.error is not None:
-                raise counted.error from None
-            raise DataError(f"inference.output: the {self.describe()} refused the predictions: {_first(exc)}") from None
+        for batch in _chunks(counted, schema):
+            txn.append(batch)
+        txn.set_properties({"trainflow.last_scoring_run": run_id})
         txn.commit_transaction()
 
-    # -- PostgreSQL ---------------------------------------------------------------------------------------------
+    def _newest(self) -> pa.Table:
+        return _newest_rows(self._table().scan().to_arrow())
 
-    def _pg(self):
+
+class PostgresSink(Sink):
+    """A PostgreSQL table: the columns' check, the retry's count and the append in one connection and one database
+    transaction per call (a scoring run makes two: the check before scoring, the write)."""
+
+    format, noun, package = "postgres", "PostgreSQL table", ("adbc_driver_postgresql", "postgres")
+    _open: tuple[Any, Any, Any] | None = None  # (the SqlSource, the connection, its cursor) of the session
+
+    @functools.cached_property
+    def _password(self) -> str | None:
+        from trainflow.postgres import _password
+
+        return _password(self.password_secret)  # a Prefect Secret block is read once per sink
+
+    @contextlib.contextmanager
+    def _session(self) -> Iterator[None]:
+        if self._open is not None:
+            yield
+            return
         from trainflow.postgres import SqlSource
 
-        source = SqlSource(self.connection or "", "SELECT 1", password=_secret(self.password_secret))
-        return source, source.connect(read_only=False)
-
-    def _pg_names(self) -> tuple[str, str]:
-        schema, _, name = self.table.rpartition(".")
-        return schema or "public", name
-
-    def _postgres_columns(self) -> list[str] | None:
-        source, (conn, cursor) = self._pg()
+        source = SqlSource(self.connection or "", "SELECT 1", password=self._password)
+        conn, cursor = source.connect(read_only=False)
+        self._open = (source, conn, cursor)
         try:
-            schema, name = self._pg_names()
-            cursor.execute(
-                "SELECT column_name FROM information_schema.columns WHERE table_schema = $1 AND table_name = $2 "
-                "ORDER BY ordinal_position",
-                parameters=(schema, name),
-            )
-            found = [r[0] for r in cursor.fetchall()]
-        finally:
-            conn.close()
-        return found or None
-
-    def _postgres_committed(self, run_id: str) -> int:
-        if self._postgres_columns() is None:
-            return 0
-        from trainflow.postgres import quote_table
-
-        source, (conn, cursor) = self._pg()
-        try:
-            cursor.execute(
-                f'SELECT count(*) FROM {quote_table(self.table)} WHERE "{RUN_COLUMN}" = $1', parameters=(run_id,)
-            )
-            return int(cursor.fetchone()[0])
-        finally:
-            conn.close()
-
-    def _postgres_append(self, counted: _Counted, schema: pa.Schema, run_id: str) -> None:
-        from trainflow.postgres import quote_table
-
-        new = self._postgres_columns() is None
-        source, (conn, cursor) = self._pg()
-        try:
-            reader = pa.RecordBatchReader.from_batches(schema, iter(counted))
-            try:
-                schema_name, name = self._pg_names()
-                cursor.adbc_ingest(name, reader, mode="create" if new else "append", db_schema_name=schema_name)
-                if new:
-                    cursor.execute(f"COMMENT ON TABLE {quote_table(self.table)} IS '{CREATED_BY}'")
-            except Exception as exc:  # noqa: BLE001 - the driver's errors; nothing is committed
-                conn.rollback()
-                if counted.error is not None:
-                    raise counted.error from None
-                said = source._said(exc)
-                raise DataError(f"inference.output: the {self.describe()} refused the predictions: {said}") from None
+            yield
+        except BaseException:
+            with contextlib.suppress(Exception):  # a server gone away has rolled it back itself
+                conn.rollback()  # nothing of the session is committed
+            raise
+        else:
             conn.commit()  # every row of the scoring run, or (on any error above) none
         finally:
+            self._open = None
             conn.close()
+
+    def _said(self, exc: BaseException) -> str:
+        return self._open[0]._said(exc)
+
+    def _columns(self) -> list[str] | None:
+        schema, _, name = self.table.rpartition(".")
+        cursor = self._open[2]
+        cursor.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = $1 AND table_name = $2 "
+            "ORDER BY ordinal_position",
+            parameters=(schema or "public", name),
+        )
+        return [r[0] for r in cursor.fetchall()] or None
+
+    def _committed(self, run_id: str) -> int:
+        from trainflow.postgres import quote_table
+
+        if self._columns() is None:
+            return 0
+        cursor = self._open[2]
+        cursor.execute(
+            f'SELECT count(*) FROM {quote_table(self.table)} WHERE "{RUN_COLUMN}" = $1', parameters=(run_id,)
+        )
+        return int(cursor.fetchone()[0])
+
+    def _append(self, counted: _Counted, schema: pa.Schema, run_id: str) -> None:
+        from trainflow.postgres import quote_table
+
+        new = self._columns() is None
+        cursor = self._open[2]
+        schema_name, _, name = self.table.rpartition(".")
+        reader = pa.RecordBatchReader.from_batches(schema, iter(counted))
+        cursor.adbc_ingest(name, reader, mode="create" if new else "append", db_schema_name=schema_name or "public")
+        if new:
+            cursor.execute(f"COMMENT ON TABLE {quote_table(self.table)} IS '{CREATED_BY}'")
+
+    def _newest(self) -> pa.Table:
+        from trainflow.postgres import _plain_table, quote_table
+
+        source, _, cursor = self._open
+        name = quote_table(self.table)
+        source.run(
+            cursor, f'SELECT * FROM {name} WHERE "{TIME_COLUMN}" = (SELECT max("{TIME_COLUMN}") FROM {name})', "output"
+        )
+        return _plain_table(cursor.fetch_arrow_table())
+
+
+SINKS: dict[str, type[Sink]] = {s.format: s for s in (DeltaSink, IcebergSink, PostgresSink)}
+SINK_FORMATS = tuple(SINKS)
 
 
 class _Counted:
@@ -354,17 +400,6 @@ def with_run_columns(batches: Iterable[pa.RecordBatch], model: str, run_id: str)
         yield pa.RecordBatch.from_arrays(
             [*batch.columns, *extra], names=[*batch.schema.names, *(f.name for f in RUN_FIELDS)]
         )
-
-
-def _first(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
-def _secret(name: str | None) -> str | None:
-    from trainflow.postgres import _password
-
-    return _password(name)
 
 
 def scoring_run_id() -> str:
