@@ -15,6 +15,10 @@ from typing import TYPE_CHECKING, Any
 import ray
 from ray.train import UserCallback
 
+# Ray Train's own hooks on its controller (RunConfig(callbacks=) passes every callback that is not a UserCallback to
+# them): the worker group's start and the controller's state changes, which UserCallback lacks
+from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
+
 from trainflow.storage import join, list_dir, read_text, write_text
 
 if TYPE_CHECKING:
@@ -75,44 +79,12 @@ def started_from(events: list[dict[str, Any]]) -> int | None:
     return None
 
 
-class RecoveryLog(UserCallback):
-    """Records each worker-group failure that Ray Train handles (or gives up on). It runs in Ray Train's controller,
-    a process of its own: it waits out an absent object store as the run's config says (services.storage_wait_s),
-    not for the default."""
+class _ControllerLog:
+    """An event log written from Ray Train's controller, a process of its own: it waits out an absent object store
+    as the run's config says (services.storage_wait_s), not for the default."""
 
     def __init__(self, run_dir: str, config: Config | None = None):
         self.run_dir, self.config = run_dir, config
-
-    def after_exception(self, run_context, worker_exceptions: dict[int, Exception]) -> None:
-        if self.config is not None:
-            from trainflow.config import apply_to_process
-
-            apply_to_process(self.config)
-        rank, exc = sorted(worker_exceptions.items())[0]
-        msg = str(exc).strip().splitlines()
-        detail = next((ln for ln in reversed(msg) if ln.strip()), type(exc).__name__)
-        append_event(self.run_dir, {"event": "error", "error": f"worker {rank}: {type(exc).__name__}: {detail}"[:500]})
-
-
-def _controller_callbacks() -> tuple[type, type]:
-    # Ray Train's own hooks on its controller (RunConfig(callbacks=) passes every callback that is not a
-    # UserCallback to them): the worker group's start and the controller's state changes, which UserCallback lacks
-    from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
-
-    return ControllerCallback, WorkerGroupCallback
-
-
-class AttemptLog(*_controller_callbacks()):  # type: ignore[misc]
-    """On Ray Train's controller: each worker group it starts (how many workers, on which nodes), the resize checks
-    of an elastic run that change its size, a preemption it detects (a drained node) and each restart (whether a
-    preemption or a failure caused it, and which of the group's nodes Ray Core was draining then). Read back by
-    `resizes`, which tells a drained node from a dead one."""
-
-    def __init__(self, run_dir: str, config: Config | None = None, scaling: ScalingSection | None = None):
-        """scaling: what the run's worker group asks for (a one-process family's one worker), else config's."""
-        self.run_dir, self.config = run_dir, config
-        self.scaling = scaling if scaling is not None else (config.scaling if config is not None else None)
-        self.nodes: list[str] = []
 
     def _append(self, event: dict[str, Any]) -> None:
         if self.config is not None:
@@ -120,6 +92,29 @@ class AttemptLog(*_controller_callbacks()):  # type: ignore[misc]
 
             apply_to_process(self.config)
         append_event(self.run_dir, event)
+
+
+class RecoveryLog(_ControllerLog, UserCallback):
+    """Records each worker-group failure that Ray Train handles (or gives up on)."""
+
+    def after_exception(self, run_context, worker_exceptions: dict[int, Exception]) -> None:
+        rank, exc = sorted(worker_exceptions.items())[0]
+        msg = str(exc).strip().splitlines()
+        detail = next((ln for ln in reversed(msg) if ln.strip()), type(exc).__name__)
+        self._append({"event": "error", "error": f"worker {rank}: {type(exc).__name__}: {detail}"[:500]})
+
+
+class AttemptLog(_ControllerLog, ControllerCallback, WorkerGroupCallback):
+    """On Ray Train's controller: each worker group it starts (how many workers, on which nodes), the resize checks
+    of an elastic run that change its size, a preemption it detects (a drained node) and each restart (whether a
+    preemption or a failure caused it, and which of the group's nodes Ray Core was draining then). Read back by
+    `resizes`, which tells a drained node from a dead one."""
+
+    def __init__(self, run_dir: str, config: Config | None = None, scaling: ScalingSection | None = None):
+        """scaling: what the run's worker group asks for (a one-process family's one worker), else config's."""
+        super().__init__(run_dir, config)
+        self.scaling = scaling if scaling is not None else (config.scaling if config is not None else None)
+        self.nodes: list[str] = []
 
     def after_worker_group_start(self, worker_group) -> None:
         workers = worker_group.get_workers()
@@ -172,12 +167,6 @@ def settle(node_ids: list[str], drained: list[str] = (), limit_s: float = SETTLE
     found gone."""
     import socket
 
-    def table() -> dict[str, dict[str, Any]]:
-        try:
-            return {n["NodeID"]: n for n in ray.nodes() if n.get("NodeID") in node_ids}
-        except Exception:  # noqa: BLE001 - Ray Core unreachable: nothing to wait for
-            return {}
-
     def answers(node: dict[str, Any]) -> bool:
         try:
             socket.create_connection((node["NodeManagerAddress"], int(node["NodeManagerPort"])), timeout=2).close()
@@ -185,10 +174,10 @@ def settle(node_ids: list[str], drained: list[str] = (), limit_s: float = SETTLE
         except (OSError, KeyError, ValueError):
             return False
 
-    nodes = table()
+    nodes = _node_table(node_ids)
     gone = [n for n, node in nodes.items() if n in drained or not node.get("Alive") or not answers(node)]
     deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline and any(table().get(n, {}).get("Alive") for n in gone):
+    while time.monotonic() < deadline and any(_node_table(gone).get(n, {}).get("Alive") for n in gone):
         time.sleep(0.5)
     if gone:
         # Ray Train's elastic policy reads the nodes from Ray Data's AutoscalingCoordinator, which looks again only
@@ -209,18 +198,21 @@ def draining_nodes() -> list[str]:
         return []
 
 
+def _node_table(node_ids) -> dict[str, dict[str, Any]]:
+    """Ray Core's node table rows of node_ids; none where Ray Core cannot be reached."""
+    try:
+        return {n["NodeID"]: n for n in ray.nodes() if n.get("NodeID") in node_ids}
+    except Exception:  # noqa: BLE001 - not connected: nothing known
+        return {}
+
+
 def node_states(node_ids: set[str]) -> dict[str, dict[str, str]]:
     """{node id: {state: alive|dead, reason}} from Ray Core's node table (Ray's death reason and message)."""
     out: dict[str, dict[str, str]] = {}
-    try:
-        table = ray.nodes()
-    except Exception:  # noqa: BLE001 - not connected: nothing known
-        return out
-    for node in table:
-        if node.get("NodeID") in node_ids:
-            alive = bool(node.get("Alive"))
-            reason = "" if alive else str(node.get("DeathReasonMessage") or node.get("DeathReason") or "")
-            out[node["NodeID"]] = {"state": "alive" if alive else "dead", "reason": reason}
+    for node_id, node in _node_table(node_ids).items():
+        alive = bool(node.get("Alive"))
+        reason = "" if alive else str(node.get("DeathReasonMessage") or node.get("DeathReason") or "")
+        out[node_id] = {"state": "alive" if alive else "dead", "reason": reason}
     return out
 
 
