@@ -247,3 +247,30 @@ def test_report_schedule_groups_steps_and_keeps_the_best_one(monkeypatch):
     assert resumed.to_report(150, best_step=99) == [
         150
     ]  # a best step inside the checkpoint resumed from is not reported again
+
+
+def test_every_fit_of_a_process_shares_one_progress_queue_and_gets_only_its_own_reports_in_order():
+    """Two watches at once (a sweep's trials, a retrain's next family starting) on one queue actor: each gets its
+    own reports, in the order they were put, every one before its block returns; a later watch reuses the queue."""
+    import threading
+
+    from trainflow.trainer import progress
+
+    got: dict[str, list[int]] = {"a": [], "b": []}
+
+    def fit(name: str, callback) -> None:  # what Ray Train's controller does with the callback
+        for epoch in range(40):
+            callback.after_report(None, [{"epoch": epoch, "name": name}], None)
+
+    queues = []
+    with progress.watch_progress(lambda m: got["a"].append(m["epoch"]), poll_s=0.05) as a:
+        with progress.watch_progress(lambda m: got["b"].append(m["epoch"]), poll_s=0.05) as b:
+            queues += [a.queue.actor, b.queue.actor]
+            threads = [threading.Thread(target=fit, args=(n, c)) for n, c in (("a", a), ("b", b))]
+            [t.start() for t in threads]
+            [t.join() for t in threads]
+        assert got["b"] == list(range(40))  # all of b's, before b's block ended
+    assert got["a"] == list(range(40))
+    with progress.watch_progress(lambda m: None) as c:
+        queues.append(c.queue.actor)
+    assert len({q._actor_id for q in queues}) == 1

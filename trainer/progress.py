@@ -1,8 +1,9 @@
 """Progress while a fit runs: Ray Train's controller hands each report's metrics to the process that called fit.
 
-ProgressCallback runs on the controller (a UserCallback) and puts the reported metrics on a ray.util.queue.Queue;
-watch_progress drains it on a thread of the calling process while fit() blocks, so the train task can print a
-line per report and log the metrics to MLflow as they arrive instead of after the fit.
+ProgressCallback runs on the controller (a UserCallback) and puts the reported metrics on a ray.util.queue.Queue
+(one per process and Ray session); watch_progress receives them on a thread of the calling process while fit()
+blocks, so the train task can print a line per report and log the metrics to MLflow as they arrive instead of after
+the fit.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import contextlib
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from queue import Empty
 from typing import Any
@@ -26,7 +28,7 @@ SHOWN = ("train_loss", "val_loss", "val_accuracy", "val_f1", "val_roc_auc", "val
 
 class ProgressCallback(UserCallback):
     """On Ray Train's controller: each report's metrics (the fullest worker's: a booster's rank 0) to the queue,
-    with `tag` added (a tune trial's id and family, so one queue serves every trial of a sweep)."""
+    with `tag` added (the watch it belongs to; a tune trial's id and family)."""
 
     def __init__(self, queue: Queue, tag: dict[str, Any] | None = None):
         self.queue, self.tag = queue, dict(tag or {})
@@ -43,15 +45,75 @@ class ProgressCallback(UserCallback):
             return
 
 
+WATCH = "_trainflow_watch"  # the tag that routes a report to the watch_progress block it belongs to
+
+
+class _Channel:
+    """One progress queue per process and Ray session, shared by every fit the process watches (a retrain's
+    families, folds and backtest fits, a sweep's trials): a queue is an actor, and a new actor is a new worker
+    process (about a second to start and 1-2 s of CPU), once instead of once per fit. One thread hands each
+    report to the watch its tag names, in the order the controller put them."""
+
+    def __init__(self, key: tuple[str, str], poll_s: float):
+        # on the caller's node: a worker node that leaves the cluster must not take the queue with it
+        here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=True)
+        self.key, self.poll_s = key, poll_s
+        self.queue = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
+        self.watches: dict[str, Callable[[dict[str, Any]], None]] = {}
+        self.lock = threading.Lock()  # held while an item is taken and handed on: a flush sees every earlier one
+        self.thread = threading.Thread(target=self._drain, name="trainflow-progress", daemon=True)
+        self.thread.start()
+
+    def _hand_on(self, item: dict[str, Any]) -> None:
+        deliver = self.watches.get(item.pop(WATCH, None))
+        if deliver is not None:  # else the watch ended (a report of a fit abandoned before its end)
+            deliver(item)
+
+    def _drain(self) -> None:
+        while True:
+            with self.lock:
+                try:
+                    item = self.queue.get(timeout=self.poll_s)
+                except Empty:
+                    item = None
+                except Exception:  # noqa: BLE001 - Ray stopped under us (a shutdown, a cancel): nothing more comes
+                    return
+                if item is not None:
+                    self._hand_on(item)
+            time.sleep(0 if item is not None else 0.01)  # a flush waiting for the lock gets it
+
+    def flush(self) -> None:
+        """Every report queued so far handed on (the fit returned: each of its reports was put before)."""
+        with self.lock:
+            with contextlib.suppress(Exception):  # Ray gone: nothing more to hand on
+                while not self.queue.empty():
+                    self._hand_on(self.queue.get_nowait())
+
+    def alive(self) -> bool:
+        return self.thread.is_alive() and self.key == _session()
+
+
+def _session() -> tuple[str, str]:
+    context = ray.get_runtime_context()
+    return context.gcs_address, context.get_job_id()
+
+
+_CHANNEL: list[_Channel] = []
+_CHANNEL_LOCK = threading.Lock()
+
+
+def _channel(poll_s: float) -> _Channel:
+    with _CHANNEL_LOCK:
+        if not _CHANNEL or not _CHANNEL[0].alive():  # the first fit, or Ray restarted since
+            _CHANNEL[:] = [_Channel(_session(), poll_s)]
+        return _CHANNEL[0]
+
+
 @contextlib.contextmanager
 def watch_progress(on_report: Callable[[dict[str, Any]], None], poll_s: float = 0.5) -> Iterator[ProgressCallback]:
     """A ProgressCallback for the trainer's RunConfig; while the block runs (the fit), each report is passed to
     on_report on a helper thread, and the ones still queued when the block ends are passed before it returns.
     A failing on_report is logged once and does not stop the fit."""
-    # on the caller's node: a worker node that leaves the cluster must not take the queue with it
-    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=True)
-    queue = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
-    done = threading.Event()
     failed = []
 
     def deliver(item: dict[str, Any]) -> None:
@@ -62,25 +124,13 @@ def watch_progress(on_report: Callable[[dict[str, Any]], None], poll_s: float = 
                 log.warning("progress report failed (training goes on): %s", exc)
             failed.append(exc)
 
-    def drain() -> None:
-        while True:
-            try:
-                deliver(queue.get(timeout=poll_s))
-            except Empty:
-                if done.is_set():
-                    return
-            except Exception:  # noqa: BLE001 - Ray stopped under us (a cancel): nothing more will come
-                return
-
-    thread = threading.Thread(target=drain, name="trainflow-progress", daemon=True)
-    thread.start()
+    channel, watch = _channel(poll_s), uuid.uuid4().hex
+    channel.watches[watch] = deliver
     try:
-        yield ProgressCallback(queue)
+        yield ProgressCallback(channel.queue, {WATCH: watch})
     finally:
-        done.set()
-        thread.join()
-        with contextlib.suppress(Exception):
-            queue.shutdown()
+        channel.flush()
+        channel.watches.pop(watch, None)
 
 
 class ProgressLine:
