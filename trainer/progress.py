@@ -51,8 +51,9 @@ WATCH = "_trainflow_watch"  # the tag that routes a report to the watch_progress
 class _Channel:
     """One progress queue per process and Ray session, shared by every fit the process watches (a retrain's
     families, folds and backtest fits, a sweep's trials): a queue is an actor, and a new actor is a new worker
-    process (about a second to start and 1-2 s of CPU), once instead of once per fit. One thread hands each
-    report to the watch its tag names, in the order the controller put them."""
+    process (about a second to start and 1-2 s of CPU), once instead of once per fit. While at least one fit is
+    watched, one thread hands each report to the watch its tag names, in the order the controller put them; with
+    none it stops (a thread blocked on Ray when Ray shuts down, as a process exits, crashes it)."""
 
     def __init__(self, key: tuple[str, str], poll_s: float):
         # on the caller's node: a worker node that leaves the cluster must not take the queue with it
@@ -61,36 +62,59 @@ class _Channel:
         self.queue = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
         self.watches: dict[str, Callable[[dict[str, Any]], None]] = {}
         self.lock = threading.Lock()  # held while an item is taken and handed on: a flush sees every earlier one
-        self.thread = threading.Thread(target=self._drain, name="trainflow-progress", daemon=True)
-        self.thread.start()
+        self.guard = threading.Lock()  # the watches and the thread: started with the first, stopped after the last
+        self.thread: threading.Thread | None = None
+        self.stop = threading.Event()
+
+    def open(self, watch: str, deliver: Callable[[dict[str, Any]], None]) -> None:
+        with self.guard:
+            self.watches[watch] = deliver
+            if self.thread is None or not self.thread.is_alive():
+                self.stop = threading.Event()
+                self.thread = threading.Thread(
+                    target=self._drain, args=(self.stop,), name="trainflow-progress", daemon=True
+                )
+                self.thread.start()
+
+    def close(self, watch: str) -> None:
+        """Every report queued so far handed on (the fit returned: each of its reports was put before), then the
+        watch forgotten; the thread stops with the last watch."""
+        self.flush()
+        with self.guard:
+            self.watches.pop(watch, None)
+            ending = self.thread if not self.watches else None
+            if ending is not None:
+                self.stop.set()
+                self.thread = None
+        if ending is not None:
+            ending.join()
 
     def _hand_on(self, item: dict[str, Any]) -> None:
         deliver = self.watches.get(item.pop(WATCH, None))
         if deliver is not None:  # else the watch ended (a report of a fit abandoned before its end)
             deliver(item)
 
-    def _drain(self) -> None:
-        while True:
+    def _drain(self, stop: threading.Event) -> None:
+        while not stop.is_set():
             with self.lock:
                 try:
                     item = self.queue.get(timeout=self.poll_s)
                 except Empty:
                     item = None
-                except Exception:  # noqa: BLE001 - Ray stopped under us (a shutdown, a cancel): nothing more comes
+                except Exception:  # noqa: BLE001 - Ray stopped under us (a cancel): nothing more comes
                     return
                 if item is not None:
                     self._hand_on(item)
             time.sleep(0 if item is not None else 0.01)  # a flush waiting for the lock gets it
 
     def flush(self) -> None:
-        """Every report queued so far handed on (the fit returned: each of its reports was put before)."""
         with self.lock:
             with contextlib.suppress(Exception):  # Ray gone: nothing more to hand on
                 while not self.queue.empty():
                     self._hand_on(self.queue.get_nowait())
 
     def alive(self) -> bool:
-        return self.thread.is_alive() and self.key == _session()
+        return self.key == _session()
 
 
 def _session() -> tuple[str, str]:
@@ -104,7 +128,7 @@ _CHANNEL_LOCK = threading.Lock()
 
 def _channel(poll_s: float) -> _Channel:
     with _CHANNEL_LOCK:
-        if not _CHANNEL or not _CHANNEL[0].alive():  # the first fit, or Ray restarted since
+        if not _CHANNEL or not _CHANNEL[0].alive():  # the first fit, or Ray started again since
             _CHANNEL[:] = [_Channel(_session(), poll_s)]
         return _CHANNEL[0]
 
@@ -125,12 +149,11 @@ def watch_progress(on_report: Callable[[dict[str, Any]], None], poll_s: float = 
             failed.append(exc)
 
     channel, watch = _channel(poll_s), uuid.uuid4().hex
-    channel.watches[watch] = deliver
+    channel.open(watch, deliver)
     try:
         yield ProgressCallback(channel.queue, {WATCH: watch})
     finally:
-        channel.flush()
-        channel.watches.pop(watch, None)
+        channel.close(watch)
 
 
 class ProgressLine:
