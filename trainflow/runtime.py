@@ -102,16 +102,23 @@ def carried_env() -> dict[str, str]:
     return dict(_CARRIED) if ray.is_initialized() else {}
 
 
+_OWN_PREFIX = "trainflow-ray-"  # tempfile.mkdtemp adds 8 characters
+
+
 def private_temp_dir(temp_dir: str | None) -> str:
     """A folder only this user can read for a local Ray's session: temp_dir (created 0700 when missing; an existing
-    one must not be readable by others), else a new one under the system's temporary folder."""
+    one must not be readable by others), else a new one under the system's temporary folder (or /tmp, where that
+    one's path is too long for Ray's socket paths under it)."""
     import stat
     import tempfile
 
     from trainflow.errors import ConfigError
+    from trainflow.limits import ray_folder_refusal
 
     if temp_dir:
         path = os.path.abspath(os.path.expanduser(temp_dir))
+        if ray_folder_refusal(path):
+            raise ConfigError(f"ray.temp_dir {ray_folder_refusal(path)}")
         os.makedirs(path, mode=0o700, exist_ok=True)
         if os.stat(path).st_mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise ConfigError(
@@ -120,9 +127,12 @@ def private_temp_dir(temp_dir: str | None) -> str:
             )
         return path
     base = tempfile.gettempdir()
-    if len(base) > 40:  # Ray's socket paths under it must stay within the 107 characters of a Unix socket path
+    if ray_folder_refusal(os.path.join(base, _OWN_PREFIX + "x" * 8)):
+        log.info(
+            "the temporary folder %s is too long for Ray's socket paths: the local Ray's folder goes in /tmp", base
+        )
         base = "/tmp"
-    path = tempfile.mkdtemp(prefix="trainflow-ray-", dir=base)  # mode 0700
+    path = tempfile.mkdtemp(prefix=_OWN_PREFIX, dir=base)  # mode 0700
     if not _OWN_TEMP:
         import atexit
 

@@ -26,6 +26,7 @@ from trainflow.limits import (
     PATIENCE_SHARE,
     ROWS_PER_STEP,
     TARGET_STEPS,
+    ray_folder_refusal,
 )
 
 
@@ -316,8 +317,18 @@ class RaySection(_Section):
         None,
         "the local Ray's session folder (logs, sockets, spilled objects), kept after the "
         "run; must be private to its owner (mode 700, created so)",
-        shown="a new private folder under the system's temporary folder, removed when the run's Ray stops",
+        shown="a new private folder under the system's temporary folder (`/tmp` where that one's path is too long "
+        "for Ray's socket paths), removed when the run's Ray stops",
     )
+
+    @field_validator("temp_dir")
+    @classmethod
+    def _sockets_fit(cls, value: str | None) -> str | None:
+        import os
+
+        if value is not None and ray_folder_refusal(os.path.abspath(os.path.expanduser(value))):
+            raise ValueError(ray_folder_refusal(os.path.abspath(os.path.expanduser(value))))
+        return value
 
 
 class CheckpointSection(_Section):
