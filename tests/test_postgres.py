@@ -12,7 +12,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from tests.conftest import xgboost_config, free_port
+from tests.conftest import free_port, write_parquet, xgboost_config
 from tests.servers import Postgres
 from trainflow.flows.cli import main as cli_main
 from trainflow.sample import make_churn_table
@@ -49,10 +49,15 @@ def _files_holding(root: Path, secret: str) -> list[str]:
 @pytest.mark.e2e
 def test_a_postgres_table_is_copied_once_per_run_and_a_rerun_reads_the_copy(tmp_path, postgres, password):
     postgres.execute("CREATE TABLE nightly AS SELECT * FROM churn")
-    cfg = _config(tmp_path, {"table": "nightly", "connection": postgres.connection})
+    # the predictions into a PostgreSQL table given no inference.connection: data.connection's server, kept after
+    # the source is read from its copy
+    write_parquet(make_churn_table(200, seed=2, with_label=False, id_offset=10_000), tmp_path / "score.parquet")
+    inference = {"input": "score.parquet", "output": "nightly_scores", "output_format": "postgres"}
+    cfg = _config(tmp_path, {"table": "nightly", "connection": postgres.connection}, inference=inference)
     out = tmp_path / "s1.json"
     assert cli_main(["retrain", "--config", cfg, "--summary-json", str(out), "--run-name", "nightly"]) == 0
     first = json.loads(out.read_text())
+    assert postgres.execute("SELECT count(*) FROM public.nightly_scores")[0][0] == 200 == first["output_rows"]
     snap = first["data_snapshot"]
     assert (snap["format"], snap["table"], snap["rows"]) == ("postgres", "nightly", 1500)
     assert snap["server"] == f"127.0.0.1:{postgres.port}/postgres" and snap["query"] == 'SELECT * FROM "nightly"'

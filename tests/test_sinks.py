@@ -47,6 +47,14 @@ def postgres():
     server.close()
 
 
+def _pg_sets(postgres, table: str) -> dict[str, str]:
+    return {
+        "inference.output_format": "postgres",
+        "inference.output": table,
+        "inference.connection": postgres.connection,
+    }
+
+
 def _predict(cfg: str, capsys, *sets: str) -> tuple[int, str]:
     code = cli_main(["predict", "--config", cfg, *(a for s in sets for a in ("--set", s))])
     captured = capsys.readouterr()
@@ -156,11 +164,45 @@ def test_a_scoring_run_is_one_commit_retried_once_and_a_failed_write_leaves_each
     code, said = _predict(
         cfg, capsys, *targets["postgres"][:1], "inference.output=public.theirs", targets["postgres"][2]
     )
-    assert code == 2 and "PostgreSQL table public.theirs lacks column(s)" in said, said
+    assert code == 2 and "PostgreSQL table public.theirs, which trainflow did not create" in said, said
     assert postgres.execute("SELECT count(*) FROM public.theirs")[0][0] == 0
     # a retrain into it is refused before the table is read or anything trained
     into_theirs = (*targets["postgres"][:1], "inference.output=public.theirs", targets["postgres"][2])
     code = cli_main(["retrain", "--config", cfg, "--force", *(a for s in into_theirs for a in ("--set", s))])
     said = capsys.readouterr().err
-    assert code == 2 and "PostgreSQL table public.theirs lacks column(s)" in said and "epoch" not in said, said
-    assert Path(tmp / "lake" / "scores").is_dir()
+    assert code == 2 and "PostgreSQL table public.theirs, which trainflow did not create" in said, said
+    assert "epoch" not in said and Path(tmp / "lake" / "scores").is_dir()
+
+    # a bare name is the table the server resolves it to (search_path "$user", public): a user's own table there
+    # (the schema named as the login) is refused and left as it was, comment included, and nothing goes to public
+    for sql in (
+        f"CREATE SCHEMA {Postgres.USER}",
+        f"CREATE TABLE {Postgres.USER}.churn_scores AS SELECT * FROM public.scores",
+        f"COMMENT ON TABLE {Postgres.USER}.churn_scores IS 'finance team table: do not modify'",
+    ):
+        postgres.execute(sql)
+    bare = (*targets["postgres"][:1], "inference.output=churn_scores", targets["postgres"][2])
+    code, said = _predict(cfg, capsys, *bare)
+    assert code == 2 and f"the PostgreSQL table {Postgres.USER}.churn_scores, which trainflow did not" in said, said
+    assert postgres.execute(
+        f"SELECT obj_description('{Postgres.USER}.churn_scores'::regclass), to_regclass('public.churn_scores')"
+    ) == [("finance team table: do not modify", None)]
+    # a bare name no table has yet: created in current_schema(), and that one table is checked, counted and read
+    config = load_config(cfg, _pg_sets(postgres, "fresh_scores"))
+    sink = sinks.Sink.of(config)
+    assert sinks.write_sink(batch, sink, 1, "models:/scored/1", "bare-run") == 1
+    assert sinks.write_sink(batch, sink, 1, "models:/scored/1", "bare-run") == 1  # a retry: nothing twice
+    assert postgres.execute(
+        f"SELECT count(*), obj_description('{Postgres.USER}.fresh_scores'::regclass) FROM {Postgres.USER}.fresh_scores"
+    ) == [(1, "trainflow predictions")]
+    assert sink.latest()[0] == "models:/scored/1"
+    # another model under the same scoring run's name is not a retry: refused, nothing written
+    with pytest.raises(sinks.DataError, match="already holds scoring run 'bare-run'.s predictions of"):
+        sinks.write_sink(batch, sink, 1, "models:/scored/2", "bare-run")
+    assert postgres.execute(f"SELECT count(*) FROM {Postgres.USER}.fresh_scores")[0][0] == 1
+    # a class name PostgreSQL would cut to 63 bytes is refused before a table is made, naming the column
+    long_class = "c" * 60
+    with pytest.raises(sinks.DataError, match=f"proba_{long_class}.*longer than PostgreSQL's 63 bytes"):
+        sinks.Sink.of(load_config(cfg, _pg_sets(postgres, "long_scores"))).check(
+            sinks.prediction_columns("customer_id", [0, long_class])
+        )

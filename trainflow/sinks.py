@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-from typing import Any, ClassVar, Iterable, Iterator
+from typing import Any, ClassVar, Iterable, Iterator, NamedTuple
 
 import pyarrow as pa
 
@@ -57,13 +57,8 @@ class Sink:
 
     @classmethod
     def of(cls, config) -> Sink:
-        inf = config.inference
-        return SINKS[inf.output_format](
-            inf.output,
-            inf.catalog if inf.catalog is not None else config.data.catalog,
-            inf.connection or config.data.connection,
-            inf.password_secret or config.data.password_secret,
-        )
+        inf = config.inference  # its defaults (the source's server, catalog) resolved when the config loaded
+        return SINKS[inf.output_format](inf.output, inf.catalog, inf.connection, inf.password_secret)
 
     def describe(self) -> str:
         return f"{self.noun} {self.table}"
@@ -115,14 +110,23 @@ class Sink:
 
     # -- one commit ---------------------------------------------------------------------------------------------
 
-    def write(self, batches: Iterable[pa.RecordBatch], schema: pa.Schema, expected_rows: int, run_id: str) -> int:
-        """Append every batch as one commit, unless this scoring run's rows are committed already (a retry): the
-        rows committed. The rows are counted as they stream; a count other than expected_rows aborts the commit
-        (DataError), so the table is left as it was."""
+    def write(
+        self, batches: Iterable[pa.RecordBatch], schema: pa.Schema, expected_rows: int, run_id: str, model: str
+    ) -> int:
+        """Append every batch as one commit, unless this scoring run's rows of this model are committed already (a
+        retry): the rows committed. Rows of the same scoring run by another model are a DataError (two configs
+        under one run name), not a retry. The rows are counted as they stream; a count other than expected_rows
+        aborts the commit (DataError), so the table is left as it was."""
         with self._session():
             done = self._committed(run_id)
+            if set(done) - {model}:
+                raise DataError(
+                    f"inference.output: the {self.describe()} already holds scoring run {run_id!r}'s predictions of "
+                    f"{sorted(set(done) - {model})}, not of {model}: a scoring run is one model's; give this one "
+                    "another --run-name"
+                )
             if done:
-                return done
+                return done[model]
             counted = _Counted(batches, expected_rows, self.describe())
             try:
                 self._append(counted, schema, run_id)
@@ -159,8 +163,8 @@ class Sink:
     def _columns(self) -> list[str] | None:
         raise NotImplementedError
 
-    def _committed(self, run_id: str) -> int:
-        """The rows of scoring run run_id the table holds (0 without a table)."""
+    def _committed(self, run_id: str) -> dict[str, int]:
+        """The rows of scoring run run_id the table holds, by the model that made them (none without a table)."""
         raise NotImplementedError
 
     def _append(self, counted: _Counted, schema: pa.Schema, run_id: str) -> None:
@@ -170,6 +174,12 @@ class Sink:
     def _newest(self) -> pa.Table:
         """The rows of the largest scored_at."""
         raise NotImplementedError
+
+
+def _by_model(rows: pa.Table) -> dict[str, int]:
+    """A scoring run's rows counted by their model_version."""
+    counts = rows.column(MODEL_COLUMN).value_counts()
+    return {str(c["values"]): int(c["counts"]) for c in counts.to_pylist()}
 
 
 def _newest_rows(table: pa.Table) -> pa.Table:
@@ -196,13 +206,14 @@ class DeltaSink(Sink):
         table = self._table()
         return None if table is None else list(table.schema().to_arrow().names)
 
-    def _committed(self, run_id: str) -> int:
+    def _committed(self, run_id: str) -> dict[str, int]:
         import pyarrow.dataset as pads
 
         table = self._table()
         if table is None:
-            return 0
-        return table.to_pyarrow_dataset().count_rows(filter=pads.field(RUN_COLUMN) == run_id)
+            return {}
+        found = table.to_pyarrow_dataset().to_table(columns=[MODEL_COLUMN], filter=pads.field(RUN_COLUMN) == run_id)
+        return _by_model(found)
 
     def _append(self, counted: _Counted, schema: pa.Schema, run_id: str) -> None:
         from deltalake import CommitProperties, write_deltalake
@@ -242,13 +253,13 @@ class IcebergSink(Sink):
         table = self._table()
         return None if table is None else [f.name for f in table.schema().fields]
 
-    def _committed(self, run_id: str) -> int:
+    def _committed(self, run_id: str) -> dict[str, int]:
         from pyiceberg.expressions import EqualTo
 
         table = self._table()
         if table is None or table.current_snapshot() is None:
-            return 0
-        return table.scan(row_filter=EqualTo(RUN_COLUMN, run_id), selected_fields=(RUN_COLUMN,)).to_arrow().num_rows
+            return {}
+        return _by_model(table.scan(row_filter=EqualTo(RUN_COLUMN, run_id), selected_fields=(MODEL_COLUMN,)).to_arrow())
 
     def _append(self, counted: _Counted, schema: pa.Schema, run_id: str) -> None:
         table = self._table()
@@ -267,12 +278,35 @@ class IcebergSink(Sink):
         return _newest_rows(self._table().scan().to_arrow())
 
 
+class _PgSession(NamedTuple):
+    source: Any  # the SqlSource that connected (its messages mask the password)
+    conn: Any
+    cursor: Any
+    schema: str  # the table's schema, resolved once: the existing table's, else current_schema()
+    name: str
+    comment: str | None  # an existing table's comment (CREATED_BY when trainflow made it)
+    exists: bool
+
+    @property
+    def qualified(self) -> str:
+        from trainflow.postgres import quote_table
+
+        return quote_table(f"{self.schema}.{self.name}")
+
+
+# PostgreSQL's identifiers hold at most 63 bytes (NAMEDATALEN - 1): a longer column name is cut, silently
+PG_NAME_MAX = 63
+
+
 class PostgresSink(Sink):
     """A PostgreSQL table: the columns' check, the retry's count and the append in one connection and one database
-    transaction per call (a scoring run makes two: the check before scoring, the write)."""
+    transaction per call (a scoring run makes two: the check before scoring, the write). The table is resolved once
+    per call, as the server resolves its name (search_path for a bare name): the check, the create, the comment,
+    the count and the read all use that one schema-qualified table. A table trainflow did not create (its comment
+    is not trainflow's) is refused, never altered."""
 
     format, noun, package = "postgres", "PostgreSQL table", ("adbc_driver_postgresql", "postgres")
-    _open: tuple[Any, Any, Any] | None = None  # (the SqlSource, the connection, its cursor) of the session
+    _open: _PgSession | None = None
 
     @functools.cached_property
     def _password(self) -> str | None:
@@ -289,8 +323,9 @@ class PostgresSink(Sink):
 
         source = SqlSource(self.connection or "", "SELECT 1", password=self._password)
         conn, cursor = source.connect(read_only=False)
-        self._open = (source, conn, cursor)
         try:
+            self._open = _PgSession(source, conn, cursor, *self._resolve(source, cursor))
+            self._own()
             yield
         except BaseException:
             with contextlib.suppress(Exception):  # a server gone away has rolled it back itself
@@ -302,50 +337,99 @@ class PostgresSink(Sink):
             self._open = None
             conn.close()
 
+    def _resolve(self, source, cursor) -> tuple[str, str, str | None, bool]:
+        """(schema, name, comment, exists) of the table the server means by self.table."""
+        from trainflow.postgres import quote_table
+
+        schema, _, name = self.table.rpartition(".")
+        try:
+            cursor.execute(
+                "SELECT n.nspname, c.relname, obj_description(c.oid, 'pg_class') FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)",
+                parameters=(quote_table(self.table),),
+            )
+            found = cursor.fetchone()
+            if found is not None:
+                return found[0], found[1], found[2], True
+            if not schema:
+                cursor.execute("SELECT current_schema()")
+                schema = cursor.fetchone()[0]
+        except Exception as exc:  # noqa: BLE001 - the driver's errors
+            said = source._said(exc)
+            raise DataError(f"inference.output: PostgreSQL on {source.server} refused {self.table}: {said}") from None
+        if not schema:
+            raise DataError(
+                f"inference.output: {self.table!r} names no schema and the connection's search_path holds none that "
+                "exists: name the table as schema.name"
+            )
+        return schema, name, None, False
+
+    def _own(self) -> None:
+        """An existing table must be one trainflow created: another's is refused and never altered."""
+        s = self._open
+        if s.exists and s.comment != CREATED_BY:
+            said = f"its comment: {s.comment!r}" if s.comment else "it has no comment"
+            where = "" if self.table == f"{s.schema}.{s.name}" else f"{self.table} is "
+            raise DataError(
+                f"inference.output: {where}the PostgreSQL table {s.schema}.{s.name}, which trainflow did not create "
+                f"({said}; trainflow marks its own {CREATED_BY!r}): it is never written or altered; name another "
+                "table (a new one is created)"
+            )
+
+    def describe(self) -> str:
+        s = self._open
+        return f"{self.noun} {s.schema}.{s.name}" if s is not None else super().describe()
+
     def _said(self, exc: BaseException) -> str:
-        return self._open[0]._said(exc)
+        return self._open.source._said(exc) if self._open is not None else super()._said(exc)
+
+    def check(self, expected: list[str]) -> None:
+        long = [c for c in expected if len(c.encode()) > PG_NAME_MAX]
+        if long:
+            raise DataError(
+                f"inference.output: the column name(s) {long} are longer than PostgreSQL's {PG_NAME_MAX} bytes (it "
+                "would cut them): shorten those class names in the label, or write predictions to Parquet or Delta"
+            )
+        super().check(expected)
 
     def _columns(self) -> list[str] | None:
-        schema, _, name = self.table.rpartition(".")
-        cursor = self._open[2]
-        cursor.execute(
+        s = self._open
+        if not s.exists:
+            return None
+        s.cursor.execute(
             "SELECT column_name FROM information_schema.columns WHERE table_schema = $1 AND table_name = $2 "
             "ORDER BY ordinal_position",
-            parameters=(schema or "public", name),
+            parameters=(s.schema, s.name),
         )
-        return [r[0] for r in cursor.fetchall()] or None
+        return [r[0] for r in s.cursor.fetchall()] or None
 
-    def _committed(self, run_id: str) -> int:
-        from trainflow.postgres import quote_table
-
-        if self._columns() is None:
-            return 0
-        cursor = self._open[2]
-        cursor.execute(
-            f'SELECT count(*) FROM {quote_table(self.table)} WHERE "{RUN_COLUMN}" = $1', parameters=(run_id,)
+    def _committed(self, run_id: str) -> dict[str, int]:
+        s = self._open
+        if not s.exists:
+            return {}
+        s.cursor.execute(
+            f'SELECT "{MODEL_COLUMN}", count(*) FROM {s.qualified} WHERE "{RUN_COLUMN}" = $1 GROUP BY 1',
+            parameters=(run_id,),
         )
-        return int(cursor.fetchone()[0])
+        return {str(model): int(n) for model, n in s.cursor.fetchall()}
 
     def _append(self, counted: _Counted, schema: pa.Schema, run_id: str) -> None:
-        from trainflow.postgres import quote_table
-
-        new = self._columns() is None
-        cursor = self._open[2]
-        schema_name, _, name = self.table.rpartition(".")
+        s = self._open
         reader = pa.RecordBatchReader.from_batches(schema, iter(counted))
-        cursor.adbc_ingest(name, reader, mode="create" if new else "append", db_schema_name=schema_name or "public")
-        if new:
-            cursor.execute(f"COMMENT ON TABLE {quote_table(self.table)} IS '{CREATED_BY}'")
+        s.cursor.adbc_ingest(s.name, reader, mode="append" if s.exists else "create", db_schema_name=s.schema)
+        if not s.exists:
+            s.cursor.execute(f"COMMENT ON TABLE {s.qualified} IS '{CREATED_BY}'")
 
     def _newest(self) -> pa.Table:
-        from trainflow.postgres import _plain_table, quote_table
+        from trainflow.postgres import _plain_table
 
-        source, _, cursor = self._open
-        name = quote_table(self.table)
-        source.run(
-            cursor, f'SELECT * FROM {name} WHERE "{TIME_COLUMN}" = (SELECT max("{TIME_COLUMN}") FROM {name})', "output"
+        s = self._open
+        s.source.run(
+            s.cursor,
+            f'SELECT * FROM {s.qualified} WHERE "{TIME_COLUMN}" = (SELECT max("{TIME_COLUMN}") FROM {s.qualified})',
+            "output",
         )
-        return _plain_table(cursor.fetch_arrow_table())
+        return _plain_table(s.cursor.fetch_arrow_table())
 
 
 SINKS: dict[str, type[Sink]] = {s.format: s for s in (DeltaSink, IcebergSink, PostgresSink)}
@@ -425,4 +509,4 @@ def write_sink(preds, sink: Sink, expected_rows: int, model: str, run_id: str) -
         schema = first.schema
         batches = itertools.chain([first], batches)
     schema = pa.schema([*schema, *RUN_FIELDS])
-    return sink.write(with_run_columns(batches, model, run_id), schema, expected_rows, run_id)
+    return sink.write(with_run_columns(batches, model, run_id), schema, expected_rows, run_id, model)

@@ -137,11 +137,8 @@ class Config(_Section):
             self.split.group_column is not None
         ):  # a group's id is no feature unless named: it cannot carry to new groups
             self.data._not_features = {self.split.group_column}
-        if (
-            self.inference.output
-            and self.inference.output_format == "postgres"
-            and not (self.inference.connection or self.data.connection)
-        ):
+        self._sink_defaults()
+        if self.inference.output and self.inference.output_format == "postgres" and not self.inference.connection:
             raise ValueError("inference.connection: output_format postgres needs postgresql://user@host:port/database")
         if isinstance(self.train.folds, int) and self.train.folds > 1 and self.split.test_fraction == 0:
             raise ValueError(
@@ -159,6 +156,18 @@ class Config(_Section):
             if self.tune.mode is None:
                 self.tune.mode = known[self.tune.metric]
         return self
+
+    def _sink_defaults(self) -> None:
+        """A table sink's server or catalog defaults to the source's, resolved here, once: the source's own keys go
+        when a PostgreSQL source is read from its copy (DataSection.as_copy), the sink's stay."""
+        inf = self.inference
+        if inf.output_format == "postgres":
+            if inf.connection is None and self.data.connection is not None:
+                inf.connection = self.data.connection
+            if inf.password_secret is None and self.data.password_secret is not None:
+                inf.password_secret = self.data.password_secret
+        if inf.output_format == "iceberg" and inf.catalog is None and self.data.catalog is not None:
+            inf.catalog = self.data.catalog
 
     def require_tune(self) -> TuneSection:
         """The sweep's settings: the tune section, or its defaults. Without tune.search_space each family searches
