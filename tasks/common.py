@@ -18,6 +18,18 @@ from trainflow.services import explain
 from trainflow.tables import in_memory_bytes, list_files, scoring_in_process_bytes
 
 
+def chart_figure(**kwargs):
+    """A new matplotlib Figure whose text is text: a `$` in a column name, class or value is a dollar sign, not
+    mathtext (which would fail to parse `cost $_$ total` when the chart is drawn). Matplotlib reads the setting when
+    a text is made, tick labels included, which it makes as the figure draws: set for this process, where charts are
+    trainflow's own."""
+    import matplotlib
+    from matplotlib.figure import Figure  # no pyplot: no global state, so it may draw on a helper thread
+
+    matplotlib.rcParams["text.parse_math"] = False
+    return Figure(**kwargs)
+
+
 def png_data_uri(fig) -> tuple[bytes, str]:
     """A matplotlib figure as PNG bytes and as a data: URI: Prefect's UI renders an embedded image, never a
     file:// or s3:// one a browser cannot open."""

@@ -7,7 +7,7 @@ import math
 import time
 from typing import Any
 
-from trainflow.tasks.common import in_prefect_run, md, md_code, png_data_uri, task_logger
+from trainflow.tasks.common import chart_figure, in_prefect_run, md, md_code, png_data_uri, task_logger
 from trainflow.preprocessors.baseline import drift_report
 from trainflow.config import Config
 from trainflow.redact import redact_text
@@ -26,12 +26,10 @@ def measure(config: Config, baseline: dict[str, Any], counts: dict[str, list[int
 
 def bar_chart(drift: dict[str, Any]):
     """A PNG: one bar per feature (its score), its threshold marked, drifted bars red."""
-    from matplotlib.figure import Figure  # no pyplot: no global state, so it may draw on a helper thread
-
     cols = list(drift["columns"])
     scores = [drift["columns"][c]["score"] or 0.0 for c in cols]
     colors = ["tab:red" if drift["columns"][c]["verdict"] == "drifted" else "tab:blue" for c in cols]
-    fig = Figure(figsize=(6, 0.35 * len(cols) + 1.2), dpi=100)
+    fig = chart_figure(figsize=(6, 0.35 * len(cols) + 1.2), dpi=100)
     ax = fig.subplots()
     ax.barh(cols, scores, color=colors)
     for i, c in enumerate(cols):

@@ -16,7 +16,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
 from trainflow.preprocessors.tabular import TabularPreprocessor
-from trainflow.tasks.common import retry_unless_user_error
+from trainflow.tasks.common import md, md_code, retry_unless_user_error
 from trainflow.tasks.values import Ingested, Selected, TrainOutcome, Registered
 from trainflow.config import Config
 from trainflow.folds import FoldPlan
@@ -239,12 +239,13 @@ def describe_version(config: Config, summary: dict[str, Any]) -> None:
         f"{k} {v:.4g}" for k, v in (summary.get("test_metrics") or {}).items() if isinstance(v, (int, float))
     )
     text = (
-        # Markdown, as MLflow renders it: names from storage in code spans (a path's underscores are no emphasis)
-        f"trainflow {summary.get('model_family')} trained on `{redact_text(str(summary.get('data_path')))}` "
-        f"({summary.get('training_rows')} rows, fingerprint `{summary.get('data_fingerprint')}`), run "
-        f"`{summary.get('run_name')}`. "
+        # Markdown, as MLflow renders it: names from storage in code spans (a path's underscores are no emphasis),
+        # text from the data (a slice's value in the gate's reason) escaped: MLflow shows raw HTML
+        f"trainflow {md(summary.get('model_family'))} trained on {md_code(redact_text(str(summary.get('data_path'))))} "
+        f"({summary.get('training_rows')} rows, fingerprint {md_code(summary.get('data_fingerprint'))}), run "
+        f"{md_code(summary.get('run_name'))}. "
         + (f"Test ({summary.get('test_rows')} rows no choice touched): {test}. " if test else "")
-        + f"Gate: {promotion.get('decision')}: {promotion.get('reason')}"
+        + f"Gate: {md(promotion.get('decision'))}: {md(promotion.get('reason'))}"
     )
     uri = config.mlflow.tracking_uri
     try:

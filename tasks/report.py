@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from typing import Any
 
@@ -16,7 +17,7 @@ from prefect.cache_policies import NO_CACHE
 from trainflow.config import ENSEMBLE, Config
 from trainflow.storage import is_uri, join, write_bytes
 from trainflow.redact import redact_config, redact_text
-from trainflow.tasks.common import md, md_code, png_data_uri, artifact_key
+from trainflow.tasks.common import artifact_key, chart_figure, md, md_code, png_data_uri
 from trainflow.trainer.backtest import backtest_line
 from trainflow.tasks.mlflow_run import parent_run
 from trainflow.tracking import mlflow_key, tracking
@@ -32,13 +33,32 @@ CARD_STYLE = (
 )
 
 
+# what the card's HTML may hold (nh3's allow-list): Markdown's own tags, images as data: URIs only, no attributes that
+# run code; anything else a string from the data or config could carry is dropped or shown as text
+CARD_TAGS = {"h1", "h2", "h3", "h4", "p", "ul", "ol", "li", "strong", "em", "code", "pre", "table", "thead"}
+CARD_TAGS |= {"tbody", "tr", "th", "td", "img", "a", "br", "hr", "blockquote"}
+CARD_ATTRIBUTES = {"img": {"src", "alt"}, "a": {"href"}, "th": {"align", "style"}, "td": {"align", "style"}}
+
+
 def card_html(card: str, title: str) -> str:
-    """The Markdown card as one self-contained HTML page (its images are data: URIs)."""
+    """The Markdown card as one self-contained HTML page (its images are data: URIs). Raw HTML in the Markdown is
+    shown as text (Python-Markdown's HTML block and inline patterns removed), and the page's body goes through an
+    allow-list sanitizer (nh3): no string of the data or config becomes a tag, an event handler or a script."""
     import html
 
     import markdown
+    import nh3
 
-    body = markdown.markdown(card, extensions=["tables", "fenced_code"])
+    renderer = markdown.Markdown(extensions=["tables", "fenced_code"])
+    renderer.preprocessors.deregister("html_block")
+    renderer.inlinePatterns.deregister("html")
+    body = nh3.clean(
+        renderer.convert(card),
+        tags=CARD_TAGS,
+        attributes=CARD_ATTRIBUTES,
+        url_schemes={"http", "https", "data"},
+        link_rel="noopener noreferrer",
+    )
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{CARD_STYLE}</style></head><body>{body}</body></html>"
@@ -54,14 +74,13 @@ def training_curves(curves: list[dict[str, Any]], title: str):
     served one is made of, one panel per family: a family's own run, each fold model of a bag, each member of an
     ensemble labelled with its weight. curves: [{"family", "label", "history", "unit"}]. None when no model reported
     a finite loss (nothing to draw)."""
-    from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     drawn = [c for c in curves if any(_finite(h.get("val_loss")) for h in c["history"])]
     if not drawn:
         return None
     families = list(dict.fromkeys(c["family"] for c in drawn))
-    fig = Figure(figsize=(max(6.0, 4.2 * len(families)), 3.6), dpi=100)
+    fig = chart_figure(figsize=(max(6.0, 4.2 * len(families)), 3.6), dpi=100)
     axes = fig.subplots(1, len(families), squeeze=False)[0]
     for ax, family in zip(axes, families):
         mine = [c for c in drawn if c["family"] == family]
@@ -86,7 +105,6 @@ def outcome_chart(scored, judged_on: str, title: str, sample: int = 5_000):
     exact); a classifier's ROC and precision-recall curves (each class against the rest for more than two). None
     when there are no rows, or a classifier's rows hold one class."""
     import numpy as np
-    from matplotlib.figure import Figure
     from sklearn import metrics as skm
 
     if scored is None or len(scored.labels) == 0:
@@ -96,7 +114,7 @@ def outcome_chart(scored, judged_on: str, title: str, sample: int = 5_000):
         pick = np.random.default_rng(0).permutation(len(scored.labels))[:sample]
         pred = scored.outputs.reshape(-1)[pick] * prep.label_std + prep.label_mean
         truth = scored.labels[pick] * prep.label_std + prep.label_mean
-        fig = Figure(figsize=(5, 4.5), dpi=100)
+        fig = chart_figure(figsize=(5, 4.5), dpi=100)
         ax = fig.subplots()
         ax.scatter(truth, pred, s=6, alpha=0.4)
         lo, hi = float(min(truth.min(), pred.min())), float(max(truth.max(), pred.max()))
@@ -117,7 +135,7 @@ def outcome_chart(scored, judged_on: str, title: str, sample: int = 5_000):
     probs = softmax(scored.outputs.astype(np.float64), axis=1)  # the outputs are log-probabilities
     classes = [int(present.max())] if prep.num_outputs == 2 else [int(c) for c in present[:10]]
     names = [str(c) for c in (prep.classes or range(prep.num_outputs))]
-    fig = Figure(figsize=(10, 4.2), dpi=100)
+    fig = chart_figure(figsize=(10, 4.2), dpi=100)
     roc, pr = fig.subplots(1, 2)
     for c in classes:
         truth = y == c
@@ -143,9 +161,8 @@ def outcome_chart(scored, judged_on: str, title: str, sample: int = 5_000):
 
 def reliability_diagram(calibration: dict[str, Any], title: str):
     """Accuracy against mean confidence per confidence bin (the diagonal is perfect calibration), bars of rows."""
-    from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(5, 4), dpi=100)
+    fig = chart_figure(figsize=(5, 4), dpi=100)
     ax = fig.subplots()
     bins = calibration["bins"]
     ax.plot([0, 1], [0, 1], linestyle="--", color="grey", label="perfectly calibrated")
@@ -171,10 +188,9 @@ def backtest_chart(b: dict[str, Any], title: str):
     """The chosen model's metric per slice of its test rows against their age, with the fitted line; the earlier
     model and the one it is compared with, on every test row, at the age of the median test row for each."""
     import numpy as np
-    from matplotlib.figure import Figure
 
     by_time = [(kind, s) for kind in ("out-of-fold", "test") for s in (b.get("by_time") or {}).get(kind, [])]
-    fig = Figure(figsize=(11 if by_time else 6, 4 if by_time else 3.5), dpi=100)
+    fig = chart_figure(figsize=(11 if by_time else 6, 4 if by_time else 3.5), dpi=100)
     ax, when = fig.subplots(1, 2, width_ratios=[1, 1]) if by_time else (fig.subplots(), None)
     if when is not None:  # the metric on every slice of time, out-of-fold rows (oldest) then test rows (newest)
         colors = {"out-of-fold": "tab:green", "test": "tab:blue"}
@@ -223,10 +239,9 @@ def backtest_chart(b: dict[str, Any], title: str):
 
 def importance_chart(rows: list[dict[str, Any]], metric: str, title: str, top: int = 20):
     """Horizontal bars: how much metric worsens when each column is shuffled (error bars: its spread), best on top."""
-    from matplotlib.figure import Figure
 
     shown = rows[:top][::-1]
-    fig = Figure(figsize=(6, 0.35 * len(shown) + 1.2), dpi=100)
+    fig = chart_figure(figsize=(6, 0.35 * len(shown) + 1.2), dpi=100)
     ax = fig.subplots()
     ax.barh(
         [r["column"] for r in shown],
@@ -270,13 +285,13 @@ def _calibration_lines(summary: dict[str, Any]) -> str:
     if fit.get("method"):
         params = ", ".join(f"{k} {fit[k]:.4g}" for k in ("temperature", "slope", "intercept") if k in fit)
         line += (
-            f"\n- calibrated with {fit['method']} ({params}) because {fit['why']}: ECE {fit['ece_before']:.4f} -> "
+            f"\n- calibrated with {fit['method']} ({params}) because {md(fit['why'])}: ECE {fit['ece_before']:.4f} -> "
             f"{fit['ece_after']:.4f}, Brier {fit['brier_before']:.4f} -> {fit['brier_after']:.4f} (fitted on the same split)"
         )
     elif fit.get("why"):
-        line += f"\n- not recalibrated: {fit['why']}"
+        line += f"\n- not recalibrated: {md(fit['why'])}"
     if fit.get("threshold") is not None:
-        line += f"\n- decision threshold {fit['threshold']:.4f} on the positive class's probability ({fit['threshold_why']})"
+        line += f"\n- decision threshold {fit['threshold']:.4f} on the positive class's probability ({md(fit['threshold_why'])})"
     return line
 
 
@@ -313,20 +328,20 @@ def _fmt(v: Any, missing: str = "—") -> str:
 
 
 def _budget_line(budget: dict[str, Any]) -> str:
-    return f"- {budget['description']}" if budget.get("description") else "- not recorded"
+    return f"- {md(budget['description'])}" if budget.get("description") else "- not recorded"
 
 
 def _family_line(config: Config, summary: dict[str, Any]) -> str:
     family = summary.get("model_family") or config.model.families[0]
     if family == ENSEMBLE and summary.get("ensemble"):
         ens = summary["ensemble"]
-        weights = ", ".join(f"`{m['family']}` {m['weight']:.2f}" for m in ens["members"] if m["weight"] > 0)
+        weights = ", ".join(f"{md_code(m['family'])} {m['weight']:.2f}" for m in ens["members"] if m["weight"] > 0)
         return (
             f"- family `{family}`: the weighted mean of {weights} (greedy ensemble selection, {ens['rounds']} rounds "
             f"on {ens['rows']} {'out-of-fold' if ens.get('weighted_on') == 'out-of-fold' else 'validation'} rows; "
             "scores cross-fitted over two halves of them)"
         )
-    return f"- family `{family}`: {REGISTRY[family].describe(config.model.for_family(family))}"
+    return f"- family {md_code(family)}: {md(REGISTRY[family].describe(config.model.for_family(family)))}"
 
 
 def _chosen_on(summary: dict[str, Any]) -> str:
@@ -353,7 +368,7 @@ def _candidates_lines(summary: dict[str, Any], metric: str) -> str:
     columns = list(table)
     words = {"epoch": "— (no epochs of its own)", "epochs_run": "—", "unit": "—", "train_s": "— (not measured)"}
     lines = "\n".join(
-        "| " + " | ".join(_fmt(table[c][i], words.get(c, "—")) for c in columns) + " |"
+        "| " + " | ".join(md(_fmt(table[c][i], words.get(c, "—"))) for c in columns) + " |"
         for i in range(len(table[columns[0]]))
     )
     return (
@@ -372,7 +387,7 @@ def _predictions_line(summary: dict[str, Any]) -> str:
 
 
 def _predictions_rows(summary: dict[str, Any]) -> str:
-    line = f"- {summary['output_rows']} predictions for {summary['input_rows']} input rows: `{summary['predictions_path']}`"
+    line = f"- {summary['output_rows']} predictions for {summary['input_rows']} input rows: {md_code(summary['predictions_path'])}"
     unseen = summary.get("unseen_categories") or {}
     if unseen:
         line += "\n- values never seen in training (predicted with the unknown code): " + ", ".join(
@@ -480,7 +495,7 @@ def _curve_lines(curve_uri: str | None, curve_png: str) -> str:
     if not curve_png:
         return "No training curve: no model this one is made of reported a loss per epoch or round."
     return (
-        f"Loss during training of every model this one is made of (also `{curve_uri}` and the MLflow run's "
+        f"Loss during training of every model this one is made of (also {md_code(curve_uri)} and the MLflow run's "
         f"`{LOSS_CURVE}`):\n\n![training curves]({curve_png})"
     )
 
@@ -497,13 +512,16 @@ def _snapshot_line(summary: dict[str, Any]) -> str:
     if not snap:
         return ""
     if snap["format"] == "postgres":
-        read = f"table `{snap['table']}`" if snap.get("table") else f"query `{' '.join(snap['query'].split())[:200]}`"
+        read = f"table {md_code(snap['table'])}" if snap.get("table") else f"query {md_code(snap['query'][:200])}"
         return (
-            f"\n- read: PostgreSQL {read} on `{snap['server']}`, {snap['rows']:,} rows copied in one transaction at "
-            f"{snap['copied_at']} to `{snap['location']}`"
+            f"\n- read: PostgreSQL {read} on {md_code(snap['server'])}, {snap['rows']:,} rows copied in one "
+            f"transaction at {md(snap['copied_at'])} to {md_code(snap['location'])}"
         )
     what = "version" if snap["format"] == "delta" else "snapshot"
-    return f"\n- read: {snap['format']} table `{snap['table']}` at {what} {snap['snapshot']} (table id `{snap['table_id']}`)"
+    return (
+        f"\n- read: {snap['format']} table {md_code(snap['table'])} at {what} {md(snap['snapshot'])} (table id "
+        f"{md_code(snap['table_id'])})"
+    )
 
 
 def model_card(
@@ -517,17 +535,19 @@ def model_card(
     """Markdown: data, metrics, promotion decision, lineage and the resolved config."""
     best = summary["best_checkpoint"]
     promo = summary["promotion"]
-    return f"""# {summary["registered_model"]} version {summary["model_version"]}
+    config_json = json.dumps(redact_config(config.to_dict()), indent=2)
+    fence = "`" * max(3, 1 + max((len(r) for r in re.findall("`+", config_json)), default=0))  # never closed inside
+    return f"""# {md(summary["registered_model"])} version {summary["model_version"]}
 
 **Promotion: {promo["decision"]}** on {promo["metric"]} ({promo["mode"]}, margin {promo["margin"]:g}), judged on {promo.get("rows")} {promo.get("judged_on", "validation")} rows:
 challenger v{promo["challenger_version"]} {_fmt(promo["challenger_score"])}, {_champion(promo)}.
-{promo["reason"]}.{(" Judged on " + promo["judged_rows_note"] + ".") if promo.get("judged_rows_note") else ""} {_serving_line(promo)}{_confidence_line(promo)}
+{md(promo["reason"])}.{(" Judged on " + md(promo["judged_rows_note"]) + ".") if promo.get("judged_rows_note") else ""} {_serving_line(promo)}{_confidence_line(promo)}
 
 ## Data
-- table: `{summary["data_path"]}`
-- fingerprint: `{summary["data_fingerprint"]}`{_snapshot_line(summary)}
+- table: {md_code(summary["data_path"])}
+- fingerprint: {md_code(summary["data_fingerprint"])}{_snapshot_line(summary)}
 - rows: {_rows_line(summary)}
-- split: {summary.get("split") or "train/validation"}{f"; assignment `{summary['split_path']}`" if summary.get("split_path") else ""}{chr(10) + "- backtest: " + backtest_line(summary["backtest"]) if summary.get("backtest") else ""}
+- split: {md(summary.get("split") or "train/validation")}{f"; assignment {md_code(summary['split_path'])}" if summary.get("split_path") else ""}{chr(10) + "- backtest: " + md(backtest_line(summary["backtest"])) if summary.get("backtest") else ""}
 
 ## The model
 {_model_lines(config, summary)}
@@ -563,14 +583,14 @@ challenger v{promo["challenger_version"]} {_fmt(promo["challenger_score"])}, {_c
 {_predictions_line(summary)}
 
 ## Lineage
-data `{summary["data_fingerprint"]}` → Ray Train run `{summary["ray_run_path"]}` →
-MLflow run `{summary["mlflow_run_id"]}`, model `{summary["model_uri"]}` →
-{f"predictions `{summary['predictions_path']}` (by version {summary.get('predictions_model_version')})" if summary.get("predictions_path") else "no predictions in this run"}
+data {md_code(summary["data_fingerprint"])} → Ray Train run {md_code(summary["ray_run_path"])} →
+MLflow run {md_code(summary["mlflow_run_id"])}, model {md_code(summary["model_uri"])} →
+{f"predictions {md_code(summary['predictions_path'])} (by version {summary.get('predictions_model_version')})" if summary.get("predictions_path") else "no predictions in this run"}
 
 ## Config
-```json
-{json.dumps(redact_config(config.to_dict()), indent=2)}
-```
+{fence}json
+{config_json}
+{fence}
 """
 
 

@@ -214,6 +214,53 @@ def _a_person_sees_the_card_and_the_plots(
         described.get_by_text("Gate: promoted").first.wait_for(timeout=60_000)
         text = check_page(described, "mlflow-version", [], 0, 0)
         assert str(tmp_path / "data" / "train.parquet") in text  # a path's underscores stay underscores
+        _hostile_text_is_text_in_every_view(env, b, client, version, tracking, mlflow_ui)
+
+
+def _hostile_text_is_text_in_every_view(env, b, client: MlflowClient, version, tracking: str, mlflow_ui: str) -> None:
+    """A card whose every string from the data or config is hostile HTML (column names, a slice's value in the gate's
+    reason, class names, paths, the model's name), through each view a person opens: Prefect's artifact page, the
+    card's HTML in MLflow's artifact frame, the registered version's description. No script runs (no dialog opens),
+    no element comes from the data, and the strings show as the text they are."""
+    from prefect.artifacts import create_markdown_artifact
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from tests.browser import SHOTS, _wait_for
+    from tests.test_report import HOSTILE, hostile_card
+    from trainflow.tasks.register import describe_version
+    from trainflow.tasks.report import card_html, model_card
+
+    cfg, summary = hostile_card()
+    card = model_card(cfg, summary, None, "", "", "test")
+    with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
+        artifact = create_markdown_artifact(markdown=card, key="hostile-card")
+    client.log_text(version.run_id, card_html(card, "hostile"), "hostile_card.html")
+    summary["model_version"] = version.version
+    registry = cfg.mlflow.model_copy(update={"tracking_uri": tracking, "registered_model": "churn-test"})
+    describe_version(cfg.model_copy(update={"mlflow": registry}), summary)
+    prefect_ui = env["PREFECT_API_URL"].removesuffix("/api")
+    views = {
+        "prefect-hostile-card": (f"{prefect_ui}/artifacts/artifact/{artifact}", None),
+        "mlflow-hostile-card": (f"{mlflow_ui}/hostile_card.html", _blob_frame),
+        "mlflow-hostile-version": (f"{tracking}/#/models/churn-test/versions/{version.version}", None),
+    }
+    for name, (url, frame) in views.items():
+        page = b.new_page()
+        dialogs: list[str] = []
+        page.on("dialog", lambda d, seen=dialogs: (seen.append(d.message), d.dismiss()))
+        page.goto(url)
+        where = page.main_frame if frame is None else _wait_for(page, frame, name)
+        where.get_by_text("fell by 0.1", exact=False).first.wait_for(timeout=60_000)
+        page.wait_for_timeout(1000)  # an injected handler would have fired by now
+        text = where.inner_text("body")
+        injected = where.evaluate(
+            "() => [...document.querySelectorAll('img[src=\"x\"], img[onerror], script')]"
+            ".filter(e => (e.outerHTML || '').includes('alert')).map(e => e.outerHTML)"
+        )
+        page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+        assert dialogs == [] and injected == [], (name, dialogs, injected)
+        assert HOSTILE[0] in text and HOSTILE[1] in text, (name, text[:3000])
+        page.close()
 
 
 def _blob_frame(page):

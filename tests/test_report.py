@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import math
 import re
+from typing import Any
 
 import numpy as np
 import pytest
@@ -216,3 +217,91 @@ def test_the_card_is_true_for_an_ensemble_a_bag_and_a_single_family(family, fold
         assert "kept: epoch 7 of the 12 run this time" in model
     tables = [line for line in card.splitlines() if line.startswith("|")]
     assert not [line for line in tables if re.search(r"\|\s*(None|nan|NaN)\s*\|", line)], tables
+
+
+HOSTILE = ("<img src=x onerror=alert(1)>", "<script>alert(2)</script>", "cost $_$ total")
+
+
+def hostile_card() -> tuple[Any, dict[str, Any]]:
+    """A config and a summary whose every string from the data or config is hostile HTML or mathtext: the id, time and
+    group column names in the split line, a slice's value in the gate's reason and the slices table, feature and
+    class names, paths, the registered model's name, the PostgreSQL copy's query."""
+    img, script, money = HOSTILE
+    cfg = config_from_dict(
+        {
+            "data": {"path": f"/data/{script}/t.parquet", "label": "churned", "id_column": img},
+            "task": "classification",
+            "model": {"type": "xgboost"},
+            "mlflow": {"registered_model": "churn"},
+        }
+    )
+    summary = _summary("xgboost", 1)
+    summary.update(
+        {
+            "registered_model": f"churn{script}",
+            "data_path": f"/data/{script}/t.parquet",
+            "split": f"test by hash of {img}, validation by hash of {img}",
+            "split_path": f"/runs/{img}/split.parquet",
+            "predictions_path": f"/out/{script}",
+            "output_rows": 10,
+            "input_rows": 10,
+            "unseen_categories": {f"plan={img}": 3},
+            "slices": {img: {money: {"rows": 40, "val_roc_auc": 0.7}, script: {"rows": 40, "val_roc_auc": 0.8}}},
+            "feature_importance": [{"column": money, "importance": 0.1, "importance_std": 0.01}],
+            "data_snapshot": {
+                "format": "postgres",
+                "table": None,
+                "query": f"SELECT '{script}' AS `x`",
+                "server": "127.0.0.1:5432/db",
+                "rows": 10,
+                "copied_at": "2026-12-01T00:00:00Z",
+                "location": f"/runs/{img}",
+            },
+        }
+    )
+    summary["promotion"]["reason"] = f"slice {img}={script} fell by 0.1"
+    return cfg, summary
+
+
+def test_text_from_data_and_config_is_text_in_the_card_and_its_html():
+    from trainflow.tasks.report import card_html
+
+    cfg, summary = hostile_card()
+    card = model_card(cfg, summary, "file:///runs/<b>x</b>/loss_curve.png", "", "", "test")
+    html = card_html(card, summary["registered_model"])
+    # no tag or handler from the data in the HTML: every hostile string is text (escaped), nothing else
+    assert (
+        "<script" not in html
+        and "<img src=" not in html.replace('<img alt="', "")
+        and "onerror=alert" not in (html.replace("onerror=alert(1)&gt;", ""))
+    ), html
+    assert "&lt;img src=x onerror=alert(1)&gt;" in html and "&lt;script&gt;alert(2)&lt;/script&gt;" in html
+    # in the Markdown (the Prefect artifact, MLflow's .md) every one is escaped or in a code span
+    outside_code = re.sub(r"(`+)[^`].*?\1", "", card.split("## Config")[0])
+    assert "<" not in outside_code, [line for line in outside_code.splitlines() if "<" in line]
+    # the config's JSON cannot close its fence
+    assert card.count("\n```json\n") == 1 and card.rstrip().endswith("```")
+
+
+def test_text_from_data_is_text_in_every_chart():
+    """A `$` in a feature, a class or a slice's value is a dollar sign: matplotlib's mathtext would fail to parse
+    `cost $_$ total` when the chart is drawn (after the version was registered and @champion moved)."""
+    from trainflow.tasks.drift import bar_chart
+    from trainflow.tasks.report import backtest_chart, importance_chart
+
+    money = HOSTILE[2]
+    charts = [
+        outcome_chart(_classifier(["no", money]), "test", f"churn {money}"),
+        importance_chart([{"column": money, "importance": 0.1, "importance_std": 0.01}], "val_roc_auc", money),
+        bar_chart({"columns": {money: {"score": 0.3, "threshold": 0.2, "verdict": "drifted"}}}),
+        training_curves([{"family": "mlp", "label": money, "history": [{"epoch": 1, "val_loss": 0.5}]}], money),
+        backtest_chart(
+            {"metric": "val_roc_auc", "unit": "day", "by_time": {"test": [{"start": money, "end": "b", "value": 0.8}]}},
+            money,
+        ),
+    ]
+    for fig in charts:
+        png, _ = png_data_uri(fig)  # drawn: mathtext would raise here
+        assert png.startswith(b"\x89PNG")
+        texts = [t.get_text() for t in fig.findobj(lambda a: hasattr(a, "get_parse_math")) if money in t.get_text()]
+        assert texts and all(not t.get_parse_math() for t in fig.findobj(lambda a: hasattr(a, "get_parse_math")))
