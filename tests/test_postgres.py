@@ -94,7 +94,7 @@ def test_a_postgres_table_is_copied_once_per_run_and_a_rerun_reads_the_copy(tmp_
 
 
 def test_a_copy_is_one_transaction_reused_by_its_run_name_and_a_doubtful_record_is_not_followed(
-    tmp_path, postgres, password
+    tmp_path, postgres, password, monkeypatch
 ):
     from trainflow.config import load_config
     from trainflow.errors import DataError
@@ -172,16 +172,51 @@ def test_a_copy_is_one_transaction_reused_by_its_run_name_and_a_doubtful_record_
         postgres.start()
     assert not folder.exists()
 
+    # the backend serving the copy frozen (SIGSTOP: no reset, the socket open, nothing sent): the read is
+    # cancelled once services.database_read_s passes with no batch, an error naming the server (exit 1: run it
+    # again), the copy's folder removed; nothing waits for the backend
+    import os
+    import signal
+
+    from trainflow.services import WAITS
+
+    monkeypatch.setattr(WAITS, "database_read", 3.0)
+    slower = SqlSource(source.connection, "SELECT c.*, pg_sleep(0.005) FROM churn c")  # about 8 s of rows
+    folder = tmp_path / "copies" / "frozen"
+    frozen: list[int] = []
+
+    def freeze() -> None:
+        found = postgres.execute(
+            "SELECT pid FROM pg_stat_activity WHERE query LIKE '%pg_sleep(0.005)%' AND pid <> pg_backend_pid()"
+        )
+        frozen.extend(pid for (pid,) in found)
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+
+    freezer = threading.Timer(1.0, freeze)
+    freezer.start()
+    try:
+        with pytest.raises(InfrastructureError, match=rf"127.0.0.1:{postgres.port}/postgres sent nothing for 3 s"):
+            copy_to_parquet(slower, str(folder))
+    finally:
+        freezer.join()
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+    assert frozen and not folder.exists()
+
     # the watch deployment's watermark: max(data.watermark), one aggregate query; a row with a newer value moves it
+    # (a column name with a double quote is quoted as such; a query ending in a comment is read as written)
     from trainflow.flows.watch import source_fingerprint
 
-    postgres.execute("CREATE TABLE marked AS SELECT * FROM churn WHERE customer_id < 100")
-    marked = load_config(cfg, {"data.sql": None, "data.table": "marked", "data.watermark": "customer_id"}).data
+    postgres.execute('CREATE TABLE marked AS SELECT *, customer_id AS "seen""at" FROM churn WHERE customer_id < 100')
+    marked = load_config(cfg, {"data.sql": None, "data.table": "marked", "data.watermark": 'seen"at'}).data
     before = source_fingerprint(marked)
     postgres.execute("UPDATE marked SET age = age + 1")  # no new maximum: the same watermark
     assert source_fingerprint(marked) == before
-    postgres.execute("INSERT INTO marked SELECT * FROM churn WHERE customer_id = 100")
+    postgres.execute('INSERT INTO marked SELECT *, customer_id AS "seen""at" FROM churn WHERE customer_id = 100')
     assert source_fingerprint(marked) != before
+    commented = load_config(cfg, {"data.sql": "SELECT * FROM marked -- every row", "data.watermark": 'seen"at'})
+    assert source_fingerprint(commented.data) != before
 
 
 def test_a_wrong_password_a_server_away_and_a_bad_query_are_refused_naming_them(
@@ -203,6 +238,9 @@ def test_a_wrong_password_a_server_away_and_a_bad_query_are_refused_naming_them(
         f"data.connection=postgresql://trainflow:{Postgres.PASSWORD}@127.0.0.1:{postgres.port}/postgres"
     )
     assert code == 2 and "carries a password" in said and Postgres.PASSWORD not in said
+    for key in ("password", "sslpassword"):
+        code, said = validate(f"data.connection={postgres.connection}?{key}={Postgres.PASSWORD}")
+        assert code == 2 and f"carries its {key}= parameter" in said and Postgres.PASSWORD not in said, said
     code, said = validate("data.label=churn")
     assert code == 2 and "'churn' is not a column of PostgreSQL table churn on 127.0.0.1" in said, said
     for sql, expected in (

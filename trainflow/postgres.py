@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import queue
 import re
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterator
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import pyarrow as pa
 
@@ -36,6 +38,17 @@ _GONE = (
     "could not receive data",
     "no connection to the server",
 )
+# libpq's settings every connection gets unless its URI sets them: keepalives (a silent peer noticed in about 60 s),
+# tcp_user_timeout (unacknowledged data given up after 60 s), and a connect timeout
+LIBPQ_DEFAULTS = {
+    "keepalives": "1",
+    "keepalives_idle": "30",
+    "keepalives_interval": "10",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "60000",
+    "connect_timeout": "30",
+}
+_CREDENTIAL_WORDS = ("password", "secret", "token")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*(\.[A-Za-z_][A-Za-z0-9_$]*)?$")
 
 
@@ -53,9 +66,11 @@ def check_connection(connection: str) -> None:
         raise ValueError(
             f"connection: {server_of(connection)!r} is not a PostgreSQL URI (postgresql://user@host:port/database)"
         )
-    if parts.password is not None:
+    secret = [k for k, _ in parse_qsl(parts.query) if any(w in k.lower() for w in _CREDENTIAL_WORDS)]
+    if parts.password is not None or secret:
+        where = f"its {secret[0]}= parameter" if secret and parts.password is None else "a password"
         raise ValueError(
-            "connection: the URI carries a password; a config file never does: leave it out and set PGPASSWORD in "
+            f"connection: the URI carries {where}; a config file never does: leave it out and set PGPASSWORD in "
             "the environment, or name a Prefect Secret block in data.password_secret"
         )
 
@@ -68,7 +83,17 @@ def check_table_name(table: str) -> None:
 
 
 def quote_table(table: str) -> str:
-    return ".".join('"' + part + '"' for part in table.split("."))
+    return ".".join(quote_name(part) for part in table.split("."))
+
+
+def quote_name(name: str) -> str:
+    """An identifier (a column's name) quoted for PostgreSQL: any character, a double quote doubled."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def around(query: str) -> str:
+    """The query as a subquery, on lines of its own: a trailing `-- comment` cannot swallow what follows."""
+    return f"(\n{query}\n) AS q"
 
 
 @dataclass(frozen=True)
@@ -97,12 +122,19 @@ class SqlSource:
         return f"PostgreSQL {self.what} on {self.server}"
 
     def _uri(self) -> str:
-        if self.password is None:
-            return self.connection  # libpq reads PGPASSWORD or ~/.pgpass
+        """The URI libpq connects with: TCP keepalives and a user timeout (a host gone without a reset is noticed in
+        about a minute, not TCP's hours) and a connect timeout, unless the connection sets its own; the password
+        (when not libpq's own PGPASSWORD or ~/.pgpass) in memory only."""
         parts = urlsplit(self.connection)
-        user = quote(parts.username or "", safe="")
-        netloc = f"{user}:{quote(self.password, safe='')}@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+        query = dict(parse_qsl(parts.query))
+        query = {**LIBPQ_DEFAULTS, **query}
+        netloc = parts.netloc
+        if self.password is not None:
+            user = quote(parts.username or "", safe="")
+            netloc = f"{user}:{quote(self.password, safe='')}@{parts.hostname}" + (
+                f":{parts.port}" if parts.port else ""
+            )
+        return urlunsplit((parts.scheme, netloc, parts.path, urlencode(query), parts.fragment))
 
     def _masked(self, text: str) -> str:
         if self.password:
@@ -175,26 +207,49 @@ class SqlSource:
         except Exception as exc:  # noqa: BLE001 - the driver's errors while the rows stream
             raise self._failure(exc, self.key) from None
 
+    def guarded(self, conn, batches: Iterator) -> _Guarded:
+        """batches (read on conn) each waited for at most services.database_read_s; close() closes conn."""
+        from trainflow.services import WAITS
+
+        return _Guarded(batches, WAITS.database_read, conn, lambda: self.stalled(WAITS.database_read))
+
+    def read_one(self, work):
+        """work(cursor) on a new read-only connection, waited for at most services.database_read_s."""
+        conn, cursor = self.connect()
+        read = self.guarded(conn, (work(cursor) for _ in range(1)))
+        try:
+            return next(iter(read))
+        finally:
+            read.close()
+
+    def stalled(self, seconds: float) -> InfrastructureError:
+        return InfrastructureError(
+            f"PostgreSQL at {self.server} sent nothing for {seconds:g} s while reading data.{self.key} "
+            "(services.database_read_s): the server or its backend is stuck (a frozen process, a lost host, a lock "
+            "the query waits on); the read was cancelled and nothing was recorded: run the same command again when "
+            "it answers, or raise services.database_read_s for a query that takes longer before its first row"
+        )
+
     def schema(self) -> pa.Schema:
         """The query's columns and types, from the server's plan of it (no row read)."""
-        conn, cursor = self.connect()
-        try:
+
+        def plan(cursor) -> pa.Schema:
             try:
                 return _plain(cursor.adbc_execute_schema(self.query))
             except Exception as exc:  # noqa: BLE001 - the driver's ProgrammingError, ...
                 raise DataError(f"data.{self.key}: PostgreSQL on {self.server} refused it: {self._said(exc)}") from None
-        finally:
-            conn.close()
+
+        return self.read_one(plan)
 
     def watermark(self, column: str | None) -> str:
         """What the watch compares between looks: max(column), or the row count; with the server and the query."""
-        conn, cursor = self.connect()
-        try:
-            expr = f'max("{column}")::text' if column else "count(*)::text"
-            self.run(cursor, f"SELECT {expr} FROM ({self.query}) AS q", "watermark" if column else self.key)
-            value = cursor.fetchone()[0]
-        finally:
-            conn.close()
+        expr = f"max({quote_name(column)})::text" if column else "count(*)::text"
+
+        def look(cursor) -> str | None:
+            self.run(cursor, f"SELECT {expr} FROM {around(self.query)}", "watermark" if column else self.key)
+            return cursor.fetchone()[0]
+
+        value = self.read_one(look)
         ident = json.dumps([self.server, self.query, column, value])
         return "watermark:" + hashlib.blake2b(ident.encode(), digest_size=16).hexdigest()
 
@@ -208,13 +263,13 @@ class SqlScan:
         self.schema = source.schema()
 
     def to_table(self, columns: list[str] | None = None) -> pa.Table:
-        cols = ", ".join('"' + c.replace('"', '""') + '"' for c in columns) if columns else "*"
-        conn, cursor = self.source.connect()
-        try:
-            self.source.run(cursor, f"SELECT {cols} FROM ({self.source.query}) AS q", self.source.key)
+        cols = ", ".join(quote_name(c) for c in columns) if columns else "*"
+
+        def rows(cursor) -> pa.Table:
+            self.source.run(cursor, f"SELECT {cols} FROM {around(self.source.query)}", self.source.key)
             return _plain_table(cursor.fetch_arrow_table())
-        finally:
-            conn.close()
+
+        return self.source.read_one(rows)
 
 
 def _plain(schema: pa.Schema) -> pa.Schema:
@@ -248,8 +303,9 @@ def copy_to_parquet(source: SqlSource, folder: str) -> dict[str, Any]:
     rows = 0
     writer = None
     started = time.time()
+    read = source.guarded(conn, source.batches(cursor))
     try:
-        for batch in source.batches(cursor):
+        for batch in read:
             if writer is not None and writer.rows >= COPY_ROWS_PER_FILE:
                 writer.close()
                 writer = None
@@ -271,7 +327,7 @@ def copy_to_parquet(source: SqlSource, folder: str) -> dict[str, Any]:
             fs.delete_dir(inner)  # this copy's own new folder: never anything else
         raise
     finally:
-        conn.close()
+        read.close()  # the connection closed, or (a stuck read) by the reading thread once its read returns
     if rows == 0:
         if files:
             fs.delete_dir(inner)
@@ -314,3 +370,71 @@ class _Writer:
             self.close()
         except Exception:  # noqa: BLE001 - the copy failed already; its folder is removed next
             pass
+
+
+class _Guarded:
+    """A stream of batches read on a thread of its own, each waited for at most seconds: a read that stops (a frozen
+    backend, a host gone without a reset) is cancelled (libpq's cancel request) and raises stalled() instead of
+    hanging the run. The connection is closed by whoever holds it last: here, or the reading thread once its stuck
+    read returns (libpq's connection is never closed under a read in progress)."""
+
+    _END = object()
+
+    def __init__(self, batches: Iterator[pa.RecordBatch], seconds: float, conn, stalled):
+        self.seconds, self.conn, self.stalled = seconds, conn, stalled
+        self._queue: queue.Queue = queue.Queue(maxsize=2)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._reading = True
+        self._abandoned = False
+        self._thread = threading.Thread(target=self._read, args=(batches,), name="trainflow-pg-read", daemon=True)
+        self._thread.start()
+
+    def _read(self, batches: Iterator[pa.RecordBatch]) -> None:
+        try:
+            for batch in batches:
+                if not self._put(batch):
+                    return
+            self._put(self._END)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
+            self._put(exc)
+        finally:
+            with self._lock:
+                self._reading = False
+                abandoned = self._abandoned
+            if abandoned:
+                self.conn.close()
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.5)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        while True:
+            try:
+                item = self._queue.get(timeout=self.seconds)
+            except queue.Empty:
+                try:
+                    self.conn.adbc_cancel()  # libpq's cancel request: a live backend stops its query
+                except Exception:  # noqa: BLE001 - best effort: the read is given up either way
+                    pass
+                raise self.stalled() from None
+            if item is self._END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=1.0)
+        with self._lock:
+            if self._reading:
+                self._abandoned = True  # the reading thread closes the connection when its read returns
+                return
+        self.conn.close()

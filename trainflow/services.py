@@ -37,6 +37,7 @@ class Waits:
     prefect: float = 300.0
     storage: float = 300.0
     database: float = 300.0
+    database_read: float = 300.0
 
 
 WAITS = Waits()
@@ -210,13 +211,14 @@ def apply(
     storage_wait_s: float,
     tracking_uri: str | None,
     database_wait_s: float = 300.0,
+    database_read_s: float = 300.0,
 ) -> None:
     """Make this process wait out each service as the config says: MLflow's HTTP retries sized to the MLflow wait
     (a remote tracking server only), trainflow's object-store calls to the storage wait, a PostgreSQL source's
     connection to the database wait, and the Prefect client's retries (`prefect_client_retries`) to the Prefect
     wait."""
     WAITS.mlflow, WAITS.prefect, WAITS.storage = mlflow_wait_s, prefect_wait_s, storage_wait_s
-    WAITS.database = database_wait_s
+    WAITS.database, WAITS.database_read = database_wait_s, database_read_s
     where = mlflow_where(tracking_uri)
     if where is None:
         return

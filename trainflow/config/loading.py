@@ -178,6 +178,7 @@ def _apply_waits(services: ServicesSection | dict | None, tracking_uri: str | No
         services.storage_wait_s,
         tracking_uri,
         services.database_wait_s,
+        services.database_read_s,
     )
 
 

@@ -244,3 +244,10 @@ class ServicesSection(_Section):
         "fails with exit 1 naming it; a refused login or query fails at once",
         ge=0.0,
     )
+    database_read_s: float = key(
+        300.0,
+        "seconds a PostgreSQL source's read may go without a batch of rows (the first one included) before it is "
+        "cancelled and the run fails with exit 1 naming the server (a frozen backend, a host gone without a "
+        "reset); a rerun of the run name copies again",
+        gt=0.0,
+    )
