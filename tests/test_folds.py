@@ -360,3 +360,36 @@ def test_roles_by_group_are_stratified_by_each_groups_class_and_a_new_group_take
     folded = plan_split(table, "classification", "y", 0.2, 0.25, 11, ["id"], table.num_rows, 3, "p", None, "patient")
     fold = folded.fold_ids(table)
     assert all(sick[fold == i].any() for i in range(3))
+
+
+def test_times_of_any_unit_read_exactly_and_placeholder_times_and_degenerate_splits_are_refused_naming_them():
+    """Nanosecond, second and millisecond-date times plan as the microseconds did; a far-future placeholder, an
+    infinite time, one time for every row, one group, and rows without a group are refused naming the column,
+    what ties or is missing, and the count."""
+    table = _dated(400)
+    stamps = pa.array([dt.datetime(2020, 1, 1) + dt.timedelta(hours=h) for h in range(400)], pa.timestamp("us"))
+
+    def plan(column: str, values: pa.Array, group: bool = False):
+        t = table.set_column(table.schema.get_field_index(column), column, values)
+        time, by = (None, column) if group else (column, None)
+        return plan_split(t, "classification", "y", 0.2, 0.2, 1, ["x"], 400, 1, "t.parquet", time, by)
+
+    reference = plan("day", stamps).counts
+    nanos = pa.array(stamps.cast(pa.int64()).to_numpy() * 1000 + 1, pa.int64()).cast(pa.timestamp("ns"))
+    assert plan("day", nanos).counts == plan("day", stamps.cast(pa.timestamp("s"))).counts == reference
+    days = pa.array([dt.date(2020, 1, 1) + dt.timedelta(days=d // 8) for d in range(400)], pa.date64())
+    assert plan("day", days).counts == plan("day", days.cast(pa.date32())).counts
+    sentinel = stamps.to_pylist()[:-5] + [dt.datetime(9999, 12, 31, 23, 59, 59)] * 5
+    with pytest.raises(DataError, match=r"'day' is after 2200-01-01T00:00:00 in 5 of 400 rows \(the latest 9999-12-31"):
+        plan("day", pa.array(sentinel, pa.timestamp("us")))
+    with pytest.raises(DataError, match=r"'day' is infinite in 3 of 400 rows"):
+        plan("day", pa.array([float(i) for i in range(397)] + [float("inf")] * 3))
+    with pytest.raises(DataError, match=r"'day' has one value \(2020-01-01\) in all 400 rows: no row is newer"):
+        plan("day", pa.array([dt.date(2020, 1, 1)] * 400))
+    with pytest.raises(DataError, match=r"split.group_column 'customer' holds one group in all 400 rows"):
+        plan("customer", pa.array([7] * 400), group=True)
+    with pytest.raises(DataError, match=r"'customer' is missing in 400 of 400 rows \(every row\)"):
+        plan("customer", pa.array([None] * 400, pa.int64()), group=True)
+    some = [None if i % 20 == 0 else i % 50 for i in range(400)]
+    with pytest.raises(DataError, match=r"'customer' is missing in 20 of 400 rows; rows without a group would all"):
+        plan("customer", pa.array(some, pa.int64()), group=True)

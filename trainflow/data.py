@@ -280,6 +280,8 @@ def _ordered_columns(batch: pa.Table, plan, label: str | None, group_column: str
         out["label"] = pc.cast(batch[label], pa.string())
     if group_column is not None and plan.time_column is not None:
         out["g"] = split_fraction_keys(batch, [group_column], plan.seed)
+    if group_column is not None and plan.time_column is None:
+        out["missing"] = pc.is_null(batch[group_column])
     return pa.table(out)
 
 
@@ -353,11 +355,10 @@ def plan_ordered(
     columns = list(dict.fromkeys(c for c in (time_column, group_column, by_label) if c is not None))
     got = _gather(ds, _ordered_columns, {"plan": plan, "label": by_label, "group_column": group_column}, columns)
     u = got["u"].to_numpy()
-    if time_column is not None and np.isnan(u).any():
-        raise DataError(
-            f"{source}: split.time_column {time_column!r} is missing in {int(np.isnan(u).sum()):,} of "
-            f"{len(u):,} rows; drop or fill them (a row's role comes from its time)"
-        )
+    if time_column is not None:
+        _check_times(u, plan, source)
+    else:
+        _check_groups(u, got["missing"].to_numpy(zero_copy_only=False), group_column, source)
     if by_label is not None:
         found = pc.value_counts(got["label"])
         check_class_sizes(
@@ -393,6 +394,63 @@ def plan_ordered(
     elif group_column is not None:
         _check_group_sizes(ds, plan, s, counts, source)
     return replace(plan, counts=counts, **extra)
+
+
+def _check_times(u: np.ndarray, plan, source: str) -> None:
+    """DataError naming split.time_column and the count for times no role can come from: missing, infinite, a
+    date past FAR_FUTURE_S (a placeholder such as 9999-12-31, which would make its rows the test role), or one time
+    for every row (nothing is newer than anything)."""
+    from trainflow.errors import DataError
+    from trainflow.folds import FAR_FUTURE_S
+
+    column, n = plan.time_column, len(u)
+    times = -u
+    missing = np.isnan(times)
+    if missing.any():
+        raise DataError(
+            f"{source}: split.time_column {column!r} is missing in {int(missing.sum()):,} of {n:,} rows; drop or "
+            "fill them (a row's role comes from its time)"
+        )
+    infinite = np.isinf(times)
+    if infinite.any():
+        raise DataError(
+            f"{source}: split.time_column {column!r} is infinite in {int(infinite.sum()):,} of {n:,} rows; drop them "
+            "or give them their real times (a row's role comes from its time)"
+        )
+    limit = FAR_FUTURE_S / 86_400.0 if plan.time_kind == "date" else FAR_FUTURE_S
+    far = times > limit if plan.time_kind in ("date", "timestamp") else np.zeros(n, dtype=bool)
+    if far.any():
+        raise DataError(
+            f"{source}: split.time_column {column!r} is after {plan.time_text(limit)} in {int(far.sum()):,} of "
+            f"{n:,} rows (the latest {plan.time_text(float(times.max()))}): a placeholder for 'no date', not a time; "
+            "drop those rows or give them their real times (they would be the newest, the test role)"
+        )
+    if n and (times == times[0]).all():
+        raise DataError(
+            f"{source}: split.time_column {column!r} has one value ({plan.time_text(float(times[0]))}) in all {n:,} "
+            "rows: no row is newer than another, so no role can be cut by time; name a column whose times differ, "
+            "or leave split.time_column out"
+        )
+
+
+def _check_groups(u: np.ndarray, missing: np.ndarray, column: str, source: str) -> None:
+    """DataError naming split.group_column for rows without a group (they would silently be one group) or a table
+    of one group (a group's rows share a role)."""
+    from trainflow.errors import DataError
+
+    n = len(u)
+    if missing.any():
+        raise DataError(
+            f"{source}: split.group_column {column!r} is missing in {int(missing.sum()):,} of {n:,} rows"
+            + (" (every row)" if missing.all() else "")
+            + "; rows without a group would all be one group: fill them (each row its own id, say) or drop them"
+        )
+    if n and (u == u[0]).all():
+        raise DataError(
+            f"{source}: split.group_column {column!r} holds one group in all {n:,} rows: a group's rows share a "
+            "role, so one group cannot give training, validation and test rows; name a column of several groups, "
+            "or leave split.group_column out"
+        )
 
 
 def _stratify_groups(plan, u: np.ndarray, labels: np.ndarray):

@@ -73,17 +73,27 @@ def split_fraction_keys(batch: pa.Table, columns: list[str], seed: int) -> np.nd
     return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
+_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
+# a date or timestamp after this (2200-01-01 UTC, in seconds) is taken for a placeholder ("no end date",
+# 9999-12-31), not a time: refused by name, since it would make its rows the newest, the test role
+FAR_FUTURE_S = 7_258_118_400.0
+
+
 def time_number(column) -> np.ndarray:
     """A time column as float64 numbers that order as its times: days since 1970 for dates, seconds for timestamps,
     the value for numbers; a missing time is NaN."""
     t = column.type
-    if pa.types.is_date(t):
-        values = pc.cast(pc.cast(column, pa.date32()), pa.int32())
-    elif pa.types.is_timestamp(t):
-        values = pc.divide(pc.cast(pc.cast(column, pa.timestamp("us", t.tz)), pa.int64()), 1_000_000.0)
+    if pa.types.is_date32(t):
+        values, per = pc.cast(column, pa.int32()), 1.0
+    elif pa.types.is_date64(t):  # milliseconds
+        values, per = pc.cast(column, pa.int64()), 86_400_000.0
+    elif pa.types.is_timestamp(t):  # in its own unit (a cast to another unit would overflow or lose data)
+        values, per = pc.cast(column, pa.int64()), float(_PER_SECOND[t.unit])
     else:
-        values = column
-    return np.asarray(pc.cast(values, pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
+        values, per = column, 1.0
+    # safe=False: int64 beyond 2**53 (nanoseconds since 1970) rounds to the nearest float (about 0.2 us apart)
+    out = np.asarray(pc.cast(values, pa.float64(), safe=False).to_numpy(zero_copy_only=False), dtype=np.float64)
+    return out / per if per != 1.0 else out
 
 
 def time_kind(t: pa.DataType) -> str | None:
