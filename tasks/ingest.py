@@ -224,6 +224,7 @@ def _unrecorded_copies(storage_path: str, run_name: str, recorded: Any) -> list[
     in a shared storage; called under the run's lock, so no copy of this run name is being written."""
     import re
 
+    from trainflow.postgres import COPY_FILE_PATTERN
     from trainflow.storage import filesystem_for, join, list_dir
 
     named = re.compile(re.escape(run_name) + r"-source-[0-9a-f]{8}")
@@ -239,7 +240,7 @@ def _unrecorded_copies(storage_path: str, run_name: str, recorded: Any) -> list[
             continue
         try:
             files = list_dir(folder)
-            if not all(not d and re.fullmatch(r"part-\d{5}\.parquet", f) for f, d in files):
+            if not all(not d and re.fullmatch(COPY_FILE_PATTERN, f) for f, d in files):
                 continue
             fs, inner = filesystem_for(folder)
             fs.delete_dir(inner)
@@ -295,14 +296,20 @@ def throwaway_copy(config: Config) -> Iterator[Config]:
 def _copy_intact(record: dict, prefix: str) -> bool:
     """Whether a copy's record names a folder of this run's storage whose Parquet files are those it lists, each
     whole (its footer readable, the row counts adding up to the record's)."""
+    import re
+
     import pyarrow.parquet as pq
 
+    from trainflow.postgres import COPY_FILE_PATTERN
     from trainflow.storage import filesystem_for
 
     location, files, rows = record.get("location"), record.get("files"), record.get("rows")
-    if not (isinstance(location, str) and location.startswith(prefix) and isinstance(files, list) and files):
+    # exactly <run>-source-<8 hex> and its part-NNNNN.parquet files: nothing through `..`, nothing elsewhere
+    own = re.escape(prefix) + r"[0-9a-f]{8}"
+    if not (isinstance(location, str) and re.fullmatch(own, location) and isinstance(files, list) and files):
         return False
-    if not all(isinstance(f, str) and f.startswith(location + "/") for f in files) or not isinstance(rows, int):
+    mine = re.escape(location) + "/" + COPY_FILE_PATTERN
+    if not all(isinstance(f, str) and re.fullmatch(mine, f) for f in files) or not isinstance(rows, int):
         return False
     try:
         fs, _ = filesystem_for(location)

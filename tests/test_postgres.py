@@ -129,6 +129,20 @@ def test_a_copy_is_one_transaction_reused_by_its_run_name_and_a_doubtful_record_
     fresh = pin_source.fn(raw, "r2").data.copied_from
     assert fresh["location"].startswith(str(Path(raw.storage_path) / "r2-source-")) and fresh["rows"] == expected
     assert json.loads(where.read_text()) == planted
+    # nor one that passes the prefix but leads out of it (`..`)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "part-00000.parquet").write_bytes(next(Path(record["location"]).glob("part-*.parquet")).read_bytes())
+    escaping = f"{Path(raw.storage_path)}/r4-source-0badc0de/../../outside"
+    planted = {**record, "location": escaping, "files": [f"{escaping}/part-00000.parquet"]}
+    (Path(raw.storage_path) / f"r4{SOURCE_SUFFIX}").write_text(json.dumps(planted))
+    fresh = pin_source.fn(raw, "r4").data.copied_from
+    assert fresh["location"] != escaping and fresh["location"].startswith(str(Path(raw.storage_path) / "r4-source-"))
+    # the copy is the owner's only, as its record is: files 0600 in a 0700 folder
+    import stat
+
+    modes = {stat.S_IMODE(f.stat().st_mode) for f in Path(fresh["location"]).glob("part-*.parquet")}
+    assert modes == {0o600} and stat.S_IMODE(Path(fresh["location"]).stat().st_mode) == 0o700
 
     # a copy killed (SIGKILL) before its record was written left its folder: the run name's next copy removes it,
     # and nothing that is not such a copy (another name, a file trainflow does not write)

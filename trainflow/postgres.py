@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import queue
 import re
 import threading
@@ -31,6 +32,8 @@ from trainflow.services import is_down
 
 COPY_ROWS_PER_FILE = 1_000_000  # the copy's Parquet files: Ray Data reads them in parallel, a file per task
 COPY_ROW_GROUP_ROWS = 128 * 1024
+COPY_FILE = "part-{:05d}.parquet"  # the copy's files, in order; COPY_FILE_PATTERN is how a check knows one
+COPY_FILE_PATTERN = r"part-\d{5}\.parquet"
 # what libpq says when the server goes away under a query (is_down knows a refused connection)
 _GONE = (
     "server closed the connection",
@@ -295,9 +298,10 @@ def copy_to_parquet(source: SqlSource, folder: str) -> dict[str, Any]:
     """The query's result, read in one read-only transaction, streamed into Parquet files under folder (a new
     folder of this run's storage); the record of the copy (server, query, rows, files, when). DataError for a query
     with no rows (nothing is left behind)."""
-    from trainflow.storage import filesystem_for, join, with_scheme
+    from trainflow.storage import filesystem_for, is_uri, join, with_scheme
 
     fs, inner = filesystem_for(folder)
+    local = not is_uri(folder)
     conn, cursor = source.connect()
     files: list[str] = []
     rows = 0
@@ -312,8 +316,12 @@ def copy_to_parquet(source: SqlSource, folder: str) -> dict[str, Any]:
             if writer is None:
                 if not files:
                     fs.create_dir(inner, recursive=True)
-                path = join(inner, f"part-{len(files):05d}.parquet")
+                    if local:  # the table's rows: the owner's only, as the record is
+                        os.chmod(inner, 0o700)
+                path = join(inner, COPY_FILE.format(len(files)))
                 writer = _Writer(fs.open_output_stream(path), batch.schema)
+                if local:
+                    os.chmod(path, 0o600)
                 files.append(with_scheme(folder, path))
             writer.write(batch)
             rows += batch.num_rows
