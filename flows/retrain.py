@@ -18,7 +18,7 @@ from trainflow.flows.backtest import backtest_family, fit_earlier
 from trainflow.tasks.cross_fit import bag_folds, fold_config, fold_run_names, oof_names
 from trainflow.tasks.ensemble import ensemble
 from trainflow.tasks.ingest import ingest, pin_source, table_fingerprint
-from trainflow.tasks.values import Ingested, Prepared, Split, TrainOutcome
+from trainflow.tasks.values import Ingested, Prepared, Split, TrainOutcome, fit_history, recovered_families
 from trainflow.tasks.mlflow_run import end_parent, end_runs, open_parent
 from trainflow.tasks.preprocess import preprocess
 from trainflow.tasks.run_name import finished_before, record_finished, resolve_run_name
@@ -154,6 +154,8 @@ def _train_and_publish(
                 if row["family"] in runs
                 else outcomes[row["family"]].train_s  # the ensemble's own (its members' are theirs)
             )
+            history = fit_history(row["family"], trained)
+            row["resumed"], row["recoveries"] = history["resumed"], history["recoveries"]
         earlier = None
         if parts.plan is not None and parts.plan.time_column is not None and parts.test_rows:
             member = backtest_family(family, built.weights if built and family == ENSEMBLE else None)
@@ -179,6 +181,7 @@ def _train_and_publish(
                 "ensemble": built.record if built else None,
                 "families_left_out": {**prepared.left_out, **timed_out} or None,
                 "families_failed": failed or None,
+                "recovered": recovered_families(trained) or None,
                 "folds": k,
                 "time_budget": {
                     **time_budget,

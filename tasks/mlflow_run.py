@@ -160,9 +160,14 @@ def leaderboard_table(summary: dict[str, Any]) -> dict[str, list]:
     """The candidates (every family that trained, and the ensemble), best first, as columns: family, each
     validation (or out-of-fold) and test figure, the epochs or rounds kept and run, the training seconds."""
     rows = summary.get("candidates") or []
-    skip = {"run_name", "checkpoint"}
+    skip = {"run_name", "checkpoint", "resumed", "recoveries"}
     columns = list(dict.fromkeys(k for r in rows for k in r if k not in skip))
-    return {c: [r.get(c) for r in rows] for c in columns}
+    table = {c: [r.get(c) for r in rows] for c in columns}
+    if any(r.get("resumed") or r.get("recoveries") for r in rows):  # what the fits went through, counted
+        table["recovered"] = [
+            f"{len(r.get('resumed') or [])} resume(s), {len(r.get('recoveries') or [])} recovery(ies)" for r in rows
+        ]
+    return table
 
 
 def end_parent(config: Config, status: str, summary: dict[str, Any] | None = None) -> None:
@@ -177,6 +182,10 @@ def end_parent(config: Config, status: str, summary: dict[str, Any] | None = Non
             return
         if summary is not None:
             client.log_text(run_id, json.dumps(summary, indent=2, default=str), "summary.json")
+            if summary.get("recovered"):  # which families resumed or recovered, searchable
+                from trainflow.tasks.values import describe_recovered
+
+                client.set_tag(run_id, "trainflow.recovered", describe_recovered(summary["recovered"])[:5000])
             if summary.get("candidates"):
                 client.log_table(run_id, leaderboard_table(summary), LEADERBOARD_FILE)
         client.set_terminated(run_id, status)

@@ -172,3 +172,45 @@ class Predictions:
     model: str = ""  # the model that predicted (a registry URI or a checkpoint folder)
     # a classifier scored in this process: its metrics estimated from the calibrated probabilities (CBPE, no labels)
     estimated: dict[str, float] = field(default_factory=dict)
+
+
+def fit_history(family: str, trained: dict[tuple[str, int], Any]) -> dict[str, list[dict[str, Any]]]:
+    """What a family's fits went through in this retrain: where each fit resumed (its fold, the epoch or round, the
+    Ray Train run), each recovery (a dead worker or node, a hang, a killed process: the error and where it resumed)
+    and each resize; empty lists when none did."""
+    resumed, recovered, resized = [], [], []
+    for (f, fold), outcome in sorted(trained.items(), key=lambda item: item[0][1]):
+        if f != family:
+            continue
+        unit = outcome.budget.get("unit", "epoch")
+        where = {"fold": fold, "run": outcome.run_name}
+        if outcome.resumed_from_epoch is not None:
+            resumed.append({**where, "unit": unit, "from": outcome.resumed_from_epoch})
+        recovered += [{**where, "unit": unit, **r} for r in outcome.recoveries]
+        resized += [{**where, **r} for r in outcome.resizes]
+    return {"resumed": resumed, "recoveries": recovered, "resizes": resized}
+
+
+def recovered_families(trained: dict[tuple[str, int], Any]) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """fit_history of every family whose fits resumed, recovered or resized (the summary's `recovered`)."""
+    out = {}
+    for family in dict.fromkeys(f for f, _ in trained):
+        history = fit_history(family, trained)
+        if any(history.values()):
+            out[family] = history
+    return out
+
+
+def describe_recovered(recovered: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
+    """One line of what recovered: per family, its resumes and recoveries, fold by fold."""
+    parts = []
+    for family, h in recovered.items():
+        said = [f"fold {r['fold']} resumed from {r['unit']} {r['from']}" for r in h["resumed"]]
+        said += [
+            f"fold {r['fold']} recovered from {r['error']} (resumed from {r['unit']} {r['resumed_from_epoch']})"
+            for r in h["recoveries"]
+        ]
+        if h["resizes"]:
+            said.append(f"{len(h['resizes'])} resize(s)")
+        parts.append(f"{family}: " + "; ".join(dict.fromkeys(said)))
+    return " | ".join(parts)

@@ -73,3 +73,52 @@ def test_a_family_whose_workers_keep_dying_is_left_out_and_the_others_go_on(tmp_
     }
     assert runs["deg-lightgbm"] == "FAILED"  # the family left out says so in MLflow
     assert runs["deg-mlp"] == "FINISHED"  # the family that trained and won ends with the retrain
+
+
+def test_a_worker_killed_in_a_family_that_is_not_served_is_in_the_summary_its_line_and_mlflow(tmp_path, capsys):
+    """The network's one worker SIGKILLed once its first checkpoint is registered: Ray Train restarts it from that
+    checkpoint, the network (a learning rate too small to learn in 3 epochs) loses to XGBoost, and the summary still
+    says what the network went through: its candidate's resume and recovery, the summary's `recovered`, a printed
+    line, the parent MLflow run's tag."""
+    from tests.faults import checkpoint_registered
+
+    cfg = churn_config(
+        tmp_path,
+        rows=1500,
+        model={"type": ["mlp", "xgboost"]},
+        train={"epochs": 3, "learning_rate": 1e-6},
+        failure={"max_failures": 2},
+    )
+    network = tmp_path / "runs" / "rec-mlp"
+    stop, killed = threading.Event(), []
+
+    def first_only() -> bool:
+        return not killed and checkpoint_registered(network, 0)
+
+    killer = threading.Thread(target=_kill_train_workers_once, args=(first_only, stop, killed), daemon=True)
+    killer.start()
+    try:
+        rc = cli_main(
+            ["retrain", "--config", str(cfg), "--run-name", "rec", "--summary-json", str(tmp_path / "s.json")]
+        )
+    finally:
+        stop.set()
+        killer.join(10)
+    out = capsys.readouterr().out
+    assert len(killed) == 1 and rc == 0, out[-3000:]
+    s = json.loads((tmp_path / "s.json").read_text())
+    assert s["model_family"] == "xgboost" and s["output_rows"] == 500 and s["recoveries"] == []
+    [mlp] = [c for c in s["candidates"] if c["family"] == "mlp"]
+    [recovery] = mlp["recoveries"]
+    assert recovery["fold"] == 0 and recovery["run"] == "rec-mlp" and recovery["resumed_from_epoch"] >= 1, mlp
+    assert s["recovered"]["mlp"]["recoveries"] == mlp["recoveries"] and "xgboost" not in s["recovered"]
+    assert "  recovered         mlp: fold 0 recovered from " in out, out[-3000:]
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    [parent] = [
+        r
+        for r in client.search_runs([e.experiment_id for e in client.search_experiments()])
+        if "mlflow.parentRunId" not in r.data.tags
+    ]
+    assert parent.data.tags["trainflow.recovered"].startswith("mlp: fold 0 recovered from ")

@@ -214,27 +214,45 @@ def _a_person_sees_the_card_and_the_plots(
         described.get_by_text("Gate: promoted").first.wait_for(timeout=60_000)
         text = check_page(described, "mlflow-version", [], 0, 0)
         assert str(tmp_path / "data" / "train.parquet") in text  # a path's underscores stay underscores
-        _hostile_text_is_text_in_every_view(env, b, client, version, tracking, mlflow_ui)
 
 
-def _hostile_text_is_text_in_every_view(env, b, client: MlflowClient, version, tracking: str, mlflow_ui: str) -> None:
+def test_hostile_text_is_text_in_every_view(prefect_server, tmp_path):
     """A card whose every string from the data or config is hostile HTML (column names, a slice's value in the gate's
-    reason, class names, paths, the model's name), through each view a person opens: Prefect's artifact page, the
-    card's HTML in MLflow's artifact frame, the registered version's description. No script runs (no dialog opens),
-    no element comes from the data, and the strings show as the text they are."""
+    reason, class names, paths, the model's name), through each view a person opens, in headless Chromium: Prefect's
+    artifact page, the card's HTML in MLflow's artifact frame, the registered version's description. No script runs
+    (no dialog opens), no element comes from the data, and the strings show as the text they are."""
     from prefect.artifacts import create_markdown_artifact
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from tests.browser import SHOTS, _wait_for
-    from tests.test_report import HOSTILE, hostile_card
-    from trainflow.tasks.register import describe_version
+    from tests.browser import browser
+    from tests.test_report import hostile_card
     from trainflow.tasks.report import card_html, model_card
 
+    env = prefect_server
     cfg, summary = hostile_card()
     card = model_card(cfg, summary, None, "", "", "test")
     with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
         artifact = create_markdown_artifact(markdown=card, key="hostile-card")
-    client.log_text(version.run_id, card_html(card, "hostile"), "hostile_card.html")
+    tracking = f"http://127.0.0.1:{free_port()}"
+    server = mlflow_server(tmp_path / "mlflow-server", int(tracking.rsplit(":", 1)[1]))
+    try:
+        client = MlflowClient(tracking_uri=tracking, registry_uri=tracking)
+        run = client.create_run(client.create_experiment("hostile"))
+        client.log_text(run.info.run_id, card_html(card, "hostile"), "hostile_card.html")
+        client.create_registered_model("churn-test")
+        version = client.create_model_version("churn-test", f"runs:/{run.info.run_id}/model", run.info.run_id)
+        mlflow_ui = f"{tracking}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}/artifacts"
+        with browser() as b:
+            _hostile_views(env, b, cfg, summary, version, tracking, mlflow_ui, str(artifact))
+    finally:
+        _stop(server)
+
+
+def _hostile_views(env, b, cfg, summary, version, tracking: str, mlflow_ui: str, artifact: str) -> None:
+    from tests.browser import SHOTS, _wait_for
+    from tests.test_report import HOSTILE
+    from trainflow.tasks.register import describe_version
+
     summary["model_version"] = version.version
     registry = cfg.mlflow.model_copy(update={"tracking_uri": tracking, "registered_model": "churn-test"})
     describe_version(cfg.model_copy(update={"mlflow": registry}), summary)
@@ -249,8 +267,13 @@ def _hostile_text_is_text_in_every_view(env, b, client: MlflowClient, version, t
         dialogs: list[str] = []
         page.on("dialog", lambda d, seen=dialogs: (seen.append(d.message), d.dismiss()))
         page.goto(url)
-        where = page.main_frame if frame is None else _wait_for(page, frame, name)
-        where.get_by_text("fell by 0.1", exact=False).first.wait_for(timeout=60_000)
+        try:
+            where = page.main_frame if frame is None else _wait_for(page, frame, name)
+            where.get_by_text("fell by 0.1", exact=False).first.wait_for(timeout=60_000)
+        except Exception:
+            SHOTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SHOTS / f"{name}-failed.png"), full_page=True)
+            raise
         page.wait_for_timeout(1000)  # an injected handler would have fired by now
         text = where.inner_text("body")
         injected = where.evaluate(

@@ -140,6 +140,10 @@ def format_summary(s: dict[str, Any]) -> str:
             f"  time budget       training took {budget.get('training_s')} s; {budget.get('rule') or 'no limit'}"
             + (f"; stopped by it: {cut}" if cut else "")
         )
+    if s.get("recovered"):
+        from trainflow.tasks.values import describe_recovered
+
+        lines.append(f"  recovered         {describe_recovered(s['recovered'])}")
     for family, why in (s.get("families_failed") or {}).items():
         lines.append(f"    {family:<10} failed, left out (the other families went on): {why}")
     if s.get("feature_importance"):
