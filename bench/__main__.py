@@ -5,6 +5,7 @@ import sys
 from bench import (
     async_upload,
     beyond_memory,
+    cost_curve,
     demo_e2e,
     drift_overhead,
     fit_floor,
@@ -41,6 +42,7 @@ BENCHES = {
     "node-loss": node_loss.main,  # an elastic run losing one of two worker nodes halfway vs uninterrupted
     "tune-parallelism": tune_parallelism.main,
     "demo-e2e": demo_e2e.main,
+    "cost-curve": cost_curve.main,  # the default retrain at 150 to 150,000 rows vs HistGradientBoosting, AutoGluon
     "beyond-memory": beyond_memory.main,  # also prints scale-linearity
     "drift-overhead": drift_overhead.main,  # also prints skip-unchanged
     "front-door": front_door.main,

@@ -146,9 +146,17 @@ TIME_LIMIT = os.environ.get("MODEL_QUALITY_TIME_LIMIT", f"{AUTOGLUON_S:g}")
 AG_VERSION = "1.6.3"  # what `make autogluon` installs
 
 
-def autogluon(train: pd.DataFrame, test: pd.DataFrame, label: str, task: str, work: Path) -> np.ndarray | None:
-    """AutoGluon-Tabular's predictions for test (AUTOGLUON_PRESETS, AUTOGLUON_S seconds, the same training rows), fitted
-    in its own venv (bench/autogluon_fit.py); None when that venv is missing."""
+def autogluon(
+    train: pd.DataFrame,
+    test: pd.DataFrame,
+    label: str,
+    task: str,
+    work: Path,
+    seconds: float = AUTOGLUON_S,
+    presets: str = AUTOGLUON_PRESETS,
+) -> np.ndarray | None:
+    """AutoGluon-Tabular's predictions for test (presets, seconds, the same training rows), fitted in its own venv
+    (bench/autogluon_fit.py); None when that venv is missing."""
     import subprocess
     import sys
 
@@ -166,9 +174,9 @@ def autogluon(train: pd.DataFrame, test: pd.DataFrame, label: str, task: str, wo
             str(work / "test.parquet"),
             label,
             task,
-            str(AUTOGLUON_S),
+            str(seconds),
             str(work / "pred.parquet"),
-            AUTOGLUON_PRESETS,
+            presets,
         ],
         check=True,
         stdout=sys.stderr,

@@ -34,6 +34,22 @@ def _kill_train_workers_once(ready, stop: threading.Event, killed: list[int]) ->
         stop.wait(0.2)
 
 
+def _retrain_killing(cfg, run_name: str, ready, once: bool = False) -> tuple[int, list[int]]:
+    """`trainflow retrain` of cfg under run_name (its summary in s.json beside it) while every Ray Train worker that
+    appears once ready() is true is SIGKILLed (once: only the first such kill); the exit status and the pids killed."""
+    stop, killed = threading.Event(), []
+    when = (lambda: not killed and ready()) if once else ready
+    killer = threading.Thread(target=_kill_train_workers_once, args=(when, stop, killed), daemon=True)
+    killer.start()
+    try:
+        summary = str(cfg.parent / "s.json")
+        rc = cli_main(["retrain", "--config", str(cfg), "--run-name", run_name, "--summary-json", summary])
+    finally:
+        stop.set()
+        killer.join(10)
+    return rc, killed
+
+
 def test_a_family_whose_workers_keep_dying_is_left_out_and_the_others_go_on(tmp_path, capsys):
     cfg = churn_config(
         tmp_path,
@@ -44,16 +60,7 @@ def test_a_family_whose_workers_keep_dying_is_left_out_and_the_others_go_on(tmp_
         scaling={"num_workers": 2},
     )  # a worker group fills the cluster: LightGBM starts after the network
     network_done = tmp_path / "runs" / "deg-mlp" / "trainflow_finished.json"
-    stop, killed = threading.Event(), []
-    killer = threading.Thread(target=_kill_train_workers_once, args=(network_done.exists, stop, killed), daemon=True)
-    killer.start()
-    try:
-        rc = cli_main(
-            ["retrain", "--config", str(cfg), "--run-name", "deg", "--summary-json", str(tmp_path / "s.json")]
-        )
-    finally:
-        stop.set()
-        killer.join(10)
+    rc, killed = _retrain_killing(cfg, "deg", network_done.exists)
     assert killed, "no LightGBM worker was seen to kill"
     assert rc == 0
     s = json.loads((tmp_path / "s.json").read_text())
@@ -90,20 +97,7 @@ def test_a_worker_killed_in_a_family_that_is_not_served_is_in_the_summary_its_li
         failure={"max_failures": 2},
     )
     network = tmp_path / "runs" / "rec-mlp"
-    stop, killed = threading.Event(), []
-
-    def first_only() -> bool:
-        return not killed and checkpoint_registered(network, 0)
-
-    killer = threading.Thread(target=_kill_train_workers_once, args=(first_only, stop, killed), daemon=True)
-    killer.start()
-    try:
-        rc = cli_main(
-            ["retrain", "--config", str(cfg), "--run-name", "rec", "--summary-json", str(tmp_path / "s.json")]
-        )
-    finally:
-        stop.set()
-        killer.join(10)
+    rc, killed = _retrain_killing(cfg, "rec", lambda: checkpoint_registered(network, 0), once=True)
     out = capsys.readouterr().out
     assert len(killed) == 1 and rc == 0, out[-3000:]
     s = json.loads((tmp_path / "s.json").read_text())
