@@ -368,7 +368,7 @@ def _candidates_lines(summary: dict[str, Any], metric: str) -> str:
     columns = list(table)
     words = {"epoch": "— (no epochs of its own)", "epochs_run": "—", "unit": "—", "train_s": "— (not measured)"}
     lines = "\n".join(
-        "| " + " | ".join(md(_fmt(table[c][i], words.get(c, "—"))) for c in columns) + " |"
+        "| " + " | ".join(_cell(table[c][i], words.get(c, "—")) for c in columns) + " |"
         for i in range(len(table[columns[0]]))
     )
     return (
@@ -378,6 +378,13 @@ def _candidates_lines(summary: dict[str, Any], metric: str) -> str:
         "an ensemble's its own; also the parent MLflow run's leaderboard.json and `trainflow.leaderboard(summary)`):"
         f"\n\n| {' | '.join(columns)} |\n|{'---|' * len(columns)}\n{lines}"
     )
+
+
+def _cell(value: Any, missing: str) -> str:
+    """A leaderboard cell: a value from the run escaped (a family's or a user model's name), or trainflow's word for
+    a missing one."""
+    shown = _fmt(value, "")
+    return md(shown) if shown else missing
 
 
 def _predictions_line(summary: dict[str, Any]) -> str:
