@@ -36,8 +36,8 @@ CARD_STYLE = (
 # what the card's HTML may hold (nh3's allow-list): Markdown's own tags, images as data: URIs only, no attributes that
 # run code; anything else a string from the data or config could carry is dropped or shown as text
 CARD_TAGS = {"h1", "h2", "h3", "h4", "p", "ul", "ol", "li", "strong", "em", "code", "pre", "table", "thead"}
-CARD_TAGS |= {"tbody", "tr", "th", "td", "img", "a", "br", "hr", "blockquote"}
-CARD_ATTRIBUTES = {"img": {"src", "alt"}, "a": {"href"}, "th": {"align", "style"}, "td": {"align", "style"}}
+CARD_TAGS |= {"tbody", "tr", "th", "td", "img", "br", "hr", "blockquote"}  # no links: the card has none of its own
+CARD_ATTRIBUTES = {"img": {"src", "alt"}, "th": {"align", "style"}, "td": {"align", "style"}}
 
 
 def card_html(card: str, title: str) -> str:
@@ -56,8 +56,8 @@ def card_html(card: str, title: str) -> str:
         renderer.convert(card),
         tags=CARD_TAGS,
         attributes=CARD_ATTRIBUTES,
-        url_schemes={"http", "https", "data"},
-        link_rel="noopener noreferrer",
+        url_schemes={"data"},  # the card's images are data: URIs
+        link_rel=None,
     )
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"

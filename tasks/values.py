@@ -207,10 +207,17 @@ def describe_recovered(recovered: dict[str, dict[str, list[dict[str, Any]]]]) ->
     for family, h in recovered.items():
         said = [f"fold {r['fold']} resumed from {r['unit']} {r['from']}" for r in h["resumed"]]
         said += [
-            f"fold {r['fold']} recovered from {r['error']} (resumed from {r['unit']} {r['resumed_from_epoch']})"
+            f"fold {r['fold']} recovered from {_first_words(r['error'])} (resumed from {r['unit']} "
+            f"{r['resumed_from_epoch']})"
             for r in h["recoveries"]
         ]
         if h["resizes"]:
             said.append(f"{len(h['resizes'])} resize(s)")
         parts.append(f"{family}: " + "; ".join(dict.fromkeys(said)))
     return " | ".join(parts)
+
+
+def _first_words(text: str, most: int = 160) -> str:
+    """An error's first line, cut to most characters (the whole one is in the summary's recoveries)."""
+    line = " ".join(str(text).split())
+    return line if len(line) <= most else line[: most - 3].rstrip() + "..."
