@@ -59,7 +59,6 @@ def test_the_private_ray_folder_fits_socket_paths_for_any_tmpdir():
     """A TMPDIR of 19, 35 or 60 characters (a job's `mktemp -d`, /scratch/<user>/tmp): the local Ray's folder is
     placed where the longest socket path Ray makes under it fits 107 bytes; a ray.temp_dir too long for it is refused
     when the config loads, naming the key and the limit."""
-    from trainflow.config import load_config  # noqa: F401 - the config's check, below
     from trainflow.limits import RAY_SOCKET_TAIL
 
     base = tempfile.mkdtemp(prefix="tf", dir="/tmp")
