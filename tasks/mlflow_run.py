@@ -178,8 +178,12 @@ def end_parent(config: Config, status: str, summary: dict[str, Any] | None = Non
     try:
         client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
         run_id = parent_run(config)
-        if run_id is None:
-            return
+    except Exception as exc:  # noqa: BLE001 - a tracking blip must not undo finished training
+        task_logger("mlflow").warning("could not end the retrain's MLflow run %s: %s", status, exc)
+        return
+    if run_id is None:
+        return
+    try:
         if summary is not None:
             client.log_text(run_id, json.dumps(summary, indent=2, default=str), "summary.json")
             if summary.get("recovered"):  # which families resumed or recovered, searchable
@@ -188,6 +192,9 @@ def end_parent(config: Config, status: str, summary: dict[str, Any] | None = Non
                 client.set_tag(run_id, "trainflow.recovered", describe_recovered(summary["recovered"])[:5000])
             if summary.get("candidates"):
                 client.log_table(run_id, leaderboard_table(summary), LEADERBOARD_FILE)
+    except Exception as exc:  # noqa: BLE001 - the record is best effort; the run still ends with its status below
+        task_logger("mlflow").warning("could not record the retrain's summary in MLflow run %s: %s", run_id, exc)
+    try:
         client.set_terminated(run_id, status)
     except Exception as exc:  # noqa: BLE001 - a tracking blip must not undo finished training
         task_logger("mlflow").warning("could not end the retrain's MLflow run %s: %s", status, exc)

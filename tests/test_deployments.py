@@ -244,6 +244,7 @@ def test_hostile_text_is_text_in_every_view(prefect_server, tmp_path):
         mlflow_ui = f"{tracking}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}/artifacts"
         with browser() as b:
             _hostile_views(env, b, cfg, summary, version, tracking, mlflow_ui, str(artifact))
+        client.set_terminated(run.info.run_id, "FINISHED")
     finally:
         _stop(server)
 

@@ -117,8 +117,8 @@ def private_temp_dir(temp_dir: str | None) -> str:
 
     if temp_dir:
         path = os.path.abspath(os.path.expanduser(temp_dir))
-        if ray_folder_refusal(path):
-            raise ConfigError(f"ray.temp_dir {ray_folder_refusal(path)}")
+        if refused := ray_folder_refusal(path):
+            raise ConfigError(f"ray.temp_dir {refused}")
         os.makedirs(path, mode=0o700, exist_ok=True)
         if os.stat(path).st_mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise ConfigError(

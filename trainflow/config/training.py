@@ -326,8 +326,8 @@ class RaySection(_Section):
     def _sockets_fit(cls, value: str | None) -> str | None:
         import os
 
-        if value is not None and ray_folder_refusal(os.path.abspath(os.path.expanduser(value))):
-            raise ValueError(ray_folder_refusal(os.path.abspath(os.path.expanduser(value))))
+        if value is not None and (refused := ray_folder_refusal(os.path.abspath(os.path.expanduser(value)))):
+            raise ValueError(refused)
         return value
 
 
