@@ -1,5 +1,5 @@
-"""The retrain flow: ingest -> split -> preprocess -> train (one run per model family, fanned out; with
-cross-fitting one per family and fold) -> select -> [out-of-fold predictions and bagged checkpoints] -> [ensemble]
+"""The retrain flow: ingest -> split -> preprocess -> train (one Ray Train run per model family, fanned out; with
+cross-fitting its folds one after another inside that run) -> select -> [out-of-fold predictions and bagged checkpoints] -> [ensemble]
 -> [compare families] -> calibrate -> score the test rows -> register -> promote -> infer -> summary."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from trainflow.tasks.run_name import finished_before, record_finished, resolve_r
 from trainflow.tasks.select import select
 from trainflow.tasks.skip import check_unchanged
 from trainflow.tasks.split import record_split, split
-from trainflow.tasks.train import check_resume, train
+from trainflow.tasks.train import check_resume, train, train_folds
 from trainflow.tasks.validate import validate_data
 from trainflow.trainer.deadline import MIN_RUN_S, TimeShare, write_deadline
 from trainflow.trainer.resources import concurrent_runs
@@ -86,13 +86,12 @@ def _retrain(config: Config, name: str, fingerprint: str | None) -> dict[str, An
     parts = record_split(ingested, config, parts, name)
     k = parts.fold_count
     runs = {f: runs[f] for f in config.model.training_order(k) if f in runs}  # the order is their time priority
-    names = fold_run_names(runs, k) if k > 1 else {f: [r] for f, r in runs.items()}
-    if k > 1:
-        check_resume(config, ingested.spec.fingerprint, names)
+    if k > 1:  # each fold's folder inside its family's run
+        check_resume(config, ingested.spec.fingerprint, fold_run_names(runs, k))
     open_parent(config, name)
     status, summary = "FAILED", None
     try:
-        summary = _train_and_publish(config, name, ingested, parts, prepared, runs, names, validation)
+        summary = _train_and_publish(config, name, ingested, parts, prepared, runs, validation)
         status = "FINISHED"
         return summary
     finally:
@@ -106,7 +105,6 @@ def _train_and_publish(
     parts: Split,
     prepared: Prepared,
     runs: dict[str, str],
-    names: dict[str, list[str]],
     validation: dict[str, Any],
 ) -> dict[str, Any]:
     """Train every family (and fold), then bag, ensemble, compare and publish; every family's MLflow run ends as
@@ -115,7 +113,7 @@ def _train_and_publish(
     trained, built, status = None, None, "FAILED"
     try:
         run_config = fold_config(config, parts.train_rows) if k > 1 else config
-        trained, failed, timed_out, share = train_families(config, prepared, names, run_config)
+        trained, failed, timed_out, share = train_families(config, prepared, runs, k, run_config)
         runs = {f: r for f, r in runs.items() if f not in failed and f not in timed_out}
         decisions, fold_selections = None, {}
         if k > 1:  # each family's fold models: their out-of-fold predictions, and one bagged checkpoint serving them
@@ -200,11 +198,11 @@ def _train_and_publish(
         )
         status = "FINISHED"
         return summary
-    finally:  # every MLflow run of this retrain ends as the run did (the fold runs ended when bagged)
+    finally:  # every MLflow run of this retrain ends as the run did (a family's folds log into its one run)
         ended = status if not stop_requested() else "KILLED"
         if trained is None:  # stopped or failed while training: every run it may have opened, folds included
-            for f, fold_runs in names.items():
-                end_runs(config, fold_runs, f, ended)
+            for f, run in runs.items():
+                end_runs(config, [run], f, ended)
         else:
             for f, run in {**runs, **({ENSEMBLE: built.outcome.run_name} if built else {})}.items():
                 end_runs(config, [run], f, ended)
@@ -279,99 +277,119 @@ def served_curves(family: str, k: int, trained: dict[tuple[str, int], TrainOutco
     ]
 
 
+def fold_groups(config: Config, family: str, first: str, families: int, k: int, fold_rows: int) -> list[list[int]]:
+    """The Ray Train runs a family's folds train in, one after another (trainer/session.py): all of them in one run,
+    except where auto's "not earning" rule may leave it out after its first fold (several families, enough rows in a
+    fold to tell, not the first family): then its first fold alone, and the others in a second fit of the same run."""
+    if k == 1:
+        return [[0]]
+    if config.model.auto and families > 1 and family != first and fold_rows >= NOT_EARNING_MIN_ROWS:
+        return [[0], list(range(1, k))]
+    return [list(range(k))]
+
+
 def train_families(
-    config: Config, prepared: Prepared, names: dict[str, list[str]], run_config: Config
+    config: Config, prepared: Prepared, runs: dict[str, str], k: int, run_config: Config
 ) -> tuple[dict[tuple[str, int], TrainOutcome], dict[str, str], dict[str, str], TimeShare]:
-    """Every family's runs (one per fold), as many at once as the cluster holds worker groups, the next starting as
-    soon as one ends, each with its share of train.time_limit (trainer/deadline.py): ({(family, fold): outcome},
+    """Every family's runs, as many at once as the cluster holds worker groups, the next starting as soon as one
+    ends, each with its share of train.time_limit (trainer/deadline.py): ({(family, fold): outcome},
     {family: why it failed}, {family: why the time limit or its first fold left it out (auto)}, the time budget
-    (its record for the summary). With several
-    families, one that fails after its retries (a dead worker group, a diverging loss, memory) is left out with the
-    reason and the others go on; a bad config or table, a stop request, or the failure of every family fails the run."""
-    trainer = train.with_options(retries=config.failure.task_retries, retry_delay_seconds=config.failure.retry_delay_s)
-    k = len(next(iter(names.values())))
-    jobs = [(f, i) for f in names for i in range(k)]
+    (its record for the summary). Cross-fitted, a family's folds train one after another inside one Ray Train run
+    (fold_groups). With several families, one that fails after its retries (a dead worker group, a diverging loss,
+    memory) is left out with the reason and the others go on; a bad config or table, a stop request, or the failure
+    of every family fails the run."""
+    retries = {"retries": config.failure.task_retries, "retry_delay_seconds": config.failure.retry_delay_s}
+    trainer, fold_trainer = train.with_options(**retries), train_folds.with_options(**retries)
+    first = next(iter(runs))
+    fold_rows = prepared.fold_rows[0] if prepared.fold_rows else 0
+    jobs = [(f, tuple(g)) for f in runs for g in fold_groups(config, f, first, len(runs), k, fold_rows)]
     at_once = concurrent_runs(run_config.scaling.model_dump())
-    share = TimeShare(config.train.time_limit, list(names), at_once)
-    first = next(iter(names))
+    # a family's folds train one after another: each its part of the family's time (TimeShare's waves of one)
+    share = TimeShare(config.train.time_limit, list(runs), 1 if k > 1 else at_once)
     trained: dict[tuple[str, int], TrainOutcome] = {}
     failed: dict[str, str] = {}
     timed_out: dict[str, str] = {}
     errors: list[BaseException] = []
-    running: dict[tuple[str, int], Any] = {}
+    running: dict[tuple[str, tuple[int, ...]], Any] = {}
     started: set[str] = set()
     first_folds: dict[str, float] = {}  # auto, cross-fitted: each family's first fold's best validation loss
 
-    def folder(family: str, fold: int) -> str:
-        return run_dir(config.for_family(family), names[family][fold])
+    def folder(family: str) -> str:
+        return run_dir(config.for_family(family), runs[family])
+
+    def leave_out(family: str, why: str) -> None:
+        nonlocal jobs
+        timed_out[family] = why
+        task_logger("retrain").warning("%s is left out: %s", family, why)
+        jobs = [j for j in jobs if j[0] != family]
 
     while jobs or running:
-        while jobs and len(running) < at_once:
-            f, i = jobs[0]
+        while len(running) < at_once:
+            ready = [j for j in jobs if all(r[0] != j[0] for r in running)]  # a family's runs: one after another
+            if not ready:
+                break
+            f, group = ready[0]
             why = None if f in started else share.too_late(f, k)
-            if why:  # a family starts all of its runs or none: its fold models are of no use one short
-                timed_out[f] = why
-                task_logger("retrain").warning("%s is left out: %s", f, why)
-                jobs = [j for j in jobs if j[0] != f]
+            if why:  # a family starts all of its folds or none: its fold models are of no use one short
+                leave_out(f, why)
                 continue
             started.add(f)
-            jobs.pop(0)
-            ends_at = share.run_deadline(sum(j[0] == f for j in jobs) + 1)
+            jobs.remove((f, group))
+            left = sum(len(g) for j, g in jobs if j == f) + len(group)  # its folds not trained yet, these included
+            ends_at = share.run_deadline(left)
             if ends_at is not None:  # a family that started finishes its folds, each with at least a short run
-                ends_at = max(ends_at, time.time() + MIN_RUN_S)
-            write_deadline(folder(f, i), ends_at, share.why)  # always: a killed run's old deadline never applies
+                ends_at = time.time() + max(ends_at - time.time(), MIN_RUN_S) * len(group)
+            write_deadline(folder(f), ends_at, share.why)  # always: a killed run's old deadline never applies
             if ends_at is not None:
                 task_logger("retrain").info(
-                    "%s: its share of the time budget ends in %.0f s (%s)",
-                    names[f][i],
-                    ends_at - time.time(),
-                    share.why,
+                    "%s: its share of the time budget ends in %.0f s (%s)", runs[f], ends_at - time.time(), share.why
                 )
-            running[(f, i)] = trainer.with_options(task_run_name=f"train-{f}" + (f"-fold{i}" if k > 1 else "")).submit(
-                prepared.for_fold(i) if k > 1 else prepared, run_config, names[f][i], f
+            label = f"train-{f}" + (f"-folds{group[0]}-{group[-1]}" if k > 1 else "")
+            running[(f, group)] = (
+                fold_trainer.with_options(task_run_name=label).submit(prepared, run_config, runs[f], f, list(group))
+                if k > 1
+                else trainer.with_options(task_run_name=label).submit(prepared, run_config, runs[f], f)
             )
         done = wait(list(running.values()), timeout=1.0).done
-        for (family, fold), future in [(job, fut) for job, fut in running.items() if fut in done]:
-            del running[(family, fold)]
+        for (family, group), future in [(job, fut) for job, fut in running.items() if fut in done]:
+            del running[(family, group)]
             future.wait()  # done: this only records its final state on the future (else .state asks the API)
-            if not future.state.is_failed() or len(names) == 1:
-                trained[(family, fold)] = future.result()  # raises a crash, a cancel, and the only family's failure
-                cut = trained[(family, fold)].time_limited_at
-                if cut == 0 and family != first and family not in timed_out:  # one step: no model worth its time
-                    unit = trained[(family, fold)].budget.get("unit", "epoch")
-                    timed_out[family] = (
-                        f"{share.why}: its run {names[family][fold]} had time for its first {unit} "
-                        "only; its other runs were not started"
+            if not future.state.is_failed() or len(runs) == 1:
+                result = future.result()  # raises a crash, a cancel, and the only family's failure
+                for fold, outcome in zip(group, result if k > 1 else [result]):
+                    trained[(family, fold)] = outcome
+                cut = [trained[(family, i)].time_limited_at for i in group]
+                if 0 in cut and family != first and family not in timed_out:  # one step: no model worth its time
+                    unit = trained[(family, group[0])].budget.get("unit", "epoch")
+                    leave_out(
+                        family,
+                        f"{share.why}: its run {runs[family]} had time for its first {unit} only"
+                        + ("; its other folds were not started" if any(j[0] == family for j in jobs) else ""),
                     )
-                    task_logger("retrain").warning("%s is left out: %s", family, timed_out[family])
-                    jobs = [j for j in jobs if j[0] != family]
-                if config.model.auto and k > 1 and len(names) > 1 and fold == 0 and family not in timed_out:
-                    why = _not_earning(family, trained[(family, fold)], first_folds, prepared, k)
+                if config.model.auto and k > 1 and len(runs) > 1 and group[0] == 0 and family not in timed_out:
+                    why = _not_earning(family, trained[(family, 0)], first_folds, prepared, k)
                     if why and any(j[0] == family for j in jobs):  # its other folds would cost time for nothing
-                        timed_out[family] = why
-                        task_logger("retrain").warning("%s is left out: %s", family, why)
-                        jobs = [j for j in jobs if j[0] != family]
+                        leave_out(family, why)
             else:
                 exc = future.result(raise_on_failure=False)
                 if isinstance(exc, (ConfigError, DataError)) or stop_requested(exc) or disk_full(exc):
                     raise exc
                 errors.append(exc)
                 failed[family] = redact_text(
-                    f"{names[family][fold]} failed (Prefect retries: "
-                    f"{config.failure.task_retries}): {type(exc).__name__}: {exc}"
+                    f"{runs[family]} failed (Prefect retries: {config.failure.task_retries}): {type(exc).__name__}: {exc}"
                 )[:2000]
                 task_logger("retrain").warning("%s is left out, the other families go on: %s", family, failed[family])
-                end_runs(config, names[family], family, "FAILED")
+                end_runs(config, [runs[family]], family, "FAILED")
                 jobs = [j for j in jobs if j[0] != family]  # a family's other folds are of no use without this one
             if all(j[0] != first for j in [*jobs, *running]) and share.first_family_ended():
                 task_logger("retrain").info("time budget: %s", share.why)
-                for f, i in running:  # the runs already training get the new deadline too
-                    write_deadline(folder(f, i), share.ends_at, share.why)
-    if len(failed) == len(names):
+                for f, _ in running:  # the runs already training get the new deadline too
+                    write_deadline(folder(f), share.ends_at, share.why)
+    if len(failed) == len(runs):
         raise errors[0]
     for family in timed_out:
         if any(job[0] == family for job in trained):  # runs it had started end unused
-            end_runs(config, names[family], family, "KILLED")
+            end_runs(config, [runs[family]], family, "KILLED")
     dropped = {**failed, **timed_out}
     if errors and all(job[0] in dropped for job in trained):  # the first family failed, the time left out the rest
         raise errors[0]

@@ -20,7 +20,7 @@ from trainflow.config import Config
 from trainflow.folds import AUTO_FOLD_ROWS
 from trainflow.storage import join, private_copy
 from trainflow.tasks.common import retry_unless_user_error, lineage_for
-from trainflow.tasks.mlflow_run import end_runs
+from trainflow.trainer.session import fold_folder
 from trainflow.tasks.values import Selected, Split, TrainOutcome, Decisions
 from trainflow.trainer.checkpoint import read_config
 from trainflow.trainer.ensemble import member_outputs, write_bundle
@@ -29,14 +29,15 @@ from trainflow.trainer.serving import BAG_FILE, fold_dir, load_servable
 
 
 def fold_run_names(runs: dict[str, str], folds: int) -> dict[str, list[str]]:
-    """Each family's fold runs: <family's run>-fold<k>, each a Ray Train run that resumes on its own."""
-    return {family: [f"{run}-fold{k}" for k in range(folds)] for family, run in runs.items()}
+    """Each family's fold folders inside its run (<family's run>/fold<k>: trainer/session.py), each holding its fold's
+    checkpoints, as run names under storage_path."""
+    return {family: [f"{run}/{fold_folder(k)}" for k in range(folds)] for family, run in runs.items()}
 
 
 def fold_config(config: Config, fit_rows: int) -> Config:
     """The config fold models train with: on a small table (at most AUTO_FOLD_ROWS rows to cross-fit) one worker
-    each, so that several folds train side by side (a few thousand rows gain nothing from data-parallel training,
-    and each Ray Train run has a fixed start-up); else the configured scaling."""
+    each, so that several families train side by side (a few thousand rows gain nothing from data-parallel
+    training); else the configured scaling."""
     workers = min(config.scaling.min_workers, 1) if fit_rows <= AUTO_FOLD_ROWS else config.scaling.num_workers
     return config.model_copy(update={"scaling": config.scaling.model_copy(update={"num_workers": workers})})
 
@@ -96,8 +97,6 @@ def bag_folds(
         {keep[0]: pa.chunked_array(times, type=times[0].type)} if keep and times else {},
         np.concatenate(keys) if keys else None,
     )
-    for f in families:  # each fold model's MLflow run is complete: the bag is registered under its own run
-        end_runs(config, [o.run_name for o in outcomes[f]], f, "FINISHED")
     bagged_outcomes, bagged = {}, {}
     for f in families:
         metrics = compute_metrics(prep.task, decisions.outputs[f], decisions.labels, prep)

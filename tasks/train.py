@@ -18,7 +18,15 @@ from trainflow.tasks.values import Prepared, TrainOutcome
 from trainflow.trainer.checkpoint import METRICS_FILE, read_metrics
 from trainflow.trainer.loop import STOP_REASON
 from trainflow.trainer.progress import ProgressLine, watch_progress
-from trainflow.trainer.recovery import describe_resize, read_events, recoveries, run_resizes, started_from
+from trainflow.trainer.recovery import (
+    describe_resize,
+    fold_events,
+    read_events,
+    recoveries,
+    run_resizes,
+    started_from,
+)
+from trainflow.trainer.session import FOLD, fold_folder
 from trainflow.trainer.resources import check_fits
 from trainflow.trainer.runner import (
     build_trainer,
@@ -198,14 +206,20 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
 
 
 def finished_outcome(
-    path: str, lineage: dict[str, str], budget: dict[str, Any], run_name: str, family: str
+    path: str,
+    lineage: dict[str, str],
+    budget: dict[str, Any],
+    run_name: str,
+    family: str,
+    events: list[dict[str, Any]] | None = None,
 ) -> TrainOutcome | None:
     """The outcome of a run that trained to its end before (FINISHED_FILE) on the same data and training config with
     the same budget; None: train (or resume). The record is a claim read from storage: only its lineage, budget and
     the checkpoint folders it names (each must still be there) are read from it. Everything else comes from the
     run's own folder: every readable checkpoint in it with the metrics stored inside it (a better one the record
     leaves out is still chosen), the history from the latest checkpoint, recoveries and the time limit from the
-    run's event log; the run name, family and path are this call's."""
+    run's event log (events: a fold's, from its run's log and its own); the run name, family and path are this
+    call's."""
     try:
         record = json.loads(read_text(join(path, FINISHED_FILE)))
         if record["lineage"] != lineage or record["budget"] != json.loads(json.dumps(budget, default=str)):
@@ -223,7 +237,7 @@ def finished_outcome(
         return None
     if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
         return None
-    events = read_events(path)
+    events = read_events(path) if events is None else events
     cut = [int(e.get("epoch", -1)) for e in events if e.get("event") == "time_limit"]
     seconds = float(train_s) if isinstance(train_s, (int, float)) and math.isfinite(train_s) and train_s >= 0 else None
     return TrainOutcome(
@@ -238,3 +252,177 @@ def finished_outcome(
         time_limited_at=cut[-1] if cut else None,
         train_s=seconds,
     )
+
+
+def fold_row(metrics: dict[str, Any]) -> dict[str, Any]:
+    """A fold run's report or history row as MLflow metrics of its family's one run: fold<k>/<metric> at its epoch."""
+    fold = metrics.get(FOLD)
+    if not isinstance(fold, int):
+        return metrics
+    return {
+        k if k in ("epoch", "reported_at") else f"{fold_folder(fold)}/{k}": v for k, v in metrics.items() if k != FOLD
+    }
+
+
+def _fold_outcome(
+    config: Config,
+    fold: int,
+    folder: str,
+    name: str,
+    family: str,
+    checkpoints: list[dict[str, Any]],
+    events: list[dict[str, Any]],
+    budget: dict[str, Any],
+    train_s: float,
+) -> TrainOutcome:
+    """One fold's outcome from what the run reported for it and its events (tagged with their folds)."""
+    if not checkpoints:
+        raise TrainingError(f"fold {fold} of run {name} finished without reporting a checkpoint")
+    latest = max(checkpoints, key=lambda c: c["epoch"])
+    history = json.loads(read_text(join(latest["path"], METRICS_FILE)))["history"]
+    mine = [e for e in events if e.get(FOLD) == fold]
+    cut = [int(e.get("epoch", -1)) for e in mine if e.get("event") == "time_limit"]
+    return TrainOutcome(
+        run_name=name,
+        family=family,
+        run_path=folder,
+        checkpoints=checkpoints,
+        history=history,
+        resumed_from_epoch=started_from(mine),
+        recoveries=[r for r in recoveries(events) if r.get(FOLD) == fold],
+        budget=budget,
+        time_limited_at=cut[-1] if cut else None,
+        train_s=train_s,
+    )
+
+
+@task(
+    name="train-folds",
+    retries=2,
+    retry_delay_seconds=5,
+    retry_condition_fn=retry_unless_user_error,
+    cache_policy=NO_CACHE,
+)
+def train_folds(prepared: Prepared, config: Config, run_name: str, family: str, folds: list[int]) -> list[TrainOutcome]:
+    """Fit a family's folds (cross-fitting) one after another inside one Ray Train run (trainer/session.py): Ray
+    Train's start is paid once for all of them. Each fold keeps its checkpoints, events and finished record in its own
+    folder of the run (<run>/fold<k>); a rerun with the same run_name trains no finished fold again and resumes the
+    one it was in from that fold's latest checkpoint. One MLflow run holds every fold's metrics (fold<k>/val_loss).
+    Returns the folds' outcomes in the order of folds, each named <run_name>-fold<k>."""
+    ensure_ray(**config.ray_start)
+    check_fits(config.scaling.model_dump())
+    log = get_run_logger()
+    resolved = config.for_family(family)
+    budget = prepared.budgets[family]
+    path = run_dir(resolved, run_name)
+    lineage = lineage_for(config, prepared.fingerprint, family)
+    folders = {k: join(path, fold_folder(k)) for k in folds}
+    names = {k: f"{run_name}-{fold_folder(k)}" for k in folds}
+    before = fold_events(path, folders)
+    done = {
+        k: finished_outcome(
+            folders[k], lineage, budget.to_dict(), names[k], family, [e for e in before if e.get(FOLD) == k]
+        )
+        for k in folds
+    }
+    for k, outcome in done.items():
+        if outcome is not None:  # the run's failures are paired with the resumes of every fold
+            outcome.recoveries = [r for r in recoveries(before) if r.get(FOLD) == k]
+    if all(done.values()):
+        log.info(
+            "run %s trained folds %s before on the same data, training config and budget: their checkpoints are "
+            "used, nothing is trained again",
+            run_name,
+            ", ".join(map(str, folds)),
+        )
+        return [done[k] for k in folds]
+    mlflow_run = open_run(config, run_name, family)
+    progress, logged = ProgressLine(family, budget.limit, budget.unit, len(prepared.folds or [])), set()
+
+    def on_report(metrics: dict[str, Any]) -> None:
+        log.info(progress(metrics))
+        log_rows(config.mlflow.tracking_uri, mlflow_run, [fold_row(metrics)])
+        logged.add((metrics.get(FOLD), int(metrics.get("epoch", -1))))
+
+    log.info(
+        "training %s (%s), folds %s in one Ray Train run: %s worker(s)%s; %s each; storage %s",
+        run_name,
+        family,
+        ", ".join(map(str, folds)),
+        config.scaling.workers_label,
+        ", GPU" if config.scaling.use_gpu else "",
+        budget.describe(),
+        config.storage_path,
+    )
+    seen = {d: len(read_events(d)) for d in [path, *folders.values()]}
+    earlier = {k: checkpoint_folders(folders[k]) for k in folds}
+    os.environ[WORKER_GROUP_START_TIMEOUT] = f"{config.failure.worker_start_timeout_s:g}"
+    started = time.monotonic()
+    with watch_progress(on_report) as callback:
+        trainer = build_trainer(
+            resolved,
+            prepared.preprocessor,
+            None,
+            None,
+            run_name,
+            cache_shards=prepared.materialized,
+            streamed=not prepared.materialized,
+            external_memory=budget.external_memory,
+            lineage=lineage,
+            callbacks=[callback],
+            folds={k: prepared.folds[k] for k in folds},
+        )
+        result = fit_run(trainer, path, config.scaling.workers_label, config.data.materialize)
+    if result.metrics and result.metrics.get(STOP_REASON):
+        raise TrainingError(
+            f"training stopped: {result.metrics[STOP_REASON]}; lower train.learning_rate or check the data"
+        )
+    reported: dict[int, list[dict[str, Any]]] = {k: [] for k in folds}
+    for ckpt, metrics in result.best_checkpoints or []:
+        if metrics.get(FOLD) in reported:  # a restored run also holds the folds an earlier fit of it trained
+            uri = with_scheme(config.storage_path, ckpt.path)
+            reported[metrics[FOLD]].append(
+                {"path": uri, "epoch": int(metrics.get("epoch", -1)), "metrics": dict(metrics)}
+            )
+    events = fold_events(path, folders, seen)
+    train_s = round((time.monotonic() - started) / len(folds), 1)  # the folds' share of the run's wall time
+    outcomes = []
+    for k in folds:
+        outcome = done[k] or _fold_outcome(
+            config, k, folders[k], names[k], family, reported[k], events, budget.to_dict(), train_s
+        )
+        held = {folder_name(c["path"]) for c in outcome.checkpoints}
+        try:
+            removed = remove_unregistered(folders[k], earlier[k], held)
+        except (OSError, ServiceUnavailable) as exc:
+            log.warning("could not remove the checkpoint folders an earlier attempt of %s left: %s", names[k], exc)
+        else:
+            if removed:
+                log.info(
+                    "removed %d checkpoint folder(s) an earlier attempt of %s left: %s",
+                    len(removed),
+                    names[k],
+                    ", ".join(removed),
+                )
+        log_rows(
+            config.mlflow.tracking_uri,
+            mlflow_run,
+            [fold_row({**h, FOLD: k}) for h in outcome.history if (k, int(h.get("epoch", -1))) not in logged],
+        )
+        outcomes.append(outcome)
+        if done[k] is None:
+            write_text(
+                join(folders[k], FINISHED_FILE),
+                json.dumps({"lineage": lineage, "budget": budget.to_dict(), "outcome": asdict(outcome)}, default=str),
+            )
+    resized = run_resizes(events)
+    if resized:
+        outcomes[0].resizes = resized
+        tag_run(config.mlflow.tracking_uri, mlflow_run, "trainflow.resizes", "; ".join(map(describe_resize, resized)))
+    log.info(
+        "trained folds %s of %s: %s",
+        ", ".join(map(str, folds)),
+        run_name,
+        "; ".join(f"fold {o.run_name.rsplit('fold', 1)[-1]}: {len(o.history)} {budget.unit}(s)" for o in outcomes),
+    )
+    return outcomes

@@ -1,4 +1,5 @@
-"""Cross-fitting end to end: K fold models per family, each a Ray Train run of its own; every non-test row predicted
+"""Cross-fitting end to end: K fold models per family, trained one after another inside one Ray Train run; every
+non-test row predicted
 by the fold model that never trained on it; a bagged checkpoint that serves the fold models' average; a rerun that
 trains no finished fold again."""
 
@@ -55,11 +56,16 @@ def test_folds_train_predict_out_of_fold_serve_the_average_and_a_rerun_skips_fin
     folds = assignment.loc[~test_rows, "fold"].astype(int)
     assert sorted(folds.unique()) == list(range(FOLDS)) and folds.value_counts().min() > 600 * 0.8 / FOLDS * 0.6
 
-    # each fold model is a Ray Train run of its own, with one worker (a small table: folds train side by side)
+    # every fold trained inside the family's one Ray Train run, each into its own folder of it; the worker group
+    # started once (one worker: a small table)
     runs = tmp_path / "runs"
-    fold_runs = [runs / f"cf-fold{k}" for k in range(FOLDS)]
+    fold_runs = [runs / "cf" / f"fold{k}" for k in range(FOLDS)]
     assert all(_checkpoint_folders(r) for r in fold_runs)
     assert json.loads((fold_runs[0] / "trainflow_finished.json").read_text())["outcome"]["run_name"] == "cf-fold0"
+    starts = [json.loads(p.read_text()) for r in fold_runs for p in (r / "trainflow_events").glob("*.json")]
+    assert sorted(e["from_epoch"] for e in starts if e["event"] == "worker_start") == [0] * FOLDS
+    groups = [json.loads(p.read_text()) for p in (runs / "cf" / "trainflow_events").glob("*.json")]
+    assert len([e for e in groups if e["event"] == "attempt"]) == 1, groups
 
     # the served model is the fold models' average (probabilities averaged; no calibration was needed here or it
     # applies after the average)
@@ -84,12 +90,15 @@ def test_folds_train_predict_out_of_fold_serve_the_average_and_a_rerun_skips_fin
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    statuses = {
-        r.info.run_name: r.info.status
-        for r in client.search_runs([e.experiment_id for e in client.search_experiments()])
-        if "-fold" in r.info.run_name
-    }
-    assert set(statuses) == {f"cf-fold{k}" for k in range(FOLDS)} and set(statuses.values()) == {"FINISHED"}
+    # one MLflow run for the family holds each fold's metrics, epoch by epoch
+    named = [
+        r for r in client.search_runs([e.experiment_id for e in client.search_experiments()]) if r.info.run_name == "cf"
+    ]
+    (family_run,) = [
+        r for r in named if "fold0/val_loss" in r.data.metrics
+    ]  # the first retrain's; the rerun trained none
+    for k in range(FOLDS):
+        assert len(client.get_metric_history(family_run.info.run_id, f"fold{k}/val_loss")) == 2  # train.epochs
     every = {
         r.info.run_name: r.info.status
         for r in client.search_runs([e.experiment_id for e in client.search_experiments()])

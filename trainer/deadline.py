@@ -30,10 +30,14 @@ def write_deadline(run_dir: str, ends_at: float | None, why: str = "") -> None:
 
 class Deadline:
     """A run's deadline as its rank 0 sees it: read from the run's folder, at most every CHECK_S seconds. A missing or
-    unreadable file is no deadline (a run started by an older driver, or outside the retrain flow)."""
+    unreadable file is no deadline (a run started by an older driver, or outside the retrain flow).
 
-    def __init__(self, run_dir: str | None, clock: Callable[[], float] = time.time):
+    share: the folds left in the run with this one (trainer/session.py): they train one after another, so this one
+    gets its part of the time left when it starts, 1/share of it."""
+
+    def __init__(self, run_dir: str | None, clock: Callable[[], float] = time.time, share: int = 1):
         self.run_dir, self.clock = run_dir, clock
+        self.started, self.share = clock(), max(1, int(share))
         self.ends_at: float | None = None
         self.why = ""
         self.read_at = -math.inf
@@ -46,7 +50,8 @@ class Deadline:
         try:
             record = json.loads(read_text(join(self.run_dir, DEADLINE_FILE)))
             ends_at = record.get("ends_at")
-            self.ends_at = float(ends_at) if isinstance(ends_at, (int, float)) and math.isfinite(ends_at) else None
+            ends_at = float(ends_at) if isinstance(ends_at, (int, float)) and math.isfinite(ends_at) else None
+            self.ends_at = None if ends_at is None else self.started + (ends_at - self.started) / self.share
             self.why = str(record.get("why", ""))[:200]
         except (OSError, ValueError, AttributeError):
             self.ends_at = None

@@ -18,6 +18,7 @@ from torch import nn
 
 from trainflow.config import Config, TrainSection
 from trainflow.preprocessors.tabular import FEATURES, LABEL, TabularPreprocessor
+from trainflow.trainer import session
 from trainflow.trainer.budget import EarlyStopping, lr_factor, resolve_budget
 from trainflow.trainer.metrics import compute_metrics
 from trainflow.trainer.checkpoint import load_train_state, load_weights, read_metrics, save_checkpoint
@@ -333,7 +334,7 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
     model = model_for(prep, cfg.model.model_dump(mode="json"))  # the checkpoint's config.json form, as serving reads it
     stopper = EarlyStopping(cfg.checkpoint.mode, budget.patience, train_cfg.early_stopping.min_delta)
     start_epoch, history, state = 0, [], None
-    checkpoint = ray.train.get_checkpoint()
+    checkpoint = session.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
             model.load_state_dict(load_weights(d))
@@ -367,8 +368,8 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
     weights = class_weights(train_cfg, prep)
     # validation metrics stay unweighted and unsmoothed
     loss_fn = _loss_fn(task, None if weights is None else weights.to(device), train_cfg.label_smoothing)
-    train_shard = ray.train.get_dataset_shard("train")
-    val_shard = ray.train.get_dataset_shard("val")
+    train_shard = session.dataset_shard("train")
+    val_shard = session.dataset_shard("val")
     cache = loop_config.get("cache_shards", False)
     metric = cfg.checkpoint.metric
     schedule = ReportSchedule(
@@ -413,7 +414,7 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
             # Reported, not raised: a raise would be retried by FailureConfig, and NaN does not heal.
             if pending_best is not None:
                 _report(pending_best, rank, loop_config)
-            ray.train.report(
+            session.report(
                 {**metrics, STOP_REASON: f"train loss became {train_loss} at epoch {epoch}"}, checkpoint=None
             )
             return history

@@ -157,15 +157,22 @@ def watch_progress(on_report: Callable[[dict[str, Any]], None], poll_s: float = 
 
 
 class ProgressLine:
-    """'mlp epoch 12/79: train_loss 0.4123, val_loss 0.4011, val_roc_auc 0.8123 (0.61 s/epoch)' per report."""
+    """'mlp epoch 12/79: train_loss 0.4123, val_loss 0.4011, val_roc_auc 0.8123 (0.61 s/epoch)' per report; a fold
+    run's reports name their fold ('mlp fold 2/5 epoch 12/79: ...')."""
 
-    def __init__(self, family: str, max_epochs: int | None, unit: str = "epoch"):
-        self.family, self.max_epochs, self.unit = family, max_epochs, unit
+    def __init__(self, family: str, max_epochs: int | None, unit: str = "epoch", folds: int | None = None):
+        self.family, self.max_epochs, self.unit, self.folds = family, max_epochs, unit, folds
         self.last: tuple[int, float] | None = None
         self.workers: int | None = None
+        self.fold: int | None = None
 
     def __call__(self, metrics: dict[str, Any]) -> str:
         epoch, at = int(metrics.get("epoch", -1)), float(metrics.get("reported_at", time.time()))
+        name = self.family
+        if isinstance(metrics.get("fold"), int):
+            if metrics["fold"] != self.fold:  # a new fold counts its epochs from 0 again
+                self.fold, self.last = metrics["fold"], None
+            name = f"{self.family} fold {self.fold + 1}" + (f"/{self.folds}" if self.folds else "")
         shown = ", ".join(f"{k} {float(metrics[k]):.4f}" for k in SHOWN if isinstance(metrics.get(k), (int, float)))
         pace = ""
         if isinstance(metrics.get("epoch_time_s"), (int, float)):
@@ -180,4 +187,4 @@ class ProgressLine:
             if self.workers is not None and int(workers) != self.workers:
                 resized = f" [{self.workers} -> {int(workers)} workers]"
             self.workers = int(workers)
-        return f"{self.family} {self.unit} {epoch + 1}{total}: {shown}{pace}{resized}"
+        return f"{name} {self.unit} {epoch + 1}{total}: {shown}{pace}{resized}"

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import ray
 
+from trainflow.trainer import session
 from trainflow.trainer.deadline import Deadline
 from trainflow.trainer.recovery import append_event
 
@@ -95,8 +96,8 @@ def record_start(loop_config: dict[str, Any], rank: int, start: int, resumed: bo
 
 def rank_zero_deadline(loop_config: dict[str, Any], rank: int) -> Callable[[float], bool] | None:
     """Rank 0's view of the run's deadline (the other ranks follow its decision); None on the other ranks."""
-    run_dir = loop_config.get("run_dir")
-    return Deadline(run_dir).passed if rank == 0 and run_dir else None
+    run_dir = loop_config.get("deadline_dir") or loop_config.get("run_dir")
+    return Deadline(run_dir, share=loop_config.get("folds_left", 1)).passed if rank == 0 and run_dir else None
 
 
 def record_time_limit(loop_config: dict[str, Any], step: int, unit: str) -> None:
@@ -148,7 +149,7 @@ def report_step(
             if rank == 0:
                 write(tmp)
                 checkpoint = Checkpoint.from_directory(tmp)
-            ray.train.report(metrics, checkpoint=checkpoint)
+            session.report(metrics, checkpoint=checkpoint)
         return
     checkpoint = None
     if rank == 0:
@@ -159,7 +160,7 @@ def report_step(
             shutil.rmtree(folder, ignore_errors=True)
             raise
         checkpoint = Checkpoint.from_directory(folder)
-    ray.train.report(
+    session.report(
         metrics,
         checkpoint=checkpoint,
         checkpoint_upload_mode=CheckpointUploadMode.ASYNC,

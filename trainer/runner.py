@@ -13,6 +13,7 @@ from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.trainer.checkpoint import LINEAGE_FILE, METRICS_FILE
 from trainflow.trainer.families import family_for
 from trainflow.trainer.recovery import RESTART, AttemptLog, RecoveryLog, read_events
+from trainflow.trainer.session import FoldLoop
 from trainflow.trainer.watchdog import Watched
 from trainflow.config import Config, FailureSection, ScalingSection
 from trainflow.errors import ConfigError, TrainingError
@@ -120,6 +121,7 @@ def build_trainer(
     streamed: bool = False,
     external_memory: bool = False,
     lineage: dict[str, str] | None = None,
+    folds: dict[int, tuple[ray.data.Dataset, ray.data.Dataset]] | None = None,
 ):
     """The model family's trainer (TorchTrainer, XGBoostTrainer, LightGBMTrainer); its run resumes when
     built again with the same storage_path and run_name.
@@ -128,13 +130,22 @@ def build_trainer(
     cache_shards: torch workers keep their shard in memory after the first epoch (materialized data);
     streamed: the data is re-read from its files each epoch and each block's rows permuted on the workers;
     external_memory: XGBoost workers build external-memory matrices (trainer/families/xgboost_extmem.py);
-    lineage: written into every checkpoint (data fingerprint, training config hash), checked by a resume.
+    lineage: written into every checkpoint (data fingerprint, training config hash), checked by a resume;
+    folds: {fold: (training rows, held-out rows)} trained one after another inside this one run (trainer/session.py),
+    each into its own folder, instead of train_ds and val_ds. Ray Train ranks checkpoints across the whole run, so a
+    fold run keeps every one it reports (its own num_to_keep would drop one fold's best for another's); the train
+    task trims each fold to checkpoint.num_to_keep once every fold of the run has trained.
     """
     ckpt = config.checkpoint
     family = family_for(config)
     config = config.for_family(family.name)  # its own model.params block resolved (a sweep's trial config too)
+    loop = train_fn or family.train_fn
+    datasets = {"train": train_ds, "val": val_ds}
+    if folds is not None:
+        loop = FoldLoop(loop)
+        datasets = {f"{role}_{k}": ds for k, pair in folds.items() for role, ds in zip(("train", "val"), pair)}
     return family.make_trainer(
-        Watched(train_fn or family.train_fn, config.failure.hang_timeout_s),
+        Watched(loop, config.failure.hang_timeout_s),
         config.scaling,
         train_loop_config={
             "config": config,
@@ -144,16 +155,17 @@ def build_trainer(
             "streamed": streamed,
             "external_memory": external_memory,
             "lineage": lineage,
+            **({"folds": sorted(folds)} if folds is not None else {}),
         },
         scaling_config=scaling_config(family.worker_scaling(config.scaling)),
-        datasets={"train": train_ds, "val": val_ds},
+        datasets=datasets,
         dataset_config=family.data_config(),
         run_config=RunConfig(
             name=run_name,
             storage_path=config.storage_path,
             storage_filesystem=storage_filesystem,
             checkpoint_config=CheckpointConfig(
-                num_to_keep=ckpt.num_to_keep,
+                num_to_keep=ckpt.num_to_keep if folds is None else None,
                 checkpoint_score_attribute=ckpt.metric,
                 checkpoint_score_order=ckpt.mode,
             ),

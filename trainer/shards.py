@@ -10,10 +10,13 @@ table (data.materialize: never, or too large for the object store) is read from 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ray.data.dataset import MaterializedDataset
 from ray.train import DataConfig
+
+FOLD_SUFFIX = re.compile(r"_\d+$")  # a fold's own datasets (train_3, val_3: trainer/session.py) are cut as their role's
 
 
 class ShardConfig(DataConfig):
@@ -34,10 +37,11 @@ class ShardConfig(DataConfig):
             materialized = isinstance(ds, MaterializedDataset)
             ds = ds.copy(ds)
             ds.context.execution_options = self._resolve_execution_options(name)
-            if name not in self._equal or (materialized and world_size == 1):
+            role = FOLD_SUFFIX.sub("", name)
+            if role not in self._equal or (materialized and world_size == 1):
                 shards = [ds.iterator() for _ in range(world_size)]
             else:
-                shards = ds.streaming_split(world_size, equal=self._equal[name], locality_hints=hints)
+                shards = ds.streaming_split(world_size, equal=self._equal[role], locality_hints=hints)
             for i, shard in enumerate(shards):
                 output[i][name] = shard
         return output

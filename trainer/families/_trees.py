@@ -22,6 +22,7 @@ import ray.train
 
 from trainflow.config import Config, ModelSection, ScalingSection
 from trainflow.preprocessors.tabular import FEATURES, LABEL, TabularPreprocessor
+from trainflow.trainer import session
 from trainflow.trainer.budget import Budget, EarlyStopping
 from trainflow.trainer.checkpoint import read_metrics, write_common
 from trainflow.trainer.metrics import compute_metrics
@@ -198,13 +199,13 @@ class BoostRun:
 
 def prepare(loop_config: dict[str, Any], load_model: Callable[[Path], Any]) -> BoostRun | None:
     """Read this worker's data (unless the budget says external memory) and resume from
-    ray.train.get_checkpoint(); None when nothing is left to boost."""
+    session.get_checkpoint(); None when nothing is left to boost."""
     cfg: Config = loop_config["config"]
     ctx = ray.train.get_context()
     budget = replace(boost_budget(cfg.model), external_memory=bool(loop_config.get("external_memory")))
     stopper = EarlyStopping("min", budget.patience, cfg.train.early_stopping.min_delta)
     model, start, history = None, 0, []
-    checkpoint = ray.train.get_checkpoint()
+    checkpoint = session.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
             model = load_model(Path(d))
@@ -220,8 +221,8 @@ def prepare(loop_config: dict[str, Any], load_model: Callable[[Path], Any]) -> B
     prep = TabularPreprocessor.from_dict(loop_config["preprocessor"])
     x = y = x_val = y_val = None
     if not budget.external_memory:
-        x, y = shard_arrays(ray.train.get_dataset_shard("train"))
-        x_val, y_val = shard_arrays(ray.train.get_dataset_shard("val"))
+        x, y = shard_arrays(session.dataset_shard("train"))
+        x_val, y_val = shard_arrays(session.dataset_shard("val"))
     if start == 0 and ctx.get_world_rank() == 0:
         print(f"trainflow budget: {budget.to_dict()} over {prep.train_rows} training rows")
     return BoostRun(loop_config, prep, x, y, x_val, y_val, budget, model, start, history, stopper)

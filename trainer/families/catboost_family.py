@@ -156,13 +156,12 @@ class Progress:
         self, task: str, history: list[dict[str, float]], local: Path, remote: str, loop_config: dict[str, Any]
     ):
         self.task, self.history, self.local, self.remote = task, history, local, remote
-        import ray.train
-
+        from trainflow.trainer import session
         from trainflow.trainer.reporting import ReportSchedule, rank_zero_deadline, record_time_limit
         from trainflow.trainer.watchdog import heartbeat
 
         # the training imports once per fit, not per round (this module also serves, where none of them exists)
-        self.report, self.record_time_limit, self.heartbeat = ray.train.report, record_time_limit, heartbeat
+        self.report, self.record_time_limit, self.heartbeat = session.report, record_time_limit, heartbeat
         self.loop_config = loop_config
         # the schedule every family's loop reports by (one process: nothing to agree on), with the run's deadline
         self.schedule = ReportSchedule(
@@ -227,6 +226,8 @@ def train_fn(loop_config: dict[str, Any]) -> None:
     import ray.train
     from catboost import CatBoost, Pool
 
+    from trainflow.trainer import session
+
     from trainflow.preprocessors.tabular import TabularPreprocessor
     from trainflow.trainer.checkpoint import write_common
     from trainflow.trainer.families._trees import STATE_JSON, boost_budget, shard_arrays
@@ -235,7 +236,7 @@ def train_fn(loop_config: dict[str, Any]) -> None:
 
     cfg: Config = loop_config["config"]
     prep = TabularPreprocessor.from_dict(loop_config["preprocessor"])
-    if ray.train.get_checkpoint() is not None:  # the fit finished and reported its model: nothing left
+    if session.get_checkpoint() is not None:  # the fit finished and reported its model: nothing left
         record_start(loop_config, 0, boost_budget(cfg.model).limit, True)
         return
     threads = max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
@@ -244,8 +245,8 @@ def train_fn(loop_config: dict[str, Any]) -> None:
         local, remote = work / "snapshot", snapshot_uri(loop_config["run_dir"], loop_config.get("lineage"))
         history = fetch_snapshot(remote, local)
         record_start(loop_config, 0, len(history), bool(history))
-        x, y = shard_arrays(ray.train.get_dataset_shard("train"))
-        x_val, y_val = shard_arrays(ray.train.get_dataset_shard("val"))
+        x, y = shard_arrays(session.dataset_shard("train"))
+        x_val, y_val = shard_arrays(session.dataset_shard("val"))
         cats = categorical_positions(prep)
         label = (lambda v: v.astype(np.int64)) if prep.task == "classification" else (lambda v: v.astype(np.float64))
         train_pool = Pool(catboost_frame(prep, x), label=label(y), cat_features=cats or None)
@@ -291,7 +292,7 @@ def train_fn(loop_config: dict[str, Any]) -> None:
                 f"trainflow early stopping at round {len(history) - 1}: best validation loss "
                 f"{history[best]['val_loss']:.6g} at round {best}"
             )
-        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(out)))
+        session.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(out)))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -136,6 +136,8 @@ def train_fn(loop_config: dict[str, Any]) -> None:
 
     import ray.train
 
+    from trainflow.trainer import session
+
     from trainflow.preprocessors.tabular import TabularPreprocessor
     from trainflow.trainer.checkpoint import write_common
     from trainflow.trainer.families._trees import shard_arrays
@@ -147,13 +149,13 @@ def train_fn(loop_config: dict[str, Any]) -> None:
     prep = TabularPreprocessor.from_dict(loop_config["preprocessor"])
     params = ExtraTreesParams(**cfg.model.params.for_family(NAME)).model_dump(exclude_none=True)
     total = params.pop("n_estimators")
-    if ray.train.get_checkpoint() is not None:  # the forest was grown and reported: nothing left
+    if session.get_checkpoint() is not None:  # the forest was grown and reported: nothing left
         record_start(loop_config, 0, ROUNDS, True)
         return
     record_start(loop_config, 0, 0, False)
     threads = max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
-    x, y = shard_arrays(ray.train.get_dataset_shard("train"))
-    x_val, y_val = shard_arrays(ray.train.get_dataset_shard("val"))
+    x, y = shard_arrays(session.dataset_shard("train"))
+    x_val, y_val = shard_arrays(session.dataset_shard("val"))
     y_fit = y.astype(np.int64) if prep.task == "classification" else y.astype(np.float64)
     print(f"trainflow budget: {total} trees in {ROUNDS} rounds over {len(y)} training rows, {threads} thread(s)")
     model = _estimator(prep.task, params, cfg.split.seed, threads)
@@ -177,7 +179,7 @@ def train_fn(loop_config: dict[str, Any]) -> None:
             last = rnd == ROUNDS - 1
             if schedule.due(rnd, last, round_s) and not last:
                 schedule.reported_through(rnd)
-                ray.train.report(dict(history[-1]))  # progress (the forest is reported once, at the end)
+                session.report(dict(history[-1]))  # progress (the forest is reported once, at the end)
             if schedule.expired and not last:
                 record_time_limit(loop_config, rnd, "tree round")
                 break
@@ -198,7 +200,7 @@ def train_fn(loop_config: dict[str, Any]) -> None:
             cfg.to_dict(),
             loop_config.get("lineage"),
         )
-        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(out)))
+        session.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(str(out)))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

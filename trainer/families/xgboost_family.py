@@ -123,8 +123,7 @@ def library_params(prep: TabularPreprocessor, cfg: Config) -> dict[str, Any]:
 
 def train_fn(loop_config: dict[str, Any]) -> None:
     """XGBoostTrainer's per-worker loop: resume from the latest checkpoint's round, boost, report."""
-    import ray.train
-
+    from trainflow.trainer import session
     from trainflow.trainer.families._trees import prepare
 
     run = prepare(loop_config, load_xgboost)
@@ -138,8 +137,8 @@ def train_fn(loop_config: dict[str, Any]) -> None:
 
             cache = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="trainflow-xgboost-")))
             dtrain, dval, run.y_val = extmem_matrices(
-                ray.train.get_dataset_shard("train"),
-                ray.train.get_dataset_shard("val"),
+                session.dataset_shard("train"),
+                session.dataset_shard("val"),
                 xgb_feature_types(prep),
                 cache,
                 params,

@@ -1,0 +1,103 @@
+"""What a family's worker loop reads from and reports to Ray Train, and the loop that trains several folds inside one
+Ray Train run.
+
+Cross-fitting trains K fold models per family. Each used to be a Ray Train run of its own, and each run paid Ray
+Train's start (a controller, a worker group, a synchronization actor: about 12 s on two cores) for under a second of
+fitting on a small table. `fold_loop` trains a family's folds one after another inside one run: the worker group
+starts once, each fold reads its own datasets (`train_<k>`, `val_<k>`), reports its checkpoints into its own folder
+(`<run>/fold<k>/checkpoint_...`, Ray Train's `checkpoint_dir_name`) with `fold` among the metrics, and keeps its own
+folder for what the family writes beside them (trainflow's events, CatBoost's snapshot). A restarted worker group
+(a dead worker, a lost node, a rerun of the run name) resumes the fold Ray Train's latest checkpoint belongs to,
+from that checkpoint; the folds before it are finished and are not trained again.
+
+A family's code calls `dataset_shard`, `get_checkpoint` and `report` here instead of `ray.train`'s: outside a fold
+loop they are Ray Train's own.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import re
+from typing import Any, Callable
+
+import ray.train
+
+FOLD = "fold"  # the metric that names a report's fold
+FOLD_FOLDER = re.compile(r"^fold(\d+)$")
+
+# (fold, the checkpoint it resumes from) while a fold loop trains a fold in this thread
+_fold: contextvars.ContextVar[tuple[int, Any] | None] = contextvars.ContextVar("trainflow_fold", default=None)
+
+
+def fold_folder(fold: int) -> str:
+    """The folder of fold k inside its family's run: its checkpoints, events and snapshots."""
+    return f"fold{fold}"
+
+
+def dataset_shard(name: str):
+    """This worker's shard of dataset name ("train", "val"): the current fold's own inside a fold loop."""
+    current = _fold.get()
+    return ray.train.get_dataset_shard(name if current is None else f"{name}_{current[0]}")
+
+
+def get_checkpoint():
+    """The checkpoint to resume from: Ray Train's latest, or inside a fold loop the current fold's (None for a fold
+    that starts fresh)."""
+    current = _fold.get()
+    return ray.train.get_checkpoint() if current is None else current[1]
+
+
+def report(metrics: dict[str, Any], checkpoint=None, **kwargs: Any) -> None:
+    """ray.train.report; inside a fold loop the metrics name the fold and a checkpoint goes into the fold's folder."""
+    current = _fold.get()
+    if current is not None:
+        from ray.train.v2._internal.execution.storage import StorageContext
+
+        metrics = {**metrics, FOLD: current[0]}
+        # every rank passes a name; Ray Train keeps rank 0's
+        kwargs["checkpoint_dir_name"] = f"{fold_folder(current[0])}/{StorageContext.make_default_checkpoint_dir_name()}"
+    ray.train.report(metrics, checkpoint=checkpoint, **kwargs)
+
+
+def fold_of(checkpoint) -> int | None:
+    """The fold a checkpoint of a fold loop belongs to (from its folder's parent), or None."""
+    if checkpoint is None:
+        return None
+    parts = str(checkpoint.path).rstrip("/").split("/")
+    found = FOLD_FOLDER.match(parts[-2]) if len(parts) >= 2 else None
+    return int(found.group(1)) if found else None
+
+
+class FoldLoop:
+    """A family's per-worker loop run once per fold of loop_config["folds"], in order, inside one Ray Train run
+    (picklable, so Ray can ship it to the workers). Each fold's loop config names its fold, its own folder as its
+    run_dir, the run's folder for the deadline (trainer/deadline.py) and the folds left with it, which share the
+    run's deadline."""
+
+    def __init__(self, train_fn: Callable[[dict[str, Any]], Any]):
+        self.train_fn = train_fn
+
+    def __call__(self, loop_config: dict[str, Any]) -> None:
+        from trainflow.storage import join
+
+        folds = list(loop_config["folds"])
+        latest = ray.train.get_checkpoint()
+        at = fold_of(latest)
+        if at not in folds:  # no checkpoint, or one of a fold another fit of this run trained (finished)
+            at = None
+        for n, fold in enumerate(folds):
+            if at is not None and fold < at:  # finished before the restart: its checkpoints are in storage
+                continue
+            token = _fold.set((fold, latest if fold == at else None))
+            try:
+                self.train_fn(
+                    {
+                        **loop_config,
+                        "run_dir": join(loop_config["run_dir"], fold_folder(fold)),
+                        "deadline_dir": loop_config["run_dir"],
+                        "folds_left": len(folds) - n,
+                        FOLD: fold,
+                    }
+                )
+            finally:
+                _fold.reset(token)
