@@ -102,3 +102,65 @@ def test_select_skips_a_truncated_checkpoint(tmp_path):
 
     with pytest.raises(CheckpointError, match="no usable checkpoint"):
         select(outcome, cfg)
+
+
+def _fold_fault(marker_dir: str):
+    """The network's loop per fold; fold 1's first attempt trains one epoch, then rank 1 raises once Ray Train's
+    controller has registered that epoch's checkpoint (what the restart resumes fold 1 from)."""
+    from trainflow.config import trial_config
+    from trainflow.trainer.loop import train_fn_per_worker
+
+    def train_fn(loop_config):
+        import json
+        import time
+        from pathlib import Path
+
+        import ray.train
+
+        rank = ray.train.get_context().get_world_rank()
+        marker = Path(marker_dir) / f"fold{loop_config['fold']}-rank{rank}"
+        if loop_config["fold"] != 1 or marker.exists():
+            return train_fn_per_worker(loop_config)
+        marker.touch()
+        train_fn_per_worker(
+            {**loop_config, "config": trial_config(loop_config["config"].to_dict(), {"train.epochs": 1})}
+        )
+        if rank == 1:
+            snapshot = Path(loop_config["deadline_dir"]) / "checkpoint_manager_snapshot.json"
+            for _ in range(600):
+                try:
+                    results = json.loads(snapshot.read_text()).get("checkpoint_results") or []
+                except (OSError, ValueError):
+                    results = []
+                if any(r.get("metrics", {}).get("fold") == 1 for r in results):
+                    break
+                time.sleep(0.1)
+            raise RuntimeError("injected failure in fold 1")
+        ray.train.report({"epoch": 1, "waiting": 1.0})  # blocks until the group is torn down
+        return None
+
+    return train_fn
+
+
+@pytest.mark.e2e
+@pytest.mark.usefixtures("ray_local")
+def test_a_worker_that_dies_in_a_fold_resumes_that_fold_and_the_finished_ones_are_not_trained_again(tmp_path):
+    from trainflow.trainer.recovery import fold_events
+
+    cfg, prep, train, val = small_run(tmp_path, max_failures=1)
+    folds = {0: (train, val), 1: (train, val)}
+    result = build_trainer(cfg, prep, None, None, "cf", train_fn=_fold_fault(str(tmp_path)), folds=folds).fit()
+    run = run_dir(cfg, "cf")
+    by_fold = {k: [m for _, m in result.best_checkpoints if m.get("fold") == k] for k in folds}
+    # each fold kept its own checkpoints, in its own folder of the one run, every epoch trained once
+    assert {m["epoch"] for m in by_fold[0]} >= {EPOCHS - 1} and {m["epoch"] for m in by_fold[1]} >= {EPOCHS - 1}
+    assert all(f"/fold{k}/checkpoint_" in c.path for c, m in result.best_checkpoints for k in [m["fold"]])
+    with result.checkpoint.as_directory() as d:
+        assert [h["epoch"] for h in read_metrics(d)["history"]] == list(range(EPOCHS))  # fold 1's, across the restart
+    events = fold_events(run, {k: f"{run}/fold{k}" for k in folds})
+    starts = [(e["fold"], e["from_epoch"]) for e in events if e["event"] == "worker_start"]
+    assert starts.count((0, 0)) == 2 and (0, EPOCHS) not in starts  # fold 0 trained once, by both ranks
+    assert starts.count((1, 0)) == 2 and starts.count((1, 1)) == 2  # fold 1 resumed from its epoch 0's checkpoint
+    (recovered,) = recoveries(events)
+    assert recovered["fold"] == 1 and recovered["resumed_from_epoch"] == 1
+    assert "injected failure in fold 1" in recovered["error"]
