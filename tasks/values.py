@@ -3,7 +3,7 @@ no task module imports another)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -60,11 +60,6 @@ class Prepared:
     left_out: dict[str, str] = field(default_factory=dict)  # model.type auto: family -> why it does not fit
     folds: list[tuple[ray.data.Dataset, ray.data.Dataset]] | None = None  # cross-fitting: each fold's, packed
     fold_rows: list[int] = field(default_factory=list)  # cross-fitting: each fold's rows (FoldPlan.fold_rows)
-
-    def for_fold(self, k: int) -> Prepared:
-        """What fold model k trains on (its training rows) and early-stops on (its held-out fold)."""
-        train, val = self.folds[k]
-        return replace(self, train=train, val=val, folds=None)
 
 
 @dataclass
