@@ -1,5 +1,8 @@
 """What the torch families (trainflow's network, a user's nn.Module) share: the TorchTrainer over trainer/loop.py's
-per-worker loop, the epoch budget, and the predictor that serves model.pt."""
+per-worker loop, the epoch budget, and the predictor that serves model.pt.
+
+torch is imported where a network is built, trained or served, not with this module: the config imports every family
+(its keys), and a booster's Ray Train processes, which unpickle the config, would otherwise each import torch."""
 
 from __future__ import annotations
 
@@ -7,10 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
-import torch
-
-from trainflow.trainer.checkpoint import MODEL_FILE, load_weights
-from trainflow.trainer.families.network import check_network_size, model_for
 
 if TYPE_CHECKING:
     from trainflow.config import Config, ScalingSection
@@ -61,6 +60,11 @@ class TorchPredictor:
     """A torch family's network from model.pt, checked for non-finite weights."""
 
     def __init__(self, directory: Path, prep: TabularPreprocessor, config: dict[str, Any], device="cpu"):
+        import torch
+
+        from trainflow.trainer.checkpoint import MODEL_FILE, load_weights
+        from trainflow.trainer.families.network import check_network_size, model_for
+
         # the weights file bounds what its config may honestly ask for: check before building the network
         weights = directory / MODEL_FILE
         check_network_size(
@@ -75,5 +79,14 @@ class TorchPredictor:
         self.model.to(device).eval()
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
+        import torch
+
         with torch.inference_mode():
             return self.model(torch.from_numpy(x).to(self.device)).float().cpu().numpy()
+
+
+def check_model(prep: TabularPreprocessor, model_cfg: dict[str, Any]) -> None:
+    """The network's checks before training (trainer/families/network.py check_model)."""
+    from trainflow.trainer.families.network import check_model as check
+
+    check(prep, model_cfg)

@@ -10,7 +10,6 @@ from pydantic import Field
 
 from trainflow.trainer.families import _torch
 from trainflow.trainer.families.base import Family, Params
-from trainflow.trainer.families.network import check_model
 
 
 class NetworkKeys(Params):
@@ -59,7 +58,7 @@ FAMILY = Family(
     _torch.data_config,
     _torch.epoch_budget,
     _torch.TorchPredictor,
-    check_model,
+    _torch.check_model,
     uses_minibatches=True,
     serving_packages=("rtdl-num-embeddings", "tabm"),
     describe=_describe,

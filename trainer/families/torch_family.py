@@ -9,7 +9,6 @@ from pydantic import Field
 
 from trainflow.trainer.families import _torch
 from trainflow.trainer.families.base import Family, Params
-from trainflow.trainer.families.network import check_model
 
 NAME = "torch"
 
@@ -47,7 +46,7 @@ FAMILY = Family(
     _torch.data_config,
     _torch.epoch_budget,
     _torch.TorchPredictor,
-    check_model,
+    _torch.check_model,
     uses_minibatches=True,
     describe=_describe,
     imports_user_code=True,
