@@ -26,7 +26,7 @@ from trainflow.tasks.mlflow_run import end_runs
 from trainflow.tasks.values import Prepared, Split, EarlierFit
 from trainflow.tasks.select import select
 from trainflow.tasks.train import train
-from trainflow.trainer.deadline import MIN_RUN_S, write_deadline
+from trainflow.trainer.deadline import MIN_RUN_S, set_deadline
 from trainflow.trainer.runner import latest_lineage, run_dir
 
 
@@ -82,7 +82,7 @@ def fit_earlier(
         int(plan.earlier["validation_rows"]),
         _span(plan, shift),
     )
-    write_deadline(folder, ends_at, "train.time_limit" if ends_at else "")
+    set_deadline(folder, ends_at, "train.time_limit" if ends_at else "")
     status = "FAILED"
     try:  # a report, not the model: its failure is said and the run goes on; a stop or a bad config is not
         outcome = train.with_options(

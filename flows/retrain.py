@@ -27,7 +27,7 @@ from trainflow.tasks.skip import check_unchanged
 from trainflow.tasks.split import record_split, split
 from trainflow.tasks.train import check_resume, train, train_folds
 from trainflow.tasks.validate import validate_data
-from trainflow.trainer.deadline import MIN_RUN_S, TimeShare, write_deadline
+from trainflow.trainer.deadline import MIN_RUN_S, TimeShare, set_deadline
 from trainflow.trainer.resources import concurrent_runs
 from trainflow.trainer.runner import run_dir
 from trainflow.config import ENSEMBLE, Config
@@ -339,7 +339,7 @@ def train_families(
             ends_at = share.run_deadline(left)
             if ends_at is not None:  # a family that started finishes its folds, each with at least a short run
                 ends_at = time.time() + max(ends_at - time.time(), MIN_RUN_S) * len(group)
-            write_deadline(folder(f), ends_at, share.why)  # always: a killed run's old deadline never applies
+            set_deadline(folder(f), ends_at, share.why)  # always: a killed run's old deadline never applies
             if ends_at is not None:
                 task_logger("retrain").info(
                     "%s: its share of the time budget ends in %.0f s (%s)", runs[f], ends_at - time.time(), share.why
@@ -384,7 +384,7 @@ def train_families(
             if all(j[0] != first for j in [*jobs, *running]) and share.first_family_ended():
                 task_logger("retrain").info("time budget: %s", share.why)
                 for f, _ in running:  # the runs already training get the new deadline too
-                    write_deadline(folder(f), share.ends_at, share.why)
+                    set_deadline(folder(f), share.ends_at, share.why)
     if len(failed) == len(runs):
         raise errors[0]
     for family in timed_out:

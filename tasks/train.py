@@ -16,6 +16,7 @@ from trainflow.tasks.common import retry_unless_user_error, lineage_for
 from trainflow.tasks.mlflow_run import log_rows, open_run, tag_run
 from trainflow.tasks.values import Prepared, TrainOutcome
 from trainflow.trainer.checkpoint import METRICS_FILE, read_metrics
+from trainflow.trainer.deadline import TIME_LIMITED
 from trainflow.trainer.loop import STOP_REASON
 from trainflow.trainer.progress import ProgressLine, watch_progress
 from trainflow.trainer.recovery import (
@@ -179,7 +180,6 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
             f"{k} {v:.4g}" for k, v in final.items() if k not in ("epoch", "epoch_time_s", "learning_rate", "workers")
         ),
     )
-    cut = [int(e.get("epoch", -1)) for e in events[seen:] if e.get("event") == "time_limit"]
     resized = run_resizes(events)
     for r in resized:
         log.info("%s resized at %s", run_name, describe_resize(r))
@@ -195,7 +195,7 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
         recoveries=recoveries(events),
         resizes=resized,
         budget=budget.to_dict(),
-        time_limited_at=cut[-1] if cut else None,
+        time_limited_at=time_limited(checkpoints),
         train_s=round(time.monotonic() - started, 1),
     )
     write_text(
@@ -203,6 +203,15 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
         json.dumps({"lineage": lineage, "budget": budget.to_dict(), "outcome": asdict(outcome)}, default=str),
     )
     return outcome
+
+
+def time_limited(checkpoints: list[dict[str, Any]]) -> int | None:
+    """The epoch or round after which a run's time share ran out: its latest checkpoint's TIME_LIMITED (None: it
+    trained to its end or early-stopped)."""
+    if not checkpoints:
+        return None
+    value = max(checkpoints, key=lambda c: c["epoch"])["metrics"].get(TIME_LIMITED)
+    return int(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
 def finished_outcome(
@@ -217,7 +226,7 @@ def finished_outcome(
     the same budget; None: train (or resume). The record is a claim read from storage: only its lineage, budget and
     the checkpoint folders it names (each must still be there) are read from it. Everything else comes from the
     run's own folder: every readable checkpoint in it with the metrics stored inside it (a better one the record
-    leaves out is still chosen), the history from the latest checkpoint, recoveries and the time limit from the
+    leaves out is still chosen), the history and the time limit from the latest checkpoint, recoveries from the
     run's event log (events: a fold's, from its run's log and its own); the run name, family and path are this
     call's."""
     try:
@@ -238,7 +247,6 @@ def finished_outcome(
     if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
         return None
     events = read_events(path) if events is None else events
-    cut = [int(e.get("epoch", -1)) for e in events if e.get("event") == "time_limit"]
     seconds = float(train_s) if isinstance(train_s, (int, float)) and math.isfinite(train_s) and train_s >= 0 else None
     return TrainOutcome(
         run_name=run_name,
@@ -249,7 +257,7 @@ def finished_outcome(
         recoveries=recoveries(events),
         resizes=run_resizes(events),
         budget=budget,
-        time_limited_at=cut[-1] if cut else None,
+        time_limited_at=time_limited(on_disk),
         train_s=seconds,
     )
 
@@ -281,7 +289,6 @@ def _fold_outcome(
     latest = max(checkpoints, key=lambda c: c["epoch"])
     history = json.loads(read_text(join(latest["path"], METRICS_FILE)))["history"]
     mine = [e for e in events if e.get(FOLD) == fold]
-    cut = [int(e.get("epoch", -1)) for e in mine if e.get("event") == "time_limit"]
     return TrainOutcome(
         run_name=name,
         family=family,
@@ -291,7 +298,7 @@ def _fold_outcome(
         resumed_from_epoch=started_from(mine),
         recoveries=[r for r in recoveries(events) if r.get(FOLD) == fold],
         budget=budget,
-        time_limited_at=cut[-1] if cut else None,
+        time_limited_at=time_limited(checkpoints),
         train_s=train_s,
     )
 

@@ -14,8 +14,15 @@ from tests.faults import small_run
 from trainflow.config import apply_overrides, config_from_dict, trial_config
 from trainflow.errors import ConfigError
 from trainflow.trainer.checkpoint import read_metrics
-from trainflow.trainer.deadline import AUTO_FLOOR_S, MIN_RUN_S, Deadline, TimeShare, write_deadline
-from trainflow.trainer.recovery import read_events
+from trainflow.trainer.deadline import (
+    AUTO_FLOOR_S,
+    MIN_RUN_S,
+    TIME_LIMITED,
+    Deadline,
+    TimeShare,
+    deadline_board,
+    set_deadline,
+)
 from trainflow.trainer.runner import build_trainer, run_dir
 
 
@@ -74,16 +81,22 @@ def test_the_limit_is_validated_and_never_changes_the_training_hash(tmp_path):
     assert cfg.training_hash("xgboost") == config_from_dict(base).training_hash("xgboost")
 
 
-def test_a_deadline_is_read_from_the_run_folder_and_a_missing_or_bad_one_is_none(tmp_path):
+@pytest.mark.usefixtures("ray_local")
+def test_a_deadline_is_asked_of_the_drivers_board_and_a_missing_or_bad_one_is_none(tmp_path):
     clock = Clock()
-    write_deadline(str(tmp_path), 1010.0, "train.time_limit 60 s")
-    d = Deadline(str(tmp_path), clock=clock)
+    set_deadline(str(tmp_path), 1010.0, "train.time_limit 60 s")
+    board = deadline_board()
+    d = Deadline(board, str(tmp_path), clock=clock)
     assert not d.passed() and d.passed(margin_s=10.0) and d.why == "train.time_limit 60 s"
     clock.now = 1010.0
     assert d.passed()
-    (tmp_path / "trainflow_deadline.json").write_text(json.dumps({"ends_at": "NaN"}))
-    assert not Deadline(str(tmp_path), clock=clock).passed()
-    assert not Deadline(str(tmp_path / "none"), clock=clock).passed()
+    # the second of three folds left in a run: a third of the time left when it starts
+    clock.now = 1000.0
+    assert Deadline(board, str(tmp_path), clock=clock, share=3).passed(margin_s=10.0 / 3 + 0.01)
+    set_deadline(str(tmp_path), float("nan"), "")
+    assert not Deadline(board, str(tmp_path), clock=clock).passed()
+    assert not Deadline(board, str(tmp_path / "none"), clock=clock).passed()  # no deadline set for that run
+    assert not Deadline(None, str(tmp_path), clock=clock).passed()  # no board: a fit outside the retrain flow
 
 
 @pytest.mark.usefixtures("ray_local")
@@ -96,15 +109,20 @@ def test_the_network_stops_after_the_epoch_in_which_its_share_ran_out(tmp_path):
     cfg, prep, train, val = small_run(tmp_path)
     cfg = trial_config(cfg.to_dict(), {"train.epochs": 500, "train.early_stopping.patience": "off"})
     folder = tmp_path / "runs" / "net"
-    write_deadline(str(folder), time.time() - 1, "train.time_limit 1 s")
+    set_deadline(str(folder), time.time() - 1, "train.time_limit 1 s")
     result = TorchTrainer(
         train_fn_per_worker,
         scaling_config=ScalingConfig(num_workers=0),
-        train_loop_config={"config": cfg, "preprocessor": prep.to_dict(), "run_dir": str(folder)},
+        train_loop_config={
+            "config": cfg,
+            "preprocessor": prep.to_dict(),
+            "run_dir": str(folder),
+            "deadline_board": deadline_board(),
+        },
         datasets={"train": train, "val": val},
     ).fit()
     assert [h["epoch"] for h in result.return_value] == [0]  # the first epoch always trains: a run ends with a model
-    assert [e["epoch"] for e in read_events(str(folder)) if e["event"] == "time_limit"] == [0]
+    assert result.metrics[TIME_LIMITED] == 0  # the result says where the time ran out
 
 
 @pytest.mark.e2e
@@ -121,13 +139,13 @@ def test_a_booster_stops_adding_rounds_when_its_share_is_spent_and_keeps_its_bes
             "model.params.learning_rate": 0.001,
         },
     )
-    write_deadline(run_dir(cfg, "cut"), time.time() + 8, "train.time_limit 8 s")
+    set_deadline(run_dir(cfg, "cut"), time.time() + 8, "train.time_limit 8 s")
     started = time.monotonic()
     result = build_trainer(cfg, prep, train, val, "cut").fit()
     assert time.monotonic() - started < 120  # a million rounds would take hours
     with result.checkpoint.as_directory() as d:
         history = read_metrics(d)["history"]
-    (stopped,) = [e["epoch"] for e in read_events(run_dir(cfg, "cut")) if e["event"] == "time_limit"]
+    stopped = result.metrics[TIME_LIMITED]
     assert 0 < len(history) < 1_000_000 and stopped == history[-1]["epoch"]
     assert result.metrics["val_loss"] < history[0]["val_loss"]  # the best round so far, not the first
 

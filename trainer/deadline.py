@@ -1,42 +1,85 @@
 """One time budget for a run's training (train.time_limit): the driver shares it out over the runs of every family and
 fold, and each run's workers stop adding epochs or rounds when their share is spent, keeping the best so far.
 
-The driver writes each run's deadline into the run's folder (DEADLINE_FILE) before the fit starts, and again while it
-trains when the deadline moves (auto: once the first family's runs end); rank 0 reads it at most every CHECK_S
-seconds and hands its decision to the other ranks with the report decision they already agree on, so every rank stops
-after the same epoch or round. AutoGluon shares its time_limit the same way: each model what remains, each bagged
-fold its part of it; a model that cannot start in time is left out and says so.
+The driver sets each run's deadline on its process's deadline board (a Ray actor, by the run's folder) before the fit
+starts, and again while it trains when the deadline moves (auto: once the first family's runs end); the fit's loop
+config carries the board, and rank 0 asks it at most every CHECK_S seconds and hands its decision to the other ranks
+with the report decision they already agree on, so every rank stops after the same epoch or round; the report of that
+step carries TIME_LIMITED, so the result says where the time ran out. AutoGluon shares its time_limit the same way:
+each model what remains, each bagged fold its part of it; a model that cannot start in time is left out and says so.
 """
 
 from __future__ import annotations
 
-import json
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import ray
+
 from trainflow.limits import AUTO_FLOOR_S, MIN_RUN_S
-from trainflow.storage import join, read_text, write_text
 
-DEADLINE_FILE = "trainflow_deadline.json"
-CHECK_S = 5.0  # how often a run's rank 0 reads its deadline
+CHECK_S = 5.0  # how often a run's rank 0 asks for its deadline
+TIME_LIMITED = "time_limited_at"  # the metric of the report after which a run's share of the time ran out
 
 
-def write_deadline(run_dir: str, ends_at: float | None, why: str = "") -> None:
-    """The run's deadline (seconds since the epoch; None: none) for its workers to read."""
-    write_text(join(run_dir, DEADLINE_FILE), json.dumps({"ends_at": ends_at, "why": why}))
+class _Board:
+    """Every deadline the driver process set, by run folder (seconds since the epoch, or None, and why)."""
+
+    def __init__(self) -> None:
+        self.deadlines: dict[str, tuple[float | None, str]] = {}
+
+    def set(self, key: str, ends_at: float | None, why: str) -> None:
+        self.deadlines[key] = (ends_at, why)
+
+    def get(self, key: str) -> tuple[float | None, str]:
+        return self.deadlines.get(key, (None, ""))
+
+
+_BOARD: list[tuple[tuple[str, str], Any]] = []  # ((the Ray session), its board's handle): one per process and session
+_BOARD_LOCK = threading.Lock()
+
+
+def deadline_board(create: bool = False):
+    """This process's deadline board in the Ray it is connected to (create: started if there is none; else None):
+    one actor (no CPU, on the caller's node) for every fit the process runs, as the progress queue is."""
+    if not ray.is_initialized():
+        return None
+    context = ray.get_runtime_context()
+    session = (context.gcs_address, context.get_job_id())
+    with _BOARD_LOCK:
+        if _BOARD and _BOARD[0][0] == session:
+            return _BOARD[0][1]
+        if not create:
+            return None
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = NodeAffinitySchedulingStrategy(node_id=context.get_node_id(), soft=True)
+        board = ray.remote(num_cpus=0, scheduling_strategy=here)(_Board).remote()
+        _BOARD[:] = [(session, board)]
+        return board
+
+
+def set_deadline(run_dir: str, ends_at: float | None, why: str = "") -> None:
+    """The deadline of the run in run_dir (seconds since the epoch; None: none), for its workers to ask for."""
+    board = deadline_board(create=True)
+    if board is None:  # a deadline nobody can ask for would be silently no deadline
+        raise RuntimeError("set_deadline needs this process connected to Ray (ensure_ray) before the fit starts")
+    ray.get(board.set.remote(run_dir, ends_at, why))
 
 
 class Deadline:
-    """A run's deadline as its rank 0 sees it: read from the run's folder, at most every CHECK_S seconds. A missing or
-    unreadable file is no deadline (a run started by an older driver, or outside the retrain flow).
+    """A run's deadline as its rank 0 sees it: asked of the driver's board (deadline_board) for the run's folder, at
+    most every CHECK_S seconds. No board, no entry or a board that does not answer is no deadline (a fit outside the
+    retrain flow; the driver gone, whose run ends with it).
 
     share: the folds left in the run with this one (trainer/session.py): they train one after another, so this one
     gets its part of the time left when it starts, 1/share of it."""
 
-    def __init__(self, run_dir: str | None, clock: Callable[[], float] = time.time, share: int = 1):
-        self.run_dir, self.clock = run_dir, clock
+    def __init__(self, board, run_dir: str | None, clock: Callable[[], float] = time.time, share: int = 1):
+        self.board, self.run_dir, self.clock = board, run_dir, clock
         self.started, self.share = clock(), max(1, int(share))
         self.ends_at: float | None = None
         self.why = ""
@@ -44,17 +87,17 @@ class Deadline:
 
     def _refresh(self) -> None:
         now = time.monotonic()
-        if not self.run_dir or now - self.read_at < CHECK_S:
+        if self.board is None or not self.run_dir or now - self.read_at < CHECK_S:
             return
         self.read_at = now
         try:
-            record = json.loads(read_text(join(self.run_dir, DEADLINE_FILE)))
-            ends_at = record.get("ends_at")
-            ends_at = float(ends_at) if isinstance(ends_at, (int, float)) and math.isfinite(ends_at) else None
-            self.ends_at = None if ends_at is None else self.started + (ends_at - self.started) / self.share
-            self.why = str(record.get("why", ""))[:200]
-        except (OSError, ValueError, AttributeError):
+            ends_at, why = ray.get(self.board.get.remote(self.run_dir), timeout=CHECK_S)
+        except Exception:  # noqa: BLE001 - a board that does not answer is no deadline, never a failed run
             self.ends_at = None
+            return
+        ends_at = float(ends_at) if isinstance(ends_at, (int, float)) and math.isfinite(ends_at) else None
+        self.ends_at = None if ends_at is None else self.started + (ends_at - self.started) / self.share
+        self.why = str(why)[:200]
 
     def passed(self, margin_s: float = 0.0) -> bool:
         """Whether the deadline falls within margin_s from now (the time the next step would take)."""

@@ -20,6 +20,7 @@ from trainflow.config import Config, TrainSection
 from trainflow.preprocessors.tabular import FEATURES, LABEL, TabularPreprocessor
 from trainflow.trainer import session
 from trainflow.trainer.budget import EarlyStopping, lr_factor, resolve_budget
+from trainflow.trainer.deadline import TIME_LIMITED
 from trainflow.trainer.metrics import compute_metrics
 from trainflow.trainer.checkpoint import load_train_state, load_weights, read_metrics, save_checkpoint
 from trainflow.trainer.families.network import model_for
@@ -430,7 +431,8 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
             if step != epoch and pending_best is not None:
                 _report(pending_best, rank, loop_config)
         pending_best = None
-        _report(_snapshot(model, optimizer, scheduler, stopper, epoch, seed, metrics, history), rank, loop_config)
+        reported = {**metrics, TIME_LIMITED: epoch} if schedule.expired else metrics  # the result says it stopped here
+        _report(_snapshot(model, optimizer, scheduler, stopper, epoch, seed, reported, history), rank, loop_config)
         schedule.reported_through(epoch)
         if schedule.expired:
             if rank == 0:

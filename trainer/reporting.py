@@ -96,18 +96,18 @@ def record_start(loop_config: dict[str, Any], rank: int, start: int, resumed: bo
 
 def rank_zero_deadline(loop_config: dict[str, Any], rank: int) -> Callable[[float], bool] | None:
     """Rank 0's view of the run's deadline (the other ranks follow its decision); None on the other ranks."""
-    run_dir = loop_config.get("deadline_dir") or loop_config.get("run_dir")
-    return Deadline(run_dir, share=loop_config.get("folds_left", 1)).passed if rank == 0 and run_dir else None
+    run_dir, board = loop_config.get("deadline_dir") or loop_config.get("run_dir"), loop_config.get("deadline_board")
+    if rank != 0 or not run_dir or board is None:
+        return None
+    return Deadline(board, run_dir, share=loop_config.get("folds_left", 1)).passed
 
 
 def record_time_limit(loop_config: dict[str, Any], step: int, unit: str) -> None:
-    """Rank 0: the run stopped because its time share was spent (the recovery log; the train task reads it)."""
+    """Rank 0: the run stops because its time share was spent (its last report carries TIME_LIMITED)."""
     print(
         f"trainflow time limit: the run's share of train.time_limit is spent; stopping after {unit} {step} with the "
         "best so far"
     )
-    if loop_config.get("run_dir"):
-        append_event(loop_config["run_dir"], {"event": "time_limit", "epoch": step})
 
 
 def async_upload(upload: str, storage_path: str) -> bool:

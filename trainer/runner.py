@@ -12,6 +12,7 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.trainer.checkpoint import LINEAGE_FILE, METRICS_FILE
 from trainflow.trainer.families import family_for
+from trainflow.trainer.deadline import deadline_board
 from trainflow.trainer.recovery import RESTART, AttemptLog, RecoveryLog, read_events
 from trainflow.trainer.session import FoldLoop
 from trainflow.trainer.watchdog import Watched
@@ -155,6 +156,7 @@ def build_trainer(
             "streamed": streamed,
             "external_memory": external_memory,
             "lineage": lineage,
+            "deadline_board": deadline_board(),  # the driver's, where it set a deadline (trainer/deadline.py)
             **({"folds": sorted(folds)} if folds is not None else {}),
         },
         scaling_config=scaling_config(family.worker_scaling(config.scaling)),

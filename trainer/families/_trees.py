@@ -24,6 +24,7 @@ from trainflow.config import Config, ModelSection, ScalingSection
 from trainflow.preprocessors.tabular import FEATURES, LABEL, TabularPreprocessor
 from trainflow.trainer import session
 from trainflow.trainer.budget import Budget, EarlyStopping
+from trainflow.trainer.deadline import TIME_LIMITED
 from trainflow.trainer.checkpoint import read_metrics, write_common
 from trainflow.trainer.metrics import compute_metrics
 from trainflow.trainer.reporting import (
@@ -129,13 +130,14 @@ class RoundReporter:
 
     def _report_up_to(self, model: Any, rnd: int) -> None:
         for step in self.schedule.to_report(rnd, self.stopper.best_epoch):
-            self._report(model, step)
+            self._report(model, step, limited=self.schedule.expired and step == rnd)
         self.schedule.reported_through(rnd)
 
-    def _report(self, model: Any, rnd: int) -> None:
-        """One Ray Train report of the model cut at round rnd, with its checkpoint from rank 0."""
+    def _report(self, model: Any, rnd: int, limited: bool = False) -> None:
+        """One Ray Train report of the model cut at round rnd, with its checkpoint from rank 0 (limited: the last,
+        the run's time share spent)."""
         history = [h for h in self.history if h["epoch"] <= rnd]
-        metrics: dict[str, Any] = {"epoch": rnd}
+        metrics: dict[str, Any] = {"epoch": rnd, **({TIME_LIMITED: rnd} if limited else {})}
         if self.rank == 0:
             out = self.predict(model, rnd)
             metrics.update(compute_metrics(self.prep.task, out, self.y_val, self.prep))

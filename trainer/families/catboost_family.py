@@ -226,10 +226,10 @@ def train_fn(loop_config: dict[str, Any]) -> None:
     import ray.train
     from catboost import CatBoost, Pool
 
-    from trainflow.trainer import session
-
     from trainflow.preprocessors.tabular import TabularPreprocessor
+    from trainflow.trainer import session
     from trainflow.trainer.checkpoint import write_common
+    from trainflow.trainer.deadline import TIME_LIMITED
     from trainflow.trainer.families._trees import STATE_JSON, boost_budget, shard_arrays
     from trainflow.trainer.metrics import compute_metrics
     from trainflow.trainer.reporting import record_start
@@ -273,6 +273,8 @@ def train_fn(loop_config: dict[str, Any]) -> None:
             **compute_metrics(prep.task, catboost_outputs(model, prep, x_val), y_val.astype(np.float32), prep),
         }
         metrics["train_loss"] = float(history[min(best, len(history) - 1)]["train_loss"]) if history else float("nan")
+        if progress.schedule.expired:  # the result says where the time ran out
+            metrics[TIME_LIMITED] = len(history) - 1
         out = work / "checkpoint"
         out.mkdir()
         model.save_model(str(out / CB_MODEL), format="cbm")

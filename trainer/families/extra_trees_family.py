@@ -140,6 +140,7 @@ def train_fn(loop_config: dict[str, Any]) -> None:
 
     from trainflow.preprocessors.tabular import TabularPreprocessor
     from trainflow.trainer.checkpoint import write_common
+    from trainflow.trainer.deadline import TIME_LIMITED
     from trainflow.trainer.families._trees import shard_arrays
     from trainflow.trainer.metrics import compute_metrics
     from trainflow.trainer.reporting import ReportSchedule, rank_zero_deadline, record_start, record_time_limit
@@ -164,7 +165,7 @@ def train_fn(loop_config: dict[str, Any]) -> None:
     seen = slice(0, min(len(y), LOSS_ROWS))
     work = Path(tempfile.mkdtemp(prefix="trainflow-extra-trees-"))
     try:
-        round_s = 0.0
+        round_s, limited = 0.0, None
         for rnd in range(ROUNDS):
             heartbeat(f"growing trees, round {rnd}")
             began = time.perf_counter()
@@ -182,12 +183,14 @@ def train_fn(loop_config: dict[str, Any]) -> None:
                 session.report(dict(history[-1]))  # progress (the forest is reported once, at the end)
             if schedule.expired and not last:
                 record_time_limit(loop_config, rnd, "tree round")
+                limited = rnd
                 break
         predictor = _fitted(model, prep, work)  # the figures come from the forest as it serves
         metrics: dict[str, Any] = {
             "epoch": len(history) - 1,
             **compute_metrics(prep.task, predictor(x_val), y_val.astype(np.float32), prep),
             "train_loss": history[-1]["train_loss"],
+            **({TIME_LIMITED: limited} if limited is not None else {}),
         }
         out = work / "forest"
         (out / "train_state.json").write_text(json.dumps({"family": NAME, "trees": len(model.estimators_)}))
