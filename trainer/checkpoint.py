@@ -18,12 +18,13 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.redact import redact_config
+
+if TYPE_CHECKING:  # torch is imported where a torch checkpoint is written or read: a booster's worker never needs it
+    import torch
 
 MODEL_FILE = "model.pt"
 STATE_FILE = "train_state.pt"
@@ -43,6 +44,8 @@ def save_checkpoint(
     lineage: dict[str, str] | None = None,
 ) -> None:
     """Write a complete torch checkpoint into directory (rank 0 only); train_state holds at least 'epoch'."""
+    import torch
+
     d = Path(directory)
     torch.save(model_state, d / MODEL_FILE)
     torch.save(train_state, d / STATE_FILE)
@@ -68,11 +71,15 @@ def write_common(
 
 
 def load_train_state(directory: str | Path) -> dict[str, Any]:
+    import torch
+
     """Optimizer state, epoch and seed of a checkpoint."""
     return torch.load(Path(directory) / STATE_FILE, map_location="cpu", weights_only=True)
 
 
 def load_weights(directory: str | Path) -> dict[str, torch.Tensor]:
+    import torch
+
     return torch.load(Path(directory) / MODEL_FILE, map_location="cpu", weights_only=True)
 
 

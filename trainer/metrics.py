@@ -6,8 +6,6 @@ import math
 from typing import Any
 
 import numpy as np
-import torch
-from torch import nn
 
 from trainflow.preprocessors.tabular import TabularPreprocessor
 
@@ -19,13 +17,15 @@ def compute_metrics(task: str, out: np.ndarray, y: np.ndarray, prep: TabularPrep
     if len(y) == 0:
         return {"val_loss": float("nan")}
     if task == "classification":
-        logits = torch.from_numpy(out)
-        target = torch.from_numpy(y.astype(np.int64))
-        probs = torch.softmax(logits, dim=1).numpy()
+        # log-softmax in NumPy (as torch's cross entropy, in float64): a booster's worker never imports torch
+        z = np.asarray(out, dtype=np.float64)
+        z = z - z.max(axis=1, keepdims=True)
+        log_probs = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+        probs = np.exp(log_probs)
         pred = probs.argmax(axis=1)
         labels = list(range(prep.num_outputs))
         m = {
-            "val_loss": float(nn.functional.cross_entropy(logits, target)),
+            "val_loss": float(-log_probs[np.arange(len(y)), y.astype(np.int64)].mean()),
             "val_accuracy": float(skm.accuracy_score(y, pred)),
             "val_f1": float(
                 skm.f1_score(y, pred, average="binary" if len(labels) == 2 else "macro", labels=labels, zero_division=0)
@@ -48,6 +48,7 @@ def calibration(out: np.ndarray, y: np.ndarray, num_classes: int, bins: int = 15
     """Top-label expected calibration error (torchmetrics, equal-width bins), the Brier score (scikit-learn's: the
     positive class's for two classes, summed over classes for more), and the reliability
     curve: per bin of confidence, its rows, mean confidence and accuracy."""
+    import torch
     from sklearn.metrics import brier_score_loss
     from torchmetrics.functional.classification import multiclass_calibration_error
 
