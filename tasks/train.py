@@ -273,7 +273,6 @@ def fold_row(metrics: dict[str, Any]) -> dict[str, Any]:
 
 
 def _fold_outcome(
-    config: Config,
     fold: int,
     folder: str,
     name: str,
@@ -396,7 +395,7 @@ def train_folds(prepared: Prepared, config: Config, run_name: str, family: str, 
     outcomes = []
     for k in folds:
         outcome = done[k] or _fold_outcome(
-            config, k, folders[k], names[k], family, reported[k], events, budget.to_dict(), train_s
+            k, folders[k], names[k], family, reported[k], events, budget.to_dict(), train_s
         )
         held = {folder_name(c["path"]) for c in outcome.checkpoints}
         try:
