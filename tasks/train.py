@@ -152,21 +152,7 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
     held = {folder_name(c["path"]) for c in checkpoints}
     if result.checkpoint is not None:
         held.add(folder_name(result.checkpoint.path))
-    try:
-        removed = remove_unregistered(path, earlier, held)
-    except (
-        OSError,
-        ServiceUnavailable,
-    ) as exc:  # the model is trained: what is left waits for the next run of this name
-        log.warning("could not remove the checkpoint folders an earlier attempt of %s left: %s", run_name, exc)
-    else:
-        if removed:
-            log.info(
-                "removed %d checkpoint folder(s) that an earlier attempt of %s left and Ray Train does not hold: %s",
-                len(removed),
-                run_name,
-                ", ".join(removed),
-            )
+    remove_left_over(path, earlier, held, run_name)
     # the epochs the reports grouped away (and those before a resume), so MLflow holds every epoch
     log_rows(config.mlflow.tracking_uri, mlflow_run, [h for h in history if int(h.get("epoch", -1)) not in logged])
     events = read_events(path)
@@ -203,6 +189,25 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
         json.dumps({"lineage": lineage, "budget": budget.to_dict(), "outcome": asdict(outcome)}, default=str),
     )
     return outcome
+
+
+def remove_left_over(path: str, earlier: set[str], held: set[str], run_name: str) -> None:
+    """The checkpoint folders an earlier attempt of the run left in path and Ray Train does not hold, removed
+    (runner.remove_unregistered) and said; a failure is said too: the model is trained, what is left waits for the
+    next run of this name."""
+    log = get_run_logger()
+    try:
+        removed = remove_unregistered(path, earlier, held)
+    except (OSError, ServiceUnavailable) as exc:
+        log.warning("could not remove the checkpoint folders an earlier attempt of %s left: %s", run_name, exc)
+        return
+    if removed:
+        log.info(
+            "removed %d checkpoint folder(s) that an earlier attempt of %s left and Ray Train does not hold: %s",
+            len(removed),
+            run_name,
+            ", ".join(removed),
+        )
 
 
 def time_limited(checkpoints: list[dict[str, Any]]) -> int | None:
@@ -397,19 +402,7 @@ def train_folds(prepared: Prepared, config: Config, run_name: str, family: str, 
         outcome = done[k] or _fold_outcome(
             k, folders[k], names[k], family, reported[k], events, budget.to_dict(), train_s
         )
-        held = {folder_name(c["path"]) for c in outcome.checkpoints}
-        try:
-            removed = remove_unregistered(folders[k], earlier[k], held)
-        except (OSError, ServiceUnavailable) as exc:
-            log.warning("could not remove the checkpoint folders an earlier attempt of %s left: %s", names[k], exc)
-        else:
-            if removed:
-                log.info(
-                    "removed %d checkpoint folder(s) an earlier attempt of %s left: %s",
-                    len(removed),
-                    names[k],
-                    ", ".join(removed),
-                )
+        remove_left_over(folders[k], earlier[k], {folder_name(c["path"]) for c in outcome.checkpoints}, names[k])
         log_rows(
             config.mlflow.tracking_uri,
             mlflow_run,
