@@ -97,6 +97,13 @@ def test_a_deadline_is_asked_of_the_drivers_board_and_a_missing_or_bad_one_is_no
     assert not Deadline(board, str(tmp_path), clock=clock).passed()
     assert not Deadline(board, str(tmp_path / "none"), clock=clock).passed()  # no deadline set for that run
     assert not Deadline(None, str(tmp_path), clock=clock).passed()  # no board: a fit outside the retrain flow
+    # a board that died (its node left the cluster) is replaced by the next deadline set, not a failed retrain
+    import ray
+
+    ray.kill(board)
+    set_deadline(str(tmp_path), 1020.0, "train.time_limit 70 s")
+    assert deadline_board() is not board
+    assert Deadline(deadline_board(), str(tmp_path), clock=clock).passed(margin_s=20.0)
 
 
 @pytest.mark.usefixtures("ray_local")

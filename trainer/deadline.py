@@ -42,21 +42,24 @@ _BOARD: list[tuple[tuple[str, str], Any]] = []  # ((the Ray session), its board'
 _BOARD_LOCK = threading.Lock()
 
 
-def deadline_board(create: bool = False):
+def deadline_board(create: bool = False, replace=None):
     """This process's deadline board in the Ray it is connected to (create: started if there is none; else None):
-    one actor (no CPU, on the caller's node) for every fit the process runs, as the progress queue is."""
+    one actor (no CPU, on the caller's node) for every fit the process runs, as the progress queue is. replace: a
+    board that died (its node left the cluster): a new one is started in its place."""
     if not ray.is_initialized():
         return None
     context = ray.get_runtime_context()
     session = (context.gcs_address, context.get_job_id())
     with _BOARD_LOCK:
-        if _BOARD and _BOARD[0][0] == session:
+        if _BOARD and _BOARD[0][0] == session and _BOARD[0][1] is not replace:
             return _BOARD[0][1]
         if not create:
             return None
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        here = NodeAffinitySchedulingStrategy(node_id=context.get_node_id(), soft=True)
+        # pinned to the caller's node (as Ray Data pins its coordinator): a worker node that leaves the cluster must
+        # not take the board with it, and the caller's node going takes the caller too
+        here = NodeAffinitySchedulingStrategy(node_id=context.get_node_id(), soft=False)
         board = ray.remote(num_cpus=0, scheduling_strategy=here)(_Board).remote()
         _BOARD[:] = [(session, board)]
         return board
@@ -67,7 +70,10 @@ def set_deadline(run_dir: str, ends_at: float | None, why: str = "") -> None:
     board = deadline_board(create=True)
     if board is None:  # a deadline nobody can ask for would be silently no deadline
         raise RuntimeError("set_deadline needs this process connected to Ray (ensure_ray) before the fit starts")
-    ray.get(board.set.remote(run_dir, ends_at, why))
+    try:
+        ray.get(board.set.remote(run_dir, ends_at, why))
+    except ray.exceptions.RayActorError:  # the board died with the process's earlier runs: a new one for this one
+        ray.get(deadline_board(create=True, replace=board).set.remote(run_dir, ends_at, why))
 
 
 class Deadline:

@@ -57,7 +57,7 @@ class _Channel:
 
     def __init__(self, key: tuple[str, str], poll_s: float):
         # on the caller's node: a worker node that leaves the cluster must not take the queue with it
-        here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=True)
+        here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
         self.key, self.poll_s = key, poll_s
         self.queue = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
         self.watches: dict[str, Callable[[dict[str, Any]], None]] = {}
@@ -65,6 +65,7 @@ class _Channel:
         self.guard = threading.Lock()  # the watches and the thread: started with the first, stopped after the last
         self.thread: threading.Thread | None = None
         self.stop = threading.Event()
+        self.broken = False  # the queue's actor died (its node left): the next fit starts a new channel
 
     def open(self, watch: str, deliver: Callable[[dict[str, Any]], None]) -> None:
         with self.guard:
@@ -101,7 +102,8 @@ class _Channel:
                     item = self.queue.get(timeout=self.poll_s)
                 except Empty:
                     item = None
-                except Exception:  # noqa: BLE001 - Ray stopped under us (a cancel): nothing more comes
+                except Exception:  # noqa: BLE001 - Ray stopped under us (a cancel) or the queue died: nothing more comes
+                    self.broken = True
                     return
                 if item is not None:
                     self._hand_on(item)
@@ -114,7 +116,7 @@ class _Channel:
                     self._hand_on(self.queue.get_nowait())
 
     def alive(self) -> bool:
-        return self.key == _session()
+        return self.key == _session() and not self.broken
 
 
 def _session() -> tuple[str, str]:
