@@ -25,13 +25,14 @@ from trainflow.tasks.run_name import finished_before, record_finished, resolve_r
 from trainflow.tasks.select import select
 from trainflow.tasks.skip import check_unchanged
 from trainflow.tasks.split import record_split, split
-from trainflow.tasks.train import check_resume, train, train_folds
+from trainflow.tasks.train import check_resume, train, train_folds, train_shared
 from trainflow.tasks.validate import validate_data
 from trainflow.trainer.deadline import MIN_RUN_S, TimeShare, set_deadline
+from trainflow.limits import AUTO_FLOOR_S
 from trainflow.trainer.resources import concurrent_runs
-from trainflow.trainer.runner import run_dir
+from trainflow.trainer.runner import run_dir, shares_one_run
 from trainflow.config import ENSEMBLE, Config
-from trainflow.errors import ConfigError, DataError, disk_full
+from trainflow.errors import ConfigError, DataError, TrainingError, disk_full
 from trainflow.locks import run_lock
 from trainflow.redact import redact_text
 from trainflow.runtime import plain_progress, stop_requested, watch_for_sigterm
@@ -86,6 +87,8 @@ def _retrain(config: Config, name: str, fingerprint: str | None) -> dict[str, An
     parts = record_split(ingested, config, parts, name)
     k = parts.fold_count
     runs = {f: runs[f] for f in config.model.training_order(k) if f in runs}  # the order is their time priority
+    if k > 1 and shares_a_run(fold_config(config, parts.train_rows), prepared, runs, k):  # a small table: every family in one Ray Train run
+        runs = {f: f"{name}{SHARED_SUFFIX}/{r}" for f, r in runs.items()}
     if k > 1:  # each fold's folder inside its family's run
         check_resume(config, ingested.spec.fingerprint, fold_run_names(runs, k))
     open_parent(config, name)
@@ -255,6 +258,68 @@ def _not_earning(
     )
 
 
+def _train_in_shared_run(
+    config: Config, prepared: Prepared, runs: dict[str, str], k: int, run_config: Config, retries: dict[str, Any]
+) -> tuple[dict[tuple[str, int], TrainOutcome], dict[str, str], dict[str, str], TimeShare]:
+    """train_families for a small table whose families share one Ray Train run (shares_a_run): every family's folds
+    in one fit, or, where auto's "not earning" rule may leave a family out after its first fold, every family's
+    first fold in one fit and the other folds of those it keeps in a second fit of the same run. The time budget is
+    the run's: each fold gets its part of the time left when it starts (train.time_limit auto: at most AUTO_FLOOR_S
+    for all of them)."""
+    name = shared_run_name(runs)
+    log = task_logger("retrain")
+    share = TimeShare(config.train.time_limit, list(runs), 1)
+    if share.limit == "auto":
+        share.ends_at = share.started + AUTO_FLOOR_S
+        share.why = (
+            f"train.time_limit auto: a small table's families share one Ray Train run, at most {AUTO_FLOOR_S:.0f} s"
+        )
+    set_deadline(run_dir(config, name), share.ends_at, share.why)  # always: a killed run's old deadline never applies
+    fold_rows = prepared.fold_rows[0] if prepared.fold_rows else 0
+    split_first = config.model.auto and fold_rows >= NOT_EARNING_MIN_ROWS
+    fits = [[0], list(range(1, k))] if split_first else [list(range(k))]
+    trained: dict[tuple[str, int], TrainOutcome] = {}
+    failed: dict[str, str] = {}
+    timed_out: dict[str, str] = {}
+    first_folds: dict[str, float] = {}
+    first = next(iter(runs))
+    keep = list(runs)
+    for n, folds in enumerate(fits):
+        jobs = [(f, runs[f], folds) for f in keep]
+        after = sum(len(g) for g in fits[n + 1 :]) * len(keep)
+        label = f"train-{'-'.join(keep)}-folds{folds[0]}-{folds[-1]}"
+        outcomes, lost = (
+            train_shared.with_options(task_run_name=label, **retries)
+            .submit(prepared, run_config, name, jobs, after)
+            .result()
+        )
+        for f, why in lost.items():
+            failed[f] = redact_text(f"{runs[f]} failed: {why}")[:2000]
+            log.warning("%s is left out, the other families go on: %s", f, failed[f])
+            end_runs(config, [runs[f]], f, "FAILED")
+        for f, got in outcomes.items():
+            trained.update({(f, fold): o for fold, o in zip(folds, got)})
+            if 0 in [o.time_limited_at for o in got] and f != first:  # one step: no model worth its time
+                timed_out[f] = f"{share.why}: its first fold had time for its first step only"
+            elif split_first and n == 0:
+                why = _not_earning(f, trained[(f, 0)], first_folds, prepared, k)
+                if why:
+                    timed_out[f] = why
+        for f, why in timed_out.items():
+            if f in keep:
+                log.warning("%s is left out: %s", f, why)
+        keep = [f for f in keep if f not in failed and f not in timed_out]
+        if not keep:
+            break
+    if len(failed) == len(runs) or first in failed and all(f in failed or f in timed_out for f in runs):
+        raise TrainingError(f"every family failed in the shared run {name}: " + "; ".join(failed.values()))
+    for family in timed_out:
+        if any(job[0] == family for job in trained):  # runs it had started end unused
+            end_runs(config, [runs[family]], family, "KILLED")
+    dropped = {**failed, **timed_out}
+    return {job: out for job, out in trained.items() if job[0] not in dropped}, failed, timed_out, share
+
+
 def served_curves(family: str, k: int, trained: dict[tuple[str, int], TrainOutcome], built) -> list[dict[str, Any]]:
     """The training histories of every model the served one is made of (tasks/report.py training_curves): the
     family's run, or each of its fold models; for an ensemble, those of each member with weight, in one panel each."""
@@ -275,6 +340,31 @@ def served_curves(family: str, k: int, trained: dict[tuple[str, int], TrainOutco
         for i in range(k)
         if (f, i) in trained
     ]
+
+
+SHARED_SUFFIX = "-families"  # <run name>-families: the Ray Train run a small table's families share
+SHARED_ROWS = 4_000  # at most this many non-test rows: where Ray Train's start is most of a family's fit
+
+
+def shares_a_run(config: Config, prepared: Prepared, runs: dict[str, str], k: int) -> bool:
+    """Whether a cross-fitted retrain's families train in one Ray Train run, one after another in one worker
+    (trainer/session.py FamiliesLoop): several families, a table of at most SHARED_ROWS non-test rows, and every
+    family a one-CPU-worker fit (Ray Train's start, about 10 s each, is then most of their time: a 150-row table's
+    4 families trained 5 folds each in 3-5 s after 27 s of start each)."""
+    return (
+        k > 1
+        and len(runs) > 1
+        and sum(prepared.fold_rows) <= SHARED_ROWS
+        and not any(prepared.budgets[f].external_memory for f in runs)
+        and shares_one_run({f: config.for_family(f) for f in runs})
+    )
+
+
+def shared_run_name(runs: dict[str, str]) -> str | None:
+    """The Ray Train run every family trains in (<name>-families, their runs <name>-families/<run>), or None."""
+    heads = {r.split("/", 1)[0] if "/" in r else None for r in runs.values()}
+    head = heads.pop() if len(heads) == 1 else None
+    return head if head and head.endswith(SHARED_SUFFIX) else None
 
 
 def fold_groups(config: Config, family: str, first: str, families: int, k: int, fold_rows: int) -> list[list[int]]:
@@ -299,6 +389,8 @@ def train_families(
     memory) is left out with the reason and the others go on; a bad config or table, a stop request, or the failure
     of every family fails the run."""
     retries = {"retries": config.failure.task_retries, "retry_delay_seconds": config.failure.retry_delay_s}
+    if shared_run_name(runs):
+        return _train_in_shared_run(config, prepared, runs, k, run_config, retries)
     trainer, fold_trainer = train.with_options(**retries), train_folds.with_options(**retries)
     first = next(iter(runs))
     fold_rows = prepared.fold_rows[0] if prepared.fold_rows else 0

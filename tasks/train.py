@@ -11,6 +11,7 @@ from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from pyarrow.fs import FileType
 
 from trainflow.tasks.common import retry_unless_user_error, lineage_for
 from trainflow.tasks.mlflow_run import log_rows, open_run, tag_run
@@ -27,9 +28,10 @@ from trainflow.trainer.recovery import (
     run_resizes,
     started_from,
 )
-from trainflow.trainer.session import FOLD, fold_folder
+from trainflow.trainer.session import FAILED_FILE, FAMILY, FOLD, fold_folder
 from trainflow.trainer.resources import check_fits
 from trainflow.trainer.runner import (
+    build_shared_trainer,
     build_trainer,
     checkpoint_folders,
     checkpoints_on_disk,
@@ -44,7 +46,7 @@ from trainflow.config import Config
 from trainflow.errors import ConfigError, TrainingError
 from trainflow.runtime import ensure_ray
 from trainflow.services import ServiceUnavailable
-from trainflow.storage import join, read_text, with_scheme, write_text
+from trainflow.storage import filesystem_for, join, read_text, with_scheme, write_text
 
 WORKER_GROUP_START_TIMEOUT = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 FINISHED_FILE = "trainflow_finished.json"  # a run that trained to its end: what it kept, for a rerun to reuse
@@ -287,12 +289,13 @@ def _fold_outcome(
     budget: dict[str, Any],
     train_s: float,
 ) -> TrainOutcome:
-    """One fold's outcome from what the run reported for it and its events (tagged with their folds)."""
+    """One fold's outcome from what the run reported for it and its events (tagged with their folds, and in a run
+    several families share with their families)."""
     if not checkpoints:
         raise TrainingError(f"fold {fold} of run {name} finished without reporting a checkpoint")
     latest = max(checkpoints, key=lambda c: c["epoch"])
     history = json.loads(read_text(join(latest["path"], METRICS_FILE)))["history"]
-    mine = [e for e in events if e.get(FOLD) == fold]
+    mine = [e for e in events if e.get(FOLD) == fold and e.get(FAMILY, family) == family]
     return TrainOutcome(
         run_name=name,
         family=family,
@@ -300,7 +303,7 @@ def _fold_outcome(
         checkpoints=checkpoints,
         history=history,
         resumed_from_epoch=started_from(mine),
-        recoveries=[r for r in recoveries(events) if r.get(FOLD) == fold],
+        recoveries=[r for r in recoveries(events) if r.get(FOLD) == fold and r.get(FAMILY, family) == family],
         budget=budget,
         time_limited_at=time_limited(checkpoints),
         train_s=train_s,
@@ -320,108 +323,225 @@ def train_folds(prepared: Prepared, config: Config, run_name: str, family: str, 
     folder of the run (<run>/fold<k>); a rerun with the same run_name trains no finished fold again and resumes the
     one it was in from that fold's latest checkpoint. One MLflow run holds every fold's metrics (fold<k>/val_loss).
     Returns the folds' outcomes in the order of folds, each named <run_name>-fold<k>."""
+    return _train_fold_jobs(prepared, config, run_name, [(family, run_name, folds)])[0][family]
+
+
+@task(
+    name="train-shared",
+    retries=2,
+    retry_delay_seconds=5,
+    retry_condition_fn=retry_unless_user_error,
+    cache_policy=NO_CACHE,
+)
+def train_shared(
+    prepared: Prepared, config: Config, run_name: str, jobs: list[tuple[str, str, list[int]]], folds_after: int = 0
+) -> tuple[dict[str, list[TrainOutcome]], dict[str, str]]:
+    """A small table's families trained in one Ray Train run run_name, one after another in one worker
+    (trainer/session.py FamiliesLoop): jobs are (family, its run <run_name>/<family run>, its folds). Each family
+    keeps its folders, MLflow run and finished records as train_folds gives them; a rerun resumes the family and fold
+    it was in. Returns ({family: its folds' outcomes}, {family: why it failed}): a family whose code raised, or whose
+    loss diverged, is left out and the others are kept."""
+    return _train_fold_jobs(prepared, config, run_name, jobs, folds_after)
+
+
+def _train_fold_jobs(
+    prepared: Prepared, config: Config, run_name: str, jobs: list[tuple[str, str, list[int]]], folds_after: int = 0
+) -> tuple[dict[str, list[TrainOutcome]], dict[str, str]]:
     ensure_ray(**config.ray_start)
     check_fits(config.scaling.model_dump())
     log = get_run_logger()
-    resolved = config.for_family(family)
-    budget = prepared.budgets[family]
-    path = run_dir(resolved, run_name)
-    lineage = lineage_for(config, prepared.fingerprint, family)
-    folders = {k: join(path, fold_folder(k)) for k in folds}
-    names = {k: f"{run_name}-{fold_folder(k)}" for k in folds}
-    before = fold_events(path, folders)
-    done = {
-        k: finished_outcome(
-            folders[k], lineage, budget.to_dict(), names[k], family, [e for e in before if e.get(FOLD) == k]
-        )
-        for k in folds
-    }
-    for k, outcome in done.items():
-        if outcome is not None:  # the run's failures are paired with the resumes of every fold
-            outcome.recoveries = [r for r in recoveries(before) if r.get(FOLD) == k]
+    shared = not (len(jobs) == 1 and jobs[0][1] == run_name)
+    path = run_dir(config, run_name)
+    fams: dict[str, dict[str, Any]] = {}
+    for family, family_run, folds in jobs:
+        home = run_dir(config.for_family(family), family_run)
+        fams[family] = {
+            "run": family_run,
+            "home": home,
+            "folds": list(folds),
+            "budget": prepared.budgets[family],
+            "lineage": lineage_for(config, prepared.fingerprint, family),
+            "folders": {k: join(home, fold_folder(k)) for k in folds},
+            "names": {k: f"{family_run}-{fold_folder(k)}" for k in folds},
+        }
+    keyed = {((f, k) if shared else k): d for f, j in fams.items() for k, d in j["folders"].items()}
+
+    def mine(events: list[dict[str, Any]], family: str, fold: int) -> list[dict[str, Any]]:
+        return [e for e in events if e.get(FOLD) in (None, fold) and e.get(FAMILY, family) == family]
+
+    before = fold_events(path, keyed)
+    done: dict[tuple[str, int], TrainOutcome | None] = {}
+    for f, j in fams.items():
+        for k in j["folds"]:
+            outcome = finished_outcome(
+                j["folders"][k], j["lineage"], j["budget"].to_dict(), j["names"][k], f, mine(before, f, k)
+            )
+            if outcome is not None:  # the run's failures are paired with the resumes of every fold
+                outcome.recoveries = [r for r in recoveries(before) if r.get(FOLD) == k and r.get(FAMILY, f) == f]
+            done[(f, k)] = outcome
     if all(done.values()):
         log.info(
-            "run %s trained folds %s before on the same data, training config and budget: their checkpoints are "
-            "used, nothing is trained again",
+            "run %s trained %s before on the same data, training config and budget: their checkpoints are used, "
+            "nothing is trained again",
             run_name,
-            ", ".join(map(str, folds)),
+            "; ".join(f"{f} folds {', '.join(map(str, j['folds']))}" for f, j in fams.items()),
         )
-        return [done[k] for k in folds]
-    mlflow_run = open_run(config, run_name, family)
-    progress, logged = ProgressLine(family, budget.limit, budget.unit, len(prepared.folds or [])), set()
+        return {f: [done[(f, k)] for k in j["folds"]] for f, j in fams.items()}, {}
+    for f, j in fams.items():
+        j["mlflow"] = open_run(config, j["run"], f)
+        j["progress"] = ProgressLine(f, j["budget"].limit, j["budget"].unit, len(prepared.folds or []))
+    logged: set[tuple[str, Any, int]] = set()
+    only = next(iter(fams))
 
     def on_report(metrics: dict[str, Any]) -> None:
-        log.info(progress(metrics))
-        log_rows(config.mlflow.tracking_uri, mlflow_run, [fold_row(metrics)])
-        logged.add((metrics.get(FOLD), int(metrics.get("epoch", -1))))
+        f = metrics.get(FAMILY, only)
+        if f not in fams:
+            return
+        log.info(fams[f]["progress"](metrics))
+        log_rows(config.mlflow.tracking_uri, fams[f]["mlflow"], [fold_row(metrics)])
+        logged.add((f, metrics.get(FOLD), int(metrics.get("epoch", -1))))
 
+    what = "; ".join(f"{f}: {j['budget'].describe()}" for f, j in fams.items())
     log.info(
-        "training %s (%s), folds %s in one Ray Train run: %s worker(s)%s; %s each; storage %s",
+        "training %s, folds %s %sin one Ray Train run %s: %s worker(s)%s; %s each; storage %s",
+        ", ".join(fams),
+        ", ".join(map(str, fams[only]["folds"])),
+        "each, one family after another " if shared else "",
         run_name,
-        family,
-        ", ".join(map(str, folds)),
-        config.scaling.workers_label,
-        ", GPU" if config.scaling.use_gpu else "",
-        budget.describe(),
+        "1" if shared else config.scaling.workers_label,
+        ", GPU" if config.scaling.use_gpu and not shared else "",
+        what,
         config.storage_path,
     )
-    seen = {d: len(read_events(d)) for d in [path, *folders.values()]}
-    earlier = {k: checkpoint_folders(folders[k]) for k in folds}
+    seen = {d: len(read_events(d)) for d in [path, *keyed.values()]}
+    earlier = {key: checkpoint_folders(d) for key, d in keyed.items()}
+    if shared:  # a failure an earlier attempt recorded is tried again
+        for j in fams.values():
+            fs, inner = filesystem_for(join(j["home"], FAILED_FILE))
+            if fs.get_file_info(inner).type == FileType.File:
+                fs.delete_file(inner)
     os.environ[WORKER_GROUP_START_TIMEOUT] = f"{config.failure.worker_start_timeout_s:g}"
     started = time.monotonic()
     with watch_progress(on_report) as callback:
-        trainer = build_trainer(
-            resolved,
-            prepared.preprocessor,
-            None,
-            None,
-            run_name,
-            cache_shards=prepared.materialized,
-            streamed=not prepared.materialized,
-            external_memory=budget.external_memory,
-            lineage=lineage,
-            callbacks=[callback],
-            folds={k: prepared.folds[k] for k in folds},
-        )
+        if shared:
+            trainer = build_shared_trainer(
+                {f: config.for_family(f) for f in fams},
+                prepared.preprocessor,
+                run_name,
+                [(f, j["run"][len(run_name) + 1 :], j["folds"]) for f, j in fams.items()],
+                {k: prepared.folds[k] for k in sorted({k for j in fams.values() for k in j["folds"]})},
+                {f: j["lineage"] for f, j in fams.items()},
+                callbacks=[callback],
+                cache_shards=prepared.materialized,
+                folds_after=folds_after,
+            )
+        else:
+            j = fams[only]
+            trainer = build_trainer(
+                config.for_family(only),
+                prepared.preprocessor,
+                None,
+                None,
+                run_name,
+                cache_shards=prepared.materialized,
+                streamed=not prepared.materialized,
+                external_memory=j["budget"].external_memory,
+                lineage=j["lineage"],
+                callbacks=[callback],
+                folds={k: prepared.folds[k] for k in j["folds"]},
+            )
         result = fit_run(trainer, path, config.scaling.workers_label, config.data.materialize)
-    if result.metrics and result.metrics.get(STOP_REASON):
+    if not shared and result.metrics and result.metrics.get(STOP_REASON):
         raise TrainingError(
             f"training stopped: {result.metrics[STOP_REASON]}; lower train.learning_rate or check the data"
         )
-    reported: dict[int, list[dict[str, Any]]] = {k: [] for k in folds}
+    reported: dict[tuple[str, int], list[dict[str, Any]]] = {(f, k): [] for f, j in fams.items() for k in j["folds"]}
     for ckpt, metrics in result.best_checkpoints or []:
-        if metrics.get(FOLD) in reported:  # a restored run also holds the folds an earlier fit of it trained
+        key = (metrics.get(FAMILY, only), metrics.get(FOLD))
+        if key in reported:  # a restored run also holds the folds an earlier fit of it trained
             uri = with_scheme(config.storage_path, ckpt.path)
-            reported[metrics[FOLD]].append(
-                {"path": uri, "epoch": int(metrics.get("epoch", -1)), "metrics": dict(metrics)}
-            )
-    events = fold_events(path, folders, seen)
-    train_s = round((time.monotonic() - started) / len(folds), 1)  # the folds' share of the run's wall time
+            reported[key].append({"path": uri, "epoch": int(metrics.get("epoch", -1)), "metrics": dict(metrics)})
+    events = fold_events(path, keyed, seen)
+    train_s = round((time.monotonic() - started) / len(reported), 1)  # the folds' share of the run's wall time
+    outcomes: dict[str, list[TrainOutcome]] = {}
+    failed: dict[str, str] = {}
+    for f, j in fams.items():
+        why = _failed_in_shared_run(f, j, reported) if shared else None
+        if why:
+            failed[f] = why
+            log.warning("%s failed in the shared run %s, the other families are kept: %s", f, run_name, why)
+            continue
+        outcomes[f] = _finish_folds(config, f, j, done, reported, events, train_s, earlier, shared, logged)
+    return outcomes, failed
+
+
+def _failed_in_shared_run(
+    family: str, job: dict[str, Any], reported: dict[tuple[str, int], list[dict[str, Any]]]
+) -> str | None:
+    """Why a family failed inside a shared run: its code raised (FAILED_FILE), its loss diverged, or a fold of it
+    reported no checkpoint (a restart resumed past it); None: it trained."""
+    try:
+        return "its training raised " + str(json.loads(read_text(join(job["home"], FAILED_FILE)))["error"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    for k in job["folds"]:
+        stopped = [c["metrics"][STOP_REASON] for c in reported[(family, k)] if c["metrics"].get(STOP_REASON)]
+        if stopped:
+            return f"training stopped: {stopped[-1]}; lower train.learning_rate or check the data"
+        if not reported[(family, k)]:
+            return f"its fold {k} reported no checkpoint"
+    return None
+
+
+def _finish_folds(
+    config: Config,
+    family: str,
+    job: dict[str, Any],
+    done: dict[tuple[str, int], TrainOutcome | None],
+    reported: dict[tuple[str, int], list[dict[str, Any]]],
+    events: list[dict[str, Any]],
+    train_s: float,
+    earlier: dict[Any, set[str]],
+    shared: bool,
+    logged: set[tuple[str, Any, int]],
+) -> list[TrainOutcome]:
+    """A family's fold outcomes after its run: each fold's checkpoints and events, what earlier attempts left removed,
+    the epochs the reports grouped away logged to MLflow, its finished record written."""
+    log = get_run_logger()
+    budget = job["budget"].to_dict()
+    theirs = [e for e in events if e.get(FAMILY, family) == family]
     outcomes = []
-    for k in folds:
-        outcome = done[k] or _fold_outcome(
-            k, folders[k], names[k], family, reported[k], events, budget.to_dict(), train_s
+    for k in job["folds"]:
+        folder, name = job["folders"][k], job["names"][k]
+        outcome = done[(family, k)] or _fold_outcome(
+            k, folder, name, family, reported[(family, k)], events, budget, train_s
         )
-        remove_left_over(folders[k], earlier[k], {folder_name(c["path"]) for c in outcome.checkpoints}, names[k])
+        remove_left_over(
+            folder, earlier[(family, k) if shared else k], {folder_name(c["path"]) for c in outcome.checkpoints}, name
+        )
         log_rows(
             config.mlflow.tracking_uri,
-            mlflow_run,
-            [fold_row({**h, FOLD: k}) for h in outcome.history if (k, int(h.get("epoch", -1))) not in logged],
+            job["mlflow"],
+            [fold_row({**h, FOLD: k}) for h in outcome.history if (family, k, int(h.get("epoch", -1))) not in logged],
         )
         outcomes.append(outcome)
-        if done[k] is None:
+        if done[(family, k)] is None:
             write_text(
-                join(folders[k], FINISHED_FILE),
-                json.dumps({"lineage": lineage, "budget": budget.to_dict(), "outcome": asdict(outcome)}, default=str),
+                join(folder, FINISHED_FILE),
+                json.dumps({"lineage": job["lineage"], "budget": budget, "outcome": asdict(outcome)}, default=str),
             )
-    resized = run_resizes(events)
+    resized = run_resizes(theirs)
     if resized:
         outcomes[0].resizes = resized
-        tag_run(config.mlflow.tracking_uri, mlflow_run, "trainflow.resizes", "; ".join(map(describe_resize, resized)))
+        tag_run(
+            config.mlflow.tracking_uri, job["mlflow"], "trainflow.resizes", "; ".join(map(describe_resize, resized))
+        )
     log.info(
         "trained folds %s of %s: %s",
-        ", ".join(map(str, folds)),
-        run_name,
-        "; ".join(f"fold {o.run_name.rsplit('fold', 1)[-1]}: {len(o.history)} {budget.unit}(s)" for o in outcomes),
+        ", ".join(map(str, job["folds"])),
+        job["run"],
+        "; ".join(
+            f"fold {o.run_name.rsplit('fold', 1)[-1]}: {len(o.history)} {job['budget'].unit}(s)" for o in outcomes
+        ),
     )
     return outcomes

@@ -65,21 +65,23 @@ def recoveries(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "error": pending
                     or "the previous attempt ended without reporting an error (process or node killed)",
                     "resumed_from_epoch": e["epoch"],
-                    **({"fold": e["fold"]} if "fold" in e else {}),
+                    **{k: e[k] for k in ("family", "fold") if k in e},
                 }
             )
             pending = None
     return out
 
 
-def fold_events(run_dir: str, folders: dict[int, str], seen: dict[str, int] | None = None) -> list[dict[str, Any]]:
+def fold_events(run_dir: str, folders: dict[Any, str], seen: dict[str, int] | None = None) -> list[dict[str, Any]]:
     """A fold run's events in the order they happened: the run's own (Ray Train's failures, hangs, resizes) and
-    each fold's (folders: fold -> its folder; its resumes, starts and time limits, each tagged with the fold).
-    seen: the count of events each folder held before, left out (an invocation's own events)."""
+    each fold's (folders: fold -> its folder, or (family, fold) -> its folder in a run several families share; its
+    resumes, starts and time limits, each tagged with the fold and family). seen: the count of events each folder
+    held before, left out (an invocation's own events)."""
     seen = seen or {}
     events = read_events(run_dir)[seen.get(run_dir, 0) :]
-    for fold, folder in folders.items():
-        events += [{**e, "fold": fold} for e in read_events(folder)[seen.get(folder, 0) :]]
+    for key, folder in folders.items():
+        tag = {"family": key[0], "fold": key[1]} if isinstance(key, tuple) else {"fold": key}
+        events += [{**e, **tag} for e in read_events(folder)[seen.get(folder, 0) :]]
     return sorted(events, key=lambda e: float(e.get("time", 0.0)) if isinstance(e.get("time"), (int, float)) else 0.0)
 
 

@@ -14,7 +14,7 @@ from trainflow.trainer.checkpoint import LINEAGE_FILE, METRICS_FILE
 from trainflow.trainer.families import family_for
 from trainflow.trainer.deadline import deadline_board
 from trainflow.trainer.recovery import RESTART, AttemptLog, RecoveryLog, read_events
-from trainflow.trainer.session import FoldLoop
+from trainflow.trainer.session import FamiliesLoop, FoldLoop
 from trainflow.trainer.watchdog import Watched
 from trainflow.config import Config, FailureSection, ScalingSection
 from trainflow.errors import ConfigError, TrainingError
@@ -137,7 +137,6 @@ def build_trainer(
     fold run keeps every one it reports (its own num_to_keep would drop one fold's best for another's); the train
     task trims each fold to checkpoint.num_to_keep once every fold of the run has trained.
     """
-    ckpt = config.checkpoint
     family = family_for(config)
     config = config.for_family(family.name)  # its own model.params block resolved (a sweep's trial config too)
     loop = train_fn or family.train_fn
@@ -149,36 +148,106 @@ def build_trainer(
         Watched(loop, config.failure.hang_timeout_s),
         config.scaling,
         train_loop_config={
-            "config": config,
-            "preprocessor": preprocessor.to_dict(),
-            "run_dir": run_dir(config, run_name),
-            "cache_shards": cache_shards,
-            "streamed": streamed,
+            **_loop_config(config, preprocessor, run_name, cache_shards, streamed, lineage),
             "external_memory": external_memory,
-            "lineage": lineage,
-            "deadline_board": deadline_board(),  # the driver's, where it set a deadline (trainer/deadline.py)
             **({"folds": sorted(folds)} if folds is not None else {}),
         },
         scaling_config=scaling_config(family.worker_scaling(config.scaling)),
         datasets=datasets,
         dataset_config=family.data_config(),
-        run_config=RunConfig(
-            name=run_name,
-            storage_path=config.storage_path,
-            storage_filesystem=storage_filesystem,
-            checkpoint_config=CheckpointConfig(
-                num_to_keep=ckpt.num_to_keep if folds is None else None,
-                checkpoint_score_attribute=ckpt.metric,
-                checkpoint_score_order=ckpt.mode,
-            ),
-            failure_config=failure_config(config.failure),
-            callbacks=[
-                RecoveryLog(run_dir(config, run_name), config),
-                AttemptLog(run_dir(config, run_name), config, family.worker_scaling(config.scaling)),
-                *(callbacks or []),
-            ],
-            worker_runtime_env={"env_vars": worker_env_to_pass(dict(config.scaling.env_vars))},
+        run_config=_run_config(
+            config, run_name, family.worker_scaling(config.scaling), folds is not None, storage_filesystem, callbacks
         ),
+    )
+
+
+def _loop_config(config: Config, preprocessor, run_name: str, cache_shards: bool, streamed: bool, lineage):
+    return {
+        "config": config,
+        "preprocessor": preprocessor.to_dict(),
+        "run_dir": run_dir(config, run_name),
+        "cache_shards": cache_shards,
+        "streamed": streamed,
+        "lineage": lineage,
+        "deadline_board": deadline_board(),  # the driver's, where it set a deadline (trainer/deadline.py)
+    }
+
+
+def _run_config(config: Config, run_name: str, scaling, folds: bool, storage_filesystem, callbacks) -> RunConfig:
+    ckpt = config.checkpoint
+    return RunConfig(
+        name=run_name,
+        storage_path=config.storage_path,
+        storage_filesystem=storage_filesystem,
+        checkpoint_config=CheckpointConfig(
+            num_to_keep=None if folds else ckpt.num_to_keep,
+            checkpoint_score_attribute=ckpt.metric,
+            checkpoint_score_order=ckpt.mode,
+        ),
+        failure_config=failure_config(config.failure),
+        callbacks=[
+            RecoveryLog(run_dir(config, run_name), config),
+            AttemptLog(run_dir(config, run_name), config, scaling),
+            *(callbacks or []),
+        ],
+        worker_runtime_env={"env_vars": worker_env_to_pass(dict(config.scaling.env_vars))},
+    )
+
+
+def shares_one_run(configs: dict[str, Config]) -> bool:
+    """Whether these families (their configs) can share one Ray Train run (trainer/session.py FamiliesLoop): each
+    trains in one CPU worker of a fixed-size group."""
+    for config in configs.values():
+        scaling = family_for(config).worker_scaling(config.scaling)
+        if scaling.elastic or scaling.num_workers != 1 or scaling.use_gpu:
+            return False
+    return len(configs) > 1
+
+
+def build_shared_trainer(
+    configs: dict[str, Config],
+    preprocessor: TabularPreprocessor,
+    run_name: str,
+    jobs: list[tuple[str, str, list[int]]],
+    folds: dict[int, tuple[ray.data.Dataset, ray.data.Dataset]],
+    lineages: dict[str, dict[str, str]],
+    callbacks: list | None = None,
+    cache_shards: bool = False,
+    folds_after: int = 0,
+):
+    """One Ray Train run in which every family of jobs ((family, its folder in the run, its folds), in order) trains
+    its folds one after another in one worker (trainer/session.py FamiliesLoop): the small table's retrain pays Ray
+    Train's start once. configs: each family's (Config.for_family); the worker holds the most CPUs any of them asks
+    for; folds_after: folds that later fits of this run will train (they share its deadline)."""
+    resolved = {f: c.for_family(family_for(c).name) for f, c in configs.items()}
+    scalings = {f: family_for(c).worker_scaling(c.scaling) for f, c in resolved.items()}
+    widest = max(scalings.values(), key=lambda s: (s.resources_per_worker or {}).get("CPU", 1.0))
+    first = resolved[jobs[0][0]]
+    loops = [(f, folder, family_for(resolved[f]).train_fn) for f, folder, _ in jobs]
+    own = {
+        folder: {
+            "config": resolved[f],
+            "folds": sorted(fs),
+            "lineage": lineages[f],
+            "external_memory": False,
+        }
+        for f, folder, fs in jobs
+    }
+    loop_config = {
+        **_loop_config(first, preprocessor, run_name, cache_shards, not cache_shards, None),
+        "jobs": own,
+        "folds_after": folds_after,
+    }
+    from trainflow.trainer.families.base import one_process_trainer, whole_data_config
+
+    return one_process_trainer(
+        Watched(FamiliesLoop(loops), first.failure.hang_timeout_s),
+        widest,
+        train_loop_config=loop_config,
+        scaling_config=scaling_config(widest),
+        datasets={f"{role}_{k}": ds for k, pair in folds.items() for role, ds in zip(("train", "val"), pair)},
+        dataset_config=whole_data_config(),
+        run_config=_run_config(first, run_name, widest, True, None, callbacks),
     )
 
 

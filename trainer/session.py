@@ -10,6 +10,11 @@ folder for what the family writes beside them (trainflow's events, CatBoost's sn
 (a dead worker, a lost node, a rerun of the run name) resumes the fold Ray Train's latest checkpoint belongs to,
 from that checkpoint; the folds before it are finished and are not trained again.
 
+A small table's families can share one run too (`FamiliesLoop`): one worker trains every family's folds one after
+another, each family in its own folder of the run (`<run>/<family run>/fold<k>/checkpoint_...`), so Ray Train's start
+is paid once per retrain. A restart resumes the family and fold of the latest checkpoint; a family whose code raises
+is recorded as failed (FAILED_FILE in its folder) and the next family trains.
+
 A family's code calls `dataset_shard`, `get_checkpoint` and `report` here instead of `ray.train`'s: outside a fold
 loop they are Ray Train's own.
 """
@@ -23,10 +28,14 @@ from typing import Any, Callable
 import ray.train
 
 FOLD = "fold"  # the metric that names a report's fold
+FAMILY = "family"  # in a run several families share: the metric that names a report's family
 FOLD_FOLDER = re.compile(r"^fold(\d+)$")
+FAILED_FILE = "trainflow_failed.json"  # in a family's folder of a shared run: why its code raised
 
-# (fold, the checkpoint it resumes from) while a fold loop trains a fold in this thread
-_fold: contextvars.ContextVar[tuple[int, Any] | None] = contextvars.ContextVar("trainflow_fold", default=None)
+# (fold, the checkpoint it resumes from, (family, its folder in a shared run) or None) while a fold loop trains a fold
+_fold: contextvars.ContextVar[tuple[int, Any, tuple[str, str] | None] | None] = contextvars.ContextVar(
+    "trainflow_fold", default=None
+)
 
 
 def fold_folder(fold: int) -> str:
@@ -53,9 +62,11 @@ def report(metrics: dict[str, Any], checkpoint=None, **kwargs: Any) -> None:
     if current is not None:
         from ray.train.v2._internal.execution.storage import StorageContext
 
-        metrics = {**metrics, FOLD: current[0]}
+        fold, _, shared = current
+        metrics = {**metrics, FOLD: fold, **({FAMILY: shared[0]} if shared else {})}
+        name = f"{fold_folder(fold)}/{StorageContext.make_default_checkpoint_dir_name()}"
         # every rank passes a name; Ray Train keeps rank 0's
-        kwargs["checkpoint_dir_name"] = f"{fold_folder(current[0])}/{StorageContext.make_default_checkpoint_dir_name()}"
+        kwargs["checkpoint_dir_name"] = f"{shared[1]}/{name}" if shared else name
     ray.train.report(metrics, checkpoint=checkpoint, **kwargs)
 
 
@@ -68,6 +79,14 @@ def fold_of(checkpoint) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def family_folder_of(checkpoint) -> str | None:
+    """The family folder a checkpoint of a shared run belongs to (the fold folder's parent), or None."""
+    if fold_of(checkpoint) is None:
+        return None
+    parts = str(checkpoint.path).rstrip("/").split("/")
+    return parts[-3] if len(parts) >= 3 else None
+
+
 class FoldLoop:
     """A family's per-worker loop run once per fold of loop_config["folds"], in order, inside one Ray Train run
     (picklable, so Ray can ship it to the workers). Each fold's loop config names its fold, its own folder as its
@@ -78,26 +97,76 @@ class FoldLoop:
         self.train_fn = train_fn
 
     def __call__(self, loop_config: dict[str, Any]) -> None:
+        self.train(loop_config, ray.train.get_checkpoint(), loop_config["run_dir"])
+
+    def train(
+        self,
+        loop_config: dict[str, Any],
+        latest,
+        deadline_dir: str,
+        later: int = 0,
+        shared: tuple[str, str] | None = None,
+    ) -> None:
+        """The folds, resuming the one latest belongs to from it (earlier ones finished); later: the folds of the
+        families after this one in a shared run (they share the deadline too); shared: (family, its folder)."""
         from trainflow.storage import join
 
         folds = list(loop_config["folds"])
-        latest = ray.train.get_checkpoint()
         at = fold_of(latest)
         if at not in folds:  # no checkpoint, or one of a fold another fit of this run trained (finished)
             at = None
         for n, fold in enumerate(folds):
             if at is not None and fold < at:  # finished before the restart: its checkpoints are in storage
                 continue
-            token = _fold.set((fold, latest if fold == at else None))
+            token = _fold.set((fold, latest if fold == at else None, shared))
             try:
                 self.train_fn(
                     {
                         **loop_config,
                         "run_dir": join(loop_config["run_dir"], fold_folder(fold)),
-                        "deadline_dir": loop_config["run_dir"],
-                        "folds_left": len(folds) - n,
+                        "deadline_dir": deadline_dir,
+                        "folds_left": len(folds) - n + later,
                         FOLD: fold,
                     }
                 )
             finally:
                 _fold.reset(token)
+
+
+class FamiliesLoop:
+    """Several families' fold loops one after another in one worker of one Ray Train run (a small table's: see the
+    module's docstring). jobs: (family, its folder in the run, its per-worker loop); loop_config["jobs"]: each
+    folder's own loop config (its config, folds, lineage, ...) over the run's."""
+
+    def __init__(self, jobs: list[tuple[str, str, Callable[[dict[str, Any]], Any]]]):
+        self.jobs = jobs
+
+    def __call__(self, loop_config: dict[str, Any]) -> None:
+        import json
+        import traceback
+
+        from trainflow.storage import join, write_text
+
+        own = loop_config["jobs"]
+        latest = ray.train.get_checkpoint()
+        folders = [folder for _, folder, _ in self.jobs]
+        at = family_folder_of(latest)
+        start = folders.index(at) if at in folders and fold_of(latest) in own[at]["folds"] else 0
+        for i, (family, folder, train_fn) in enumerate(self.jobs):
+            if i < start:  # trained (or failed) before the restart
+                continue
+            config = {**loop_config, **own[folder], "run_dir": join(loop_config["run_dir"], folder)}
+            later = sum(len(own[f]["folds"]) for f in folders[i + 1 :]) + int(loop_config.get("folds_after", 0))
+            try:
+                FoldLoop(train_fn).train(
+                    config, latest if i == start else None, loop_config["run_dir"], later, (family, folder)
+                )
+            except Exception as exc:  # noqa: BLE001 - this family fails alone; the next one trains
+                from trainflow.redact import redact_text
+
+                error = redact_text(f"{type(exc).__name__}: {exc}")
+                print(f"trainflow: {family} failed in the shared run, the next family trains: {error}", flush=True)
+                write_text(
+                    join(config["run_dir"], FAILED_FILE),
+                    json.dumps({"error": error[:4000], "traceback": redact_text(traceback.format_exc())[-8000:]}),
+                )
