@@ -107,3 +107,47 @@ def test_folds_train_predict_out_of_fold_serve_the_average_and_a_rerun_skips_fin
     # the same fold models predict the same out-of-fold rows (float32 sums in other batch shapes: equal to 1e-6)
     assert second["best_checkpoint"]["uri"] == s["best_checkpoint"]["uri"]
     assert second["oof_metrics"] == pytest.approx(s["oof_metrics"], rel=1e-6)
+
+
+def test_a_small_tables_families_share_one_ray_train_run_and_one_whose_code_raises_is_left_out(tmp_path):
+    # XGBoost refuses max_depth -1 when it trains (LightGBM reads it as no limit): XGBoost fails inside the shared
+    # run, LightGBM, trained before it, is kept
+    cfg = churn_config(
+        tmp_path,
+        rows=300,
+        model={"type": ["lightgbm", "xgboost"], "params": {"max_depth": -1, "num_boost_round": 30}},
+        train={"folds": FOLDS},
+    )
+    summary_path = tmp_path / "s.json"
+    assert cli_main(["retrain", "--config", str(cfg), "--run-name", "sh", "--summary-json", str(summary_path)]) == 0
+    s = json.loads(summary_path.read_text())
+    shared = tmp_path / "runs" / "sh-families"
+    # one Ray Train run for both families: one worker group started once
+    attempts = [json.loads(p.read_text()) for p in (shared / "trainflow_events").glob("*.json")]
+    assert len([e for e in attempts if e["event"] == "attempt"]) == 1, attempts
+    # each family in its own folder of the run, each fold in its own folder of that
+    lgb = [shared / "sh-lightgbm" / f"fold{k}" for k in range(FOLDS)]
+    assert all(_checkpoint_folders(f) for f in lgb)
+    assert json.loads((lgb[1] / "trainflow_finished.json").read_text())["outcome"]["run_name"] == (
+        "sh-families/sh-lightgbm-fold1"
+    )
+    assert s["model_family"] == "lightgbm" and s["best_checkpoint"]["path"].startswith(str(shared / "sh-lightgbm"))
+    assert "max_depth" in s["families_failed"]["xgboost"]
+    assert "max_depth" in json.loads((shared / "sh-xgboost" / "trainflow_failed.json").read_text())["error"]
+    assert s["output_rows"] == s["input_rows"] == 500
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = {r.info.run_name: r for r in client.search_runs([e.experiment_id for e in client.search_experiments()])}
+    for k in range(FOLDS):  # the family's one MLflow run holds each fold's metrics
+        assert client.get_metric_history(runs["sh-families/sh-lightgbm"].info.run_id, f"fold{k}/val_loss")
+    assert runs["sh-families/sh-xgboost"].info.status == "FAILED"
+    assert "RUNNING" not in {r.info.status for r in runs.values()}
+
+    # a rerun of the run name: LightGBM's finished folds are not trained again, XGBoost is tried again (and fails)
+    before = [_checkpoint_folders(f) for f in lgb]
+    again = tmp_path / "again.json"
+    assert cli_main(["retrain", "--config", str(cfg), "--run-name", "sh", "--force", "--summary-json", str(again)]) == 0
+    assert [_checkpoint_folders(f) for f in lgb] == before
+    second = json.loads(again.read_text())
+    assert second["best_checkpoint"]["uri"] == s["best_checkpoint"]["uri"] and "xgboost" in second["families_failed"]
