@@ -164,3 +164,68 @@ def test_a_worker_that_dies_in_a_fold_resumes_that_fold_and_the_finished_ones_ar
     (recovered,) = recoveries(events)
     assert recovered["fold"] == 1 and recovered["resumed_from_epoch"] == 1
     assert "injected failure in fold 1" in recovered["error"]
+
+
+def _killed_after_fold(marker_dir: str, family_train_fn):
+    """A family's loop per fold whose first attempt at fold 1 trains it, waits until Ray Train's controller has
+    registered a checkpoint of it, then kills its own worker process (a dead worker, no error raised)."""
+
+    def train_fn(loop_config):
+        import json
+        import os
+        import time
+        from pathlib import Path
+
+        family_train_fn(loop_config)
+        marker = Path(marker_dir) / "killed"
+        if loop_config["fold"] != 1 or marker.exists():
+            return
+        marker.touch()
+        snapshot = Path(loop_config["deadline_dir"]) / "checkpoint_manager_snapshot.json"
+        for _ in range(600):
+            try:
+                results = json.loads(snapshot.read_text()).get("checkpoint_results") or []
+            except (OSError, ValueError):
+                results = []
+            if any(r.get("metrics", {}).get("fold") == 1 and r["metrics"].get("family") == "lightgbm" for r in results):
+                break
+            time.sleep(0.1)
+        os._exit(1)
+
+    return train_fn
+
+
+@pytest.mark.e2e
+@pytest.mark.usefixtures("ray_local")
+def test_a_worker_killed_in_a_shared_run_resumes_the_family_and_fold_it_was_in(tmp_path):
+    from trainflow.config import trial_config
+    from trainflow.trainer.families.lightgbm_family import train_fn as lightgbm_loop
+    from trainflow.trainer.recovery import fold_events
+    from trainflow.trainer.runner import build_shared_trainer
+
+    cfg, prep, train, val = small_run(tmp_path, max_failures=1)
+    cfg = trial_config(
+        cfg.to_dict(),
+        {"scaling.num_workers": 1, "model.type": ["xgboost", "lightgbm"], "model.params.num_boost_round": 20},
+    )
+    families, folds = ["xgboost", "lightgbm"], {0: (train, val), 1: (train, val)}
+    result = build_shared_trainer(
+        {f: cfg.for_family(f) for f in families},
+        prep,
+        "sh",
+        [(f, f"sh-{f}", [0, 1]) for f in families],
+        folds,
+        {f: None for f in families},
+        train_fns={"lightgbm": _killed_after_fold(str(tmp_path), lightgbm_loop)},
+    ).fit()
+    run = run_dir(cfg, "sh")
+    kept = {(m["family"], m["fold"]) for _, m in result.best_checkpoints}
+    assert kept == {(f, k) for f in families for k in folds}  # every family's every fold, in its own folder
+    assert all(f"/sh-{m['family']}/fold{m['fold']}/checkpoint_" in c.path for c, m in result.best_checkpoints)
+    events = fold_events(run, {(f, k): f"{run}/sh-{f}/fold{k}" for f in families for k in folds})
+    starts = [(e["family"], e["fold"]) for e in events if e["event"] == "worker_start"]
+    # the first family and the first fold of the second trained once; the fold the worker died in started again
+    assert starts == [("xgboost", 0), ("xgboost", 1), ("lightgbm", 0), ("lightgbm", 1), ("lightgbm", 1)]
+    (recovered,) = recoveries(events)
+    assert (recovered["family"], recovered["fold"]) == ("lightgbm", 1)
+    assert len([e for e in read_events(run) if e["event"] == "attempt"]) == 2

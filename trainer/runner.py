@@ -214,16 +214,18 @@ def build_shared_trainer(
     callbacks: list | None = None,
     cache_shards: bool = False,
     folds_after: int = 0,
+    train_fns: dict[str, Any] | None = None,
 ):
     """One Ray Train run in which every family of jobs ((family, its folder in the run, its folds), in order) trains
     its folds one after another in one worker (trainer/session.py FamiliesLoop): the small table's retrain pays Ray
     Train's start once. configs: each family's (Config.for_family); the worker holds the most CPUs any of them asks
-    for; folds_after: folds that later fits of this run will train (they share its deadline)."""
+    for; folds_after: folds that later fits of this run will train (they share its deadline); train_fns: a family's
+    per-worker loop replaced (fault tests)."""
     resolved = {f: c.for_family(family_for(c).name) for f, c in configs.items()}
     scalings = {f: family_for(c).worker_scaling(c.scaling) for f, c in resolved.items()}
     widest = max(scalings.values(), key=lambda s: (s.resources_per_worker or {}).get("CPU", 1.0))
     first = resolved[jobs[0][0]]
-    loops = [(f, folder, family_for(resolved[f]).train_fn) for f, folder, _ in jobs]
+    loops = [(f, folder, (train_fns or {}).get(f) or family_for(resolved[f]).train_fn) for f, folder, _ in jobs]
     own = {
         folder: {
             "config": resolved[f],
