@@ -87,7 +87,8 @@ def _retrain(config: Config, name: str, fingerprint: str | None) -> dict[str, An
     parts = record_split(ingested, config, parts, name)
     k = parts.fold_count
     runs = {f: runs[f] for f in config.model.training_order(k) if f in runs}  # the order is their time priority
-    if k > 1 and shares_a_run(fold_config(config, parts.train_rows), prepared, runs, k):  # a small table: every family in one Ray Train run
+    # a small table: every family in one Ray Train run
+    if k > 1 and shares_a_run(fold_config(config, parts.train_rows), prepared, runs, k):
         runs = {f: f"{name}{SHARED_SUFFIX}/{r}" for f, r in runs.items()}
     if k > 1:  # each fold's folder inside its family's run
         check_resume(config, ingested.spec.fingerprint, fold_run_names(runs, k))

@@ -26,6 +26,21 @@ def checkpoint_registered(run: Path, epoch: int = 0) -> bool:
     return any(r.get("metrics", {}).get("epoch", -1) >= epoch for r in results or [])
 
 
+def wait_fold_registered(run: str | Path, fold: int, family: str | None = None, timeout_s: float = 60.0) -> None:
+    """In a worker of a fold run: block until the controller has registered a checkpoint of fold (of family, in a run
+    several families share), so that a restart resumes that fold from it."""
+    deadline = time.monotonic() + timeout_s
+    snapshot = Path(run) / "checkpoint_manager_snapshot.json"
+    while time.monotonic() < deadline:
+        try:
+            results = json.loads(snapshot.read_text()).get("checkpoint_results") or []
+        except (OSError, ValueError):
+            results = []
+        if any(r.get("metrics", {}).get("fold") == fold and r["metrics"].get("family") == family for r in results):
+            return
+        time.sleep(0.1)
+
+
 def wait_registered(
     run: str | Path, epoch: int = 0, timeout_s: float = 60.0, alive: Callable[[], bool] | None = None
 ) -> None:

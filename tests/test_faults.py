@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.faults import EPOCHS, small_run, successive_faults
+from tests.faults import EPOCHS, small_run, successive_faults, wait_fold_registered
 from trainflow.trainer.checkpoint import load_train_state, read_metrics, save_checkpoint
 from trainflow.trainer.families.network import build_model
 from trainflow.trainer.recovery import read_events, recoveries
@@ -111,8 +111,6 @@ def _fold_fault(marker_dir: str):
     from trainflow.trainer.loop import train_fn_per_worker
 
     def train_fn(loop_config):
-        import json
-        import time
         from pathlib import Path
 
         import ray.train
@@ -126,15 +124,7 @@ def _fold_fault(marker_dir: str):
             {**loop_config, "config": trial_config(loop_config["config"].to_dict(), {"train.epochs": 1})}
         )
         if rank == 1:
-            snapshot = Path(loop_config["deadline_dir"]) / "checkpoint_manager_snapshot.json"
-            for _ in range(600):
-                try:
-                    results = json.loads(snapshot.read_text()).get("checkpoint_results") or []
-                except (OSError, ValueError):
-                    results = []
-                if any(r.get("metrics", {}).get("fold") == 1 for r in results):
-                    break
-                time.sleep(0.1)
+            wait_fold_registered(loop_config["deadline_dir"], 1)
             raise RuntimeError("injected failure in fold 1")
         ray.train.report({"epoch": 1, "waiting": 1.0})  # blocks until the group is torn down
         return None
@@ -171,9 +161,7 @@ def _killed_after_fold(marker_dir: str, family_train_fn):
     registered a checkpoint of it, then kills its own worker process (a dead worker, no error raised)."""
 
     def train_fn(loop_config):
-        import json
         import os
-        import time
         from pathlib import Path
 
         family_train_fn(loop_config)
@@ -181,15 +169,7 @@ def _killed_after_fold(marker_dir: str, family_train_fn):
         if loop_config["fold"] != 1 or marker.exists():
             return
         marker.touch()
-        snapshot = Path(loop_config["deadline_dir"]) / "checkpoint_manager_snapshot.json"
-        for _ in range(600):
-            try:
-                results = json.loads(snapshot.read_text()).get("checkpoint_results") or []
-            except (OSError, ValueError):
-                results = []
-            if any(r.get("metrics", {}).get("fold") == 1 and r["metrics"].get("family") == "lightgbm" for r in results):
-                break
-            time.sleep(0.1)
+        wait_fold_registered(loop_config["deadline_dir"], 1, "lightgbm")
         os._exit(1)
 
     return train_fn
