@@ -27,7 +27,7 @@ from trainflow.tasks.skip import check_unchanged
 from trainflow.tasks.split import record_split, split
 from trainflow.tasks.train import check_resume, train, train_folds, train_shared
 from trainflow.tasks.validate import validate_data
-from trainflow.trainer.deadline import MIN_RUN_S, TimeShare, set_deadline
+from trainflow.trainer.deadline import MIN_RUN_S, TimeShare, deadline_entry, set_deadline
 from trainflow.limits import AUTO_FLOOR_S
 from trainflow.trainer.resources import concurrent_runs
 from trainflow.trainer.runner import run_dir, shares_one_run
@@ -262,36 +262,36 @@ def _not_earning(
 def _train_in_shared_run(
     config: Config, prepared: Prepared, runs: dict[str, str], k: int, run_config: Config, retries: dict[str, Any]
 ) -> tuple[dict[tuple[str, int], TrainOutcome], dict[str, str], dict[str, str], TimeShare]:
-    """train_families for a small table whose families share one Ray Train run (shares_a_run): every family's folds
-    in one fit, or, where auto's "not earning" rule may leave a family out after its first fold, every family's
-    first fold in one fit and the other folds of those it keeps in a second fit of the same run. The time budget is
-    the run's: each fold gets its part of the time left when it starts (train.time_limit auto: at most AUTO_FLOOR_S
-    for all of them)."""
+    """train_families for a small table whose families share one Ray Train run (shares_a_run), in their training
+    order: every family's folds in one fit, or, where auto's "not earning" rule may leave a family out after its
+    first fold, the first family's folds and every other family's first fold in one fit and the other folds of those
+    it keeps in a second fit of the same run. The time budget is shared as TimeShare shares it (FamiliesLoop)."""
     name = shared_run_name(runs)
     log = task_logger("retrain")
     share = TimeShare(config.train.time_limit, list(runs), 1)
-    if share.limit == "auto":
-        share.ends_at = share.started + AUTO_FLOOR_S
-        share.why = (
-            f"train.time_limit auto: a small table's families share one Ray Train run, at most {AUTO_FLOOR_S:.0f} s"
-        )
+    auto = {"started_at": share.started, "floor_s": AUTO_FLOOR_S} if share.limit == "auto" else None
     set_deadline(run_dir(config, name), share.ends_at, share.why)  # always: a killed run's old deadline never applies
+    first = next(iter(runs))
     fold_rows = prepared.fold_rows[0] if prepared.fold_rows else 0
-    split_first = config.model.auto and fold_rows >= NOT_EARNING_MIN_ROWS
-    fits = [[0], list(range(1, k))] if split_first else [list(range(k))]
+    split = config.model.auto and fold_rows >= NOT_EARNING_MIN_ROWS
+    everything = list(range(k))
+    fits = [{f: everything if f == first or not split else [0] for f in runs}]
+    if split:
+        fits.append({f: everything[1:] for f in runs if f != first})
     trained: dict[tuple[str, int], TrainOutcome] = {}
     failed: dict[str, str] = {}
     timed_out: dict[str, str] = {}
     first_folds: dict[str, float] = {}
-    first = next(iter(runs))
-    keep = list(runs)
-    for n, folds in enumerate(fits):
-        jobs = [(f, runs[f], folds) for f in keep]
-        after = sum(len(g) for g in fits[n + 1 :]) * len(keep)
-        label = f"train-{'-'.join(keep)}-folds{folds[0]}-{folds[-1]}"
+    for n, fit in enumerate(fits):
+        later = fits[n + 1] if n + 1 < len(fits) else {}
+        jobs = [(f, runs[f], folds, len(later.get(f, []))) for f, folds in fit.items() if f in runs]
+        jobs = [j for j in jobs if j[0] not in failed and j[0] not in timed_out]
+        if not jobs:
+            break
+        label = f"train-{'-'.join(j[0] for j in jobs)}" + ("-folds0" if split and n == 0 else "")
         outcomes, lost = (
             train_shared.with_options(task_run_name=label, **retries)
-            .submit(prepared, run_config, name, jobs, after)
+            .submit(prepared, run_config, name, jobs, auto if n == 0 else None)
             .result()
         )
         for f, why in lost.items():
@@ -299,20 +299,20 @@ def _train_in_shared_run(
             log.warning("%s is left out, the other families go on: %s", f, failed[f])
             end_runs(config, [runs[f]], f, "FAILED")
         for f, got in outcomes.items():
-            trained.update({(f, fold): o for fold, o in zip(folds, got)})
+            trained.update({(f, fold): o for fold, o in zip(fit[f], got)})
             if 0 in [o.time_limited_at for o in got] and f != first:  # one step: no model worth its time
-                timed_out[f] = f"{share.why}: its first fold had time for its first step only"
-            elif split_first and n == 0:
+                timed_out[f] = f"its run {runs[f]} had time for its first step only"
+            elif split and n == 0:  # its first fold against the others' (the first family's recorded first)
                 why = _not_earning(f, trained[(f, 0)], first_folds, prepared, k)
-                if why:
+                if why and f != first:
                     timed_out[f] = why
-        for f, why in timed_out.items():
-            if f in keep:
-                log.warning("%s is left out: %s", f, why)
-        keep = [f for f in keep if f not in failed and f not in timed_out]
-        if not keep:
-            break
-    if len(failed) == len(runs) or first in failed and all(f in failed or f in timed_out for f in runs):
+            if f in timed_out:
+                log.warning("%s is left out: %s", f, timed_out[f])
+    if auto:  # the rule the worker applied once the first family had trained (trainer/session.py)
+        entry = deadline_entry(run_dir(config, name))
+        if entry and entry[1]:
+            share.ends_at, share.why = entry
+    if len(failed) == len(runs) or (first in failed and all(f in failed or f in timed_out for f in runs)):
         raise TrainingError(f"every family failed in the shared run {name}: " + "; ".join(failed.values()))
     for family in timed_out:
         if any(job[0] == family for job in trained):  # runs it had started end unused

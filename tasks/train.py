@@ -323,7 +323,7 @@ def train_folds(prepared: Prepared, config: Config, run_name: str, family: str, 
     folder of the run (<run>/fold<k>); a rerun with the same run_name trains no finished fold again and resumes the
     one it was in from that fold's latest checkpoint. One MLflow run holds every fold's metrics (fold<k>/val_loss).
     Returns the folds' outcomes in the order of folds, each named <run_name>-fold<k>."""
-    return _train_fold_jobs(prepared, config, run_name, [(family, run_name, folds)])[0][family]
+    return _train_fold_jobs(prepared, config, run_name, [(family, run_name, folds, 0)])[0][family]
 
 
 @task(
@@ -334,18 +334,27 @@ def train_folds(prepared: Prepared, config: Config, run_name: str, family: str, 
     cache_policy=NO_CACHE,
 )
 def train_shared(
-    prepared: Prepared, config: Config, run_name: str, jobs: list[tuple[str, str, list[int]]], folds_after: int = 0
+    prepared: Prepared,
+    config: Config,
+    run_name: str,
+    jobs: list[tuple[str, str, list[int], int]],
+    auto_time: dict[str, float] | None = None,
 ) -> tuple[dict[str, list[TrainOutcome]], dict[str, str]]:
     """A small table's families trained in one Ray Train run run_name, one after another in one worker
-    (trainer/session.py FamiliesLoop): jobs are (family, its run <run_name>/<family run>, its folds). Each family
+    (trainer/session.py FamiliesLoop): jobs are (family, its run <run_name>/<family run>, its folds, its folds a
+    later fit of the run trains); auto_time: train.time_limit auto's rule (FamiliesLoop). Each family
     keeps its folders, MLflow run and finished records as train_folds gives them; a rerun resumes the family and fold
     it was in. Returns ({family: its folds' outcomes}, {family: why it failed}): a family whose code raised, or whose
     loss diverged, is left out and the others are kept."""
-    return _train_fold_jobs(prepared, config, run_name, jobs, folds_after)
+    return _train_fold_jobs(prepared, config, run_name, jobs, auto_time)
 
 
 def _train_fold_jobs(
-    prepared: Prepared, config: Config, run_name: str, jobs: list[tuple[str, str, list[int]]], folds_after: int = 0
+    prepared: Prepared,
+    config: Config,
+    run_name: str,
+    jobs: list[tuple[str, str, list[int], int]],
+    auto_time: dict[str, float] | None = None,
 ) -> tuple[dict[str, list[TrainOutcome]], dict[str, str]]:
     ensure_ray(**config.ray_start)
     check_fits(config.scaling.model_dump())
@@ -353,12 +362,13 @@ def _train_fold_jobs(
     shared = not (len(jobs) == 1 and jobs[0][1] == run_name)
     path = run_dir(config, run_name)
     fams: dict[str, dict[str, Any]] = {}
-    for family, family_run, folds in jobs:
+    for family, family_run, folds, after in jobs:
         home = run_dir(config.for_family(family), family_run)
         fams[family] = {
             "run": family_run,
             "home": home,
             "folds": list(folds),
+            "after": after,
             "budget": prepared.budgets[family],
             "lineage": lineage_for(config, prepared.fingerprint, family),
             "folders": {k: join(home, fold_folder(k)) for k in folds},
@@ -403,10 +413,9 @@ def _train_fold_jobs(
 
     what = "; ".join(f"{f}: {j['budget'].describe()}" for f, j in fams.items())
     log.info(
-        "training %s, folds %s %sin one Ray Train run %s: %s worker(s)%s; %s each; storage %s",
-        ", ".join(fams),
-        ", ".join(map(str, fams[only]["folds"])),
-        "each, one family after another " if shared else "",
+        "training %s %sin one Ray Train run %s: %s worker(s)%s; %s each; storage %s",
+        ", ".join(f"{f} (folds {', '.join(map(str, j['folds']))})" for f, j in fams.items()),
+        "one family after another " if shared else "",
         run_name,
         "1" if shared else config.scaling.workers_label,
         ", GPU" if config.scaling.use_gpu and not shared else "",
@@ -428,12 +437,12 @@ def _train_fold_jobs(
                 {f: config.for_family(f) for f in fams},
                 prepared.preprocessor,
                 run_name,
-                [(f, j["run"][len(run_name) + 1 :], j["folds"]) for f, j in fams.items()],
+                [(f, j["run"][len(run_name) + 1 :], j["folds"], j["after"]) for f, j in fams.items()],
                 {k: prepared.folds[k] for k in sorted({k for j in fams.values() for k in j["folds"]})},
                 {f: j["lineage"] for f, j in fams.items()},
                 callbacks=[callback],
                 cache_shards=prepared.materialized,
-                folds_after=folds_after,
+                auto_time=auto_time,
             )
         else:
             j = fams[only]

@@ -193,7 +193,7 @@ def test_a_worker_killed_in_a_shared_run_resumes_the_family_and_fold_it_was_in(t
         {f: cfg.for_family(f) for f in families},
         prep,
         "sh",
-        [(f, f"sh-{f}", [0, 1]) for f in families],
+        [(f, f"sh-{f}", [0, 1], 0) for f in families],
         folds,
         {f: None for f in families},
         train_fns={"lightgbm": _killed_after_fold(str(tmp_path), lightgbm_loop)},

@@ -76,6 +76,18 @@ def set_deadline(run_dir: str, ends_at: float | None, why: str = "") -> None:
         ray.get(deadline_board(create=True, replace=board).set.remote(run_dir, ends_at, why))
 
 
+def deadline_entry(run_dir: str) -> tuple[float | None, str] | None:
+    """What the driver's board holds for run_dir now (ends_at, why), or None (no board, no entry)."""
+    board = deadline_board()
+    if board is None:
+        return None
+    try:
+        ends_at, why = ray.get(board.get.remote(run_dir), timeout=CHECK_S)
+    except Exception:  # noqa: BLE001 - no entry or a board gone
+        return None
+    return (float(ends_at) if isinstance(ends_at, (int, float)) else None), str(why)
+
+
 class Deadline:
     """A run's deadline as its rank 0 sees it: asked of the driver's board (deadline_board) for the run's folder, at
     most every CHECK_S seconds. No board, no entry or a board that does not answer is no deadline (a fit outside the

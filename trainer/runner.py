@@ -208,37 +208,39 @@ def build_shared_trainer(
     configs: dict[str, Config],
     preprocessor: TabularPreprocessor,
     run_name: str,
-    jobs: list[tuple[str, str, list[int]]],
+    jobs: list[tuple[str, str, list[int], int]],
     folds: dict[int, tuple[ray.data.Dataset, ray.data.Dataset]],
     lineages: dict[str, dict[str, str]],
     callbacks: list | None = None,
     cache_shards: bool = False,
-    folds_after: int = 0,
+    auto_time: dict[str, float] | None = None,
     train_fns: dict[str, Any] | None = None,
 ):
-    """One Ray Train run in which every family of jobs ((family, its folder in the run, its folds), in order) trains
+    """One Ray Train run in which every family of jobs ((family, its folder in the run, its folds, its folds a later
+    fit of the run trains), in order) trains
     its folds one after another in one worker (trainer/session.py FamiliesLoop): the small table's retrain pays Ray
     Train's start once. configs: each family's (Config.for_family); the worker holds the most CPUs any of them asks
-    for; folds_after: folds that later fits of this run will train (they share its deadline); train_fns: a family's
-    per-worker loop replaced (fault tests)."""
+    for; auto_time: train.time_limit auto's {"started_at", "floor_s"} (FamiliesLoop); train_fns: a family's per-worker
+    loop replaced (fault tests)."""
     resolved = {f: c.for_family(family_for(c).name) for f, c in configs.items()}
     scalings = {f: family_for(c).worker_scaling(c.scaling) for f, c in resolved.items()}
     widest = max(scalings.values(), key=lambda s: (s.resources_per_worker or {}).get("CPU", 1.0))
     first = resolved[jobs[0][0]]
-    loops = [(f, folder, (train_fns or {}).get(f) or family_for(resolved[f]).train_fn) for f, folder, _ in jobs]
+    loops = [(f, folder, (train_fns or {}).get(f) or family_for(resolved[f]).train_fn) for f, folder, _, _ in jobs]
     own = {
         folder: {
             "config": resolved[f],
             "folds": sorted(fs),
             "lineage": lineages[f],
             "external_memory": False,
+            "folds_after": after,
         }
-        for f, folder, fs in jobs
+        for f, folder, fs, after in jobs
     }
     loop_config = {
         **_loop_config(first, preprocessor, run_name, cache_shards, not cache_shards, None),
         "jobs": own,
-        "folds_after": folds_after,
+        "auto_time": auto_time,
     }
     from trainflow.trainer.families.base import one_process_trainer, whole_data_config
 

@@ -107,8 +107,8 @@ class FoldLoop:
         later: int = 0,
         shared: tuple[str, str] | None = None,
     ) -> None:
-        """The folds, resuming the one latest belongs to from it (earlier ones finished); later: the folds of the
-        families after this one in a shared run (they share the deadline too); shared: (family, its folder)."""
+        """The folds, resuming the one latest belongs to from it (earlier ones finished); later: this family's folds
+        that a later fit of a shared run trains (they share its time); shared: (family, its folder)."""
         from trainflow.storage import join
 
         folds = list(loop_config["folds"])
@@ -136,17 +136,17 @@ class FoldLoop:
 class FamiliesLoop:
     """Several families' fold loops one after another in one worker of one Ray Train run (a small table's: see the
     module's docstring). jobs: (family, its folder in the run, its per-worker loop); loop_config["jobs"]: each
-    folder's own loop config (its config, folds, lineage, ...) over the run's."""
+    folder's own loop config (its config, folds, lineage, folds_after: its folds a later fit trains) over the run's.
+
+    The time budget is the families' as train.time_limit shares it (trainer/deadline.py TimeShare): a family may use
+    all the time left, each of its folds its part of it, so the order is their priority; under auto
+    (loop_config["auto_time"]: the training's start and the floor) there is no deadline until the first family has
+    trained, then the others share max(T1, floor - T1), set on the driver's board as TimeShare would."""
 
     def __init__(self, jobs: list[tuple[str, str, Callable[[dict[str, Any]], Any]]]):
         self.jobs = jobs
 
     def __call__(self, loop_config: dict[str, Any]) -> None:
-        import json
-        import traceback
-
-        from trainflow.storage import join, write_text
-
         own = loop_config["jobs"]
         latest = ray.train.get_checkpoint()
         folders = [folder for _, folder, _ in self.jobs]
@@ -155,18 +155,48 @@ class FamiliesLoop:
         for i, (family, folder, train_fn) in enumerate(self.jobs):
             if i < start:  # trained (or failed) before the restart
                 continue
-            config = {**loop_config, **own[folder], "run_dir": join(loop_config["run_dir"], folder)}
-            later = sum(len(own[f]["folds"]) for f in folders[i + 1 :]) + int(loop_config.get("folds_after", 0))
-            try:
-                FoldLoop(train_fn).train(
-                    config, latest if i == start else None, loop_config["run_dir"], later, (family, folder)
-                )
-            except Exception as exc:  # noqa: BLE001 - this family fails alone; the next one trains
-                from trainflow.redact import redact_text
+            self._train(loop_config, family, folder, train_fn, latest if i == start else None)
+            if i == 0 and loop_config.get("auto_time"):
+                _first_family_ended(loop_config, family)
 
-                error = redact_text(f"{type(exc).__name__}: {exc}")
-                print(f"trainflow: {family} failed in the shared run, the next family trains: {error}", flush=True)
-                write_text(
-                    join(config["run_dir"], FAILED_FILE),
-                    json.dumps({"error": error[:4000], "traceback": redact_text(traceback.format_exc())[-8000:]}),
-                )
+    def _train(self, loop_config: dict[str, Any], family: str, folder: str, train_fn, latest) -> None:
+        import json
+        import traceback
+
+        from trainflow.redact import redact_text
+        from trainflow.storage import join, write_text
+
+        mine = loop_config["jobs"][folder]
+        config = {**loop_config, **mine, "run_dir": join(loop_config["run_dir"], folder)}
+        try:
+            FoldLoop(train_fn).train(
+                config, latest, loop_config["run_dir"], int(mine.get("folds_after", 0)), (family, folder)
+            )
+        except Exception as exc:  # noqa: BLE001 - this family fails alone; the next one trains
+            error = redact_text(f"{type(exc).__name__}: {exc}")
+            print(f"trainflow: {family} failed in the shared run, the next family trains: {error}", flush=True)
+            write_text(
+                join(config["run_dir"], FAILED_FILE),
+                json.dumps({"error": error[:4000], "traceback": redact_text(traceback.format_exc())[-8000:]}),
+            )
+
+
+def _first_family_ended(loop_config: dict[str, Any], family: str) -> None:
+    """train.time_limit auto in a shared run: the first family trained in T1 seconds (since the training started),
+    so the others share max(T1, floor - T1) from now: the deadline on the driver's board (as TimeShare sets it)."""
+    import time
+
+    board, rule = loop_config.get("deadline_board"), loop_config["auto_time"]
+    if board is None:
+        return
+    done_s = time.time() - float(rule["started_at"])
+    floor = float(rule["floor_s"])
+    share = max(done_s, floor - done_s)
+    why = (
+        f"train.time_limit auto ({family} trained in {done_s:.0f} s, so the other families share {share:.0f} s: "
+        f"training takes at most max(twice the first family's time, {floor:.0f} s))"
+    )
+    try:
+        ray.get(board.set.remote(loop_config["run_dir"], time.time() + share, why), timeout=30)
+    except Exception:  # noqa: BLE001 - a board gone (the driver with it) is no deadline, never a failed run
+        pass
