@@ -397,24 +397,26 @@ def _train_fold_jobs(
             "; ".join(f"{f} folds {', '.join(map(str, j['folds']))}" for f, j in fams.items()),
         )
         return {f: [done[(f, k)] for k in j["folds"]] for f, j in fams.items()}, {}
-    for f, j in fams.items():
+    # a shared run's families that finished every fold before (a rerun) are not in this fit
+    todo = {f: j for f, j in fams.items() if not all(done[(f, k)] for k in j["folds"])}
+    for f, j in todo.items():
         j["mlflow"] = open_run(config, j["run"], f)
         j["progress"] = ProgressLine(f, j["budget"].limit, j["budget"].unit, len(prepared.folds or []))
     logged: set[tuple[str, Any, int]] = set()
-    only = next(iter(fams))
+    only = next(iter(todo))
 
     def on_report(metrics: dict[str, Any]) -> None:
         f = metrics.get(FAMILY, only)
-        if f not in fams:
+        if f not in todo:
             return
         log.info(fams[f]["progress"](metrics))
         log_rows(config.mlflow.tracking_uri, fams[f]["mlflow"], [fold_row(metrics)])
         logged.add((f, metrics.get(FOLD), int(metrics.get("epoch", -1))))
 
-    what = "; ".join(f"{f}: {j['budget'].describe()}" for f, j in fams.items())
+    what = "; ".join(f"{f}: {j['budget'].describe()}" for f, j in todo.items())
     log.info(
         "training %s %sin one Ray Train run %s: %s worker(s)%s; %s each; storage %s",
-        ", ".join(f"{f} (folds {', '.join(map(str, j['folds']))})" for f, j in fams.items()),
+        ", ".join(f"{f} (folds {', '.join(map(str, j['folds']))})" for f, j in todo.items()),
         "one family after another " if shared else "",
         run_name,
         "1" if shared else config.scaling.workers_label,
@@ -425,7 +427,7 @@ def _train_fold_jobs(
     seen = {d: len(read_events(d)) for d in [path, *keyed.values()]}
     earlier = {key: checkpoint_folders(d) for key, d in keyed.items()}
     if shared:  # a failure an earlier attempt recorded is tried again
-        for j in fams.values():
+        for j in todo.values():
             fs, inner = filesystem_for(join(j["home"], FAILED_FILE))
             if fs.get_file_info(inner).type == FileType.File:
                 fs.delete_file(inner)
@@ -434,12 +436,12 @@ def _train_fold_jobs(
     with watch_progress(on_report) as callback:
         if shared:
             trainer = build_shared_trainer(
-                {f: config.for_family(f) for f in fams},
+                {f: config.for_family(f) for f in todo},
                 prepared.preprocessor,
                 run_name,
-                [(f, j["run"][len(run_name) + 1 :], j["folds"], j["after"]) for f, j in fams.items()],
-                {k: prepared.folds[k] for k in sorted({k for j in fams.values() for k in j["folds"]})},
-                {f: j["lineage"] for f, j in fams.items()},
+                [(f, j["run"][len(run_name) + 1 :], j["folds"], j["after"]) for f, j in todo.items()],
+                {k: prepared.folds[k] for k in sorted({k for j in todo.values() for k in j["folds"]})},
+                {f: j["lineage"] for f, j in todo.items()},
                 callbacks=[callback],
                 cache_shards=prepared.materialized,
                 auto_time=auto_time,
@@ -475,7 +477,7 @@ def _train_fold_jobs(
     outcomes: dict[str, list[TrainOutcome]] = {}
     failed: dict[str, str] = {}
     for f, j in fams.items():
-        why = _failed_in_shared_run(f, j, reported) if shared else None
+        why = _failed_in_shared_run(f, j, reported) if shared and f in todo else None
         if why:
             failed[f] = why
             log.warning("%s failed in the shared run %s, the other families are kept: %s", f, run_name, why)
@@ -528,11 +530,16 @@ def _finish_folds(
         remove_left_over(
             folder, earlier[(family, k) if shared else k], {folder_name(c["path"]) for c in outcome.checkpoints}, name
         )
-        log_rows(
-            config.mlflow.tracking_uri,
-            job["mlflow"],
-            [fold_row({**h, FOLD: k}) for h in outcome.history if (family, k, int(h.get("epoch", -1))) not in logged],
-        )
+        if "mlflow" in job:  # trained in this fit (a family every fold of which finished before has none)
+            log_rows(
+                config.mlflow.tracking_uri,
+                job["mlflow"],
+                [
+                    fold_row({**h, FOLD: k})
+                    for h in outcome.history
+                    if (family, k, int(h.get("epoch", -1))) not in logged
+                ],
+            )
         outcomes.append(outcome)
         if done[(family, k)] is None:
             write_text(
@@ -540,7 +547,7 @@ def _finish_folds(
                 json.dumps({"lineage": job["lineage"], "budget": budget, "outcome": asdict(outcome)}, default=str),
             )
     resized = run_resizes(theirs)
-    if resized:
+    if resized and "mlflow" in job:
         outcomes[0].resizes = resized
         tag_run(
             config.mlflow.tracking_uri, job["mlflow"], "trainflow.resizes", "; ".join(map(describe_resize, resized))

@@ -155,7 +155,8 @@ class FamiliesLoop:
         for i, (family, folder, train_fn) in enumerate(self.jobs):
             if i < start:  # trained (or failed) before the restart
                 continue
-            self._train(loop_config, family, folder, train_fn, latest if i == start else None)
+            # the latest checkpoint resumes its own family's fold only (one of a family not in this fit: none)
+            self._train(loop_config, family, folder, train_fn, latest if folder == at else None)
             if i == 0 and loop_config.get("auto_time"):
                 _first_family_ended(loop_config, family)
 
