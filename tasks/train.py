@@ -76,7 +76,16 @@ def check_resume(config: Config, fingerprint: str, runs: dict[str, str | list[st
             )
 
 
-@task(name="train", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
+# the training tasks' retries (the flow sets failure.task_retries and retry_delay_s per run)
+RETRIED = {
+    "retries": 2,
+    "retry_delay_seconds": 5,
+    "retry_condition_fn": retry_unless_user_error,
+    "cache_policy": NO_CACHE,
+}
+
+
+@task(name="train", **RETRIED)
 def train(prepared: Prepared, config: Config, run_name: str, family: str | None = None) -> TrainOutcome:
     """Fit one model family (default: the first of model.type) with its Ray Train trainer; a rerun with the
     same run_name resumes from its latest checkpoint; its workers stop at the deadline the caller wrote into the run's
@@ -310,13 +319,7 @@ def _fold_outcome(
     )
 
 
-@task(
-    name="train-folds",
-    retries=2,
-    retry_delay_seconds=5,
-    retry_condition_fn=retry_unless_user_error,
-    cache_policy=NO_CACHE,
-)
+@task(name="train-folds", **RETRIED)
 def train_folds(prepared: Prepared, config: Config, run_name: str, family: str, folds: list[int]) -> list[TrainOutcome]:
     """Fit a family's folds (cross-fitting) one after another inside one Ray Train run (trainer/session.py): Ray
     Train's start is paid once for all of them. Each fold keeps its checkpoints, events and finished record in its own
@@ -326,13 +329,7 @@ def train_folds(prepared: Prepared, config: Config, run_name: str, family: str, 
     return _train_fold_jobs(prepared, config, run_name, [(family, run_name, folds, 0)])[0][family]
 
 
-@task(
-    name="train-shared",
-    retries=2,
-    retry_delay_seconds=5,
-    retry_condition_fn=retry_unless_user_error,
-    cache_policy=NO_CACHE,
-)
+@task(name="train-shared", **RETRIED)
 def train_shared(
     prepared: Prepared,
     config: Config,
