@@ -326,7 +326,7 @@ def train_folds(prepared: Prepared, config: Config, run_name: str, family: str, 
     folder of the run (<run>/fold<k>); a rerun with the same run_name trains no finished fold again and resumes the
     one it was in from that fold's latest checkpoint. One MLflow run holds every fold's metrics (fold<k>/val_loss).
     Returns the folds' outcomes in the order of folds, each named <run_name>-fold<k>."""
-    return _train_fold_jobs(prepared, config, run_name, [(family, run_name, folds, 0)])[0][family]
+    return train_shared.fn(prepared, config, run_name, [(family, run_name, folds, 0)])[0][family]
 
 
 @task(name="train-shared", **RETRIED)
@@ -342,17 +342,8 @@ def train_shared(
     later fit of the run trains); auto_time: train.time_limit auto's rule (FamiliesLoop). Each family
     keeps its folders, MLflow run and finished records as train_folds gives them; a rerun resumes the family and fold
     it was in. Returns ({family: its folds' outcomes}, {family: why it failed}): a family whose code raised, or whose
-    loss diverged, is left out and the others are kept."""
-    return _train_fold_jobs(prepared, config, run_name, jobs, auto_time)
-
-
-def _train_fold_jobs(
-    prepared: Prepared,
-    config: Config,
-    run_name: str,
-    jobs: list[tuple[str, str, list[int], int]],
-    auto_time: dict[str, float] | None = None,
-) -> tuple[dict[str, list[TrainOutcome]], dict[str, str]]:
+    loss diverged, is left out and the others are kept. One job whose run is run_name itself is train_folds' one
+    family, trained as its own run (its code's error fails the task)."""
     ensure_ray(**config.ray_start)
     check_fits(config.scaling.model_dump())
     log = get_run_logger()
