@@ -18,7 +18,7 @@ from trainflow.tasks.mlflow_run import log_rows, open_run, tag_run
 from trainflow.tasks.values import Prepared, TrainOutcome
 from trainflow.trainer.checkpoint import METRICS_FILE, read_metrics
 from trainflow.trainer.deadline import TIME_LIMITED
-from trainflow.trainer.loop import STOP_REASON
+from trainflow.trainer.steps import STOP_REASON
 from trainflow.trainer.progress import ProgressLine, watch_progress
 from trainflow.trainer.recovery import (
     describe_resize,

@@ -215,17 +215,17 @@ def test_a_cached_shard_visits_every_row_once_in_the_same_number_of_steps_whatev
 def test_report_schedule_groups_steps_and_keeps_the_best_one(monkeypatch):
     # one policy for epochs and boosting rounds: due at the last step or once min_interval_s has passed; a due report
     # covers the best step since the previous report first; rank 0's decision (the agree call) is what every rank does
-    from trainflow.trainer import reporting
+    from trainflow.trainer import steps
 
     clock = [0.0]
-    monkeypatch.setattr(reporting.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(steps.time, "monotonic", lambda: clock[0])
     decisions = []
 
     def agree(decision):
         decisions.append(decision)
         return decision
 
-    schedule = reporting.ReportSchedule(min_interval_s=5.0, start=0, agree=agree)
+    schedule = steps.ReportSchedule(min_interval_s=5.0, start=0, agree=agree)
     reports = []
     for step in range(12):
         clock[0] += 1.0
@@ -235,7 +235,7 @@ def test_report_schedule_groups_steps_and_keeps_the_best_one(monkeypatch):
     assert reports == [[2, 4], [9], [11]]  # every 5 s; the best step (2) reported before step 4, once only
     assert len(decisions) == 12  # decide_every_s 0: a decision per step
     # boosting rounds: a decision about every decide_every_s of training, the last round always decided
-    resumed = reporting.ReportSchedule(min_interval_s=0.0, start=100, agree=agree, decide_every_s=0.25)
+    resumed = steps.ReportSchedule(min_interval_s=0.0, start=100, agree=agree, decide_every_s=0.25)
     decisions.clear()
     due = []
     for step in range(100, 200):
@@ -247,6 +247,70 @@ def test_report_schedule_groups_steps_and_keeps_the_best_one(monkeypatch):
     assert resumed.to_report(150, best_step=99) == [
         150
     ]  # a best step inside the checkpoint resumed from is not reported again
+
+
+def test_the_step_runner_reports_the_best_step_it_held_back_then_stops_early_or_at_the_deadline(monkeypatch, capsys):
+    # every family's loop runs by trainer/steps.py: a due step's report is preceded by the best step since the last
+    # report (its state captured when it was the best, not when reported); early stopping ends the run and says so;
+    # a deadline ends it at the step it passed, reported with TIME_LIMITED; a family without a stopper (CatBoost, the
+    # forest) gets no checkpoint reports from it, and limited_at says where its time ran out
+    from types import SimpleNamespace
+
+    from trainflow.trainer import steps
+    from trainflow.trainer.budget import EarlyStopping
+    from trainflow.trainer.deadline import TIME_LIMITED
+
+    clock = [0.0]
+    monkeypatch.setattr(steps.time, "monotonic", lambda: clock[0])
+    loop_config = {"config": SimpleNamespace(checkpoint=SimpleNamespace(min_interval_s=5.0))}
+    losses = [5.0, 4.0, 1.0, 3.0, 3.5, 3.2, 3.1, 3.3, 3.4]
+    history, reports, captured = [], [], []
+    runner = steps.Steps(loop_config, "epoch", 0, 20, history, EarlyStopping("min", 4, 0.0))
+
+    def capture(step):
+        captured.append(step)
+        return f"state of {step}"
+
+    for step, loss in enumerate(losses):
+        clock[0] += 1.0
+        row = {"epoch": step, "val_loss": loss}
+        report = lambda state, at, limited: reports.append((at, state, limited))  # noqa: E731
+        if runner.after(step, row, report, lambda step=step: capture(step)):
+            break
+    # due at 5 s (step 4): the best (2) first with the state taken at step 2, then step 4; step 6 the 4th round
+    # without improvement: the last, reported
+    assert reports == [(2, "state of 2", False), (4, "state of 4", False), (6, "state of 6", False)]
+    assert captured == [0, 1, 2, 4, 6] and len(history) == 7 and runner.finished
+    assert "trainflow early stopping at epoch 6: val_loss has not improved for 4 epoch(s); best 1 at epoch 2" in (
+        capsys.readouterr().out
+    )
+
+    # the deadline: passed once the clock reaches 3 s
+    monkeypatch.setattr(steps, "rank_zero_deadline", lambda loop_config, rank: lambda next_s: clock[0] >= 3.0)
+    clock[0], reports = 0.0, []
+    runner = steps.Steps(loop_config, "round", 0, 20, [], EarlyStopping("min", None, 0.0))
+    ended = []
+    for step in range(20):
+        clock[0] += 1.0
+        report = lambda state, at, limited: reports.append(runner.limited({"epoch": at}, at, limited))  # noqa: E731
+        if runner.after(step, {"epoch": step, "val_loss": 1.0 / (step + 1)}, report):
+            ended.append(step)
+            break
+    assert ended == [2] and reports == [{"epoch": 2, TIME_LIMITED: 2}] and runner.limited_at == 2
+    assert "stopping after round 2 with the best so far" in capsys.readouterr().out
+    # no stopper: progress only (session.report of the row, outside Ray Train here: recorded), the family reports
+    # its one checkpoint itself
+    progress = []
+    monkeypatch.setattr(steps.session, "report", lambda metrics, **kw: progress.append(metrics["epoch"]))
+    clock[0] = 0.0
+    runner = steps.Steps(
+        {"config": SimpleNamespace(checkpoint=SimpleNamespace(min_interval_s=0.0))}, "tree round", 0, 8, []
+    )
+    for step in range(8):
+        clock[0] += 1.0
+        if runner.after(step, {"epoch": step}, next_step_s=1.0):
+            break
+    assert progress == [0, 1, 2] and runner.limited_at == 2  # the deadline (3 s) passed at step 2: its row the last
 
 
 def test_every_fit_of_a_process_shares_one_progress_queue_and_gets_only_its_own_reports_in_order():

@@ -20,20 +20,12 @@ from trainflow.config import Config, TrainSection
 from trainflow.preprocessors.tabular import FEATURES, LABEL, TabularPreprocessor
 from trainflow.trainer import session
 from trainflow.trainer.budget import EarlyStopping, lr_factor, resolve_budget
-from trainflow.trainer.deadline import TIME_LIMITED
 from trainflow.trainer.metrics import compute_metrics
 from trainflow.trainer.checkpoint import load_train_state, load_weights, read_metrics, save_checkpoint
 from trainflow.trainer.families.network import model_for
-from trainflow.trainer.reporting import (
-    ReportSchedule,
-    rank_zero_deadline,
-    record_start,
-    record_time_limit,
-    report_step,
-)
+from trainflow.trainer.reporting import record_start, report_step
+from trainflow.trainer.steps import Steps
 from trainflow.trainer.watchdog import heartbeat
-
-STOP_REASON = "stop_reason"
 
 
 def _distributed() -> bool:
@@ -291,8 +283,8 @@ def _snapshot(model, optimizer, scheduler, stopper: EarlyStopping, epoch, seed, 
     )
 
 
-def _report(state: EpochState, rank: int, loop_config: dict[str, Any]) -> None:
-    """One Ray Train report with its checkpoint, written by rank 0 (uploaded as checkpoint.upload says)."""
+def _report(state: EpochState, rank: int, loop_config: dict[str, Any], metrics: dict[str, Any]) -> None:
+    """One Ray Train report of state with its checkpoint, written by rank 0 (uploaded as checkpoint.upload says)."""
     config = loop_config["config"]
 
     def write(folder: str) -> None:
@@ -300,14 +292,14 @@ def _report(state: EpochState, rank: int, loop_config: dict[str, Any]) -> None:
             folder,
             state.model,
             state.train_state,
-            state.metrics,
+            metrics,
             state.history,
             loop_config["preprocessor"],
             config.to_dict(),
             loop_config.get("lineage"),
         )
 
-    report_step(state.metrics, rank, write, config, loop_config.get("run_dir") or "")
+    report_step(metrics, rank, write, config, loop_config.get("run_dir") or "")
     heartbeat(f"the report of epoch {state.epoch}")
 
 
@@ -372,16 +364,23 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
     train_shard = session.dataset_shard("train")
     val_shard = session.dataset_shard("val")
     cache = loop_config.get("cache_shards", False)
-    metric = cfg.checkpoint.metric
-    schedule = ReportSchedule(
-        cfg.checkpoint.min_interval_s,
+    steps = Steps(
+        loop_config,
+        "epoch",
         start_epoch,
-        functools.partial(_agree, device=device),
-        deadline=rank_zero_deadline(loop_config, rank),
+        epochs,
+        history,
+        stopper,
+        rank=rank,
+        agree=functools.partial(_agree, device=device),
+        metric=cfg.checkpoint.metric,
     )
-    pending_best = None  # the best epoch since the last report, kept until that report
-    if stopper.should_stop:
+    if steps.finished:
         return history
+
+    def report(state: EpochState, epoch: int, limited: bool) -> None:
+        _report(state, rank, loop_config, steps.limited(state.metrics, epoch, limited))
+
     for epoch in range(start_epoch, epochs):
         # the first epoch of an attempt waits for its shard's first block (a streaming split starting up): start-up
         heartbeat(f"the start of epoch {epoch}", startup=epoch == start_epoch)
@@ -403,46 +402,22 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
             generator,
             streamed,
         )
-        epoch_time = time.perf_counter() - t0
         metrics = {
             "epoch": epoch,
             "train_loss": train_loss,
-            "epoch_time_s": epoch_time,
+            "epoch_time_s": time.perf_counter() - t0,
             "learning_rate": optimizer.param_groups[0]["lr"],
             "workers": ctx.get_world_size(),  # an elastic run's worker count, epoch by epoch (MLflow's `workers`)
         }
         if not math.isfinite(train_loss):
-            # Reported, not raised: a raise would be retried by FailureConfig, and NaN does not heal.
-            if pending_best is not None:
-                _report(pending_best, rank, loop_config)
-            session.report(
-                {**metrics, STOP_REASON: f"train loss became {train_loss} at epoch {epoch}"}, checkpoint=None
-            )
+            steps.diverged(epoch, metrics, f"train loss became {train_loss} at epoch {epoch}", report)
             return history
         metrics.update(validate_epoch(model, val_shard, _loss_fn(task), task, prep, max(batch_size * 4, 1024), device))
-        history.append(metrics)
-        improved = stopper.update(metrics.get(metric, float("nan")), epoch)
+
+        def capture(epoch=epoch, metrics=metrics) -> EpochState:
+            return _snapshot(model, optimizer, scheduler, stopper, epoch, seed, metrics, history)
+
         # an epoch that could not end before the run's deadline is not started (its time: this one's, validation included)
-        if not schedule.due(epoch, epoch == epochs - 1 or stopper.should_stop, time.perf_counter() - t0):
-            if improved:
-                pending_best = _snapshot(model, optimizer, scheduler, stopper, epoch, seed, metrics, history)
-            continue
-        for step in schedule.to_report(epoch, stopper.best_epoch):
-            if step != epoch and pending_best is not None:
-                _report(pending_best, rank, loop_config)
-        pending_best = None
-        reported = {**metrics, TIME_LIMITED: epoch} if schedule.expired else metrics  # the result says it stopped here
-        _report(_snapshot(model, optimizer, scheduler, stopper, epoch, seed, reported, history), rank, loop_config)
-        schedule.reported_through(epoch)
-        if schedule.expired:
-            if rank == 0:
-                record_time_limit(loop_config, epoch, "epoch")
-            break
-        if stopper.should_stop:
-            if rank == 0:
-                print(
-                    f"trainflow early stopping at epoch {epoch}: {metric} has not improved for {stopper.bad_epochs} "
-                    f"epoch(s); best {stopper.best:.6g} at epoch {stopper.best_epoch}"
-                )
+        if steps.after(epoch, metrics, report, capture, next_step_s=time.perf_counter() - t0):
             break
     return history

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -24,16 +23,10 @@ from trainflow.config import Config, ModelSection, ScalingSection
 from trainflow.preprocessors.tabular import FEATURES, LABEL, TabularPreprocessor
 from trainflow.trainer import session
 from trainflow.trainer.budget import Budget, EarlyStopping
-from trainflow.trainer.deadline import TIME_LIMITED
 from trainflow.trainer.checkpoint import read_metrics, write_common
 from trainflow.trainer.metrics import compute_metrics
-from trainflow.trainer.reporting import (
-    ReportSchedule,
-    rank_zero_deadline,
-    record_start,
-    record_time_limit,
-    report_step,
-)
+from trainflow.trainer.reporting import record_start, report_step
+from trainflow.trainer.steps import Steps
 from trainflow.trainer.watchdog import heartbeat
 
 STATE_JSON = "train_state.json"
@@ -70,8 +63,9 @@ def shard_arrays(shard) -> tuple[np.ndarray, np.ndarray]:
 
 
 class RoundReporter:
-    """Per boosting round: the history, early stopping on the validation loss, and Ray Train reports when the shared
-    ReportSchedule says so (a report of the best round since the last one is the model cut at that round)."""
+    """A booster's callback per boosting round, on the shared step runner (trainer/steps.py): the round's row, early
+    stopping on the validation loss, and the reports it decides (a report of the best round since the last one is the
+    model cut at that round: nothing is captured)."""
 
     def __init__(
         self,
@@ -86,69 +80,54 @@ class RoundReporter:
         save: Callable[[Any, int, Path], None],
         predict: Callable[[Any, int], np.ndarray],
     ):
-        self.loop_config, self.family, self.prep, self.budget = loop_config, family, prep, budget
+        self.loop_config, self.family, self.prep = loop_config, family, prep
         self.cfg: Config = loop_config["config"]
-        self.history, self.stopper = history, stopper
         self.y_val, self.save, self.predict = y_val, save, predict
         ctx = ray.train.get_context()
         self.rank, self.workers = ctx.get_world_rank(), ctx.get_world_size()
-        self.schedule = ReportSchedule(
-            self.cfg.checkpoint.min_interval_s,
+        self.steps = Steps(
+            loop_config,
+            "round",
             start_round,
-            _agree if ctx.get_world_size() > 1 else list,
-            DECISION_S,
-            rank_zero_deadline(loop_config, self.rank),
+            budget.limit,
+            history,
+            stopper,
+            rank=self.rank,
+            agree=_agree if self.workers > 1 else list,
+            decide_every_s=DECISION_S,
         )
-        self.round_start = time.perf_counter()
 
     def after_round(self, model: Any, rnd: int, train_loss: float, val_loss: float) -> bool:
         """Record round rnd; report when due; True when training should stop."""
         heartbeat(f"boosting round {rnd}")
-        now = time.perf_counter()
-        self.history.append(
-            {
-                "epoch": rnd,
-                "train_loss": float(train_loss),
-                "val_loss": float(val_loss),
-                "epoch_time_s": now - self.round_start,
-                "workers": self.workers,
-            }
+        row = {
+            "epoch": rnd,
+            "train_loss": float(train_loss),
+            "val_loss": float(val_loss),
+            "epoch_time_s": self.steps.step_time(),
+            "workers": self.workers,
+        }
+        return self.steps.after(
+            rnd, row, lambda _, step, limited: self._report(model, step, limited), last=not math.isfinite(val_loss)
         )
-        self.round_start = now
-        self.stopper.update(val_loss, rnd)
-        last = rnd >= self.budget.limit - 1 or self.stopper.should_stop or not math.isfinite(val_loss)
-        if self.schedule.due(rnd, last):
-            self._report_up_to(model, rnd)
-        if last and self.rank == 0 and self.stopper.should_stop:
-            print(
-                f"trainflow early stopping at round {rnd}: validation loss has not improved for "
-                f"{self.stopper.bad_epochs} round(s); best {self.stopper.best:.6g} at round {self.stopper.best_epoch}"
-            )
-        if self.schedule.expired and self.rank == 0:
-            record_time_limit(self.loop_config, rnd, "round")
-        return last or self.schedule.expired
 
-    def _report_up_to(self, model: Any, rnd: int) -> None:
-        for step in self.schedule.to_report(rnd, self.stopper.best_epoch):
-            self._report(model, step, limited=self.schedule.expired and step == rnd)
-        self.schedule.reported_through(rnd)
-
-    def _report(self, model: Any, rnd: int, limited: bool = False) -> None:
+    def _report(self, model: Any, rnd: int, limited: bool) -> None:
         """One Ray Train report of the model cut at round rnd, with its checkpoint from rank 0 (limited: the last,
         the run's time share spent)."""
-        history = [h for h in self.history if h["epoch"] <= rnd]
-        metrics: dict[str, Any] = {"epoch": rnd, **({TIME_LIMITED: rnd} if limited else {})}
+        history = [h for h in self.steps.history if h["epoch"] <= rnd]
+        metrics: dict[str, Any] = self.steps.limited({"epoch": rnd}, rnd, limited)
         if self.rank == 0:
             out = self.predict(model, rnd)
             metrics.update(compute_metrics(self.prep.task, out, self.y_val, self.prep))
             metrics["train_loss"] = float(history[-1]["train_loss"])
+        stopper = self.steps.stopper
 
         def write(folder: str) -> None:
             self.save(model, rnd, Path(folder))
             state = {
                 "epoch": rnd,
                 "seed": self.cfg.split.seed,
-                "early_stopping": self.stopper.state(),
+                "early_stopping": stopper.state(),
                 "family": self.family,
             }
             (Path(folder) / STATE_JSON).write_text(json.dumps(state))

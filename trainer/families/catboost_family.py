@@ -148,53 +148,44 @@ def snapshot_uri(run_dir: str, lineage: dict[str, str] | None) -> str:
 
 
 class Progress:
-    """CatBoost's callback: the history per round, the watchdog's heartbeat, progress reports when the shared
-    ReportSchedule says (checkpoint.min_interval_s), a copy of each new snapshot in storage, and the run's deadline
-    through the same schedule (False stops the fit; CatBoost then keeps its best iteration)."""
+    """CatBoost's callback on the shared step runner (trainer/steps.py): the history per round, the watchdog's
+    heartbeat, progress reports when the runner says (checkpoint.min_interval_s), a copy of each new snapshot in
+    storage, and the run's deadline (False stops the fit; CatBoost then keeps its best iteration). CatBoost stops early
+    itself: the runner has no stopper, and the model is reported once, at the end."""
 
     def __init__(
-        self, task: str, history: list[dict[str, float]], local: Path, remote: str, loop_config: dict[str, Any]
+        self,
+        task: str,
+        history: list[dict[str, float]],
+        local: Path,
+        remote: str,
+        loop_config: dict[str, Any],
+        rounds: int,
     ):
         self.task, self.history, self.local, self.remote = task, history, local, remote
-        from trainflow.trainer import session
-        from trainflow.trainer.reporting import ReportSchedule, rank_zero_deadline, record_time_limit
+        from trainflow.trainer.steps import Steps
         from trainflow.trainer.watchdog import heartbeat
 
         # the training imports once per fit, not per round (this module also serves, where none of them exists)
-        self.report, self.record_time_limit, self.heartbeat = session.report, record_time_limit, heartbeat
-        self.loop_config = loop_config
-        # the schedule every family's loop reports by (one process: nothing to agree on), with the run's deadline
-        self.schedule = ReportSchedule(
-            loop_config["config"].checkpoint.min_interval_s, len(history), list, 0.0, rank_zero_deadline(loop_config, 0)
-        )
+        self.heartbeat = heartbeat
+        self.steps = Steps(loop_config, "round", len(history), rounds, history)
         self.last_copy = 0.0
         self.copied_mtime = 0.0
-        self.round_start = time.perf_counter()
 
     def after_iteration(self, info) -> bool:
         rnd = int(info.iteration) - 1  # CatBoost counts from 1, trainflow's rounds from 0
         self.heartbeat(f"boosting round {rnd}")
-        now = time.perf_counter()
         del self.history[rnd:]  # rounds after the snapshot a restarted fit continues from are trained again
         learn, val = info.metrics["learn"], info.metrics["validation"]
-        self.history.append(
-            {
-                "epoch": rnd,
-                "train_loss": loss_from_metric(self.task, next(iter(learn.values()))[-1]),
-                "val_loss": loss_from_metric(self.task, next(iter(val.values()))[-1]),
-                "epoch_time_s": now - self.round_start,
-            }
-        )
-        self.round_start = now
-        if now - self.last_copy >= SNAPSHOT_S:
+        row = {
+            "epoch": rnd,
+            "train_loss": loss_from_metric(self.task, next(iter(learn.values()))[-1]),
+            "val_loss": loss_from_metric(self.task, next(iter(val.values()))[-1]),
+            "epoch_time_s": self.steps.step_time(),
+        }
+        if time.perf_counter() - self.last_copy >= SNAPSHOT_S:
             self.copy_snapshot()
-        if self.schedule.due(rnd, False):  # a progress report (CatBoost's model is reported once, at the end)
-            self.schedule.reported_through(rnd)
-            self.report(dict(self.history[-1]))
-        if self.schedule.expired:
-            self.record_time_limit(self.loop_config, rnd, "round")
-            return False
-        return True
+        return not self.steps.after(rnd, row)
 
     def copy_snapshot(self) -> None:
         """The latest snapshot CatBoost wrote, and the history, to storage (written whole: temp + rename locally)."""
@@ -257,7 +248,7 @@ def train_fn(loop_config: dict[str, Any]) -> None:
                 f"trainflow budget: up to {params['iterations']} boosting round(s) over {len(y)} training rows, "
                 f"{threads} thread(s), learning rate {params.get('learning_rate', 'chosen by CatBoost')}"
             )
-        progress = Progress(prep.task, history, local, remote, loop_config)
+        progress = Progress(prep.task, history, local, remote, loop_config, params["iterations"])
         model = CatBoost(params)
         model.fit(
             train_pool,
@@ -273,7 +264,7 @@ def train_fn(loop_config: dict[str, Any]) -> None:
             **compute_metrics(prep.task, catboost_outputs(model, prep, x_val), y_val.astype(np.float32), prep),
         }
         metrics["train_loss"] = float(history[min(best, len(history) - 1)]["train_loss"]) if history else float("nan")
-        if progress.schedule.expired:  # the result says where the time ran out
+        if progress.steps.limited_at is not None:  # the result says where the time ran out
             metrics[TIME_LIMITED] = len(history) - 1
         out = work / "checkpoint"
         out.mkdir()

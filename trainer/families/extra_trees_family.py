@@ -143,7 +143,8 @@ def train_fn(loop_config: dict[str, Any]) -> None:
     from trainflow.trainer.deadline import TIME_LIMITED
     from trainflow.trainer.families._trees import shard_arrays
     from trainflow.trainer.metrics import compute_metrics
-    from trainflow.trainer.reporting import ReportSchedule, rank_zero_deadline, record_start, record_time_limit
+    from trainflow.trainer.reporting import record_start
+    from trainflow.trainer.steps import Steps
     from trainflow.trainer.watchdog import heartbeat
 
     cfg: Config = loop_config["config"]
@@ -160,12 +161,11 @@ def train_fn(loop_config: dict[str, Any]) -> None:
     y_fit = y.astype(np.int64) if prep.task == "classification" else y.astype(np.float64)
     print(f"trainflow budget: {total} trees in {ROUNDS} rounds over {len(y)} training rows, {threads} thread(s)")
     model = _estimator(prep.task, params, cfg.split.seed, threads)
-    schedule = ReportSchedule(cfg.checkpoint.min_interval_s, 0, list, 0.0, rank_zero_deadline(loop_config, 0))
     history: list[dict[str, float]] = []
+    steps = Steps(loop_config, "tree round", 0, ROUNDS, history)  # progress reports; the forest's one at the end
     seen = slice(0, min(len(y), LOSS_ROWS))
     work = Path(tempfile.mkdtemp(prefix="trainflow-extra-trees-"))
     try:
-        round_s, limited = 0.0, None
         for rnd in range(ROUNDS):
             heartbeat(f"growing trees, round {rnd}")
             began = time.perf_counter()
@@ -174,17 +174,10 @@ def train_fn(loop_config: dict[str, Any]) -> None:
             val = compute_metrics(prep.task, _outputs(model, prep, x_val), y_val.astype(np.float32), prep)
             fit = compute_metrics(prep.task, _outputs(model, prep, x[seen]), y[seen].astype(np.float32), prep)
             round_s = time.perf_counter() - began
-            history.append(
-                {"epoch": rnd, "train_loss": fit["val_loss"], "val_loss": val["val_loss"], "epoch_time_s": round_s}
-            )
-            last = rnd == ROUNDS - 1
-            if schedule.due(rnd, last, round_s) and not last:
-                schedule.reported_through(rnd)
-                session.report(dict(history[-1]))  # progress (the forest is reported once, at the end)
-            if schedule.expired and not last:
-                record_time_limit(loop_config, rnd, "tree round")
-                limited = rnd
+            row = {"epoch": rnd, "train_loss": fit["val_loss"], "val_loss": val["val_loss"], "epoch_time_s": round_s}
+            if steps.after(rnd, row, next_step_s=round_s):
                 break
+        limited = steps.limited_at
         predictor = _fitted(model, prep, work)  # the figures come from the forest as it serves
         metrics: dict[str, Any] = {
             "epoch": len(history) - 1,
