@@ -30,7 +30,7 @@ from trainflow.tasks.validate import validate_data
 from trainflow.trainer.deadline import MIN_RUN_S, TimeShare, deadline_entry, set_deadline
 from trainflow.limits import AUTO_FLOOR_S
 from trainflow.trainer.resources import concurrent_runs
-from trainflow.trainer.runner import run_dir, shares_one_run
+from trainflow.trainer.runner import run_dir, shared_scaling
 from trainflow.config import ENSEMBLE, Config
 from trainflow.errors import ConfigError, DataError, TrainingError, disk_full
 from trainflow.locks import run_lock
@@ -314,11 +314,23 @@ def _train_in_shared_run(
             share.ends_at, share.why = entry
     if len(failed) == len(runs) or (first in failed and all(f in failed or f in timed_out for f in runs)):
         raise TrainingError(f"every family failed in the shared run {name}: " + "; ".join(failed.values()))
+    return _kept(config, runs, trained, failed, timed_out), failed, timed_out, share
+
+
+def _kept(
+    config: Config,
+    runs: dict[str, str],
+    trained: dict[tuple[str, int], TrainOutcome],
+    failed: dict[str, str],
+    timed_out: dict[str, str],
+) -> dict[tuple[str, int], TrainOutcome]:
+    """The outcomes of the families neither failed nor left out by time; the MLflow runs of those the time left out
+    after they had started end KILLED."""
     for family in timed_out:
         if any(job[0] == family for job in trained):  # runs it had started end unused
             end_runs(config, [runs[family]], family, "KILLED")
     dropped = {**failed, **timed_out}
-    return {job: out for job, out in trained.items() if job[0] not in dropped}, failed, timed_out, share
+    return {job: out for job, out in trained.items() if job[0] not in dropped}
 
 
 def served_curves(family: str, k: int, trained: dict[tuple[str, int], TrainOutcome], built) -> list[dict[str, Any]]:
@@ -357,7 +369,7 @@ def shares_a_run(config: Config, prepared: Prepared, runs: dict[str, str], k: in
         and len(runs) > 1
         and sum(prepared.fold_rows) <= SHARED_ROWS
         and not any(prepared.budgets[f].external_memory for f in runs)
-        and shares_one_run({f: config.for_family(f) for f in runs})
+        and shared_scaling({f: config.for_family(f) for f in runs}) is not None
     )
 
 
@@ -480,10 +492,7 @@ def train_families(
                     set_deadline(folder(f), share.ends_at, share.why)
     if len(failed) == len(runs):
         raise errors[0]
-    for family in timed_out:
-        if any(job[0] == family for job in trained):  # runs it had started end unused
-            end_runs(config, [runs[family]], family, "KILLED")
-    dropped = {**failed, **timed_out}
-    if errors and all(job[0] in dropped for job in trained):  # the first family failed, the time left out the rest
+    kept = _kept(config, runs, trained, failed, timed_out)
+    if errors and not kept:  # the first family failed, the time left out the rest
         raise errors[0]
-    return {job: out for job, out in trained.items() if job[0] not in dropped}, failed, timed_out, share
+    return kept, failed, timed_out, share

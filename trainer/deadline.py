@@ -76,16 +76,19 @@ def set_deadline(run_dir: str, ends_at: float | None, why: str = "") -> None:
         ray.get(deadline_board(create=True, replace=board).set.remote(run_dir, ends_at, why))
 
 
+def _ask(board, run_dir: str) -> tuple[float | None, str] | None:
+    """What board holds for run_dir (ends_at: a finite number or None, why), or None when it does not answer."""
+    try:
+        ends_at, why = ray.get(board.get.remote(run_dir), timeout=CHECK_S)
+    except Exception:  # noqa: BLE001 - a board gone or not answering: no deadline, never a failed run
+        return None
+    return (float(ends_at) if isinstance(ends_at, (int, float)) and math.isfinite(ends_at) else None), str(why)
+
+
 def deadline_entry(run_dir: str) -> tuple[float | None, str] | None:
     """What the driver's board holds for run_dir now (ends_at, why), or None (no board, no entry)."""
     board = deadline_board()
-    if board is None:
-        return None
-    try:
-        ends_at, why = ray.get(board.get.remote(run_dir), timeout=CHECK_S)
-    except Exception:  # noqa: BLE001 - no entry or a board gone
-        return None
-    return (float(ends_at) if isinstance(ends_at, (int, float)) else None), str(why)
+    return None if board is None else _ask(board, run_dir)
 
 
 class Deadline:
@@ -108,14 +111,9 @@ class Deadline:
         if self.board is None or not self.run_dir or now - self.read_at < CHECK_S:
             return
         self.read_at = now
-        try:
-            ends_at, why = ray.get(self.board.get.remote(self.run_dir), timeout=CHECK_S)
-        except Exception:  # noqa: BLE001 - a board that does not answer is no deadline, never a failed run
-            self.ends_at = None
-            return
-        ends_at = float(ends_at) if isinstance(ends_at, (int, float)) and math.isfinite(ends_at) else None
+        ends_at, why = _ask(self.board, self.run_dir) or (None, self.why)
         self.ends_at = None if ends_at is None else self.started + (ends_at - self.started) / self.share
-        self.why = str(why)[:200]
+        self.why = why[:200]
 
     def passed(self, margin_s: float = 0.0) -> bool:
         """Whether the deadline falls within margin_s from now (the time the next step would take)."""

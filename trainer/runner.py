@@ -194,14 +194,14 @@ def _run_config(config: Config, run_name: str, scaling, folds: bool, storage_fil
     )
 
 
-def shares_one_run(configs: dict[str, Config]) -> bool:
-    """Whether these families (their configs) can share one Ray Train run (trainer/session.py FamiliesLoop): each
-    trains in one CPU worker of a fixed-size group."""
-    for config in configs.values():
-        scaling = family_for(config).worker_scaling(config.scaling)
-        if scaling.elastic or scaling.num_workers != 1 or scaling.use_gpu:
-            return False
-    return len(configs) > 1
+def shared_scaling(configs: dict[str, Config]) -> ScalingSection | None:
+    """The scaling of the one Ray Train run these families (their configs) can share (trainer/session.py
+    FamiliesLoop): one CPU worker holding the most CPUs any of them asks for; None when they cannot share one (fewer
+    than two, or one that is not a one-CPU-worker fixed-size fit)."""
+    scalings = [family_for(config).worker_scaling(config.scaling) for config in configs.values()]
+    if len(scalings) < 2 or any(s.elastic or s.num_workers != 1 or s.use_gpu for s in scalings):
+        return None
+    return max(scalings, key=lambda s: (s.resources_per_worker or {}).get("CPU", 1.0))
 
 
 def build_shared_trainer(
@@ -223,8 +223,7 @@ def build_shared_trainer(
     for; auto_time: train.time_limit auto's {"started_at", "floor_s"} (FamiliesLoop); train_fns: a family's per-worker
     loop replaced (fault tests)."""
     resolved = {f: c.for_family(family_for(c).name) for f, c in configs.items()}
-    scalings = {f: family_for(c).worker_scaling(c.scaling) for f, c in resolved.items()}
-    widest = max(scalings.values(), key=lambda s: (s.resources_per_worker or {}).get("CPU", 1.0))
+    widest = shared_scaling(resolved) or family_for(resolved[jobs[0][0]]).worker_scaling(resolved[jobs[0][0]].scaling)
     first = resolved[jobs[0][0]]
     loops = [(f, folder, (train_fns or {}).get(f) or family_for(resolved[f]).train_fn) for f, folder, _, _ in jobs]
     own = {
