@@ -101,9 +101,25 @@ def test_a_deadline_is_asked_of_the_drivers_board_and_a_missing_or_bad_one_is_no
     import ray
 
     ray.kill(board)
+    _until_dead(board)  # (ray.kill returns before the actor is gone: a call just after it may still be answered)
     set_deadline(str(tmp_path), 1020.0, "train.time_limit 70 s")
     assert deadline_board() is not board
     assert Deadline(deadline_board(), str(tmp_path), clock=clock).passed(margin_s=20.0)
+
+
+def _until_dead(actor, timeout_s: float = 30.0) -> None:
+    import time
+
+    import ray
+
+    give_up = time.monotonic() + timeout_s
+    while True:
+        try:
+            ray.get(actor.get.remote(""), timeout=10)
+        except ray.exceptions.RayActorError:
+            return
+        assert time.monotonic() < give_up, "the killed actor still answers"
+        time.sleep(0.1)
 
 
 @pytest.mark.usefixtures("ray_local")
