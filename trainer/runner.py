@@ -223,8 +223,8 @@ def build_shared_trainer(
     for; auto_time: train.time_limit auto's {"started_at", "floor_s"} (FamiliesLoop); train_fns: a family's per-worker
     loop replaced (fault tests)."""
     resolved = {f: c.for_family(family_for(c).name) for f, c in configs.items()}
-    widest = shared_scaling(resolved) or family_for(resolved[jobs[0][0]]).worker_scaling(resolved[jobs[0][0]].scaling)
     first = resolved[jobs[0][0]]
+    widest = shared_scaling(resolved) or family_for(first).worker_scaling(first.scaling)  # (one family: its own)
     loops = [(f, folder, (train_fns or {}).get(f) or family_for(resolved[f]).train_fn) for f, folder, _, _ in jobs]
     own = {
         folder: {

@@ -105,7 +105,7 @@ class Steps:
         decide_every_s: float = 0.0,
         metric: str = "val_loss",
     ):
-        self.loop_config, self.unit, self.limit, self.history = loop_config, unit, limit, history
+        self.unit, self.limit, self.history = unit, limit, history
         self.stopper, self.rank, self.metric = stopper, rank, metric
         self.schedule = ReportSchedule(
             loop_config["config"].checkpoint.min_interval_s,
@@ -188,6 +188,7 @@ class Steps:
             self.pending = None
         session.report({**row, STOP_REASON: reason}, checkpoint=None)
 
-    def limited(self, metrics: dict[str, Any], step: int, limited: bool) -> dict[str, Any]:
+    @staticmethod
+    def limited(metrics: dict[str, Any], step: int, limited: bool) -> dict[str, Any]:
         """A report's metrics, with TIME_LIMITED where the run's time ran out at this step."""
         return {**metrics, TIME_LIMITED: step} if limited else metrics
