@@ -187,8 +187,8 @@ def test_every_knob_reaches_ray_train(tmp_path):
     assert (
         build_trainer(scaled(**cpu, backend=None), prep, ds, ds, "knobs").backend_config.backend == "gloo"
     )  # Ray's default without
-    # the Ray trainflow started itself carries its Train settings: its few workers polled every 0.2 s (a cluster's
+    # the Ray trainflow started itself carries its Train settings: its few workers polled every 0.05 s (a cluster's
     # at 0.5 s), the preemption watcher off
     job_env = ray.get_runtime_context().runtime_env.get("env_vars", {})
-    assert job_env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "0.2"
+    assert job_env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "0.05"
     assert job_env["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "0"

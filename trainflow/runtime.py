@@ -26,11 +26,12 @@ _START_LOCK = threading.Lock()  # one ray.init at a time: the background start a
 TRAIN_ENV_DEFAULTS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
 # Only for a Ray this process starts itself: its one node is never drained by an autoscaler, so Ray
 # Train's preemption watcher (an extra actor process in every fit, polling Ray's drain state) has
-# nothing to watch, and it costs every fit a process. Its few workers are polled every 0.2 s: a bare
-# fit 7.2 -> 6.4 s, for about 1% of a core while training (docs/performance.md); a cluster's many
-# workers keep the 0.5 s poll.
+# nothing to watch, and it costs every fit a process. Its few workers are polled every 0.05 s: every
+# report waits for a poll (Ray Train's result queue holds one), so a small table's 35 fold reports took 7.4 s at
+# 0.2 s; the poll costs 0.015 / 0.054 more of a core than at 0.2 s with 1 / 2 workers (docs/performance.md); a
+# cluster's many workers keep the 0.5 s poll.
 # On an existing cluster (ray.address or RAY_ADDRESS) the watcher keeps Ray's default (on) and the poll 0.5 s.
-LOCAL_TRAIN_ENV_DEFAULTS = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2"}
+LOCAL_TRAIN_ENV_DEFAULTS = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.05"}
 
 
 class _KnownNotice(logging.Filter):
