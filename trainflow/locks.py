@@ -101,7 +101,13 @@ def prefect_server_configured() -> bool:
     """True when a Prefect API URL is configured (a server); False for local runs and the temporary server."""
     from prefect.settings import get_current_settings
 
-    return bool(get_current_settings().api.url)
+    url = get_current_settings().api.url
+    return bool(url) and TEMPORARY_API != [url]
+
+
+# the API URL of this process's running temporary server (trainflow/runtime.py TemporaryServer): no server the user
+# configured, though its clients reach it through PREFECT_API_URL
+TEMPORARY_API: list[str] = []
 
 
 def lock_dir() -> Path:

@@ -10,6 +10,7 @@ import sys
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 
 import ray
@@ -368,8 +369,8 @@ def start_prefect_server_in_background() -> threading.Thread | None:
     """Boot Prefect's temporary server (used when no PREFECT_API_URL is set) on a thread, so its process starts
     while this one imports the flow; join the thread before the flow runs. None when a server is configured.
 
-    The server is trainflow's own (temporary_server): the flow's client finds it running (Prefect's one instance per
-    port) and starts none. If this start fails, the flow's own start tries again and reports the error.
+    The server is trainflow's own (temporary_server): once it answers, the flow's client uses it through
+    PREFECT_API_URL. If this start fails, the caller's start after the join tries again and raises the error.
     """
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
 
@@ -413,77 +414,157 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-def temporary_server():
-    """This process's temporary Prefect server, registered as Prefect's own instance so every Prefect client of the
-    process uses it: a start that fails or times out stops the process it started (a retry never leaves one running),
-    starts are serialized per Prefect home across processes (two CLI runs started together both come up), and the
-    server dies with this process however it ends (SIGTERM, SIGINT, SIGKILL: the kernel's parent-death signal; a
-    normal exit: Prefect's atexit stop)."""
-    from prefect.server.api.server import SubprocessASGIServer
-    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+class TemporaryServer:
+    """Prefect's temporary server (the command Prefect's own SubprocessASGIServer runs, prefect/server/api/server.py),
+    started by trainflow without importing Prefect's server into this process (its FastAPI app, 4-5 s of CPU that
+    competed with this process's own imports and Ray's start): once it answers, this process's Prefect clients use
+    it through PREFECT_API_URL, and `trainflow.locks.TEMPORARY_API` tells trainflow the URL is this server's, not one a user
+    configured. A start that fails or times out stops the process it started (a retry never leaves one running);
+    starts are serialized per Prefect home across processes (two CLI runs started together both come up: each new
+    server migrates the home's one database); the server dies with this process however it ends (SIGTERM, SIGINT,
+    SIGKILL: the kernel's parent-death signal; a normal exit: atexit)."""
 
-    current = SubprocessASGIServer._instances.get(None)
-    if current is not None:
-        return current
+    def __init__(self) -> None:
+        self.port: int | None = None
+        self.server_process: subprocess.Popen | None = None
+        self.running = False
+        self._lock = threading.Lock()
 
-    class TemporaryServer(SubprocessASGIServer):
-        def _run_uvicorn_command(self):
-            if not sys.platform.startswith("linux"):
-                return super()._run_uvicorn_command()
-            import prefect
-            from prefect.settings import get_current_settings
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
 
-            # Prefect's own command (prefect/server/api/server.py), forked with the parent-death signal
-            args = [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "--app-dir",
-                str(prefect.__module_path__.parent),
-                "--factory",
-                "prefect.server.api.server:create_app",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--log-level",
-                "error",
-                "--lifespan",
-                "on",
-            ]
-            env = {
-                **os.environ,
-                "PREFECT_UI_ENABLED": "0",
-                "PREFECT__SERVER_EPHEMERAL": "1",
-                "PREFECT__SERVER_FINAL": "1",
-                **get_current_settings().to_environment_variables(exclude_unset=True),
-            }
-            return _spawn(lambda: subprocess.Popen(args, env=env, preexec_fn=_die_with_parent))
+    def _command(self) -> list[str]:
+        import prefect
 
-        def start(self, timeout: int | None = None) -> None:
+        return [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "--app-dir",
+            str(prefect.__module_path__.parent),
+            "--factory",
+            "prefect.server.api.server:create_app",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--log-level",
+            "error",
+            "--lifespan",
+            "on",
+        ]
+
+    def _spawn_server(self) -> subprocess.Popen:
+        from prefect.settings import get_current_settings
+
+        env = {
+            **{k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"},
+            "PREFECT_UI_ENABLED": "0",
+            "PREFECT__SERVER_EPHEMERAL": "1",
+            "PREFECT__SERVER_FINAL": "1",
+            **get_current_settings().to_environment_variables(exclude_unset=True),
+        }
+        env.pop("PREFECT_API_URL", None)
+        if not sys.platform.startswith("linux"):
+            return subprocess.Popen(self._command(), env=env)
+        return _spawn(lambda: subprocess.Popen(self._command(), env=env, preexec_fn=_die_with_parent))
+
+    def start(self, timeout: int | None = None) -> None:
+        """Start the server and wait until its health check answers (timeout: Prefect's
+        server.ephemeral.startup_timeout_seconds, at least SERVER_START_TIMEOUT_S); a no-op once running."""
+        import atexit
+        import socket
+
+        import httpx
+        from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+
+        from trainflow.locks import TEMPORARY_API, exclusive
+
+        with self._lock:
             if self.running:
                 return
-            from trainflow.locks import exclusive
-
             wait = max(timeout or PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value(), SERVER_START_TIMEOUT_S)
             with exclusive("prefect-server", "start", timeout_s=2 * wait):
+                with socket.socket() as probe:  # a free loopback port, as Prefect's own start picks one
+                    probe.bind(("127.0.0.1", 0))
+                    self.port = probe.getsockname()[1]
+                logging.getLogger("prefect").info(
+                    "Starting temporary server on http://127.0.0.1:%s\nSee "
+                    "https://www.prefect.io/docs/v3/concepts/server#how-to-guides "
+                    "for more information on running a dedicated Prefect server.",
+                    self.port,
+                )
                 try:
-                    super().start(timeout=wait)
+                    self.server_process = self._spawn_server()
+                    deadline = time.monotonic() + wait
+                    with httpx.Client() as client:
+                        while True:
+                            if self.server_process.poll() is not None:
+                                raise RuntimeError(
+                                    f"Prefect's temporary server exited with code {self.server_process.returncode}"
+                                    " before it answered"
+                                )
+                            try:
+                                if client.get(f"{self.api_url}/health", timeout=5).status_code == 200:
+                                    break
+                            except httpx.TransportError:
+                                pass
+                            if time.monotonic() > deadline:
+                                raise RuntimeError(
+                                    f"Timed out after {wait:g} s while attempting to connect to Prefect's temporary"
+                                    f" server on {self.api_url}"
+                                )
+                            time.sleep(0.1)
                 except BaseException:
                     self._kill()  # the process of a start that timed out would otherwise run on
                     raise
+            self.running = True
+            TEMPORARY_API[:] = [self.api_url]
+            # every Prefect client of this process, in any thread, finds the server here: Prefect's process-wide
+            # settings (what a thread started before this, or without a settings context of its own, reads) are
+            # read again from the environment
+            os.environ["PREFECT_API_URL"] = self.api_url
+            _refresh_prefect_settings()
+            atexit.register(self.stop)
 
-        def _kill(self) -> None:
-            process, self.server_process = self.server_process, None
-            if process is not None and process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+    def stop(self) -> None:
+        from trainflow.locks import TEMPORARY_API
 
-    return TemporaryServer()
+        if TEMPORARY_API == [self.api_url]:
+            TEMPORARY_API.clear()
+            if os.environ.get("PREFECT_API_URL") == self.api_url:
+                del os.environ["PREFECT_API_URL"]
+                _refresh_prefect_settings()
+        self.running = False
+        self._kill()
+
+    def _kill(self) -> None:
+        process, self.server_process = self.server_process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _refresh_prefect_settings() -> None:
+    from prefect.context import refresh_global_settings_context
+
+    refresh_global_settings_context()
+
+
+_SERVER: list[TemporaryServer] = []
+
+
+def temporary_server() -> TemporaryServer:
+    """This process's one temporary Prefect server (TemporaryServer), started or not."""
+    with _SPAWN_LOCK:
+        if not _SERVER:
+            _SERVER.append(TemporaryServer())
+    return _SERVER[0]
 
 
 @contextlib.contextmanager
@@ -492,12 +573,17 @@ def local_flow_settings() -> Iterator[None]:
     heartbeats: they tell a server that a run crashed, but this server ends with the process, and the heartbeat
     thread, which sleeps in 1-s steps, holds every run's end for up to a second more. With a server configured,
     Prefect's settings as they are."""
-    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, PREFECT_API_URL, temporary_settings
 
-    if PREFECT_API_URL.value():
+    from trainflow.locks import TEMPORARY_API, prefect_server_configured
+
+    if prefect_server_configured():
         yield
         return
-    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+    updates: dict = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
+    if TEMPORARY_API:
+        updates[PREFECT_API_URL] = TEMPORARY_API[0]
+    with temporary_settings(updates=updates):
         yield
 
 

@@ -74,7 +74,7 @@ def run_command(args: argparse.Namespace) -> dict[str, Any] | None:
     if summary is not None:
         return summary
     from trainflow.flows.local import scored_in_process
-    from trainflow.runtime import start_prefect_server_in_background, start_ray_in_background
+    from trainflow.runtime import start_prefect_server_in_background, start_ray_in_background, temporary_server
 
     # Ray and Prefect's temporary server come up while this process imports the flow (Ray not for a predict that
     # scores its table in this process: no step of it needs Ray)
@@ -86,6 +86,8 @@ def run_command(args: argparse.Namespace) -> dict[str, Any] | None:
         server.join()
     if stop_requested():  # a SIGTERM during start-up: no flow run starts (main() reports the stop)
         raise InterruptedError("stopped by SIGTERM before the flow started")
+    if server is not None:
+        temporary_server().start()  # a no-op once it answers; a background start that failed is tried again, and raises
     params = {"config_path": str(Path(args.config).resolve()), "overrides": overrides or None}
     named = {
         "retrain": ("run_name", "force", "wait"),
