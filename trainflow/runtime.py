@@ -427,12 +427,18 @@ class TemporaryServer:
     def __init__(self) -> None:
         self.port: int | None = None
         self.server_process: subprocess.Popen | None = None
-        self.running = False
         self._lock = threading.Lock()
 
     @property
     def api_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/api"
+
+    @property
+    def running(self) -> bool:
+        """Started, answering, and the API this process's Prefect clients use."""
+        from trainflow.locks import TEMPORARY_API
+
+        return self.server_process is not None and TEMPORARY_API == [self.api_url]
 
     def _command(self) -> list[str]:
         import prefect
@@ -459,13 +465,13 @@ class TemporaryServer:
         from prefect.settings import get_current_settings
 
         env = {
-            **{k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"},
+            **os.environ,
             "PREFECT_UI_ENABLED": "0",
             "PREFECT__SERVER_EPHEMERAL": "1",
             "PREFECT__SERVER_FINAL": "1",
             **get_current_settings().to_environment_variables(exclude_unset=True),
         }
-        env.pop("PREFECT_API_URL", None)
+        env.pop("PREFECT_API_URL", None)  # a restarted server's own, from this process's environment
         if not sys.platform.startswith("linux"):
             return subprocess.Popen(self._command(), env=env)
         return _spawn(lambda: subprocess.Popen(self._command(), env=env, preexec_fn=_die_with_parent))
@@ -476,7 +482,6 @@ class TemporaryServer:
         import atexit
         import socket
 
-        import httpx
         from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
 
         from trainflow.locks import TEMPORARY_API, exclusive
@@ -497,29 +502,10 @@ class TemporaryServer:
                 )
                 try:
                     self.server_process = self._spawn_server()
-                    deadline = time.monotonic() + wait
-                    with httpx.Client() as client:
-                        while True:
-                            if self.server_process.poll() is not None:
-                                raise RuntimeError(
-                                    f"Prefect's temporary server exited with code {self.server_process.returncode}"
-                                    " before it answered"
-                                )
-                            try:
-                                if client.get(f"{self.api_url}/health", timeout=5).status_code == 200:
-                                    break
-                            except httpx.TransportError:
-                                pass
-                            if time.monotonic() > deadline:
-                                raise RuntimeError(
-                                    f"Timed out after {wait:g} s while attempting to connect to Prefect's temporary"
-                                    f" server on {self.api_url}"
-                                )
-                            time.sleep(0.1)
+                    self._wait_until_answering(wait)
                 except BaseException:
                     self._kill()  # the process of a start that timed out would otherwise run on
                     raise
-            self.running = True
             TEMPORARY_API[:] = [self.api_url]
             # every Prefect client of this process, in any thread, finds the server here: Prefect's process-wide
             # settings (what a thread started before this, or without a settings context of its own, reads) are
@@ -527,6 +513,28 @@ class TemporaryServer:
             os.environ["PREFECT_API_URL"] = self.api_url
             _refresh_prefect_settings()
             atexit.register(self.stop)
+
+    def _wait_until_answering(self, wait: float) -> None:
+        """Until the server's health check answers 200; RuntimeError when its process exits or wait seconds pass."""
+        import httpx
+
+        deadline = time.monotonic() + wait
+        with httpx.Client() as client:
+            while self.server_process.poll() is None:
+                try:
+                    if client.get(f"{self.api_url}/health", timeout=5).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"Timed out after {wait:g} s while attempting to connect to Prefect's temporary server on "
+                        f"{self.api_url}"
+                    )
+                time.sleep(0.1)
+        raise RuntimeError(
+            f"Prefect's temporary server exited with code {self.server_process.returncode} before it answered"
+        )
 
     def stop(self) -> None:
         from trainflow.locks import TEMPORARY_API
@@ -536,7 +544,6 @@ class TemporaryServer:
             if os.environ.get("PREFECT_API_URL") == self.api_url:
                 del os.environ["PREFECT_API_URL"]
                 _refresh_prefect_settings()
-        self.running = False
         self._kill()
 
     def _kill(self) -> None:
@@ -569,21 +576,18 @@ def temporary_server() -> TemporaryServer:
 
 @contextlib.contextmanager
 def local_flow_settings() -> Iterator[None]:
-    """Prefect settings for a flow run of this process. On the temporary server (no PREFECT_API_URL), no flow-run
+    """Prefect settings for a flow run of this process. On a temporary server (none configured), no flow-run
     heartbeats: they tell a server that a run crashed, but this server ends with the process, and the heartbeat
     thread, which sleeps in 1-s steps, holds every run's end for up to a second more. With a server configured,
     Prefect's settings as they are."""
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, PREFECT_API_URL, temporary_settings
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-    from trainflow.locks import TEMPORARY_API, prefect_server_configured
+    from trainflow.locks import prefect_server_configured
 
     if prefect_server_configured():
         yield
         return
-    updates: dict = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
-    if TEMPORARY_API:
-        updates[PREFECT_API_URL] = TEMPORARY_API[0]
-    with temporary_settings(updates=updates):
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield
 
 
