@@ -96,6 +96,14 @@ def head(width: int, output_dim: int, model_cfg: dict, chunks: Sequence[int], cl
     return mlp(width, output_dim, model_cfg["hidden_sizes"], model_cfg["dropout"])
 
 
+def _embedding(codes: int, dim: int, initialize: bool) -> nn.Embedding:
+    """nn.Embedding(codes, dim), or with its weight left uninitialized (a count on the meta device: the meta kernel of
+    the normal_ its initialization calls imports about 800 modules, sympy's among them, 1-3 s of a retrain)."""
+    if initialize:
+        return nn.Embedding(codes, dim)
+    return nn.Embedding.from_pretrained(torch.empty(codes, dim), freeze=False)
+
+
 class EmbeddingMLP(nn.Module):
     """Looks up the integer codes at the embedded positions, and with `periodic` maps each continuous value through
     rtdl_num_embeddings' periodic embedding (PLR: learned frequencies, sin and cos, a linear layer and ReLU; Gorishniy
@@ -109,6 +117,7 @@ class EmbeddingMLP(nn.Module):
         slots: Sequence[tuple[int, int, int]],
         periodic: Sequence[int] = (),
         classification: bool = True,
+        initialize: bool = True,
     ):
         super().__init__()
         codes = [pos for pos, _, _ in slots]
@@ -120,7 +129,7 @@ class EmbeddingMLP(nn.Module):
             torch.tensor([i for i in range(input_dim) if i not in taken], dtype=torch.long),
             persistent=False,
         )
-        self.embeddings = nn.ModuleList(nn.Embedding(n, dim) for _, n, dim in slots)
+        self.embeddings = nn.ModuleList(_embedding(n, dim, initialize) for _, n, dim in slots)
         self.periodic = None
         if periodic:
             from rtdl_num_embeddings import PeriodicEmbeddings
@@ -146,12 +155,14 @@ def build_model(
     embeddings: Sequence[tuple[int, int, int]] = (),
     periodic: Sequence[int] = (),
     classification: bool = True,
+    initialize: bool = True,
 ) -> nn.Module:
     """The plain MLP, or an EmbeddingMLP when the preprocessor embeds some columns ((position, codes, width) each),
-    continuous values get periodic embeddings (their positions) or the layers are TabM's."""
+    continuous values get periodic embeddings (their positions) or the layers are TabM's. initialize=False: the
+    embeddings' weights are left uninitialized (a count of the parameters)."""
     if not embeddings and not periodic and model_cfg.get("architecture", "mlp") == "mlp":
         return mlp(input_dim, output_dim, model_cfg["hidden_sizes"], model_cfg["dropout"])
-    return EmbeddingMLP(input_dim, output_dim, model_cfg, embeddings, periodic, classification)
+    return EmbeddingMLP(input_dim, output_dim, model_cfg, embeddings, periodic, classification, initialize)
 
 
 def import_class(class_path: str) -> type:
@@ -189,7 +200,7 @@ def network_parameters(prep, model_cfg: dict) -> int | None:
     if user_class_path(model_cfg):
         return None
     with torch.device("meta"):
-        return sum(p.numel() for p in model_for(prep, model_cfg).parameters())
+        return sum(p.numel() for p in model_for(prep, model_cfg, initialize=False).parameters())
 
 
 def available_memory_bytes() -> int:
@@ -218,11 +229,12 @@ def check_network_size(prep, model_cfg: dict, limit_bytes: int, what: str) -> No
         )
 
 
-def model_for(prep, model_cfg: dict) -> nn.Module:
+def model_for(prep, model_cfg: dict, initialize: bool = True) -> nn.Module:
     """The network for a fitted preprocessor (its packed width, outputs and embedded columns) and the model config.
 
     A user's module (model.type torch) is built as Class(in_features, out_features, **init_args), plus
-    embeddings=[(position, codes, width), ...] when its constructor takes that argument.
+    embeddings=[(position, codes, width), ...] when its constructor takes that argument. initialize=False: trainflow's
+    network with its embeddings' weights uninitialized (network_parameters' count on the meta device).
     """
     class_path = user_class_path(model_cfg)
     if class_path:
@@ -233,7 +245,13 @@ def model_for(prep, model_cfg: dict) -> nn.Module:
         return cls(prep.num_features, prep.num_outputs, **kwargs)
     periodic = prep.continuous_positions() if uses_periodic(prep, model_cfg) else ()
     return build_model(
-        prep.num_features, prep.num_outputs, model_cfg, prep.embedding_slots(), periodic, prep.task == "classification"
+        prep.num_features,
+        prep.num_outputs,
+        model_cfg,
+        prep.embedding_slots(),
+        periodic,
+        prep.task == "classification",
+        initialize,
     )
 
 
