@@ -47,13 +47,13 @@ def run_here(command: str, config: Config, args: argparse.Namespace) -> dict[str
 
 
 def _small_work(command: str, config: Config, args: argparse.Namespace) -> dict[str, Any] | None:
-    from trainflow.flows.predict import score, skipped_run
-
     if command == "validate":  # every check, nothing trained: Ray only where a step reads through it
         from trainflow.flows.validate import checks
 
         return checks(config, in_flow=False)
     if command == "predict":
+        from trainflow.flows.predict import score
+
         return score(config, args.model, in_flow=False)
     fingerprint = small_table_fingerprint(config)
     if fingerprint is None:
@@ -66,6 +66,8 @@ def _small_work(command: str, config: Config, args: argparse.Namespace) -> dict[
     # with work to do never reads the scoring table's size: its flow starts the sooner)
     if not skipped or (config.inference.input and not scored_in_process(config)):
         return None
+    from trainflow.flows.predict import skipped_run  # (the scoring steps' imports: seconds, paid by a skip alone)
+
     return skipped_run(config, resolve_run_name.fn(args.run_name), skipped, in_flow=False)
 
 
@@ -100,9 +102,11 @@ def preflight(config: Config, run_name: str | None = None) -> None:
     block): the training table and the scoring table hold the columns the config names. DataError naming the file,
     the column and the closest name; the flow checks the rest (types, values) as before. A PostgreSQL source: the
     query's columns from the server, or the copy run_name's first attempt made (read without the server)."""
-    from trainflow.tasks.ingest import recorded_copy
+    copied = None
+    if config.data.format == "postgres":  # (tasks.ingest imports Prefect, Ray Data and torch: seconds, not needed here)
+        from trainflow.tasks.ingest import recorded_copy
 
-    copied = recorded_copy(config, run_name)
+        copied = recorded_copy(config, run_name)
     data = config.data.as_copy(copied) if copied else config.data
     table = source_dataset(data) if data.format in SOURCE_FORMATS else open_dataset(data.path, data.format, data.csv)
     names = list(table.schema.names)
