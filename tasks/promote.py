@@ -179,11 +179,15 @@ def gate(
     registered: Registered,
     scored: Scored | None = None,
     judged_on: str = "test",
+    alias: str = CHAMPION,
 ) -> Promotion:
     """Score the challenger and the current @champion on the same holdout and move the alias on a win, as one
     compare-and-set: under a lock per registered model (CLI, deployments and tune all take it), and the alias
     is read again right before it moves; a champion that changed meanwhile is scored in its turn. scored: the
-    challenger's outputs on holdout with the slice columns, as it serves them (calibrate's), else scored here."""
+    challenger's outputs on holdout with the slice columns, as it serves them (calibrate's), else scored here.
+    alias: another alias than @champion (a replay policy's, flows/replay.py): the same decision moves that alias
+    alone, and records nothing else (no decision tags on the challenger's run, no event, no @champion history)."""
+    recorded = alias == CHAMPION
     log = task_logger("promote")
     metric, mode, margin = config.promotion.metric, config.promotion.mode, config.promotion.margin
     name, version = registered.model_name, registered.model_version
@@ -200,7 +204,7 @@ def gate(
     # an explicit client, not MLflow's process-wide tracking URI: gates of two models may run at once in one process
     with exclusive("champion", name, uri):
         client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
-        champion_version = current_champion(client, name)
+        champion_version = current_champion(client, name, alias)
         for _ in range(5):  # a champion moved by a run outside the lock: score the new one
             champion_score, champion_path = None, None
             if champion_version is None:
@@ -275,19 +279,17 @@ def gate(
             if not promote_it:
                 break
             _before_alias_move(version)
-            now = current_champion(client, name)
+            now = current_champion(client, name, alias)
             if now != champion_version:
-                log.warning(
-                    "@%s moved from v%s to v%s during the gate: comparing again", CHAMPION, champion_version, now
-                )
+                log.warning("@%s moved from v%s to v%s during the gate: comparing again", alias, champion_version, now)
                 champion_version = now
                 continue
             if champion_version != version:
-                client.set_registered_model_alias(name, CHAMPION, version)
+                client.set_registered_model_alias(name, alias, version)
             break
         else:
-            raise InfrastructureError(f"{name}@{CHAMPION} kept moving during the gate; the alias was left as it is")
-        if promote_it:  # the alias's history (trainflow/champion.py), still locked
+            raise InfrastructureError(f"{name}@{alias} kept moving during the gate; the alias was left as it is")
+        if promote_it and recorded:  # the alias's history (trainflow/champion.py), still locked
             by = f"the gate (MLflow run {registered.run_id}, Prefect flow run {flow_run.get_id() or 'none'})"
             try:
                 if champion_version != version:
@@ -343,7 +345,10 @@ def gate(
             if floor is None
             else f"{'missed' if missed else 'met'} ({metric} {floor:g})",
         }
-        record_decision(client, result, registered.run_id, tags)
+        if recorded:
+            record_decision(client, result, registered.run_id, tags)
+    if not recorded:
+        return result
     try:
         emit_event(
             event=f"trainflow.model.{result.decision}",

@@ -57,18 +57,19 @@ def tracking(tracking_uri: str) -> Iterator[None]:
             os.environ["MLFLOW_TRACKING_URI"] = saved_env
 
 
-def current_champion(client: mlflow.MlflowClient, name: str) -> str | None:
-    """The @champion version; None only when the registry says the alias (or the model) does not exist.
+def current_champion(client: mlflow.MlflowClient, name: str, alias: str = CHAMPION) -> str | None:
+    """The @champion version (or that of another alias: a replay's policies, flows/replay.py); None only when the
+    registry says the alias (or the model) does not exist.
 
     MLflow's stores answer a missing alias with INVALID_PARAMETER_VALUE and "Registered model alias ... not
     found." (a missing model: RESOURCE_DOES_NOT_EXIST); any other error is the registry failing."""
     try:
-        return str(client.get_model_version_by_alias(name, CHAMPION).version)
+        return str(client.get_model_version_by_alias(name, alias).version)
     except mlflow.exceptions.MlflowException as exc:
-        missing_alias = exc.error_code == "INVALID_PARAMETER_VALUE" and f"alias {CHAMPION} not found" in exc.message
+        missing_alias = exc.error_code == "INVALID_PARAMETER_VALUE" and f"alias {alias} not found" in exc.message
         if exc.error_code == "RESOURCE_DOES_NOT_EXIST" or missing_alias:
             return None
-        raise InfrastructureError(f"cannot read {name}@{CHAMPION} from the registry: {exc.message}") from None
+        raise InfrastructureError(f"cannot read {name}@{alias} from the registry: {exc.message}") from None
 
 
 def store_exists(tracking_uri: str) -> bool:

@@ -51,7 +51,7 @@ def run_command(args: argparse.Namespace) -> dict[str, Any] | None:
             load_config(args.config)
         serve_all(args.prefect_file or PREFECT_FILE, args.config, args.limit)
         return None
-    overrides = parse_overrides(args.set)
+    overrides = parse_overrides(getattr(args, "set", []))
     config = load_config(args.config, overrides)  # fail fast on a bad config, before Prefect and Ray start
     if config.task_inferred:
         print(f"trainflow: {config.task_inferred}", file=sys.stderr)
@@ -59,7 +59,11 @@ def run_command(args: argparse.Namespace) -> dict[str, Any] | None:
         config.require_tune()
         if args.resume and not args.run_name:
             raise TrainflowError("tune --resume needs the --run-name of the sweep to restore")
-    if args.command in ("retrain", "tune", "validate"):
+    if args.command == "replay":  # refused before anything starts: the key, the period, the policies
+        from trainflow.flows.replay import check_request
+
+        check_request(config, args.every, args.policies)
+    if args.command in ("retrain", "tune", "validate", "replay"):
         from trainflow.flows.local import preflight
 
         preflight(
@@ -95,6 +99,7 @@ def run_command(args: argparse.Namespace) -> dict[str, Any] | None:
         "monitor": ("labels",),
         "validate": (),
         "predict": ("model",),
+        "replay": ("every", "start", "end", "policies", "run_name"),
     }[args.command]
     extra = {name: getattr(args, name) for name in named}
     # the API gone mid-run is waited out as long (services.prefect_wait_s)
@@ -175,6 +180,10 @@ def _flow(command: str):
         from trainflow.flows.validate import validate
 
         return validate
+    if command == "replay":
+        from trainflow.flows.replay import replay
+
+        return replay
     from trainflow.flows.predict import batch_inference
 
     return batch_inference

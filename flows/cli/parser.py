@@ -111,6 +111,35 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--prefect-file", help="deployment file (default: the checkout's deployments/prefect.yaml)")
     sv.add_argument("--limit", type=int, help="at most this many flow runs at once")
 
+    rp = sub.add_parser(
+        "replay",
+        help="replay the retraining policies over the table's history (needs split.time_column): what each would "
+        "have served, period by period, at what training cost",
+        parents=[CONFIG, OVERRIDES, SUMMARY_JSON],
+    )
+    rp.add_argument(
+        "--every",
+        required=True,
+        metavar="PERIOD",
+        help="the period between cutoffs: day, week, month, quarter or a number of days (a numeric time column: a "
+        "number in its units)",
+    )
+    rp.add_argument(
+        "--from",
+        dest="start",
+        metavar="DATE",
+        help="the first cutoff (default: the first period start with a third of the rows before it)",
+    )
+    rp.add_argument(
+        "--to", dest="end", metavar="DATE", help="the last cutoff (default: the end of the last full period)"
+    )
+    rp.add_argument(
+        "--policies",
+        help="comma-separated: gate, always, every-N (every-2, every-4, ...), never (default: gate, always, every-2, "
+        "every-4, never)",
+    )
+    rp.add_argument("--run-name", help="the replay's name; a replay rerun under its name resumes after its last period")
+
     sub.add_parser(
         "validate",
         help="every check a retrain makes before training (table, scoring table, output, "
