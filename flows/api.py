@@ -3,6 +3,7 @@
     import trainflow
     summary = trainflow.retrain("configs/demo.yaml", train__epochs=5)       # a path, a dict or a Config
     summary = trainflow.retrain(cfg, data=df)                              # a DataFrame (or Ray Dataset) as the table
+    summary = trainflow.replay("dated.yaml", every="month")                # the retraining policies over its history
     trainflow.leaderboard(summary)                                         # every candidate's scores and time
     model = trainflow.load_model("models:/churn-model@champion", tracking_uri="sqlite:///mlflow.db")
     model.predict(df)                                                      # prediction (+ proba_<class>) per row
@@ -132,6 +133,25 @@ def retrain(
     from trainflow.flows.retrain import retrain as flow
 
     return _call(flow, config, overrides, data, run_name=run_name, force=force)
+
+
+def replay(
+    config: ConfigLike,
+    *,
+    every: str,
+    start: str | None = None,
+    end: str | None = None,
+    policies: str | list[str] | None = None,
+    run_name: str | None = None,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """The retraining policies replayed over the table's history, as `trainflow replay` (start and end: --from and
+    --to); the summary, whose `replay` section has every period's score per policy and the recommendation."""
+    from trainflow.flows.replay import check_request, replay as flow
+
+    if isinstance(config, (str, os.PathLike)):
+        check_request(load_config(str(Path(config).resolve()), _dotted(overrides)), every, policies, start, end)
+    return _call(flow, config, overrides, every=every, start=start, end=end, policies=policies, run_name=run_name)
 
 
 def leaderboard(summary: dict[str, Any]) -> pd.DataFrame:

@@ -62,9 +62,11 @@ def parse_policies(text: str | list[str] | None) -> list[str]:
     return list(dict.fromkeys(asked))
 
 
-def check_request(config: Config, every: str, policies: str | list[str] | None) -> list[str]:
-    """What a replay can refuse before anything starts: no split.time_column, a PERIOD or a policy it does not know;
-    the policies."""
+def check_request(
+    config: Config, every: str, policies: str | list[str] | None, start: str | None = None, end: str | None = None
+) -> list[str]:
+    """What a replay can refuse before anything starts: no split.time_column, a PERIOD or a policy it does not know,
+    --from or --to outside the table's times (read from the time column alone); the policies."""
     if config.split.time_column is None:
         raise ConfigError("replay needs split.time_column: the table's time, which the periods and cutoffs follow")
     if every not in PERIODS:
@@ -74,7 +76,10 @@ def check_request(config: Config, every: str, policies: str | list[str] | None) 
             raise ConfigError(f"--every {every!r}: expected day, week, month, quarter or a number of days") from None
         if not (days > 0 and math.isfinite(days)):
             raise ConfigError(f"--every {every!r}: a number of days must be positive")
-    return parse_policies(policies)
+    asked = parse_policies(policies)
+    column = config.split.time_column
+    cutoffs(timeline(read_history(config, [column]), column, config.data.where), every, start, end)
+    return asked
 
 
 def retrains(policy: str, k: int) -> bool:
@@ -237,15 +242,20 @@ def _replay_config(config: Config, table_path: str, folder: str) -> Config:
     return config_from_dict(raw, source="<replay>")
 
 
-def read_history(config: Config) -> pa.Table:
-    """The whole training table in this process (replay judges a table of the size one process holds: a sample of a
-    larger one)."""
+def read_history(config: Config, columns: list[str] | None = None) -> pa.Table:
+    """The whole training table (or those columns of it) in this process (replay judges a table of the size one
+    process holds: a sample of a larger one); DataError naming a column the table lacks."""
     from trainflow.sources import SOURCE_FORMATS, source_dataset
     from trainflow.tables import open_dataset
 
     data = config.data
     ds = source_dataset(data) if data.format in SOURCE_FORMATS else open_dataset(data.path, data.format, data.csv)
-    return ds.to_table()
+    missing = [c for c in columns or [] if c not in ds.schema.names]
+    if missing:
+        raise DataError(
+            f"{data.where}: split.time_column {missing[0]!r} is not a column; columns are {ds.schema.names}"
+        )
+    return ds.to_table(columns=columns) if columns else ds.to_table()
 
 
 @flow(name="replay", log_prints=True)
@@ -264,15 +274,16 @@ def replay(
     from trainflow.tasks.run_name import resolve_run_name
 
     config = flow_config(config_path, overrides)
-    asked = check_request(config, every, policies)
+    asked = parse_policies(policies)
     column = config.split.time_column
+    if column is None:
+        raise ConfigError("replay needs split.time_column: the table's time, which the periods and cutoffs follow")
     name = resolve_run_name(run_name, prefix="replay")
     log = task_logger("replay")
     table = read_history(config)
-    where = config.data.where
     if column not in table.column_names:
-        raise DataError(f"{where}: split.time_column {column!r} is not a column")
-    line = timeline(table, column, where)
+        raise DataError(f"{config.data.where}: split.time_column {column!r} is not a column")
+    line = timeline(table, column, config.data.where)
     bounds = cutoffs(line, every, start, end)
     folder = join(config.storage_path, "replay", name)
     state = Replay(name, asked, bounds)
@@ -298,6 +309,7 @@ def replay(
         line.show(bounds[-1]),
         ", ".join(asked),
     )
+    resumed = len(state.periods)  # the periods a killed start of this name had finished
     label = config.data.label
     scored_cache: dict[tuple[int, str], Any] = {}
     for k in range(len(state.periods), len(bounds) - 1):
@@ -314,6 +326,9 @@ def replay(
         replace_bytes(join(folder, STATE), json.dumps(state.record(), indent=1, default=str).encode())
     summary = summarize_replay(config, state, table, line, scored_cache)
     summary["replay"]["folder"] = folder
+    summary["replay"]["every"] = every
+    summary["replay"]["resumed_periods"] = resumed
+    summary["replay"]["artifacts"] = report_replay(config, summary)
     return summary
 
 
@@ -621,3 +636,80 @@ def _noise(config, state, scored_periods, table, line, cache) -> dict[tuple[str,
                 value = scored.subset(idx).metrics().get(metric)
                 per_rep[q][r] += (value if value is not None else np.nan) / len(scored_periods)
     return {(a, b): float(np.nanstd(per_rep[a] - per_rep[b])) for a in state.policies for b in state.policies if a != b}
+
+
+def score_chart(summary: dict[str, Any]):
+    """Each policy's score per period (a line per policy; a period no policy could score is left out)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    r = summary["replay"]
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    for policy in r["policies"]:
+        xs = [p["period"] for p in r["periods"] if p["policies"][policy]["score"] is not None]
+        ys = [p["policies"][policy]["score"] for p in r["periods"] if p["policies"][policy]["score"] is not None]
+        ax.plot(xs, ys, marker="o", label=policy)
+    ax.set_xticks([p["period"] for p in r["periods"]], [p["start"] for p in r["periods"]], rotation=30, ha="right")
+    ax.set_ylabel(f"{r['metric'].removeprefix('val_')} on the period's rows")
+    ax.set_title(f"replay {summary['run_name']}: the model each policy served, period by period", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+@task(name="report-replay", cache_policy=NO_CACHE)
+def report_replay(config: Config, summary: dict[str, Any]) -> dict[str, str]:
+    """The replay's records: an MLflow run in <experiment>-replay (each policy's totals as metrics, the score plot, the
+    summary as JSON) and Prefect artifacts (the plot, the totals as a table, the recommendation)."""
+    import mlflow
+    from mlflow.entities import Metric
+    from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
+
+    from trainflow.tasks.common import artifact_key, png_data_uri
+    from trainflow.tracking import ensure_experiment, mlflow_key, tracking
+
+    r = summary["replay"]
+    fig = score_chart(summary)
+    _, png = png_data_uri(fig)
+    uri = config.mlflow.tracking_uri
+    with tracking(uri):
+        exp_id = ensure_experiment(uri, config.mlflow.experiment + SUFFIX)
+        client = mlflow.MlflowClient()
+        run = client.create_run(exp_id, run_name=summary["run_name"], tags={"trainflow.replay": summary["run_name"]})
+        now = int(time.time() * 1000)
+        metrics = [
+            Metric(mlflow_key(f"{policy}.{key}"), float(value), now, 0)
+            for policy, totals in r["policies"].items()
+            for key, value in totals.items()
+            if isinstance(value, (int, float)) and math.isfinite(value)
+        ]
+        client.log_batch(run.info.run_id, metrics=metrics)
+        client.log_figure(run.info.run_id, fig, artifact_file="replay.png")
+        client.log_dict(run.info.run_id, summary, "replay.json")
+        client.set_tag(run.info.run_id, "trainflow.replay.recommendation", r["recommendation"][:5000])
+        client.set_terminated(run.info.run_id, "FINISHED")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    name = config.mlflow.registered_model + SUFFIX
+    ids = {
+        "plot": create_image_artifact(
+            image_url=png,
+            key=artifact_key(name, "replay"),
+            description=f"replay {summary['run_name']}: score per period",
+        ),
+        "policies": create_table_artifact(
+            table=[{"policy": p, **t} for p, t in r["policies"].items()],
+            key=artifact_key(name, "replay-policies"),
+            description=f"replay {summary['run_name']}: each policy's totals",
+        ),
+        "recommendation": create_markdown_artifact(
+            markdown=f"**replay {summary['run_name']}**: {r['recommendation']}",
+            key=artifact_key(name, "replay-recommendation"),
+            description="what the replay recommends",
+        ),
+    }
+    return {"mlflow_run_id": run.info.run_id, **{k: str(v) for k, v in ids.items()}}

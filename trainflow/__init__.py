@@ -1,10 +1,10 @@
 """trainflow: a retraining pipeline of Prefect flows over Ray Data, Ray Train and MLflow.
 
-The Python API (trainflow.retrain, predict, tune, load_model, evaluate, leaderboard, snapshot) is imported on first use, so `import trainflow`
+The Python API (trainflow.retrain, replay, predict, tune, load_model, evaluate, leaderboard, snapshot) is imported on first use, so `import trainflow`
 stays light; its home is trainflow.flows.api.
 """
 
-_API = ("retrain", "predict", "tune", "load_model", "evaluate", "leaderboard", "snapshot", "Model")
+_API = ("retrain", "replay", "predict", "tune", "load_model", "evaluate", "leaderboard", "snapshot", "Model")
 __all__ = list(_API)
 
 

@@ -62,7 +62,7 @@ def run_command(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.command == "replay":  # refused before anything starts: the key, the period, the policies
         from trainflow.flows.replay import check_request
 
-        check_request(config, args.every, args.policies)
+        check_request(config, args.every, args.policies, args.start, args.end)
     if args.command in ("retrain", "tune", "validate", "replay"):
         from trainflow.flows.local import preflight
 

@@ -210,6 +210,43 @@ def format_monitor_summary(s: dict[str, Any]) -> str:
     )
 
 
+def format_replay_summary(s: dict[str, Any]) -> str:
+    """`trainflow replay`'s summary: each period's score per policy (+: retrained and promoted, =: retrained, the gate
+    kept the model serving), each policy's totals and the recommendation (the JSON: --summary-json)."""
+    r = s.get("replay") or {}
+    policies = list(r.get("policies") or {})
+    f = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
+    shown = str(r.get("metric", "metric")).removeprefix("val_")
+    lines = [
+        "",
+        "trainflow replay",
+        f"  run name          {s.get('run_name')}",
+        f"  metric            {shown} ({'higher' if r.get('mode') == 'max' else 'lower'} is better; + retrained and "
+        "promoted, = retrained and kept out by the gate)",
+        "  " + f"{'period':<7}{'from':<12}{'to':<12}{'rows':>7}  " + "".join(f"{p:>10}" for p in policies),
+    ]
+    for period in r.get("periods") or []:
+        cells = []
+        for p in policies:
+            v = period["policies"].get(p) or {}
+            mark = ("+" if v.get("promoted") else "=") if v.get("trained") else " "
+            cells.append(f"{f(v.get('score')) + mark:>10}")
+        note = f"  ({period['note']})" if period.get("note") else ""
+        lines.append(
+            f"  {period['period']:<7}{period['start']:<12}{period['end']:<12}{period['rows']:>7}  {''.join(cells)}{note}"
+        )
+    lines.append("  " + f"{'policy':<10}{'mean':>9}{'regret':>9}{'train s':>10}{'retrains':>10}{'promotions':>12}")
+    for p, t in (r.get("policies") or {}).items():
+        lines.append(
+            f"  {p:<10}{f(t.get('mean_score')):>9}{f(t.get('regret')):>9}{t.get('training_s', 0):>10.1f}"
+            f"{t.get('retrains', 0):>10}{t.get('promotions', 0):>12}"
+        )
+    lines.append(f"  recommendation    {r.get('recommendation')}")
+    if r.get("folder"):
+        lines.append(f"  predictions       {r['folder']}/predictions (policy=<name>/period=<k>: id, prediction, label)")
+    return "\n".join(lines)
+
+
 def format_validate_summary(s: dict[str, Any]) -> str:
     """`trainflow validate`'s summary: what a retrain would train on (the JSON: --summary-json)."""
     feats = s.get("features") or {}
@@ -290,6 +327,7 @@ RENDERERS = {
     "predict": format_predict_summary,
     "monitor": format_monitor_summary,
     "validate": format_validate_summary,
+    "replay": format_replay_summary,
     "champion": format_champion_summary,
 }
 

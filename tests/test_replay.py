@@ -1,0 +1,165 @@
+"""trainflow replay end to end: the retraining policies over a dated table's history, one retrain per cutoff shared
+by the policies, each policy's gate through its own alias, every period's predictions on disk, nothing of the user's
+touched, a rerun under its name resuming after its last finished period; and the mistakes refused before anything
+starts."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from sklearn.metrics import roc_auc_score
+
+from tests.conftest import write_config, write_parquet
+from trainflow.flows.cli import main as cli_main
+
+DAYS = 258  # 2013-01-01 to 2013-09-15: periods June, July and August (September is not full)
+
+
+def _table(seed: int = 0) -> pa.Table:
+    """6 rows a day; y follows x1 until mid-June, then its opposite."""
+    rng = np.random.default_rng(seed)
+    day = np.repeat(np.arange(DAYS), 6)
+    n = len(day)
+    x1, x2 = rng.normal(size=n), rng.normal(size=n)
+    sign = np.where(day < 165, 1.0, -1.0)
+    y = ((1.5 * sign * x1 + 0.5 * x2 + rng.normal(0, 0.5, n)) > 0).astype(np.int64)
+    return pa.table(
+        {
+            "id": np.arange(n),
+            "when": pa.array([dt.date(2013, 1, 1) + dt.timedelta(days=int(d)) for d in day]),
+            "x1": x1,
+            "x2": x2,
+            "y": y,
+        }
+    )
+
+
+def _config(tmp_path, **split):
+    write_parquet(_table(), tmp_path / "data" / "history.parquet")
+    write_parquet(_table(1).drop_columns(["y"]), tmp_path / "data" / "score.parquet")
+    return write_config(
+        tmp_path,
+        {
+            "data": {"path": "data/history.parquet", "label": "y", "id_column": "id", "features": ["x1", "x2"]},
+            "task": "classification",
+            "split": {"time_column": "when", "backtest_fit": False, **split},
+            "model": {"type": "xgboost", "params": {"xgboost": {"num_boost_round": 20}}},
+            "train": {"folds": 1},
+            "scaling": {"num_workers": 1},
+            "storage_path": "runs",
+            "mlflow": {"experiment": "history", "registered_model": "user-model"},
+            "promotion": {"metric": "val_roc_auc", "mode": "max"},
+            "inference": {"input": "data/score.parquet", "output": "out/predictions"},
+        },
+    )
+
+
+def test_mistakes_are_refused_before_anything_starts_naming_the_key_or_the_time_range(tmp_path, capsys):
+    cfg = _config(tmp_path)
+    assert cli_main(["replay", "--config", str(cfg), "--every", "fortnight"]) == 2
+    assert "--every 'fortnight': expected day, week, month, quarter or a number of days" in capsys.readouterr().err
+    assert cli_main(["replay", "--config", str(cfg), "--every", "month", "--from", "2012-06-01"]) == 2
+    err = capsys.readouterr().err
+    assert "--from 2012-06-01: outside the table's history" in err and "from 2013-01-01 to 2013-09-15" in err
+    assert cli_main(["replay", "--config", str(cfg), "--every", "month", "--policies", "gate,sometimes"]) == 2
+    assert "'sometimes': not a policy" in capsys.readouterr().err
+    assert cli_main(["replay", "--config", str(cfg), "--every", "month", "--policies", "warm"]) == 2
+    assert "warm start (train.warm_start) is not built yet" in capsys.readouterr().err
+    undated = _config(tmp_path / "undated", time_column=None)
+    assert cli_main(["replay", "--config", str(undated), "--every", "month"]) == 2
+    assert "replay needs split.time_column" in capsys.readouterr().err
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert not (tmp_path / "runs").exists() and client.get_experiment_by_name("history-replay") is None
+
+
+@pytest.mark.e2e
+@pytest.mark.usefixtures("prefect_harness", "ray_local")
+def test_replay_runs_each_policy_over_the_history_shares_fits_writes_only_its_own_and_resumes(tmp_path, capsys):
+    import mlflow
+
+    cfg = _config(tmp_path)
+    out = tmp_path / "replay.json"
+    args = ["replay", "--config", str(cfg), "--every", "month", "--from", "2013-06-01"]
+    args += ["--policies", "gate,always,every-2,never", "--run-name", "hist", "--summary-json", str(out)]
+    assert cli_main(args) == 0
+    s = json.loads(out.read_text())
+    r = s["replay"]
+    periods = r["periods"]
+    assert [(p["start"], p["end"]) for p in periods] == [
+        ("2013-06-01", "2013-07-01"),
+        ("2013-07-01", "2013-08-01"),
+        ("2013-08-01", "2013-09-01"),
+    ]
+    assert [p["rows"] for p in periods] == [180, 186, 186]  # 6 rows a day, every one labelled
+    # who retrained when: every policy at the first cutoff, gate and always at each, every-2 at cutoffs 0 and 2
+    trained = {q: [p["policies"][q]["trained"] for p in periods] for q in r["policies"]}
+    assert trained == {
+        "gate": [True, True, True],
+        "always": [True, True, True],
+        "every-2": [True, False, True],
+        "never": [True, False, False],
+    }
+    assert [p["policies"]["never"]["serving"] for p in periods] == [0, 0, 0]
+    assert [p["policies"]["always"]["serving"] for p in periods] == [0, 1, 2]
+    assert periods[1]["policies"]["every-2"]["serving"] == 0
+    # one retrain per cutoff, shared: the same seconds charged to every policy that used it
+    fit_s = [p["policies"]["gate"]["training_s"] for p in periods]
+    assert all(t > 0 for t in fit_s) and periods[0]["policies"]["never"]["training_s"] == fit_s[0]
+    assert r["policies"]["every-2"]["training_s"] == pytest.approx(fit_s[0] + fit_s[2], abs=0.2)
+    assert r["policies"]["never"]["retrains"] == 1 and r["policies"]["gate"]["retrains"] == 3
+    # each policy's mean score and regret (its shortfall from the period's best policy), from the periods' scores
+    for q, totals in r["policies"].items():
+        scores = [p["policies"][q]["score"] for p in periods]
+        best = [max(v["score"] for v in p["policies"].values()) for p in periods]
+        assert totals["mean_score"] == pytest.approx(np.mean(scores))
+        assert totals["regret"] == pytest.approx(np.mean(np.subtract(best, scores)))
+    assert r["recommendation"].startswith("retraining every") and "the gate kept the champion" in r["recommendation"]
+    assert "noise" in r["recommendation"]
+    shown = capsys.readouterr().out
+    assert "trainflow replay" in shown and "recommendation    retraining every" in shown
+    # each policy's predictions for each period, from which its score is recomputed
+    folder = tmp_path / "runs" / "replay" / "hist"
+    for q in r["policies"]:
+        for p in periods:
+            written = pq.read_table(folder / "predictions" / f"policy={q}" / f"period={p['period']}").to_pandas()
+            assert len(written) == p["rows"] and set(written.columns) >= {"id", "prediction", "proba_1", "label"}
+            assert roc_auc_score(written["label"], written["proba_1"]) == pytest.approx(p["policies"][q]["score"])
+    # only its own: the replay's folder, experiment and registered model; no version of the user's model, no
+    # @champion moved, no predictions written to inference.output
+    assert sorted(x.name for x in (tmp_path / "runs").iterdir()) == ["replay"]
+    assert not (tmp_path / "out").exists()
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+    assert [m.name for m in client.search_registered_models()] == ["user-model-replay"]
+    versions = client.search_model_versions("name='user-model-replay'")
+    assert len(versions) == 3
+    for q in r["policies"]:
+        alias = client.get_model_version_by_alias("user-model-replay", f"hist-{q}")
+        assert str(alias.version) == periods[-1]["policies"][q]["serving_version"]
+    assert client.get_experiment_by_name("history") is None
+    exp = client.get_experiment_by_name("history-replay")
+    runs = {run.info.run_name: run for run in client.search_runs([exp.experiment_id])}
+    assert runs["hist"].data.metrics["never.regret"] == pytest.approx(r["policies"]["never"]["regret"])
+    assert "replay.png" in [a.path for a in client.list_artifacts(runs["hist"].info.run_id)]
+    # killed after its second period: the rerun judges the third again, its retrain found finished by its run name
+    state = json.loads((folder / "replay.json").read_text())
+    state["periods"] = state["periods"][:2]
+    (folder / "replay.json").write_text(json.dumps(state))
+    again = tmp_path / "again.json"
+    assert cli_main(args[:-1] + [str(again)]) == 0
+    r2 = json.loads(again.read_text())["replay"]
+
+    def decisions(ps):
+        keys = ("trained", "promoted", "serving", "score")
+        return [{q: [v[k] for k in keys] for q, v in p["policies"].items()} for p in ps]
+
+    assert decisions(r2["periods"]) == decisions(periods)
+    assert len(client.search_model_versions("name='user-model-replay'")) == 3  # nothing trained again
+    assert r["resumed_periods"] == 0 and r2["resumed_periods"] == 2
