@@ -21,6 +21,7 @@ from bench import (
     outage_soak,
     portable,
     preprocess_throughput,
+    replay_cost,
     split_honesty,
     training_parity,
     tune_parallelism,
@@ -42,7 +43,8 @@ BENCHES = {
     "node-loss": node_loss.main,  # an elastic run losing one of two worker nodes halfway vs uninterrupted
     "tune-parallelism": tune_parallelism.main,
     "demo-e2e": demo_e2e.main,
-    "cost-curve": cost_curve.main,  # the default retrain at 150 to 150,000 rows vs HistGradientBoosting, AutoGluon
+    "cost-curve": cost_curve.main,
+    "replay-cost": replay_cost.main,  # a 6-period replay vs the same retrains as CLI processes one by one  # the default retrain at 150 to 150,000 rows vs HistGradientBoosting, AutoGluon
     "beyond-memory": beyond_memory.main,  # also prints scale-linearity
     "drift-overhead": drift_overhead.main,  # also prints skip-unchanged
     "front-door": front_door.main,

@@ -8,7 +8,9 @@ model it then serves predicts the period's rows, scored on their labels with pro
 
 Policies: `gate` (retrain every period, promote through the gate: the config's own policy), `always` (retrain every
 period, always promote), `every-N` (retrain every N periods, through the gate), `never` (the first model serves
-throughout). A fit shared by policies (same cutoff, same rows) is trained once: one retrain per cutoff.
+throughout), `warm` (retrain every period, the challenger warm-started from the model the policy serves:
+train.warm_start, tasks/warm.py; through the gate). A fit shared by policies (same cutoff, same rows, same start) is
+trained once: one fresh retrain per cutoff, and one warm one for `warm`.
 
 Isolation: everything a replay writes is under `<storage_path>/replay/<name>/`, its MLflow experiment
 `<experiment>-replay`, and versions of `<registered_model>-replay`, each policy serving through an alias of its own
@@ -36,7 +38,7 @@ from trainflow.flows.handover import flow_config, forget, hand_over
 from trainflow.tasks.common import task_logger
 
 PERIODS = {"day": "D", "week": "W-MON", "month": "MS", "quarter": "QS"}  # pandas offsets: each period's first instant
-POLICIES = ("gate", "always", "every-2", "every-4", "never")
+POLICIES = ("gate", "always", "every-2", "every-4", "never", "warm")
 SUFFIX = "-replay"
 STATE = "replay.json"  # under the replay's folder: every finished period, written after each one
 BOOTSTRAP = 100  # resamples of each period's rows for the recommendation's noise
@@ -51,11 +53,7 @@ def parse_policies(text: str | list[str] | None) -> list[str]:
         return list(POLICIES)
     asked = [p.strip() for p in (text.split(",") if isinstance(text, str) else text) if p.strip()]
     for p in asked:
-        if p == "warm":
-            raise ConfigError(
-                "--policies warm: warm start (train.warm_start) is not built yet; policies: " + ", ".join(POLICIES)
-            )
-        if p not in ("gate", "always", "never") and not re.fullmatch(r"every-[1-9][0-9]*", p):
+        if p not in ("gate", "always", "never", "warm") and not re.fullmatch(r"every-[1-9][0-9]*", p):
             raise ConfigError(f"--policies {p!r}: not a policy; policies: {', '.join(POLICIES)} (every-N for any N)")
     if not asked:
         raise ConfigError(f"--policies is empty; policies: {', '.join(POLICIES)}")
@@ -84,7 +82,7 @@ def check_request(
 
 def retrains(policy: str, k: int) -> bool:
     """Whether policy retrains at cutoff k (every policy trains the first model)."""
-    if k == 0 or policy in ("gate", "always"):
+    if k == 0 or policy in ("gate", "always", "warm"):
         return True
     if policy.startswith("every-"):
         return k % int(policy.removeprefix("every-")) == 0
@@ -213,7 +211,7 @@ class Replay:
     policies: list[str]
     bounds: list[float]
     periods: list[dict[str, Any]] = field(default_factory=list)
-    fits: dict[int, dict[str, Any]] = field(default_factory=dict)
+    fits: dict[str, dict[str, Any]] = field(default_factory=dict)  # fit_key(cutoff, warm): its Fit
 
     def record(self) -> dict[str, Any]:
         return {
@@ -221,7 +219,7 @@ class Replay:
             "policies": self.policies,
             "bounds": self.bounds,
             "periods": self.periods,
-            "fits": {str(k): v for k, v in self.fits.items()},
+            "fits": self.fits,
         }
 
 
@@ -239,6 +237,7 @@ def _replay_config(config: Config, table_path: str, folder: str) -> Config:
         "registered_model": raw["mlflow"]["registered_model"] + SUFFIX,
     }
     raw["inference"] = {k: v for k, v in raw["inference"].items() if k not in ("input", "output")}
+    raw["split"] = {**raw["split"], "backtest_fit": False}  # the backtest's extra fit judges no policy
     return config_from_dict(raw, source="<replay>")
 
 
@@ -298,7 +297,7 @@ def replay(
                 "--run-name (or the same --every, --from, --to and --policies to resume it)"
             )
         state.periods = before["periods"]
-        state.fits = {int(k): v for k, v in before["fits"].items()}
+        state.fits = before["fits"]
         log.info("replay %s: resuming after period %d of %d", name, len(state.periods), len(bounds) - 1)
     log.info(
         "replay %s: %d periods of %s from %s to %s, policies %s",
@@ -315,8 +314,11 @@ def replay(
     for k in range(len(state.periods), len(bounds) - 1):
         older = line.values < bounds[k]
         inside = (line.values >= bounds[k]) & (line.values < bounds[k + 1])
-        if any(retrains(p, k) for p in asked) and k not in state.fits:
-            state.fits[k] = _fit(config, table.filter(pa.array(older)), folder, name, k, state.fits).__dict__
+        if any(retrains(p, k) for p in asked if p != "warm" or k == 0) and fit_key(k) not in state.fits:
+            state.fits[fit_key(k)] = _fit(config, table.filter(pa.array(older)), folder, name, k, state).__dict__
+        if "warm" in asked and k > 0 and fit_key(k, warm=True) not in state.fits:
+            warm = _fit(config, table.filter(pa.array(older)), folder, name, k, state, warm=True)
+            state.fits[fit_key(k, warm=True)] = warm.__dict__
         rows = table.filter(pa.array(inside))
         state.periods.append(
             judge_period.with_options(task_run_name=f"period-{k}")(
@@ -332,26 +334,36 @@ def replay(
     return summary
 
 
-def _fit(config: Config, older: pa.Table, folder: str, name: str, k: int, fits: dict[int, dict]) -> Fit:
-    """Cutoff k's retrain on the rows older than it (a retrain flow run named <name>-cutoff<k>, resumed by that name):
-    its registered version and checkpoint. The same rows as the fit before: that fit again, not retrained."""
+def fit_key(k: int, warm: bool = False) -> str:
+    """A fit's key in the replay's state: cutoff k's fresh fit, or its warm-started one."""
+    return f"{k}-warm" if warm else str(k)
+
+
+def _fit(config: Config, older: pa.Table, folder: str, name: str, k: int, state: Replay, warm: bool = False) -> Fit:
+    """Cutoff k's retrain on the rows older than it (a retrain flow run named <name>-cutoff<k>, resumed by that name;
+    warm: <name>-cutoff<k>-warm, train.warm_start from the model the warm policy serves): its registered version and
+    checkpoint. The same rows as a fresh fit before it: that fit again, not retrained."""
     from trainflow.flows.api import snapshot
     from trainflow.flows.retrain import retrain
     from trainflow.trainer.resolve import allowed_class_paths, resolve_checkpoint
 
     log = task_logger("replay")
     path = snapshot(older, folder)
-    earlier = [f for f in fits.values() if f.get("table") == path]
-    if earlier:
+    earlier = [f for key, f in state.fits.items() if f.get("table") == path and not key.endswith("-warm")]
+    if earlier and not warm:
         log.info(
             "cutoff %d: the same rows as cutoff %d's (its period had none): its model again", k, earlier[0]["cutoff"]
         )
         return Fit(k, earlier[0]["version"], earlier[0]["path"], 0.0, older.num_rows, "no new rows", path)
     cfg = _replay_config(config, path, folder)
+    if warm:
+        raw = cfg.to_dict()
+        raw["train"]["warm_start"] = f"models:/{cfg.mlflow.registered_model}@{alias_for(name, 'warm')}"
+        cfg = config_from_dict(raw, source="<replay>")
     key = hand_over(cfg)
     started = time.perf_counter()
     try:
-        summary = retrain(config_path=key, run_name=f"{name}-cutoff{k}")
+        summary = retrain(config_path=key, run_name=f"{name}-cutoff{k}" + ("-warm" if warm else ""))
     finally:
         forget(key)
     seconds = time.perf_counter() - started
@@ -363,6 +375,8 @@ def _fit(config: Config, older: pa.Table, folder: str, name: str, k: int, fits: 
             f"models:/{cfg.mlflow.registered_model}/{version}", allowed_class_paths(cfg), uri
         )
     fit = Fit(k, version, checkpoint, round(seconds, 1), older.num_rows, table=path)
+    if warm:
+        fit.note = _warm_note(summary.get("warm_start"))
     log.info(
         "cutoff %d: trained on %d rows in %.1f s: %s v%s",
         k,
@@ -372,6 +386,15 @@ def _fit(config: Config, older: pa.Table, folder: str, name: str, k: int, fits: 
         version,
     )
     return fit
+
+
+def _warm_note(record: dict | None) -> str:
+    """What a warm fit started from, or why it started fresh (tasks/warm.py's record)."""
+    if not record:
+        return "warm start: no record"
+    if record.get("fresh"):
+        return f"warm start: a fresh fit ({record['fresh']})"
+    return f"warm start: continued version {record['version']} ({record['offset']} rounds)"
 
 
 @task(name="judge-period", cache_policy=NO_CACHE)
@@ -396,10 +419,8 @@ def judge_period(
     from trainflow.tracking import current_champion
 
     log = task_logger("replay")
-    fit = state.fits.get(k)
     folder = _folder(config, state.name)
-    cfg = _replay_config(config, fit["table"] if fit else "unused.parquet", folder)
-    fresh = fit is not None and fit["version"] is not None and fit.get("note") != "no new rows"
+    cfg = _replay_config(config, "unused.parquet", folder)
     model, uri = cfg.mlflow.registered_model, cfg.mlflow.tracking_uri
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
     labelled = rows.filter(pc.is_valid(rows[label])) if rows.num_rows else rows
@@ -418,16 +439,20 @@ def judge_period(
             f"{labelled.num_rows} labelled rows, fewer than monitor.min_rows {config.monitor.min_rows}: noise-bound"
         )
         period["noise_bound"] = True
-    holdout = None
-    if fresh:
-        cut = _table(fit["table"])
-        plan = stored_plan(fit["path"])
-        holdout = cut.filter(pa.array(plan.roles(cut) == TEST)) if plan is not None else cut.slice(0, 0)
+    holdouts: dict[str, pa.Table] = {}
     for policy in state.policies:
         alias = alias_for(state.name, policy)
         mine: dict[str, Any] = {"trained": False, "promoted": False, "training_s": 0.0}
-        if retrains(policy, k) and fresh:
+        fit = state.fits.get(fit_key(k, warm=policy == "warm" and k > 0))
+        if retrains(policy, k) and fit and fit["version"] is not None and fit.get("note") != "no new rows":
+            if fit["table"] not in holdouts:  # the newest rows older than the cutoff: the fit's test role
+                cut = _table(fit["table"])
+                plan = stored_plan(fit["path"])
+                holdouts[fit["table"]] = cut.filter(pa.array(plan.roles(cut) == TEST)) if plan else cut.slice(0, 0)
+            holdout = holdouts[fit["table"]]
             mine["trained"], mine["training_s"] = True, fit["training_s"]
+            if fit.get("note"):
+                mine["note"] = fit["note"]
             if policy == "always":
                 client.set_registered_model_alias(model, alias, fit["version"])
                 mine["promoted"], mine["reason"] = True, "always promotes"
@@ -482,9 +507,9 @@ def _table(path: str) -> pa.Table:
 
 def _cutoff_of(state: Replay, version: str | None) -> int | None:
     """The first cutoff whose fit registered version (the model's age in periods)."""
-    for k in sorted(state.fits):
-        if version is not None and state.fits[k].get("version") == version:
-            return k
+    for fit in sorted(state.fits.values(), key=lambda f: f["cutoff"]):
+        if version is not None and fit.get("version") == version:
+            return fit["cutoff"]
     return None
 
 
@@ -612,6 +637,7 @@ def _describe(policy: str) -> str:
         "gate": "retraining every period with the gate",
         "always": "retraining every period, always promoting",
         "never": "never retraining",
+        "warm": "retraining every period from the serving model (warm start) with the gate",
     }.get(policy, f"retraining every {policy.removeprefix('every-')} periods with the gate")
 
 

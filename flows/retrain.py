@@ -27,6 +27,7 @@ from trainflow.tasks.skip import check_unchanged
 from trainflow.tasks.split import record_split, split
 from trainflow.tasks.train import check_resume, train, train_folds, train_shared
 from trainflow.tasks.validate import validate_data
+from trainflow.tasks.warm import summary_record
 from trainflow.trainer.deadline import MIN_RUN_S, TimeShare, deadline_entry, set_deadline
 from trainflow.limits import AUTO_FLOOR_S
 from trainflow.trainer.resources import concurrent_runs
@@ -183,6 +184,7 @@ def _train_and_publish(
                 "ensemble": built.record if built else None,
                 "families_left_out": {**prepared.left_out, **timed_out} or None,
                 "families_failed": failed or None,
+                "warm_start": summary_record(prepared.warm),
                 "recovered": recovered_families(trained) or None,
                 "folds": k,
                 "time_budget": {

@@ -10,6 +10,7 @@ from prefect.cache_policies import NO_CACHE
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.tasks.common import retry_unless_user_error, task_logger, scored_here
 from trainflow.tasks.values import Ingested, Split, Prepared
+from trainflow.tasks.warm import resolve_warm
 from trainflow.config import Config, infer_format
 from trainflow.errors import ConfigError, DataError
 from trainflow.redact import redact_text
@@ -46,6 +47,8 @@ def preprocess(ingested: Ingested, parts: Split, config: Config, packed: bool = 
     in this process's memory) are fitted on and transformed here. packed=False: the fit and every family's checks
     only (validate), with train and val left None."""
     prep = fit_preprocessor(parts.train, ingested.spec, config.task, config.preprocess)
+    # train.warm_start: a continuation packs with the source model's fitted preprocessing (tasks/warm.py)
+    prep, warm = resolve_warm(config, prep, parts.fold_count) if packed else (prep, None)
     if config.inference.input and config.inference.on_unseen == "error":
         # before any training: a scoring value this vocabulary lacks would fail the run after register and promote
         check_unseen(_unseen_in_scoring_table(config, prep), prep, config.inference.input)
@@ -91,7 +94,7 @@ def preprocess(ingested: Ingested, parts: Split, config: Config, packed: bool = 
         estimate["table_bytes"] / 2**20,
         rows,
     )
-    return Prepared(prep, train, val, materialize, budgets, ingested.spec.fingerprint, left_out, folds, fold_rows)
+    return Prepared(prep, train, val, materialize, budgets, ingested.spec.fingerprint, left_out, folds, fold_rows, warm)
 
 
 def size_families(

@@ -27,6 +27,17 @@ from trainflow.tracking import CHECKPOINT_KEY, PUBLISHED_TAG, ensure_experiment,
 from trainflow.trainer.serving import checkpoint_families
 
 
+def _warm_tag(path: str) -> dict[str, str]:
+    """A warm-started checkpoint's source (train.warm_start): the version it continued, as a lineage tag."""
+    from pathlib import Path
+
+    state = Path(path) / "train_state.json"
+    warm = json.loads(state.read_text()).get("warm_start") if state.is_file() else None
+    if not warm:
+        return {}
+    return {"trainflow.warm_start_from": f"{warm['from']} (version {warm['version']}, {warm['offset']} rounds)"}
+
+
 @task(
     name="register", retries=2, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE
 )
@@ -55,6 +66,7 @@ def register(
         "trainflow.prefect_flow_run_id": str(flow_run.get_id() or ""),
         "trainflow.config_hash": config.training_hash(outcome.family),
         **({"trainflow.split": plan.describe()[:5000]} if plan is not None else {}),  # roles, by time: their ranges
+        **_warm_tag(selected.path),
     }
     # one version per selected checkpoint: the same checkpoint of the same data and training config, registered
     # by a start of this retrain that was killed before it finished, is found again (a digest: paths may hold quotes)

@@ -144,6 +144,7 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
             external_memory=budget.external_memory,
             lineage=lineage,
             callbacks=[callback],
+            warm_start=prepared.warm_start_for(family),
         )
         result = fit_run(trainer, path, config.scaling.workers_label, config.data.materialize)
     if result.metrics and result.metrics.get(STOP_REASON):

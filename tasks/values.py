@@ -60,6 +60,11 @@ class Prepared:
     left_out: dict[str, str] = field(default_factory=dict)  # model.type auto: family -> why it does not fit
     folds: list[tuple[ray.data.Dataset, ray.data.Dataset]] | None = None  # cross-fitting: each fold's, packed
     fold_rows: list[int] = field(default_factory=list)  # cross-fitting: each fold's rows (FoldPlan.fold_rows)
+    warm: dict[str, Any] | None = None  # train.warm_start's record (tasks/warm.py): a continuation, or why not
+
+    def warm_start_for(self, family: str) -> dict[str, Any] | None:
+        """The source model a family's fit continues (its files, its rounds), or None."""
+        return self.warm if self.warm and self.warm.get("family") == family else None
 
 
 @dataclass

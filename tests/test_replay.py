@@ -68,8 +68,6 @@ def test_mistakes_are_refused_before_anything_starts_naming_the_key_or_the_time_
     assert "--from 2012-06-01: outside the table's history" in err and "from 2013-01-01 to 2013-09-15" in err
     assert cli_main(["replay", "--config", str(cfg), "--every", "month", "--policies", "gate,sometimes"]) == 2
     assert "'sometimes': not a policy" in capsys.readouterr().err
-    assert cli_main(["replay", "--config", str(cfg), "--every", "month", "--policies", "warm"]) == 2
-    assert "warm start (train.warm_start) is not built yet" in capsys.readouterr().err
     undated = _config(tmp_path / "undated", time_column=None)
     assert cli_main(["replay", "--config", str(undated), "--every", "month"]) == 2
     assert "replay needs split.time_column" in capsys.readouterr().err
@@ -87,7 +85,7 @@ def test_replay_runs_each_policy_over_the_history_shares_fits_writes_only_its_ow
     cfg = _config(tmp_path)
     out = tmp_path / "replay.json"
     args = ["replay", "--config", str(cfg), "--every", "month", "--from", "2013-06-01"]
-    args += ["--policies", "gate,always,every-2,never", "--run-name", "hist", "--summary-json", str(out)]
+    args += ["--policies", "gate,always,every-2,never,warm", "--run-name", "hist", "--summary-json", str(out)]
     assert cli_main(args) == 0
     s = json.loads(out.read_text())
     r = s["replay"]
@@ -105,11 +103,16 @@ def test_replay_runs_each_policy_over_the_history_shares_fits_writes_only_its_ow
         "always": [True, True, True],
         "every-2": [True, False, True],
         "never": [True, False, False],
+        "warm": [True, True, True],
     }
     assert [p["policies"]["never"]["serving"] for p in periods] == [0, 0, 0]
     assert [p["policies"]["always"]["serving"] for p in periods] == [0, 1, 2]
     assert periods[1]["policies"]["every-2"]["serving"] == 0
-    # one retrain per cutoff, shared: the same seconds charged to every policy that used it
+    # warm: from the second cutoff on, XGBoost's boosters continue the model the warm policy serves
+    for p in periods[1:]:
+        assert p["policies"]["warm"]["note"].startswith("warm start: continued version ")
+        assert p["policies"]["warm"]["training_s"] != p["policies"]["gate"]["training_s"]  # a fit of its own
+    # one fresh retrain per cutoff, shared: the same seconds charged to every policy that used it
     fit_s = [p["policies"]["gate"]["training_s"] for p in periods]
     assert all(t > 0 for t in fit_s) and periods[0]["policies"]["never"]["training_s"] == fit_s[0]
     assert r["policies"]["every-2"]["training_s"] == pytest.approx(fit_s[0] + fit_s[2], abs=0.2)
@@ -139,7 +142,11 @@ def test_replay_runs_each_policy_over_the_history_shares_fits_writes_only_its_ow
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
     assert [m.name for m in client.search_registered_models()] == ["user-model-replay"]
     versions = client.search_model_versions("name='user-model-replay'")
-    assert len(versions) == 3
+    assert len(versions) == 5  # a fresh fit per cutoff, and the warm policy's two
+    started = [v for v in versions if v.tags.get("trainflow.warm_start_from")]
+    assert len(started) == 2 and all(
+        "models:/user-model-replay@hist-warm" in v.tags["trainflow.warm_start_from"] for v in started
+    )
     for q in r["policies"]:
         alias = client.get_model_version_by_alias("user-model-replay", f"hist-{q}")
         assert str(alias.version) == periods[-1]["policies"][q]["serving_version"]
@@ -161,5 +168,5 @@ def test_replay_runs_each_policy_over_the_history_shares_fits_writes_only_its_ow
         return [{q: [v[k] for k in keys] for q, v in p["policies"].items()} for p in ps]
 
     assert decisions(r2["periods"]) == decisions(periods)
-    assert len(client.search_model_versions("name='user-model-replay'")) == 3  # nothing trained again
+    assert len(client.search_model_versions("name='user-model-replay'")) == 5  # nothing trained again
     assert r["resumed_periods"] == 0 and r2["resumed_periods"] == 2

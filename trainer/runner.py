@@ -123,6 +123,7 @@ def build_trainer(
     external_memory: bool = False,
     lineage: dict[str, str] | None = None,
     folds: dict[int, tuple[ray.data.Dataset, ray.data.Dataset]] | None = None,
+    warm_start: dict[str, Any] | None = None,
 ):
     """The model family's trainer (TorchTrainer, XGBoostTrainer, LightGBMTrainer); its run resumes when
     built again with the same storage_path and run_name.
@@ -132,6 +133,7 @@ def build_trainer(
     streamed: the data is re-read from its files each epoch and each block's rows permuted on the workers;
     external_memory: XGBoost workers build external-memory matrices (trainer/families/xgboost_extmem.py);
     lineage: written into every checkpoint (data fingerprint, training config hash), checked by a resume;
+    warm_start: the source model a fit with no checkpoint of its own continues (tasks/warm.py: its files, rounds);
     folds: {fold: (training rows, held-out rows)} trained one after another inside this one run (trainer/session.py),
     each into its own folder, instead of train_ds and val_ds. Ray Train ranks checkpoints across the whole run, so a
     fold run keeps every one it reports (its own num_to_keep would drop one fold's best for another's); the train
@@ -151,6 +153,7 @@ def build_trainer(
             **_loop_config(config, preprocessor, run_name, cache_shards, streamed, lineage),
             "external_memory": external_memory,
             **({"folds": sorted(folds)} if folds is not None else {}),
+            **({"warm_start": warm_start} if warm_start else {}),
         },
         scaling_config=scaling_config(family.worker_scaling(config.scaling)),
         datasets=datasets,

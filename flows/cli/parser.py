@@ -135,8 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument(
         "--policies",
-        help="comma-separated: gate, always, every-N (every-2, every-4, ...), never (default: gate, always, every-2, "
-        "every-4, never)",
+        help="comma-separated: gate, always, every-N (every-2, every-4, ...), never, warm (default: gate, always, "
+        "every-2, every-4, never, warm)",
     )
     rp.add_argument("--run-name", help="the replay's name; a replay rerun under its name resumes after its last period")
 

@@ -140,6 +140,14 @@ def format_summary(s: dict[str, Any]) -> str:
             f"  time budget       training took {budget.get('training_s')} s; {budget.get('rule') or 'no limit'}"
             + (f"; stopped by it: {cut}" if cut else "")
         )
+    warm = s.get("warm_start")
+    if warm:
+        lines.append(
+            f"  warm start        a fresh fit: {warm['fresh']} ({warm['from']})"
+            if warm.get("fresh")
+            else f"  warm start        {warm['family']} continued {warm['from']} (version {warm['version']}, "
+            f"{warm['offset']} rounds) on the new rows"
+        )
     if s.get("recovered"):
         from trainflow.tasks.values import describe_recovered
 

@@ -79,8 +79,9 @@ class RoundReporter:
         y_val: np.ndarray,
         save: Callable[[Any, int, Path], None],
         predict: Callable[[Any, int], np.ndarray],
+        offset: int = 0,
     ):
-        self.loop_config, self.family, self.prep = loop_config, family, prep
+        self.loop_config, self.family, self.prep, self.offset = loop_config, family, prep, offset
         self.cfg: Config = loop_config["config"]
         self.y_val, self.save, self.predict = y_val, save, predict
         ctx = ray.train.get_context()
@@ -129,6 +130,7 @@ class RoundReporter:
                 "seed": self.cfg.split.seed,
                 "early_stopping": stopper.state(),
                 "family": self.family,
+                **({"warm_offset": self.offset, "warm_start": _warm_record(self.loop_config)} if self.offset else {}),
             }
             (Path(folder) / STATE_JSON).write_text(json.dumps(state))
             write_common(
@@ -160,6 +162,7 @@ class BoostRun:
     start: int  # the first round to boost
     history: list[dict[str, float]]
     stopper: EarlyStopping
+    offset: int = 0  # a warm start's: the source model's rounds, before this fit's round 0 (train.warm_start)
 
     def reporter(
         self, family: str, save: Callable[[Any, int, Path], None], predict: Callable[[Any, int], np.ndarray]
@@ -175,6 +178,7 @@ class BoostRun:
             self.y_val,
             save,
             predict,
+            self.offset,
         )
 
 
@@ -185,15 +189,24 @@ def prepare(loop_config: dict[str, Any], load_model: Callable[[Path], Any]) -> B
     ctx = ray.train.get_context()
     budget = replace(boost_budget(cfg.model), external_memory=bool(loop_config.get("external_memory")))
     stopper = EarlyStopping("min", budget.patience, cfg.train.early_stopping.min_delta)
-    model, start, history = None, 0, []
+    model, start, history, offset = None, 0, [], 0
     checkpoint = session.get_checkpoint()
+    warm = loop_config.get("warm_start")
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
             model = load_model(Path(d))
             state = json.loads((Path(d) / STATE_JSON).read_text())
             stopper.load(state["early_stopping"])
             history = read_metrics(d)["history"]
-        start = int(state["epoch"]) + 1
+        start, offset = int(state["epoch"]) + 1, int(state.get("warm_offset", 0))
+    elif warm:  # train.warm_start: boost on from the source model's rounds (tasks/warm.py shipped its files)
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="trainflow-warm-") as d:
+            for name, data in warm["files"].items():
+                (Path(d) / Path(name).name).write_bytes(data)
+            model = load_model(Path(d))
+        offset = int(warm["offset"])
     record_start(
         loop_config, ctx.get_world_rank(), start, checkpoint is not None, external_memory=budget.external_memory
     )
@@ -206,4 +219,10 @@ def prepare(loop_config: dict[str, Any], load_model: Callable[[Path], Any]) -> B
         x_val, y_val = shard_arrays(session.dataset_shard("val"))
     if start == 0 and ctx.get_world_rank() == 0:
         print(f"trainflow budget: {budget.to_dict()} over {prep.train_rows} training rows")
-    return BoostRun(loop_config, prep, x, y, x_val, y_val, budget, model, start, history, stopper)
+    return BoostRun(loop_config, prep, x, y, x_val, y_val, budget, model, start, history, stopper, offset)
+
+
+def _warm_record(loop_config: dict[str, Any]) -> dict[str, Any] | None:
+    """The source model a warm-started fit continued (its URI, version and rounds), written into its checkpoints."""
+    warm = loop_config.get("warm_start")
+    return None if not warm else {k: warm.get(k) for k in ("from", "version", "offset")}

@@ -105,17 +105,19 @@ def train_fn(loop_config: dict[str, Any]) -> None:
         run.x_val, label=run.y_val, categorical_feature=cats, reference=train_set, free_raw_data=False
     )
 
+    base = run.offset  # a warm start's source rounds: this fit's round r is the booster's iteration base + r
+
     def save(model, rnd: int, d: Path) -> None:
-        model.save_model(str(d / LGB_MODEL), num_iteration=rnd + 1)
+        model.save_model(str(d / LGB_MODEL), num_iteration=base + rnd + 1)
 
     def predict(model, rnd: int) -> np.ndarray:
-        return outputs_from(prep.task, prep.num_outputs, model.predict(run.x_val, num_iteration=rnd + 1))
+        return outputs_from(prep.task, prep.num_outputs, model.predict(run.x_val, num_iteration=base + rnd + 1))
 
     reporter = run.reporter(NAME, save, predict)
 
     def report(env) -> None:
         losses = {name: value for name, _, value, _ in env.evaluation_result_list}
-        if reporter.after_round(env.model, env.iteration, losses["train"], losses["val"]):
+        if reporter.after_round(env.model, env.iteration - base, losses["train"], losses["val"]):
             raise lgb.callback.EarlyStopException(env.iteration, env.evaluation_result_list)
 
     report.order = 30  # after LightGBM's own callbacks

@@ -153,13 +153,15 @@ def _boost(run, params: dict[str, Any], dtrain, dval) -> None:
 
     prep, metric = run.prep, params["eval_metric"]
 
+    base = run.offset  # a warm start's source rounds: this fit's round r is the booster's round base + r
+
     def save(model, rnd: int, d: Path) -> None:
-        model[: rnd + 1].save_model(str(d / XGB_MODEL))
+        model[: base + rnd + 1].save_model(str(d / XGB_MODEL))
 
     def predict(model, rnd: int) -> np.ndarray:
         # on the DMatrix every rank built: building one on rank 0 alone is a collective call the others
         # never join, which kills the worker group
-        return outputs_from(prep.task, prep.num_outputs, model.predict(dval, iteration_range=(0, rnd + 1)))
+        return outputs_from(prep.task, prep.num_outputs, model.predict(dval, iteration_range=(0, base + rnd + 1)))
 
     reporter = run.reporter(NAME, save, predict)
 
@@ -168,7 +170,7 @@ def _boost(run, params: dict[str, Any], dtrain, dval) -> None:
             train_loss = loss_from_metric(prep.task, evals_log["train"][metric][-1])
             val_loss = loss_from_metric(prep.task, evals_log["val"][metric][-1])
             # the callback's epoch counts from 0 again on a continued model; the booster's count is global
-            return reporter.after_round(model, model.num_boosted_rounds() - 1, train_loss, val_loss)
+            return reporter.after_round(model, model.num_boosted_rounds() - 1 - base, train_loss, val_loss)
 
     xgb.train(
         params,

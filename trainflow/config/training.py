@@ -101,6 +101,21 @@ class TrainSection(_Section):
         f"{AUTO_FLOOR_S:.0f} s); `off`: "
         "no limit ([families.md](families.md#one-time-budget))",
     )
+    warm_start: str = key(
+        "none",
+        "`champion`: the challenger continues from the serving model instead of starting from nothing (XGBoost's and "
+        "LightGBM's boosters add rounds to the champion's on the new rows, with its preprocessing), judged by the same "
+        "gate; or a `models:/name@alias` or `models:/name/version` to start from. Only from a one-split model of a "
+        "family this config trains with the same columns and classes; otherwise a fresh fit, with the reason in the "
+        "summary ([families.md](families.md#warm-start))",
+    )
+
+    @field_validator("warm_start")
+    @classmethod
+    def _warm_start(cls, v: str) -> str:
+        if v not in ("none", "champion") and not v.startswith("models:/"):
+            raise ValueError("must be 'none', 'champion', or a models:/name@alias or models:/name/version URI")
+        return v
 
     @field_validator("time_limit")
     @classmethod

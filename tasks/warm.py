@@ -1,0 +1,118 @@
+"""train.warm_start: the challenger continues from the serving model (or a named version) instead of starting from
+nothing, where that model can be continued; otherwise a fresh fit, with the reason.
+
+Resolved in the flow's process before the rows are packed: the source version's checkpoint is read from the registry,
+and a continuation needs a one-split model of a family this config trains (XGBoost, LightGBM) with the same columns,
+encodings and classes. The challenger then keeps the source's fitted preprocessing (its trees split on those values)
+with the new rows' counts and baseline, and its boosters add rounds to the source's on the new rows; the source's files
+travel to the workers inside the loop's config (no shared folder needed). The same gate judges it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from trainflow.config import Config
+from trainflow.errors import CheckpointError
+from trainflow.preprocessors.tabular import TabularPreprocessor
+from trainflow.tasks.common import task_logger
+
+WARM_FAMILIES = ("xgboost", "lightgbm")  # the families whose loop continues a source model (trainer/families/_trees.py)
+STATE_JSON = "train_state.json"
+MAX_FILE_BYTES = 256 * 2**20  # a source checkpoint file larger than this is not shipped to the workers
+
+
+def warm_source(config: Config) -> str | None:
+    """The model URI train.warm_start names (None: none)."""
+    asked = config.train.warm_start
+    if asked == "none":
+        return None
+    if asked == "champion":
+        return f"models:/{config.mlflow.registered_model}@champion"
+    return asked
+
+
+def _same_schema(mine: TabularPreprocessor, theirs: TabularPreprocessor) -> str | None:
+    """Why theirs cannot preprocess for a continuation of mine's fit (None: it can)."""
+    for what in ("task", "label", "feature_order", "classes"):
+        if getattr(mine, what) != getattr(theirs, what):
+            return f"its {what} differs ({getattr(theirs, what)!r}, the new rows' {getattr(mine, what)!r})"
+    for what in ("numeric", "categorical", "embedded", "dates"):
+        if sorted(getattr(mine, what)) != sorted(getattr(theirs, what)):
+            return f"its {what} columns differ ({sorted(getattr(theirs, what))}, the new rows' {sorted(getattr(mine, what))})"
+    return None
+
+
+def resolve_warm(config: Config, prep: TabularPreprocessor, folds: int) -> tuple[TabularPreprocessor, dict | None]:
+    """(the preprocessor to pack with, the warm start's record): None when train.warm_start is none; else
+    {"from": uri, "version", "family", "offset", "files"} for a continuation, or {"from": uri, "fresh": why}."""
+    uri = warm_source(config)
+    if uri is None:
+        return prep, None
+    log = task_logger("warm-start")
+    record: dict[str, Any] = {"from": uri}
+    why, theirs, path = None, None, None
+    if folds > 1:
+        why = f"train.folds {folds}: the challenger is a bag of fold models, and a warm start continues one model"
+    else:
+        from trainflow.trainer.resolve import allowed_class_paths, resolve_checkpoint
+        from trainflow.trainer.serving import BAG_FILE, checkpoint_families
+
+        try:
+            path = Path(resolve_checkpoint(uri, allowed_class_paths(config), config.mlflow.tracking_uri))
+        except CheckpointError as exc:
+            why = f"no model to start from: {exc}"
+        if path is not None:
+            record["version"] = _version(config, uri)
+            families = checkpoint_families(path)
+            theirs = TabularPreprocessor.load(path)
+            if len(families) != 1 or (path / BAG_FILE).exists():
+                why = f"it is {'an ensemble' if len(families) != 1 else 'a bag of fold models'}, not one model"
+            elif families[0] not in config.model.families:
+                why = f"it is a {families[0]} model, a family this config does not train ({config.model.families})"
+            elif families[0] not in WARM_FAMILIES:
+                why = f"a {families[0]} model: warm start continues {', '.join(WARM_FAMILIES)} models"
+            else:
+                why = _same_schema(prep, theirs)
+    if why is not None:
+        record["fresh"] = why
+        log.warning("warm start from %s: a fresh fit instead: %s", uri, why)
+        return prep, record
+    state = json.loads((path / STATE_JSON).read_text())
+    record.update(
+        family=checkpoint_families(path)[0],
+        offset=int(state.get("warm_offset", 0)) + int(state["epoch"]) + 1,  # the rounds its model file holds
+        files={f.name: f.read_bytes() for f in path.iterdir() if f.is_file() and f.stat().st_size <= MAX_FILE_BYTES},
+    )
+    log.info(
+        "warm start: %s continues %s (v%s, %d rounds) on the new rows, with its preprocessing",
+        record["family"],
+        uri,
+        record["version"],
+        record["offset"],
+    )
+    mine = dataclasses.replace(
+        theirs, train_rows=prep.train_rows, class_counts=prep.class_counts, baseline=prep.baseline
+    )
+    return mine, record
+
+
+def _version(config: Config, uri: str) -> str | None:
+    """The registered version a models:/ URI names."""
+    import mlflow
+
+    name, _, rest = uri.removeprefix("models:/").partition("/")
+    if "@" in name:
+        name, alias = name.split("@", 1)
+        tracking = config.mlflow.tracking_uri
+        client = mlflow.MlflowClient(tracking_uri=tracking, registry_uri=tracking)
+        return str(client.get_model_version_by_alias(name, alias).version)
+    return rest or None
+
+
+def summary_record(warm: dict | None) -> dict | None:
+    """The warm start's record without the source's files (the summary's, MLflow's)."""
+    return None if warm is None else {k: v for k, v in warm.items() if k != "files"}
