@@ -343,7 +343,7 @@ def _fit(config: Config, older: pa.Table, folder: str, name: str, k: int, state:
     """Cutoff k's retrain on the rows older than it (a retrain flow run named <name>-cutoff<k>, resumed by that name;
     warm: <name>-cutoff<k>-warm, train.warm_start from the model the warm policy serves): its registered version and
     checkpoint. The same rows as a fresh fit before it: that fit again, not retrained."""
-    from trainflow.flows.api import snapshot
+    from trainflow.snapshots import snapshot
     from trainflow.flows.retrain import retrain
     from trainflow.trainer.resolve import allowed_class_paths, resolve_checkpoint
 

@@ -2,7 +2,8 @@
 nothing, where that model can be continued; otherwise a fresh fit, with the reason.
 
 Resolved in the flow's process before the rows are packed: the source version's checkpoint is read from the registry,
-and a continuation needs a one-split model of a family this config trains (XGBoost, LightGBM) with the same columns,
+and a continuation needs a one-split model of a family this config trains whose loop continues one (Family.warm_start:
+the boosters XGBoost and LightGBM) with the same columns,
 encodings and classes. The challenger then keeps the source's fitted preprocessing (its trees split on those values)
 with the new rows' counts and baseline, and its boosters add rounds to the source's on the new rows; the source's files
 travel to the workers inside the loop's config (no shared folder needed). The same gate judges it.
@@ -19,8 +20,8 @@ from trainflow.config import Config
 from trainflow.errors import CheckpointError
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.tasks.common import task_logger
+from trainflow.trainer.families import REGISTRY
 
-WARM_FAMILIES = ("xgboost", "lightgbm")  # the families whose loop continues a source model (trainer/families/_trees.py)
 STATE_JSON = "train_state.json"
 MAX_FILE_BYTES = 256 * 2**20  # a source checkpoint file larger than this is not shipped to the workers
 
@@ -73,8 +74,9 @@ def resolve_warm(config: Config, prep: TabularPreprocessor, folds: int) -> tuple
                 why = f"it is {'an ensemble' if len(families) != 1 else 'a bag of fold models'}, not one model"
             elif families[0] not in config.model.families:
                 why = f"it is a {families[0]} model, a family this config does not train ({config.model.families})"
-            elif families[0] not in WARM_FAMILIES:
-                why = f"a {families[0]} model: warm start continues {', '.join(WARM_FAMILIES)} models"
+            elif not REGISTRY[families[0]].warm_start:
+                able = [name for name in REGISTRY if REGISTRY[name].warm_start]
+                why = f"a {families[0]} model: warm start continues {', '.join(able)} models"
             else:
                 why = _same_schema(prep, theirs)
     if why is not None:

@@ -149,6 +149,7 @@ FAMILY = Family(
     serving_packages=("lightgbm",),
     describe=describe_booster(NAME),
     calibration="platt",
+    warm_start=True,
     class_weights=False,
     library_params=library_params,
     search_space=BOOSTER_SPACE,

@@ -200,6 +200,7 @@ FAMILY = Family(
     describe=describe_booster(NAME),
     external_memory=True,
     calibration="platt",
+    warm_start=True,
     class_weights=False,
     library_params=library_params,
     search_space=BOOSTER_SPACE,

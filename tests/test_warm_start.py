@@ -1,0 +1,58 @@
+"""train.warm_start's refusals, each a fresh fit with its reason (the continuation itself: tests/test_replay.py's
+warm policy, XGBoost continuing the model it serves)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tests.conftest import empty_mlflow_store, tiny_preprocessor
+from trainflow.config import config_from_dict
+from trainflow.errors import ConfigError
+from trainflow.tasks.warm import _same_schema, resolve_warm, summary_record, warm_source
+
+
+def _config(tmp_path, warm_start: str, **train):
+    import shutil
+
+    shutil.copyfile(empty_mlflow_store(), tmp_path / "mlflow.db")
+    return config_from_dict(
+        {
+            "data": {"path": "t.parquet", "label": "y"},
+            "task": "classification",
+            "model": {"type": "xgboost"},
+            "train": {"warm_start": warm_start, **train},
+            "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "registered_model": "m"},
+        },
+        base_dir=tmp_path,
+    )
+
+
+def test_none_resolves_nothing_and_champion_names_the_alias(tmp_path):
+    prep = tiny_preprocessor()
+    assert resolve_warm(_config(tmp_path, "none"), prep, 1) == (prep, None)
+    assert warm_source(_config(tmp_path, "champion")) == "models:/m@champion"
+    assert warm_source(_config(tmp_path, "models:/other/3")) == "models:/other/3"
+    with pytest.raises(ConfigError, match="warm_start"):
+        _config(tmp_path, "yesterday")
+
+
+def test_a_bag_and_a_missing_champion_give_a_fresh_fit_with_the_reason(tmp_path):
+    prep = tiny_preprocessor()
+    same, record = resolve_warm(_config(tmp_path, "champion"), prep, 5)
+    assert same is prep and "train.folds 5: the challenger is a bag of fold models" in record["fresh"]
+    same, record = resolve_warm(_config(tmp_path, "champion"), prep, 1)
+    assert (
+        same is prep and record["fresh"].startswith("no model to start from") and record["from"] == "models:/m@champion"
+    )
+    assert summary_record({**record, "files": {"model.ubj": b"x"}}) == record
+
+
+def test_another_schema_is_refused_naming_what_differs():
+    mine = tiny_preprocessor()
+    assert _same_schema(mine, mine) is None
+    fewer = dataclasses.replace(mine, feature_order=mine.feature_order[:3])
+    assert "feature_order differs" in _same_schema(mine, fewer)
+    other_classes = dataclasses.replace(mine, classes=["no", "maybe"])
+    assert "classes differs" in _same_schema(mine, other_classes)
