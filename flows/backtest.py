@@ -70,7 +70,7 @@ def fit_earlier(
         return EarlierFit(family, None, None, skipped=why)
     train_rows, held_rows = earlier_parts(parts.train, plan, parts.materialized)
     packed_train, packed_val = pack(train_rows, held_rows, prepared.preprocessor, prepared.materialized)
-    mine = replace(prepared, train=packed_train, val=packed_val, folds=None)
+    mine = replace(prepared, train=packed_train, val=packed_val, folds=None, warm=None)  # older rows: never warm
     shift = plan.earlier["recent_end"] - plan.earlier["end"]
     log.info(
         "backtest: training %s again as %s on its %d oldest rows to %s (early-stopping on the next %d), "

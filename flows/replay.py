@@ -394,7 +394,8 @@ def _warm_note(record: dict | None) -> str:
         return "warm start: no record"
     if record.get("fresh"):
         return f"warm start: a fresh fit ({record['fresh']})"
-    return f"warm start: continued version {record['version']} ({record['offset']} rounds)"
+    what = f"{record['offset']} rounds" if record.get("offset") else "its weights"
+    return f"warm start: continued version {record['version']} ({what})"
 
 
 @task(name="judge-period", cache_policy=NO_CACHE)

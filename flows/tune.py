@@ -12,6 +12,7 @@ from trainflow.tasks.ingest import ingest, pin_source
 from trainflow.tasks.preprocess import preprocess
 from trainflow.tasks.run_name import resolve_run_name
 from trainflow.tasks.select import select
+from trainflow.tasks.common import task_logger
 from trainflow.tasks.split import record_split, split
 from trainflow.tasks.tune import check_sweep, tune_sweep
 from trainflow.tasks.validate import validate_data
@@ -45,7 +46,9 @@ def _tune(config, sweep: str, resume: bool) -> dict[str, Any]:
     check_sweep(config, sweep, resume)
     ingested = ingest(config)
     parts = split(ingested, config, folds=1)  # a trial trains one model: one validation split
-    prepared = preprocess(ingested, parts, config)
+    if config.train.warm_start != "none":
+        task_logger("tune").warning("train.warm_start %s: a sweep's trials fit fresh", config.train.warm_start)
+    prepared = preprocess(ingested, parts, config, warm=False)
     validation = validate_data(config, prepared.preprocessor)
     parts = record_split(ingested, config, parts, sweep)
     swept = tune_sweep(prepared, config, sweep, resume)

@@ -41,14 +41,14 @@ def _unseen_in_scoring_table(config: Config, prep: TabularPreprocessor) -> dict[
     retry_condition_fn=retry_unless_user_error,
     cache_policy=NO_CACHE,
 )
-def preprocess(ingested: Ingested, parts: Split, config: Config, packed: bool = True) -> Prepared:
+def preprocess(ingested: Ingested, parts: Split, config: Config, packed: bool = True, warm: bool = True) -> Prepared:
     """Fit on train (with folds: every non-test row; the preprocessor learns no label), transform train and
     validation (or each fold's rows); materialize when the packed data fits in memory. A small table's rows (tables
     in this process's memory) are fitted on and transformed here. packed=False: the fit and every family's checks
-    only (validate), with train and val left None."""
+    only (validate), with train and val left None. warm=False: train.warm_start does not apply (a sweep's trials)."""
     prep = fit_preprocessor(parts.train, ingested.spec, config.task, config.preprocess)
     # train.warm_start: a continuation packs with the source model's fitted preprocessing (tasks/warm.py)
-    prep, warm = resolve_warm(config, prep, parts.fold_count) if packed else (prep, None)
+    prep, started = resolve_warm(config, prep, parts.fold_count) if packed and warm else (prep, None)
     if config.inference.input and config.inference.on_unseen == "error":
         # before any training: a scoring value this vocabulary lacks would fail the run after register and promote
         check_unseen(_unseen_in_scoring_table(config, prep), prep, config.inference.input)
@@ -94,7 +94,9 @@ def preprocess(ingested: Ingested, parts: Split, config: Config, packed: bool = 
         estimate["table_bytes"] / 2**20,
         rows,
     )
-    return Prepared(prep, train, val, materialize, budgets, ingested.spec.fingerprint, left_out, folds, fold_rows, warm)
+    return Prepared(
+        prep, train, val, materialize, budgets, ingested.spec.fingerprint, left_out, folds, fold_rows, started
+    )
 
 
 def size_families(

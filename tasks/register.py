@@ -29,13 +29,13 @@ from trainflow.trainer.serving import checkpoint_families
 
 def _warm_tag(path: str) -> dict[str, str]:
     """A warm-started checkpoint's source (train.warm_start): the version it continued, as a lineage tag."""
-    from pathlib import Path
+    from trainflow.trainer.checkpoint import read_warm
 
-    state = Path(path) / "train_state.json"
-    warm = json.loads(state.read_text()).get("warm_start") if state.is_file() else None
+    warm = read_warm(path)
     if not warm:
         return {}
-    return {"trainflow.warm_start_from": f"{warm['from']} (version {warm['version']}, {warm['offset']} rounds)"}
+    rounds = f", {warm['offset']} rounds" if warm.get("offset") else ""
+    return {"trainflow.warm_start_from": f"{warm['from']} (version {warm['version']}{rounds})"}
 
 
 @task(

@@ -78,28 +78,40 @@ def resolve_warm(config: Config, prep: TabularPreprocessor, folds: int) -> tuple
                 able = [name for name in REGISTRY if REGISTRY[name].warm_start]
                 why = f"a {families[0]} model: warm start continues {', '.join(able)} models"
             else:
-                why = _same_schema(prep, theirs)
+                why = _same_schema(prep, theirs) or _same_model(config, families[0], path)
     if why is not None:
         record["fresh"] = why
         log.warning("warm start from %s: a fresh fit instead: %s", uri, why)
         return prep, record
-    state = json.loads((path / STATE_JSON).read_text())
+    booster = (path / STATE_JSON).is_file()  # a booster's round state (a network's is train_state.pt)
+    state = json.loads((path / STATE_JSON).read_text()) if booster else {}
     record.update(
         family=checkpoint_families(path)[0],
-        offset=int(state.get("warm_offset", 0)) + int(state["epoch"]) + 1,  # the rounds its model file holds
+        # the rounds its model file holds, which the new fit's rounds follow (a network starts from epoch 0)
+        offset=int(state.get("warm_offset", 0)) + int(state["epoch"]) + 1 if booster else 0,
         files={f.name: f.read_bytes() for f in path.iterdir() if f.is_file() and f.stat().st_size <= MAX_FILE_BYTES},
     )
     log.info(
-        "warm start: %s continues %s (v%s, %d rounds) on the new rows, with its preprocessing",
+        "warm start: %s continues %s (v%s%s) on the new rows, with its preprocessing",
         record["family"],
         uri,
         record["version"],
-        record["offset"],
+        f", {record['offset']} rounds" if record["offset"] else ", its weights",
     )
     mine = dataclasses.replace(
         theirs, train_rows=prep.train_rows, class_counts=prep.class_counts, baseline=prep.baseline
     )
     return mine, record
+
+
+def _same_model(config: Config, family: str, path: Path) -> str | None:
+    """Why the source's model cannot be continued by this config's (a network of another shape; None: it can)."""
+    from trainflow.trainer.checkpoint import read_config
+
+    fam = REGISTRY[family]
+    theirs = fam.hashed(read_config(path).get("model") or {})
+    mine = fam.hashed(config.for_family(family).to_dict()["model"])
+    return None if theirs == mine else f"its model section differs from this config's ({family}: {theirs} vs {mine})"
 
 
 def _version(config: Config, uri: str) -> str | None:

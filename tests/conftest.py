@@ -153,6 +153,27 @@ def make_regression_table(rows: int, seed: int = 0, with_label: bool = True) -> 
     return pa.table(cols)
 
 
+def daily_table(days: int, per_day: int, seed: int, logit) -> pa.Table:
+    """per_day rows a day over `days` days from 2013-01-01: id, when (a date), x1, x2 and a binary y drawn from
+    logit(day, x1, x2) plus noise: the dated tables of the tests of roles by time and of replay."""
+    import datetime as dt
+
+    rng = np.random.default_rng(seed)
+    day = np.repeat(np.arange(days), per_day)
+    n = len(day)
+    x1, x2 = rng.normal(size=n), rng.normal(size=n)
+    y = ((logit(day, x1, x2) + rng.normal(0, 0.5, n)) > 0).astype(np.int64)
+    return pa.table(
+        {
+            "id": np.arange(n),
+            "when": pa.array([dt.date(2013, 1, 1) + dt.timedelta(days=int(d)) for d in day]),
+            "x1": x1,
+            "x2": x2,
+            "y": y,
+        }
+    )
+
+
 def write_parquet(table: pa.Table, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path)

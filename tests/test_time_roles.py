@@ -4,14 +4,13 @@ trained or chose on, saying which."""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from tests.conftest import write_config, write_parquet
+from tests.conftest import daily_table, write_config, write_parquet
 from trainflow.flows.cli import main as cli_main
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_local")]
@@ -19,20 +18,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_l
 
 def _table(days: int, seed: int = 0) -> pa.Table:
     """8 rows a day over `days` days of 2013; y depends on x, and on the season a little."""
-    rng = np.random.default_rng(seed)
-    n = days * 8
-    day = np.repeat(np.arange(days), 8)
-    x1, x2 = rng.normal(size=n), rng.normal(size=n)
-    y = ((x1 + 0.5 * x2 + 0.3 * np.sin(day / 58.0) + rng.normal(0, 0.5, n)) > 0).astype(np.int64)
-    return pa.table(
-        {
-            "id": np.arange(n),
-            "when": pa.array([dt.date(2013, 1, 1) + dt.timedelta(days=int(d)) for d in day]),
-            "x1": x1,
-            "x2": x2,
-            "y": y,
-        }
-    )
+    return daily_table(days, 8, seed, lambda day, x1, x2: x1 + 0.5 * x2 + 0.3 * np.sin(day / 58.0))
 
 
 def test_a_time_split_judges_the_newest_rows_and_the_gate_those_newer_than_the_champion(tmp_path, capsys):

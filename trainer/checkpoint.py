@@ -5,6 +5,7 @@ Every family writes
     preprocessor.json  the fitted preprocessor, as data
     config.json      the resolved trainflow config (secrets masked); its model.type names the family that reads the rest
     lineage.json     the training data's fingerprint and the hash of the training-relevant config (a resume checks them)
+    warm_start.json  a warm-started fit's: the model it continued (train.warm_start: its URI, version, rounds)
 torch families (mlp, torch)
     model.pt         weights (unwrapped from DDP), loaded with torch.load(weights_only=True)
     train_state.pt   optimizer and LR-schedule state, epoch, seed, early-stopping state (weights_only too)
@@ -15,10 +16,11 @@ boosted trees
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.redact import redact_config
@@ -42,6 +44,7 @@ def save_checkpoint(
     preprocessor: dict[str, Any],
     config: dict[str, Any],
     lineage: dict[str, str] | None = None,
+    warm: dict[str, Any] | None = None,
 ) -> None:
     """Write a complete torch checkpoint into directory (rank 0 only); train_state holds at least 'epoch'."""
     import torch
@@ -49,7 +52,7 @@ def save_checkpoint(
     d = Path(directory)
     torch.save(model_state, d / MODEL_FILE)
     torch.save(train_state, d / STATE_FILE)
-    write_common(d, int(train_state["epoch"]), metrics, history, preprocessor, config, lineage)
+    write_common(d, int(train_state["epoch"]), metrics, history, preprocessor, config, lineage, warm)
 
 
 def write_common(
@@ -60,14 +63,27 @@ def write_common(
     preprocessor: dict[str, Any],
     config: dict[str, Any],
     lineage: dict[str, str] | None = None,
+    warm: dict[str, Any] | None = None,
 ) -> None:
-    """The files every family's checkpoint holds: metrics and history, the preprocessor, the config, the lineage."""
+    """The files every family's checkpoint holds: metrics and history, the preprocessor, the config, the lineage; and
+    a warm-started fit's source (warm: train.warm_start's URI, version and rounds)."""
     d = Path(directory)
     if lineage:
         (d / LINEAGE_FILE).write_text(json.dumps(lineage))
+    if warm:
+        (d / WARM_FILE).write_text(json.dumps(warm))
     (d / METRICS_FILE).write_text(json.dumps({"epoch": epoch, "metrics": metrics, "history": history}, indent=1))
     TabularPreprocessor.from_dict(preprocessor).save(d)
     (d / CONFIG_FILE).write_text(json.dumps(redact_config(config), indent=1))  # no secrets in storage or the registry
+
+
+WARM_FILE = "warm_start.json"  # a warm-started fit's checkpoints: the model it continued (train.warm_start)
+
+
+def read_warm(directory: str | Path) -> dict[str, Any] | None:
+    """The source model a checkpoint's fit continued ({"from", "version", "offset"}), or None."""
+    path = Path(directory) / WARM_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def load_train_state(directory: str | Path) -> dict[str, Any]:
@@ -102,3 +118,20 @@ def metric_value(metrics: dict[str, Any], name: str) -> float | None:
     except (TypeError, ValueError):
         return None
     return v if math.isfinite(v) else None
+
+
+def warm_record(loop_config: dict[str, Any]) -> dict[str, Any] | None:
+    """The source model a warm-started fit continues (its URI, version and rounds), for its checkpoints."""
+    warm = loop_config.get("warm_start")
+    return None if not warm else {k: warm.get(k) for k in ("from", "version", "offset")}
+
+
+@contextlib.contextmanager
+def warm_files(warm: dict[str, Any]) -> Iterator[Path]:
+    """A warm start's source checkpoint files (shipped in the loop's config by tasks/warm.py) in a temporary folder."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="trainflow-warm-") as d:
+        for name, data in warm["files"].items():
+            (Path(d) / Path(name).name).write_bytes(data)
+        yield Path(d)

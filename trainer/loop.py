@@ -21,7 +21,14 @@ from trainflow.preprocessors.tabular import FEATURES, LABEL, TabularPreprocessor
 from trainflow.trainer import session
 from trainflow.trainer.budget import EarlyStopping, lr_factor, resolve_budget
 from trainflow.trainer.metrics import compute_metrics
-from trainflow.trainer.checkpoint import load_train_state, load_weights, read_metrics, save_checkpoint
+from trainflow.trainer.checkpoint import (
+    load_train_state,
+    load_weights,
+    read_metrics,
+    save_checkpoint,
+    warm_files,
+    warm_record,
+)
 from trainflow.trainer.families.network import model_for
 from trainflow.trainer.reporting import record_start, report_step
 from trainflow.trainer.steps import Steps
@@ -256,6 +263,11 @@ class EpochState:
     train_state: dict[str, Any]
 
 
+# train.warm_start: a network continued from the source's weights learns at this share of train.learning_rate (a
+# full rate would undo much of what it starts from in the first epochs)
+WARM_LR_FACTOR = 0.1
+
+
 def make_optimizer(model: nn.Module, train: TrainSection) -> torch.optim.Optimizer:
     """AdamW, with PyTorch's fused kernel where every parameter allows it (floating point, on CPU or CUDA): the
     same update in one kernel per step (training-parity, docs/performance.md)."""
@@ -297,6 +309,7 @@ def _report(state: EpochState, rank: int, loop_config: dict[str, Any], metrics: 
             loop_config["preprocessor"],
             config.to_dict(),
             loop_config.get("lineage"),
+            warm_record(loop_config),
         )
 
     report_step(metrics, rank, write, config, loop_config.get("run_dir") or "")
@@ -336,6 +349,10 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
                 stopper.load(state["early_stopping"])
             start_epoch = int(state["epoch"]) + 1
             history = read_metrics(d)["history"]
+    elif loop_config.get("warm_start"):  # train.warm_start: the source network's weights, a smaller learning rate
+        with warm_files(loop_config["warm_start"]) as d:
+            model.load_state_dict(load_weights(d))
+        train_cfg = train_cfg.model_copy(update={"learning_rate": train_cfg.learning_rate * WARM_LR_FACTOR})
     record_start(loop_config, rank, start_epoch, checkpoint is not None)
     if rank == 0 and start_epoch == 0:
         print(

@@ -146,7 +146,8 @@ def format_summary(s: dict[str, Any]) -> str:
             f"  warm start        a fresh fit: {warm['fresh']} ({warm['from']})"
             if warm.get("fresh")
             else f"  warm start        {warm['family']} continued {warm['from']} (version {warm['version']}, "
-            f"{warm['offset']} rounds) on the new rows"
+            + (f"{warm['offset']} rounds" if warm.get("offset") else "its weights")
+            + ") on the new rows"
         )
     if s.get("recovered"):
         from trainflow.tasks.values import describe_recovered

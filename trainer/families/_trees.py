@@ -23,7 +23,7 @@ from trainflow.config import Config, ModelSection, ScalingSection
 from trainflow.preprocessors.tabular import FEATURES, LABEL, TabularPreprocessor
 from trainflow.trainer import session
 from trainflow.trainer.budget import Budget, EarlyStopping
-from trainflow.trainer.checkpoint import read_metrics, write_common
+from trainflow.trainer.checkpoint import read_metrics, warm_files, warm_record, write_common
 from trainflow.trainer.metrics import compute_metrics
 from trainflow.trainer.reporting import record_start, report_step
 from trainflow.trainer.steps import Steps
@@ -130,7 +130,7 @@ class RoundReporter:
                 "seed": self.cfg.split.seed,
                 "early_stopping": stopper.state(),
                 "family": self.family,
-                **({"warm_offset": self.offset, "warm_start": _warm_record(self.loop_config)} if self.offset else {}),
+                **({"warm_offset": self.offset} if self.offset else {}),
             }
             (Path(folder) / STATE_JSON).write_text(json.dumps(state))
             write_common(
@@ -141,6 +141,7 @@ class RoundReporter:
                 self.loop_config["preprocessor"],
                 self.cfg.to_dict(),
                 self.loop_config.get("lineage"),
+                warm_record(self.loop_config),
             )
 
         report_step(metrics, self.rank, write, self.cfg, self.loop_config.get("run_dir") or "")
@@ -200,12 +201,8 @@ def prepare(loop_config: dict[str, Any], load_model: Callable[[Path], Any]) -> B
             history = read_metrics(d)["history"]
         start, offset = int(state["epoch"]) + 1, int(state.get("warm_offset", 0))
     elif warm:  # train.warm_start: boost on from the source model's rounds (tasks/warm.py shipped its files)
-        import tempfile
-
-        with tempfile.TemporaryDirectory(prefix="trainflow-warm-") as d:
-            for name, data in warm["files"].items():
-                (Path(d) / Path(name).name).write_bytes(data)
-            model = load_model(Path(d))
+        with warm_files(warm) as d:
+            model = load_model(d)
         offset = int(warm["offset"])
     record_start(
         loop_config, ctx.get_world_rank(), start, checkpoint is not None, external_memory=budget.external_memory
@@ -220,9 +217,3 @@ def prepare(loop_config: dict[str, Any], load_model: Callable[[Path], Any]) -> B
     if start == 0 and ctx.get_world_rank() == 0:
         print(f"trainflow budget: {budget.to_dict()} over {prep.train_rows} training rows")
     return BoostRun(loop_config, prep, x, y, x_val, y_val, budget, model, start, history, stopper, offset)
-
-
-def _warm_record(loop_config: dict[str, Any]) -> dict[str, Any] | None:
-    """The source model a warm-started fit continued (its URI, version and rounds), written into its checkpoints."""
-    warm = loop_config.get("warm_start")
-    return None if not warm else {k: warm.get(k) for k in ("from", "version", "offset")}

@@ -129,7 +129,7 @@ class Family:
     serving_packages: tuple[str, ...] = ()  # distributions its predictor imports beyond torch, numpy, pandas, pyarrow
     describe: Callable[[dict[str, Any]], str] = repr  # its settings from the resolved model section, for the model card
     external_memory: bool = False  # its workers can read their shard into an external-memory matrix (XGBoost)
-    warm_start: bool = False  # its loop continues a source model's rounds (train.warm_start; the boosters' _trees.py)
+    warm_start: bool = False  # its loop continues a source model (train.warm_start): its rounds, or its weights
     calibration: str = "temperature"  # what calibration.method auto fits for two classes (more: a temperature)
     class_weights: bool = True  # its loss takes train.class_weight
     # one process per fit (no data-parallel training): its one Ray Train worker holds the CPUs of the worker group

@@ -104,10 +104,11 @@ class TrainSection(_Section):
     warm_start: str = key(
         "none",
         "`champion`: the challenger continues from the serving model instead of starting from nothing (XGBoost's and "
-        "LightGBM's boosters add rounds to the champion's on the new rows, with its preprocessing), judged by the same "
-        "gate; or a `models:/name@alias` or `models:/name/version` to start from. Only from a one-split model of a "
-        "family this config trains with the same columns and classes; otherwise a fresh fit, with the reason in the "
-        "summary ([families.md](families.md#warm-start))",
+        "LightGBM's boosters add rounds to the champion's on the new rows, the network starts from its weights at a "
+        "tenth of the learning rate; with its preprocessing), judged by the same gate; or a `models:/name@alias` or "
+        "`models:/name/version` to start from. Only from a one-split model of a family this config trains with the "
+        "same columns, classes and model section; otherwise a fresh fit, with the reason in the summary "
+        "([families.md](families.md#warm-start))",
     )
 
     @field_validator("warm_start")
