@@ -36,6 +36,10 @@ def test_none_resolves_nothing_and_champion_names_the_alias(tmp_path):
     assert warm_source(_config(tmp_path, "models:/other/3")) == "models:/other/3"
     with pytest.raises(ConfigError, match="warm_start"):
         _config(tmp_path, "yesterday")
+    # a continuation is another fit (never a skip of the champion's own rows); none leaves every hash as it was
+    for family in ("xgboost", "mlp"):
+        plain = _config(tmp_path, "none").training_hash(family)
+        assert _config(tmp_path, "champion").training_hash(family) != plain
 
 
 def test_a_bag_and_a_missing_champion_give_a_fresh_fit_with_the_reason(tmp_path):
