@@ -317,8 +317,16 @@ def replay(
         if any(retrains(p, k) for p in asked if p != "warm" or k == 0) and fit_key(k) not in state.fits:
             state.fits[fit_key(k)] = _fit(config, table.filter(pa.array(older)), folder, name, k, state).__dict__
         if "warm" in asked and k > 0 and fit_key(k, warm=True) not in state.fits:
-            warm = _fit(config, table.filter(pa.array(older)), folder, name, k, state, warm=True)
-            state.fits[fit_key(k, warm=True)] = warm.__dict__
+            refused = warm_refused(state)
+            if refused is None:
+                warm = _fit(config, table.filter(pa.array(older)), folder, name, k, state, warm=True)
+                state.fits[fit_key(k, warm=True)] = warm.__dict__
+            else:  # the reason holds at every cutoff (folds, family, schema): the warm policy takes the fresh fit
+                if fit_key(k) not in state.fits:
+                    state.fits[fit_key(k)] = _fit(
+                        config, table.filter(pa.array(older)), folder, name, k, state
+                    ).__dict__
+                state.fits[fit_key(k, warm=True)] = {**state.fits[fit_key(k)], "note": refused}
         rows = table.filter(pa.array(inside))
         state.periods.append(
             judge_period.with_options(task_run_name=f"period-{k}")(
@@ -386,6 +394,20 @@ def _fit(config: Config, older: pa.Table, folder: str, name: str, k: int, state:
         version,
     )
     return fit
+
+
+def warm_refused(state: Replay) -> str | None:
+    """Why an earlier warm retrain of this replay fit fresh (a warm start its config cannot make), or None."""
+    for key in sorted(state.fits, key=lambda x: state.fits[x]["cutoff"]):
+        note = state.fits[key].get("note") or ""
+        # (no model to start from, as when the first model missed promotion.min_score, may pass: tried again)
+        if (
+            key.endswith("-warm")
+            and note.startswith("warm start: a fresh fit")
+            and "no model to start from" not in note
+        ):
+            return f"{note} at cutoff {state.fits[key]['cutoff']}: the warm policy takes each cutoff's fresh fit"
+    return None
 
 
 def _warm_note(record: dict | None) -> str:

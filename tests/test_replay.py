@@ -152,3 +152,22 @@ def test_replay_runs_each_policy_over_the_history_shares_fits_writes_only_its_ow
     assert decisions(r2["periods"]) == decisions(periods)
     assert len(client.search_model_versions("name='user-model-replay'")) == 3  # nothing trained again
     assert r["resumed_periods"] == 0 and r2["resumed_periods"] == 1
+
+
+def test_a_warm_start_the_config_cannot_make_is_tried_once_then_the_fresh_fits_serve_the_warm_policy():
+    from trainflow.flows.replay import Replay, fit_key, warm_refused
+
+    state = Replay("r", ["gate", "warm"], [0.0, 1.0, 2.0])
+    state.fits = {fit_key(0): {"cutoff": 0, "version": "1"}, fit_key(1): {"cutoff": 1, "version": "2"}}
+    assert warm_refused(state) is None  # no warm retrain yet: cutoff 1's is tried
+    state.fits[fit_key(1, warm=True)] = {
+        "cutoff": 1,
+        "version": "3",
+        "note": "warm start: a fresh fit (no model to start from: cannot load model models:/m@r-warm)",
+    }
+    assert warm_refused(state) is None  # a missing source may be there at the next cutoff
+    state.fits[fit_key(1, warm=True)]["note"] = "warm start: a fresh fit (train.folds 5: the challenger is a bag)"
+    assert warm_refused(state) == (
+        "warm start: a fresh fit (train.folds 5: the challenger is a bag) at cutoff 1: the warm policy takes each "
+        "cutoff's fresh fit"
+    )
