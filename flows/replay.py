@@ -67,13 +67,6 @@ def check_request(
     --from or --to outside the table's times (read from the time column alone); the policies."""
     if config.split.time_column is None:
         raise ConfigError("replay needs split.time_column: the table's time, which the periods and cutoffs follow")
-    if every not in PERIODS:
-        try:
-            days = float(every)
-        except ValueError:
-            raise ConfigError(f"--every {every!r}: expected day, week, month, quarter or a number of days") from None
-        if not (days > 0 and math.isfinite(days)):
-            raise ConfigError(f"--every {every!r}: a number of days must be positive")
     asked = parse_policies(policies)
     column = config.split.time_column
     cutoffs(timeline(read_history(config, [column]), column, config.data.where), every, start, end)
@@ -269,7 +262,8 @@ def replay(
 ) -> dict[str, Any]:
     """Replay the retraining policies over the table's history (module docstring); the summary's `replay` section holds
     every period's figures per policy, each policy's totals and a recommendation."""
-    from trainflow.storage import join, read_text, replace_bytes
+    from trainflow.locks import run_lock
+    from trainflow.storage import join
     from trainflow.tasks.run_name import resolve_run_name
 
     config = flow_config(config_path, overrides)
@@ -278,13 +272,32 @@ def replay(
     if column is None:
         raise ConfigError("replay needs split.time_column: the table's time, which the periods and cutoffs follow")
     name = resolve_run_name(run_name, prefix="replay")
-    log = task_logger("replay")
     table = read_history(config)
     if column not in table.column_names:
         raise DataError(f"{config.data.where}: split.time_column {column!r} is not a column")
     line = timeline(table, column, config.data.where)
     bounds = cutoffs(line, every, start, end)
     folder = join(config.storage_path, "replay", name)
+    with run_lock(
+        config.storage_path, f"{name}{SUFFIX}"
+    ):  # one start of a replay name at a time: its folder is its own
+        return _replay(config, name, asked, table, line, bounds, folder, every)
+
+
+def _replay(
+    config: Config,
+    name: str,
+    asked: list[str],
+    table: pa.Table,
+    line: Timeline,
+    bounds: list[float],
+    folder: str,
+    every: str,
+) -> dict[str, Any]:
+    """The replay's periods after the last one its folder's replay.json records, then its summary and records."""
+    from trainflow.storage import join, read_text, replace_bytes
+
+    log = task_logger("replay")
     state = Replay(name, asked, bounds)
     try:
         before = json.loads(read_text(join(folder, STATE)))
@@ -672,12 +685,12 @@ def _noise(config, state, scored_periods, table, line, cache) -> dict[tuple[str,
     rng = np.random.default_rng(config.split.seed)
     metric, label = config.promotion.metric, config.data.label
     per_rep = {q: np.zeros(BOOTSTRAP) for q in state.policies}
+    cfg = _replay_config(config, "unused.parquet", _folder(config, state.name))
     for p in scored_periods:
         k = p["period"]
         inside = (line.values >= state.bounds[k]) & (line.values < state.bounds[k + 1])
         rows = table.filter(pa.array(inside))
         rows = rows.filter(pc.is_valid(rows[label]))
-        cfg = _replay_config(config, "unused.parquet", _folder(config, state.name))
         picks = [rng.integers(0, rows.num_rows, rows.num_rows) for _ in range(BOOTSTRAP)]
         for q in state.policies:
             scored = _scored(cfg, state, k, p["policies"][q]["serving_version"], rows, cache)
@@ -714,11 +727,10 @@ def report_replay(config: Config, summary: dict[str, Any]) -> dict[str, str]:
     """The replay's records: an MLflow run in <experiment>-replay (each policy's totals as metrics, the score plot, the
     summary as JSON) and Prefect artifacts (the plot, the totals as a table, the recommendation)."""
     import mlflow
-    from mlflow.entities import Metric
     from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 
     from trainflow.tasks.common import artifact_key, png_data_uri
-    from trainflow.tracking import ensure_experiment, mlflow_key, tracking
+    from trainflow.tracking import ensure_experiment, tracking
 
     r = summary["replay"]
     fig = score_chart(summary)
@@ -728,18 +740,12 @@ def report_replay(config: Config, summary: dict[str, Any]) -> dict[str, str]:
         exp_id = ensure_experiment(uri, config.mlflow.experiment + SUFFIX)
         client = mlflow.MlflowClient()
         run = client.create_run(exp_id, run_name=summary["run_name"], tags={"trainflow.replay": summary["run_name"]})
-        now = int(time.time() * 1000)
-        metrics = [
-            Metric(mlflow_key(f"{policy}.{key}"), float(value), now, 0)
-            for policy, totals in r["policies"].items()
-            for key, value in totals.items()
-            if isinstance(value, (int, float)) and math.isfinite(value)
-        ]
-        client.log_batch(run.info.run_id, metrics=metrics)
-        client.log_figure(run.info.run_id, fig, artifact_file="replay.png")
-        client.log_dict(run.info.run_id, summary, "replay.json")
-        client.set_tag(run.info.run_id, "trainflow.replay.recommendation", r["recommendation"][:5000])
-        client.set_terminated(run.info.run_id, "FINISHED")
+        status = "FAILED"
+        try:
+            _log_replay(client, run.info.run_id, summary, fig)
+            status = "FINISHED"
+        finally:  # the run ends as its records did
+            client.set_terminated(run.info.run_id, status)
     import matplotlib.pyplot as plt
 
     plt.close(fig)
@@ -762,3 +768,23 @@ def report_replay(config: Config, summary: dict[str, Any]) -> dict[str, str]:
         ),
     }
     return {"mlflow_run_id": run.info.run_id, **{k: str(v) for k, v in ids.items()}}
+
+
+def _log_replay(client, run_id: str, summary: dict[str, Any], fig) -> None:
+    """The replay's MLflow records: each policy's totals as metrics, the plot, the summary, the recommendation."""
+    from mlflow.entities import Metric
+
+    from trainflow.tracking import mlflow_key
+
+    r = summary["replay"]
+    now = int(time.time() * 1000)
+    metrics = [
+        Metric(mlflow_key(f"{policy}.{key}"), float(value), now, 0)
+        for policy, totals in r["policies"].items()
+        for key, value in totals.items()
+        if isinstance(value, (int, float)) and math.isfinite(value)
+    ]
+    client.log_batch(run_id, metrics=metrics)
+    client.log_figure(run_id, fig, artifact_file="replay.png")
+    client.log_dict(run_id, summary, "replay.json")
+    client.set_tag(run_id, "trainflow.replay.recommendation", r["recommendation"][:5000])

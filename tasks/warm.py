@@ -114,17 +114,13 @@ def _same_model(config: Config, family: str, path: Path) -> str | None:
     return None if theirs == mine else f"its model section differs from this config's ({family}: {theirs} vs {mine})"
 
 
-def _version(config: Config, uri: str) -> str | None:
-    """The registered version a models:/ URI names."""
+def _version(config: Config, uri: str) -> str:
+    """The registered version a models:/ URI names (MLflow's own resolution of a name@alias or name/version)."""
     import mlflow
+    from mlflow.store.artifact.utils.models import get_model_name_and_version
 
-    name, _, rest = uri.removeprefix("models:/").partition("/")
-    if "@" in name:
-        name, alias = name.split("@", 1)
-        tracking = config.mlflow.tracking_uri
-        client = mlflow.MlflowClient(tracking_uri=tracking, registry_uri=tracking)
-        return str(client.get_model_version_by_alias(name, alias).version)
-    return rest or None
+    tracking = config.mlflow.tracking_uri
+    return str(get_model_name_and_version(mlflow.MlflowClient(tracking_uri=tracking, registry_uri=tracking), uri)[1])
 
 
 def summary_record(warm: dict | None) -> dict | None:
