@@ -35,7 +35,7 @@ from prefect.cache_policies import NO_CACHE
 from trainflow.config import Config, config_from_dict
 from trainflow.errors import ConfigError, DataError
 from trainflow.flows.handover import flow_config, forget, hand_over
-from trainflow.tasks.common import task_logger
+from trainflow.tasks.common import retry_unless_user_error, task_logger
 
 PERIODS = {"day": "D", "week": "W-MON", "month": "MS", "quarter": "QS"}  # pandas offsets: each period's first instant
 POLICIES = ("gate", "always", "every-2", "every-4", "never", "warm")
@@ -310,7 +310,7 @@ def _replay(
                 "--run-name (or the same --every, --from, --to and --policies to resume it)"
             )
         state.periods = before["periods"]
-        state.fits = before["fits"]
+        state.fits = _trusted_fits(config, folder, before["fits"])
         log.info("replay %s: resuming after period %d of %d", name, len(state.periods), len(bounds) - 1)
     log.info(
         "replay %s: %d periods of %s from %s to %s, policies %s",
@@ -353,6 +353,27 @@ def _replay(
     summary["replay"]["resumed_periods"] = resumed
     summary["replay"]["artifacts"] = report_replay(config, summary)
     return summary
+
+
+def _trusted_fits(config: Config, folder: str, recorded: dict[str, dict]) -> dict[str, dict]:
+    """replay.json's fits with nothing taken from the file that the registry can say: each version's checkpoint is
+    resolved again from <registered_model>-replay (with the allow-list of user classes), and each cutoff's rows are its
+    own snapshot under the replay's folder; a path the file names elsewhere is refused."""
+    from trainflow.trainer.resolve import allowed_class_paths, resolve_checkpoint
+
+    cfg = _replay_config(config, "unused.parquet", folder)
+    model, uri = cfg.mlflow.registered_model, cfg.mlflow.tracking_uri
+    resolved: dict[str, str] = {}
+    fits = {}
+    for key, fit in recorded.items():
+        table = str(fit.get("table") or "")
+        if not table.startswith(folder.rstrip("/") + "/"):
+            raise DataError(f"{folder}/{STATE}: fit {key} names rows outside the replay's folder ({table!r}); refused")
+        version = fit.get("version")
+        if version is not None and str(version) not in resolved:
+            resolved[str(version)] = resolve_checkpoint(f"models:/{model}/{version}", allowed_class_paths(cfg), uri)
+        fits[key] = {**fit, "path": resolved.get(str(version)) if version is not None else None}
+    return fits
 
 
 def fit_key(k: int, warm: bool = False) -> str:
@@ -433,7 +454,13 @@ def _warm_note(record: dict | None) -> str:
     return f"warm start: continued version {record['version']} ({what})"
 
 
-@task(name="judge-period", cache_policy=NO_CACHE)
+@task(
+    name="judge-period",
+    retries=2,
+    retry_delay_seconds=2,
+    retry_condition_fn=retry_unless_user_error,
+    cache_policy=NO_CACHE,
+)
 def judge_period(
     config: Config,
     state: Replay,
@@ -729,6 +756,7 @@ def report_replay(config: Config, summary: dict[str, Any]) -> dict[str, str]:
     import mlflow
     from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 
+    from trainflow.redact import redact_value
     from trainflow.tasks.common import artifact_key, png_data_uri
     from trainflow.tracking import ensure_experiment, tracking
 
@@ -742,7 +770,7 @@ def report_replay(config: Config, summary: dict[str, Any]) -> dict[str, str]:
         run = client.create_run(exp_id, run_name=summary["run_name"], tags={"trainflow.replay": summary["run_name"]})
         status = "FAILED"
         try:
-            _log_replay(client, run.info.run_id, summary, fig)
+            _log_replay(client, run.info.run_id, redact_value(summary), fig)  # paths may hold a URI's credentials
             status = "FINISHED"
         finally:  # the run ends as its records did
             client.set_terminated(run.info.run_id, status)

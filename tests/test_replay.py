@@ -140,6 +140,9 @@ def test_replay_runs_each_policy_over_the_history_shares_fits_writes_only_its_ow
     # killed after its first period: the rerun judges the second again, training nothing again
     state = json.loads((folder / "replay.json").read_text())
     state["periods"] = state["periods"][:1]
+    planted = tmp_path / "planted"  # a checkpoint path edited into the file is never read: the registry's is
+    for fit in state["fits"].values():
+        fit["path"] = str(planted)
     (folder / "replay.json").write_text(json.dumps(state))
     again = tmp_path / "again.json"
     assert cli_main(args[:-1] + [str(again)]) == 0
@@ -171,3 +174,19 @@ def test_a_warm_start_the_config_cannot_make_is_tried_once_then_the_fresh_fits_s
         "warm start: a fresh fit (train.folds 5: the challenger is a bag) at cutoff 1: the warm policy takes each "
         "cutoff's fresh fit"
     )
+
+
+def test_a_resumed_replay_refuses_rows_its_state_file_names_outside_its_folder(tmp_path):
+    from trainflow.config import config_from_dict
+    from trainflow.errors import DataError
+    from trainflow.flows.replay import _trusted_fits
+
+    cfg = config_from_dict(
+        {"data": {"path": "t.parquet", "label": "y"}, "task": "classification", "split": {"time_column": "when"}},
+        base_dir=tmp_path,
+    )
+    folder = str(tmp_path / "runs" / "replay" / "r")
+    with pytest.raises(DataError, match="names rows outside the replay's folder"):
+        _trusted_fits(cfg, folder, {"0": {"cutoff": 0, "version": None, "table": "/home/someone/data.parquet"}})
+    inside = {"0": {"cutoff": 0, "version": None, "table": f"{folder}/snapshots/x/table.parquet", "path": "/planted"}}
+    assert _trusted_fits(cfg, folder, inside)["0"]["path"] is None  # no version: nothing read, the planted path gone
