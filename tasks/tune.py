@@ -17,7 +17,7 @@ from trainflow.trainer.progress import ProgressLine, watch_progress
 from trainflow.trainer.recovery import read_events, recoveries
 from trainflow.trainer.resources import check_fits, concurrent_runs
 from trainflow.trainer.runner import checkpoints_on_disk, run_dir
-from trainflow.trainer.tune import best_trial, build_tuner, check_restore, summarize_trials
+from trainflow.trainer.tune import best_trial, build_tuner, can_restore, check_restore, summarize_trials
 from trainflow.config import Config, trial_config
 from trainflow.errors import TrainingError
 from trainflow.runtime import ensure_ray
@@ -47,6 +47,12 @@ def check_sweep(config: Config, sweep: str, resume: bool) -> None:
     check_restore(run_dir(config, sweep), sweep, resume)
 
 
+# the sweeps this process started: a Prefect retry of the tune task restores its own sweep (Ray Tune's resume_errored
+# keeps the trials that finished and tries the errored ones again) instead of refusing the folder its first attempt
+# made; a sweep folder this process did not start is restored only on request (--resume)
+_STARTED: set[str] = set()
+
+
 @task(name="tune", retries=1, retry_delay_seconds=5, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
 def tune_sweep(prepared: Prepared, config: Config, sweep: str, resume: bool = False) -> Swept:
     """Run the sweep (restoring it only when resume is asked for) and pick the best trial."""
@@ -55,6 +61,11 @@ def tune_sweep(prepared: Prepared, config: Config, sweep: str, resume: bool = Fa
     check_fits(config.scaling.model_dump())
     log = get_run_logger()
     parallel = concurrency(config)
+    path = run_dir(config, sweep)
+    if not resume and path in _STARTED and can_restore(path):
+        log.warning("sweep %s: this retry restores the sweep its first attempt started", sweep)
+        resume = True
+    _STARTED.add(path)
     log.info(
         "sweep %s: %d trial(s), %d at a time, %s on %s (%s)",
         sweep,

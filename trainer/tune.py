@@ -99,9 +99,14 @@ def train_driver_fn(
     trainer.fit()
 
 
+def can_restore(path: str) -> bool:
+    """Whether path holds a sweep Ray Tune can restore (its tuner.pkl)."""
+    return ray.tune.Tuner.can_restore(path)
+
+
 def check_restore(path: str, sweep: str, resume: bool) -> None:
     """ConfigError unless the sweep folder's state matches the request: resume needs one, a new sweep none."""
-    if resume and not ray.tune.Tuner.can_restore(path):
+    if resume and not can_restore(path):
         raise ConfigError(f"tune --resume: no sweep to restore at {path}")
     if not resume and list_dir(path):
         raise ConfigError(
