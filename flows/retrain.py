@@ -28,6 +28,7 @@ from trainflow.tasks.split import record_split, split
 from trainflow.tasks.train import check_resume, train, train_folds, train_shared
 from trainflow.tasks.validate import validate_data
 from trainflow.tasks.warm import summary_record
+from trainflow.trainer.session import NOT_EARNING_MIN_ROWS, best_val_loss, not_earning
 from trainflow.trainer.deadline import MIN_RUN_S, TimeShare, deadline_entry, set_deadline
 from trainflow.limits import AUTO_FLOOR_S
 from trainflow.trainer.resources import concurrent_runs
@@ -214,16 +215,6 @@ def _train_and_publish(
                 end_runs(config, [run], f, ended)
 
 
-# auto, cross-fitted: a family whose first fold gains less than this share of the best first fold's gain over a model
-# with no skill (its validation loss against the loss of predicting the training rows' class shares, or their mean)
-# trains no more folds: greedy ensemble selection seldom gives such a member weight. A ratio of losses was tried
-# first: a network that learnt nothing (log loss 0.684 against the class shares' 0.69) was within 1.5x of CatBoost's
-# 0.515 and kept. Only where the fold holds enough rows to tell (on iris' 19 rows the first folds' log losses were
-# 0.027 for LightGBM and 0.134 for XGBoost, while LightGBM was the weaker on the held-out rows)
-NOT_EARNING = 0.5
-NOT_EARNING_MIN_ROWS = 200
-
-
 def no_skill_loss(prep) -> float:
     """The validation loss of a model that learnt nothing: the class shares' log loss (their entropy), or for
     regression the standardized label's variance (1)."""
@@ -239,35 +230,25 @@ def _not_earning(
     family: str, first_fold: TrainOutcome, first_folds: dict[str, float], prepared: Prepared, k: int
 ) -> str | None:
     """Why family's remaining folds are not worth their time, measured on its first fold's validation rows (a fold of
-    the non-test rows; never the test rows) against the other families' first folds; records its loss in
-    first_folds."""
+    the non-test rows; never the test rows) against the other families' first folds (trainer/session.py not_earning);
+    records its loss in first_folds."""
+    mine = best_val_loss(first_fold.history)
+    if mine is None:
+        return None
+    first_folds[family] = mine
     fold_rows = prepared.fold_rows[0] if prepared.fold_rows else 0  # the plan's count of the first fold's rows
-    losses = [h["val_loss"] for h in first_fold.history if isinstance(h.get("val_loss"), (int, float))]
-    if not losses:
-        return None
-    mine = first_folds[family] = min(losses)
     others = {f: v for f, v in first_folds.items() if f != family}
-    if not others or fold_rows < NOT_EARNING_MIN_ROWS:
-        return None
-    best = min(others, key=others.get)
-    base = no_skill_loss(prepared.preprocessor)
-    gain, best_gain = base - mine, base - others[best]
-    if best_gain <= 0 or gain >= NOT_EARNING * best_gain:
-        return None
-    return (
-        f"its first fold's validation loss {mine:.4g} gains {gain:.3g} over a model with no skill ({base:.4g}), "
-        f"under {NOT_EARNING:g} of the best first fold's gain ({best} {others[best]:.4g}: {best_gain:.3g}); its "
-        f"folds of {k} not yet started were not trained"
-    )
+    return not_earning(mine, others, no_skill_loss(prepared.preprocessor), fold_rows, k)
 
 
 def _train_in_shared_run(
     config: Config, prepared: Prepared, runs: dict[str, str], k: int, run_config: Config, retries: dict[str, Any]
 ) -> tuple[dict[tuple[str, int], TrainOutcome], dict[str, str], dict[str, str], TimeShare]:
     """train_families for a small table whose families share one Ray Train run (shares_a_run), in their training
-    order: every family's folds in one fit, or, where auto's "not earning" rule may leave a family out after its
-    first fold, the first family's folds and every other family's first fold in one fit and the other folds of those
-    it keeps in a second fit of the same run. The time budget is shared as TimeShare shares it (FamiliesLoop)."""
+    order, in one fit: every family's folds, or, where auto's "not earning" rule may leave a family out after its
+    first fold, the first family's folds, every other family's first fold, then the other folds of those the rule
+    keeps (the worker applies it: trainer/session.py FamiliesLoop). The time budget is shared as TimeShare shares it
+    (FamiliesLoop)."""
     name = shared_run_name(runs)
     log = task_logger("retrain")
     share = TimeShare(config.train.time_limit, list(runs), 1)
@@ -275,41 +256,38 @@ def _train_in_shared_run(
     set_deadline(run_dir(config, name), share.ends_at, share.why)  # always: a killed run's old deadline never applies
     first = next(iter(runs))
     fold_rows = prepared.fold_rows[0] if prepared.fold_rows else 0
-    split = config.model.auto and fold_rows >= NOT_EARNING_MIN_ROWS
-    everything = list(range(k))
-    fits = [{f: everything if f == first or not split else [0] for f in runs}]
-    if split:
-        fits.append({f: everything[1:] for f in runs if f != first})
+    rule = None
+    if config.model.auto and fold_rows >= NOT_EARNING_MIN_ROWS:  # applied in the worker after every first fold
+        rule = {
+            "first": first,
+            "first_fold": 0,
+            "order": [(f, runs[f][len(name) + 1 :]) for f in runs],
+            "base": no_skill_loss(prepared.preprocessor),
+            "fold_rows": fold_rows,
+            "k": k,
+        }
+    jobs = [(f, runs[f], list(range(k)), 0) for f in runs]
+    label = f"train-{'-'.join(f for f in runs)}"
+    outcomes, lost, left_out = (
+        train_shared.with_options(task_run_name=label, **retries)
+        .submit(prepared, run_config, name, jobs, auto, rule)
+        .result()
+    )
     trained: dict[tuple[str, int], TrainOutcome] = {}
     failed: dict[str, str] = {}
     timed_out: dict[str, str] = {}
-    first_folds: dict[str, float] = {}
-    for n, fit in enumerate(fits):
-        later = fits[n + 1] if n + 1 < len(fits) else {}
-        jobs = [(f, runs[f], folds, len(later.get(f, []))) for f, folds in fit.items() if f in runs]
-        jobs = [j for j in jobs if j[0] not in failed and j[0] not in timed_out]
-        if not jobs:
-            break
-        label = f"train-{'-'.join(j[0] for j in jobs)}" + ("-folds0" if split and n == 0 else "")
-        outcomes, lost = (
-            train_shared.with_options(task_run_name=label, **retries)
-            .submit(prepared, run_config, name, jobs, auto if n == 0 else None)
-            .result()
-        )
-        for f, why in lost.items():
-            failed[f] = redact_text(f"{runs[f]} failed: {why}")[:2000]
-            log.warning("%s is left out, the other families go on: %s", f, failed[f])
-            end_runs(config, [runs[f]], f, "FAILED")
-        for f, got in outcomes.items():
-            trained.update({(f, fold): o for fold, o in zip(fit[f], got)})
-            if 0 in [o.time_limited_at for o in got] and f != first:  # one step: no model worth its time
-                timed_out[f] = f"its run {runs[f]} had time for its first step only"
-            elif split and n == 0:  # its first fold against the others' (the first family's recorded first)
-                why = _not_earning(f, trained[(f, 0)], first_folds, prepared, k)
-                if why and f != first:
-                    timed_out[f] = why
-            if f in timed_out:
-                log.warning("%s is left out: %s", f, timed_out[f])
+    for f, why in lost.items():
+        failed[f] = redact_text(f"{runs[f]} failed: {why}")[:2000]
+        log.warning("%s is left out, the other families go on: %s", f, failed[f])
+        end_runs(config, [runs[f]], f, "FAILED")
+    for f, got in outcomes.items():
+        trained.update({(f, fold): o for fold, o in zip(range(k), got)})
+        if f in left_out:  # the worker's not-earning rule (trainer/session.py), after its first fold
+            timed_out[f] = left_out[f]
+        elif 0 in [o.time_limited_at for o in got] and f != first:  # one step: no model worth its time
+            timed_out[f] = f"its run {runs[f]} had time for its first step only"
+        if f in timed_out:
+            log.warning("%s is left out: %s", f, timed_out[f])
     if auto:  # the rule the worker applied once the first family had trained (trainer/session.py)
         entry = deadline_entry(run_dir(config, name))
         if entry and entry[1]:

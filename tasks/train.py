@@ -28,7 +28,7 @@ from trainflow.trainer.recovery import (
     run_resizes,
     started_from,
 )
-from trainflow.trainer.session import FAILED_FILE, FAMILY, FOLD, fold_folder
+from trainflow.trainer.session import FAILED_FILE, FAMILY, FOLD, LEFT_OUT_FILE, fold_folder
 from trainflow.trainer.resources import check_fits
 from trainflow.trainer.runner import (
     build_shared_trainer,
@@ -337,13 +337,16 @@ def train_shared(
     run_name: str,
     jobs: list[tuple[str, str, list[int], int]],
     auto_time: dict[str, float] | None = None,
-) -> tuple[dict[str, list[TrainOutcome]], dict[str, str]]:
+    not_earning: dict[str, Any] | None = None,
+) -> tuple[dict[str, list[TrainOutcome]], dict[str, str], dict[str, str]]:
     """A small table's families trained in one Ray Train run run_name, one after another in one worker
     (trainer/session.py FamiliesLoop): jobs are (family, its run <run_name>/<family run>, its folds, its folds a
-    later fit of the run trains); auto_time: train.time_limit auto's rule (FamiliesLoop). Each family
+    later fit of the run trains); auto_time: train.time_limit auto's rule (FamiliesLoop); not_earning: the rule the
+    worker applies once every family's first fold trained (FamiliesLoop). Each family
     keeps its folders, MLflow run and finished records as train_folds gives them; a rerun resumes the family and fold
-    it was in. Returns ({family: its folds' outcomes}, {family: why it failed}): a family whose code raised, or whose
-    loss diverged, is left out and the others are kept. One job whose run is run_name itself is train_folds' one
+    it was in. Returns ({family: its folds' outcomes}, {family: why it failed}, {family: why the not-earning rule
+    left out its other folds}): a family whose code raised, or whose loss diverged, is left out and the others are
+    kept; one the rule left out has its first fold's outcome only. One job whose run is run_name itself is train_folds' one
     family, trained as its own run (its code's error fails the task)."""
     ensure_ray(**config.ray_start)
     check_fits(config.scaling.model_dump())
@@ -385,7 +388,7 @@ def train_shared(
             run_name,
             "; ".join(f"{f} folds {', '.join(map(str, j['folds']))}" for f, j in fams.items()),
         )
-        return {f: [done[(f, k)] for k in j["folds"]] for f, j in fams.items()}, {}
+        return {f: [done[(f, k)] for k in j["folds"]] for f, j in fams.items()}, {}, {}
     # a shared run's families that finished every fold before (a rerun) are not in this fit
     todo = {f: j for f, j in fams.items() if not all(done[(f, k)] for k in j["folds"])}
     for f, j in todo.items():
@@ -415,11 +418,12 @@ def train_shared(
     )
     seen = {d: len(read_events(d)) for d in [path, *keyed.values()]}
     earlier = {key: checkpoint_folders(d) for key, d in keyed.items()}
-    if shared:  # a failure an earlier attempt recorded is tried again
+    if shared:  # a failure an earlier attempt recorded is tried again (and the rule applied again)
         for j in todo.values():
-            fs, inner = filesystem_for(join(j["home"], FAILED_FILE))
-            if fs.get_file_info(inner).type == FileType.File:
-                fs.delete_file(inner)
+            for record in (FAILED_FILE, LEFT_OUT_FILE):
+                fs, inner = filesystem_for(join(j["home"], record))
+                if fs.get_file_info(inner).type == FileType.File:
+                    fs.delete_file(inner)
     os.environ[WORKER_GROUP_START_TIMEOUT] = f"{config.failure.worker_start_timeout_s:g}"
     started = time.monotonic()
     with watch_progress(on_report) as callback:
@@ -434,6 +438,7 @@ def train_shared(
                 callbacks=[callback],
                 cache_shards=prepared.materialized,
                 auto_time=auto_time,
+                not_earning=not_earning,
             )
         else:
             j = fams[only]
@@ -465,14 +470,28 @@ def train_shared(
     train_s = round((time.monotonic() - started) / len(reported), 1)  # the folds' share of the run's wall time
     outcomes: dict[str, list[TrainOutcome]] = {}
     failed: dict[str, str] = {}
+    left_out: dict[str, str] = {}
     for f, j in fams.items():
+        why = _left_out_in_shared_run(j) if shared and f in todo else None
+        if why:  # the not-earning rule: its first fold trained, its others did not
+            left_out[f] = why
+            j["folds"] = [k for k in j["folds"] if reported[(f, k)] or done[(f, k)]][:1]
         why = _failed_in_shared_run(f, j, reported) if shared and f in todo else None
         if why:
             failed[f] = why
             log.warning("%s failed in the shared run %s, the other families are kept: %s", f, run_name, why)
             continue
         outcomes[f] = _finish_folds(config, f, j, done, reported, events, train_s, earlier, shared, logged)
-    return outcomes, failed
+    return outcomes, failed, left_out
+
+
+def _left_out_in_shared_run(job: dict[str, Any]) -> str | None:
+    """Why the not-earning rule left out a family's other folds in a shared run (LEFT_OUT_FILE), or None."""
+    try:
+        why = json.loads(read_text(join(job["home"], LEFT_OUT_FILE)))["why"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return str(why)[:2000] if isinstance(why, str) else None
 
 
 def _failed_in_shared_run(

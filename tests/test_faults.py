@@ -1,5 +1,6 @@
 """Real faults: a worker raises, hangs (and is killed by its watchdog); a checkpoint file is truncated."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -177,18 +178,37 @@ def _killed_after_fold(marker_dir: str, family_train_fn):
 
 @pytest.mark.e2e
 @pytest.mark.usefixtures("ray_local")
-def test_a_worker_killed_in_a_shared_run_resumes_the_family_and_fold_it_was_in(tmp_path):
+def test_a_worker_killed_in_a_shared_run_resumes_the_family_and_fold_it_was_in_and_the_rule_leaves_out_one(tmp_path):
+    """One shared run under auto's not-earning rule: XGBoost's folds, then LightGBM's and CatBoost's first folds, then
+    the other folds of those the rule keeps (CatBoost at a learning rate that learns nothing is left out after its
+    first fold, in the worker: no second Ray Train start); the worker dies in LightGBM's second fold and the restart
+    resumes that fold, deciding the same from the first folds in storage."""
     from trainflow.config import trial_config
+    from trainflow.flows.retrain import no_skill_loss
     from trainflow.trainer.families.lightgbm_family import train_fn as lightgbm_loop
     from trainflow.trainer.recovery import fold_events
     from trainflow.trainer.runner import build_shared_trainer
+    from trainflow.trainer.session import LEFT_OUT_FILE
 
     cfg, prep, train, val = small_run(tmp_path, max_failures=1)
     cfg = trial_config(
         cfg.to_dict(),
-        {"scaling.num_workers": 1, "model.type": ["xgboost", "lightgbm"], "model.params.num_boost_round": 20},
+        {
+            "scaling.num_workers": 1,
+            "model.type": ["xgboost", "lightgbm", "catboost"],
+            "model.params.num_boost_round": 20,
+            "model.params.catboost.learning_rate": 1e-6,
+        },
     )
-    families, folds = ["xgboost", "lightgbm"], {0: (train, val), 1: (train, val)}
+    families, folds = ["xgboost", "lightgbm", "catboost"], {0: (train, val), 1: (train, val)}
+    rule = {
+        "first": "xgboost",
+        "first_fold": 0,
+        "order": [(f, f"sh-{f}") for f in families],
+        "base": no_skill_loss(prep),
+        "fold_rows": 1000,  # the plan's count decides whether a fold can tell; this test's folds are its own
+        "k": 2,
+    }
     result = build_shared_trainer(
         {f: cfg.for_family(f) for f in families},
         prep,
@@ -197,15 +217,28 @@ def test_a_worker_killed_in_a_shared_run_resumes_the_family_and_fold_it_was_in(t
         folds,
         {f: None for f in families},
         train_fns={"lightgbm": _killed_after_fold(str(tmp_path), lightgbm_loop)},
+        not_earning=rule,
     ).fit()
     run = run_dir(cfg, "sh")
     kept = {(m["family"], m["fold"]) for _, m in result.best_checkpoints}
-    assert kept == {(f, k) for f in families for k in folds}  # every family's every fold, in its own folder
+    # every kept family's every fold, in its own folder; CatBoost its first fold only
+    assert kept == {(f, k) for f in ("xgboost", "lightgbm") for k in folds} | {("catboost", 0)}
     assert all(f"/sh-{m['family']}/fold{m['fold']}/checkpoint_" in c.path for c, m in result.best_checkpoints)
+    why = json.loads((Path(run) / "sh-catboost" / LEFT_OUT_FILE).read_text())["why"]
+    assert why.startswith("its first fold's validation loss") and "not yet started were not trained" in why
+    assert not (Path(run) / "sh-lightgbm" / LEFT_OUT_FILE).exists()
     events = fold_events(run, {(f, k): f"{run}/sh-{f}/fold{k}" for f in families for k in folds})
     starts = [(e["family"], e["fold"]) for e in events if e["event"] == "worker_start"]
-    # the first family and the first fold of the second trained once; the fold the worker died in started again
-    assert starts == [("xgboost", 0), ("xgboost", 1), ("lightgbm", 0), ("lightgbm", 1), ("lightgbm", 1)]
+    # the first family's folds, the others' first folds, then the kept one's second fold; the fold the worker died in
+    # started again, and nothing before it trained twice
+    assert starts == [
+        ("xgboost", 0),
+        ("xgboost", 1),
+        ("lightgbm", 0),
+        ("catboost", 0),
+        ("lightgbm", 1),
+        ("lightgbm", 1),
+    ]
     (recovered,) = recoveries(events)
     assert (recovered["family"], recovered["fold"]) == ("lightgbm", 1)
     assert len([e for e in read_events(run) if e["event"] == "attempt"]) == 2

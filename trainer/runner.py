@@ -218,13 +218,15 @@ def build_shared_trainer(
     cache_shards: bool = False,
     auto_time: dict[str, float] | None = None,
     train_fns: dict[str, Any] | None = None,
+    not_earning: dict[str, Any] | None = None,
 ):
     """One Ray Train run in which every family of jobs ((family, its folder in the run, its folds, its folds a later
     fit of the run trains), in order) trains
     its folds one after another in one worker (trainer/session.py FamiliesLoop): the small table's retrain pays Ray
     Train's start once. configs: each family's (Config.for_family); the worker holds the most CPUs any of them asks
     for; auto_time: train.time_limit auto's {"started_at", "floor_s"} (FamiliesLoop); train_fns: a family's per-worker
-    loop replaced (fault tests)."""
+    loop replaced (fault tests); not_earning: the not-earning rule the worker applies after every first fold
+    (FamiliesLoop: {"first", "first_fold", "order", "base", "fold_rows", "k"})."""
     resolved = {f: c.for_family(family_for(c).name) for f, c in configs.items()}
     first = resolved[jobs[0][0]]
     widest = shared_scaling(resolved) or family_for(first).worker_scaling(first.scaling)  # (one family: its own)
@@ -243,6 +245,7 @@ def build_shared_trainer(
         **_loop_config(first, preprocessor, run_name, cache_shards, not cache_shards, None),
         "jobs": own,
         "auto_time": auto_time,
+        "not_earning": not_earning,
     }
     from trainflow.trainer.families.base import one_process_trainer, whole_data_config
 
