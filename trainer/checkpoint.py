@@ -135,3 +135,20 @@ def warm_files(warm: dict[str, Any]) -> Iterator[Path]:
         for name, data in warm["files"].items():
             (Path(d) / Path(name).name).write_bytes(data)
         yield Path(d)
+
+
+def checkpoints_on_disk(run_path: str) -> list[dict[str, Any]]:
+    """The run's readable checkpoints as {"path", "epoch", "metrics"}, oldest epoch first (local or URI)."""
+    from trainflow.storage import join, list_dir, read_text
+
+    found = []
+    for name, is_dir in list_dir(run_path):
+        if not (is_dir and name.startswith("checkpoint_")):
+            continue
+        path = join(run_path, name)
+        try:
+            meta = json.loads(read_text(join(path, METRICS_FILE)))
+            found.append({"path": path, "epoch": int(meta["epoch"]), "metrics": dict(meta["metrics"])})
+        except (OSError, ValueError, KeyError):
+            continue
+    return sorted(found, key=lambda c: c["epoch"])

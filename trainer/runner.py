@@ -10,7 +10,7 @@ import ray.data
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
 from trainflow.preprocessors.tabular import TabularPreprocessor
-from trainflow.trainer.checkpoint import LINEAGE_FILE, METRICS_FILE
+from trainflow.trainer.checkpoint import LINEAGE_FILE, checkpoints_on_disk
 from trainflow.trainer.families import family_for
 from trainflow.trainer.deadline import deadline_board
 from trainflow.trainer.recovery import RESTART, AttemptLog, RecoveryLog, read_events
@@ -76,21 +76,6 @@ def remove_unregistered(run_path: str, earlier: set[str], registered: set[str]) 
         fs.delete_dir(join(inner, name))
         removed.append(name)
     return removed
-
-
-def checkpoints_on_disk(run_path: str) -> list[dict[str, Any]]:
-    """The run's readable checkpoints as {"path", "epoch", "metrics"}, oldest epoch first (local or URI)."""
-    found = []
-    for name, is_dir in list_dir(run_path):
-        if not (is_dir and name.startswith("checkpoint_")):
-            continue
-        path = join(run_path, name)
-        try:
-            meta = json.loads(read_text(join(path, METRICS_FILE)))
-            found.append({"path": path, "epoch": int(meta["epoch"]), "metrics": dict(meta["metrics"])})
-        except (OSError, ValueError, KeyError):
-            continue
-    return sorted(found, key=lambda c: c["epoch"])
 
 
 def latest_lineage(run_path: str) -> dict[str, str] | None:

@@ -283,9 +283,8 @@ def _apply_not_earning(loop_config: dict[str, Any], rule: dict[str, Any]) -> dic
     import json
 
     from trainflow.storage import join, read_text, write_text
-    from trainflow.trainer.checkpoint import METRICS_FILE
+    from trainflow.trainer.checkpoint import METRICS_FILE, checkpoints_on_disk
     from trainflow.trainer.deadline import TIME_LIMITED
-    from trainflow.trainer.runner import checkpoints_on_disk
 
     seen: dict[str, float] = {}
     left_out: dict[str, str] = {}
