@@ -3,7 +3,7 @@ nothing, where that model can be continued; otherwise a fresh fit, with the reas
 
 Resolved in the flow's process before the rows are packed: the source version's checkpoint is read from the registry,
 and a continuation needs a one-split model of a family this config trains whose loop continues one (Family.warm_start:
-the boosters XGBoost and LightGBM) with the same columns,
+the boosters XGBoost, LightGBM and CatBoost, and the networks) with the same columns,
 encodings and classes. The challenger then keeps the source's fitted preprocessing (its trees split on those values)
 with the new rows' counts and baseline, and its boosters add rounds to the source's on the new rows; the source's files
 travel to the workers inside the loop's config (no shared folder needed). The same gate judges it.

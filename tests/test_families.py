@@ -2,6 +2,7 @@
 matrices, and a killed booster worker resuming at a later round. Several families in one run replacing the
 champion: tests/test_e2e_retrain.py."""
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -312,6 +313,23 @@ def test_catboost_is_one_worker_with_the_group_cpus_and_a_killed_fit_continues_f
     assert "died" in killed["error"] or "dead" in killed["error"]
     assert served.family == "catboost" and served.predict.model.tree_count_ == 1500
     assert result.metrics["val_r2"] > 0.8 and served.predict.native_importance().shape == (prep.num_features,)
+
+    # train.warm_start: a fit that continues this model adds its trees after the source's 1,500 (its file shipped as
+    # tasks/warm.py ships it), records the source's rounds, and serves the whole model
+    from trainflow.trainer.checkpoint import read_warm
+
+    with result.checkpoint.as_directory() as d:
+        files = {f.name: f.read_bytes() for f in Path(d).iterdir() if f.is_file()}
+        source = json.loads((Path(d) / "train_state.json").read_text())
+    warm = {"from": "models:/cb/1", "version": "1", "family": "catboost", "offset": source["epoch"] + 1, "files": files}
+    more = trial_config(cfg.to_dict(), {"model.params.catboost.num_boost_round": 30})
+    again = build_trainer(more, prep, train, val, "cb-warm", warm_start=warm).fit()
+    with again.checkpoint.as_directory() as d:
+        state = json.loads((Path(d) / "train_state.json").read_text())
+        continued = load_servable(d).predict.model
+        assert read_warm(d) == {"from": "models:/cb/1", "version": "1", "offset": 1500}
+    assert state["warm_offset"] == 1500 and continued.tree_count_ == 1500 + state["epoch"] + 1
+    assert np.isfinite(again.metrics["val_loss"]) and again.metrics["val_r2"] > 0.8
 
 
 def test_extra_trees_trains_in_one_process_serves_from_arrays_through_pyfunc_and_a_finished_fit_returns(tmp_path):

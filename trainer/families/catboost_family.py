@@ -7,9 +7,14 @@ integer codes); early stopping on the validation rows keeps the best iteration (
 
 Resume: CatBoost writes a snapshot of the fit every few seconds; the worker copies it (with the rounds' history) to
 the run's folder under a name made of the run's lineage, so a restarted worker, or a rerun of the same run name on
-the same data and training config, continues that fit instead of starting again (an init_model continuation is
-broken for categorical features, catboost#2784). The run reports progress (rounds, training and validation loss)
-every few seconds, and one checkpoint: the model at its best iteration.
+the same data and training config, continues that fit instead of starting again (the snapshot, not init_model
+segments: catboost#2784 reports a continuation with categorical features freezing where a model's copy is passed).
+The run reports progress (rounds, training and validation loss) every few seconds, and one checkpoint: the model at
+its best iteration.
+
+Warm start (train.warm_start): the fit's trees follow the source model's (init_model, its file as tasks/warm.py ships
+it, never an in-memory copy), with the source's preprocessing; a resumed snapshot of it passes the same init_model
+(CatBoost refuses the snapshot otherwise), and its checkpoint records the source's rounds (warm_offset).
 """
 
 from __future__ import annotations
@@ -211,15 +216,26 @@ def fetch_snapshot(remote: str, local: Path) -> list[dict[str, float]]:
     return [h for h in history if isinstance(h, dict)]
 
 
+def warm_model_bytes(warm: dict[str, Any]) -> bytes:
+    """The source model's file a warm start continues (tasks/warm.py ships its checkpoint's files)."""
+    data = warm.get("files", {}).get(CB_MODEL)
+    if not isinstance(data, bytes):
+        raise ValueError(
+            f"train.warm_start from {warm.get('from')}: its checkpoint's {CB_MODEL} did not reach the worker (a "
+            "file over 256 MiB is not shipped); set train.warm_start: none for a fresh fit"
+        )
+    return data
+
+
 def train_fn(loop_config: dict[str, Any]) -> None:
-    """The worker's loop: continue the stored snapshot (or start), boost with early stopping, report the best
-    iteration's model as the run's checkpoint."""
+    """The worker's loop: continue the stored snapshot (or start; under train.warm_start from the source model's
+    trees), boost with early stopping, report the best iteration's model as the run's checkpoint."""
     import ray.train
     from catboost import CatBoost, Pool
 
     from trainflow.preprocessors.tabular import TabularPreprocessor
     from trainflow.trainer import session
-    from trainflow.trainer.checkpoint import write_common
+    from trainflow.trainer.checkpoint import warm_record, write_common
     from trainflow.trainer.deadline import TIME_LIMITED
     from trainflow.trainer.families._trees import STATE_JSON, boost_budget, shard_arrays
     from trainflow.trainer.metrics import compute_metrics
@@ -243,6 +259,10 @@ def train_fn(loop_config: dict[str, Any]) -> None:
         train_pool = Pool(catboost_frame(prep, x), label=label(y), cat_features=cats or None)
         val_pool = Pool(catboost_frame(prep, x_val), label=label(y_val), cat_features=cats or None)
         params = library_params(prep, cfg, threads, work)
+        warm, init_model = loop_config.get("warm_start"), None
+        if warm:  # train.warm_start: this fit's trees follow the source model's (a resumed snapshot needs it again)
+            init_model = work / "warm.cbm"
+            init_model.write_bytes(warm_model_bytes(warm))
         if not history:
             print(
                 f"trainflow budget: up to {params['iterations']} boosting round(s) over {len(y)} training rows, "
@@ -257,6 +277,7 @@ def train_fn(loop_config: dict[str, Any]) -> None:
             save_snapshot=True,
             snapshot_file=str(local),
             snapshot_interval=SNAPSHOT_S,
+            init_model=None if init_model is None else str(init_model),
         )
         best = int(model.get_best_iteration() if model.get_best_iteration() is not None else len(history) - 1)
         metrics: dict[str, Any] = {
@@ -275,10 +296,19 @@ def train_fn(loop_config: dict[str, Any]) -> None:
             "family": NAME,
             "rounds_run": len(history),
             "learning_rate": float(model.get_all_params().get("learning_rate", float("nan"))),
+            # a warm start's source rounds: this fit's round r is the model's tree warm_offset + r
+            **({"warm_offset": int(warm["offset"])} if warm else {}),
         }
         (out / STATE_JSON).write_text(json.dumps(state))
         write_common(
-            out, best, metrics, history, loop_config["preprocessor"], cfg.to_dict(), loop_config.get("lineage")
+            out,
+            best,
+            metrics,
+            history,
+            loop_config["preprocessor"],
+            cfg.to_dict(),
+            loop_config.get("lineage"),
+            warm_record(loop_config),
         )
         if best < len(history) - 1:
             print(
@@ -302,6 +332,7 @@ FAMILY = Family(
     calibration="platt",
     class_weights=False,
     one_process=True,
+    warm_start=True,
     library_params=library_params,
     search_space=BOOSTER_SPACE,
     params=CatBoostParams,
