@@ -97,11 +97,12 @@ def small_table_fingerprint(config: Config) -> str | None:
     return fingerprint(fs, files, content=True, fmt=data.format, csv=data.csv)
 
 
-def preflight(config: Config, run_name: str | None = None) -> None:
+def preflight(config: Config, run_name: str | None = None, unlabelled_ok: bool = False) -> None:
     """What the files' metadata can tell before Ray or Prefect start (Parquet footers, a CSV's header and first
     block): the training table and the scoring table hold the columns the config names. DataError naming the file,
     the column and the closest name; the flow checks the rest (types, values) as before. A PostgreSQL source: the
-    query's columns from the server, or the copy run_name's first attempt made (read without the server)."""
+    query's columns from the server, or the copy run_name's first attempt made (read without the server).
+    unlabelled_ok: rows without a label are no mistake (a replay leaves them out and counts them)."""
     copied = None
     if config.data.format == "postgres":  # (tasks.ingest imports Prefect, Ray Data and torch: seconds, not needed here)
         from trainflow.tasks.ingest import recorded_copy
@@ -124,7 +125,7 @@ def preflight(config: Config, run_name: str | None = None) -> None:
             f"{data.where}: promotion.slices names column(s) {missing} that the table lacks; "
             f"{did_you_mean(missing[0], names)}columns are {names}"
         )
-    check_label_values(config)
+    check_label_values(config, unlabelled_ok)
     inp = config.inference.input
     if inp:
         scored = list(open_dataset(inp, infer_format(inp), data.csv).schema.names)
@@ -138,10 +139,11 @@ def preflight(config: Config, run_name: str | None = None) -> None:
             )
 
 
-def check_label_values(config: Config) -> None:
+def check_label_values(config: Config, unlabelled_ok: bool = False) -> None:
     """A training table small enough for this process (tables.IN_PROCESS_BYTES): the label's values against the task,
-    from the label column alone, in a second: missing values, one class, classes too small to learn, a regression
-    label of two values. Ingest, the split and the fit check the same on any table, in the flow."""
+    from the label column alone, in a second: missing values (unless unlabelled_ok: then the labelled rows are
+    checked), one class, classes too small to learn, a regression label of two values. Ingest, the split and the fit
+    check the same on any table, in the flow."""
     import pyarrow.compute as pc
 
     from trainflow.data import count_rows_and_bad_labels
@@ -161,10 +163,17 @@ def check_label_values(config: Config) -> None:
         if data.materialize == "never" or in_memory_bytes(fs, files, data.format) > IN_PROCESS_BYTES:
             return
         table = open_dataset(data.path, data.format, data.csv, (fs, files)).to_table(columns=[data.label])
-    values = table[data.label]
     rows, bad = count_rows_and_bad_labels(table, data.label)  # ingest's count
     if rows == 0:
         raise DataError(f"{data.path}: the table has no rows")
+    if bad and unlabelled_ok:
+        import pyarrow as pa
+
+        from trainflow.data import has_label
+
+        table = table.filter(pa.array(has_label(table, data.label)))
+        rows, bad = table.num_rows, 0
+    values = table[data.label]
     if bad:
         raise DataError(
             f"{data.path}: label column {data.label!r} has {bad} missing, NaN or infinite value(s) out of "

@@ -33,6 +33,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.config import Config, config_from_dict
+from trainflow.data import has_label
 from trainflow.errors import ConfigError, DataError
 from trainflow.flows.handover import flow_config, forget, hand_over
 from trainflow.tasks.common import retry_unless_user_error, task_logger
@@ -323,9 +324,10 @@ def _replay(
     )
     resumed = len(state.periods)  # the periods a killed start of this name had finished
     label = config.data.label
+    labelled = has_label(table, label)  # a row whose label never arrived trains no cutoff's model (and is counted)
     scored_cache: dict[tuple[int, str], Any] = {}
     for k in range(len(state.periods), len(bounds) - 1):
-        older = line.values < bounds[k]
+        older = (line.values < bounds[k]) & labelled
         inside = (line.values >= bounds[k]) & (line.values < bounds[k + 1])
         if any(retrains(p, k) for p in asked if p != "warm" or k == 0) and fit_key(k) not in state.fits:
             state.fits[fit_key(k)] = _fit(config, table.filter(pa.array(older)), folder, name, k, state).__dict__
@@ -474,7 +476,6 @@ def judge_period(
     """Period k: each policy's decision at its cutoff (retrain, gate, promote) and the score of the model it then
     serves on the period's labelled rows; the predictions written under the replay's folder."""
     import mlflow
-    import pyarrow.compute as pc
 
     from trainflow.folds import TEST
     from trainflow.tasks.promote import gate, stored_plan
@@ -486,7 +487,7 @@ def judge_period(
     cfg = _replay_config(config, "unused.parquet", folder)
     model, uri = cfg.mlflow.registered_model, cfg.mlflow.tracking_uri
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
-    labelled = rows.filter(pc.is_valid(rows[label])) if rows.num_rows else rows
+    labelled = rows.filter(pa.array(has_label(rows, label))) if rows.num_rows else rows
     period: dict[str, Any] = {
         "period": k,
         "start": start,
@@ -707,7 +708,6 @@ def _describe(policy: str) -> str:
 def _noise(config, state, scored_periods, table, line, cache) -> dict[tuple[str, str], float]:
     """The standard deviation, over paired resamples of each scored period's rows, of the difference of two
     policies' mean scores."""
-    import pyarrow.compute as pc
 
     rng = np.random.default_rng(config.split.seed)
     metric, label = config.promotion.metric, config.data.label
@@ -717,7 +717,7 @@ def _noise(config, state, scored_periods, table, line, cache) -> dict[tuple[str,
         k = p["period"]
         inside = (line.values >= state.bounds[k]) & (line.values < state.bounds[k + 1])
         rows = table.filter(pa.array(inside))
-        rows = rows.filter(pc.is_valid(rows[label]))
+        rows = rows.filter(pa.array(has_label(rows, label)))
         picks = [rng.integers(0, rows.num_rows, rows.num_rows) for _ in range(BOOTSTRAP)]
         for q in state.policies:
             scored = _scored(cfg, state, k, p["policies"][q]["serving_version"], rows, cache)

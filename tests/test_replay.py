@@ -24,8 +24,16 @@ def _table(seed: int = 0) -> pa.Table:
     return daily_table(DAYS, 6, seed, lambda day, x1, x2: 1.5 * np.where(day < 165, 1.0, -1.0) * x1 + 0.5 * x2)
 
 
-def _config(tmp_path, **split):
-    write_parquet(_table(), tmp_path / "data" / "history.parquet")
+UNLABELLED_DAY = 184  # 2013-07-04: its 6 rows' labels never arrived (left out of July's score and of later fits)
+
+
+def _config(tmp_path, unlabelled: bool = False, monitor: dict | None = None, **split):
+    history = _table()
+    if unlabelled:
+        y = history["y"].to_numpy().astype(object)
+        y[UNLABELLED_DAY * 6 : (UNLABELLED_DAY + 1) * 6] = None
+        history = history.set_column(history.schema.get_field_index("y"), "y", pa.array(list(y), pa.int64()))
+    write_parquet(history, tmp_path / "data" / "history.parquet")
     write_parquet(_table(1).drop_columns(["y"]), tmp_path / "data" / "score.parquet")
     return write_config(
         tmp_path,
@@ -40,6 +48,7 @@ def _config(tmp_path, **split):
             "mlflow": {"experiment": "history", "registered_model": "user-model"},
             "promotion": {"metric": "val_roc_auc", "mode": "max"},
             "inference": {"input": "data/score.parquet", "output": "out/predictions"},
+            **({"monitor": monitor} if monitor else {}),
         },
     )
 
@@ -67,7 +76,8 @@ def test_mistakes_are_refused_before_anything_starts_naming_the_key_or_the_time_
 def test_replay_runs_each_policy_over_the_history_shares_fits_writes_only_its_own_and_resumes(tmp_path, capsys):
     import mlflow
 
-    cfg = _config(tmp_path)
+    # July 4th's labels missing; a period under 183 labelled rows is noise-bound
+    cfg = _config(tmp_path, unlabelled=True, monitor={"min_rows": 183})
     out = tmp_path / "replay.json"
     args = ["replay", "--config", str(cfg), "--every", "month", "--from", "2013-07-01"]
     args += ["--policies", "gate,always,every-2,never,warm", "--run-name", "hist", "--summary-json", str(out)]
@@ -76,7 +86,10 @@ def test_replay_runs_each_policy_over_the_history_shares_fits_writes_only_its_ow
     r = s["replay"]
     periods = r["periods"]
     assert [(p["start"], p["end"]) for p in periods] == [("2013-07-01", "2013-08-01"), ("2013-08-01", "2013-09-01")]
-    assert [p["rows"] for p in periods] == [186, 186]  # 6 rows a day, every one labelled
+    # 6 rows a day; July's 6 unlabelled rows left out of its score and counted (and of the August cutoff's fit)
+    assert [(p["rows"], p["unlabelled_rows"]) for p in periods] == [(180, 6), (186, 0)]
+    assert periods[0]["noise_bound"] and "noise_bound" not in periods[1]
+    assert periods[0]["note"] == "180 labelled rows, fewer than monitor.min_rows 183: noise-bound"
     # who retrained when: every policy at the first cutoff, gate, always and warm at each, every-2 and never not at
     # the second
     trained = {q: [p["policies"][q]["trained"] for p in periods] for q in r["policies"]}

@@ -131,6 +131,16 @@ def _bad_labels(batch: pa.Table, label: str) -> dict[str, np.ndarray]:
     return {"bad": np.array([bad], dtype=np.int64), "rows": np.array([batch.num_rows], dtype=np.int64)}
 
 
+def has_label(table: pa.Table, label: str) -> np.ndarray:
+    """Per row: whether its label is there (not null, and for numbers finite), as _bad_labels counts them: the rows
+    a replay's cutoff may train on and score (a row whose label never arrived is left out and counted)."""
+    column = table[label]
+    ok = pc.is_valid(column)
+    if pa.types.is_floating(column.type):
+        ok = pc.and_(ok, pc.is_finite(column))
+    return ok.to_numpy(zero_copy_only=False).astype(bool)
+
+
 def _nulls(batch: pa.Table, column: str) -> dict[str, np.ndarray]:
     return {"nulls": np.array([batch[column].null_count], dtype=np.int64)}
 

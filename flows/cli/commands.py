@@ -66,9 +66,9 @@ def run_command(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.command in ("retrain", "tune", "validate", "replay"):
         from trainflow.flows.local import preflight
 
-        preflight(
-            config, getattr(args, "run_name", None)
-        )  # the columns the config names, from the files' metadata: seconds, before anything starts
+        # the columns the config names, from the files' metadata: seconds, before anything starts (a replay leaves
+        # out and counts the rows whose label is missing)
+        preflight(config, getattr(args, "run_name", None), unlabelled_ok=args.command == "replay")
     from trainflow.flows.local import run_here
     from trainflow.runtime import local_flow_settings
     from trainflow.services import prefect_client_retries, wait_for_prefect
