@@ -37,6 +37,7 @@ def publish(
     oof_by_time: Scored | None = None,
     curves: list[dict[str, Any]] | None = None,
     run_name: str | None = None,
+    explained: bool = True,
 ) -> dict[str, Any]:
     """Register the selected checkpoint, gate it against @champion, predict inference.input with whichever
     version serves after the gate (a rejected challenger never writes predictions), and report; the summary.
@@ -45,7 +46,8 @@ def publish(
     backtest's earlier model (flows/backtest.py), scored on the test rows beside the recent one; oof_by_time: by time,
     the chosen model's out-of-fold outputs with their rows' times (the backtest's out-of-fold rows); curves: the
     training histories of the models the served one is made of (default: outcome's own); run_name: the scoring run's
-    id in a table the predictions are appended to (a rerun of the name appends nothing twice)."""
+    id in a table the predictions are appended to (a rerun of the name appends nothing twice); explained=False: no
+    feature importance and no report artifacts (a replay's cutoff retrains: only the replay reads their models)."""
     # stored in the checkpoint before it is registered (fitted on the validation rows or the out-of-fold outputs)
     fit, scored = calibrate(config, parts.val, selected, outcome.family, oof)
     holdout, judged_on, tested = parts.val, "validation", None
@@ -64,7 +66,7 @@ def publish(
             row.update(tested.metrics.get(row["family"], {}))
     registered = register(config, ingested, outcome, selected, parts.plan)
     promotion = promote(config, holdout, selected, registered, scored, judged_on)
-    importance = explain(config, holdout, selected.path, promotion, registered)
+    importance = explain(config, holdout, selected.path, promotion, registered) if explained else None
     predictions = None
     if config.inference.input and promotion.serving_version is None:
         get_run_logger().warning(
@@ -101,6 +103,7 @@ def publish(
     if curves is None:
         unit = outcome.budget.get("unit", "epoch")
         curves = [{"family": outcome.family, "label": outcome.family, "history": outcome.history, "unit": unit}]
-    report(config, outcome.history, summary, curves, scored, judged_on)
+    if explained:
+        report(config, outcome.history, summary, curves, scored, judged_on)
     describe_version(config, summary)
     return summary

@@ -407,7 +407,8 @@ def _fit(config: Config, older: pa.Table, folder: str, name: str, k: int, state:
     key = hand_over(cfg)
     started = time.perf_counter()
     try:
-        summary = retrain(config_path=key, run_name=f"{name}-cutoff{k}" + ("-warm" if warm else ""))
+        # no feature importance or report artifacts: only the replay judges these models
+        summary = retrain(config_path=key, run_name=f"{name}-cutoff{k}" + ("-warm" if warm else ""), explained=False)
     finally:
         forget(key)
     seconds = time.perf_counter() - started

@@ -48,11 +48,13 @@ def retrain(
     run_name: str | None = None,
     force: bool = False,
     wait: bool = True,
+    explained: bool = True,
 ) -> dict[str, Any]:
     """Train, select, register and predict from one config file; returns the run summary. A run on the champion's
     own data and training config registers nothing (the champion still scores inference.input) unless force. One
     start per run name at a time: another start of the same name waits for it (wait=False: fails at once naming it),
-    then finds it finished and does nothing."""
+    then finds it finished and does nothing. explained=False: no feature importance and no report artifacts (a
+    replay's cutoff retrains, whose models only the replay judges)."""
     watch_for_sigterm()  # a cancel (SIGTERM) stops Ray at once and retries nothing, in every process that runs a flow
     plain_progress()  # MLflow's transfer bars in a terminal only
     config = flow_config(config_path, overrides)
@@ -69,13 +71,13 @@ def retrain(
         skipped = check_unchanged(config, fingerprint) if fingerprint else None
         if skipped:
             return skipped_run(config, name, skipped)
-        summary = _retrain(config, name, fingerprint)
+        summary = _retrain(config, name, fingerprint, explained)
         if run_name:
             record_finished(config, name, fingerprint or summary.get("data_fingerprint"), summary)
         return summary
 
 
-def _retrain(config: Config, name: str, fingerprint: str | None) -> dict[str, Any]:
+def _retrain(config: Config, name: str, fingerprint: str | None, explained: bool = True) -> dict[str, Any]:
     """Everything a retrain does once it knows there is something to train; the summary. Once every check passed,
     the retrain's MLflow run opens (each family's run nests under it) and ends as the retrain does (a refused
     config or table writes no MLflow record)."""
@@ -97,7 +99,7 @@ def _retrain(config: Config, name: str, fingerprint: str | None) -> dict[str, An
     open_parent(config, name)
     status, summary = "FAILED", None
     try:
-        summary = _train_and_publish(config, name, ingested, parts, prepared, runs, validation)
+        summary = _train_and_publish(config, name, ingested, parts, prepared, runs, validation, explained)
         status = "FINISHED"
         return summary
     finally:
@@ -112,9 +114,10 @@ def _train_and_publish(
     prepared: Prepared,
     runs: dict[str, str],
     validation: dict[str, Any],
+    explained: bool = True,
 ) -> dict[str, Any]:
-    """Train every family (and fold), then bag, ensemble, compare and publish; every family's MLflow run ends as
-    the run did."""
+    """Train every family (and fold), then bag, ensemble, compare and publish (explained: with feature importance
+    and report artifacts); every family's MLflow run ends as the run did."""
     k = parts.fold_count
     trained, built, status = None, None, "FAILED"
     try:
@@ -202,6 +205,7 @@ def _train_and_publish(
             decisions.by_time(family) if decisions is not None else None,
             served_curves(family, k, trained, built),
             name,
+            explained,
         )
         status = "FINISHED"
         return summary

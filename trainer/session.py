@@ -188,7 +188,8 @@ class FamiliesLoop:
         at = (family_folder_of(latest), fold_of(latest))
         start = next((n for n, (i, folds, _) in enumerate(phases) if self.jobs[i][1] == at[0] and at[1] in folds), 0)
         left_out: dict[str, str] | None = None
-        failed: set[str] = set()
+        # a family whose code raised in this fit before a restart (its FAILED_FILE) trains no more folds
+        failed = {family for family, folder, _ in self.jobs if _failed_here(loop_config, folder)}
         for n, (i, folds, later) in enumerate(phases):
             family, folder, train_fn = self.jobs[i]
             if rule and left_out is None and folds[0] != rule["first_fold"]:  # every first fold trained: the rule
@@ -275,6 +276,17 @@ def _first_family_ended(loop_config: dict[str, Any], family: str) -> None:
         pass
 
 
+def _failed_here(loop_config: dict[str, Any], folder: str) -> bool:
+    """Whether a family's code raised in this fit (FAILED_FILE in its folder: the train task removes an earlier
+    attempt's before the fit)."""
+    from pyarrow.fs import FileType
+
+    from trainflow.storage import filesystem_for, join
+
+    fs, inner = filesystem_for(join(loop_config["run_dir"], folder, FAILED_FILE))
+    return fs.get_file_info(inner).type == FileType.File
+
+
 def _apply_not_earning(loop_config: dict[str, Any], rule: dict[str, Any]) -> dict[str, str]:
     """The not-earning rule over every family's first fold, in the training order (each against those before it, as
     their first folds were read): {family: why} for those whose other folds do not train, each also written to its
@@ -289,6 +301,8 @@ def _apply_not_earning(loop_config: dict[str, Any], rule: dict[str, Any]) -> dic
     seen: dict[str, float] = {}
     left_out: dict[str, str] = {}
     for family, folder in rule["order"]:
+        if _failed_here(loop_config, folder):  # a family that failed is left out as failed, and beats no one
+            continue
         found = checkpoints_on_disk(join(loop_config["run_dir"], folder, fold_folder(rule["first_fold"])))
         if not found:
             continue
