@@ -28,6 +28,7 @@ from trainflow.trainer.recovery import (
     run_resizes,
     started_from,
 )
+from trainflow.redact import redact_text
 from trainflow.trainer.session import FAILED_FILE, FAMILY, FOLD, LEFT_OUT_FILE, fold_folder
 from trainflow.trainer.resources import check_fits
 from trainflow.trainer.runner import (
@@ -472,10 +473,10 @@ def train_shared(
     failed: dict[str, str] = {}
     left_out: dict[str, str] = {}
     for f, j in fams.items():
-        why = _left_out_in_shared_run(j) if shared and f in todo else None
+        why = _left_out_in_shared_run(f, j, reported, done) if shared and f in todo else None
         if why:  # the not-earning rule: its first fold trained, its others did not
             left_out[f] = why
-            j["folds"] = [k for k in j["folds"] if reported[(f, k)] or done[(f, k)]][:1]
+            j["folds"] = j["folds"][:1]
         why = _failed_in_shared_run(f, j, reported) if shared and f in todo else None
         if why:
             failed[f] = why
@@ -485,13 +486,25 @@ def train_shared(
     return outcomes, failed, left_out
 
 
-def _left_out_in_shared_run(job: dict[str, Any]) -> str | None:
-    """Why the not-earning rule left out a family's other folds in a shared run (LEFT_OUT_FILE), or None."""
+def _left_out_in_shared_run(
+    family: str,
+    job: dict[str, Any],
+    reported: dict[tuple[str, int], list[dict[str, Any]]],
+    done: dict[tuple[str, int], TrainOutcome | None],
+) -> str | None:
+    """Why the not-earning rule left out a family's other folds in a shared run, or None. The worker's record
+    (LEFT_OUT_FILE) is read from storage, so it counts only where what the run trained agrees (its first fold trained,
+    none of its others), and its text is redacted."""
+    first, *others = job["folds"]
+    if not (reported[(family, first)] or done[(family, first)]) or any(
+        reported[(family, k)] or done[(family, k)] for k in others
+    ):
+        return None
     try:
         why = json.loads(read_text(join(job["home"], LEFT_OUT_FILE)))["why"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return str(why)[:2000] if isinstance(why, str) else None
+    return redact_text(why)[:2000] if isinstance(why, str) else None
 
 
 def _failed_in_shared_run(
