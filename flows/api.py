@@ -51,7 +51,7 @@ def _call(flow, config: ConfigLike, overrides: dict[str, Any], data: Any = None,
         with local_flow_settings():
             return flow(config_path=path, overrides=overrides, **params)
     if isinstance(config, Config):
-        config = config.to_dict()
+        config = config.as_given()
     if not isinstance(config, dict):
         raise TypeError(f"config: expected a path, a dict or a trainflow Config, got {type(config).__name__}")
     # relative paths in a dict resolve against the working directory, as a config file's do against its folder

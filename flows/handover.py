@@ -35,4 +35,4 @@ def flow_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Co
             f"config_path {path}: a config handed over in another process (the Python API's); give a config file's path"
         )
     cfg = _handed_over[str(path)]
-    return config_from_dict(apply_overrides(cfg.to_dict(), overrides)) if overrides else cfg
+    return config_from_dict(apply_overrides(cfg.as_given(), overrides)) if overrides else cfg

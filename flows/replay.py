@@ -222,16 +222,16 @@ def _replay_config(config: Config, table_path: str, folder: str) -> Config:
     folder, its MLflow experiment and registered model, and predicting nothing."""
     from trainflow.storage import join
 
-    raw = config.to_dict()
+    raw = config.as_given()
     raw["data"] = {k: v for k, v in raw["data"].items() if k in DATA_KEYS} | {"path": table_path, "format": "parquet"}
     raw["storage_path"] = join(folder, "runs")
     raw["mlflow"] = {
-        **raw["mlflow"],
-        "experiment": raw["mlflow"]["experiment"] + SUFFIX,
-        "registered_model": raw["mlflow"]["registered_model"] + SUFFIX,
+        **raw.get("mlflow", {}),
+        "experiment": config.mlflow.experiment + SUFFIX,
+        "registered_model": config.mlflow.registered_model + SUFFIX,
     }
-    raw["inference"] = {k: v for k, v in raw["inference"].items() if k not in ("input", "output")}
-    raw["split"] = {**raw["split"], "backtest_fit": False}  # the backtest's extra fit judges no policy
+    raw["inference"] = {k: v for k, v in raw.get("inference", {}).items() if k not in ("input", "output")}
+    raw["split"] = {**raw.get("split", {}), "backtest_fit": False}  # the backtest's extra fit judges no policy
     return config_from_dict(raw, source="<replay>")
 
 
@@ -401,8 +401,8 @@ def _fit(config: Config, older: pa.Table, folder: str, name: str, k: int, state:
         return Fit(k, earlier[0]["version"], earlier[0]["path"], 0.0, older.num_rows, "no new rows", path)
     cfg = _replay_config(config, path, folder)
     if warm:
-        raw = cfg.to_dict()
-        raw["train"]["warm_start"] = f"models:/{cfg.mlflow.registered_model}@{alias_for(name, 'warm')}"
+        raw = cfg.as_given()
+        raw.setdefault("train", {})["warm_start"] = f"models:/{cfg.mlflow.registered_model}@{alias_for(name, 'warm')}"
         cfg = config_from_dict(raw, source="<replay>")
     key = hand_over(cfg)
     started = time.perf_counter()

@@ -15,7 +15,7 @@ from trainflow.flows.predict import skipped_run
 from trainflow.flows.publish import publish
 from trainflow.tasks.candidates import compare, run_names
 from trainflow.flows.backtest import backtest_family, fit_earlier
-from trainflow.tasks.cross_fit import bag_folds, fold_config, fold_run_names, oof_names
+from trainflow.tasks.cross_fit import bag_folds, fold_run_names, oof_names, train_config
 from trainflow.tasks.ensemble import ensemble
 from trainflow.tasks.ingest import ingest, pin_source, table_fingerprint
 from trainflow.tasks.values import Ingested, Prepared, Split, TrainOutcome, fit_history, recovered_families
@@ -30,6 +30,7 @@ from trainflow.tasks.validate import validate_data
 from trainflow.tasks.warm import summary_record
 from trainflow.trainer.session import NOT_EARNING_MIN_ROWS, best_val_loss, not_earning
 from trainflow.trainer.deadline import MIN_RUN_S, TimeShare, deadline_entry, set_deadline
+from trainflow.folds import ONE_WORKER_ROWS
 from trainflow.limits import AUTO_FLOOR_S
 from trainflow.trainer.resources import concurrent_runs
 from trainflow.trainer.runner import run_dir, shared_scaling
@@ -91,10 +92,10 @@ def _retrain(config: Config, name: str, fingerprint: str | None, explained: bool
     parts = record_split(ingested, config, parts, name)
     k = parts.fold_count
     runs = {f: runs[f] for f in config.model.training_order(k) if f in runs}  # the order is their time priority
-    # a small table: every family in one Ray Train run
-    if k > 1 and shares_a_run(fold_config(config, parts.train_rows), prepared, runs, k):
+    # a small table: every family in one Ray Train run (one split: its fold 0)
+    if shares_a_run(train_config(config, parts.train_rows, k), prepared, runs, k, parts.train_rows):
         runs = {f: f"{name}{SHARED_SUFFIX}/{r}" for f, r in runs.items()}
-    if k > 1:  # each fold's folder inside its family's run
+    if k > 1 or shared_run_name(runs):  # each fold's folder inside its family's run
         check_resume(config, ingested.spec.fingerprint, fold_run_names(runs, k))
     open_parent(config, name)
     status, summary = "FAILED", None
@@ -121,7 +122,7 @@ def _train_and_publish(
     k = parts.fold_count
     trained, built, status = None, None, "FAILED"
     try:
-        run_config = fold_config(config, parts.train_rows) if k > 1 else config
+        run_config = train_config(config, parts.train_rows, k)
         trained, failed, timed_out, share = train_families(config, prepared, runs, k, run_config)
         runs = {f: r for f, r in runs.items() if f not in failed and f not in timed_out}
         decisions, fold_selections = None, {}
@@ -289,7 +290,8 @@ def _train_in_shared_run(
         if f in left_out:  # the worker's not-earning rule (trainer/session.py), after its first fold
             timed_out[f] = left_out[f]
         elif 0 in [o.time_limited_at for o in got] and f != first:  # one step: no model worth its time
-            timed_out[f] = f"its run {runs[f]} had time for its first step only"
+            unit = got[0].budget.get("unit", "epoch")
+            timed_out[f] = f"{share.why}: its run {runs[f]} had time for its first {unit} only"
         if f in timed_out:
             log.warning("%s is left out: %s", f, timed_out[f])
     if auto:  # the rule the worker applied once the first family had trained (trainer/session.py)
@@ -343,15 +345,21 @@ SHARED_SUFFIX = "-families"  # <run name>-families: the Ray Train run a small ta
 SHARED_ROWS = 4_000  # at most this many non-test rows: where Ray Train's start is most of a family's fit
 
 
-def shares_a_run(config: Config, prepared: Prepared, runs: dict[str, str], k: int) -> bool:
-    """Whether a cross-fitted retrain's families train in one Ray Train run, one after another in one worker
-    (trainer/session.py FamiliesLoop): several families, a table of at most SHARED_ROWS non-test rows, and every
-    family a one-CPU-worker fit (Ray Train's start, about 10 s each, is then most of their time: a 150-row table's
-    4 families trained 5 folds each in 3-5 s after 27 s of start each)."""
+def shares_a_run(config: Config, prepared: Prepared, runs: dict[str, str], k: int, train_rows: int) -> bool:
+    """Whether a retrain's families train in one Ray Train run, one after another in one worker (trainer/session.py
+    FamiliesLoop): several families, every one a one-CPU-worker fit (config: tasks/cross_fit.py train_config's), and
+    a small table: cross-fitted, at most SHARED_ROWS non-test rows; one split, at most ONE_WORKER_ROWS training rows
+    held in memory and no warm start. Ray Train's start, about 10 s each, is then most of their time: a 150-row
+    table's 4 families trained 5 folds each in 3-5 s after 27 s of start each, a 15,000-row table's 4 families
+    under 2 s each after 11-14 s of start each."""
+    small = (
+        sum(prepared.fold_rows) <= SHARED_ROWS
+        if k > 1
+        else train_rows <= ONE_WORKER_ROWS and prepared.materialized and not any(map(prepared.warm_start_for, runs))
+    )
     return (
-        k > 1
+        small
         and len(runs) > 1
-        and sum(prepared.fold_rows) <= SHARED_ROWS
         and not any(prepared.budgets[f].external_memory for f in runs)
         and shared_scaling({f: config.for_family(f) for f in runs}) is not None
     )

@@ -17,7 +17,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.config import Config
-from trainflow.folds import AUTO_FOLD_ROWS
+from trainflow.folds import AUTO_FOLD_ROWS, ONE_WORKER_ROWS
 from trainflow.storage import join, private_copy
 from trainflow.tasks.common import retry_unless_user_error, lineage_for
 from trainflow.trainer.session import fold_folder
@@ -40,6 +40,18 @@ def fold_config(config: Config, fit_rows: int) -> Config:
     training); else the configured scaling."""
     workers = min(config.scaling.min_workers, 1) if fit_rows <= AUTO_FOLD_ROWS else config.scaling.num_workers
     return config.model_copy(update={"scaling": config.scaling.model_copy(update={"num_workers": workers})})
+
+
+def train_config(config: Config, fit_rows: int, folds: int) -> Config:
+    """The config a retrain's families train with: cross-fitted, fold_config's; one split of at most ONE_WORKER_ROWS
+    training rows with scaling.num_workers left unset, one worker per family (the
+    global batch, and so the optimisation, stays the planned count's: trainer/budget.py), so that the families can
+    share one Ray Train run (flows/retrain.py shares_a_run); else the config as it is."""
+    if folds > 1:
+        return fold_config(config, fit_rows)
+    if fit_rows > ONE_WORKER_ROWS or "num_workers" in config.scaling.model_fields_set:
+        return config
+    return config.model_copy(update={"scaling": config.scaling.model_copy(update={"num_workers": 1})})
 
 
 def oof_names(metrics: dict[str, Any]) -> dict[str, float]:

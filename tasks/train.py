@@ -7,7 +7,7 @@ import math
 import os
 import time
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Callable
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -290,6 +290,11 @@ def fold_row(metrics: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def one_split_row(metrics: dict[str, Any]) -> dict[str, Any]:
+    """A one-split family's report or history row from a shared run as its MLflow run's metrics: as its own run's."""
+    return {k: v for k, v in metrics.items() if k not in (FOLD, FAMILY)}
+
+
 def _fold_outcome(
     fold: int,
     folder: str,
@@ -365,7 +370,8 @@ def train_shared(
             "budget": prepared.budgets[family],
             "lineage": lineage_for(config, prepared.fingerprint, family),
             "folders": {k: join(home, fold_folder(k)) for k in folds},
-            "names": {k: f"{family_run}-{fold_folder(k)}" for k in folds},
+            # one split (its fold 0 of a shared run): the family's run name, as a run of its own has
+            "names": {k: f"{family_run}-{fold_folder(k)}" if prepared.folds else family_run for k in folds},
         }
     keyed = {((f, k) if shared else k): d for f, j in fams.items() for k, d in j["folders"].items()}
 
@@ -397,13 +403,14 @@ def train_shared(
         j["progress"] = ProgressLine(f, j["budget"].limit, j["budget"].unit, len(prepared.folds or []))
     logged: set[tuple[str, Any, int]] = set()
     only = next(iter(todo))
+    row = fold_row if prepared.folds else one_split_row  # one split's family run holds plain metrics
 
     def on_report(metrics: dict[str, Any]) -> None:
         f = metrics.get(FAMILY, only)
         if f not in todo:
             return
-        log.info(fams[f]["progress"](metrics))
-        log_rows(config.mlflow.tracking_uri, fams[f]["mlflow"], [fold_row(metrics)])
+        log.info(fams[f]["progress"](metrics if prepared.folds else row(metrics)))
+        log_rows(config.mlflow.tracking_uri, fams[f]["mlflow"], [row(metrics)])
         logged.add((f, metrics.get(FOLD), int(metrics.get("epoch", -1))))
 
     what = "; ".join(f"{f}: {j['budget'].describe()}" for f, j in todo.items())
@@ -426,6 +433,7 @@ def train_shared(
                 if fs.get_file_info(inner).type == FileType.File:
                     fs.delete_file(inner)
     os.environ[WORKER_GROUP_START_TIMEOUT] = f"{config.failure.worker_start_timeout_s:g}"
+    sets = prepared.folds or [(prepared.train, prepared.val)]  # one split: the families' fold 0
     started = time.monotonic()
     with watch_progress(on_report) as callback:
         if shared:
@@ -434,7 +442,7 @@ def train_shared(
                 prepared.preprocessor,
                 run_name,
                 [(f, j["run"][len(run_name) + 1 :], j["folds"], j["after"]) for f, j in todo.items()],
-                {k: prepared.folds[k] for k in sorted({k for j in todo.values() for k in j["folds"]})},
+                {k: sets[k] for k in sorted({k for j in todo.values() for k in j["folds"]})},
                 {f: j["lineage"] for f, j in todo.items()},
                 callbacks=[callback],
                 cache_shards=prepared.materialized,
@@ -482,7 +490,7 @@ def train_shared(
             failed[f] = why
             log.warning("%s failed in the shared run %s, the other families are kept: %s", f, run_name, why)
             continue
-        outcomes[f] = _finish_folds(config, f, j, done, reported, events, train_s, earlier, shared, logged)
+        outcomes[f] = _finish_folds(config, f, j, done, reported, events, train_s, earlier, shared, logged, row)
     return outcomes, failed, left_out
 
 
@@ -536,6 +544,7 @@ def _finish_folds(
     earlier: dict[Any, set[str]],
     shared: bool,
     logged: set[tuple[str, Any, int]],
+    row: Callable[[dict[str, Any]], dict[str, Any]],
 ) -> list[TrainOutcome]:
     """A family's fold outcomes after its run: each fold's checkpoints and events, what earlier attempts left removed,
     the epochs the reports grouped away logged to MLflow, its finished record written."""
@@ -555,11 +564,7 @@ def _finish_folds(
             log_rows(
                 config.mlflow.tracking_uri,
                 job["mlflow"],
-                [
-                    fold_row({**h, FOLD: k})
-                    for h in outcome.history
-                    if (family, k, int(h.get("epoch", -1))) not in logged
-                ],
+                [row({**h, FOLD: k}) for h in outcome.history if (family, k, int(h.get("epoch", -1))) not in logged],
             )
         outcomes.append(outcome)
         if done[(family, k)] is None:

@@ -17,13 +17,16 @@ from trainflow.tables import table_spec
 EPOCHS = 4
 
 
-def checkpoint_registered(run: Path, epoch: int = 0) -> bool:
-    """Ray's controller has recorded this run's checkpoint of `epoch` or a later one (what a restart resumes from)."""
+def checkpoint_registered(run: Path, epoch: int = 0, family: str | None = None) -> bool:
+    """Ray's controller has recorded this run's checkpoint of `epoch` or a later one (what a restart resumes from);
+    family: of that family, in a run several families share."""
     try:
         results = json.loads((Path(run) / "checkpoint_manager_snapshot.json").read_text()).get("checkpoint_results")
     except (OSError, ValueError):
         return False
-    return any(r.get("metrics", {}).get("epoch", -1) >= epoch for r in results or [])
+    return any(
+        r.get("metrics", {}).get("epoch", -1) >= epoch and r["metrics"].get("family") == family for r in results or []
+    )
 
 
 def wait_fold_registered(run: str | Path, fold: int, family: str | None = None, timeout_s: float = 60.0) -> None:
@@ -42,12 +45,16 @@ def wait_fold_registered(run: str | Path, fold: int, family: str | None = None, 
 
 
 def wait_registered(
-    run: str | Path, epoch: int = 0, timeout_s: float = 60.0, alive: Callable[[], bool] | None = None
+    run: str | Path,
+    epoch: int = 0,
+    timeout_s: float = 60.0,
+    alive: Callable[[], bool] | None = None,
+    family: str | None = None,
 ) -> None:
     """Block until the controller has registered the checkpoint of `epoch` (in a worker, or in a test
-    watching a run, where `alive` says whether the run is still going)."""
+    watching a run, where `alive` says whether the run is still going); family: of that family, in a shared run."""
     deadline = time.monotonic() + timeout_s
-    while not checkpoint_registered(Path(run), epoch):
+    while not checkpoint_registered(Path(run), epoch, family):
         if alive is not None and not alive():
             raise AssertionError(f"the run ended before a checkpoint of epoch {epoch} was registered under {run}")
         if time.monotonic() > deadline:

@@ -105,7 +105,8 @@ def test_replay_runs_each_policy_over_the_history_shares_fits_writes_only_its_ow
     assert periods[1]["policies"]["every-2"]["serving"] == 0
     # warm: at the second cutoff, XGBoost's boosters continue the model the warm policy serves (a fit of its own)
     assert periods[1]["policies"]["warm"]["note"].startswith("warm start: continued version ")
-    assert periods[1]["policies"]["warm"]["training_s"] != periods[1]["policies"]["gate"]["training_s"]
+    assert periods[1]["policies"]["warm"]["training_s"] > 0  # its own fit's seconds (its own version: below; two
+    # fits' seconds, rounded to 0.1, were once equal)
     # one fresh retrain per cutoff, shared: the same seconds charged to every policy that used it
     fit_s = [p["policies"]["gate"]["training_s"] for p in periods]
     assert all(t > 0 for t in fit_s) and periods[0]["policies"]["never"]["training_s"] == fit_s[0]

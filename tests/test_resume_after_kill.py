@@ -55,11 +55,11 @@ def _stop(proc) -> None:
     proc.wait()
 
 
-def _done(run) -> int:
-    """The latest epoch whose checkpoint Ray's controller registered (what a rerun resumes from at least; a worker's
-    checkpoint folder on disk may be one the controller never took)."""
-    snapshot = json.loads((run / "checkpoint_manager_snapshot.json").read_text())
-    return max(r["metrics"]["epoch"] for r in snapshot["checkpoint_results"])
+def _done(shared, family: str) -> int:
+    """The latest epoch of family whose checkpoint Ray's controller registered in the shared run (what a rerun resumes
+    from at least; a worker's checkpoint folder on disk may be one the controller never took)."""
+    snapshot = json.loads((shared / "checkpoint_manager_snapshot.json").read_text())
+    return max(r["metrics"]["epoch"] for r in snapshot["checkpoint_results"] if r["metrics"].get("family") == family)
 
 
 def test_a_retrain_killed_at_every_step_boundary_ends_exactly_once(tmp_path, capsys, ray_local, prefect_home):
@@ -72,7 +72,10 @@ def test_a_retrain_killed_at_every_step_boundary_ends_exactly_once(tmp_path, cap
         checkpoint={"min_interval_s": 0},
     )  # a checkpoint per epoch, however fast the epochs
     runs = tmp_path / "runs"
-    run = runs / "killed-run-mlp"
+    # one split of 6,000 rows, one worker each: both families train in one Ray Train run (tasks/cross_fit.py
+    # train_config), the network in its folder of it
+    shared = runs / "killed-run-families"
+    run = shared / "killed-run-mlp" / "fold0"
     output = tmp_path / "out" / "predictions"
     home = prefect_home
     # local runs as a user starts them (Prefect's temporary server, file locks under its home) that join this test's
@@ -99,10 +102,10 @@ def test_a_retrain_killed_at_every_step_boundary_ends_exactly_once(tmp_path, cap
     # resumes from; a cancel's SIGTERM mid-training is tests/test_deployments.py's)
     proc = _start(cfg, env, next(logs))
     try:
-        wait_registered(run, 0, timeout_s=300, alive=lambda: proc.poll() is None)
+        wait_registered(shared, 0, timeout_s=300, alive=lambda: proc.poll() is None, family="mlp")
     finally:
         _stop(proc)
-    stopped = _done(run)
+    stopped = _done(shared, "mlp")
     assert stopped < EPOCHS - 1, f"the checkpoint at the stop: {stopped}"
 
     # an earlier trainflow output where the predictions go: the kill during the commit must leave it whole
@@ -118,7 +121,9 @@ def test_a_retrain_killed_at_every_step_boundary_ends_exactly_once(tmp_path, cap
         versions = client.search_model_versions(f"name = '{model}'") if boundary != "ensemble-build" else []
         aliases = client.get_registered_model(model).aliases if versions else {}
         if boundary == "ensemble-build":  # both families trained to the end: no rerun trains them again
-            assert all((runs / f"killed-run-{f}" / "trainflow_finished.json").exists() for f in ("mlp", "xgboost"))
+            assert all(
+                (shared / f"killed-run-{f}" / "fold0" / "trainflow_finished.json").exists() for f in ("mlp", "xgboost")
+            )
         elif boundary == "promote-locked":  # registered, not judged; the kill freed the champion lock at once
             assert len(versions) == 1 and not aliases
             _assert_free(home, lock_name("champion", model, f"sqlite:///{tmp_path / 'mlflow.db'}"))
@@ -165,9 +170,10 @@ def test_a_retrain_killed_at_every_step_boundary_ends_exactly_once(tmp_path, cap
     assert starts == [0, mlp["resumed_from_epoch"]], starts
     # no checkpoint folder beside the ones Ray's controller holds (a killed attempt's last one, half-written or never
     # registered, was removed by the rerun's fit)
-    snapshot = json.loads((run / "checkpoint_manager_snapshot.json").read_text())
+    snapshot = json.loads((shared / "checkpoint_manager_snapshot.json").read_text())
     held = {r["checkpoint_dir_name"] for r in [*snapshot["checkpoint_results"], snapshot["latest_checkpoint_result"]]}
-    assert checkpoint_folders(str(run)) == held
+    mine = "killed-run-mlp/fold0/"
+    assert checkpoint_folders(str(run)) == {h.removeprefix(mine) for h in held if h.startswith(mine)}
     # MLflow: every killed start's runs (the parent, the families', the ensemble's), left RUNNING by the dead
     # process, were ended KILLED by the rerun, saying why; nothing of this retrain is RUNNING any more
     runs_ = client.search_runs([client.get_experiment_by_name("test").experiment_id])

@@ -198,17 +198,14 @@ def test_a_run_under_a_tight_limit_keeps_its_first_family_and_leaves_out_one_cut
     s = json.loads((tmp_path / "s.json").read_text())
     assert s["model_family"] == "mlp" and s["output_rows"] == 500 and s["test_metrics"]["test_loss"] > 0
     assert list(s["families_left_out"]) == ["xgboost"] and s["candidates"] is None
-    assert (
-        "train.time_limit 4 s: its run tb-xgboost had time for its first round only"
-        in s["families_left_out"]["xgboost"]
-    )
+    # (one split of 1,500 rows, one worker each: both families in one Ray Train run, tb-families)
+    mlp, xgb = "tb-families/tb-mlp", "tb-families/tb-xgboost"
+    assert f"train.time_limit 4 s: its run {xgb} had time for its first round only" in s["families_left_out"]["xgboost"]
     budget = s["time_budget"]
-    assert (
-        budget["time_limit"] == 4 and budget["cut_short"]["tb-mlp"] < 10_000 and "tb-xgboost" not in budget["cut_short"]
-    )
-    assert s["epochs_run"] == budget["cut_short"]["tb-mlp"] + 1
+    assert budget["time_limit"] == 4 and budget["cut_short"][mlp] < 10_000 and xgb not in budget["cut_short"]
+    assert s["epochs_run"] == budget["cut_short"][mlp] + 1
     out = capsys.readouterr().out
-    assert "xgboost    left out: train.time_limit 4 s" in out and "stopped by it: tb-mlp after step" in out
+    assert "xgboost    left out: train.time_limit 4 s" in out and f"stopped by it: {mlp} after step" in out
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -216,7 +213,7 @@ def test_a_run_under_a_tight_limit_keeps_its_first_family_and_leaves_out_one_cut
         r.info.run_name: r.info.status
         for r in client.search_runs([e.experiment_id for e in client.search_experiments()])
     }
-    assert runs["tb-xgboost"] == "KILLED"  # its MLflow run ends as it ended
+    assert runs[xgb] == "KILLED"  # its MLflow run ends as it ended
 
 
 def test_a_boosters_own_params_block_overrides_the_shared_keys_for_it_alone():

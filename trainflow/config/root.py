@@ -200,6 +200,12 @@ class Config(_Section):
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
+    def as_given(self) -> dict[str, Any]:
+        """The keys that were given (or derived while the config was read), as to_dict shows them: config_from_dict
+        reads it back to this config, a key left unset still unset (a default that depends on the table reads
+        whether it was: scaling.num_workers, tasks/cross_fit.py train_config)."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
     def for_family(self, family: str) -> Config:
         """The config as one family's training run sees it (model.type that family): what its workers get. The
         ensemble's is the whole config (it weights every family's best checkpoint)."""

@@ -187,7 +187,9 @@ class ScalingSection(_Section):
         2,
         "Ray Train workers, each a process with a share of the data; `[min, max]`: elastic, the run starts with as "
         "many as the cluster holds (at least min), goes on with fewer when a node is lost and grows back when "
-        "capacity returns (docs/scaling.md)",
+        "capacity returns (docs/scaling.md). Left unset, a small table trains each family in one worker (cross-"
+        "fitted, at most 4,000 non-test rows; one split, at most 20,000 training rows), its families in one Ray "
+        "Train run (docs/pipeline.md)",
     )
     elastic_resize_monitor_interval_s: float = key(
         60.0, "an elastic run checks this often whether the cluster holds more (or fewer) workers", ge=0
