@@ -192,3 +192,20 @@ def test_every_knob_reaches_ray_train(tmp_path):
     job_env = ray.get_runtime_context().runtime_env.get("env_vars", {})
     assert job_env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "0.05"
     assert job_env["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "0"
+
+
+def test_a_small_one_split_table_trains_each_family_in_one_worker_unless_the_worker_count_is_set():
+    from trainflow.folds import AUTO_FOLD_ROWS, ONE_WORKER_ROWS
+    from trainflow.tasks.cross_fit import train_config
+
+    def workers(cfg, rows, folds=1):
+        return train_config(cfg, rows, folds).scaling.num_workers
+
+    unset = _cfg()
+    assert (workers(unset, ONE_WORKER_ROWS), workers(unset, ONE_WORKER_ROWS + 1)) == (1, 2)
+    assert workers(_cfg(num_workers=2), 1_000) == 2 and workers(_cfg(num_workers=[1, 3]), 1_000) == [1, 3]
+    # cross-fitted: fold_config's rule (one worker up to AUTO_FOLD_ROWS rows whatever the config says)
+    assert (workers(_cfg(num_workers=2), AUTO_FOLD_ROWS, 5), workers(unset, AUTO_FOLD_ROWS + 1, 5)) == (1, 2)
+    # unset stays unset through the dict round trips of the Python API, a replay and a handover with overrides
+    assert workers(config_from_dict(unset.as_given()), 1_000) == 1
+    assert workers(config_from_dict(_cfg(num_workers=2).as_given()), 1_000) == 2
