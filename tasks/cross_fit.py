@@ -44,9 +44,9 @@ def fold_config(config: Config, fit_rows: int) -> Config:
 
 def train_config(config: Config, fit_rows: int, folds: int) -> Config:
     """The config a retrain's families train with: cross-fitted, fold_config's; one split of at most ONE_WORKER_ROWS
-    training rows with scaling.num_workers left unset, one worker per family (the
-    global batch, and so the optimisation, stays the planned count's: trainer/budget.py), so that the families can
-    share one Ray Train run (flows/retrain.py shares_a_run); else the config as it is."""
+    training rows with scaling.num_workers left unset, one worker per family (the global batch, and so the
+    optimisation, stays the planned count's: trainer/budget.py), so that the families can share one Ray Train run
+    (flows/retrain.py shares_a_run); else the config as it is."""
     if folds > 1:
         return fold_config(config, fit_rows)
     if fit_rows > ONE_WORKER_ROWS or "num_workers" in config.scaling.model_fields_set:
