@@ -12,6 +12,7 @@ from typing import Any
 from prefect import get_run_logger
 
 from trainflow.config import Config
+from trainflow.folds import FoldPlan
 from trainflow.tasks.calibrate import calibrate
 from trainflow.tasks.values import EarlierFit, Ingested, Selected, Split, TrainOutcome
 from trainflow.tasks.explain import explain
@@ -38,6 +39,7 @@ def publish(
     curves: list[dict[str, Any]] | None = None,
     run_name: str | None = None,
     explained: bool = True,
+    warm_plan: FoldPlan | None = None,
 ) -> dict[str, Any]:
     """Register the selected checkpoint, gate it against @champion, predict inference.input with whichever
     version serves after the gate (a rejected challenger never writes predictions), and report; the summary.
@@ -47,7 +49,8 @@ def publish(
     the chosen model's out-of-fold outputs with their rows' times (the backtest's out-of-fold rows); curves: the
     training histories of the models the served one is made of (default: outcome's own); run_name: the scoring run's
     id in a table the predictions are appended to (a rerun of the name appends nothing twice); explained=False: no
-    feature importance and no report artifacts (a replay's cutoff retrains: only the replay reads their models)."""
+    feature importance and no report artifacts (a replay's cutoff retrains: only the replay reads their models);
+    warm_plan: the split a warm start's source trained under (the test figures leave out the rows it trained on)."""
     # stored in the checkpoint before it is registered (fitted on the validation rows or the out-of-fold outputs)
     fit, scored = calibrate(config, parts.val, selected, outcome.family, oof)
     holdout, judged_on, tested = parts.val, "validation", None
@@ -60,6 +63,7 @@ def publish(
             parts.plan,
             earlier,
             oof_by_time,
+            warm_plan,
         )
         holdout, judged_on, scored = parts.test, "test", tested.chosen
         for row in extra.get("candidates") or []:
@@ -93,6 +97,7 @@ def publish(
             "calibration_fit": fit,
             "test_rows": tested.rows if tested else 0,
             "test_metrics": tested.metrics[outcome.family] if tested else None,
+            **({"test_rows_note": tested.note} if tested and tested.note else {}),
             "backtest": tested.backtest if tested else None,
             "split": parts.plan.describe() if parts.plan else None,
             "split_path": parts.split_path,

@@ -27,7 +27,7 @@ from trainflow.tasks.skip import check_unchanged
 from trainflow.tasks.split import record_split, split
 from trainflow.tasks.train import check_resume, train, train_folds, train_shared
 from trainflow.tasks.validate import validate_data
-from trainflow.tasks.warm import summary_record
+from trainflow.tasks.warm import source_plan, summary_record
 from trainflow.trainer.session import NOT_EARNING_MIN_ROWS, best_val_loss, not_earning
 from trainflow.trainer.deadline import MIN_RUN_S, TimeShare, deadline_entry, set_deadline
 from trainflow.folds import ONE_WORKER_ROWS
@@ -207,6 +207,7 @@ def _train_and_publish(
             served_curves(family, k, trained, built),
             name,
             explained,
+            source_plan(prepared.warm),
         )
         status = "FINISHED"
         return summary

@@ -26,6 +26,7 @@ class TestScores:
     metrics: dict[str, dict[str, float]]  # family -> test_loss, test_accuracy, ... (the validation metrics' names)
     chosen: Scored  # the chosen checkpoint's outputs on every test row, with the slice columns (the gate's side)
     backtest: dict[str, Any] | None = None  # roles by time: the chosen model's metric by the age of the test rows
+    note: str | None = None  # why the figures read fewer rows than the test role holds (a warm start's source)
 
 
 def test_names(metrics: dict[str, Any]) -> dict[str, float]:
@@ -52,21 +53,39 @@ def score_test(
     plan: FoldPlan | None = None,
     earlier: EarlierFit | None = None,
     oof: Scored | None = None,
+    warm_plan: FoldPlan | None = None,
 ) -> TestScores:
     """Every candidate's test metrics (the chosen one as it serves, calibration applied; the others as trained), and
     the chosen one's scored test rows; by time (plan), its backtest (trainer/backtest.py): by the test rows' age, and
     the earlier model (flows/backtest.py) against the recent one on the test rows, and the metric by time on the
-    rows no model that scored them trained on (the test rows; cross-fitted, the out-of-fold rows: oof)."""
+    rows no model that scored them trained on (the test rows; cross-fitted, the out-of-fold rows: oof). warm_plan: the
+    split a warm start's source was trained under; where it did not hold out every test row (the table grew, or
+    another split), every candidate's figures read only the test rows it held out, so none is a row the continued
+    model learnt from (the gate's comparison with @champion is its own: tasks/promote.py)."""
     metrics, chosen_scored = {}, None
     timed = plan is not None and plan.time_column is not None and (plan.time_ranges or {}).get("train")
     extra = (plan.time_column,) if timed and plan.time_column not in config.promotion.slices else ()
+    mask = (
+        warm_plan
+        if warm_plan is not None and (plan is None or not warm_plan.holds_out_every_test_row_of(plan))
+        else None
+    )
+    judged = None
     for family, selected in selections.items():
         columns = (*config.promotion.slices, *extra) if family == chosen else ()
-        scored = score_checkpoint(selected.path, test, tuple(columns))
-        metrics[family] = test_names(scored.metrics()) if len(scored.labels) else {}
+        scored = score_checkpoint(selected.path, test, tuple(columns), held_out=mask)
+        mine = scored.subset(scored.held_out) if mask is not None else scored
+        metrics[family] = test_names(mine.metrics()) if len(mine.labels) else {}
         if family == chosen:
-            chosen_scored = scored
+            chosen_scored, judged = scored, len(mine.labels)
     rows = len(chosen_scored.labels)
+    note = None
+    if mask is not None:
+        note = (
+            f"{judged} of the {rows} test rows: those the warm start's source never trained or chose on (its split "
+            "held out the others' rows differently)"
+        )
+        get_run_logger().warning("test figures on %s", note)
     aged = None
     if timed and rows:
         times = _times(chosen_scored, plan)  # the test rows' times, read once for every measure below
@@ -87,14 +106,14 @@ def score_test(
         get_run_logger().info("backtest: %s", backtest_line(aged))
     get_run_logger().info(
         "test rows (%d, untouched by every choice): %s",
-        rows,
+        rows if judged is None else judged,
         ", ".join(
             f"{f} {config.promotion.metric.replace('val_', 'test_', 1)}="
             f"{m.get(config.promotion.metric.replace('val_', 'test_', 1), float('nan')):.4g}"
             for f, m in metrics.items()
         ),
     )
-    return TestScores(rows, metrics, chosen_scored, aged)
+    return TestScores(rows if judged is None else judged, metrics, chosen_scored, aged, note)
 
 
 def _times(scored: Scored, plan: FoldPlan) -> np.ndarray:

@@ -83,6 +83,13 @@ def resolve_warm(config: Config, prep: TabularPreprocessor, folds: int) -> tuple
         record["fresh"] = why
         log.warning("warm start from %s: a fresh fit instead: %s", uri, why)
         return prep, record
+    from trainflow.folds import FoldPlan
+
+    try:  # the rows the source trained or chose on: the test figures leave them out (tasks/final_score.py)
+        plan = FoldPlan.load(path)
+    except ValueError:
+        plan = None
+    record["plan"] = plan.to_dict() if plan is not None else None
     booster = (path / STATE_JSON).is_file()  # a booster's round state (a network's is train_state.pt)
     state = json.loads((path / STATE_JSON).read_text()) if booster else {}
     record.update(
@@ -124,5 +131,15 @@ def _version(config: Config, uri: str) -> str:
 
 
 def summary_record(warm: dict | None) -> dict | None:
-    """The warm start's record without the source's files (the summary's, MLflow's)."""
-    return None if warm is None else {k: v for k, v in warm.items() if k != "files"}
+    """The warm start's record without the source's files and split plan (the summary's, MLflow's)."""
+    return None if warm is None else {k: v for k, v in warm.items() if k not in ("files", "plan")}
+
+
+def source_plan(warm: dict | None):
+    """The split plan a continued source model was trained under (a FoldPlan), or None: no continuation, or a source
+    whose plan is unknown."""
+    from trainflow.folds import FoldPlan
+
+    if not warm or "family" not in warm or not warm.get("plan"):
+        return None
+    return FoldPlan.from_dict(warm["plan"])

@@ -60,3 +60,48 @@ def test_another_schema_is_refused_naming_what_differs():
     assert "feature_order differs" in _same_schema(mine, fewer)
     other_classes = dataclasses.replace(mine, classes=["no", "maybe"])
     assert "classes differs" in _same_schema(mine, other_classes)
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_the_test_figures_of_a_warm_start_leave_out_the_rows_its_source_trained_on(tmp_path):
+    """A continued model learnt from its source's training rows: where the source's split did not hold out every
+    test row of this one (here its test role is half as wide, as when the table grew under rank cuts), every
+    candidate's test figures read only the rows the source held out, and the summary says so."""
+    import numpy as np
+    import pyarrow as pa
+    from prefect import flow
+
+    from tests.conftest import tiny_checkpoint, tiny_table
+    from trainflow.folds import FoldPlan
+    from trainflow.tasks.final_score import score_test
+    from trainflow.tasks.values import Selected
+    from trainflow.trainer.evaluate import score_checkpoint
+
+    table = tiny_table(400)
+    table = table.append_column("y", pa.array(np.where(np.arange(400) % 3 == 0, "yes", "no")))
+    ckpt = str(tiny_checkpoint(tmp_path))
+    cfg = config_from_dict(
+        {"data": {"path": "t.parquet", "label": "y", "id_column": "id"}, "task": "classification"}, base_dir=tmp_path
+    )
+    mine = FoldPlan(seed=7, key_columns=("id",), test_fraction=0.2, validation_fraction=0.2, label="y")
+    source = dataclasses.replace(mine, test_fraction=0.1)
+    chosen = {"mlp": Selected(ckpt, 0, {}, [])}
+
+    @flow
+    def scored(warm_plan):
+        return score_test(cfg, table, chosen, "mlp", mine, warm_plan=warm_plan)
+
+    kept = source.held_out(table)
+    assert 0 < kept.sum() < 400 and not source.holds_out_every_test_row_of(mine)
+    tested = scored(source)
+    assert tested.rows == kept.sum() and len(tested.chosen.labels) == 400  # the gate's side keeps every row
+    expected = score_checkpoint(ckpt, table).subset(kept).metrics()
+    assert tested.metrics["mlp"]["test_loss"] == pytest.approx(expected["val_loss"])
+    assert tested.note.startswith(f"{kept.sum()} of the 400 test rows: those the warm start's source never")
+    # a source that held out every test row (the nightly case: the same split) changes nothing
+    same = scored(mine)
+    assert same.rows == 400 and same.note is None
+    assert summary_record({"from": "models:/m@champion", "family": "mlp", "files": {}, "plan": mine.to_dict()}) == {
+        "from": "models:/m@champion",
+        "family": "mlp",
+    }

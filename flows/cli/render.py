@@ -82,7 +82,9 @@ def format_summary(s: dict[str, Any]) -> str:
             [
                 "  test              "
                 + ", ".join(f"{k}={v:.4f}" for k, v in (s.get("test_metrics") or {}).items())
-                + f" ({s.get('test_rows')} rows no choice touched)"
+                + f" ({s.get('test_rows')} rows no choice touched"
+                + (f"; {s['test_rows_note']}" if s.get("test_rows_note") else "")
+                + ")"
             ]
             if s.get("test_metrics")
             else []
