@@ -98,8 +98,8 @@ class _Channel:
     def _drain(self, stop: threading.Event) -> None:
         while not stop.is_set():
             with self.lock:
-                try:
-                    item = self.queue.get(timeout=self.poll_s)
+                try:  # untimed: ray.util.queue's timed get (asyncio.wait_for on Python 3.11) can lose an item
+                    item = self.queue.get_nowait()
                 except Empty:
                     item = None
                 except Exception:  # noqa: BLE001 - Ray stopped under us (a cancel) or the queue died: nothing more comes
@@ -107,7 +107,7 @@ class _Channel:
                     return
                 if item is not None:
                     self._hand_on(item)
-            time.sleep(0 if item is not None else 0.01)  # a flush waiting for the lock gets it
+            time.sleep(0 if item is not None else min(self.poll_s, 0.05))  # a flush waiting for the lock gets it
 
     def flush(self) -> None:
         with self.lock:

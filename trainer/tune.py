@@ -11,7 +11,7 @@ from typing import Any
 
 import ray.data
 import ray.tune
-from ray.tune.integration.ray_train import TuneReportCallback
+from ray.train.v2.api.callback import UserCallback
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from trainflow.preprocessors.tabular import TabularPreprocessor
@@ -82,7 +82,10 @@ def train_driver_fn(
     external = REGISTRY[family].uses_external_memory(
         cfg.model.params.external_memory, (external_memory or {}).get(family, False)
     )
-    callbacks = [TuneReportCallback()]
+    from ray.util.queue import Queue
+
+    reports = Queue(actor_options={"num_cpus": 0})  # unbounded: the controller's put never waits on the trial
+    callbacks: list = [TrialReports(reports)]
     if progress is not None:
         callbacks.append(progress.tagged(trial=ray.tune.get_context().get_trial_id(), family=family))
     trainer = build_trainer(
@@ -96,7 +99,54 @@ def train_driver_fn(
         streamed=not cache_shards,
         external_memory=external,
     )
-    trainer.fit()
+    fit_reporting(trainer, reports)
+
+
+class TrialReports(UserCallback):
+    """On a trial's Ray Train controller: each report's metrics (rank 0's, with its checkpoint's path, as Ray's
+    TuneReportCallback gives them) onto the trial's own unbounded queue, which the trial's thread hands to Tune
+    (fit_reporting). Ray's TuneReportCallback passes them through a one-item queue read with timed gets, and on 2 cores
+    a report went missing now and then: a trial without its metric (Tune's error), or a sweep waiting forever."""
+
+    def __init__(self, queue) -> None:
+        self.queue = queue
+
+    def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
+        item = dict(metrics[0])
+        if checkpoint is not None:
+            item["checkpoint_path"] = checkpoint.path
+        self.queue.put_nowait(item)
+
+
+def fit_reporting(trainer, reports, poll_s: float = 0.2) -> None:
+    """trainer.fit() on a thread while this trial's thread reports every item of the queue to Tune in order (untimed
+    reads: nothing is lost), the last ones after the fit ends; the fit's error is raised once they are reported."""
+    import threading
+
+    from ray.util.queue import Empty
+
+    ended, failed = threading.Event(), []
+
+    def fit() -> None:
+        try:
+            trainer.fit()
+        except BaseException as exc:  # noqa: BLE001 - raised in the trial's thread below
+            failed.append(exc)
+        finally:
+            ended.set()
+
+    threading.Thread(target=fit, name="trainflow-trial-fit", daemon=True).start()
+    while True:
+        last = ended.wait(poll_s)  # every report was queued before the fit returned
+        while True:
+            try:
+                ray.tune.report(reports.get_nowait())
+            except Empty:
+                break
+        if last:
+            break
+    if failed:
+        raise failed[0]
 
 
 def can_restore(path: str) -> bool:
