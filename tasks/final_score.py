@@ -87,19 +87,21 @@ def score_test(
         )
         get_run_logger().warning("test figures on %s", note)
     aged = None
-    if timed and rows:
-        times = _times(chosen_scored, plan)  # the test rows' times, read once for every measure below
-        aged = _backtest(config, chosen_scored, plan, times) or {
+    keep = chosen_scored.held_out if mask is not None else None  # a warm start: by time too, only rows it held out
+    shown = chosen_scored if keep is None else chosen_scored.subset(keep)
+    if timed and len(shown.labels):
+        times = _times(shown, plan)  # the test rows' times, read once for every measure below
+        aged = _backtest(config, shown, plan, times) or {
             "metric": config.promotion.metric.removeprefix("val_"),
             "slices": [],
             "unit": "unit of the time column" if plan.time_kind == "number" else "month",
         }
         aged["by_time"] = {
-            "test": _by_time(config, chosen_scored, plan, times),
+            "test": _by_time(config, shown, plan, times),
             **({"out-of-fold": _by_time(config, oof, plan, _times(oof, plan))} if oof is not None else {}),
         }
         if earlier is not None:
-            aged.update(earlier_family=earlier.family, **_compared(config, test, earlier, plan, times))
+            aged.update(earlier_family=earlier.family, **_compared(config, test, earlier, plan, times, keep))
     for column in extra:  # read for the backtest only: the gate's slices are the ones asked for
         chosen_scored.columns.pop(column, None)
     if aged:
@@ -161,14 +163,19 @@ def _by_time(config: Config, scored: Scored, plan: FoldPlan, times: np.ndarray) 
     ]
 
 
-def _compared(config: Config, test: Rows, earlier: EarlierFit, plan: FoldPlan, times: np.ndarray) -> dict[str, Any]:
-    """{"earlier": the comparison} of the earlier and the recent model on the test rows (times: theirs), or
-    {"earlier_skipped": why}. Both as trained: calibration is fitted for the served model only, and a comparison of a
-    calibrated with an uncalibrated model would count the calibration as age."""
+def _compared(
+    config: Config, test: Rows, earlier: EarlierFit, plan: FoldPlan, times: np.ndarray, keep: np.ndarray | None = None
+) -> dict[str, Any]:
+    """{"earlier": the comparison} of the earlier and the recent model on the test rows (times: theirs; keep: the
+    ones a warm start's source held out, None: every one), or {"earlier_skipped": why}. Both as trained: calibration
+    is fitted for the served model only, and a comparison of a calibrated with an uncalibrated model would count the
+    calibration as age."""
     if earlier.earlier is None or earlier.recent is None:
         return {"earlier_skipped": earlier.skipped or "not trained"}
     name = config.promotion.metric
     recent, old = (score_checkpoint(path, test, calibrated=False) for path in (earlier.recent, earlier.earlier))
+    if keep is not None:
+        recent, old = recent.subset(keep), old.subset(keep)
     days = plan.time_kind != "number"
     scale = _day_scale(plan)
     shift = earlier.shift / scale

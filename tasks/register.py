@@ -241,6 +241,11 @@ def _log_and_register(
         return run.info.run_id, str(info.registered_model_version)
 
 
+def _note(summary: dict[str, Any]) -> str:
+    """Why the test figures read fewer rows than the test role holds (a warm start's), as the description says it."""
+    return f"; {md(summary['test_rows_note'])}" if summary.get("test_rows_note") else ""
+
+
 def describe_version(config: Config, summary: dict[str, Any]) -> None:
     """The registered version's description, as a reviewer reads it in MLflow: the family, the data, the scores on
     rows no choice touched and the gate's decision. Best effort: the version and its tags are what count."""
@@ -256,7 +261,7 @@ def describe_version(config: Config, summary: dict[str, Any]) -> None:
         f"trainflow {md(summary.get('model_family'))} trained on {md_code(redact_text(str(summary.get('data_path'))))} "
         f"({summary.get('training_rows')} rows, fingerprint {md_code(summary.get('data_fingerprint'))}), run "
         f"{md_code(summary.get('run_name'))}. "
-        + (f"Test ({summary.get('test_rows')} rows no choice touched): {test}. " if test else "")
+        + (f"Test ({summary.get('test_rows')} rows no choice touched{_note(summary)}): {test}. " if test else "")
         + f"Gate: {md(promotion.get('decision'))}: {md(promotion.get('reason'))}"
     )
     uri = config.mlflow.tracking_uri

@@ -564,7 +564,7 @@ challenger v{promo["challenger_version"]} {_fmt(promo["challenger_score"])}, {_c
 | metric | {_chose_rows(summary)} | test ({summary.get("test_rows") or 0:,} rows) |
 |---|---|---|
 {_metric_rows(best["metrics"], summary.get("test_metrics") or {})}
-
+{chr(10) + "Test rows: " + md(summary["test_rows_note"]) + chr(10) if summary.get("test_rows_note") else ""}
 {_curve_lines(curve_uri, curve_png)}
 
 {_outcome_lines(outcome_png, judged_on)}

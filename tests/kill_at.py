@@ -21,20 +21,46 @@ BOUNDARIES = {
     "promote-moved": ("trainflow.tasks.promote", "record_move"),  # the alias moved, its history not yet written
     "output-commit": ("trainflow.outputs", "_manifest"),  # the predictions staged, not yet swapped in
 }
+# boundary -> (module, function, n): the kill comes as the n-th call returns (what it made is durable, what its
+# caller does next is not)
+AFTER_CALL = {
+    # a replay's cutoff 1: its retrain registered, the period not yet recorded in replay.json
+    "replay-second-fit": ("trainflow.flows.replay", "_fit", 2),
+}
 
 
 def kill_at(boundary: str) -> None:
-    """The kill put in place of the boundary's call when its module is imported: the CLI imports the flow while
-    Prefect's temporary server starts, as in a run a user starts (importing it here first would serialize both)."""
-    module, name = BOUNDARIES[boundary]
+    """The kill put in place of the boundary's call (or after its n-th call: AFTER_CALL) when its module is imported:
+    the CLI imports the flow while Prefect's temporary server starts, as in a run a user starts (importing it here
+    first would serialize both)."""
 
     def die(*_args, **_kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
 
+    if boundary in AFTER_CALL:
+        module, name, n = AFTER_CALL[boundary]
+
+        def patch(loaded) -> None:
+            original, calls = getattr(loaded, name), []
+
+            def call_then_die(*args, **kwargs):
+                result = original(*args, **kwargs)
+                calls.append(1)
+                if len(calls) == n:
+                    die()
+                return result
+
+            setattr(loaded, name, call_then_die)
+    else:
+        module, name = BOUNDARIES[boundary]
+
+        def patch(loaded) -> None:
+            setattr(loaded, name, die)
+
     if module in sys.modules:
-        setattr(sys.modules[module], name, die)
+        patch(sys.modules[module])
         return
-    sys.meta_path.insert(0, _AfterImport(module, lambda loaded: setattr(loaded, name, die)))
+    sys.meta_path.insert(0, _AfterImport(module, patch))
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

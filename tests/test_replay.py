@@ -5,6 +5,7 @@ starts."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import numpy as np
@@ -204,3 +205,97 @@ def test_a_resumed_replay_refuses_rows_its_state_file_names_outside_its_folder(t
         _trusted_fits(cfg, folder, {"0": {"cutoff": 0, "version": None, "table": "/home/someone/data.parquet"}})
     inside = {"0": {"cutoff": 0, "version": None, "table": f"{folder}/snapshots/x/table.parquet", "path": "/planted"}}
     assert _trusted_fits(cfg, folder, inside)["0"]["path"] is None  # no version: nothing read, the planted path gone
+
+
+@pytest.mark.e2e
+def test_a_replay_killed_between_a_fit_and_its_period_resumes_skips_the_empty_period_and_trains_nothing_twice(
+    tmp_path, capsys, ray_local, prefect_home
+):
+    """A real SIGKILL as cutoff 1's retrain returns (its version registered, its period not yet in replay.json); the
+    rerun under the name resumes after period 0, finds cutoff 1's version instead of registering another, says the
+    empty period was skipped, and gives cutoff 2 (no new rows) cutoff 1's model."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import mlflow
+
+    # 125 days from 2013-01-01; no rows from 2013-04-17 to 2013-04-23: periods of 7 days from 2013-04-10 are
+    # 0 (rows), 1 (none) and 2 (rows); cutoffs 1 and 2 see the same rows
+    table = _table().slice(0, 125 * 6)
+    day = np.repeat(np.arange(125), 6)
+    table = table.filter(pa.array((day < 106) | (day >= 113)))
+    write_parquet(table, tmp_path / "data" / "history.parquet")
+    write_parquet(table.drop_columns(["y"]), tmp_path / "data" / "score.parquet")
+    cfg = write_config(
+        tmp_path,
+        {
+            "data": {"path": "data/history.parquet", "label": "y", "id_column": "id", "features": ["x1", "x2"]},
+            "task": "classification",
+            "split": {"time_column": "when"},
+            "model": {"type": "xgboost", "params": {"xgboost": {"num_boost_round": 20}}},
+            "train": {"folds": 1},
+            "storage_path": "runs",
+            "mlflow": {"experiment": "history", "registered_model": "user-model"},
+            "promotion": {"metric": "val_roc_auc", "mode": "max"},
+        },
+    )
+    out = tmp_path / "replay.json"
+    args = ["replay", "--config", str(cfg), "--every", "7", "--from", "2013-04-10", "--policies", "gate,never"]
+    args += ["--run-name", "cut", "--summary-json", str(out)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env.update(  # a user's start (Prefect's temporary server) joining this test's Ray as it would a cluster
+        PYTHONUNBUFFERED="1",
+        PREFECT_HOME=str(prefect_home),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        RAY_ADDRESS=ray_local.get_runtime_context().gcs_address,
+    )
+    log = tmp_path / "killed.log"
+    repo = Path(__file__).resolve().parents[1]
+    with log.open("w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.kill_at", "replay-second-fit", *args],
+            env=env,
+            cwd=repo,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            code = proc.wait(timeout=300)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # its temporary Prefect server too
+    assert code == -signal.SIGKILL, f"exit {code}, not killed after cutoff 1's fit:\n{log.read_text()[-4000:]}"
+    folder = tmp_path / "runs" / "replay" / "cut"
+    state = json.loads((folder / "replay.json").read_text())  # whole: written by replacement
+    assert [p["period"] for p in state["periods"]] == [0] and set(state["fits"]) == {"0"}
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+    assert len(client.search_model_versions("name='user-model-replay'")) == 2  # cutoffs 0 and 1: both registered
+
+    assert cli_main(args) == 0
+    r = json.loads(out.read_text())["replay"]
+    assert r["resumed_periods"] == 1
+    assert len(client.search_model_versions("name='user-model-replay'")) == 2  # cutoff 1's found, not trained again
+    periods = r["periods"]
+    assert [(p["start"], p["end"], p["rows"]) for p in periods] == [
+        ("2013-04-10", "2013-04-17", 42),
+        ("2013-04-17", "2013-04-24", 0),
+        ("2013-04-24", "2013-05-01", 42),
+    ]
+    empty = periods[1]
+    assert empty["note"] == "no rows in this period: skipped"
+    assert all(v["score"] is None for v in empty["policies"].values())
+    assert r["scored_periods"] == 2  # the empty one in no mean, regret or recommendation
+    gate = [p["policies"]["gate"] for p in periods]
+    assert [g["trained"] for g in gate] == [True, True, False]  # cutoff 2: no new rows, nothing to retrain
+    assert gate[2]["serving"] == gate[1]["serving"] and gate[2]["training_s"] == 0.0
+    for q, totals in r["policies"].items():
+        scores = [p["policies"][q]["score"] for p in (periods[0], periods[2])]
+        assert totals["mean_score"] == pytest.approx(np.mean(scores))
+    shown = capsys.readouterr().out
+    assert "(no rows in this period: skipped)" in shown
+    assert not (folder / "predictions" / "policy=gate" / "period=1").exists()

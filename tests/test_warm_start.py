@@ -72,7 +72,7 @@ def test_the_test_figures_of_a_warm_start_leave_out_the_rows_its_source_trained_
     from prefect import flow
 
     from tests.conftest import tiny_checkpoint, tiny_table
-    from trainflow.folds import FoldPlan
+    from trainflow.folds import TEST, FoldPlan
     from trainflow.tasks.final_score import score_test
     from trainflow.tasks.values import Selected
     from trainflow.trainer.evaluate import score_checkpoint
@@ -105,3 +105,21 @@ def test_the_test_figures_of_a_warm_start_leave_out_the_rows_its_source_trained_
         "from": "models:/m@champion",
         "family": "mlp",
     }
+    # by time: the backtest's figures (the test rows' slices in time order) read the same rows only
+    timed_table = tiny_table(2000).append_column("t", pa.array(np.arange(2000) / 2.0))
+    timed_table = timed_table.append_column("y", pa.array(np.where(np.arange(2000) % 3 == 0, "yes", "no")))
+    by_time = dict(time_column="t", time_kind="number", key_columns=(), label=None, time_ranges={"train": (0.0, 599.5)})
+    mine = dataclasses.replace(mine, cuts={"": [-800.0, -600.0]}, **by_time)  # test: t > 800, 399 rows
+    source = dataclasses.replace(mine, cuts={"": [-900.0, -600.0]})  # test: t > 900, 199 rows
+
+    timed_table = timed_table.filter(pa.array(mine.roles(timed_table) == TEST))  # what score_test is given
+
+    @flow
+    def scored_by_time(warm_plan):
+        return score_test(cfg, timed_table, chosen, "mlp", mine, warm_plan=warm_plan)
+
+    kept = source.held_out(timed_table)
+    assert kept.sum() == 199 and not source.holds_out_every_test_row_of(mine)
+    slices = scored_by_time(source).backtest["by_time"]["test"]
+    assert sum(s["rows"] for s in slices) == 199 and min(float(s["start"]) for s in slices) > 900
+    assert sum(s["rows"] for s in scored_by_time(mine).backtest["by_time"]["test"]) == 399
