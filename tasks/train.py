@@ -358,6 +358,7 @@ def train_shared(
     check_fits(config.scaling.model_dump())
     log = get_run_logger()
     shared = not (len(jobs) == 1 and jobs[0][1] == run_name)
+    one_split = not prepared.folds  # its families' fold 0: run names, MLflow rows and progress lines name no fold
     path = run_dir(config, run_name)
     fams: dict[str, dict[str, Any]] = {}
     for family, family_run, folds, after in jobs:
@@ -371,7 +372,7 @@ def train_shared(
             "lineage": lineage_for(config, prepared.fingerprint, family),
             "folders": {k: join(home, fold_folder(k)) for k in folds},
             # one split (its fold 0 of a shared run): the family's run name, as a run of its own has
-            "names": {k: f"{family_run}-{fold_folder(k)}" if prepared.folds else family_run for k in folds},
+            "names": {k: family_run if one_split else f"{family_run}-{fold_folder(k)}" for k in folds},
         }
     keyed = {((f, k) if shared else k): d for f, j in fams.items() for k, d in j["folders"].items()}
 
@@ -400,16 +401,16 @@ def train_shared(
     todo = {f: j for f, j in fams.items() if not all(done[(f, k)] for k in j["folds"])}
     for f, j in todo.items():
         j["mlflow"] = open_run(config, j["run"], f)
-        j["progress"] = ProgressLine(f, j["budget"].limit, j["budget"].unit, len(prepared.folds or []))
+        j["progress"] = ProgressLine(f, j["budget"].limit, j["budget"].unit, 0 if one_split else len(prepared.folds))
     logged: set[tuple[str, Any, int]] = set()
     only = next(iter(todo))
-    row = fold_row if prepared.folds else one_split_row  # one split's family run holds plain metrics
+    row = one_split_row if one_split else fold_row  # one split's family run holds plain metrics
 
     def on_report(metrics: dict[str, Any]) -> None:
         f = metrics.get(FAMILY, only)
         if f not in todo:
             return
-        log.info(fams[f]["progress"](metrics if prepared.folds else row(metrics)))
+        log.info(fams[f]["progress"](row(metrics) if one_split else metrics))
         log_rows(config.mlflow.tracking_uri, fams[f]["mlflow"], [row(metrics)])
         logged.add((f, metrics.get(FOLD), int(metrics.get("epoch", -1))))
 
@@ -433,7 +434,7 @@ def train_shared(
                 if fs.get_file_info(inner).type == FileType.File:
                     fs.delete_file(inner)
     os.environ[WORKER_GROUP_START_TIMEOUT] = f"{config.failure.worker_start_timeout_s:g}"
-    sets = prepared.folds or [(prepared.train, prepared.val)]  # one split: the families' fold 0
+    sets = [(prepared.train, prepared.val)] if one_split else prepared.folds  # one split: the families' fold 0
     started = time.monotonic()
     with watch_progress(on_report) as callback:
         if shared:
