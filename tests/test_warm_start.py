@@ -123,3 +123,55 @@ def test_the_test_figures_of_a_warm_start_leave_out_the_rows_its_source_trained_
     slices = scored_by_time(source).backtest["by_time"]["test"]
     assert sum(s["rows"] for s in slices) == 199 and min(float(s["start"]) for s in slices) > 900
     assert sum(s["rows"] for s in scored_by_time(mine).backtest["by_time"]["test"]) == 399
+
+
+@pytest.mark.e2e
+@pytest.mark.usefixtures("ray_local")
+def test_lightgbm_continues_its_source_booster_and_the_network_its_weights_at_a_tenth_of_the_rate(tmp_path):
+    """train.warm_start's continuations as tasks/warm.py ships them (the source checkpoint's files in the loop's
+    config): LightGBM adds its rounds after the source's (init_model), the network starts from the source's weights
+    with WARM_LR_FACTOR times train.learning_rate. (CatBoost's: tests/test_families.py; XGBoost's, through a replay's
+    warm policy: tests/test_replay.py.)"""
+    import json
+    from pathlib import Path
+
+    from tests.faults import small_run
+    from trainflow.config import trial_config
+    from trainflow.trainer.checkpoint import read_metrics, read_warm
+    from trainflow.trainer.loop import WARM_LR_FACTOR
+    from trainflow.trainer.runner import build_trainer
+    from trainflow.trainer.serving import load_servable
+
+    cfg, prep, train, val = small_run(tmp_path)
+
+    def shipped(result, family: str) -> dict:
+        with result.checkpoint.as_directory() as d:
+            files = {f.name: f.read_bytes() for f in Path(d).iterdir() if f.is_file()}
+            epoch = json.loads((Path(d) / "train_state.json").read_text())["epoch"] if family != "mlp" else None
+        offset = {} if epoch is None else {"offset": epoch + 1}
+        return {"from": f"models:/{family}/1", "version": "1", "family": family, "files": files, **offset}
+
+    boosters = {"model.type": "lightgbm", "scaling.num_workers": 1, "model.params.early_stopping_rounds": "off"}
+    source = build_trainer(
+        trial_config(cfg.to_dict(), {**boosters, "model.params.num_boost_round": 20}), prep, train, val, "lgb-source"
+    ).fit()
+    more = trial_config(cfg.to_dict(), {**boosters, "model.params.num_boost_round": 10})
+    again = build_trainer(more, prep, train, val, "lgb-warm", warm_start=shipped(source, "lightgbm")).fit()
+    with again.checkpoint.as_directory() as d:
+        assert read_warm(d) == {"from": "models:/lightgbm/1", "version": "1", "offset": 20}
+        assert load_servable(d).predict.booster.num_trees() == 30  # the source's 20 trees, then this fit's 10
+    assert again.metrics["val_loss"] <= source.metrics["val_loss"] * 1.05
+
+    network = {"scaling.num_workers": 1, "train.epochs": 2, "checkpoint.min_interval_s": 0}
+    first = build_trainer(trial_config(cfg.to_dict(), network), prep, train, val, "mlp-source").fit()
+    warm = build_trainer(
+        trial_config(cfg.to_dict(), network), prep, train, val, "mlp-warm", warm_start=shipped(first, "mlp")
+    ).fit()
+    with first.checkpoint.as_directory() as d:
+        fresh = read_metrics(d)["history"]
+    with warm.checkpoint.as_directory() as d:
+        continued = read_metrics(d)["history"]
+        assert read_warm(d)["from"] == "models:/mlp/1"
+    # the same schedule at a tenth of the rate, from weights that already fit: its first epoch beats a fresh first one
+    assert continued[0]["learning_rate"] == pytest.approx(fresh[0]["learning_rate"] * WARM_LR_FACTOR)
+    assert continued[0]["val_loss"] < fresh[0]["val_loss"]
