@@ -44,24 +44,16 @@ def fold_config(config: Config, fit_rows: int) -> Config:
 
 def train_config(config: Config, fit_rows: int, folds: int) -> Config:
     """The config a retrain's families train with: cross-fitted, fold_config's; one split of at most ONE_WORKER_ROWS
-    training rows with scaling.num_workers left unset, one worker per family holding the CPUs the planned workers
-    would (at most the largest node's: one worker must fit on one), so that the families can share one Ray Train run
-    (flows/retrain.py shares_a_run); the global batch, and so the optimisation, stays the planned count's
-    (trainer/budget.py). Else the config as it is."""
+    training rows with scaling.num_workers left unset, one worker per family (the global batch, and so the
+    optimisation, stays the planned count's: trainer/budget.py), so that the families can share one Ray Train run
+    (flows/retrain.py shares_a_run); else the config as it is. The worker keeps one worker's CPUs: two runs at once
+    on a small machine still train side by side (giving it both planned workers' CPUs measured no faster at 80,000
+    rows, docs/performance.md)."""
     if folds > 1:
         return fold_config(config, fit_rows)
-    scaling = config.scaling
-    if fit_rows > ONE_WORKER_ROWS or "num_workers" in scaling.model_fields_set:
+    if fit_rows > ONE_WORKER_ROWS or "num_workers" in config.scaling.model_fields_set:
         return config
-    from trainflow.trainer.resources import alive_nodes, worker_bundle
-
-    planned = worker_bundle({**scaling.model_dump(), "use_gpu": False}).get("CPU", 1.0) * scaling.min_workers
-    largest = max((n.get("CPU", 0.0) for n in alive_nodes()), default=planned)
-    cpus = max(1.0, min(planned, largest))
-    res = {**(scaling.resources_per_worker or {}), "CPU": cpus}
-    return config.model_copy(
-        update={"scaling": scaling.model_copy(update={"num_workers": 1, "resources_per_worker": res})}
-    )
+    return config.model_copy(update={"scaling": config.scaling.model_copy(update={"num_workers": 1})})
 
 
 def oof_names(metrics: dict[str, Any]) -> dict[str, float]:

@@ -188,8 +188,8 @@ class ScalingSection(_Section):
         "Ray Train workers, each a process with a share of the data; `[min, max]`: elastic, the run starts with as "
         "many as the cluster holds (at least min), goes on with fewer when a node is lost and grows back when "
         "capacity returns (docs/scaling.md). Left unset, a small table trains each family in one worker (cross-"
-        "fitted, at most 4,000 non-test rows; one split, at most 100,000 training rows, the worker holding the "
-        "planned workers' CPUs), its families in one Ray Train run (docs/pipeline.md)",
+        "fitted, at most 4,000 non-test rows; one split, at most 100,000 training rows), its families in one Ray "
+        "Train run (docs/pipeline.md)",
     )
     elastic_resize_monitor_interval_s: float = key(
         60.0, "an elastic run checks this often whether the cluster holds more (or fewer) workers", ge=0
