@@ -168,6 +168,12 @@ def test_replay_runs_each_policy_over_the_history_shares_fits_writes_only_its_ow
         return [{q: [v[k] for k in keys] for q, v in p["policies"].items()} for p in ps]
 
     assert decisions(r2["periods"]) == decisions(periods)
+    # the score plot as a Prefect image artifact too (the latest under its key: this rerun's), beside the totals
+    from prefect.artifacts import Artifact
+
+    plot = Artifact.get("user-model-replay-replay")
+    assert plot is not None and plot.type == "image" and str(plot.id) == r2["artifacts"]["plot"]
+    assert str(plot.data).startswith("data:image/png;base64,")
     assert len(client.search_model_versions("name='user-model-replay'")) == 3  # nothing trained again
     assert r["resumed_periods"] == 0 and r2["resumed_periods"] == 1
 
