@@ -232,6 +232,42 @@ def describe_booster(family: str) -> Callable[[dict[str, Any]], str]:
     return describe
 
 
+def booster_family(
+    name: str,
+    make_trainer: Callable[..., Any],
+    train_fn: Callable[[dict[str, Any]], Any],
+    data_config: Callable[[], Any],
+    predictor: Predictor,
+    *,
+    package: str,
+    params: type[Params],
+    library_params: Callable[..., dict[str, Any]],
+    **own: Any,
+) -> Family:
+    """A gradient-boosted trees family: what the boosters share (model.params' rounds and early stopping as its
+    budget, Platt scaling, a continuation for train.warm_start, no class weights, the booster search space, its
+    parameters described from model.params) around its own trainer, loop, predictor, library and keys; own: the rest
+    of its Family fields (its place in auto, external memory, one process)."""
+    return Family(
+        name,
+        make_trainer,
+        train_fn,
+        data_config,
+        booster_budget,
+        predictor,
+        serving_packages=(package,),
+        describe=describe_booster(name),
+        calibration="platt",
+        warm_start=True,
+        class_weights=False,
+        library_params=library_params,
+        search_space=BOOSTER_SPACE,
+        params=params,
+        trainflow_keys=BUDGET_KEYS,
+        **own,
+    )
+
+
 def one_process_trainer(train_fn: Callable, scaling: ScalingSection, **kwargs: Any):
     """A one-process family's Ray Train run: a plain DataParallelTrainer of its one worker (Family.worker_scaling)."""
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer

@@ -30,14 +30,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trainflow.trainer.families.base import (
-    BOOSTER_SPACE,
     BUDGET_KEYS,
-    Family,
+    booster_family,
     TreeParams,
     library_key,
-    booster_budget,
     categorical_positions,
-    describe_booster,
     loss_from_metric,
     one_process_trainer,
     outputs_from,
@@ -320,23 +317,16 @@ def train_fn(loop_config: dict[str, Any]) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-FAMILY = Family(
+FAMILY = booster_family(
     NAME,
     one_process_trainer,
     train_fn,
     whole_data_config,
-    booster_budget,
     CatBoostPredictor,
-    serving_packages=("catboost",),
-    describe=describe_booster(NAME),
-    calibration="platt",
-    class_weights=False,
-    one_process=True,
-    warm_start=True,
-    library_params=library_params,
-    search_space=BOOSTER_SPACE,
+    package="catboost",
     params=CatBoostParams,
-    trainflow_keys=BUDGET_KEYS,
+    library_params=library_params,
+    one_process=True,
     # cross-fitting: first, the strongest default; one split: third, strong but one process a fit (over 380 s on 4M rows)
     auto_rank=(0, 2),
     listed=5,

@@ -10,14 +10,10 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from trainflow.trainer.families.base import (
-    BOOSTER_SPACE,
-    BUDGET_KEYS,
-    Family,
+    booster_family,
     LeafwiseTreeParams,
     library_key,
-    booster_budget,
     categorical_positions,
-    describe_booster,
     outputs_from,
     trees_data_config,
 )
@@ -139,22 +135,15 @@ def _trainer(train_fn: Callable, scaling: ScalingSection, **kwargs: Any):
     return LightGBMTrainer(train_fn, lightgbm_config=LightGBMConfig(), **kwargs)
 
 
-FAMILY = Family(
+FAMILY = booster_family(
     NAME,
     _trainer,
     train_fn,
     trees_data_config,
-    booster_budget,
     LightGBMPredictor,
-    serving_packages=("lightgbm",),
-    describe=describe_booster(NAME),
-    calibration="platt",
-    warm_start=True,
-    class_weights=False,
-    library_params=library_params,
-    search_space=BOOSTER_SPACE,
+    package="lightgbm",
     params=LightGBMParams,
-    trainflow_keys=BUDGET_KEYS,
+    library_params=library_params,
     # cross-fitting: second, a strong default; one split: last, the booster most like XGBoost (364 s on 4M rows)
     auto_rank=(1, 3),
     listed=4,

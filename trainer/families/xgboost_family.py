@@ -13,15 +13,11 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from trainflow.trainer.families.base import (
-    BOOSTER_SPACE,
-    BUDGET_KEYS,
-    Family,
+    booster_family,
     LeafwiseTreeParams,
     library_key,
-    booster_budget,
     loss_from_metric,
     categorical_positions,
-    describe_booster,
     outputs_from,
     trees_data_config,
 )
@@ -189,23 +185,16 @@ def _trainer(train_fn: Callable, scaling: ScalingSection, **kwargs: Any):
     return XGBoostTrainer(train_fn, xgboost_config=XGBoostConfig(), **kwargs)
 
 
-FAMILY = Family(
+FAMILY = booster_family(
     NAME,
     _trainer,
     train_fn,
     trees_data_config,
-    booster_budget,
     XGBoostPredictor,
-    serving_packages=("xgboost-cpu",),
-    describe=describe_booster(NAME),
-    external_memory=True,
-    calibration="platt",
-    warm_start=True,
-    class_weights=False,
-    library_params=library_params,
-    search_space=BOOSTER_SPACE,
+    package="xgboost-cpu",
     params=XGBoostParams,
-    trainflow_keys=BUDGET_KEYS,
+    library_params=library_params,
+    external_memory=True,
     auto_rank=(2, 0),  # one split: first, the fastest on 4M streamed rows (170 s; docs/performance.md)
     listed=3,
 )
