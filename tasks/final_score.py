@@ -11,7 +11,7 @@ import numpy as np
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from trainflow.data import Rows
+from trainflow.data import Rows, column_names
 from trainflow.config import Config
 from trainflow.tasks.common import retry_unless_user_error
 from trainflow.tasks.values import Selected, EarlierFit
@@ -70,6 +70,9 @@ def score_test(
         if warm_plan is not None and (plan is None or not warm_plan.holds_out_every_test_row_of(plan))
         else None
     )
+    lacking = [c for c in mask.columns() if c not in column_names(test)] if mask is not None else []
+    if lacking:  # which rows the source held out cannot be told: every row, and the figures say so
+        mask = None
     judged = None
     for family, selected in selections.items():
         columns = (*config.promotion.slices, *extra) if family == chosen else ()
@@ -84,6 +87,12 @@ def score_test(
         note = (
             f"{judged} of the {rows} test rows: those the warm start's source never trained or chose on (its split "
             "held out the others' rows differently)"
+        )
+        get_run_logger().warning("test figures on %s", note)
+    elif lacking:
+        note = (
+            f"all {rows} test rows: the warm start's source split its rows by {', '.join(lacking)}, which this table "
+            "lacks, so the rows it trained or chose on cannot be left out (these figures may include some)"
         )
         get_run_logger().warning("test figures on %s", note)
     aged = None

@@ -101,6 +101,10 @@ def test_the_test_figures_of_a_warm_start_leave_out_the_rows_its_source_trained_
     # a source that held out every test row (the nightly case: the same split) changes nothing
     same = scored(mine)
     assert same.rows == 400 and same.note is None
+    # a source split by a column this table lacks: every row, and the figures say they may hold its rows
+    elsewhere = scored(dataclasses.replace(source, key_columns=("account",)))
+    assert elsewhere.rows == 400 and elsewhere.note.startswith("all 400 test rows: the warm start's source split")
+    assert "account" in elsewhere.note
     assert summary_record({"from": "models:/m@champion", "family": "mlp", "files": {}, "plan": mine.to_dict()}) == {
         "from": "models:/m@champion",
         "family": "mlp",

@@ -149,6 +149,12 @@ class FoldPlan:
     # (as text), sorted; its rows take that class's cuts. A group not listed (new since) takes the cuts of all rows ("")
     group_strata: dict[str, tuple[float, ...]] | None = None
 
+    def columns(self) -> tuple[str, ...]:
+        """The columns roles() reads from a table: its time column, or its key columns (the group column by group);
+        the label where it stratifies."""
+        read = (self.time_column,) if self.time_column is not None else tuple(self.key_columns)
+        return read + ((self.label,) if self.label is not None else ())
+
     def fold_rows(self) -> list[int]:
         """Cross-fitting: the rows of each fold (its fold model's held-out rows) when the plan was made."""
         return [int(self.counts.get(f"fold {i}", 0)) for i in range(self.folds)] if self.folds > 1 else []
