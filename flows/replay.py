@@ -232,6 +232,7 @@ def _replay_config(config: Config, table_path: str, folder: str) -> Config:
     }
     raw["inference"] = {k: v for k, v in raw.get("inference", {}).items() if k not in ("input", "output")}
     raw["split"] = {**raw.get("split", {}), "backtest_fit": False}  # the backtest's extra fit judges no policy
+    raw.pop("retention", None)  # the replay's cutoffs keep every fit it judges
     return config_from_dict(raw, source="<replay>")
 
 

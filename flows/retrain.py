@@ -22,6 +22,7 @@ from trainflow.tasks.values import Ingested, Prepared, Split, TrainOutcome, fit_
 from trainflow.tasks.mlflow_run import end_parent, end_runs, open_parent
 from trainflow.tasks.preprocess import preprocess
 from trainflow.tasks.run_name import finished_before, record_finished, resolve_run_name
+from trainflow.tasks.retention import retain
 from trainflow.tasks.select import select
 from trainflow.tasks.skip import check_unchanged
 from trainflow.tasks.split import record_split, split
@@ -37,6 +38,7 @@ from trainflow.trainer.runner import run_dir, shared_scaling
 from trainflow.config import ENSEMBLE, Config
 from trainflow.errors import ConfigError, DataError, TrainingError, disk_full
 from trainflow.locks import run_lock
+from trainflow.retention import record_start
 from trainflow.redact import redact_text
 from trainflow.runtime import plain_progress, stop_requested, watch_for_sigterm
 from trainflow.tasks.common import task_logger
@@ -63,6 +65,7 @@ def retrain(
         print(config.task_inferred)
     name = resolve_run_name(run_name)
     with run_lock(config.storage_path, name, wait):
+        record_start(config, name)  # what retention may later remove is what a retrain recorded it started
         config = pin_source(config, name)  # a Delta or Iceberg table: the snapshot this run name reads
         # the champion's own data and config: nothing to train (checked before the table is read into Ray)
         fingerprint = None if force else table_fingerprint(config)
@@ -75,7 +78,8 @@ def retrain(
         summary = _retrain(config, name, fingerprint, explained)
         if run_name:
             record_finished(config, name, fingerprint or summary.get("data_fingerprint"), summary)
-        return summary
+        retained = retain(config, name)
+        return {**summary, "retention": retained} if retained else summary
 
 
 def _retrain(config: Config, name: str, fingerprint: str | None, explained: bool = True) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from trainflow.config import Config
 from trainflow.redact import redact_config
 from trainflow.storage import process_alive
 from trainflow.tasks.common import task_logger
-from trainflow.tracking import ensure_experiment, flatten, mlflow_key, tracking
+from trainflow.tracking import RETRAIN_TAG, ensure_experiment, flatten, mlflow_key, tracking
 
 REGISTER_KEY = "trainflow.register_key"
 
@@ -111,7 +111,6 @@ def end_earlier_starts(
         )
 
 
-RETRAIN_TAG = "trainflow.retrain"  # a parent run's retrain name (--run-name)
 PROCESS_TAG = "trainflow.process"  # "host:pid" of the process that opened a parent run
 ENDED_BY_TAG = "trainflow.ended_by"
 

@@ -26,6 +26,8 @@ BOUNDARIES = {
 AFTER_CALL = {
     # a replay's cutoff 1: its retrain registered, the period not yet recorded in replay.json
     "replay-second-fit": ("trainflow.flows.replay", "_fit", 2),
+    # `trainflow gc`: the done record and one folder of the first run it removes deleted, the rest not
+    "gc-second-delete": ("trainflow.retention", "_delete", 2),
 }
 
 

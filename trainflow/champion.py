@@ -199,7 +199,10 @@ def rollback(
     except mlflow.exceptions.MlflowException as exc:
         if exc.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
             raise  # the registry failing (or gone away: trainflow.services) is no missing version
-        raise ConfigError(f"rollback: {name} has no version {version!r} in {uri}") from None
+        gone = deleted_why(client, name, str(version))
+        raise ConfigError(
+            f"rollback: {name} has no version {version!r} in {uri}" + (f": {gone}" if gone else "")
+        ) from None
     missed = below_the_floor(target, floor, mode) or never_fit_to_serve(client, name, target)
     if missed and not force:
         raise ConfigError(f"rollback: {name} version {version}: {missed}; nothing moved (--force rolls back anyway)")
@@ -233,3 +236,29 @@ def _emit_rolled_back(name: str, moved: dict[str, Any]) -> None:
         )
     except Exception:  # noqa: BLE001 - the move stands whatever the event bus says
         pass
+
+
+DELETED_TAG = "trainflow.deleted_versions"  # on the registered model: {version: why} of the versions retention deleted
+
+
+def note_deleted(client, model: str, version: str, why: str) -> None:
+    """Record on the registered model why version is deleted (trainflow/retention.py; a rollback to it then says
+    why it is gone); the oldest notes go first past MLflow's 5,000-character tag value."""
+    try:
+        noted = json.loads(client.get_registered_model(model).tags.get(DELETED_TAG) or "{}")
+        noted = noted if isinstance(noted, dict) else {}
+    except ValueError:
+        noted = {}
+    noted[str(version)] = why
+    while len(json.dumps(noted)) > 5000 and noted:
+        noted.pop(next(iter(noted)))
+    client.set_registered_model_tag(model, DELETED_TAG, json.dumps(noted))
+
+
+def deleted_why(client, model: str, version: str) -> str | None:
+    """Why retention deleted version of model, as it recorded, or None."""
+    try:
+        noted = json.loads(client.get_registered_model(model).tags.get(DELETED_TAG) or "{}")
+    except Exception:  # noqa: BLE001 - no record: the caller says the version is missing
+        return None
+    return noted.get(str(version)) if isinstance(noted, dict) else None

@@ -18,6 +18,7 @@ MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<vers
 CHAMPION = "champion"
 DECISION_TAG = "trainflow.promotion.decision"  # the gate's decision on a version, recorded after the alias moved
 CHECKPOINT_KEY = "trainflow.checkpoint_key"  # a digest of the registered model, checkpoint, data and training config
+RETRAIN_TAG = "trainflow.retrain"  # a parent run's retrain name (--run-name)
 PUBLISHED_TAG = "trainflow.published"  # when the retrain that registered a version finished publishing it
 MAX_KEY = 250  # MLflow's limit for metric, param and tag keys
 

@@ -42,6 +42,8 @@ def run_command(args: argparse.Namespace) -> dict[str, Any] | None:
         return _config_command(args)
     if args.command == "champion":
         return _champion_command(args)
+    if args.command == "gc":
+        return _gc(args)
     from trainflow.config import load_config
 
     if args.command == "serve":
@@ -161,6 +163,22 @@ def _champion_command(args: argparse.Namespace) -> dict[str, Any]:
         when = when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)
         return {"model": name, "at": when.isoformat(), "period": serving_at(client, name, when)}
     return {"model": name, "history": history(client, name)}
+
+
+def _gc(args: argparse.Namespace) -> dict[str, Any]:
+    from trainflow.config import load_config
+    from trainflow.retention import collect
+    from trainflow.services import wait_for_prefect
+
+    config = load_config(args.config, parse_overrides(args.set))
+    r = config.retention
+    if r.keep_runs is None and r.max_age_days is None:
+        raise TrainflowError(
+            f"trainflow gc: {args.config} sets neither retention.keep_runs nor retention.max_age_days, so every run "
+            "is kept; set one (or pass --set retention.keep_runs=N)"
+        )
+    wait_for_prefect()  # the run-name and champion locks are the Prefect server's when one is configured
+    return collect(config, dry_run=args.dry_run)
 
 
 def _flow(command: str):

@@ -205,6 +205,15 @@ def build_parser() -> argparse.ArgumentParser:
         cp.add_argument("--config", required=True, help="the config naming the registered model and tracking URI")
         cp.add_argument("--summary-json", help=ANSWER_JSON)
 
+    g = sub.add_parser(
+        "gc",
+        help="apply the config's retention now: remove the run folders of earlier retrains that nothing needs",
+        parents=[CONFIG, OVERRIDES, SUMMARY_JSON],
+    )
+    g.add_argument(
+        "--dry-run", action="store_true", help="list what would be removed and kept, and why; remove nothing"
+    )
+
     s = sub.add_parser("sample", help="write the bundled synthetic sample tables")
     s.add_argument("--out", default="data/sample", help="the folder to write train.parquet and score.parquet to")
     s.add_argument("--rows", type=int, default=100_000, help="training table rows")

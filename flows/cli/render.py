@@ -176,7 +176,8 @@ def format_summary(s: dict[str, Any]) -> str:
         )
         if p.get("judged_rows_note"):
             lines.append(f"  judged rows       {p['judged_rows_note']}")
-    return "\n".join(lines + _scoring_lines(s))
+    retention = [format_gc_summary(s["retention"])] if s.get("retention") else []
+    return "\n".join(lines + _scoring_lines(s) + retention)
 
 
 def format_predict_summary(s: dict[str, Any]) -> str:
@@ -332,6 +333,23 @@ def format_champion_summary(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_gc_summary(s: dict[str, Any]) -> str:
+    """`trainflow gc`'s answer (and the retrain summary's retention lines): what went, what stayed, why."""
+    if "error" in s:
+        return f"  retention         not applied: {s['error']}"
+    verb = "would remove" if s["dry_run"] else "removed"
+    lines = [
+        f"  retention         {verb} {len(s['removed'])} run(s), {s['bytes_freed'] / 2**20:.1f} MiB of "
+        f"{s['storage_path']}; kept {len(s['kept'])}"
+    ]
+    for r in s["removed"]:
+        versions = f"; versions {', '.join(r['versions'])}" if r.get("versions") else ""
+        deleted = f" (deleted: {', '.join(r['versions_deleted'])})" if r.get("versions_deleted") else ""
+        lines.append(f"    - {r['run']}: {r['why']}{versions}{deleted}")
+    lines += [f"    = {k['run']}: {k['why']}" for k in s["kept"]]
+    return "\n".join(lines)
+
+
 RENDERERS = {
     "retrain": format_summary,
     "tune": format_summary,
@@ -340,6 +358,7 @@ RENDERERS = {
     "validate": format_validate_summary,
     "replay": format_replay_summary,
     "champion": format_champion_summary,
+    "gc": format_gc_summary,
 }
 
 

@@ -28,6 +28,7 @@ from trainflow.config.operations import (
     MlflowSection,
     MonitorSection,
     PromotionSection,
+    RetentionSection,
     ServicesSection,
     ValidationSection,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "PromotionSection",
     "RaySection",
     "ScalingSection",
+    "RetentionSection",
     "ServicesSection",
     "SplitSection",
     "TrainSection",

@@ -214,6 +214,36 @@ class InferenceSection(_Section):
         return self
 
 
+class RetentionSection(_Section):
+    """What a retrain removes from storage_path (and, asked, from the registry) once it has published
+    (trainflow/retention.py; `trainflow gc`)."""
+
+    keep_runs: int | None = key(
+        None,
+        "keep the run folders of this many newest retrains of the registered model; older ones are removed unless "
+        "an alias, the champion's recent history, or a start in progress needs them",
+        shown="all: nothing is removed",
+        ge=1,
+    )
+    max_age_days: float | None = key(
+        None,
+        "remove the run folders of retrains started more than this many days ago (with `keep_runs`: only runs "
+        "both limits let go); the same runs are never removed",
+        shown="no age limit",
+        gt=0,
+    )
+    alias_history_days: float = key(
+        30.0,
+        "a version that an alias pointed at within this many days (the champion's recorded history) keeps its run",
+        ge=0,
+    )
+    delete_versions: bool = key(
+        False,
+        "also delete the removed runs' model versions through MLflow's API (never one an alias points at or the "
+        "history window keeps) and mark their MLflow runs deleted; false: versions and runs stay",
+    )
+
+
 class ServicesSection(_Section):
     """How long a run waits out a service that does not answer before it fails naming it (trainflow/services.py)."""
 

@@ -21,6 +21,7 @@ from trainflow.config.operations import (
     MlflowSection,
     MonitorSection,
     PromotionSection,
+    RetentionSection,
     ServicesSection,
     ValidationSection,
 )
@@ -86,6 +87,10 @@ class Config(_Section):
     tune: TuneSection | None = key(None, "a Ray Tune sweep (`trainflow tune`)", shown="the sweep's defaults")
     inference: InferenceSection = key(
         doc="batch inference after a retrain (and `trainflow predict`)", default_factory=InferenceSection
+    )
+    retention: RetentionSection = key(
+        doc="which earlier runs' folders a retrain removes from storage_path ([operations.md](operations.md#retention))",
+        default_factory=RetentionSection,
     )
     services: ServicesSection = key(
         doc="how long a run waits out the MLflow server, the Prefect API and the object "
