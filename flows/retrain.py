@@ -38,7 +38,7 @@ from trainflow.trainer.runner import run_dir, shared_scaling
 from trainflow.config import ENSEMBLE, Config
 from trainflow.errors import ConfigError, DataError, TrainingError, disk_full
 from trainflow.locks import run_lock
-from trainflow.retention import record_start
+from trainflow.retention import finish_removal, record_start
 from trainflow.redact import redact_text
 from trainflow.runtime import plain_progress, stop_requested, watch_for_sigterm
 from trainflow.tasks.common import task_logger
@@ -65,7 +65,7 @@ def retrain(
         print(config.task_inferred)
     name = resolve_run_name(run_name)
     with run_lock(config.storage_path, name, wait):
-        record_start(config, name)  # what retention may later remove is what a retrain recorded it started
+        finish_removal(config, name)  # retention's removal of this name cut short: finished before anything is read
         config = pin_source(config, name)  # a Delta or Iceberg table: the snapshot this run name reads
         # the champion's own data and config: nothing to train (checked before the table is read into Ray)
         fingerprint = None if force else table_fingerprint(config)
@@ -93,6 +93,7 @@ def _retrain(config: Config, name: str, fingerprint: str | None, explained: bool
     prepared = preprocess(ingested, parts, config)
     runs = {f: r for f, r in runs.items() if f in prepared.budgets}  # auto leaves out a family that cannot fit
     validation = validate_data(config, prepared.preprocessor)
+    record_start(config, name)  # every check passed: what retention may remove is what a retrain recorded it wrote
     parts = record_split(ingested, config, parts, name)
     k = parts.fold_count
     runs = {f: runs[f] for f in config.model.training_order(k) if f in runs}  # the order is their time priority

@@ -134,11 +134,13 @@ def pin_source(config: Config, run_name: str) -> Config:
     PostgreSQL source: its copy (_pin_copy)."""
     import json
 
+    from trainflow.retention import record_start
     from trainflow.storage import join, read_text
 
     data = config.data
     if data.format not in SOURCE_FORMATS:
         return config
+    record_start(config, run_name)  # a source record or copy is written below: the run is recorded first
     log = task_logger("pin-source")
     record_uri = join(config.storage_path, f"{run_name}{SOURCE_SUFFIX}")
     try:

@@ -29,11 +29,12 @@ def _bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
 
-def _night(cfg: Path, tmp_path: Path, k: int, *extra: str) -> dict:
+def _night(cfg: Path, tmp_path: Path, k: int, *extra: str, name: str | None = None) -> dict:
     # a day's rows appended: the table grows, so no night is the champion's own data
     write_parquet(make_churn_table(300 + 40 * k, seed=1), tmp_path / "data" / "train.parquet")
     out = tmp_path / f"night-{k:02d}.json"
-    args = ["retrain", "--config", str(cfg), "--run-name", f"night-{k:02d}", "--summary-json", str(out), *extra]
+    name = name or f"night-{k:02d}"
+    args = ["retrain", "--config", str(cfg), "--run-name", name, "--summary-json", str(out), *extra]
     assert cli_main(args) == 0
     return json.loads(out.read_text())
 
@@ -119,8 +120,17 @@ def test_nightly_retrains_keep_storage_bounded_and_the_champion_whole(tmp_path, 
     ]
     assert _bytes(runs) == sizes[-1]
 
+    # by age: every run older than a few seconds may go, but what an alias or the history window needs
+    aged = tmp_path / "aged.json"
+    by_age = ["--set", "retention.keep_runs=null", "--set", "retention.max_age_days=0.0001", "--dry-run"]
+    assert cli_main(["gc", "--config", str(cfg), *by_age, "--summary-json", str(aged)]) == 0
+    assert [r["run"] for r in json.loads(aged.read_text())["removed"]] == [
+        f"night-{k:02d}" for k in range(NIGHTS - 1, NIGHTS - KEEP, -1)
+    ]
+    assert all("days ago" in r["why"] for r in json.loads(aged.read_text())["removed"])
+
     # SIGKILLed after its second deletion (the done record, then one folder of the first run it removes): the run's
-    # record says `removing`; the next collection finishes it, and nothing of it is left half there
+    # record says `removing`, part of it is still there
     victim = planned["removed"][0]["run"]
     args = ["gc", "--config", str(cfg), "--set", "retention.keep_runs=1"]
     killed = subprocess.run(
@@ -134,8 +144,16 @@ def test_nightly_retrains_keep_storage_bounded_and_the_champion_whole(tmp_path, 
     assert killed.returncode == -9, killed.stderr[-3000:]
     record = json.loads((runs / LEDGER / f"{victim}.json").read_text())
     assert record.get("removing") and not (runs / f"{victim}-done.json").exists()
+    assert any(p.name.startswith(victim) for p in runs.iterdir())
+    # a rerun of that name finishes the removal before it reads anything: it trains afresh (no half-removed
+    # checkpoint resumed, no done record believed) and registers a new version
+    rerun = _night(cfg, tmp_path, NIGHTS + 1, "--set", "promotion.margin=100", name=victim)
+    assert not rerun.get("already_finished") and rerun.get("resumed_from_epoch") is None
+    assert rerun["model_version"] == str(NIGHTS + 1)
+    assert "removing" not in json.loads((runs / LEDGER / f"{victim}.json").read_text())
+    # and a collection then keeps the newest (the rerun), the champion and the history window's version 1
     after = tmp_path / "after.json"
     assert cli_main([*args, "--summary-json", str(after)]) == 0
-    assert [r["run"] for r in json.loads(after.read_text())["removed"]] == [r["run"] for r in planned["removed"]]
+    assert [r["run"] for r in json.loads(after.read_text())["removed"]] == [f"night-{NIGHTS - 2:02d}"]
     left = sorted(p.name for p in runs.iterdir() if p.name.startswith("night-") and p.name != "night-02-notes")
-    assert {name[:8] for name in left} == {"night-01", f"night-{NIGHTS:02d}"}, left
+    assert {name[:8] for name in left} == {"night-01", victim, f"night-{NIGHTS:02d}"}, left

@@ -49,19 +49,26 @@ def _record_uri(storage_path: str, run_name: str) -> str:
     return join(storage_path, LEDGER, f"{run_name}.json")
 
 
-def record_start(config, run_name: str) -> None:
-    """Record that a retrain of run_name starts in config.storage_path (the caller holds the run-name lock); a removal
-    of that name cut short is finished first, so the run reads nothing half removed."""
+def finish_removal(config, run_name: str) -> None:
+    """A removal of run_name's folders that was cut short (SIGKILL) is finished, before a start of that name reads
+    anything there (the caller holds the run-name lock); nothing is written otherwise."""
     uri = _record_uri(config.storage_path, run_name)
     before = _read_record(uri, run_name)
     if before is not None and before.get("removing"):
         log.warning("run %s: finishing a removal of its folders that was cut short (%s)", run_name, before["removing"])
         _remove_entries(config.storage_path, run_name, _owned(config.storage_path, [run_name]).get(run_name, []))
+
+
+def record_start(config, run_name: str) -> None:
+    """Record that a retrain of run_name writes into config.storage_path (before its first write there, once every
+    check passed; the caller holds the run-name lock): only a recorded run is ever removed."""
+    uri = _record_uri(config.storage_path, run_name)
+    before = _read_record(uri, run_name) or {}
     now = _now().isoformat(timespec="seconds")
     record = {
         "run_name": run_name,
         "model": config.mlflow.registered_model,
-        "first_started": (before or {}).get("first_started") or now,
+        "first_started": before.get("first_started") or now,
         "started": now,
         "by": f"{socket.gethostname()}:{os.getpid()}",
     }
