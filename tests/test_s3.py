@@ -272,3 +272,56 @@ def test_object_store_outputs_commit_with_a_manifest_and_queue_their_writers(s3_
         outputs.write_output(table(3), f"s3://{BUCKET}/theirs", 3, {})
     with fs.open_input_stream(f"{BUCKET}/theirs/data.csv") as f:
         assert f.read() == b"a,b\n"
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_retention_in_a_bucket_removes_only_recorded_runs_and_keeps_one_in_progress(s3_endpoint, tmp_path):
+    """Retention with storage_path in S3: of three recorded runs (trainflow's own record_start) and keep_runs 1, the
+    oldest goes whole (every object under its folders, its done record and its record), the middle one stays while a
+    start of it holds its run-name lock, the newest stays; what no run recorded stays, and a run-named folder of
+    another storage_path is not this one's to judge. (The folders' contents stand in for checkpoints: what retention
+    reads is their names and sizes.)"""
+    import time
+
+    from trainflow.config import config_from_dict
+    from trainflow.locks import run_lock
+    from trainflow.retention import LEDGER, collect, record_start
+
+    fs, storage = s3_endpoint, f"s3://{BUCKET}/kept-runs"
+    config = config_from_dict(
+        {
+            "data": {"path": "unused.parquet", "label": "y"},
+            "task": "regression",
+            "storage_path": storage,
+            "mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "registered_model": "kept"},
+            "retention": {"keep_runs": 1},
+        }
+    )
+    for name in ("old", "middle", "new"):
+        record_start(config, name)
+        for entry in (f"{name}-families/{name}-xgboost/fold0/model.json", f"{name}-split/assignment.parquet"):
+            with fs.open_output_stream(f"{BUCKET}/kept-runs/{entry}") as f:
+                f.write(b"x" * 1000)
+        with fs.open_output_stream(f"{BUCKET}/kept-runs/{name}-done.json") as f:
+            f.write(b"{}")
+        time.sleep(1.1)  # starts a second apart: the records order them
+    with fs.open_output_stream(f"{BUCKET}/kept-runs/unrecorded-split/mine.txt") as f:
+        f.write(b"not trainflow's")
+    with run_lock(storage, "middle", wait=False):
+        done = collect(config)
+    assert [r["run"] for r in done["removed"]] == ["old"] and done["removed"][0]["bytes"] == 2002
+    assert sorted(done["removed"][0]["entries"]) == ["old-done.json", "old-families", "old-split"]
+    why = {k["run"]: k["why"] for k in done["kept"]}
+    assert why == {"new": "one of the newest 1 (retention.keep_runs)", "middle": why["middle"]}
+    assert "in progress" in why["middle"]
+    left = sorted(i.base_name for i in fs.get_file_info(pafs.FileSelector(f"{BUCKET}/kept-runs")))
+    assert left == [
+        LEDGER, "middle-done.json", "middle-families", "middle-split", "new-done.json", "new-families", "new-split",
+        "unrecorded-split",
+    ]  # fmt: skip
+    assert sorted(i.base_name for i in fs.get_file_info(pafs.FileSelector(f"{BUCKET}/kept-runs/{LEDGER}"))) == [
+        "middle.json",
+        "new.json",
+    ]
+    # with nothing in progress the middle one goes too
+    assert [r["run"] for r in collect(config)["removed"]] == ["middle"]

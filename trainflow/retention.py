@@ -218,6 +218,23 @@ def _protected_versions(client, model: str, window_days: float) -> dict[str, str
     return why
 
 
+def _output_version(config) -> dict[str, str]:
+    """The version the config's Parquet predictions output came from (its manifest): the lineage a kept output
+    needs. (A Delta, Iceberg or PostgreSQL output carries each row's model_version itself.)"""
+    from trainflow.outputs import read_manifest
+
+    out = config.inference
+    if out.output is None or out.output_format != "parquet":
+        return {}
+    manifest = read_manifest(out.output) or {}
+    model = str(manifest.get("model") or "")
+    prefix = f"models:/{config.mlflow.registered_model}/"
+    if not model.startswith(prefix) or not model[len(prefix) :].isdigit():
+        return {}
+    version = model[len(prefix) :]
+    return {version: f"version {version} made the predictions at {out.output}"}
+
+
 # how long a collection waits for a run's lock before it counts the run as in progress (a Prefect server's lock
 # answers in a second or so; a run that holds it holds it for its whole retrain)
 IN_PROGRESS_WAIT_S = 5.0
@@ -240,7 +257,7 @@ def plan(config, current: str | None = None) -> Plan:
         return out
     uri, model, storage = config.mlflow.tracking_uri, config.mlflow.registered_model, config.storage_path
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
-    protected = _protected_versions(client, model, r.alias_history_days)
+    protected = {**_output_version(config), **_protected_versions(client, model, r.alias_history_days)}
     by_run, _ = _versions_by_run(client, model, storage)
     records = _records(storage, model)
     cutoff = None if r.max_age_days is None else _now() - dt.timedelta(days=r.max_age_days)
@@ -332,7 +349,10 @@ def _forget(config, run_name: str, versions: list[str]) -> dict[str, Any]:
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
     deleted, runs_deleted = [], []
     with exclusive("champion", model, uri):
-        protected = _protected_versions(client, model, config.retention.alias_history_days)
+        protected = {
+            **_output_version(config),
+            **_protected_versions(client, model, config.retention.alias_history_days),
+        }
         stay = [v for v in versions if v in protected]
         for version in (v for v in versions if v not in protected):
             note_deleted(
