@@ -18,7 +18,8 @@ from trainflow.tasks.values import EarlierFit, Ingested, Selected, Split, TrainO
 from trainflow.tasks.explain import explain
 from trainflow.tasks.final_score import score_test
 from trainflow.tasks.infer import infer
-from trainflow.tasks.promote import promote
+from trainflow.tasks.approval import await_approval
+from trainflow.tasks.promote import AWAITING, promote
 from trainflow.tasks.register import describe_version, register
 from trainflow.tasks.report import report
 from trainflow.tasks.summary import summarize
@@ -69,7 +70,10 @@ def publish(
         for row in extra.get("candidates") or []:
             row.update(tested.metrics.get(row["family"], {}))
     registered = register(config, ingested, outcome, selected, parts.plan)
-    promotion = promote(config, holdout, selected, registered, scored, judged_on)
+    promotion = promote(config, holdout, selected, registered, scored, judged_on, answer=config.approved)
+    if promotion.decision == AWAITING:  # promotion.approval: required: the flow run suspends for a person's answer
+        answer = await_approval(config, promotion, registered)
+        promotion = promote(config, holdout, selected, registered, scored, judged_on, answer=answer)
     importance = explain(config, holdout, selected.path, promotion, registered) if explained else None
     predictions = None
     if config.inference.input and promotion.serving_version is None:

@@ -23,6 +23,7 @@ from trainflow.tasks.mlflow_run import end_parent, end_runs, open_parent
 from trainflow.tasks.preprocess import preprocess
 from trainflow.tasks.run_name import finished_before, record_finished, resolve_run_name
 from trainflow.tasks.retention import retain
+from trainflow.tasks.approval import check_answerable, command_line_approval
 from trainflow.tasks.select import select
 from trainflow.tasks.skip import check_unchanged
 from trainflow.tasks.split import record_split, split
@@ -52,17 +53,21 @@ def retrain(
     force: bool = False,
     wait: bool = True,
     explained: bool = True,
+    approve: str | None = None,
 ) -> dict[str, Any]:
     """Train, select, register and predict from one config file; returns the run summary. A run on the champion's
     own data and training config registers nothing (the champion still scores inference.input) unless force. One
     start per run name at a time: another start of the same name waits for it (wait=False: fails at once naming it),
     then finds it finished and does nothing. explained=False: no feature importance and no report artifacts (a
-    replay's cutoff retrains, whose models only the replay judges)."""
+    replay's cutoff retrains, whose models only the replay judges). approve: with promotion.approval: required, the
+    approval given with the run (its reason; the command line's --approve), recorded with its author."""
     watch_for_sigterm()  # a cancel (SIGTERM) stops Ray at once and retries nothing, in every process that runs a flow
     plain_progress()  # MLflow's transfer bars in a terminal only
     config = flow_config(config_path, overrides)
     if config.task_inferred:
         print(config.task_inferred)
+    config.with_approval(command_line_approval(approve) if approve is not None else None)
+    check_answerable(config, config.approved)  # nobody to answer a required approval: refused before anything starts
     name = resolve_run_name(run_name)
     with run_lock(config.storage_path, name, wait):
         finish_removal(config, name)  # retention's removal of this name cut short: finished before anything is read

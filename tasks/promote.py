@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import math
 import time
 
@@ -26,6 +28,8 @@ from trainflow.locks import exclusive
 from trainflow.tracking import CHAMPION, DECISION_TAG, current_champion, mlflow_key
 
 PROMOTED, NOT_PROMOTED = "promoted", "not_promoted"
+AWAITING = "awaiting_approval"  # promotion.approval: required, the gate would promote, nobody has answered yet
+DEADLINE_TAG = "trainflow.promotion.approval_deadline"  # when an awaiting version's request times out (UTC)
 
 
 def decide(challenger: float | None, champion: float | None, mode: str, margin: float) -> tuple[bool, str]:
@@ -180,14 +184,19 @@ def gate(
     scored: Scored | None = None,
     judged_on: str = "test",
     alias: str = CHAMPION,
+    answer: dict | None = None,
 ) -> Promotion:
     """Score the challenger and the current @champion on the same holdout and move the alias on a win, as one
     compare-and-set: under a lock per registered model (CLI, deployments and tune all take it), and the alias
     is read again right before it moves; a champion that changed meanwhile is scored in its turn. scored: the
     challenger's outputs on holdout with the slice columns, as it serves them (calibrate's), else scored here.
     alias: another alias than @champion (a replay policy's, flows/replay.py): the same decision moves that alias
-    alone, and records nothing else (no decision tags on the challenger's run, no event, no @champion history)."""
+    alone, and records nothing else (no decision tags on the challenger's run, no event, no @champion history).
+    With promotion.approval required, a promotion moves the alias only with a person's answer (answer: approve,
+    reason, by; tasks/approval.py): none yet, the decision is AWAITING and nothing moves; a rejection is not
+    promoted."""
     recorded = alias == CHAMPION
+    asks = recorded and (config.promotion.approval == "required" or answer is not None)
     log = task_logger("promote")
     metric, mode, margin = config.promotion.metric, config.promotion.mode, config.promotion.margin
     name, version = registered.model_name, registered.model_version
@@ -204,7 +213,10 @@ def gate(
     # an explicit client, not MLflow's process-wide tracking URI: gates of two models may run at once in one process
     with exclusive("champion", name, uri):
         client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+        if recorded:
+            expire_requests(client, name, version)
         champion_version = current_champion(client, name, alias)
+        decision = None
         for _ in range(5):  # a champion moved by a run outside the lock: score the new one
             champion_score, champion_path = None, None
             if champion_version is None:
@@ -276,6 +288,8 @@ def gate(
                         else f"{metric} is missing or not finite, below the floor promotion.min_score {floor:g}"
                     ),
                 )
+            if promote_it and asks and champion_version != version:
+                promote_it, reason, decision = judged_by_person(answer, reason)
             if not promote_it:
                 break
             _before_alias_move(version)
@@ -305,7 +319,7 @@ def gate(
                     exc,
                 )
         result = Promotion(
-            decision=PROMOTED if promote_it else NOT_PROMOTED,
+            decision=decision or (PROMOTED if promote_it else NOT_PROMOTED),
             reason=reason,
             metric=metric,
             mode=mode,
@@ -345,6 +359,9 @@ def gate(
             if floor is None
             else f"{'missed' if missed else 'met'} ({metric} {floor:g})",
         }
+        if decision == AWAITING:
+            deadline = time.time() + config.promotion.approval_timeout_h * 3600
+            tags[DEADLINE_TAG] = dt.datetime.fromtimestamp(deadline, dt.timezone.utc).isoformat(timespec="seconds")
         if recorded:
             record_decision(client, result, registered.run_id, tags)
     if not recorded:
@@ -374,6 +391,44 @@ def gate(
         reason,
     )
     return result
+
+
+def judged_by_person(answer: dict | None, reason: str) -> tuple[bool, str, str]:
+    """(promote it, the reason, the decision) once the gate would promote under promotion.approval: required."""
+    if answer is None:
+        return False, f"{reason}; awaiting a person's approval (promotion.approval: required)", AWAITING
+    who = str(answer.get("by") or "someone").strip()[:200]
+    said = str(answer.get("reason") or "no reason given").strip()[:1000]
+    if answer.get("approve"):
+        return True, f"{reason}; approved by {who}: {said}", PROMOTED
+    return False, f"rejected by {who}: {said} (the gate would have promoted: {reason})", NOT_PROMOTED
+
+
+def expire_requests(client, name: str, version: str) -> None:
+    """Versions of name still awaiting approval past their deadline (Prefect failed their suspended run at it):
+    recorded not promoted, with a trainflow.model.not_promoted event (the caller holds the champion lock)."""
+    now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    try:
+        waiting = client.search_model_versions(f"name = '{name}' and tags.`{DECISION_TAG}` = '{AWAITING}'")
+    except Exception as exc:  # noqa: BLE001 - left for the next gate
+        task_logger("promote").warning("promotion: requests awaiting approval not checked: %s", exc)
+        return
+    for mv in waiting:
+        deadline = mv.tags.get(DEADLINE_TAG, "")
+        if str(mv.version) == str(version) or not deadline or deadline > now:
+            continue
+        why = f"its approval was not answered by {deadline} (promotion.approval_timeout_h): not promoted"
+        client.set_model_version_tag(name, mv.version, DECISION_TAG, NOT_PROMOTED)
+        client.set_model_version_tag(name, mv.version, "trainflow.promotion.reason", why)
+        task_logger("promote").warning("promotion: v%s %s", mv.version, why)
+        try:
+            emit_event(
+                event=f"trainflow.model.{NOT_PROMOTED}",
+                resource={"prefect.resource.id": f"trainflow.model.{name}"},
+                payload={"model": name, "challenger_version": str(mv.version), "reason": why},
+            )
+        except Exception:  # noqa: BLE001 - recorded on the version whatever the event bus says
+            pass
 
 
 def record_decision(client, result: Promotion, run_id: str, tags: dict[str, str]) -> None:
@@ -437,7 +492,9 @@ def promote(
     registered: Registered,
     scored: Scored | None = None,
     judged_on: str = "test",
+    answer: dict | None = None,
 ) -> Promotion:
     """Score the new version (or take its scored holdout) and the current @champion on the same holdout rows (with a
-    champion: the ones neither trained or chose on); move the alias only on a win."""
-    return gate(config, holdout, selected.path, registered, scored, judged_on)
+    champion: the ones neither trained or chose on); move the alias only on a win (and, with promotion.approval:
+    required, a person's answer approving it)."""
+    return gate(config, holdout, selected.path, registered, scored, judged_on, answer=answer)

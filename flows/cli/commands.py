@@ -61,6 +61,10 @@ def run_command(args: argparse.Namespace) -> dict[str, Any] | None:
         config.require_tune()
         if args.resume and not args.run_name:
             raise TrainflowError("tune --resume needs the --run-name of the sweep to restore")
+    if args.command in ("retrain", "tune"):  # a required approval nobody here could answer: refused at once
+        from trainflow.tasks.approval import check_answerable
+
+        check_answerable(config, {} if getattr(args, "approve", None) is not None else None)
     if args.command == "replay":  # refused before anything starts: the key, the period, the policies
         from trainflow.flows.replay import check_request
 
@@ -96,7 +100,7 @@ def run_command(args: argparse.Namespace) -> dict[str, Any] | None:
         temporary_server().start()  # a no-op once it answers; a background start that failed is tried again, and raises
     params = {"config_path": str(Path(args.config).resolve()), "overrides": overrides or None}
     named = {
-        "retrain": ("run_name", "force", "wait"),
+        "retrain": ("run_name", "force", "wait", "approve"),
         "tune": ("run_name", "resume", "wait"),
         "monitor": ("labels",),
         "validate": (),

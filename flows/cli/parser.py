@@ -74,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="retrain even when the data and training config are those of the current champion",
     )
+    r.add_argument(
+        "--approve",
+        metavar="REASON",
+        help="with promotion.approval: required, approve this run's promotion now (recorded with REASON and you); "
+        "the gate still decides whether to promote",
+    )
 
     t = sub.add_parser(
         "tune",

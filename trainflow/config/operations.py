@@ -51,6 +51,15 @@ class PromotionSection(_Section):
         "promotion may rest on; fewer: not promoted",
         ge=1,
     )
+    approval: Literal["none", "required"] = key(
+        "none",
+        "`required`: once the gate decides to promote, the flow run suspends until a person approves or rejects the "
+        "promotion in Prefect (a deployment's run; `trainflow retrain --approve` approves on the command line); "
+        "`none`: the gate decides alone ([operations.md](operations.md#a-persons-approval))",
+    )
+    approval_timeout_h: float = key(
+        72.0, "hours a suspended promotion waits for its answer; unanswered, it is not promoted", gt=0.0
+    )
 
     @field_validator("margin", "min_score")
     @classmethod

@@ -101,6 +101,17 @@ class Config(_Section):
     _source_dir: str | None = PrivateAttr(default=None)
     # why `task` is what it is, when the config left it out and the label decided it
     _task_inferred: str | None = PrivateAttr(default=None)
+    # an approval given with the run (`trainflow retrain --approve`): approve, reason, by (tasks/approval.py)
+    _approved: dict | None = PrivateAttr(default=None)
+
+    @property
+    def approved(self) -> dict | None:
+        return self._approved
+
+    def with_approval(self, answer: dict | None) -> Config:
+        """This config carrying an approval given with the run (not part of the config's data)."""
+        self._approved = answer
+        return self
 
     @property
     def task_inferred(self) -> str | None:
