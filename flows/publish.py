@@ -72,7 +72,23 @@ def publish(
     registered = register(config, ingested, outcome, selected, parts.plan)
     promotion = promote(config, holdout, selected, registered, scored, judged_on, answer=config.approved)
     if promotion.decision == AWAITING:  # promotion.approval: required: the flow run suspends for a person's answer
-        answer = await_approval(config, promotion, registered)
+        model = [
+            f"family {outcome.family}, checkpoint {selected.path}",
+            f"data {ingested.spec.path} (fingerprint {ingested.spec.fingerprint})",
+            *(
+                [
+                    f"test rows ({tested.rows}): "
+                    + ", ".join(
+                        f"{k} {v:.4g}"
+                        for k, v in tested.metrics.get(outcome.family, {}).items()
+                        if isinstance(v, (int, float))
+                    )
+                ]
+                if tested
+                else []
+            ),
+        ]
+        answer = await_approval(config, promotion, registered, model)
         promotion = promote(config, holdout, selected, registered, scored, judged_on, answer=answer)
     importance = explain(config, holdout, selected.path, promotion, registered) if explained else None
     predictions = None

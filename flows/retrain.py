@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from prefect import flow
+from prefect.exceptions import Pause
 from prefect.futures import wait
 
 from trainflow.flows.handover import flow_config
@@ -113,8 +114,12 @@ def _retrain(config: Config, name: str, fingerprint: str | None, explained: bool
         summary = _train_and_publish(config, name, ingested, parts, prepared, runs, validation, explained)
         status = "FINISHED"
         return summary
+    except Pause:  # suspended for a person's approval (tasks/approval.py): the same MLflow run goes on once resumed
+        status = "RUNNING"
+        raise
     finally:
-        end_parent(config, "KILLED" if stop_requested() else status, summary)
+        if status != "RUNNING":
+            end_parent(config, "KILLED" if stop_requested() else status, summary)
 
 
 def _train_and_publish(

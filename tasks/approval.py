@@ -23,6 +23,7 @@ from prefect.input import RunInput
 
 from trainflow.config import Config
 from trainflow.errors import ConfigError
+from trainflow.redact import redact_text
 from trainflow.tasks.values import Promotion, Registered
 
 APPROVAL_ARTIFACT = "approval-request"
@@ -62,8 +63,9 @@ def check_answerable(config: Config, approved: dict | None) -> None:
     )
 
 
-def evidence(config: Config, promotion: Promotion, registered: Registered) -> str:
-    """The gate's evidence as a person reads it before answering (a Markdown artifact)."""
+def evidence(config: Config, promotion: Promotion, registered: Registered, model: list[str]) -> str:
+    """The gate's evidence as a person reads it before answering (a Markdown artifact); model: lines about the model
+    (its family, data and test figures)."""
     p = promotion
     lines = [
         f"# Approve {p.model_name} version {p.challenger_version} as @champion?",
@@ -83,8 +85,10 @@ def evidence(config: Config, promotion: Promotion, registered: Registered) -> st
         lines.append(f"Paired bootstrap of the gain: {p.confidence}.")
     lines += [
         "",
-        f"MLflow run `{registered.run_id}`, model `models:/{p.model_name}/{p.challenger_version}`; its model card is "
-        "the run's `model_card.md` artifact.",
+        "## The model",
+        *[f"- {line}" for line in model],
+        f"- MLflow run `{registered.run_id}`, model `models:/{p.model_name}/{p.challenger_version}` (its full model "
+        "card is written when the run ends, approved or not)",
         "",
         f"Answer with the flow run's Resume form (approve, reason, by) within {config.promotion.approval_timeout_h:g} "
         "hours; unanswered, it is not promoted.",
@@ -96,7 +100,7 @@ def _num(x: float | None) -> str:
     return "-" if x is None else f"{x:.6g}"
 
 
-def await_approval(config: Config, promotion: Promotion, registered: Registered) -> dict[str, Any]:
+def await_approval(config: Config, promotion: Promotion, registered: Registered, model: list[str]) -> dict[str, Any]:
     """The person's answer to promoting promotion's challenger: the evidence shown, then the flow run suspended
     (this process ends; Prefect runs the flow again once it is resumed), or, on that run, the answer."""
     from prefect.artifacts import create_markdown_artifact
@@ -104,7 +108,7 @@ def await_approval(config: Config, promotion: Promotion, registered: Registered)
 
     key = f"approval-{promotion.model_name}-v{promotion.challenger_version}"
     create_markdown_artifact(
-        markdown=evidence(config, promotion, registered),
+        markdown=redact_text(evidence(config, promotion, registered, model)),  # a URI's credentials never shown
         key=APPROVAL_ARTIFACT,
         description=f"{promotion.model_name} v{promotion.challenger_version} awaits approval",
     )

@@ -22,7 +22,7 @@ def retain(config: Config, run_name: str) -> dict[str, Any] | None:
         return None
     log = task_logger("retention")
     try:
-        done = collect(config, current=run_name)
+        done = collect(config, current=run_name, needed=output_version(config))
     except ConfigError:
         raise
     except Exception as exc:  # noqa: BLE001 - the model is published; storage left as it was is no failure of it
@@ -40,3 +40,20 @@ def describe(done: dict[str, Any]) -> str:
         f"retention: {verb} {gone} ({done['bytes_freed'] / 2**20:.1f} MiB); kept {len(done['kept'])} run(s): "
         + "; ".join(f"{k['run']} ({k['why']})" for k in done["kept"][:10])
     )
+
+
+def output_version(config) -> dict[str, str]:
+    """The version the config's Parquet predictions output came from (its manifest): the lineage a kept output
+    needs. (A Delta, Iceberg or PostgreSQL output carries each row's model_version itself.)"""
+    from trainflow.outputs import read_manifest
+
+    out = config.inference
+    if out.output is None or out.output_format != "parquet":
+        return {}
+    manifest = read_manifest(out.output) or {}
+    model = str(manifest.get("model") or "")
+    prefix = f"models:/{config.mlflow.registered_model}/"
+    if not model.startswith(prefix) or not model[len(prefix) :].isdigit():
+        return {}
+    version = model[len(prefix) :]
+    return {version: f"version {version} made the predictions at {out.output}"}

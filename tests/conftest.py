@@ -42,6 +42,7 @@ SIDE = (
     "tests/test_s3.py",
     "tests/test_postgres.py",  # a PostgreSQL server of its own
     "tests/test_sinks.py",  # (its own too)
+    "tests/test_approval.py",  # flow runs suspended and resumed: a fits' worker's load on this one
 )
 # tests/test_faults.py (fits that die and resume, 130 s) runs with the fits: measured 2026-12-02 with it here, this
 # worker took 1,119-1,164 s and the fits' 717-985 s

@@ -15,7 +15,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from tests.conftest import write_config, write_parquet
+from tests.conftest import write_parquet, xgboost_config
 from trainflow.flows.cli import main as cli_main
 from trainflow.sample import make_churn_table
 
@@ -26,20 +26,8 @@ MODEL = "approved"
 
 def _config(tmp_path: Path) -> Path:
     write_parquet(make_churn_table(400, seed=1), tmp_path / "data" / "train.parquet")
-    return write_config(
-        tmp_path,
-        {
-            "data": {"path": "data/train.parquet", "label": "churned", "id_column": "customer_id"},
-            "task": "classification",
-            "model": {"type": "xgboost", "params": {"xgboost": {"num_boost_round": 8}}},
-            "train": {"folds": 1},
-            "calibration": {"method": "none"},
-            "scaling": {"num_workers": 1},
-            "storage_path": "runs",
-            "mlflow": {"experiment": MODEL, "registered_model": MODEL},
-            "promotion": {"approval": "required", "confidence": None},
-        },
-    )
+    promotion = {"approval": "required", "confidence": None}
+    return Path(xgboost_config(tmp_path, {"path": "data/train.parquet"}, MODEL, promotion=promotion))
 
 
 def _execute(flow_run_id):
@@ -97,6 +85,9 @@ def test_a_promotion_waits_for_a_person_who_approves_rejects_or_never_answers(tm
         assert client.get_registered_model(MODEL).aliases == {}
         with exclusive("champion", MODEL, uri, timeout_s=2.0):  # the gate's lock is free while it waits
             pass
+        experiment = client.get_experiment_by_name(MODEL).experiment_id
+        parents = lambda: client.search_runs([experiment], filter_string="tags.`trainflow.retrain` LIKE '%'")  # noqa: E731
+        assert [r.info.status for r in parents()] == ["RUNNING"]  # the retrain's MLflow run waits with it
         from prefect.artifacts import Artifact
 
         assert "Approve approved version 1 as @champion?" in str(Artifact.get("approval-request").data)
@@ -106,6 +97,7 @@ def test_a_promotion_waits_for_a_person_who_approves_rejects_or_never_answers(tm
         assert state.is_completed(), state
         assert client.get_registered_model(MODEL).aliases == {"champion": 1}
         assert len(client.search_model_versions(f"name = '{MODEL}'")) == 1  # the resumed run registered nothing new
+        assert [r.info.status for r in parents()] == ["FINISHED"]  # and went on in the same MLflow run
         v1 = client.get_model_version(MODEL, "1")
         assert v1.tags["trainflow.promotion.decision"] == "promoted"
         assert "approved by ana: numbers checked" in v1.tags["trainflow.promotion.reason"]

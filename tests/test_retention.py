@@ -13,15 +13,15 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from tests.conftest import write_config, write_parquet
+from tests.conftest import write_parquet, xgboost_config
 from trainflow.flows.cli import main as cli_main
 from trainflow.retention import LEDGER
 from trainflow.sample import make_churn_table
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_local")]
 
-NIGHTS = 8
-KEEP = 3
+NIGHTS = 6
+KEEP = 2
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -40,18 +40,8 @@ def _night(cfg: Path, tmp_path: Path, k: int, *extra: str, name: str | None = No
 
 
 def test_nightly_retrains_keep_storage_bounded_and_the_champion_whole(tmp_path, capsys):
-    raw = {
-        "data": {"path": "data/train.parquet", "label": "churned", "id_column": "customer_id"},
-        "task": "classification",
-        "model": {"type": "xgboost", "params": {"xgboost": {"num_boost_round": 8}}},
-        "train": {"folds": 1},
-        "calibration": {"method": "none"},
-        "scaling": {"num_workers": 1},
-        "storage_path": "runs",
-        "mlflow": {"experiment": "nightly", "registered_model": "nightly"},
-        "retention": {"keep_runs": KEEP, "delete_versions": True},
-    }
-    cfg = write_config(tmp_path, raw)
+    retention = {"keep_runs": KEEP, "delete_versions": True}
+    cfg = xgboost_config(tmp_path, {"path": "data/train.parquet"}, "nightly", retention=retention)
     runs = tmp_path / "runs"
     # something trainflow did not write, named like one of its runs' folders: never touched
     (runs / "night-02-notes").mkdir(parents=True)
@@ -154,6 +144,8 @@ def test_nightly_retrains_keep_storage_bounded_and_the_champion_whole(tmp_path, 
     # and a collection then keeps the newest (the rerun), the champion and the history window's version 1
     after = tmp_path / "after.json"
     assert cli_main([*args, "--summary-json", str(after)]) == 0
-    assert [r["run"] for r in json.loads(after.read_text())["removed"]] == [f"night-{NIGHTS - 2:02d}"]
+    assert [r["run"] for r in json.loads(after.read_text())["removed"]] == [
+        f"night-{k:02d}" for k in range(NIGHTS - 2, NIGHTS - KEEP, -1)
+    ]
     left = sorted(p.name for p in runs.iterdir() if p.name.startswith("night-") and p.name != "night-02-notes")
     assert {name[:8] for name in left} == {"night-01", victim, f"night-{NIGHTS:02d}"}, left

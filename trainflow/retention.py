@@ -218,23 +218,6 @@ def _protected_versions(client, model: str, window_days: float) -> dict[str, str
     return why
 
 
-def _output_version(config) -> dict[str, str]:
-    """The version the config's Parquet predictions output came from (its manifest): the lineage a kept output
-    needs. (A Delta, Iceberg or PostgreSQL output carries each row's model_version itself.)"""
-    from trainflow.outputs import read_manifest
-
-    out = config.inference
-    if out.output is None or out.output_format != "parquet":
-        return {}
-    manifest = read_manifest(out.output) or {}
-    model = str(manifest.get("model") or "")
-    prefix = f"models:/{config.mlflow.registered_model}/"
-    if not model.startswith(prefix) or not model[len(prefix) :].isdigit():
-        return {}
-    version = model[len(prefix) :]
-    return {version: f"version {version} made the predictions at {out.output}"}
-
-
 # how long a collection waits for a run's lock before it counts the run as in progress (a Prefect server's lock
 # answers in a second or so; a run that holds it holds it for its whole retrain)
 IN_PROGRESS_WAIT_S = 5.0
@@ -246,9 +229,9 @@ def _run_lock(storage_path: str, run_name: str):
     return exclusive("run", run_name, storage_path, timeout_s=IN_PROGRESS_WAIT_S)  # locks.run_lock's lock
 
 
-def plan(config, current: str | None = None) -> Plan:
+def plan(config, current: str | None = None, needed: dict[str, str] | None = None) -> Plan:
     """Which recorded runs of config's registered model go and which stay, with why (current: the run making the
-    collection, which stays)."""
+    collection, which stays; needed: versions something else needs, with why: a kept output's lineage)."""
     import mlflow
 
     r = config.retention
@@ -257,7 +240,7 @@ def plan(config, current: str | None = None) -> Plan:
         return out
     uri, model, storage = config.mlflow.tracking_uri, config.mlflow.registered_model, config.storage_path
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
-    protected = {**_output_version(config), **_protected_versions(client, model, r.alias_history_days)}
+    protected = {**(needed or {}), **_protected_versions(client, model, r.alias_history_days)}
     by_run, _ = _versions_by_run(client, model, storage)
     records = _records(storage, model)
     cutoff = None if r.max_age_days is None else _now() - dt.timedelta(days=r.max_age_days)
@@ -285,12 +268,15 @@ def plan(config, current: str | None = None) -> Plan:
     return out
 
 
-def collect(config, dry_run: bool = False, current: str | None = None) -> dict[str, Any]:
+def collect(
+    config, dry_run: bool = False, current: str | None = None, needed: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Apply config.retention to config.storage_path (and the registry, with delete_versions); dry_run: the same
-    answer, nothing removed. The summary: what went, what stayed, why, and the bytes freed."""
+    answer, nothing removed; needed: versions something else needs (tasks/retention.py output_version), kept with
+    why. The summary: what went, what stayed, why, and the bytes freed."""
     from trainflow.locks import LockTimeout
 
-    chosen = plan(config, current)
+    chosen = plan(config, current, needed)
     storage = config.storage_path
     names = [row["run"] for row in chosen.remove + chosen.keep]
     removed = []
@@ -308,7 +294,7 @@ def collect(config, dry_run: bool = False, current: str | None = None) -> dict[s
                     "bytes": sum(_size(storage, e, d) for e, d in entries),
                 }
                 if not dry_run:
-                    _remove(config, record, entries, done, chosen.versions.get(name, []))
+                    _remove(config, record, entries, done, chosen.versions.get(name, []), needed or {})
         except LockTimeout:
             chosen.keep.append({**row, "why": "a start of it is in progress (its run-name lock is held)"})
             continue
@@ -323,7 +309,9 @@ def collect(config, dry_run: bool = False, current: str | None = None) -> dict[s
     }
 
 
-def _remove(config, record: dict[str, Any], entries: list[tuple[str, bool]], done: dict, versions: list[str]) -> None:
+def _remove(
+    config, record: dict, entries: list[tuple[str, bool]], done: dict, versions: list[str], needed: dict
+) -> None:
     """Remove one run (its lock held): its record marked `removing` first, then its entries, then (delete_versions)
     its versions and MLflow runs."""
     name = record["run_name"]
@@ -332,10 +320,10 @@ def _remove(config, record: dict[str, Any], entries: list[tuple[str, bool]], don
     replace_bytes(_record_uri(config.storage_path, name), json.dumps(marked).encode())
     _remove_entries(config.storage_path, name, entries)
     if config.retention.delete_versions:
-        done.update(_forget(config, name, versions))
+        done.update(_forget(config, name, versions, needed))
 
 
-def _forget(config, run_name: str, versions: list[str]) -> dict[str, Any]:
+def _forget(config, run_name: str, versions: list[str], needed: dict[str, str]) -> dict[str, Any]:
     """Delete run_name's model versions and mark its MLflow runs deleted, through MLflow's API, under the champion
     lock (a rollback or a gate cannot point an alias at a version while it goes); a version an alias took meanwhile
     stays, and so do the runs."""
@@ -349,10 +337,7 @@ def _forget(config, run_name: str, versions: list[str]) -> dict[str, Any]:
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
     deleted, runs_deleted = [], []
     with exclusive("champion", model, uri):
-        protected = {
-            **_output_version(config),
-            **_protected_versions(client, model, config.retention.alias_history_days),
-        }
+        protected = {**needed, **_protected_versions(client, model, config.retention.alias_history_days)}
         stay = [v for v in versions if v in protected]
         for version in (v for v in versions if v not in protected):
             note_deleted(

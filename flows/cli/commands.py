@@ -172,6 +172,7 @@ def _champion_command(args: argparse.Namespace) -> dict[str, Any]:
 def _gc(args: argparse.Namespace) -> dict[str, Any]:
     from trainflow.config import load_config
     from trainflow.retention import collect
+    from trainflow.tasks.retention import output_version
     from trainflow.services import wait_for_prefect
 
     config = load_config(args.config, parse_overrides(args.set))
@@ -182,7 +183,7 @@ def _gc(args: argparse.Namespace) -> dict[str, Any]:
             "is kept; set one (or pass --set retention.keep_runs=N)"
         )
     wait_for_prefect()  # the run-name and champion locks are the Prefect server's when one is configured
-    return collect(config, dry_run=args.dry_run)
+    return collect(config, dry_run=args.dry_run, needed=output_version(config))
 
 
 def _flow(command: str):
