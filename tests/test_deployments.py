@@ -107,20 +107,7 @@ def test_deploy_worker_and_deployment_run(prefect_server, ray_local, tmp_path):
             [str(BIN / "prefect"), "worker", "start", "--pool", POOL], env, tmp_path / "worker.log", tmp_path
         )
         try:
-            _prefect(
-                env,
-                "deployment",
-                "run",
-                "retrain/manual",
-                "--param",
-                f"config_path={cfg}",
-                "--param",
-                'overrides={"train.epochs": 2}',
-                "--watch",
-                "--watch-timeout",
-                "420",
-                timeout=480,
-            )
+            _retrain_approved_through_the_api(env, cfg)
             scored = tmp_path / "by-champion"
             _prefect(
                 env,
@@ -147,18 +134,43 @@ def test_deploy_worker_and_deployment_run(prefect_server, ray_local, tmp_path):
         _stop(mlflow_proc)
 
 
+def _retrain_approved_through_the_api(env: dict[str, str], cfg: Path) -> None:
+    """retrain/manual with promotion.approval: required: the worker's run suspends once its gate would promote
+    (the worker freed), a person approves through the API, and the worker runs it again to completion."""
+    overrides = {"train.epochs": 2, "promotion.approval": "required"}
+    _prefect(env, "deployment", "run", "retrain/manual", "--param", f"config_path={cfg}", "--param",
+             f"overrides={json.dumps(overrides)}")  # fmt: skip
+    deployment = _deployment(env, "retrain/manual")["id"]
+    run = _wait_for_state(env, deployment, ("PAUSED",), 420)
+    assert run["state"]["name"] == "Suspended"
+    _api(env, "POST", f"/flow_runs/{run['id']}/resume", {"run_input": {"approve": True, "reason": "ok", "by": "ci"}})
+    assert _wait_for_state(env, deployment, ("COMPLETED",), 420)["id"] == run["id"]
+
+
+def _wait_for_state(env: dict[str, str], deployment: str, states: tuple[str, ...], timeout_s: float) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        runs = _flow_runs(env, deployment)
+        if runs and runs[0]["state"]["type"] in states:
+            return runs[0]
+        assert not runs or runs[0]["state"]["type"] not in ("FAILED", "CRASHED"), runs[0]["state"]
+        assert time.monotonic() < deadline, [r["state"] for r in runs]
+        time.sleep(1)
+
+
 def _the_runs_registered_served_and_showed(env, cfg: Path, tmp_path: Path, tracking: str, scored: Path) -> None:
     for name in ("retrain/manual", "batch-inference/champion"):
         runs = _flow_runs(env, _deployment(env, name)["id"])
         assert [r["state"]["type"] for r in runs] == ["COMPLETED"], name
     # the triggered retrain registered nothing: the champion is still the manual run's version 1
     retrain_run = _flow_runs(env, _deployment(env, "retrain/manual")["id"])[0]
-    assert retrain_run["parameters"]["overrides"] == {"train.epochs": 2}
+    assert retrain_run["parameters"]["overrides"] == {"train.epochs": 2, "promotion.approval": "required"}
 
     # the outputs: a registered model version that is @champion, with lineage back to this flow run
     client = MlflowClient(tracking_uri=tracking, registry_uri=tracking)
     champion = client.get_model_version_by_alias("churn-test", "champion")
     assert str(champion.version) == "1"
+    assert champion.tags["trainflow.promotion.reason"].endswith("approved by ci: ok")  # a person's, through the API
     assert champion.tags["trainflow.prefect_flow_run_id"] == retrain_run["id"]
     runs = client.search_runs([client.get_experiment_by_name("test").experiment_id])
     [parent] = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]  # the retrain's run; its family's nested
