@@ -233,6 +233,8 @@ def _replay_config(config: Config, table_path: str, folder: str) -> Config:
     raw["inference"] = {k: v for k, v in raw.get("inference", {}).items() if k not in ("input", "output")}
     raw["split"] = {**raw.get("split", {}), "backtest_fit": False}  # the backtest's extra fit judges no policy
     raw.pop("retention", None)  # the replay's cutoffs keep every fit it judges
+    # a cutoff's gate moves only the replay's own model, whose policies replay judges: nobody is asked to approve it
+    raw["promotion"] = {**raw.get("promotion", {}), "approval": "none"}
     return config_from_dict(raw, source="<replay>")
 
 
