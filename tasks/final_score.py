@@ -88,12 +88,12 @@ def score_test(
             f"{judged} of the {rows} test rows: those the warm start's source never trained or chose on (its split "
             "held out the others' rows differently)"
         )
-        get_run_logger().warning("test figures on %s", note)
     elif lacking:
         note = (
             f"all {rows} test rows: the warm start's source split its rows by {', '.join(lacking)}, which this table "
             "lacks, so the rows it trained or chose on cannot be left out (these figures may include some)"
         )
+    if note:
         get_run_logger().warning("test figures on %s", note)
     aged = None
     keep = chosen_scored.held_out if mask is not None else None  # a warm start: by time too, only rows it held out

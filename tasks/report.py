@@ -531,6 +531,16 @@ def _snapshot_line(summary: dict[str, Any]) -> str:
     )
 
 
+def _backtest_item(summary: dict[str, Any]) -> str:
+    """The card's data list's backtest item (on a line of its own), or nothing."""
+    return "\n- backtest: " + md(backtest_line(summary["backtest"])) if summary.get("backtest") else ""
+
+
+def _test_rows_lines(summary: dict[str, Any]) -> str:
+    """What the test figures leave out (test_rows_note, a warm start's source rows), between blank lines, or nothing."""
+    return "\nTest rows: " + md(summary["test_rows_note"]) + "\n" if summary.get("test_rows_note") else ""
+
+
 def model_card(
     config: Config,
     summary: dict[str, Any],
@@ -554,7 +564,7 @@ challenger v{promo["challenger_version"]} {_fmt(promo["challenger_score"])}, {_c
 - table: {md_code(summary["data_path"])}
 - fingerprint: {md_code(summary["data_fingerprint"])}{_snapshot_line(summary)}
 - rows: {_rows_line(summary)}
-- split: {md(summary.get("split") or "train/validation")}{f"; assignment {md_code(summary['split_path'])}" if summary.get("split_path") else ""}{chr(10) + "- backtest: " + md(backtest_line(summary["backtest"])) if summary.get("backtest") else ""}
+- split: {md(summary.get("split") or "train/validation")}{f"; assignment {md_code(summary['split_path'])}" if summary.get("split_path") else ""}{_backtest_item(summary)}
 
 ## The model
 {_model_lines(config, summary)}
@@ -564,7 +574,7 @@ challenger v{promo["challenger_version"]} {_fmt(promo["challenger_score"])}, {_c
 | metric | {_chose_rows(summary)} | test ({summary.get("test_rows") or 0:,} rows) |
 |---|---|---|
 {_metric_rows(best["metrics"], summary.get("test_metrics") or {})}
-{chr(10) + "Test rows: " + md(summary["test_rows_note"]) + chr(10) if summary.get("test_rows_note") else ""}
+{_test_rows_lines(summary)}
 {_curve_lines(curve_uri, curve_png)}
 
 {_outcome_lines(outcome_png, judged_on)}
