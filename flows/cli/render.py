@@ -347,6 +347,8 @@ def format_gc_summary(s: dict[str, Any]) -> str:
         deleted = f" (deleted: {', '.join(r['versions_deleted'])})" if r.get("versions_deleted") else ""
         lines.append(f"    - {r['run']}: {r['why']}{versions}{deleted}")
     lines += [f"    = {k['run']}: {k['why']}" for k in s["kept"]]
+    if not s["removed"] and not s["kept"]:
+        lines.append("    (no retrain of this model is recorded there: runs from before retention are never removed)")
     return "\n".join(lines)
 
 
