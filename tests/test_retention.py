@@ -20,7 +20,7 @@ from trainflow.sample import make_churn_table
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_local")]
 
-NIGHTS = 6
+NIGHTS = 5
 KEEP = 2
 REPO = Path(__file__).resolve().parents[1]
 
