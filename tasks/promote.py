@@ -420,6 +420,7 @@ def expire_requests(client, name: str, version: str) -> None:
         why = f"its approval was not answered by {deadline} (promotion.approval_timeout_h): not promoted"
         client.set_model_version_tag(name, mv.version, DECISION_TAG, NOT_PROMOTED)
         client.set_model_version_tag(name, mv.version, "trainflow.promotion.reason", why)
+        _end_waiting_run(client, mv.run_id, why)
         task_logger("promote").warning("promotion: v%s %s", mv.version, why)
         try:
             emit_event(
@@ -429,6 +430,20 @@ def expire_requests(client, name: str, version: str) -> None:
             )
         except Exception:  # noqa: BLE001 - recorded on the version whatever the event bus says
             pass
+
+
+def _end_waiting_run(client, run_id: str, why: str) -> None:
+    """The retrain's MLflow run that waited with its suspended flow run (left RUNNING for the resume that never
+    came) ends KILLED, saying why."""
+    from trainflow.tasks.mlflow_run import ENDED_BY_TAG
+
+    try:
+        parent = client.get_run(run_id).data.tags.get("mlflow.parentRunId") or run_id
+        if client.get_run(parent).info.status == "RUNNING":
+            client.set_tag(parent, ENDED_BY_TAG, why)
+            client.set_terminated(parent, "KILLED")
+    except Exception as exc:  # noqa: BLE001 - the decision is recorded on the version; the run's status is a record
+        task_logger("promote").warning("promotion: the waiting MLflow run %s was not ended: %s", run_id, exc)
 
 
 def record_decision(client, result: Promotion, run_id: str, tags: dict[str, str]) -> None:

@@ -125,6 +125,9 @@ def test_a_promotion_waits_for_a_person_who_approves_rejects_or_never_answers(tm
         v2 = client.get_model_version(MODEL, "2")
         assert v2.tags["trainflow.promotion.decision"] == "not_promoted"
         assert "its approval was not answered by" in v2.tags["trainflow.promotion.reason"]
+        # the MLflow run that waited with it ends KILLED, saying why; every other retrain's run ended FINISHED
+        statuses = sorted(r.info.status for r in parents())
+        assert statuses == ["FINISHED", "FINISHED", "KILLED"], statuses
 
     # the command line's approval: given with the run, recorded as the user's
     write_parquet(make_churn_table(700, seed=9), tmp_path / "data" / "train.parquet")
