@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Iterator
@@ -12,6 +13,8 @@ from typing import Any
 import mlflow
 
 from trainflow.errors import InfrastructureError
+
+log = logging.getLogger(__name__)
 
 # models:/name/3 or models:/name@alias
 MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))$")
@@ -79,6 +82,18 @@ def store_exists(tracking_uri: str) -> bool:
     if tracking_uri.startswith("sqlite:///"):
         return Path(tracking_uri.removeprefix("sqlite:///")).exists()
     return True
+
+
+def prepare_store(tracking_uri: str) -> None:
+    """Create a new SQLite store's tables now (seconds of MLflow's migrations): the CLI calls it while Prefect's
+    server and Ray start, so the first run's tracking step does not wait for them. Any other store, or an error
+    (the tracking step meets it again and reports it), is left as it is."""
+    if not tracking_uri.startswith("sqlite:///") or store_exists(tracking_uri):
+        return
+    try:
+        mlflow.MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri).search_experiments(max_results=1)
+    except Exception as exc:  # noqa: BLE001 - the run's own tracking step reports it where it matters
+        log.debug("creating the MLflow store at %s ahead of the run failed: %s", tracking_uri, exc)
 
 
 def champion_version(tracking_uri: str, name: str) -> str | None:

@@ -61,7 +61,9 @@ def run_command(args: argparse.Namespace) -> dict[str, Any] | None:
         config.require_tune()
         if args.resume and not args.run_name:
             raise TrainflowError("tune --resume needs the --run-name of the sweep to restore")
-    if args.command in ("retrain", "tune"):  # a required approval nobody here could answer: refused at once
+    # a required approval nobody here could answer: refused at once (the check's module imports torch and Prefect,
+    # seconds a run without approval starts its services in instead)
+    if args.command in ("retrain", "tune") and config.promotion.approval == "required":
         from trainflow.tasks.approval import check_answerable
 
         check_answerable(config, {} if getattr(args, "approve", None) is not None else None)
@@ -92,6 +94,10 @@ def run_command(args: argparse.Namespace) -> dict[str, Any] | None:
         start_ray_in_background(**config.ray_start)
     server = start_prefect_server_in_background()
     flow = _flow(args.command)
+    if args.command in ("retrain", "tune", "replay"):
+        from trainflow.tracking import prepare_store
+
+        prepare_store(config.mlflow.tracking_uri)  # a first run's MLflow tables, while the server starts
     if server is not None:
         server.join()
     if stop_requested():  # a SIGTERM during start-up: no flow run starts (main() reports the stop)
