@@ -67,8 +67,10 @@ def retrain(
     config = flow_config(config_path, overrides)
     if config.task_inferred:
         print(config.task_inferred)
-    config.with_approval(command_line_approval(approve) if approve is not None else None)
-    check_answerable(config, config.approved)  # nobody to answer a required approval: refused before anything starts
+    config = config.with_approval(command_line_approval(approve) if approve is not None else None)
+    check_answerable(
+        config, config.approved is not None
+    )  # nobody to answer a required approval: refused before anything starts
     name = resolve_run_name(run_name)
     with run_lock(config.storage_path, name, wait):
         finish_removal(config, name)  # retention's removal of this name cut short: finished before anything is read
@@ -84,7 +86,8 @@ def retrain(
         summary = _retrain(config, name, fingerprint, explained)
         if run_name:
             record_finished(config, name, fingerprint or summary.get("data_fingerprint"), summary)
-        retained = retain(config, name)
+        # a retention task run only where a limit is set (unset: every run is kept)
+        retained = retain(config, name) if config.retention.limited else None
         return {**summary, "retention": retained} if retained else summary
 
 

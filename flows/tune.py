@@ -36,7 +36,7 @@ def tune(
     watch_for_sigterm()  # a cancel (SIGTERM) stops Ray at once and retries nothing, in every process that runs a flow
     plain_progress()  # MLflow's transfer bars in a terminal only
     config = flow_config(config_path, overrides)
-    check_answerable(config, None)  # a required approval: only a deployment's run can wait for it
+    check_answerable(config)  # a required approval: only a deployment's run can wait for it
     sweep_space(config)  # before any work: a family with no default space and no tune.search_space fails here
     sweep = resolve_run_name(run_name, prefix="tune")
     with run_lock(config.storage_path, sweep, wait):

@@ -46,10 +46,10 @@ def _who() -> str:
     return f"{getpass.getuser()}@{socket.gethostname()}"
 
 
-def check_answerable(config: Config, approved: dict | None) -> None:
+def check_answerable(config: Config, approved: bool = False) -> None:
     """promotion.approval: required needs someone who can answer: a deployment's flow run (Prefect suspends it and
     a person resumes it), or an approval given up front (--approve); otherwise refused before anything starts."""
-    if config.promotion.approval != "required" or approved is not None:
+    if config.promotion.approval != "required" or approved:
         return
     from prefect.runtime import deployment, flow_run
 

@@ -18,7 +18,7 @@ from trainflow.tasks.common import task_logger
 def retain(config: Config, run_name: str) -> dict[str, Any] | None:
     """Apply config.retention after run_name published; None when it keeps everything (the default). A failure is
     said and leaves the run published: the next retrain, or `trainflow gc`, collects again."""
-    if config.retention.keep_runs is None and config.retention.max_age_days is None:
+    if not config.retention.limited:
         return None
     log = task_logger("retention")
     try:

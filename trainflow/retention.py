@@ -236,7 +236,7 @@ def plan(config, current: str | None = None, needed: dict[str, str] | None = Non
 
     r = config.retention
     out = Plan()
-    if r.keep_runs is None and r.max_age_days is None:
+    if not r.limited:
         return out
     uri, model, storage = config.mlflow.tracking_uri, config.mlflow.registered_model, config.storage_path
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)

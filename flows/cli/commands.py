@@ -66,7 +66,7 @@ def run_command(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.command in ("retrain", "tune") and config.promotion.approval == "required":
         from trainflow.tasks.approval import check_answerable
 
-        check_answerable(config, {} if getattr(args, "approve", None) is not None else None)
+        check_answerable(config, getattr(args, "approve", None) is not None)
     if args.command == "replay":  # refused before anything starts: the key, the period, the policies
         from trainflow.flows.replay import check_request
 
@@ -182,8 +182,7 @@ def _gc(args: argparse.Namespace) -> dict[str, Any]:
     from trainflow.services import wait_for_prefect
 
     config = load_config(args.config, parse_overrides(args.set))
-    r = config.retention
-    if r.keep_runs is None and r.max_age_days is None:
+    if not config.retention.limited:
         raise TrainflowError(
             f"trainflow gc: {args.config} sets neither retention.keep_runs nor retention.max_age_days, so every run "
             "is kept; set one (or pass --set retention.keep_runs=N)"

@@ -252,6 +252,11 @@ class RetentionSection(_Section):
         "history window keeps) and mark their MLflow runs deleted; false: versions and runs stay",
     )
 
+    @property
+    def limited(self) -> bool:
+        """Whether a limit is set (keep_runs or max_age_days); unset, every run is kept and nothing is collected."""
+        return self.keep_runs is not None or self.max_age_days is not None
+
 
 class ServicesSection(_Section):
     """How long a run waits out a service that does not answer before it fails naming it (trainflow/services.py)."""

@@ -109,9 +109,10 @@ class Config(_Section):
         return self._approved
 
     def with_approval(self, answer: dict | None) -> Config:
-        """This config carrying an approval given with the run (not part of the config's data)."""
-        self._approved = answer
-        return self
+        """A copy of this config carrying an approval given with the run (not part of the config's data)."""
+        copied = self.model_copy()
+        copied._approved = answer
+        return copied
 
     @property
     def task_inferred(self) -> str | None:
