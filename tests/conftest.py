@@ -43,6 +43,7 @@ SIDE = (
     "tests/test_postgres.py",  # a PostgreSQL server of its own
     "tests/test_sinks.py",  # (its own too)
     "tests/test_approval.py",  # flow runs suspended and resumed: a fits' worker's load on this one
+    "tests/test_week.py",  # (seven of them)
 )
 # tests/test_faults.py (fits that die and resume, 130 s) runs with the fits: measured 2026-12-02 with it here, this
 # worker took 1,119-1,164 s and the fits' 717-985 s
@@ -279,6 +280,25 @@ def write_config(directory: Path, raw: dict[str, Any], name: str = "config.yaml"
     path = directory / name
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
+
+
+def execute_flow_run(flow_run_id):
+    """Run a deployment's retrain flow run in this process as a worker's process does (Prefect's flow engine with the
+    run the server scheduled), against the session's Prefect server; the state it ends in (Paused on a suspension)."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import Pause
+    from prefect.flow_engine import run_flow
+
+    from trainflow.flows.retrain import retrain
+
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(flow_run_id)
+    try:
+        run_flow(retrain, flow_run=run, parameters=run.parameters, return_type="state")
+    except Pause:
+        pass
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(flow_run_id).state
 
 
 def xgboost_config(tmp_path: Path, data: dict[str, Any], registered_model: str, **extra: Any) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from tests.conftest import write_parquet, xgboost_config
+from tests.conftest import execute_flow_run as _execute, write_parquet, xgboost_config
 from trainflow.flows.cli import main as cli_main
 from trainflow.sample import make_churn_table
 
@@ -28,24 +28,6 @@ def _config(tmp_path: Path) -> Path:
     write_parquet(make_churn_table(400, seed=1), tmp_path / "data" / "train.parquet")
     promotion = {"approval": "required", "confidence": None}
     return Path(xgboost_config(tmp_path, {"path": "data/train.parquet"}, MODEL, promotion=promotion))
-
-
-def _execute(flow_run_id):
-    """Run the flow run as a worker's process does; the state it ends in (Suspended/Paused on a suspension)."""
-    from prefect.client.orchestration import get_client
-    from prefect.exceptions import Pause
-    from prefect.flow_engine import run_flow
-
-    from trainflow.flows.retrain import retrain
-
-    with get_client(sync_client=True) as client:
-        run = client.read_flow_run(flow_run_id)
-    try:
-        run_flow(retrain, flow_run=run, parameters=run.parameters, return_type="state")
-    except Pause:
-        pass
-    with get_client(sync_client=True) as client:
-        return client.read_flow_run(flow_run_id).state
 
 
 def test_a_promotion_waits_for_a_person_who_approves_rejects_or_never_answers(tmp_path, capsys):
