@@ -57,16 +57,24 @@ def summarize(
             "promotion": promotion.record(),
             "calibration": promotion.calibration,
             "slices": promotion.slices,
-            "predictions_path": predictions.path if predictions else None,
-            "input_rows": predictions.input_rows if predictions else None,
-            "output_rows": predictions.output_rows if predictions else None,
-            "unseen_categories": predictions.unseen if predictions else None,
-            "drift": predictions.drift if predictions else None,
-            "estimated_metrics": predictions.estimated if predictions else None,
-            "predictions_model_version": promotion.serving_version if predictions else None,
+            **prediction_fields(predictions, promotion.serving_version),
             **(extra or {}),
         }
     )
+
+
+def prediction_fields(predictions: Predictions | None, version: str | None) -> dict[str, Any]:
+    """A summary's fields about the predictions written (all None when none were: no inference.input)."""
+    p = predictions
+    return {
+        "predictions_path": p.path if p else None,
+        "input_rows": p.input_rows if p else None,
+        "output_rows": p.output_rows if p else None,
+        "unseen_categories": p.unseen if p else None,
+        "drift": p.drift if p else None,
+        "estimated_metrics": p.estimated if p else None,
+        "predictions_model_version": version if p else None,
+    }
 
 
 @task(name="summarize-skipped", cache_policy=NO_CACHE)
@@ -82,12 +90,6 @@ def skipped_summary(
             "data_fingerprint": skipped["data_fingerprint"],
             "model_uri": model,
             "model_version": skipped["champion_version"],
-            "predictions_path": predictions.path if predictions else None,
-            "input_rows": predictions.input_rows if predictions else None,
-            "output_rows": predictions.output_rows if predictions else None,
-            "unseen_categories": predictions.unseen if predictions else None,
-            "drift": predictions.drift if predictions else None,
-            "estimated_metrics": predictions.estimated if predictions else None,
-            "predictions_model_version": skipped["champion_version"] if predictions else None,
+            **prediction_fields(predictions, skipped["champion_version"]),
         }
     )
