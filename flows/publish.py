@@ -18,7 +18,7 @@ from trainflow.tasks.values import EarlierFit, Ingested, Selected, Split, TrainO
 from trainflow.tasks.explain import explain
 from trainflow.tasks.final_score import score_test
 from trainflow.tasks.infer import infer
-from trainflow.tasks.approval import await_approval
+from trainflow.tasks.approval import await_approval, figures
 from trainflow.tasks.promote import AWAITING, promote
 from trainflow.tasks.register import describe_version, register
 from trainflow.tasks.report import report
@@ -75,18 +75,7 @@ def publish(
         model = [
             f"family {outcome.family}, checkpoint {selected.path}",
             f"data {ingested.spec.path} (fingerprint {ingested.spec.fingerprint})",
-            *(
-                [
-                    f"test rows ({tested.rows}): "
-                    + ", ".join(
-                        f"{k} {v:.4g}"
-                        for k, v in tested.metrics.get(outcome.family, {}).items()
-                        if isinstance(v, (int, float))
-                    )
-                ]
-                if tested
-                else []
-            ),
+            *([f"test rows ({tested.rows}): {figures(tested.metrics.get(outcome.family, {}))}"] if tested else []),
         ]
         answer = await_approval(config, promotion, registered, model)
         promotion = promote(config, holdout, selected, registered, scored, judged_on, answer=answer)

@@ -68,9 +68,8 @@ def retrain(
     if config.task_inferred:
         print(config.task_inferred)
     config = config.with_approval(command_line_approval(approve) if approve is not None else None)
-    check_answerable(
-        config, config.approved is not None
-    )  # nobody to answer a required approval: refused before anything starts
+    # nobody to answer a required approval: refused before anything starts
+    check_answerable(config, config.approved is not None)
     name = resolve_run_name(run_name)
     with run_lock(config.storage_path, name, wait):
         finish_removal(config, name)  # retention's removal of this name cut short: finished before anything is read

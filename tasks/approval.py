@@ -96,6 +96,11 @@ def evidence(config: Config, promotion: Promotion, registered: Registered, model
     return "\n".join(lines)
 
 
+def figures(metrics: dict[str, Any]) -> str:
+    """A model's figures as the evidence shows them: `name value`, the numbers only."""
+    return ", ".join(f"{k} {v:.4g}" for k, v in metrics.items() if isinstance(v, (int, float)))
+
+
 def _num(x: float | None) -> str:
     return "-" if x is None else f"{x:.6g}"
 

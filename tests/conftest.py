@@ -176,6 +176,11 @@ def daily_table(days: int, per_day: int, seed: int, logit) -> pa.Table:
     )
 
 
+def dir_bytes(folder: Path) -> int:
+    """The bytes of every file under folder."""
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
 def write_parquet(table: pa.Table, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path)

@@ -100,3 +100,39 @@ def test_after_the_alias_moved_a_record_mlflow_refuses_is_a_warning_not_a_failur
     record_decision_metrics = [m.key for m in evaluation_metrics(result)]
     c.log_batch(run_id, metrics=[Metric(k, 0.4, 0, 0) for k in record_decision_metrics])
     assert set(record_decision_metrics) <= set(c.get_run(run_id).data.metrics)
+
+
+def test_a_new_sqlite_store_is_created_whole_even_by_a_process_killed_during_its_migrations(tmp_path):
+    """MLflow migrating a new store in place, killed halfway, left a store every later open failed on ("duplicate
+    column name"); prepare_store migrates a file beside it and gives it the store's name only when whole."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from trainflow.tracking import MIGRATING, ensure_experiment, prepare_store, tracking
+
+    db = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    code = f"from trainflow.tracking import prepare_store; prepare_store({uri!r})"
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path)
+    staging = tmp_path / f".mlflow.db{MIGRATING}{proc.pid}"
+    deadline = time.monotonic() + 60
+    while not staging.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # inside MLflow's migrations
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not db.exists(), "a store was named before its migrations finished"
+    with tracking(uri):  # the next run: a whole store, the killed one's staging files removed
+        assert ensure_experiment(uri, "after-a-kill")
+    assert db.exists() and not list(tmp_path.glob(f".mlflow.db{MIGRATING}*"))
+    # an existing store, or a file of the user's under that name, is left as it is
+    before = db.read_bytes()
+    prepare_store(uri)
+    assert db.read_bytes() == before
+    mine = tmp_path / "notes.db"
+    mine.write_text("not MLflow's")
+    prepare_store(f"sqlite:///{mine}")
+    assert mine.read_text() == "not MLflow's"

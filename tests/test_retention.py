@@ -13,7 +13,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from tests.conftest import write_parquet, xgboost_config
+from tests.conftest import dir_bytes, write_parquet, xgboost_config
 from trainflow.flows.cli import main as cli_main
 from trainflow.retention import LEDGER
 from trainflow.sample import make_churn_table
@@ -23,10 +23,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_l
 NIGHTS = 5
 KEEP = 2
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _bytes(folder: Path) -> int:
-    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
 
 def _night(cfg: Path, tmp_path: Path, k: int, *extra: str, name: str | None = None) -> dict:
@@ -50,7 +46,7 @@ def test_nightly_retrains_keep_storage_bounded_and_the_champion_whole(tmp_path, 
     for k in range(1, NIGHTS + 1):
         # night 1 becomes @champion; every later night's challenger must beat it by more than any loss can
         summaries.append(_night(cfg, tmp_path, k, *([] if k == 1 else ["--set", "promotion.margin=100"])))
-        sizes.append(_bytes(runs))
+        sizes.append(dir_bytes(runs))
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert client.get_registered_model("nightly").aliases == {"champion": 1}
 
@@ -108,7 +104,7 @@ def test_nightly_retrains_keep_storage_bounded_and_the_champion_whole(tmp_path, 
     assert planned["dry_run"] and [r["run"] for r in planned["removed"]] == [
         f"night-{k:02d}" for k in range(NIGHTS - 1, NIGHTS - KEEP, -1)
     ]
-    assert _bytes(runs) == sizes[-1]
+    assert dir_bytes(runs) == sizes[-1]
 
     # by age: every run older than a few seconds may go, but what an alias or the history window needs
     aged = tmp_path / "aged.json"

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from tests.conftest import execute_flow_run, write_parquet, xgboost_config
+from tests.conftest import dir_bytes, execute_flow_run, write_parquet, xgboost_config
 from trainflow.outputs import output_files, read_manifest
 from trainflow.retention import LEDGER
 from trainflow.sample import make_churn_table
@@ -31,10 +31,6 @@ NIGHTS = 7
 FIRST_WITH_BOTH = 4  # nights 4-7: retention and approval on
 SCORING_ROWS = 150
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _bytes(folder: Path) -> int:
-    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
 
 def _nightly_schedule():
@@ -105,7 +101,7 @@ def test_a_week_of_nightly_retrains_with_retention_and_approval_turned_on_midwee
                 resume_flow_run(run.id, run_input=reason)
                 state = execute_flow_run(run.id)
             assert state.is_completed(), (k, state)
-            sizes.append(_bytes(runs))
+            sizes.append(dir_bytes(runs))
             ledgers.append(sorted(p.stem for p in (runs / LEDGER).iterdir()))
             champions.append(client.get_registered_model(MODEL).aliases.get("champion"))
             owners.append(sorted({p.name.removesuffix("-split") for p in runs.iterdir() if p.name != LEDGER}))
@@ -138,6 +134,11 @@ def test_a_week_of_nightly_retrains_with_retention_and_approval_turned_on_midwee
         last_promoted = k if decision[k] == "promoted" else last_promoted
         assert champions[k - 1] == last_promoted, (k, champions, decision)
     assert client.get_registered_model(MODEL).aliases == {"champion": last_promoted}
+    # every night's MLflow run ended as its retrain did, the suspended ones too once answered
+    retrains = client.search_runs(
+        [client.get_experiment_by_name(MODEL).experiment_id], filter_string="tags.`trainflow.retrain` LIKE '%'"
+    )
+    assert sorted(r.info.status for r in retrains) == ["FINISHED"] * NIGHTS
 
     # storage: grows while nothing is removed; once retention is on, only the champion's run and the newest two stay
     # (the folders in storage are exactly the recorded runs: nothing half removed, nothing unrecorded)

@@ -84,16 +84,49 @@ def store_exists(tracking_uri: str) -> bool:
     return True
 
 
+MIGRATING = (
+    ".trainflow-migrating-"  # a new SQLite store while MLflow creates its tables: .<db>.trainflow-migrating-<pid>
+)
+
+
 def prepare_store(tracking_uri: str) -> None:
-    """Create a new SQLite store's tables now (seconds of MLflow's migrations): the CLI calls it while Prefect's
-    server and Ray start, so the first run's tracking step does not wait for them. Any other store, or an error
-    (the tracking step meets it again and reports it), is left as it is."""
+    """A new SQLite store, whole: MLflow's migrations (seconds) run on a file beside it, which then takes the store's
+    name only if none appeared meanwhile, so a process killed during them leaves no half-migrated store that every
+    later run would fail on (MLflow migrating in place: "duplicate column name"). The CLI calls it while Prefect's
+    server and Ray start; `ensure_experiment` before a run's first MLflow write. Any other store, or an error (the
+    tracking step meets it again and reports it), is left as it is."""
     if not tracking_uri.startswith("sqlite:///") or store_exists(tracking_uri):
         return
+    db = Path(tracking_uri.removeprefix("sqlite:///"))
+    _remove_stale_migrations(db)
+    staging = db.with_name(f".{db.name}{MIGRATING}{os.getpid()}")
     try:
-        mlflow.MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri).search_experiments(max_results=1)
+        mlflow.MlflowClient(tracking_uri=f"sqlite:///{staging}").search_experiments(max_results=1)
+        os.link(staging, db)  # never over a store another run made meanwhile
+    except FileExistsError:
+        pass
     except Exception as exc:  # noqa: BLE001 - the run's own tracking step reports it where it matters
         log.debug("creating the MLflow store at %s ahead of the run failed: %s", tracking_uri, exc)
+    finally:
+        staging.unlink(missing_ok=True)
+
+
+def _remove_stale_migrations(db: Path) -> None:
+    """The staging files of store creations whose process is gone (killed during MLflow's migrations)."""
+    for left in db.parent.glob(f".{db.name}{MIGRATING}*"):  # the staging file and SQLite's journal beside it
+        pid = re.match(rf"\.{re.escape(db.name)}{re.escape(MIGRATING)}(\d+)(-journal)?$", left.name)
+        if pid and not _alive(int(pid.group(1))):
+            left.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def champion_version(tracking_uri: str, name: str) -> str | None:
@@ -105,7 +138,9 @@ def champion_version(tracking_uri: str, name: str) -> str | None:
 
 
 def ensure_experiment(tracking_uri: str, experiment: str) -> str:
-    """The experiment's id (call inside `tracking`), creating it with artifacts next to a SQLite DB."""
+    """The experiment's id (call inside `tracking`), creating it with artifacts next to a SQLite DB (a new SQLite
+    store created whole first: prepare_store)."""
+    prepare_store(tracking_uri)
     found = mlflow.get_experiment_by_name(experiment)
     if found is not None:
         return found.experiment_id
