@@ -104,22 +104,22 @@ def test_after_the_alias_moved_a_record_mlflow_refuses_is_a_warning_not_a_failur
 
 def test_a_new_sqlite_store_is_created_whole_even_by_a_process_killed_during_its_migrations(tmp_path):
     """MLflow migrating a new store in place, killed halfway, left a store every later open failed on ("duplicate
-    column name"); prepare_store migrates a file beside it and gives it the store's name only when whole."""
+    column name"); prepare_store migrates it in a staging folder and gives it the store's name only when whole."""
     import os
     import signal
     import subprocess
     import sys
     import time
 
-    from trainflow.tracking import MIGRATING, ensure_experiment, prepare_store, tracking
+    from trainflow.tracking import ensure_experiment, prepare_store, tracking
 
     db = tmp_path / "mlflow.db"
     uri = f"sqlite:///{db}"
     code = f"from trainflow.tracking import prepare_store; prepare_store({uri!r})"
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path)
-    staging = tmp_path / f".mlflow.db{MIGRATING}{proc.pid}"
+    staging = f".mlflow.db.tmp-*-{proc.pid}-*"  # storage.staging_folder's
     deadline = time.monotonic() + 60
-    while not staging.exists() and proc.poll() is None and time.monotonic() < deadline:
+    while not list(tmp_path.glob(f"{staging}/mlflow.db")) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.3)  # inside MLflow's migrations
     os.kill(proc.pid, signal.SIGKILL)
@@ -127,7 +127,7 @@ def test_a_new_sqlite_store_is_created_whole_even_by_a_process_killed_during_its
     assert not db.exists(), "a store was named before its migrations finished"
     with tracking(uri):  # the next run: a whole store, the killed one's staging files removed
         assert ensure_experiment(uri, "after-a-kill")
-    assert db.exists() and not list(tmp_path.glob(f".mlflow.db{MIGRATING}*"))
+    assert db.exists() and not list(tmp_path.glob(".mlflow.db.tmp-*"))
     # an existing store, or a file of the user's under that name, is left as it is
     before = db.read_bytes()
     prepare_store(uri)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -84,49 +85,31 @@ def store_exists(tracking_uri: str) -> bool:
     return True
 
 
-MIGRATING = (
-    ".trainflow-migrating-"  # a new SQLite store while MLflow creates its tables: .<db>.trainflow-migrating-<pid>
-)
-
-
 def prepare_store(tracking_uri: str) -> None:
-    """A new SQLite store, whole: MLflow's migrations (seconds) run on a file beside it, which then takes the store's
-    name only if none appeared meanwhile, so a process killed during them leaves no half-migrated store that every
-    later run would fail on (MLflow migrating in place: "duplicate column name"). The CLI calls it while Prefect's
-    server and Ray start; `ensure_experiment` before a run's first MLflow write. Any other store, or an error (the
-    tracking step meets it again and reports it), is left as it is."""
+    """A new SQLite store, whole: MLflow's migrations (seconds) run in a staging folder beside it
+    (storage.staging_folder, whose leftovers from a killed process the next call removes), and the migrated file
+    takes the store's name only if none appeared meanwhile, so a process killed during them leaves no half-migrated
+    store that every later run would fail on (MLflow migrating in place: "duplicate column name"). The CLI calls it
+    while Prefect's server and Ray start; `ensure_experiment` before a run's first MLflow write. Any other store, or
+    an error (the tracking step meets it again and reports it), is left as it is."""
     if not tracking_uri.startswith("sqlite:///") or store_exists(tracking_uri):
         return
+    from trainflow.storage import staging_folder
+
     db = Path(tracking_uri.removeprefix("sqlite:///"))
-    _remove_stale_migrations(db)
-    staging = db.with_name(f".{db.name}{MIGRATING}{os.getpid()}")
+    staging = None
     try:
-        mlflow.MlflowClient(tracking_uri=f"sqlite:///{staging}").search_experiments(max_results=1)
-        os.link(staging, db)  # never over a store another run made meanwhile
+        staging = staging_folder(db.parent, db.name)
+        staging.mkdir()
+        mlflow.MlflowClient(tracking_uri=f"sqlite:///{staging / db.name}").search_experiments(max_results=1)
+        os.link(staging / db.name, db)  # never over a store another run made meanwhile
     except FileExistsError:
         pass
     except Exception as exc:  # noqa: BLE001 - the run's own tracking step reports it where it matters
         log.debug("creating the MLflow store at %s ahead of the run failed: %s", tracking_uri, exc)
     finally:
-        staging.unlink(missing_ok=True)
-
-
-def _remove_stale_migrations(db: Path) -> None:
-    """The staging files of store creations whose process is gone (killed during MLflow's migrations)."""
-    for left in db.parent.glob(f".{db.name}{MIGRATING}*"):  # the staging file and SQLite's journal beside it
-        pid = re.match(rf"\.{re.escape(db.name)}{re.escape(MIGRATING)}(\d+)(-journal)?$", left.name)
-        if pid and not _alive(int(pid.group(1))):
-            left.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def champion_version(tracking_uri: str, name: str) -> str | None:
