@@ -10,6 +10,7 @@ from dataclasses import asdict
 from typing import Any, Callable
 
 from prefect import get_run_logger, task
+from prefect.runtime import task_run
 from prefect.cache_policies import NO_CACHE
 from pyarrow.fs import FileType
 
@@ -30,8 +31,8 @@ from trainflow.trainer.recovery import (
 )
 from trainflow.redact import redact_text
 from trainflow.trainer.session import FAILED_FILE, FAMILY, FOLD, LEFT_OUT_FILE, fold_folder
-from trainflow.trainer.resources import check_fits
 from trainflow.trainer.runner import (
+    check_attempt_fits,
     build_shared_trainer,
     build_trainer,
     checkpoint_folders,
@@ -92,7 +93,7 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
     same run_name resumes from its latest checkpoint; its workers stop at the deadline the caller wrote into the run's
     folder (trainer/deadline.py), with the best so far."""
     ensure_ray(**config.ray_start)
-    check_fits(config.scaling.model_dump())  # again: a retry may find fewer nodes than ingest did
+    check_attempt_fits(config.scaling, task_run.run_count > 1)  # again: a retry may find fewer nodes than ingest did
     log = get_run_logger()
     family = family or config.model.families[0]
     resolved = config.for_family(family)
@@ -355,7 +356,7 @@ def train_shared(
     kept; one the rule left out has its first fold's outcome only. One job whose run is run_name itself is train_folds' one
     family, trained as its own run (its code's error fails the task)."""
     ensure_ray(**config.ray_start)
-    check_fits(config.scaling.model_dump())
+    check_attempt_fits(config.scaling, task_run.run_count > 1)
     log = get_run_logger()
     shared = not (len(jobs) == 1 and jobs[0][1] == run_name)
     one_split = not prepared.folds  # its families' fold 0: run names, MLflow rows and progress lines name no fold

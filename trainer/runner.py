@@ -19,6 +19,7 @@ from trainflow.trainer.watchdog import Watched
 from trainflow.config import Config, FailureSection, ScalingSection
 from trainflow.errors import ConfigError, TrainingError
 from trainflow.trainer.memory import is_out_of_memory, out_of_memory_error
+from trainflow.trainer.resources import check_fits
 from trainflow.storage import filesystem_for, join, list_dir, read_text
 
 # the folder names Ray Train gives checkpoints (StorageContext.make_default_checkpoint_dir_name)
@@ -279,9 +280,28 @@ def fit_run(trainer, run_path: str, num_workers: int | str, materialize: str = "
             raise stalled_error(hangs[-1]["error"], len(hangs), num_workers, materialize) from None
         text = str(exc)
         if RESTART in text:  # AttemptLog refused a fixed-size restart the cluster cannot hold any more
-            said = text[text.index(RESTART) :].splitlines()[0]
-            raise ConfigError(
-                f"{said} The run is resumable: rerun it under its name once the cluster holds it, or make it "
-                "elastic (scaling.num_workers: [min, max]) to go on with fewer workers."
-            ) from None
+            raise restart_refused(text) from None
         raise
+
+
+def restart_refused(text: str) -> ConfigError:
+    """The error for a fixed-size run whose restart the cluster cannot hold any more: check_fits's line (from the
+    RESTART subject on) and what the user can do."""
+    said = text[text.index(RESTART) :].splitlines()[0]
+    return ConfigError(
+        f"{said} The run is resumable: rerun it under its name once the cluster holds it, or make it "
+        "elastic (scaling.num_workers: [min, max]) to go on with fewer workers."
+    )
+
+
+def check_attempt_fits(scaling: ScalingSection, retry: bool) -> None:
+    """check_fits before a train task's attempt: a retry (the task's run after a failed one, e.g. the fit raised
+    when a node was lost) that no longer fits is refused as AttemptLog refuses Ray Train's own restart, with the
+    same words, so which of the two sees the lost node first does not change what the user reads."""
+    if not retry:
+        check_fits(scaling.model_dump())
+        return
+    try:
+        check_fits(scaling.model_dump(), what=RESTART)
+    except ConfigError as exc:
+        raise (ConfigError(str(exc)) if scaling.elastic else restart_refused(str(exc))) from None
