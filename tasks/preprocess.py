@@ -95,7 +95,7 @@ def preprocess(ingested: Ingested, parts: Split, config: Config, packed: bool = 
         rows,
     )
     return Prepared(
-        prep, train, val, materialize, budgets, ingested.spec.fingerprint, left_out, folds, fold_rows, started
+        prep, train, val, materialize, budgets, ingested.spec.fingerprint, left_out, folds, fold_rows, started, rows
     )
 
 

@@ -39,10 +39,14 @@ from trainflow.trainer.runner import (
     checkpoints_on_disk,
     fit_run,
     folder_name,
+    in_process,
+    local_checkpoints,
+    local_fit,
     latest_epoch,
     latest_lineage,
     remove_unregistered,
     run_dir,
+    run_scaling,
 )
 from trainflow.config import Config
 from trainflow.errors import ConfigError, TrainingError
@@ -134,7 +138,8 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
     # read by Ray Train's controller and passed on from this process (Ray's own default is 60 s)
     os.environ[WORKER_GROUP_START_TIMEOUT] = f"{config.failure.worker_start_timeout_s:g}"
     started = time.monotonic()
-    with watch_progress(on_report) as callback:
+    local = in_process(config, run_scaling({family: resolved}), prepared.rows, prepared.materialized)
+    with watch_progress(on_report) as callback, local_fit(path, on_report, local):
         trainer = build_trainer(
             resolved,
             prepared.preprocessor,
@@ -147,25 +152,33 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
             lineage=lineage,
             callbacks=[callback],
             warm_start=prepared.warm_start_for(family),
+            local=local,
         )
         result = fit_run(trainer, path, config.scaling.workers_label, config.data.materialize)
     if result.metrics and result.metrics.get(STOP_REASON):
         raise TrainingError(
             f"training stopped: {result.metrics[STOP_REASON]}; lower train.learning_rate or check the data"
         )
+    ckpt_cfg = resolved.checkpoint
+    best = (
+        local_checkpoints([path], ckpt_cfg.num_to_keep, ckpt_cfg.metric, ckpt_cfg.mode)
+        if local
+        else result.best_checkpoints or []
+    )
+    latest = (best[-1][0] if best else None) if local else result.checkpoint
     checkpoints = []
-    for ckpt, metrics in result.best_checkpoints or []:
+    for ckpt, metrics in best:
         uri = with_scheme(config.storage_path, ckpt.path)  # Ray gives paths inside the storage filesystem
         checkpoints.append({"path": uri, "epoch": int(metrics.get("epoch", -1)), "metrics": dict(metrics)})
     history: list[dict[str, float]] = []
-    if result.checkpoint is not None:
-        with result.checkpoint.as_directory() as d:
+    if latest is not None:
+        with latest.as_directory() as d:
             history = read_metrics(d)["history"]
     if not checkpoints:
         raise TrainingError(f"run {run_name} finished without reporting a checkpoint")
     held = {folder_name(c["path"]) for c in checkpoints}
-    if result.checkpoint is not None:
-        held.add(folder_name(result.checkpoint.path))
+    if latest is not None:
+        held.add(folder_name(latest.path))
     remove_left_over(path, earlier, held, run_name)
     # the epochs the reports grouped away (and those before a resume), so MLflow holds every epoch
     log_rows(config.mlflow.tracking_uri, mlflow_run, [h for h in history if int(h.get("epoch", -1)) not in logged])
@@ -437,7 +450,10 @@ def train_shared(
     os.environ[WORKER_GROUP_START_TIMEOUT] = f"{config.failure.worker_start_timeout_s:g}"
     sets = [(prepared.train, prepared.val)] if one_split else prepared.folds  # one split: the families' fold 0
     started = time.monotonic()
-    with watch_progress(on_report) as callback:
+    local = in_process(
+        config, run_scaling({f: config.for_family(f) for f in todo}), prepared.rows, prepared.materialized
+    )
+    with watch_progress(on_report) as callback, local_fit(path, on_report, local):
         if shared:
             trainer = build_shared_trainer(
                 {f: config.for_family(f) for f in todo},
@@ -450,6 +466,7 @@ def train_shared(
                 cache_shards=prepared.materialized,
                 auto_time=auto_time,
                 not_earning=not_earning,
+                local=local,
             )
         else:
             j = fams[only]
@@ -465,6 +482,7 @@ def train_shared(
                 lineage=j["lineage"],
                 callbacks=[callback],
                 folds={k: prepared.folds[k] for k in j["folds"]},
+                local=local,
             )
         result = fit_run(trainer, path, config.scaling.workers_label, config.data.materialize)
     if not shared and result.metrics and result.metrics.get(STOP_REASON):
@@ -472,8 +490,17 @@ def train_shared(
             f"training stopped: {result.metrics[STOP_REASON]}; lower train.learning_rate or check the data"
         )
     reported: dict[tuple[str, int], list[dict[str, Any]]] = {(f, k): [] for f, j in fams.items() for k in j["folds"]}
-    for ckpt, metrics in result.best_checkpoints or []:
-        key = (metrics.get(FAMILY, only), metrics.get(FOLD))
+    best = (
+        [
+            ((f, k), c)
+            for f, j in todo.items()
+            for k in j["folds"]
+            for c in local_checkpoints([j["folders"][k]], None, "", "")
+        ]
+        if local
+        else [((m.get(FAMILY, only), m.get(FOLD)), (ckpt, m)) for ckpt, m in result.best_checkpoints or []]
+    )
+    for key, (ckpt, metrics) in best:
         if key in reported:  # a restored run also holds the folds an earlier fit of it trained
             uri = with_scheme(config.storage_path, ckpt.path)
             reported[key].append({"path": uri, "epoch": int(metrics.get("epoch", -1)), "metrics": dict(metrics)})

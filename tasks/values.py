@@ -61,6 +61,7 @@ class Prepared:
     folds: list[tuple[ray.data.Dataset, ray.data.Dataset]] | None = None  # cross-fitting: each fold's, packed
     fold_rows: list[int] = field(default_factory=list)  # cross-fitting: each fold's rows (FoldPlan.fold_rows)
     warm: dict[str, Any] | None = None  # train.warm_start's record (tasks/warm.py): a continuation, or why not
+    rows: int = 0  # the training and validation rows (the non-test rows): scaling.local_mode auto's size
 
     def warm_start_for(self, family: str) -> dict[str, Any] | None:
         """The source model a family's fit continues (its files, its rounds), or None."""

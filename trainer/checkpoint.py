@@ -152,3 +152,42 @@ def checkpoints_on_disk(run_path: str) -> list[dict[str, Any]]:
         except (OSError, ValueError, KeyError):
             continue
     return sorted(found, key=lambda c: c["epoch"])
+
+
+def persist(folder: str, uri: str) -> None:
+    """Copy a reported checkpoint's folder to uri (a fit in Ray Train's local mode, which persists none), its
+    metrics.json last: a copy cut short has none, so no reader takes it for a checkpoint (the train task removes it
+    as left over). The folder is left as it was."""
+    from pyarrow import fs as pafs
+
+    from trainflow.storage import filesystem_for, join
+
+    fs, inner = filesystem_for(uri)
+    source = Path(folder)
+    files = sorted((p for p in source.rglob("*") if p.is_file()), key=lambda p: p.name == METRICS_FILE)
+    for p in files:
+        rel = p.relative_to(source).as_posix()
+        fs.create_dir(join(inner, rel).rsplit("/", 1)[0], recursive=True)
+        pafs.copy_files(str(p), join(inner, rel), pafs.LocalFileSystem(), fs)
+
+
+def latest_in_run(run_path: str):
+    """The newest complete checkpoint anywhere in a run's folder (its own, a fold's, a shared run's family's fold's)
+    as a ray.train.Checkpoint, or None: what Ray Train restores a run from, for a fit in local mode. Ray Train names
+    checkpoint folders by the time they were reported, so the newest name is the latest report."""
+    from pyarrow.fs import FileSelector, FileType
+    from ray.train import Checkpoint
+
+    from trainflow.storage import filesystem_for
+
+    fs, inner = filesystem_for(run_path)
+    found = [
+        info.path.rsplit("/", 1)[0]
+        for info in fs.get_file_info(FileSelector(inner, recursive=True, allow_not_found=True))
+        if info.type == FileType.File
+        and info.base_name == METRICS_FILE
+        and info.path.rsplit("/", 2)[-2].startswith("checkpoint_")
+    ]
+    if not found:
+        return None
+    return Checkpoint(max(found, key=lambda p: p.rsplit("/", 1)[-1]), filesystem=fs)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import ray.data
@@ -14,20 +17,92 @@ from trainflow.trainer.checkpoint import LINEAGE_FILE, checkpoints_on_disk
 from trainflow.trainer.families import family_for
 from trainflow.trainer.deadline import deadline_board
 from trainflow.trainer.recovery import RESTART, AttemptLog, RecoveryLog, read_events
+from trainflow.trainer import session
 from trainflow.trainer.session import FamiliesLoop, FoldLoop
 from trainflow.trainer.watchdog import Watched
 from trainflow.config import Config, FailureSection, ScalingSection
 from trainflow.errors import ConfigError, TrainingError
 from trainflow.trainer.memory import is_out_of_memory, out_of_memory_error
 from trainflow.trainer.resources import check_fits
+from trainflow.runtime import cluster_named
 from trainflow.storage import filesystem_for, join, list_dir, read_text
 
 # the folder names Ray Train gives checkpoints (StorageContext.make_default_checkpoint_dir_name)
 CHECKPOINT_DIR = re.compile(r"^checkpoint_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d\.\d{6}$")
 
 
-def scaling_config(scaling: ScalingSection) -> ScalingConfig:
-    """ScalingConfig from the config's `scaling` section."""
+# scaling.local_mode auto: the most non-test rows of a table whose one-worker fits train in the train task's process
+LOCAL_MAX_ROWS = 100_000
+_LOCAL = threading.Lock()  # Ray Train's local mode keeps one train context per process: one local fit at a time
+
+
+def in_process(config: Config, scaling: ScalingSection, rows: int, materialized: bool) -> bool:
+    """Whether a fit of one worker group of `scaling` (a family's worker_scaling, or a shared run's) runs in Ray
+    Train's local mode, as scaling.local_mode of the run's config says; rows: the table's non-test rows."""
+    mode = config.scaling.local_mode
+    if mode is False or scaling.elastic or scaling.num_workers != 1:
+        return False
+    if mode is True:
+        return True
+    return (
+        materialized
+        and rows <= LOCAL_MAX_ROWS
+        and not (scaling.use_gpu or scaling.wait_for_resources or scaling.env_vars)
+        and not cluster_named(config.ray.address)
+    )
+
+
+@contextlib.contextmanager
+def local_fit(run_path: str, on_report: Callable[[dict[str, Any]], None], local: bool) -> Iterator[None]:
+    """While a fit of run_path runs in local mode (local): its reports write their checkpoints into the run's folder
+    and reach on_report in this thread, and a restart resumes from the run's latest checkpoint on disk
+    (trainer/session.py). One local fit at a time in a process."""
+    if not local:
+        yield
+        return
+    with _LOCAL:
+        token = session._local.set((run_path, on_report))
+        try:
+            yield
+        finally:
+            session._local.reset(token)
+
+
+def local_checkpoints(folders: list[str], keep: int | None, metric: str, mode: str) -> list[tuple[Any, dict]]:
+    """What a Ray Train fit's result.best_checkpoints holds, for a fit in local mode: the complete checkpoints in
+    each of folders (the run's, or its folds'), oldest first, each (Checkpoint, its metrics); with keep
+    (checkpoint.num_to_keep, a run without folds) the best keep by metric and the latest, the others removed as Ray
+    Train's checkpoint manager removes them."""
+    from ray.train import Checkpoint
+
+    from trainflow.trainer.checkpoint import metric_value
+
+    found = [c for folder in folders for c in checkpoints_on_disk(folder)]
+    if keep is not None and len(found) > keep:
+        worst = float("inf") if mode == "min" else float("-inf")
+
+        def score(c: dict[str, Any]) -> float:
+            value = metric_value(c["metrics"], metric)
+            return worst if value is None else value
+
+        ranked = sorted(found, key=score, reverse=mode != "min")
+        held = {c["path"] for c in ranked[:keep]} | {found[-1]["path"]}
+        for c in found:
+            if c["path"] not in held:
+                fs, inner = filesystem_for(c["path"])
+                fs.delete_dir(inner)
+        found = [c for c in found if c["path"] in held]
+    checkpoints = []
+    for c in found:
+        fs, inner = filesystem_for(c["path"])
+        checkpoints.append((Checkpoint(inner, filesystem=fs), c["metrics"]))
+    return checkpoints
+
+
+def scaling_config(scaling: ScalingSection, local: bool = False) -> ScalingConfig:
+    """ScalingConfig from the config's `scaling` section; local: Ray Train's local mode (num_workers 0)."""
+    if local:
+        return ScalingConfig(num_workers=0)
     return ScalingConfig(
         num_workers=(scaling.min_workers, scaling.max_workers) if scaling.elastic else scaling.num_workers,
         elastic_resize_monitor_interval_s=scaling.elastic_resize_monitor_interval_s,
@@ -110,6 +185,7 @@ def build_trainer(
     lineage: dict[str, str] | None = None,
     folds: dict[int, tuple[ray.data.Dataset, ray.data.Dataset]] | None = None,
     warm_start: dict[str, Any] | None = None,
+    local: bool = False,
 ):
     """The model family's trainer (TorchTrainer, XGBoostTrainer, LightGBMTrainer); its run resumes when
     built again with the same storage_path and run_name.
@@ -123,7 +199,8 @@ def build_trainer(
     folds: {fold: (training rows, held-out rows)} trained one after another inside this one run (trainer/session.py),
     each into its own folder, instead of train_ds and val_ds. Ray Train ranks checkpoints across the whole run, so a
     fold run keeps every one it reports (its own num_to_keep would drop one fold's best for another's); the train
-    task trims each fold to checkpoint.num_to_keep once every fold of the run has trained.
+    task trims each fold to checkpoint.num_to_keep once every fold of the run has trained. local: in Ray Train's
+    local mode (in_process; fit it inside local_fit), with no hang watchdog (it would kill the caller's process).
     """
     family = family_for(config)
     config = config.for_family(family.name)  # its own model.params block resolved (a sweep's trial config too)
@@ -133,7 +210,7 @@ def build_trainer(
         loop = FoldLoop(loop)
         datasets = {f"{role}_{k}": ds for k, pair in folds.items() for role, ds in zip(("train", "val"), pair)}
     return family.make_trainer(
-        Watched(loop, config.failure.hang_timeout_s),
+        Watched(loop, None if local else config.failure.hang_timeout_s),
         config.scaling,
         train_loop_config={
             **_loop_config(config, preprocessor, run_name, cache_shards, streamed, lineage),
@@ -141,7 +218,7 @@ def build_trainer(
             **({"folds": sorted(folds)} if folds is not None else {}),
             **({"warm_start": warm_start} if warm_start else {}),
         },
-        scaling_config=scaling_config(family.worker_scaling(config.scaling)),
+        scaling_config=scaling_config(family.worker_scaling(config.scaling), local),
         datasets=datasets,
         dataset_config=family.data_config(),
         run_config=_run_config(
@@ -193,6 +270,14 @@ def shared_scaling(configs: dict[str, Config]) -> ScalingSection | None:
     return max(scalings, key=lambda s: (s.resources_per_worker or {}).get("CPU", 1.0))
 
 
+def run_scaling(configs: dict[str, Config], first: str | None = None) -> ScalingSection:
+    """The worker group of one Ray Train run of these families (family -> its config): the one they share
+    (shared_scaling), or the first's own (first: the family that trains first; default the first in configs)."""
+    resolved = {f: c.for_family(family_for(c).name) for f, c in configs.items()}
+    head = resolved[first or next(iter(resolved))]
+    return shared_scaling(resolved) or family_for(head).worker_scaling(head.scaling)
+
+
 def build_shared_trainer(
     configs: dict[str, Config],
     preprocessor: TabularPreprocessor,
@@ -205,6 +290,7 @@ def build_shared_trainer(
     auto_time: dict[str, float] | None = None,
     train_fns: dict[str, Any] | None = None,
     not_earning: dict[str, Any] | None = None,
+    local: bool = False,
 ):
     """One Ray Train run in which every family of jobs ((family, its folder in the run, its folds, its folds a later
     fit of the run trains), in order) trains
@@ -212,10 +298,10 @@ def build_shared_trainer(
     Train's start once. configs: each family's (Config.for_family); the worker holds the most CPUs any of them asks
     for; auto_time: train.time_limit auto's {"started_at", "floor_s"} (FamiliesLoop); train_fns: a family's per-worker
     loop replaced (fault tests); not_earning: the not-earning rule the worker applies after every first fold
-    (FamiliesLoop: {"first", "first_fold", "order", "base", "fold_rows", "k"})."""
+    (FamiliesLoop: {"first", "first_fold", "order", "base", "fold_rows", "k"}); local: as build_trainer's."""
     resolved = {f: c.for_family(family_for(c).name) for f, c in configs.items()}
     first = resolved[jobs[0][0]]
-    widest = shared_scaling(resolved) or family_for(first).worker_scaling(first.scaling)  # (one family: its own)
+    widest = run_scaling(configs, jobs[0][0])
     loops = [(f, folder, (train_fns or {}).get(f) or family_for(resolved[f]).train_fn) for f, folder, _, _ in jobs]
     own = {
         folder: {
@@ -236,10 +322,10 @@ def build_shared_trainer(
     from trainflow.trainer.families.base import one_process_trainer, whole_data_config
 
     return one_process_trainer(
-        Watched(FamiliesLoop(loops), first.failure.hang_timeout_s),
+        Watched(FamiliesLoop(loops), None if local else first.failure.hang_timeout_s),
         widest,
         train_loop_config=loop_config,
-        scaling_config=scaling_config(widest),
+        scaling_config=scaling_config(widest, local),
         datasets={f"{role}_{k}": ds for k, pair in folds.items() for role, ds in zip(("train", "val"), pair)},
         dataset_config=whole_data_config(),
         run_config=_run_config(first, run_name, widest, True, None, callbacks),

@@ -45,6 +45,13 @@ LEFT_OUT_FILE = "trainflow_left_out.json"  # in a family's folder of a shared ru
 NOT_EARNING = 0.5
 NOT_EARNING_MIN_ROWS = 200
 
+# while a fit runs in Ray Train's local mode (trainer/runner.py local_fit): (the run's folder, the caller's on_report).
+# Local mode persists no checkpoint (Ray 2.60's LocalTrainFnUtils keeps the last one reported, in memory), so report
+# writes each into the folder Ray Train would have, and the run's latest on disk is the one a fit resumes from
+_local: contextvars.ContextVar[tuple[str, Callable[[dict[str, Any]], None]] | None] = contextvars.ContextVar(
+    "trainflow_local", default=None
+)
+
 # (fold, the checkpoint it resumes from, (family, its folder in a shared run) or None) while a fold loop trains a fold
 _fold: contextvars.ContextVar[tuple[int, Any, tuple[str, str] | None] | None] = contextvars.ContextVar(
     "trainflow_fold", default=None
@@ -66,20 +73,56 @@ def get_checkpoint():
     """The checkpoint to resume from: Ray Train's latest, or inside a fold loop the current fold's (None for a fold
     that starts fresh)."""
     current = _fold.get()
-    return ray.train.get_checkpoint() if current is None else current[1]
+    return run_checkpoint() if current is None else current[1]
+
+
+def run_checkpoint():
+    """The run's latest checkpoint: Ray Train's, or in local mode the newest complete one in the run's folder."""
+    local = _local.get()
+    if local is None:
+        return ray.train.get_checkpoint()
+    from trainflow.trainer.checkpoint import latest_in_run
+
+    return latest_in_run(local[0])
+
+
+def worker_cpus() -> int:
+    """The CPUs this worker may use: those Ray assigned it, or in local mode those of the process it runs in."""
+    if _local.get() is not None:
+        import os
+
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
 
 
 def report(metrics: dict[str, Any], checkpoint=None, **kwargs: Any) -> None:
-    """ray.train.report; inside a fold loop the metrics name the fold and a checkpoint goes into the fold's folder."""
-    current = _fold.get()
-    if current is not None:
-        from ray.train.v2._internal.execution.storage import StorageContext
+    """ray.train.report; inside a fold loop the metrics name the fold and a checkpoint goes into the fold's folder.
+    In local mode the checkpoint is written into the run's folder here and the metrics handed to the caller."""
+    from ray.train.v2._internal.execution.storage import StorageContext
 
+    current, name = _fold.get(), None
+    if current is not None:
         fold, _, shared = current
         metrics = {**metrics, FOLD: fold, **({FAMILY: shared[0]} if shared else {})}
         name = f"{fold_folder(fold)}/{StorageContext.make_default_checkpoint_dir_name()}"
-        # every rank passes a name; Ray Train keeps rank 0's
-        kwargs["checkpoint_dir_name"] = f"{shared[1]}/{name}" if shared else name
+        if shared:
+            name = f"{shared[1]}/{name}"
+    local = _local.get()
+    if local is not None:
+        if checkpoint is not None:
+            from trainflow.storage import join
+            from trainflow.trainer.checkpoint import persist
+
+            persist(checkpoint.path, join(local[0], name or StorageContext.make_default_checkpoint_dir_name()))
+            if kwargs.get("delete_local_checkpoint_after_upload"):
+                import shutil
+
+                shutil.rmtree(checkpoint.path, ignore_errors=True)
+        local[1](metrics)
+        ray.train.report(metrics)  # Ray's own record of the last metrics (the fit's result)
+        return
+    if name is not None:
+        kwargs["checkpoint_dir_name"] = name  # every rank passes a name; Ray Train keeps rank 0's
     ray.train.report(metrics, checkpoint=checkpoint, **kwargs)
 
 
@@ -132,7 +175,7 @@ class FoldLoop:
         self.train_fn = train_fn
 
     def __call__(self, loop_config: dict[str, Any]) -> None:
-        self.train(loop_config, ray.train.get_checkpoint(), loop_config["run_dir"])
+        self.train(loop_config, run_checkpoint(), loop_config["run_dir"])
 
     def train(
         self,
@@ -182,7 +225,7 @@ class FamiliesLoop:
         self.jobs = jobs
 
     def __call__(self, loop_config: dict[str, Any]) -> None:
-        latest = ray.train.get_checkpoint()
+        latest = run_checkpoint()
         rule = loop_config.get("not_earning")
         phases = self.phases(loop_config["jobs"], rule)
         at = (family_folder_of(latest), fold_of(latest))

@@ -243,7 +243,7 @@ def train_fn(loop_config: dict[str, Any]) -> None:
     if session.get_checkpoint() is not None:  # the fit finished and reported its model: nothing left
         record_start(loop_config, 0, boost_budget(cfg.model).limit, True)
         return
-    threads = max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
+    threads = session.worker_cpus()
     work = Path(tempfile.mkdtemp(prefix="trainflow-catboost-"))
     try:
         local, remote = work / "snapshot", snapshot_uri(loop_config["run_dir"], loop_config.get("lineage"))

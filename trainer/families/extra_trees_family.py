@@ -155,7 +155,7 @@ def train_fn(loop_config: dict[str, Any]) -> None:
         record_start(loop_config, 0, ROUNDS, True)
         return
     record_start(loop_config, 0, 0, False)
-    threads = max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
+    threads = session.worker_cpus()
     x, y = shard_arrays(session.dataset_shard("train"))
     x_val, y_val = shard_arrays(session.dataset_shard("val"))
     y_fit = y.astype(np.int64) if prep.task == "classification" else y.astype(np.float64)
