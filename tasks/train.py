@@ -20,7 +20,7 @@ from trainflow.tasks.values import Prepared, TrainOutcome
 from trainflow.trainer.checkpoint import METRICS_FILE, read_metrics
 from trainflow.trainer.deadline import TIME_LIMITED
 from trainflow.trainer.steps import STOP_REASON
-from trainflow.trainer.progress import ProgressLine, watch_progress
+from trainflow.trainer.progress import ProgressLine
 from trainflow.trainer.recovery import (
     describe_resize,
     fold_events,
@@ -38,10 +38,10 @@ from trainflow.trainer.runner import (
     checkpoint_folders,
     checkpoints_on_disk,
     fit_run,
+    fit_reports,
     folder_name,
     in_process,
     local_checkpoints,
-    local_fit,
     latest_epoch,
     latest_lineage,
     remove_unregistered,
@@ -139,7 +139,7 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
     os.environ[WORKER_GROUP_START_TIMEOUT] = f"{config.failure.worker_start_timeout_s:g}"
     started = time.monotonic()
     local = in_process(config, run_scaling({family: resolved}), prepared.rows, prepared.materialized)
-    with watch_progress(on_report) as callback, local_fit(path, on_report, local):
+    with fit_reports(path, on_report, local) as callbacks:
         trainer = build_trainer(
             resolved,
             prepared.preprocessor,
@@ -150,7 +150,7 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
             streamed=not prepared.materialized,
             external_memory=budget.external_memory,
             lineage=lineage,
-            callbacks=[callback],
+            callbacks=callbacks,
             warm_start=prepared.warm_start_for(family),
             local=local,
         )
@@ -453,7 +453,7 @@ def train_shared(
     local = in_process(
         config, run_scaling({f: config.for_family(f) for f in todo}), prepared.rows, prepared.materialized
     )
-    with watch_progress(on_report) as callback, local_fit(path, on_report, local):
+    with fit_reports(path, on_report, local) as callbacks:
         if shared:
             trainer = build_shared_trainer(
                 {f: config.for_family(f) for f in todo},
@@ -462,7 +462,7 @@ def train_shared(
                 [(f, j["run"][len(run_name) + 1 :], j["folds"], j["after"]) for f, j in todo.items()],
                 {k: sets[k] for k in sorted({k for j in todo.values() for k in j["folds"]})},
                 {f: j["lineage"] for f, j in todo.items()},
-                callbacks=[callback],
+                callbacks=callbacks,
                 cache_shards=prepared.materialized,
                 auto_time=auto_time,
                 not_earning=not_earning,
@@ -480,7 +480,7 @@ def train_shared(
                 streamed=not prepared.materialized,
                 external_memory=j["budget"].external_memory,
                 lineage=j["lineage"],
-                callbacks=[callback],
+                callbacks=callbacks,
                 folds={k: prepared.folds[k] for k in j["folds"]},
                 local=local,
             )

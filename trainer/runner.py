@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import ray
 import ray.data
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
@@ -16,8 +17,9 @@ from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.trainer.checkpoint import LINEAGE_FILE, checkpoints_on_disk
 from trainflow.trainer.families import family_for
 from trainflow.trainer.deadline import deadline_board
-from trainflow.trainer.recovery import RESTART, AttemptLog, RecoveryLog, read_events
+from trainflow.trainer.recovery import RESTART, AttemptLog, RecoveryLog, append_event, read_events
 from trainflow.trainer import session
+from trainflow.trainer.progress import watch_progress
 from trainflow.trainer.session import FamiliesLoop, FoldLoop
 from trainflow.trainer.watchdog import Watched
 from trainflow.config import Config, FailureSection, ScalingSection
@@ -53,17 +55,25 @@ def in_process(config: Config, scaling: ScalingSection, rows: int, materialized:
 
 
 @contextlib.contextmanager
-def local_fit(run_path: str, on_report: Callable[[dict[str, Any]], None], local: bool) -> Iterator[None]:
-    """While a fit of run_path runs in local mode (local): its reports write their checkpoints into the run's folder
-    and reach on_report in this thread, and a restart resumes from the run's latest checkpoint on disk
-    (trainer/session.py). One local fit at a time in a process."""
+def fit_reports(run_path: str, on_report: Callable[[dict[str, Any]], None], local: bool) -> Iterator[list]:
+    """While a fit of run_path runs, each report's metrics reach on_report in this process; yields the RunConfig
+    callbacks the trainer takes. A fit through Ray Train: its controller's reports, through the progress queue
+    (trainer/progress.py). A fit in local mode (local): reports write their checkpoints into the run's folder and
+    call on_report in this thread, and a restart resumes from the run's latest checkpoint on disk
+    (trainer/session.py); one local fit at a time in a process."""
     if not local:
-        yield
+        with watch_progress(on_report) as callback:
+            yield [callback]
         return
     with _LOCAL:
+        # the attempt as AttemptLog records a worker group's: one worker, on this process's node
+        append_event(
+            run_path,
+            {"event": "attempt", "workers": 1, "nodes": [ray.get_runtime_context().get_node_id()], "local": True},
+        )
         token = session._local.set((run_path, on_report))
         try:
-            yield
+            yield []
         finally:
             session._local.reset(token)
 
