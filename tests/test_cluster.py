@@ -123,7 +123,11 @@ def test_an_elastic_retrain_shrinks_when_a_node_dies_grows_back_and_counts_a_dra
         assert f"node {third.node_id[:12]} drained (a preemption)" in drained["why"]
         restarts = [e for e in events if e["event"] == "restart"]
         assert [r["preempted"] for r in restarts][-1] is True  # on its own budget: max_failures (1) was not exceeded
-        assert summary["recoveries"][-1]["error"].startswith(f"a preemption: node {third.node_id[:12]} drained")
+        # the drain's recovery says it was a preemption (on a loaded machine the new group's worker on the drained node
+        # may die at its deadline too, a recovery of its own after it)
+        assert any(
+            r["error"].startswith(f"a preemption: node {third.node_id[:12]} drained") for r in summary["recoveries"]
+        ), summary["recoveries"]
         assert summary["epochs_run"] == 80
         # checkpoints in the storage every node shares; predictions for every row
         assert summary["best_checkpoint"]["path"].startswith(str(run))

@@ -210,7 +210,7 @@ def build_trainer(
     each into its own folder, instead of train_ds and val_ds. Ray Train ranks checkpoints across the whole run, so a
     fold run keeps every one it reports (its own num_to_keep would drop one fold's best for another's); the train
     task trims each fold to checkpoint.num_to_keep once every fold of the run has trained. local: in Ray Train's
-    local mode (in_process; fit it inside local_fit), with no hang watchdog (it would kill the caller's process).
+    local mode (in_process; fit it inside fit_reports), with no hang watchdog (it would kill the caller's process).
     """
     family = family_for(config)
     config = config.for_family(family.name)  # its own model.params block resolved (a sweep's trial config too)
