@@ -245,19 +245,33 @@ def test_a_worker_killed_in_a_shared_run_resumes_the_family_and_fold_it_was_in_a
 
 
 @pytest.mark.usefixtures("ray_local")
-def test_a_local_mode_fit_writes_whole_checkpoints_and_a_retry_resumes_from_the_newest_on_disk(tmp_path):
+@pytest.mark.parametrize("storage", ["disk", "s3"])
+def test_a_local_mode_fit_writes_whole_checkpoints_and_a_retry_resumes_from_the_newest_on_disk(
+    tmp_path, storage, request
+):
     # scaling.local_mode: the fit runs in this process (Ray Train's local mode persists nothing itself); it raises
-    # after two epochs, and a second fit of the run (the train task's Prefect retry) resumes from what is on disk
-    from pathlib import Path
-
+    # after two epochs, and a second fit of the run (the train task's Prefect retry) resumes from what is in storage
+    # (a folder, or moto's S3)
+    from tests.conftest import BUCKET
     from tests.faults import train_fn_per_worker
     from trainflow.config import trial_config
+    from trainflow.storage import filesystem_for, join, write_bytes
     from trainflow.trainer.checkpoint import METRICS_FILE, checkpoints_on_disk, latest_in_run
     from trainflow.trainer.runner import fit_reports, local_checkpoints
 
     cfg, prep, train, val = small_run(tmp_path)
+    where = str(tmp_path / "runs")
+    if storage == "s3":
+        request.getfixturevalue("s3_endpoint")
+        where = f"s3://{BUCKET}/{tmp_path.name}/runs"
     cfg = trial_config(
-        cfg.to_dict(), {"scaling.num_workers": 1, "scaling.local_mode": True, "checkpoint.min_interval_s": 0}
+        cfg.to_dict(),
+        {
+            "scaling.num_workers": 1,
+            "scaling.local_mode": True,
+            "checkpoint.min_interval_s": 0,
+            "storage_path": where,
+        },
     )
     path, marker = run_dir(cfg, "local"), tmp_path / "raised"
 
@@ -270,6 +284,10 @@ def test_a_local_mode_fit_writes_whole_checkpoints_and_a_retry_resumes_from_the_
         marker.touch()
         raise RuntimeError("injected failure after epoch 1")
 
+    def latest_epoch() -> int:
+        with latest_in_run(path).as_directory() as d:
+            return read_metrics(d)["epoch"]
+
     seen: list[dict] = []
     with fit_reports(path, seen.append, True) as callbacks:
         trainer = build_trainer(cfg, prep, train, val, "local", train_fn=raises_once, callbacks=callbacks, local=True)
@@ -278,24 +296,26 @@ def test_a_local_mode_fit_writes_whole_checkpoints_and_a_retry_resumes_from_the_
     assert [c["epoch"] for c in checkpoints_on_disk(path)] == [0, 1]  # each report's checkpoint, in the run's folder
     assert [m["epoch"] for m in seen] == [0, 1]  # handed to the caller as they came
     # a copy cut short (no metrics.json yet), named newer than every whole one: never a checkpoint to resume from
-    cut = Path(path) / "checkpoint_2999-01-01_00-00-00.000000"
-    cut.mkdir()
-    (cut / "model.pt").write_bytes(b"cut short")
-    assert Path(latest_in_run(path).path).name != cut.name and read_metrics(latest_in_run(path).path)["epoch"] == 1
+    cut = join(path, "checkpoint_2999-01-01_00-00-00.000000")
+    write_bytes(join(cut, "model.pt"), b"cut short")
+    assert latest_in_run(path).path.rsplit("/", 1)[-1] != cut.rsplit("/", 1)[-1] and latest_epoch() == 1
 
     with fit_reports(path, seen.append, True) as callbacks:
         trainer = build_trainer(cfg, prep, train, val, "local", train_fn=raises_once, callbacks=callbacks, local=True)
         result = trainer.fit()
     assert result.path is None  # no Ray Train run: the loop ran in this process
     kept = local_checkpoints([path], cfg.checkpoint.num_to_keep, "val_loss", "min")
-    history = read_metrics(kept[-1][0].path)["history"]
+    with kept[-1][0].as_directory() as d:
+        history = read_metrics(d)["history"]
     assert [h["epoch"] for h in history] == list(range(EPOCHS))  # every epoch once, across the two fits
     assert [m["epoch"] for m in seen] == list(range(EPOCHS))
     # checkpoint.num_to_keep (2) best by val_loss, and the latest; the others removed as Ray's manager removes them
     best = sorted(h["val_loss"] for h in history)[:2]
     assert len(kept) <= 3 and kept[-1][1]["epoch"] == EPOCHS - 1
     assert {round(m["val_loss"], 9) for _, m in kept} >= {round(v, 9) for v in best}
-    assert len(checkpoints_on_disk(path)) == len(kept) and (Path(kept[0][0].path) / METRICS_FILE).exists()
+    assert len(checkpoints_on_disk(path)) == len(kept)
+    fs, _ = filesystem_for(path)
+    assert all(fs.get_file_info(f"{c.path}/{METRICS_FILE}").size for c, _ in kept)
     events = read_events(path)
     assert [e["local"] for e in events if e["event"] == "attempt"] == [True, True]
     assert [e["epoch"] for e in events if e["event"] == "resume"] == [2]

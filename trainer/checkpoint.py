@@ -158,17 +158,9 @@ def persist(folder: str, uri: str) -> None:
     """Copy a reported checkpoint's folder to uri (a fit in Ray Train's local mode, which persists none), its
     metrics.json last: a copy cut short has none, so no reader takes it for a checkpoint (the train task removes it
     as left over). The folder is left as it was."""
-    from pyarrow import fs as pafs
+    from trainflow.storage import upload_files
 
-    from trainflow.storage import filesystem_for, join
-
-    fs, inner = filesystem_for(uri)
-    source = Path(folder)
-    files = sorted((p for p in source.rglob("*") if p.is_file()), key=lambda p: p.name == METRICS_FILE)
-    for p in files:
-        rel = p.relative_to(source).as_posix()
-        fs.create_dir(join(inner, rel).rsplit("/", 1)[0], recursive=True)
-        pafs.copy_files(str(p), join(inner, rel), pafs.LocalFileSystem(), fs)
+    upload_files(uri, folder, METRICS_FILE)
 
 
 def latest_in_run(run_path: str):

@@ -208,6 +208,20 @@ def upload_dir(local: str, uri: str) -> None:
         _upload_dir(local, uri)
 
 
+@_patient
+def upload_files(uri: str, local: str, last: str) -> None:
+    """Copy a local folder's files under uri one by one, the file named `last` after every other: a reader that
+    takes a folder holding it for whole never reads a copy cut short. The local folder is left as it was."""
+    from pathlib import Path
+
+    fs, inner = filesystem_for(uri)
+    source = Path(local)
+    for path in sorted((p for p in source.rglob("*") if p.is_file()), key=lambda p: p.name == last):
+        target = join(inner, path.relative_to(source).as_posix())
+        fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
+        pafs.copy_files(str(path), target, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+
+
 def _upload_dir(local: str, uri: str) -> None:
     fs, inner = filesystem_for(uri)
     fs.create_dir(inner, recursive=True)
