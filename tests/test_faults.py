@@ -319,3 +319,31 @@ def test_a_local_mode_fit_writes_whole_checkpoints_and_a_retry_resumes_from_the_
     events = read_events(path)
     assert [e["local"] for e in events if e["event"] == "attempt"] == [True, True]
     assert [e["epoch"] for e in events if e["event"] == "resume"] == [2]
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_local_mode_fit_ends_at_its_next_step_once_the_process_is_asked_to_stop(tmp_path):
+    # SIGTERM (a cancelled flow run) shuts Ray down, which ends a worker group; a loop in the flow's own process
+    # ends at its next step instead of training on, its checkpoints so far in storage for a rerun
+    from trainflow import runtime
+    from trainflow.config import trial_config
+    from trainflow.trainer.checkpoint import checkpoints_on_disk
+    from trainflow.trainer.runner import fit_reports
+
+    cfg, prep, train, val = small_run(tmp_path)
+    cfg = trial_config(
+        cfg.to_dict(), {"scaling.num_workers": 1, "scaling.local_mode": True, "checkpoint.min_interval_s": 0}
+    )
+    path = run_dir(cfg, "stopped")
+
+    def on_report(metrics: dict) -> None:
+        runtime._stop_requested.set()  # what the SIGTERM handler sets, as the first epoch is reported
+
+    try:
+        with fit_reports(path, on_report, True) as callbacks:
+            trainer = build_trainer(cfg, prep, train, val, "stopped", callbacks=callbacks, local=True)
+            with pytest.raises(RuntimeError, match="asked to stop"):
+                trainer.fit()
+    finally:
+        runtime._stop_requested.clear()
+    assert [c["epoch"] for c in checkpoints_on_disk(path)] == [0]

@@ -86,6 +86,18 @@ def run_checkpoint():
     return latest_in_run(local[0])
 
 
+def check_stop() -> None:
+    """In local mode, end the fit once its process was asked to stop (SIGTERM: a cancelled flow run, Ctrl-C's
+    kill): a worker group ends when the stop shuts Ray down, a loop in the flow's own process would train on. Raised
+    between steps: the latest checkpoint in storage is where a rerun of the run name resumes."""
+    if _local.get() is None:
+        return
+    from trainflow.runtime import stop_requested
+
+    if stop_requested():
+        raise RuntimeError("training stopped: this process was asked to stop (SIGTERM)")
+
+
 def worker_cpus() -> int:
     """The CPUs this worker may use: those Ray assigned it, or in local mode those of the process it runs in."""
     if _local.get() is not None:

@@ -144,6 +144,7 @@ class Steps:
         step is its final one (e.g. a non-finite loss); the runner adds the budget's end and early stopping.
         next_step_s: how long the next step would take (one that cannot end before the deadline is not started).
         True when the run ends here."""
+        session.check_stop()
         self.history.append(row)
         improved = False
         if self.stopper is not None:
