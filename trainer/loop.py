@@ -327,6 +327,11 @@ def _agree(decision: list[int], device) -> list[int]:
 
 def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
     """Ray Train entry point: resume from get_checkpoint() if any, then train until the budget or early stopping ends."""
+    with session.local_threads(loop_config["config"]):
+        return _train(loop_config)
+
+
+def _train(loop_config: dict[str, Any]) -> list[dict[str, float]]:
     cfg: Config = loop_config["config"]
     prep = TabularPreprocessor.from_dict(loop_config["preprocessor"])
     task, seed, train_cfg = cfg.task, cfg.split.seed, cfg.train

@@ -24,8 +24,10 @@ loop they are Ray Train's own.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import re
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import ray.train
@@ -96,6 +98,25 @@ def check_stop() -> None:
 
     if stop_requested():
         raise RuntimeError("training stopped: this process was asked to stop (SIGTERM)")
+
+
+@contextlib.contextmanager
+def local_threads(config: Any) -> Iterator[None]:
+    """In local mode, torch's intra-op threads for the fit: as many as the family's own worker would have had (its
+    `scaling.resources_per_worker.CPU`, default 1; Ray gives a worker of N CPUs OMP_NUM_THREADS=N), the process's
+    count restored after. On 2 cores a small network trained its 5 folds of 1,500 rows in 8.5-9.4 s on one thread
+    against 17.5-19.7 s on two (its batches are too small to split). Elsewhere nothing changes."""
+    if _local.get() is None:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, int(float((config.scaling.resources_per_worker or {}).get("CPU", 1)))))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def worker_cpus() -> int:
