@@ -42,6 +42,7 @@ from trainflow.trainer.runner import (
     folder_name,
     in_process,
     local_checkpoints,
+    local_result,
     latest_epoch,
     latest_lineage,
     remove_unregistered,
@@ -159,13 +160,10 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
         raise TrainingError(
             f"training stopped: {result.metrics[STOP_REASON]}; lower train.learning_rate or check the data"
         )
-    ckpt_cfg = resolved.checkpoint
-    best = (
-        local_checkpoints([path], ckpt_cfg.num_to_keep, ckpt_cfg.metric, ckpt_cfg.mode)
-        if local
-        else result.best_checkpoints or []
-    )
-    latest = (best[-1][0] if best else None) if local else result.checkpoint
+    if local:
+        keep = resolved.checkpoint
+        result = local_result(result, [path], keep.num_to_keep, keep.metric, keep.mode)
+    best, latest = result.best_checkpoints or [], result.checkpoint
     checkpoints = []
     for ckpt, metrics in best:
         uri = with_scheme(config.storage_path, ckpt.path)  # Ray gives paths inside the storage filesystem
@@ -491,12 +489,7 @@ def train_shared(
         )
     reported: dict[tuple[str, int], list[dict[str, Any]]] = {(f, k): [] for f, j in fams.items() for k in j["folds"]}
     best = (
-        [
-            ((f, k), c)
-            for f, j in todo.items()
-            for k in j["folds"]
-            for c in local_checkpoints([j["folders"][k]], None, "", "")
-        ]
+        [((f, k), c) for f, j in todo.items() for k in j["folds"] for c in local_checkpoints([j["folders"][k]])]
         if local
         else [((m.get(FAMILY, only), m.get(FOLD)), (ckpt, m)) for ckpt, m in result.best_checkpoints or []]
     )

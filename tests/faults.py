@@ -93,6 +93,19 @@ def small_run(tmp_path, hang_timeout_s=600.0, resources_per_worker=None, max_fai
     return cfg, *fit_and_pack(train, val, table_spec(table.schema, cfg.data, "regression", "mem"), "regression")
 
 
+def fit_here(cfg, *args, keep=None, **kwargs):
+    """build_trainer(cfg, *args, local=True, **kwargs) fitted in Ray Train's local mode as the train task fits one
+    (trainer/runner.py fit_reports: checkpoints written into the run's folder): its Result as a worker group's fit
+    gives it (best_checkpoints, the newest checkpoint). For the tests of what a fit trains and keeps, where no worker
+    dies: a worker group's start is about 12 s here, a local fit's none."""
+    from trainflow.trainer.runner import build_trainer, fit_reports, local_result, run_dir
+
+    path = run_dir(cfg, args[3])
+    with fit_reports(path, lambda metrics: None, True):
+        result = build_trainer(cfg, *args, local=True, **kwargs).fit()
+    return local_result(result, [path], keep, cfg.checkpoint.metric, cfg.checkpoint.mode)
+
+
 # no plain SIGKILL here: the hang ends in one (the watchdog kills its own worker), and a SIGKILLed worker is
 # resumed in tests/test_families.py (booster) and tests/test_retry_exhausted.py (flow)
 SUCCESSIVE = ("raise", "hang")

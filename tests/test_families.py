@@ -12,7 +12,7 @@ import pytest
 import ray.train
 
 from tests.conftest import make_regression_table
-from tests.faults import small_run, wait_registered
+from tests.faults import fit_here, small_run, wait_registered
 from trainflow.trainer.checkpoint import read_metrics
 from trainflow.trainer.serving import load_servable
 from trainflow.trainer.recovery import read_events, recoveries
@@ -323,7 +323,7 @@ def test_catboost_is_one_worker_with_the_group_cpus_and_a_killed_fit_continues_f
         source = json.loads((Path(d) / "train_state.json").read_text())
     warm = {"from": "models:/cb/1", "version": "1", "family": "catboost", "offset": source["epoch"] + 1, "files": files}
     more = trial_config(cfg.to_dict(), {"model.params.catboost.num_boost_round": 30})
-    again = build_trainer(more, prep, train, val, "cb-warm", warm_start=warm).fit()
+    again = fit_here(more, prep, train, val, "cb-warm", warm_start=warm)
     with again.checkpoint.as_directory() as d:
         state = json.loads((Path(d) / "train_state.json").read_text())
         continued = load_servable(d).predict.model
@@ -358,7 +358,7 @@ def test_extra_trees_trains_in_one_process_serves_from_arrays_through_pyfunc_and
 
     scaling = REGISTRY["extra_trees"].worker_scaling(cfg.scaling)
     assert (scaling.num_workers, scaling.resources_per_worker["CPU"]) == (1, 2.0)
-    result = build_trainer(cfg, prep, train, val, "xt").fit()
+    result = fit_here(cfg, prep, train, val, "xt")  # in this process, as a small table's fit is
     with result.checkpoint.as_directory() as d:
         history = read_metrics(d)["history"]
         served = load_servable(d)
@@ -374,7 +374,7 @@ def test_extra_trees_trains_in_one_process_serves_from_arrays_through_pyfunc_and
     assert again["val_r2"] == pytest.approx(result.metrics["val_r2"], rel=1e-6) and again["val_r2"] > 0.5
     # finished: a rerun under the same name returns at once with the same forest
     starts = len([e for e in read_events(run_dir(cfg, "xt")) if e["event"] == "worker_start"])
-    rerun = build_trainer(cfg, prep, train, val, "xt").fit()
+    rerun = fit_here(cfg, prep, train, val, "xt")
     assert rerun.checkpoint.path == result.checkpoint.path
     events = [e for e in read_events(run_dir(cfg, "xt")) if e["event"] == "worker_start"]
     assert len(events) == starts + 1 and events[-1]["from_epoch"] == 10

@@ -139,11 +139,10 @@ def test_lightgbm_continues_its_source_booster_and_the_network_its_weights_at_a_
     import json
     from pathlib import Path
 
-    from tests.faults import small_run
+    from tests.faults import fit_here, small_run
     from trainflow.config import trial_config
     from trainflow.trainer.checkpoint import read_metrics, read_warm
     from trainflow.trainer.loop import WARM_LR_FACTOR
-    from trainflow.trainer.runner import build_trainer
     from trainflow.trainer.serving import load_servable
 
     cfg, prep, train, val = small_run(tmp_path)
@@ -156,21 +155,21 @@ def test_lightgbm_continues_its_source_booster_and_the_network_its_weights_at_a_
         return {"from": f"models:/{family}/1", "version": "1", "family": family, "files": files, **offset}
 
     boosters = {"model.type": "lightgbm", "scaling.num_workers": 1, "model.params.early_stopping_rounds": "off"}
-    source = build_trainer(
+    source = fit_here(
         trial_config(cfg.to_dict(), {**boosters, "model.params.num_boost_round": 20}), prep, train, val, "lgb-source"
-    ).fit()
+    )
     more = trial_config(cfg.to_dict(), {**boosters, "model.params.num_boost_round": 10})
-    again = build_trainer(more, prep, train, val, "lgb-warm", warm_start=shipped(source, "lightgbm")).fit()
+    again = fit_here(more, prep, train, val, "lgb-warm", warm_start=shipped(source, "lightgbm"))
     with again.checkpoint.as_directory() as d:
         assert read_warm(d) == {"from": "models:/lightgbm/1", "version": "1", "offset": 20}
         assert load_servable(d).predict.booster.num_trees() == 30  # the source's 20 trees, then this fit's 10
     assert again.metrics["val_loss"] <= source.metrics["val_loss"] * 1.05
 
     network = {"scaling.num_workers": 1, "train.epochs": 2, "checkpoint.min_interval_s": 0}
-    first = build_trainer(trial_config(cfg.to_dict(), network), prep, train, val, "mlp-source").fit()
-    warm = build_trainer(
+    first = fit_here(trial_config(cfg.to_dict(), network), prep, train, val, "mlp-source")
+    warm = fit_here(
         trial_config(cfg.to_dict(), network), prep, train, val, "mlp-warm", warm_start=shipped(first, "mlp")
-    ).fit()
+    )
     with first.checkpoint.as_directory() as d:
         fresh = read_metrics(d)["history"]
     with warm.checkpoint.as_directory() as d:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import re
 import threading
@@ -78,7 +79,9 @@ def fit_reports(run_path: str, on_report: Callable[[dict[str, Any]], None], loca
             session._local.reset(token)
 
 
-def local_checkpoints(folders: list[str], keep: int | None, metric: str, mode: str) -> list[tuple[Any, dict]]:
+def local_checkpoints(
+    folders: list[str], keep: int | None = None, metric: str = "val_loss", mode: str = "min"
+) -> list[tuple[Any, dict]]:
     """What a Ray Train fit's result.best_checkpoints holds, for a fit in local mode: the complete checkpoints in
     each of folders (the run's, or its folds'), oldest first, each (Checkpoint, its metrics); with keep
     (checkpoint.num_to_keep, a run without folds) the best keep by metric and the latest, the others removed as Ray
@@ -107,6 +110,13 @@ def local_checkpoints(folders: list[str], keep: int | None, metric: str, mode: s
         fs, inner = filesystem_for(c["path"])
         checkpoints.append((Checkpoint(inner, filesystem=fs), c["metrics"]))
     return checkpoints
+
+
+def local_result(result, folders: list[str], keep: int | None = None, metric: str = "val_loss", mode: str = "min"):
+    """A local-mode fit's Result as Ray Train's would be: its best_checkpoints those local_checkpoints finds in folders
+    (keeping `keep` as Ray's checkpoint manager would), its checkpoint the newest of them."""
+    best = local_checkpoints(folders, keep, metric, mode)
+    return dataclasses.replace(result, best_checkpoints=best, checkpoint=best[-1][0] if best else None)
 
 
 def scaling_config(scaling: ScalingSection, local: bool = False) -> ScalingConfig:
