@@ -372,35 +372,9 @@ def train_shared(
     shared = not (len(jobs) == 1 and jobs[0][1] == run_name)
     one_split = not prepared.folds  # its families' fold 0: run names, MLflow rows and progress lines name no fold
     path = run_dir(config, run_name)
-    fams: dict[str, dict[str, Any]] = {}
-    for family, family_run, folds, after in jobs:
-        home = run_dir(config.for_family(family), family_run)
-        fams[family] = {
-            "run": family_run,
-            "home": home,
-            "folds": list(folds),
-            "after": after,
-            "budget": prepared.budgets[family],
-            "lineage": lineage_for(config, prepared.fingerprint, family),
-            "folders": {k: join(home, fold_folder(k)) for k in folds},
-            # one split (its fold 0 of a shared run): the family's run name, as a run of its own has
-            "names": {k: family_run if one_split else f"{family_run}-{fold_folder(k)}" for k in folds},
-        }
+    fams = _shared_jobs(prepared, config, jobs, one_split)
     keyed = {((f, k) if shared else k): d for f, j in fams.items() for k, d in j["folders"].items()}
-
-    def mine(events: list[dict[str, Any]], family: str, fold: int) -> list[dict[str, Any]]:
-        return [e for e in events if e.get(FOLD) in (None, fold) and e.get(FAMILY, family) == family]
-
-    before = fold_events(path, keyed)
-    done: dict[tuple[str, int], TrainOutcome | None] = {}
-    for f, j in fams.items():
-        for k in j["folds"]:
-            outcome = finished_outcome(
-                j["folders"][k], j["lineage"], j["budget"].to_dict(), j["names"][k], f, mine(before, f, k)
-            )
-            if outcome is not None:  # the run's failures are paired with the resumes of every fold
-                outcome.recoveries = [r for r in recoveries(before) if r.get(FOLD) == k and r.get(FAMILY, f) == f]
-            done[(f, k)] = outcome
+    done = _finished_before(path, fams, keyed)
     if all(done.values()):
         log.info(
             "run %s trained %s before on the same data, training config and budget: their checkpoints are used, "
@@ -426,74 +400,13 @@ def train_shared(
         log_rows(config.mlflow.tracking_uri, fams[f]["mlflow"], [row(metrics)])
         logged.add((f, metrics.get(FOLD), int(metrics.get("epoch", -1))))
 
-    what = "; ".join(f"{f}: {j['budget'].describe()}" for f, j in todo.items())
-    log.info(
-        "training %s %sin one Ray Train run %s: %s worker(s)%s; %s each; storage %s",
-        ", ".join(f"{f} (folds {', '.join(map(str, j['folds']))})" for f, j in todo.items()),
-        "one family after another " if shared else "",
-        run_name,
-        "1" if shared else config.scaling.workers_label,
-        ", GPU" if config.scaling.use_gpu and not shared else "",
-        what,
-        config.storage_path,
-    )
     seen = {d: len(read_events(d)) for d in [path, *keyed.values()]}
     earlier = {key: checkpoint_folders(d) for key, d in keyed.items()}
-    if shared:  # a failure an earlier attempt recorded is tried again (and the rule applied again)
-        for j in todo.values():
-            for record in (FAILED_FILE, LEFT_OUT_FILE):
-                fs, inner = filesystem_for(join(j["home"], record))
-                if fs.get_file_info(inner).type == FileType.File:
-                    fs.delete_file(inner)
-    os.environ[WORKER_GROUP_START_TIMEOUT] = f"{config.failure.worker_start_timeout_s:g}"
-    sets = [(prepared.train, prepared.val)] if one_split else prepared.folds  # one split: the families' fold 0
     started = time.monotonic()
-    local = in_process(
-        config, run_scaling({f: config.for_family(f) for f in todo}), prepared.rows, prepared.materialized
-    )
-    with fit_reports(path, on_report, local) as callbacks:
-        if shared:
-            trainer = build_shared_trainer(
-                {f: config.for_family(f) for f in todo},
-                prepared.preprocessor,
-                run_name,
-                [(f, j["run"][len(run_name) + 1 :], j["folds"], j["after"]) for f, j in todo.items()],
-                {k: sets[k] for k in sorted({k for j in todo.values() for k in j["folds"]})},
-                {f: j["lineage"] for f, j in todo.items()},
-                callbacks=callbacks,
-                cache_shards=prepared.materialized,
-                auto_time=auto_time,
-                not_earning=not_earning,
-                local=local,
-            )
-        else:
-            j = fams[only]
-            trainer = build_trainer(
-                config.for_family(only),
-                prepared.preprocessor,
-                None,
-                None,
-                run_name,
-                cache_shards=prepared.materialized,
-                streamed=not prepared.materialized,
-                external_memory=j["budget"].external_memory,
-                lineage=j["lineage"],
-                callbacks=callbacks,
-                folds={k: prepared.folds[k] for k in j["folds"]},
-                local=local,
-            )
-        result = fit_run(trainer, path, config.scaling.workers_label, config.data.materialize)
-    if not shared and result.metrics and result.metrics.get(STOP_REASON):
-        raise TrainingError(
-            f"training stopped: {result.metrics[STOP_REASON]}; lower train.learning_rate or check the data"
-        )
+    best = _fit_shared(prepared, config, run_name, fams, todo, shared, on_report, auto_time, not_earning)
     reported: dict[tuple[str, int], list[dict[str, Any]]] = {(f, k): [] for f, j in fams.items() for k in j["folds"]}
-    best = (
-        [((f, k), c) for f, j in todo.items() for k in j["folds"] for c in local_checkpoints([j["folders"][k]])]
-        if local
-        else [((m.get(FAMILY, only), m.get(FOLD)), (ckpt, m)) for ckpt, m in result.best_checkpoints or []]
-    )
-    for key, (ckpt, metrics) in best:
+    for (f, k), (ckpt, metrics) in best:
+        key = (f or only, k)
         if key in reported:  # a restored run also holds the folds an earlier fit of it trained
             uri = with_scheme(config.storage_path, ckpt.path)
             reported[key].append({"path": uri, "epoch": int(metrics.get("epoch", -1)), "metrics": dict(metrics)})
@@ -514,6 +427,122 @@ def train_shared(
             continue
         outcomes[f] = _finish_folds(config, f, j, done, reported, events, train_s, earlier, shared, logged, row)
     return outcomes, failed, left_out
+
+
+def _shared_jobs(
+    prepared: Prepared, config: Config, jobs: list[tuple[str, str, list[int], int]], one_split: bool
+) -> dict[str, dict[str, Any]]:
+    """Each job of train_shared as the record its helpers share: its run, home folder, folds and their folders and
+    run names, budget and lineage."""
+    fams: dict[str, dict[str, Any]] = {}
+    for family, family_run, folds, after in jobs:
+        home = run_dir(config.for_family(family), family_run)
+        fams[family] = {
+            "run": family_run,
+            "home": home,
+            "folds": list(folds),
+            "after": after,
+            "budget": prepared.budgets[family],
+            "lineage": lineage_for(config, prepared.fingerprint, family),
+            "folders": {k: join(home, fold_folder(k)) for k in folds},
+            # one split (its fold 0 of a shared run): the family's run name, as a run of its own has
+            "names": {k: family_run if one_split else f"{family_run}-{fold_folder(k)}" for k in folds},
+        }
+    return fams
+
+
+def _finished_before(
+    path: str, fams: dict[str, dict[str, Any]], keyed: dict[Any, str]
+) -> dict[tuple[str, int], TrainOutcome | None]:
+    """Each (family, fold)'s outcome where an earlier fit of the run finished it on the same data, config and budget
+    (with the run's recoveries of that fold), else None."""
+    before = fold_events(path, keyed)
+    done: dict[tuple[str, int], TrainOutcome | None] = {}
+    for f, j in fams.items():
+        for k in j["folds"]:
+            mine = [e for e in before if e.get(FOLD) in (None, k) and e.get(FAMILY, f) == f]
+            outcome = finished_outcome(j["folders"][k], j["lineage"], j["budget"].to_dict(), j["names"][k], f, mine)
+            if outcome is not None:  # the run's failures are paired with the resumes of every fold
+                outcome.recoveries = [r for r in recoveries(before) if r.get(FOLD) == k and r.get(FAMILY, f) == f]
+            done[(f, k)] = outcome
+    return done
+
+
+def _fit_shared(
+    prepared: Prepared,
+    config: Config,
+    run_name: str,
+    fams: dict[str, dict[str, Any]],
+    todo: dict[str, dict[str, Any]],
+    shared: bool,
+    on_report: Callable[[dict[str, Any]], None],
+    auto_time: dict[str, float] | None,
+    not_earning: dict[str, Any] | None,
+) -> list[tuple[tuple[str | None, int | None], tuple[Any, dict[str, Any]]]]:
+    """train_shared's one Ray Train run (or local fit) of the families in todo: each checkpoint it reported with its
+    (family, fold) (family None: the run's one family), as Ray Train's best_checkpoints holds them."""
+    get_run_logger().info(
+        "training %s %sin one Ray Train run %s: %s worker(s)%s; %s each; storage %s",
+        ", ".join(f"{f} (folds {', '.join(map(str, j['folds']))})" for f, j in todo.items()),
+        "one family after another " if shared else "",
+        run_name,
+        "1" if shared else config.scaling.workers_label,
+        ", GPU" if config.scaling.use_gpu and not shared else "",
+        "; ".join(f"{f}: {j['budget'].describe()}" for f, j in todo.items()),
+        config.storage_path,
+    )
+    if shared:  # a failure an earlier attempt recorded is tried again (and the rule applied again)
+        for j in todo.values():
+            for record in (FAILED_FILE, LEFT_OUT_FILE):
+                fs, inner = filesystem_for(join(j["home"], record))
+                if fs.get_file_info(inner).type == FileType.File:
+                    fs.delete_file(inner)
+    path = run_dir(config, run_name)
+    one_split = not prepared.folds
+    os.environ[WORKER_GROUP_START_TIMEOUT] = f"{config.failure.worker_start_timeout_s:g}"
+    sets = [(prepared.train, prepared.val)] if one_split else prepared.folds  # one split: the families' fold 0
+    local = in_process(
+        config, run_scaling({f: config.for_family(f) for f in todo}), prepared.rows, prepared.materialized
+    )
+    with fit_reports(path, on_report, local) as callbacks:
+        if shared:
+            trainer = build_shared_trainer(
+                {f: config.for_family(f) for f in todo},
+                prepared.preprocessor,
+                run_name,
+                [(f, j["run"][len(run_name) + 1 :], j["folds"], j["after"]) for f, j in todo.items()],
+                {k: sets[k] for k in sorted({k for j in todo.values() for k in j["folds"]})},
+                {f: j["lineage"] for f, j in todo.items()},
+                callbacks=callbacks,
+                cache_shards=prepared.materialized,
+                auto_time=auto_time,
+                not_earning=not_earning,
+                local=local,
+            )
+        else:
+            ((only, j),) = fams.items()
+            trainer = build_trainer(
+                config.for_family(only),
+                prepared.preprocessor,
+                None,
+                None,
+                run_name,
+                cache_shards=prepared.materialized,
+                streamed=not prepared.materialized,
+                external_memory=j["budget"].external_memory,
+                lineage=j["lineage"],
+                callbacks=callbacks,
+                folds={k: prepared.folds[k] for k in j["folds"]},
+                local=local,
+            )
+        result = fit_run(trainer, path, config.scaling.workers_label, config.data.materialize)
+    if not shared and result.metrics and result.metrics.get(STOP_REASON):
+        raise TrainingError(
+            f"training stopped: {result.metrics[STOP_REASON]}; lower train.learning_rate or check the data"
+        )
+    if local:
+        return [((f, k), c) for f, j in todo.items() for k in j["folds"] for c in local_checkpoints([j["folders"][k]])]
+    return [((m.get(FAMILY), m.get(FOLD)), (ckpt, m)) for ckpt, m in result.best_checkpoints or []]
 
 
 def _left_out_in_shared_run(
