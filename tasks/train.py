@@ -122,20 +122,7 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
         log_rows(config.mlflow.tracking_uri, mlflow_run, [metrics])
         logged.add(int(metrics.get("epoch", -1)))
 
-    log.info(
-        "training %s (%s): %s worker(s)%s; %s; storage %s",
-        run_name,
-        family,
-        config.scaling.workers_label,
-        ", GPU" if config.scaling.use_gpu else "",
-        budget.describe(),
-        config.storage_path,
-    )
-    seen = len(read_events(path))
-    existed = latest_epoch(path) is not None
-    earlier = checkpoint_folders(path)
-    if existed:
-        log.info("run %s exists in %s: resuming from its latest checkpoint", run_name, config.storage_path)
+    seen, existed, earlier = _starting(config, path, run_name, family, budget)
     # read by Ray Train's controller and passed on from this process (Ray's own default is 60 s)
     os.environ[WORKER_GROUP_START_TIMEOUT] = f"{config.failure.worker_start_timeout_s:g}"
     started = time.monotonic()
@@ -156,46 +143,16 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
             local=local,
         )
         result = fit_run(trainer, path, config.scaling.workers_label, config.data.materialize)
-    if result.metrics and result.metrics.get(STOP_REASON):
-        raise TrainingError(
-            f"training stopped: {result.metrics[STOP_REASON]}; lower train.learning_rate or check the data"
-        )
+    check_not_stopped(result)
     if local:
         keep = resolved.checkpoint
         result = local_result(result, [path], keep.num_to_keep, keep.metric, keep.mode)
-    best, latest = result.best_checkpoints or [], result.checkpoint
-    checkpoints = []
-    for ckpt, metrics in best:
-        uri = with_scheme(config.storage_path, ckpt.path)  # Ray gives paths inside the storage filesystem
-        checkpoints.append({"path": uri, "epoch": int(metrics.get("epoch", -1)), "metrics": dict(metrics)})
-    history: list[dict[str, float]] = []
-    if latest is not None:
-        with latest.as_directory() as d:
-            history = read_metrics(d)["history"]
-    if not checkpoints:
-        raise TrainingError(f"run {run_name} finished without reporting a checkpoint")
-    held = {folder_name(c["path"]) for c in checkpoints}
-    if latest is not None:
-        held.add(folder_name(latest.path))
+    checkpoints, history, held = _kept(result, config.storage_path, run_name)
     remove_left_over(path, earlier, held, run_name)
     # the epochs the reports grouped away (and those before a resume), so MLflow holds every epoch
     log_rows(config.mlflow.tracking_uri, mlflow_run, [h for h in history if int(h.get("epoch", -1)) not in logged])
     events = read_events(path)
-    final = history[-1] if history else {}
-    unit = budget.unit
-    log.info(
-        "trained %d %s(s); the last: %s",
-        len(history),
-        unit,
-        ", ".join(
-            f"{k} {v:.4g}" for k, v in final.items() if k not in ("epoch", "epoch_time_s", "learning_rate", "workers")
-        ),
-    )
-    resized = run_resizes(events)
-    for r in resized:
-        log.info("%s resized at %s", run_name, describe_resize(r))
-    if resized:
-        tag_run(config.mlflow.tracking_uri, mlflow_run, "trainflow.resizes", "; ".join(map(describe_resize, resized)))
+    resized = _said_trained(config, mlflow_run, run_name, budget.unit, history, events)
     outcome = TrainOutcome(
         run_name=run_name,
         family=family,
@@ -214,6 +171,73 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
         json.dumps({"lineage": lineage, "budget": budget.to_dict(), "outcome": asdict(outcome)}, default=str),
     )
     return outcome
+
+
+def _starting(config: Config, path: str, run_name: str, family: str, budget: Any) -> tuple[int, bool, set[str]]:
+    """A fit about to start, said in the task's log (resuming, when its run has a checkpoint): what the run held
+    before it (its events, whether it has a checkpoint, its checkpoint folders)."""
+    log = get_run_logger()
+    log.info(
+        "training %s (%s): %s worker(s)%s; %s; storage %s",
+        run_name,
+        family,
+        config.scaling.workers_label,
+        ", GPU" if config.scaling.use_gpu else "",
+        budget.describe(),
+        config.storage_path,
+    )
+    existed = latest_epoch(path) is not None
+    if existed:
+        log.info("run %s exists in %s: resuming from its latest checkpoint", run_name, config.storage_path)
+    return len(read_events(path)), existed, checkpoint_folders(path)
+
+
+def check_not_stopped(result) -> None:
+    """TrainingError when a fit stopped itself (its loss diverged: the loop's STOP_REASON), saying what to change."""
+    if result.metrics and result.metrics.get(STOP_REASON):
+        raise TrainingError(
+            f"training stopped: {result.metrics[STOP_REASON]}; lower train.learning_rate or check the data"
+        )
+
+
+def _kept(result, storage_path: str, run_name: str) -> tuple[list[dict[str, Any]], list[dict[str, float]], set[str]]:
+    """What a fit's result holds: its checkpoints as records (URI, epoch, metrics), the history of its latest, and
+    the folder names it holds (those and the latest's); TrainingError when it reported none."""
+    checkpoints = []
+    for ckpt, metrics in result.best_checkpoints or []:
+        uri = with_scheme(storage_path, ckpt.path)  # Ray gives paths inside the storage filesystem
+        checkpoints.append({"path": uri, "epoch": int(metrics.get("epoch", -1)), "metrics": dict(metrics)})
+    if not checkpoints:
+        raise TrainingError(f"run {run_name} finished without reporting a checkpoint")
+    held = {folder_name(c["path"]) for c in checkpoints}
+    history: list[dict[str, float]] = []
+    if result.checkpoint is not None:
+        with result.checkpoint.as_directory() as d:
+            history = read_metrics(d)["history"]
+        held.add(folder_name(result.checkpoint.path))
+    return checkpoints, history, held
+
+
+def _said_trained(
+    config: Config, mlflow_run: Any, run_name: str, unit: str, history: list[dict[str, float]], events: list[dict]
+) -> list[dict[str, Any]]:
+    """The run's last figures and its resizes in the task's log (the resizes tagged on its MLflow run); the resizes."""
+    log = get_run_logger()
+    final = history[-1] if history else {}
+    log.info(
+        "trained %d %s(s); the last: %s",
+        len(history),
+        unit,
+        ", ".join(
+            f"{k} {v:.4g}" for k, v in final.items() if k not in ("epoch", "epoch_time_s", "learning_rate", "workers")
+        ),
+    )
+    resized = run_resizes(events)
+    for r in resized:
+        log.info("%s resized at %s", run_name, describe_resize(r))
+    if resized:
+        tag_run(config.mlflow.tracking_uri, mlflow_run, "trainflow.resizes", "; ".join(map(describe_resize, resized)))
+    return resized
 
 
 def remove_left_over(path: str, earlier: set[str], held: set[str], run_name: str) -> None:
@@ -536,10 +560,8 @@ def _fit_shared(
                 local=local,
             )
         result = fit_run(trainer, path, config.scaling.workers_label, config.data.materialize)
-    if not shared and result.metrics and result.metrics.get(STOP_REASON):
-        raise TrainingError(
-            f"training stopped: {result.metrics[STOP_REASON]}; lower train.learning_rate or check the data"
-        )
+    if not shared:
+        check_not_stopped(result)
     if local:
         return [((f, k), c) for f, j in todo.items() for k in j["folds"] for c in local_checkpoints([j["folders"][k]])]
     return [((m.get(FAMILY), m.get(FOLD)), (ckpt, m)) for ckpt, m in result.best_checkpoints or []]
