@@ -243,6 +243,9 @@ def test_a_replay_killed_between_a_fit_and_its_period_resumes_skips_the_empty_pe
             "split": {"time_column": "when"},
             "model": {"type": "xgboost", "params": {"xgboost": {"num_boost_round": 20}}},
             "train": {"folds": 1},
+            # the fits in the replay's own process, as on the Ray it starts itself: joined to this test's Ray, each
+            # would start a worker group (12 s here); what a worker's death does is tests/test_faults.py's
+            "scaling": {"local_mode": True},
             "storage_path": "runs",
             "mlflow": {"experiment": "history", "registered_model": "user-model"},
             "promotion": {"metric": "val_roc_auc", "mode": "max"},
