@@ -37,7 +37,6 @@ SIDE = (
     "tests/test_deployments.py",
     "tests/test_concurrent_runs.py",
     "tests/test_retry_exhausted.py",
-    "tests/test_degrade.py",
     "tests/test_cluster.py",
     "tests/test_s3.py",
     "tests/test_postgres.py",  # a PostgreSQL server of its own
@@ -46,7 +45,8 @@ SIDE = (
     "tests/test_week.py",  # (seven of them)
 )
 # tests/test_faults.py (fits that die and resume, 130 s) runs with the fits: measured 2026-12-02 with it here, this
-# worker took 1,119-1,164 s and the fits' 717-985 s
+# worker took 1,119-1,164 s and the fits' 717-985 s; tests/test_degrade.py (100 s) too, since the tests of one fit
+# train in local mode (2026-12-05: this worker's tests about 1,260 s, the fits' about 1,000 s without it)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
