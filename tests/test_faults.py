@@ -347,3 +347,33 @@ def test_a_local_mode_fit_ends_at_its_next_step_once_the_process_is_asked_to_sto
     finally:
         runtime._stop_requested.clear()
     assert [c["epoch"] for c in checkpoints_on_disk(path)] == [0]
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_a_local_mode_resume_loads_a_planted_checkpoints_weights_as_data_only(tmp_path):
+    # local mode resumes from the newest complete folder in the run's storage (trainer/checkpoint.py latest_in_run),
+    # as Ray Train from the latest it registered: a folder someone else wrote there, newer by its name, is read with
+    # the same loaders, so a pickle where the weights go is refused (torch.load weights_only) and never runs
+    import pickle
+    import shutil
+
+    from tests.faults import fit_here
+    from trainflow.config import trial_config
+    from trainflow.trainer.checkpoint import MODEL_FILE
+
+    cfg, prep, train, val = small_run(tmp_path)
+    cfg = trial_config(cfg.to_dict(), {"scaling.num_workers": 1, "train.epochs": 2, "checkpoint.min_interval_s": 0})
+    first = fit_here(cfg, prep, train, val, "planted")
+    marker = tmp_path / "payload-ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    newest = Path(first.checkpoint.path)
+    planted = newest.parent / "checkpoint_2999-01-01_00-00-00.000000"
+    shutil.copytree(newest, planted)
+    (planted / MODEL_FILE).write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(Exception, match="(?i)weights.only"):
+        fit_here(cfg, prep, train, val, "planted")
+    assert not marker.exists()
