@@ -87,7 +87,7 @@ def _confidence() -> float:
 
 def _promotes(challenger, champion, rows, prep) -> bool:
     """trainflow's gate decision on these rows (tasks/promote: decide, then the paired bootstrap's confidence)."""
-    from trainflow.tasks.promote import decide
+    from trainflow.tasks.gate_rules import decide
     from trainflow.trainer.evaluate import paired_bootstrap
 
     x, y = rows

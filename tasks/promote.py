@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
-
 import math
 import time
+from dataclasses import dataclass, field
 
 import mlflow
 from mlflow.entities import Metric, RunTag
@@ -19,7 +19,8 @@ from trainflow.preprocessors.tabular import SchemaDriftError
 from trainflow.tasks.common import retry_unless_user_error, task_logger
 from trainflow.trainer.resolve import allowed_class_paths, resolve_checkpoint
 from trainflow.tasks.values import Registered, Selected, Promotion
-from trainflow.trainer.evaluate import Scored, paired_bootstrap, score_checkpoint, slice_metrics
+from trainflow.trainer.evaluate import Scored, score_checkpoint
+from trainflow.tasks.gate_rules import Case, annotated_slices, below_floor, decide, judge
 from trainflow.config import Config
 from trainflow.errors import InfrastructureError
 from trainflow.folds import FoldPlan, plan_mismatch
@@ -32,27 +33,6 @@ AWAITING = "awaiting_approval"  # promotion.approval: required, the gate would p
 DEADLINE_TAG = "trainflow.promotion.approval_deadline"  # when an awaiting version's request times out (UTC)
 
 
-def decide(challenger: float | None, champion: float | None, mode: str, margin: float) -> tuple[bool, str]:
-    """(promote?, reason): promote when the challenger beats the champion by more than margin."""
-    if challenger is None or not math.isfinite(challenger):
-        return False, "the challenger's score is missing or not finite"
-    if champion is None or not math.isfinite(champion):
-        return True, "the champion's score is missing or not finite"
-    gain = challenger - champion if mode == "max" else champion - challenger
-    if gain > margin:
-        return True, f"improves on the champion by {gain:.6g} (> margin {margin:g})"
-    return False, f"does not improve on the champion by more than {margin:g} (change {gain:+.6g})"
-
-
-def below_floor(score: float | None, floor: float | None, mode: str) -> bool:
-    """True when a floor is set and score misses it (a missing or non-finite score misses any floor)."""
-    if floor is None:
-        return False
-    if score is None or not math.isfinite(score):
-        return True
-    return score < floor if mode == "max" else score > floor
-
-
 def _before_alias_move(version: str) -> None:
     """Test hook: called under the lock, after both models are scored and before the alias is re-read and moved."""
 
@@ -63,53 +43,6 @@ def _score(path: str, holdout: Rows, slices: tuple[str, ...], plan: FoldPlan | N
     except SchemaDriftError as exc:
         task_logger("promote").warning("model %s cannot score this holdout: %s", path, exc)
         return None
-
-
-def noise_check(challenger: Scored, champion: Scored, config: Config) -> tuple[dict | None, str | None]:
-    """(the paired bootstrap, a reason to keep the champion or None) for promotion.confidence."""
-    p = config.promotion
-    if p.confidence is None:
-        return None, None
-    boot = paired_bootstrap(challenger, champion, p.metric, p.mode, p.margin)
-    if boot["resamples"] and boot["share_not_better"] > 1.0 - p.confidence:
-        return boot, (
-            f"the gain {boot['gain']:+.6g} is within the holdout's noise: the challenger beats the champion by "
-            f"more than {p.margin:g} in {1 - boot['share_not_better']:.0%} of {boot['resamples']} paired bootstrap "
-            f"resamples, fewer than promotion.confidence {p.confidence:g}"
-        )
-    return boot, None
-
-
-def slice_check(slices: dict, champion: Scored | None, config: Config) -> str | None:
-    """Adds the champion's metric to every slice; a reason to reject when the challenger falls more than
-    promotion.max_slice_drop below it on a judged slice (the worst such slice named)."""
-    p = config.promotion
-    if champion is None:
-        return None
-    theirs = slice_metrics(champion, p.min_slice_rows)
-    worst = None
-    for column, values in slices.items():
-        for value, entry in values.items():
-            other = theirs.get(column, {}).get(value, {}).get(p.metric)
-            entry["champion_" + p.metric] = other
-            mine = entry.get(p.metric)
-            if (
-                other is None
-                or mine is None
-                or not (math.isfinite(other) and math.isfinite(mine))
-                or not entry["judged"]
-            ):
-                continue
-            drop = (other - mine) if p.mode == "max" else (mine - other)
-            if p.max_slice_drop is not None and drop > p.max_slice_drop and (worst is None or drop > worst[0]):
-                worst = (drop, column, value, mine, other, entry["rows"])
-    if worst is None:
-        return None
-    drop, column, value, mine, other, rows = worst
-    return (
-        f"on the slice {column}={value} ({rows} rows) its {p.metric} {mine:.6g} is {drop:.6g} worse than the "
-        f"champion's {other:.6g}, more than promotion.max_slice_drop {p.max_slice_drop:g}"
-    )
 
 
 def plan_problem(client, name: str, version: str, path: str, plan: FoldPlan | None) -> str | None:
@@ -172,8 +105,72 @@ def judged_note(mine: FoldPlan | None, theirs: FoldPlan | None, champion_version
     return None
 
 
-def _plans_differ(plan: FoldPlan | None) -> str:
-    return "its split is unknown" if plan is None else f"it was trained with {plan.describe()}"
+@dataclass
+class _Judging:
+    """One gate's inputs and what it learned of each champion version it scored (scored once each)."""
+
+    config: Config
+    holdout: Rows
+    challenger_path: str
+    version: str
+    judged_on: str
+    mine: Scored  # the challenger's outputs on every holdout row
+    champions: dict = field(default_factory=dict)  # version -> (theirs, ours, path, plan, mask, problem)
+
+    def case(self, client, name: str, champion_version: str | None) -> tuple[Case, str | None]:
+        """The comparison against champion_version (None: no champion) and its checkpoint folder."""
+        config, mine = self.config, self.mine
+        challenger = mine.metrics().get(config.promotion.metric) if len(mine.labels) else None
+        slices_asked = tuple(config.promotion.slices)
+        base = dict(config=config, version=self.version, champion_version=champion_version, challenger=challenger)
+        if champion_version is None or champion_version == self.version:
+            score = None if champion_version is None else challenger
+            plain = annotated_slices(mine, None, config) if slices_asked else None
+            judged = dict(challenger_judged=challenger, champion_score=score, judged_rows=len(mine.labels))
+            path = None if champion_version is None else self.challenger_path
+            return Case(**base, **judged, ours=mine, theirs=None, judged_on=self.judged_on, slices=plain), path
+        if champion_version not in self.champions:
+            self.champions[champion_version] = self._score_champion(client, name, champion_version, slices_asked)
+        theirs, ours, path, plan, mask, problem = self.champions[champion_version]
+        if mask is not None and theirs is not None:  # only the rows neither model trained or chose on
+            theirs, ours = theirs.subset(theirs.held_out), ours.subset(ours.held_out)
+        metric, rows = config.promotion.metric, len(ours.labels)
+        judged = dict(
+            challenger_judged=ours.metrics().get(metric) if rows else None,
+            champion_score=theirs.metrics().get(metric) if theirs is not None and len(theirs.labels) else None,
+            judged_rows=rows,
+        )
+        slices = annotated_slices(ours, theirs, config) if slices_asked else None
+        return Case(**base, **judged, ours=ours, theirs=theirs, judged_on=self.judged_on, plan=plan, problem=problem,
+                    slices=slices), path  # fmt: skip
+
+    def _score_champion(self, client, name: str, champion_version: str, slices_asked: tuple[str, ...]) -> tuple:
+        config, uri = self.config, self.config.mlflow.tracking_uri
+        path = resolve_checkpoint(f"models:/{name}/{champion_version}", allowed_class_paths(config), uri)
+        plan, mine_plan = stored_plan(path), stored_plan(self.challenger_path)
+        # the same split (the usual nightly case): every test row is held out from both, no row check
+        same = plan is not None and mine_plan is not None and plan.holds_out_every_test_row_of(mine_plan)
+        mask = None if same else plan
+        theirs = _score(path, self.holdout, slices_asked, mask)
+        ours = (
+            self.mine
+            if mask is None
+            else score_checkpoint(self.challenger_path, self.holdout, slices_asked, held_out=mask)
+        )
+        return theirs, ours, path, plan, mask, plan_problem(client, name, champion_version, path, plan)
+
+
+def _compared(case: Case) -> tuple[bool, str]:
+    """The scores' comparison alone (promotion.margin), before the rules."""
+    if case.champion_version is None:
+        return True, "first model: there is no champion yet"
+    if case.champion_version == case.version:  # a retry of this task after the alias moved
+        return True, "already the champion (its earlier gate moved the alias: a retried task or a rerun)"
+    p = case.config.promotion
+    promote_it, reason = decide(case.challenger_judged, case.champion_score, p.mode, p.margin)
+    if case.champion_score is None and promote_it:
+        reason = "the champion cannot score the current holdout (its schema or classes differ)"
+    return promote_it, reason
 
 
 def gate(
@@ -188,8 +185,9 @@ def gate(
 ) -> Promotion:
     """Score the challenger and the current @champion on the same holdout and move the alias on a win, as one
     compare-and-set: under a lock per registered model (CLI, deployments and tune all take it), and the alias
-    is read again right before it moves; a champion that changed meanwhile is scored in its turn. scored: the
-    challenger's outputs on holdout with the slice columns, as it serves them (calibrate's), else scored here.
+    is read again right before it moves; a champion that changed meanwhile is scored in its turn. The scores'
+    comparison first, then each of tasks/gate_rules.py's RULES. scored: the challenger's outputs on holdout with the
+    slice columns, as it serves them (calibrate's), else scored here.
     alias: another alias than @champion (a replay policy's, flows/replay.py): the same decision moves that alias
     alone, and records nothing else (no decision tags on the challenger's run, no event, no @champion history).
     With promotion.approval required, a promotion moves the alias only with a person's answer (answer: approve,
@@ -198,17 +196,9 @@ def gate(
     recorded = alias == CHAMPION
     asks = recorded and (config.promotion.approval == "required" or answer is not None)
     log = task_logger("promote")
-    metric, mode, margin = config.promotion.metric, config.promotion.mode, config.promotion.margin
     name, version = registered.model_name, registered.model_version
-    slices_asked = tuple(config.promotion.slices)
-    mine = scored if scored is not None else score_checkpoint(challenger_path, holdout, slices_asked)
-    challenger = mine.metrics().get(metric) if len(mine.labels) else None
-    slices = slice_metrics(mine, config.promotion.min_slice_rows) if slices_asked else None
-    confidence = None
-    floor = config.promotion.min_score
-    missed = below_floor(challenger, floor, mode)
-    scored: dict[str, tuple] = {}
-    judged_rows, challenger_judged = len(mine.labels), challenger
+    mine = scored if scored is not None else score_checkpoint(challenger_path, holdout, tuple(config.promotion.slices))
+    judging = _Judging(config, holdout, challenger_path, version, judged_on, mine)
     uri = config.mlflow.tracking_uri
     # an explicit client, not MLflow's process-wide tracking URI: gates of two models may run at once in one process
     with exclusive("champion", name, uri):
@@ -218,77 +208,9 @@ def gate(
         champion_version = current_champion(client, name, alias)
         decision = None
         for _ in range(5):  # a champion moved by a run outside the lock: score the new one
-            champion_score, champion_path = None, None
-            if champion_version is None:
-                promote_it, reason = True, "first model: there is no champion yet"
-            elif champion_version == version:  # a retry of this task after the alias moved
-                champion_score, champion_path = challenger, challenger_path
-                promote_it, reason = (
-                    True,
-                    "already the champion (its earlier gate moved the alias: a retried task or a rerun)",
-                )
-            else:
-                if champion_version not in scored:
-                    path = resolve_checkpoint(f"models:/{name}/{champion_version}", allowed_class_paths(config), uri)
-                    plan = stored_plan(path)
-                    mine_plan = stored_plan(challenger_path)
-                    # the same split (the usual nightly case): every test row is held out from both, no row check
-                    same = plan is not None and mine_plan is not None and plan.holds_out_every_test_row_of(mine_plan)
-                    mask = None if same else plan
-                    theirs_all = _score(path, holdout, slices_asked, mask)
-                    ours_all = (
-                        mine
-                        if mask is None
-                        else score_checkpoint(challenger_path, holdout, slices_asked, held_out=mask)
-                    )
-                    problem = plan_problem(client, name, champion_version, path, plan)
-                    scored[champion_version] = (theirs_all, ours_all, path, plan, mask, problem)
-                theirs, ours, champion_path, plan, mask, problem = scored[champion_version]
-                if mask is not None and theirs is not None:  # only the rows neither model trained or chose on
-                    theirs, ours = theirs.subset(theirs.held_out), ours.subset(ours.held_out)
-                judged_rows = len(ours.labels)
-                challenger_judged = ours.metrics().get(metric) if judged_rows else None
-                champion_score = theirs.metrics().get(metric) if theirs is not None and len(theirs.labels) else None
-                promote_it, reason = decide(challenger_judged, champion_score, mode, margin)
-                if champion_score is None and promote_it:
-                    reason = "the champion cannot score the current holdout (its schema or classes differ)"
-                if theirs is not None and slices is not None:
-                    slices = slice_metrics(ours, config.promotion.min_slice_rows)
-                    rejected = slice_check(slices, theirs, config)
-                    if promote_it and rejected:
-                        promote_it, reason = False, rejected
-                if promote_it and theirs is not None and champion_score is not None:
-                    confidence, noisy = noise_check(ours, theirs, config)
-                    if noisy:
-                        promote_it, reason = False, noisy
-                if problem:
-                    promote_it, reason = (
-                        False,
-                        (
-                            f"champion v{champion_version}'s stored split plan (split.json) does not match its own training "
-                            f"({problem}): which rows it never trained on is unknown, so no promotion on that evidence"
-                        ),
-                    )
-                elif (promote_it or not judged_rows) and judged_rows < config.promotion.min_test_rows:
-                    promote_it, reason = (
-                        False,
-                        (
-                            f"only {judged_rows} {judged_on} rows are held out from both the challenger and champion "
-                            f"v{champion_version} ({_plans_differ(plan)}), fewer than promotion.min_test_rows "
-                            f"{config.promotion.min_test_rows}: no promotion on that evidence"
-                        ),
-                    )
-            if missed and champion_version != version:
-                promote_it, reason = (
-                    False,
-                    (
-                        f"{metric} {challenger:.6g} misses the floor promotion.min_score {floor:g}: registered, never "
-                        "@champion"
-                        if challenger is not None and math.isfinite(challenger)
-                        else f"{metric} is missing or not finite, below the floor promotion.min_score {floor:g}"
-                    ),
-                )
-            if promote_it and asks and champion_version != version:
+            case, champion_path = judging.case(client, name, champion_version)
+            promote_it, reason, checks = judge(case, *_compared(case))
+            if promote_it and asks and case.against_champion:
                 promote_it, reason, decision = judged_by_person(answer, reason)
             if not promote_it:
                 break
@@ -304,68 +226,98 @@ def gate(
         else:
             raise InfrastructureError(f"{name}@{alias} kept moving during the gate; the alias was left as it is")
         if promote_it and recorded:  # the alias's history (trainflow/champion.py), still locked
-            by = f"the gate (MLflow run {registered.run_id}, Prefect flow run {flow_run.get_id() or 'none'})"
-            try:
-                if champion_version != version:
-                    record_move(client, name, champion_version, version, reason, by)
-                else:  # moved by this version's earlier gate, which may have died before recording it
-                    record_missed_move(client, name, version, reason, by)
-            except Exception as exc:  # noqa: BLE001 - the alias moved; a history MLflow refuses is a warning
-                log.warning(
-                    "promotion: v%s is @%s; the move was not added to its history: %s: %s",
-                    version,
-                    CHAMPION,
-                    type(exc).__name__,
-                    exc,
-                )
-        result = Promotion(
-            decision=decision or (PROMOTED if promote_it else NOT_PROMOTED),
-            reason=reason,
-            metric=metric,
-            mode=mode,
-            margin=margin,
-            min_score=floor,
-            below_floor=missed,
-            model_name=name,
-            challenger_version=version,
-            challenger_score=challenger_judged,
-            champion_version=champion_version,
-            champion_score=champion_score,
-            serving_version=version if promote_it else champion_version,
+            _record_history(client, registered, champion_version, reason)
+        theirs_plan = judging.champions[champion_version][3] if champion_version in judging.champions else None
+        result = _promotion(
+            case, decision or (PROMOTED if promote_it else NOT_PROMOTED), reason, checks, registered, mine,
             serving_checkpoint=challenger_path if promote_it else champion_path,
-            confidence=confidence,
-            slices=slices,
-            calibration=mine.calibration() if len(mine.labels) else None,
-            judged_on=judged_on,
-            rows=judged_rows,
             judged_rows_note=judged_note(
-                stored_plan(challenger_path),
-                scored[champion_version][3] if champion_version in scored else None,
-                champion_version if champion_version != version else None,
-                judged_rows,
+                stored_plan(challenger_path), theirs_plan, champion_version if case.against_champion else None,
+                case.judged_rows,
             ),
-        )
-        tags = {
-            DECISION_TAG: result.decision,
-            "trainflow.promotion.reason": reason,
-            "trainflow.promotion.metric": f"{metric} ({mode}, margin {margin:g})",
-            # both on the judged rows (those held out from both); the challenger's on all its test rows beside them
-            "trainflow.promotion.challenger_score": str(challenger_judged),
-            "trainflow.promotion.judged_rows": str(judged_rows),
-            "trainflow.promotion.challenger_score_all_test_rows": f"{challenger} ({len(mine.labels)} rows)",
-            "trainflow.promotion.champion_score": str(champion_score),
-            "trainflow.promotion.champion_version": str(champion_version),
-            "trainflow.promotion.floor": "none"
-            if floor is None
-            else f"{'missed' if missed else 'met'} ({metric} {floor:g})",
-        }
-        if decision == AWAITING:
-            deadline = time.time() + config.promotion.approval_timeout_h * 3600
-            tags[DEADLINE_TAG] = dt.datetime.fromtimestamp(deadline, dt.timezone.utc).isoformat(timespec="seconds")
+        )  # fmt: skip
         if recorded:
-            record_decision(client, result, registered.run_id, tags)
-    if not recorded:
-        return result
+            record_decision(client, result, registered.run_id, _tags(result, case, len(mine.labels)))
+    if recorded:
+        _announce(result)
+    return result
+
+
+def _record_history(client, registered: Registered, champion_version: str | None, reason: str) -> None:
+    """The alias's move in its history (trainflow/champion.py); a history MLflow refuses is a warning."""
+    name, version = registered.model_name, registered.model_version
+    by = f"the gate (MLflow run {registered.run_id}, Prefect flow run {flow_run.get_id() or 'none'})"
+    try:
+        if champion_version != version:
+            record_move(client, name, champion_version, version, reason, by)
+        else:  # moved by this version's earlier gate, which may have died before recording it
+            record_missed_move(client, name, version, reason, by)
+    except Exception as exc:  # noqa: BLE001 - the alias moved
+        task_logger("promote").warning(
+            "promotion: v%s is @%s; the move was not added to its history: %s: %s",
+            version,
+            CHAMPION,
+            type(exc).__name__,
+            exc,
+        )
+
+
+def _promotion(
+    case: Case, decision: str, reason: str, checks: list, registered: Registered, mine: Scored, **where: str | None
+) -> Promotion:
+    """The gate's result; mine: the challenger's outputs on every holdout row; where: serving_checkpoint (the
+    @champion's checkpoint folder after the gate) and judged_rows_note."""
+    p, promoted = case.config.promotion, decision == PROMOTED
+    return Promotion(
+        decision=decision,
+        reason=reason,
+        metric=p.metric,
+        mode=p.mode,
+        margin=p.margin,
+        min_score=p.min_score,
+        below_floor=below_floor(case.challenger, p.min_score, p.mode),
+        model_name=registered.model_name,
+        challenger_version=case.version,
+        challenger_score=case.challenger_judged,
+        champion_version=case.champion_version,
+        champion_score=case.champion_score,
+        serving_version=case.version if promoted else case.champion_version,
+        confidence=case.confidence,
+        slices=case.slices,
+        calibration=mine.calibration() if len(mine.labels) else None,
+        judged_on=case.judged_on,
+        rows=case.judged_rows,
+        checks=checks,
+        **where,
+    )
+
+
+def _tags(result: Promotion, case: Case, all_rows: int) -> dict[str, str]:
+    """The decision's tags on the version and its run."""
+    metric, mode, margin, floor = result.metric, result.mode, result.margin, result.min_score
+    tags = {
+        DECISION_TAG: result.decision,
+        "trainflow.promotion.reason": result.reason,
+        "trainflow.promotion.metric": f"{metric} ({mode}, margin {margin:g})",
+        # both on the judged rows (those held out from both); the challenger's on all its test rows beside them
+        "trainflow.promotion.challenger_score": str(result.challenger_score),
+        "trainflow.promotion.judged_rows": str(result.rows),
+        "trainflow.promotion.challenger_score_all_test_rows": f"{case.challenger} ({all_rows} rows)",
+        "trainflow.promotion.champion_score": str(result.champion_score),
+        "trainflow.promotion.champion_version": str(result.champion_version),
+        "trainflow.promotion.floor": "none"
+        if floor is None
+        else f"{'missed' if result.below_floor else 'met'} ({metric} {floor:g})",
+    }
+    if result.decision == AWAITING:
+        deadline = time.time() + case.config.promotion.approval_timeout_h * 3600
+        tags[DEADLINE_TAG] = dt.datetime.fromtimestamp(deadline, dt.timezone.utc).isoformat(timespec="seconds")
+    return tags
+
+
+def _announce(result: Promotion) -> None:
+    """The decision as a Prefect event (trainflow.model.<decision>) and a log line."""
+    log, name = task_logger("promote"), result.model_name
     try:
         emit_event(
             event=f"trainflow.model.{result.decision}",
@@ -376,21 +328,21 @@ def gate(
         log.warning(
             "promotion: the decision stands; its Prefect event was not emitted (%s: %s)", type(exc).__name__, exc
         )
-    against = "no champion" if champion_version is None else f"champion v{champion_version} {_fmt(champion_score)}"
+    champion = result.champion_version
+    against = "no champion" if champion is None else f"champion v{champion} {_fmt(result.champion_score)}"
     # the figures are the judged rows' (test rows), not the validation split's that the metric's name says
     log.info(
         "promotion: %s v%s on %d %s rows (%s on them %s vs %s; %s is better): %s",
         result.decision,
-        version,
-        judged_rows,
-        judged_on,
-        metric.removeprefix("val_"),
-        _fmt(challenger_judged),
+        result.challenger_version,
+        result.rows,
+        result.judged_on,
+        result.metric.removeprefix("val_"),
+        _fmt(result.challenger_score),
         against,
-        "higher" if mode == "max" else "lower",
-        reason,
+        "higher" if result.mode == "max" else "lower",
+        result.reason,
     )
-    return result
 
 
 def judged_by_person(answer: dict | None, reason: str) -> tuple[bool, str, str]:

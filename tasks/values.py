@@ -157,6 +157,7 @@ class Promotion:
     judged_on: str = "test"  # the rows the scores come from: the test role (validation where the plan has none)
     rows: int = 0  # how many: with a champion, the rows held out from both models
     judged_rows_note: str | None = None  # by time or group: which rows those are, and why they tell the models apart
+    checks: list = field(default_factory=list)  # the gate's rules' lines (tasks/gate_rules.py): rule, line
 
     def record(self) -> dict:
         """The summary JSON's `promotion` entry (slices and calibration have their own summary keys)."""

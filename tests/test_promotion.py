@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from trainflow.tasks.promote import decide
+from trainflow.tasks.gate_rules import decide
 from trainflow.config import config_from_dict
 from trainflow.errors import ConfigError
 

@@ -269,6 +269,13 @@ def test_a_floor_keeps_a_weak_model_from_champion_the_first_one_included(tmp_pat
     assert tags["trainflow.promotion.floor"] == "missed (val_loss 0.1)"
     good = promote.gate(cfg, holdout, checkpoint(1.0), _register(cfg, checkpoint(1.0)))
     assert (good.decision, good.below_floor, _champion(cfg)) == ("promoted", False, "2")
+    # the floor rule's line in the summary (tasks/gate_rules.py), printed under the decision
+    from trainflow.flows.cli.render import format_summary
+
+    said = {"rule": "floor", "line": "floor: {} (val_loss at least as good as promotion.min_score 0.1)"}
+    assert weak.checks == [{**said, "line": said["line"].format("missed")}]
+    assert good.checks == [{**said, "line": said["line"].format("met")}]
+    assert " floor: met (val_loss" in format_summary({"promotion": good.record()})
     # the model card says why nothing serves while no version has met the floor
     from trainflow.tasks.report import _serving_line
 
@@ -311,6 +318,14 @@ def test_the_gate_judges_slices_and_noise(tmp_path):
     won = promote.gate(loose, holdout, challenger, _register(cfg, challenger))
     assert won.decision == "promoted" and won.confidence["share_not_better"] == 0.0 and won.confidence["gain_p05"] > 0
     assert won.confidence["paired"] is True
+    assert won.checks == [
+        {
+            "rule": "confidence",
+            "line": "confidence: beats the champion by more than 0 in 100% of 100 paired bootstrap resamples "
+            "(promotion.confidence 0.95)",
+        }
+    ]
+    assert result.checks == []  # the slice rule kept it out before the bootstrap ran
     # a challenger that differs from the champion by noise only is kept out by promotion.confidence: the weight
     # mirrored across the best one fits as well on average, and wins on about half of the resampled holdouts
     from trainflow.preprocessors.tabular import TabularPreprocessor

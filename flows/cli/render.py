@@ -174,6 +174,7 @@ def format_summary(s: dict[str, Any]) -> str:
             f"  promotion         {p.get('decision')} on {p.get('rows')} {p.get('judged_on', 'validation')} rows: "
             f"{p.get('reason')}"
         )
+        lines += [f"{'':<20}{check['line']}" for check in p.get("checks") or []]  # tasks/gate_rules.py RULES
         if p.get("judged_rows_note"):
             lines.append(f"  judged rows       {p['judged_rows_note']}")
     retention = [format_gc_summary(s["retention"])] if s.get("retention") else []
