@@ -161,7 +161,7 @@ def test_init_never_replaces_a_file_that_appeared_while_it_wrote(tmp_path):
     # the exists check runs before the table is read; the write itself (a hard link of the finished temp file)
     # fails too when the file appeared in between, and leaves no temp file behind
     from trainflow.errors import TrainflowError
-    from trainflow.flows.cli.commands import write_out as write_text_atomic
+    from trainflow.flows.cli.output import write_out as write_text_atomic
 
     target = tmp_path / "trainflow.yaml"
     target.write_text("theirs\n")

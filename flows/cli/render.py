@@ -1,8 +1,8 @@
-"""How each command's summary reads for a person (the JSON itself: --summary-json)."""
+"""The summary parts several commands share: a training run's (retrain, tune), its scoring lines (predict too) and
+retention's (gc too), as a person reads them (the JSON itself: --summary-json)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 
@@ -33,7 +33,7 @@ def format_summary(s: dict[str, Any]) -> str:
             f"  skipped           {s['skipped']['reason']}",
             f"  data              {s.get('data_path')} (fingerprint {s.get('data_fingerprint')})",
         ]
-        return "\n".join(lines + _scoring_lines(s))
+        return "\n".join(lines + scoring_lines(s))
     best = s.get("best_checkpoint") or {}
     metrics = best.get("metrics") or {}
     shown = {k: v for k, v in metrics.items() if k.startswith("val_") or k == "train_loss"}
@@ -178,112 +178,10 @@ def format_summary(s: dict[str, Any]) -> str:
         if p.get("judged_rows_note"):
             lines.append(f"  judged rows       {p['judged_rows_note']}")
     retention = [format_gc_summary(s["retention"])] if s.get("retention") else []
-    return "\n".join(lines + _scoring_lines(s) + retention)
+    return "\n".join(lines + scoring_lines(s) + retention)
 
 
-def format_predict_summary(s: dict[str, Any]) -> str:
-    """`trainflow predict`'s summary: the model that scored, where the predictions went, drift (the JSON behind it:
-    --summary-json)."""
-    lines = [
-        "",
-        "trainflow summary",
-        f"  model             {s.get('model')}"
-        + (f" ({s['model_version_uri']})" if s.get("model_version_uri") not in (None, s.get("model")) else ""),
-    ]
-    return "\n".join(lines + _scoring_lines({**s, "predictions_model_version": None}))
-
-
-def format_monitor_summary(s: dict[str, Any]) -> str:
-    """`trainflow monitor`'s summary: the verdict and the figures behind it (the JSON: --summary-json)."""
-    m = s.get("monitor") or {}
-    f = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
-    return "\n".join(
-        [
-            "",
-            "trainflow summary",
-            f"  model             {m.get('model_uri')}",
-            f"  labelled rows     {m.get('rows')} of {m.get('predictions')} predictions (coverage {m.get('coverage', 0):.0%})"
-            if not m.get("estimated")
-            else f"  estimated         from the probabilities of {m.get('predictions')} predictions "
-            "(CBPE: no labels; holds while they stay calibrated)",
-            f"  {m.get('metric', 'metric'):<18}{'estimated' if m.get('estimated') else 'live'} {f(m.get('live_score'))}, "
-            f"at registration {f(m.get('validation_score'))}"
-            + (f" ({m['baseline_on']})" if m.get("baseline_on") else "")
-            + f", drop {f(m.get('drop'))} (max {m.get('max_drop')})",
-            f"  verdict           {m.get('verdict')}",
-            *(
-                [
-                    f"  estimated         {m['metric']} {f(m['estimated_metrics'].get(m['metric']))} from the probabilities of "
-                    f"the same rows (CBPE), against {f(m.get('live_score'))} from their labels"
-                ]
-                if m.get("estimated_metrics") and m.get("metric") in m["estimated_metrics"]
-                else []
-            ),
-        ]
-    )
-
-
-def format_replay_summary(s: dict[str, Any]) -> str:
-    """`trainflow replay`'s summary: each period's score per policy (+: retrained and promoted, =: retrained, the gate
-    kept the model serving), each policy's totals and the recommendation (the JSON: --summary-json)."""
-    r = s.get("replay") or {}
-    policies = list(r.get("policies") or {})
-    f = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
-    shown = str(r.get("metric", "metric")).removeprefix("val_")
-    lines = [
-        "",
-        "trainflow replay",
-        f"  run name          {s.get('run_name')}",
-        f"  metric            {shown} ({'higher' if r.get('mode') == 'max' else 'lower'} is better; + retrained and "
-        "promoted, = retrained and kept out by the gate)",
-        "  " + f"{'period':<7}{'from':<12}{'to':<12}{'rows':>7}  " + "".join(f"{p:>10}" for p in policies),
-    ]
-    for period in r.get("periods") or []:
-        cells = []
-        for p in policies:
-            v = period["policies"].get(p) or {}
-            mark = ("+" if v.get("promoted") else "=") if v.get("trained") else " "
-            cells.append(f"{f(v.get('score')) + mark:>10}")
-        note = f"  ({period['note']})" if period.get("note") else ""
-        lines.append(
-            f"  {period['period']:<7}{period['start']:<12}{period['end']:<12}{period['rows']:>7}  {''.join(cells)}{note}"
-        )
-    lines.append("  " + f"{'policy':<10}{'mean':>9}{'regret':>9}{'train s':>10}{'retrains':>10}{'promotions':>12}")
-    for p, t in (r.get("policies") or {}).items():
-        lines.append(
-            f"  {p:<10}{f(t.get('mean_score')):>9}{f(t.get('regret')):>9}{t.get('training_s', 0):>10.1f}"
-            f"{t.get('retrains', 0):>10}{t.get('promotions', 0):>12}"
-        )
-    lines.append(f"  recommendation    {r.get('recommendation')}")
-    if r.get("folder"):
-        lines.append(f"  predictions       {r['folder']}/predictions (policy=<name>/period=<k>: id, prediction, label)")
-    return "\n".join(lines)
-
-
-def format_validate_summary(s: dict[str, Any]) -> str:
-    """`trainflow validate`'s summary: what a retrain would train on (the JSON: --summary-json)."""
-    feats = s.get("features") or {}
-    lines = [
-        "",
-        "trainflow summary",
-        "  valid             yes: every check a retrain makes before training passed",
-        f"  data              {s.get('data_path')} ({s.get('rows')} rows, task {s.get('task')})",
-        f"  split             {s.get('train_rows')} training, {s.get('validation_rows')} validation, "
-        f"{s.get('test_rows')} test rows" + (f", {s['folds']} folds" if (s.get("folds") or 1) > 1 else ""),
-        *([f"  roles             {s['split']}"] if s.get("split") else []),
-        *([f"  note              {s['split_note']}"] if s.get("split_note") else []),
-        f"  features          {len(feats.get('numeric') or [])} numeric, {len(feats.get('text') or [])} text, "
-        f"{len(feats.get('dates') or [])} date -> {s.get('packed_features')} packed",
-        f"  families          {', '.join(s.get('families') or {}) or '-'}",
-    ]
-    for family, why in (s.get("families_left_out") or {}).items():
-        lines.append(f"    {family:<10} left out: {why}")
-    if s.get("inference_input"):
-        lines.append(f"  scoring           {s['inference_input']} -> {s.get('inference_output')}")
-    return "\n".join(lines)
-
-
-def _scoring_lines(s: dict[str, Any]) -> list[str]:
+def scoring_lines(s: dict[str, Any]) -> list[str]:
     lines = []
     if s.get("predictions_path"):
         version = s.get("predictions_model_version")
@@ -313,27 +211,6 @@ def _scoring_lines(s: dict[str, Any]) -> list[str]:
     return lines
 
 
-def format_champion_summary(s: dict[str, Any]) -> str:
-    """`trainflow champion`'s answer for a person (the JSON: --summary-json)."""
-    if "moved" in s:
-        return (
-            f"{s['model']}@champion -> version {s['champion']} ({s['why']}; was {s.get('previous')}, {s.get('by')})"
-            if s["moved"]
-            else f"{s['model']}: {s['why']}; nothing moved"
-        )
-    rows = s["history"] if "history" in s else [s["period"]] if s.get("period") else []
-    if not rows:
-        return f"{s['model']}: no recorded @champion period" + (f" covers {s['at']}" if "at" in s else "")
-    lines = [f"{'version':>7}  {'since':25}  {'until':25}  why"]
-    for r in rows:
-        replaced = f"; replaced by v{r['replaced_by']}: {r.get('replaced_why')}" if r.get("replaced_by") else ""
-        lines.append(
-            f"{r['version']:>7}  {r.get('since') or '?':25}  {r.get('until') or 'serving':25}  "
-            f"{r.get('why')} ({r.get('by')}){replaced}"
-        )
-    return "\n".join(lines)
-
-
 def format_gc_summary(s: dict[str, Any]) -> str:
     """`trainflow gc`'s answer (and the retrain summary's retention lines): what went, what stayed, why."""
     if "error" in s:
@@ -351,21 +228,3 @@ def format_gc_summary(s: dict[str, Any]) -> str:
     if not s["removed"] and not s["kept"]:
         lines.append("    (no retrain of this model is recorded there: runs from before retention are never removed)")
     return "\n".join(lines)
-
-
-RENDERERS = {
-    "retrain": format_summary,
-    "tune": format_summary,
-    "predict": format_predict_summary,
-    "monitor": format_monitor_summary,
-    "validate": format_validate_summary,
-    "replay": format_replay_summary,
-    "champion": format_champion_summary,
-    "gc": format_gc_summary,
-}
-
-
-def render(command: str, summary: dict[str, Any]) -> str:
-    """The summary of command as a person reads it."""
-    formatter = RENDERERS.get(command)
-    return formatter(summary) if formatter else json.dumps(summary, indent=2, default=str)
