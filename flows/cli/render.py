@@ -24,22 +24,23 @@ def _weights(s: dict[str, Any]) -> str:
 
 
 def format_summary(s: dict[str, Any]) -> str:
-    from trainflow.trainer.backtest import backtest_line
-
+    """A retrain's or a sweep's summary for a person (the JSON: --summary-json)."""
+    head = ["", "trainflow summary"]
     if s.get("skipped"):
         lines = [
-            "",
-            "trainflow summary",
             f"  skipped           {s['skipped']['reason']}",
             f"  data              {s.get('data_path')} (fingerprint {s.get('data_fingerprint')})",
         ]
-        return "\n".join(lines + scoring_lines(s))
+        return "\n".join(head + lines + scoring_lines(s))
+    retention = [format_gc_summary(s["retention"])] if s.get("retention") else []
+    parts = (_run_lines, _scores_lines, _sweep_lines, _candidate_lines, _training_lines, _gate_lines, scoring_lines)
+    return "\n".join(head + [line for part in parts for line in part(s)] + retention)
+
+
+def _run_lines(s: dict[str, Any]) -> list[str]:
+    """What trained: the run, its data, the family and its best checkpoint."""
     best = s.get("best_checkpoint") or {}
-    metrics = best.get("metrics") or {}
-    shown = {k: v for k, v in metrics.items() if k.startswith("val_") or k == "train_loss"}
-    lines = [
-        "",
-        "trainflow summary",
+    return [
         *(
             [
                 f"  already finished  run {s.get('run_name')} finished at {s['already_finished']} on the same data and "
@@ -64,6 +65,16 @@ def format_summary(s: dict[str, Any]) -> str:
                 f"{best.get('epoch')}: {best.get('path')}",
             ]
         ),
+    ]
+
+
+def _scores_lines(s: dict[str, Any]) -> list[str]:
+    """The scores that chose the model and the test rows' beside them, the roles, the backtest, the MLflow run."""
+    from trainflow.trainer.backtest import backtest_line
+
+    metrics = (s.get("best_checkpoint") or {}).get("metrics") or {}
+    shown = {k: v for k, v in metrics.items() if k.startswith("val_") or k == "train_loss"}
+    return [
         *(
             [
                 "  validation        "
@@ -94,6 +105,11 @@ def format_summary(s: dict[str, Any]) -> str:
         *([f"  backtest          {backtest_line(s['backtest'])}"] if s.get("backtest") else []),
         f"  mlflow            run {s.get('mlflow_run_id')}, model {s.get('model_uri')}",
     ]
+
+
+def _sweep_lines(s: dict[str, Any]) -> list[str]:
+    """A sweep's trials, best first."""
+    lines: list[str] = []
     if s.get("trials"):
         b, metric = s.get("best_trial") or {}, s.get("tune_metric")
         lines.append(
@@ -109,6 +125,12 @@ def format_summary(s: dict[str, Any]) -> str:
                 f"    {t.get('trial_id')}  {params}  {metric}={'-' if score is None else f'{score:.4f}'}"
                 f" after {t.get('epochs_run')} epoch(s), {t.get('status')}"
             )
+    return lines
+
+
+def _candidate_lines(s: dict[str, Any]) -> list[str]:
+    """The candidates by the score that chose among them, the families left out and why."""
+    lines: list[str] = []
     if s.get("candidates"):
         metric = (s.get("promotion") or {}).get("metric")
         tested = metric.replace("val_", "test_", 1) if metric else None
@@ -135,6 +157,12 @@ def format_summary(s: dict[str, Any]) -> str:
     for member in (s.get("ensemble") or {}).get("members", []):
         if member.get("left_out"):
             lines.append(f"    {member['family']:<10} not in the ensemble: {member['left_out']}")
+    return lines
+
+
+def _training_lines(s: dict[str, Any]) -> list[str]:
+    """How the training went: the time budget, a warm start, recoveries, families that failed."""
+    lines: list[str] = []
     budget = s.get("time_budget") or {}
     if budget.get("rule") or budget.get("cut_short"):
         cut = ", ".join(f"{run} after step {step}" for run, step in (budget.get("cut_short") or {}).items())
@@ -157,6 +185,12 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(f"  recovered         {describe_recovered(s['recovered'])}")
     for family, why in (s.get("families_failed") or {}).items():
         lines.append(f"    {family:<10} failed, left out (the other families went on): {why}")
+    return lines
+
+
+def _gate_lines(s: dict[str, Any]) -> list[str]:
+    """What the model relies on, its calibration, and the gate's decision with its rules' lines."""
+    lines: list[str] = []
     if s.get("feature_importance"):
         lines.append(
             "  relies on         "
@@ -177,8 +211,7 @@ def format_summary(s: dict[str, Any]) -> str:
         lines += [f"{'':<20}{check['line']}" for check in p.get("checks") or []]  # tasks/gate_rules.py RULES
         if p.get("judged_rows_note"):
             lines.append(f"  judged rows       {p['judged_rows_note']}")
-    retention = [format_gc_summary(s["retention"])] if s.get("retention") else []
-    return "\n".join(lines + scoring_lines(s) + retention)
+    return lines
 
 
 def scoring_lines(s: dict[str, Any]) -> list[str]:
