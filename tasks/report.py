@@ -646,61 +646,79 @@ def report(
     outcome = outcome_chart(scored, judged_on, title)
     outcome_png = png_data_uri(outcome)[1] if outcome is not None else ""
     with tracking(config.mlflow.tracking_uri):
-        client = mlflow.MlflowClient()
-        if fig is not None:
-            client.log_figure(summary["mlflow_run_id"], fig, artifact_file=LOSS_CURVE)
-        if outcome is not None:
-            client.log_figure(summary["mlflow_run_id"], outcome, artifact_file=f"{judged_on}_rows.png")
-        calibration = summary.get("calibration")
-        if calibration:
-            diagram = reliability_diagram(calibration, f"v{summary['model_version']}")
-            client.log_figure(summary["mlflow_run_id"], diagram, artifact_file="reliability.png")
-        if summary.get("slices"):
-            client.log_dict(summary["mlflow_run_id"], summary["slices"], "slices.json")
-        aged, aging = summary.get("backtest"), None
-        if aged:
-            client.log_dict(summary["mlflow_run_id"], aged, "backtest.json")
-        if aged and (aged.get("slices") or aged.get("earlier") or any((aged.get("by_time") or {}).values())):
-            aging = backtest_chart(aged, f"{name} v{summary['model_version']}: {aged['metric']} by age")
-            client.log_figure(summary["mlflow_run_id"], aging, artifact_file="backtest.png")
-        validation = summary.get("validation") or {}
-        if validation.get("checks"):
-            client.log_dict(summary["mlflow_run_id"], validation, "validation.json")
-        # what `auto` resolved to, and the scoring rows whose text values the model never saw
-        client.log_batch(
-            summary["mlflow_run_id"],
-            params=new_params(client, summary["mlflow_run_id"], summary.get("training_budget") or {}, "budget."),
-            metrics=[
-                Metric(k, float(v), int(time.time() * 1000), 0)
-                for k, v in (summary.get("test_metrics") or {}).items()
-                if math.isfinite(v)
-            ]
-            + [
-                Metric(mlflow_key(f"unseen_rows.{c}"), float(n), int(time.time() * 1000), 0)
-                for c, n in (summary.get("unseen_categories") or {}).items()
-            ]
-            + (
-                [Metric("validation.anomalies", float(len(validation["anomalies"])), int(time.time() * 1000), 0)]
-                if validation.get("checks")
-                else []
-            )
-            + [
-                Metric(f"backtest.{k}", float(aged[k]), int(time.time() * 1000), 0)
-                for k in ("loss_per_unit", "noise")
-                if aged and isinstance(aged.get(k), (int, float)) and math.isfinite(aged[k])
-            ]
-            + [
-                Metric(f"backtest.earlier_{k}", float(aged["earlier"][k]), int(time.time() * 1000), 0)
-                for k in ("loss_per_unit", "noise", "recent", "earlier")
-                if aged and aged.get("earlier") and math.isfinite(aged["earlier"][k])
-            ],
-        )
+        diagram, aging = _log_plots(mlflow.MlflowClient(), summary, fig, outcome, judged_on)
     card = model_card(config, summary, curve_uri, png, outcome_png, judged_on)
     with tracking(config.mlflow.tracking_uri):
         client = mlflow.MlflowClient()
         for run_id in [r for r in dict.fromkeys([summary["mlflow_run_id"], parent_run(config)]) if r]:
             client.log_text(run_id, card, MODEL_CARD_FILE)  # the version's run, and the retrain's parent run
             client.log_text(run_id, card_html(card, f"{name} version {summary['model_version']}"), MODEL_CARD_HTML)
+    ids = _artifacts(summary, card, history, (png, curve_uri), outcome_png, judged_on, diagram, aging)
+    get_run_logger().info("artifacts: %s (training curves: %s)", ", ".join(ids), curve_uri or "none to draw")
+    return {k: str(v) for k, v in ids.items()}
+
+
+def _log_plots(client, summary: dict[str, Any], fig, outcome, judged_on: str) -> tuple:
+    """The plots, the slices, the backtest and the validation checks in the version's MLflow run, with what `auto`
+    resolved to and the scoring rows whose text values the model never saw; (the reliability diagram, the backtest
+    chart), each None when not drawn."""
+    run_id, name, version = summary["mlflow_run_id"], summary["registered_model"], summary["model_version"]
+    if fig is not None:
+        client.log_figure(run_id, fig, artifact_file=LOSS_CURVE)
+    if outcome is not None:
+        client.log_figure(run_id, outcome, artifact_file=f"{judged_on}_rows.png")
+    diagram = None
+    if summary.get("calibration"):
+        diagram = reliability_diagram(summary["calibration"], f"v{version}")
+        client.log_figure(run_id, diagram, artifact_file="reliability.png")
+    if summary.get("slices"):
+        client.log_dict(run_id, summary["slices"], "slices.json")
+    aged, aging = summary.get("backtest"), None
+    if aged:
+        client.log_dict(run_id, aged, "backtest.json")
+    if aged and (aged.get("slices") or aged.get("earlier") or any((aged.get("by_time") or {}).values())):
+        aging = backtest_chart(aged, f"{name} v{version}: {aged['metric']} by age")
+        client.log_figure(run_id, aging, artifact_file="backtest.png")
+    validation = summary.get("validation") or {}
+    if validation.get("checks"):
+        client.log_dict(run_id, validation, "validation.json")
+    budget = new_params(client, run_id, summary.get("training_budget") or {}, "budget.")
+    client.log_batch(run_id, params=budget, metrics=_report_metrics(summary))
+    return diagram, aging
+
+
+def _report_metrics(summary: dict[str, Any]) -> list[Metric]:
+    """The test rows' metrics, unseen values per text column, the validation's anomalies and the backtest's slopes."""
+    now, aged, validation = int(time.time() * 1000), summary.get("backtest"), summary.get("validation") or {}
+    earlier = (aged or {}).get("earlier")
+    return (
+        [Metric(k, float(v), now, 0) for k, v in (summary.get("test_metrics") or {}).items() if math.isfinite(v)]
+        + [
+            Metric(mlflow_key(f"unseen_rows.{c}"), float(n), now, 0)
+            for c, n in (summary.get("unseen_categories") or {}).items()
+        ]
+        + (
+            [Metric("validation.anomalies", float(len(validation["anomalies"])), now, 0)]
+            if validation.get("checks")
+            else []
+        )
+        + [
+            Metric(f"backtest.{k}", float(aged[k]), now, 0)
+            for k in ("loss_per_unit", "noise")
+            if aged and isinstance(aged.get(k), (int, float)) and math.isfinite(aged[k])
+        ]
+        + [
+            Metric(f"backtest.earlier_{k}", float(earlier[k]), now, 0)
+            for k in ("loss_per_unit", "noise", "recent", "earlier")
+            if earlier and math.isfinite(earlier[k])
+        ]
+    )
+
+
+def _artifacts(summary, card, history, curve, outcome_png, judged_on, diagram, aging) -> dict[str, Any]:
+    """The Prefect artifacts of the report (curve: the training curves' data URI and where the PNG lies); their
+    ids by name."""
+    name, (png, curve_uri), aged = summary["registered_model"], curve, summary.get("backtest")
     ids = {
         "model_card": create_markdown_artifact(
             markdown=card,
@@ -741,12 +759,11 @@ def report(
             key=artifact_key(name, "backtest"),
             description=f"{name} version {summary['model_version']}: {backtest_line(aged)}",
         )
-    if calibration:
+    if diagram is not None:
         ids["reliability"] = create_image_artifact(
             image_url=png_data_uri(diagram)[1],
             key=artifact_key(name, "reliability"),
             description=f"Reliability diagram of {name} version {summary['model_version']} on the "
             f"{(summary.get('promotion') or {}).get('judged_on', 'validation')} rows",
         )
-    get_run_logger().info("artifacts: %s (training curves: %s)", ", ".join(ids), curve_uri or "none to draw")
-    return {k: str(v) for k, v in ids.items()}
+    return ids
