@@ -248,57 +248,69 @@ def compare_baselines(old: dict[str, Any], new: dict[str, Any], v: Any) -> list[
     )
     judged = new["rows"] >= v.min_rows and old["rows"] >= v.min_rows
     for col in sorted(set(old["columns"]) & set(new["columns"])):
-        a, b = old["columns"][col], new["columns"][col]
-        was, now = a["nulls"] / max(a["rows"], 1), b["nulls"] / max(b["rows"], 1)
+        out += _column_checks(col, old["columns"][col], new["columns"][col], v, judged)
+    out += _label_checks(old.get("label") or {}, new.get("label") or {}, v, judged)
+    return out
+
+
+def _column_checks(col: str, a: dict[str, Any], b: dict[str, Any], v: Any, judged: bool) -> list[dict[str, Any]]:
+    """A column's checks: its null rate, its kind, and its distribution (numbers) or category frequencies (text)."""
+    out = []
+    was, now = a["nulls"] / max(a["rows"], 1), b["nulls"] / max(b["rows"], 1)
+    out.append(
+        _check(
+            "null_rate",
+            col,
+            round(was, 4),
+            round(now, 4),
+            v.max_null_increase,
+            "validation.max_null_increase",
+            judged and now - was > v.max_null_increase,
+            round(now - was, 4),
+        )
+    )
+    if a["kind"] != b["kind"]:
+        out.append(_check("kind", col, a["kind"], b["kind"], 0, "data.features", True))
+    elif a["kind"] == "numeric":
+        score = js_divergence(a["counts"], rebin(b, a["edges"]))
         out.append(
             _check(
-                "null_rate",
+                "distribution",
                 col,
-                round(was, 4),
-                round(now, 4),
-                v.max_null_increase,
-                "validation.max_null_increase",
-                judged and now - was > v.max_null_increase,
-                round(now - was, 4),
+                _range(a),
+                _range(b),
+                v.max_numeric_drift,
+                "validation.max_numeric_drift",
+                judged and score > v.max_numeric_drift,
+                round(score, 4),
             )
         )
-        if a["kind"] != b["kind"]:
-            out.append(_check("kind", col, a["kind"], b["kind"], 0, "data.features", True))
-        elif a["kind"] == "numeric":
-            score = js_divergence(a["counts"], rebin(b, a["edges"]))
-            out.append(
-                _check(
-                    "distribution",
-                    col,
-                    _range(a),
-                    _range(b),
-                    v.max_numeric_drift,
-                    "validation.max_numeric_drift",
-                    judged and score > v.max_numeric_drift,
-                    round(score, 4),
-                )
+    else:
+        keys = list(a["counts"])
+        mine = [a["counts"][k] for k in keys] + [a["other"]]
+        theirs = [b["counts"].get(k, 0) for k in keys] + [
+            b["rows"] - b["nulls"] - sum(b["counts"].get(k, 0) for k in keys)
+        ]
+        score = linf_distance(mine, theirs)
+        new_values = sorted(set(b["counts"]) - set(a["counts"]))[:5]
+        out.append(
+            _check(
+                "categories",
+                col,
+                keys[:5],
+                new_values,
+                v.max_category_drift,
+                "validation.max_category_drift",
+                judged and score > v.max_category_drift,
+                round(score, 4),
             )
-        else:
-            keys = list(a["counts"])
-            mine = [a["counts"][k] for k in keys] + [a["other"]]
-            theirs = [b["counts"].get(k, 0) for k in keys] + [
-                b["rows"] - b["nulls"] - sum(b["counts"].get(k, 0) for k in keys)
-            ]
-            score = linf_distance(mine, theirs)
-            new_values = sorted(set(b["counts"]) - set(a["counts"]))[:5]
-            out.append(
-                _check(
-                    "categories",
-                    col,
-                    keys[:5],
-                    new_values,
-                    v.max_category_drift,
-                    "validation.max_category_drift",
-                    judged and score > v.max_category_drift,
-                    round(score, 4),
-                )
-            )
-    la, lb = old.get("label") or {}, new.get("label") or {}
+        )
+    return out
+
+
+def _label_checks(la: dict[str, Any], lb: dict[str, Any], v: Any, judged: bool) -> list[dict[str, Any]]:
+    """The label's balance (classes) or distribution (numbers) against the champion's."""
+    out = []
     if la.get("kind") == "classes" and lb.get("kind") == "classes":
         keys = sorted(set(la["counts"]) | set(lb["counts"]))
         score = linf_distance([la["counts"].get(k, 0) for k in keys], [lb["counts"].get(k, 0) for k in keys])

@@ -84,9 +84,51 @@ def measure_live(config: Config, labels_path: str | None) -> dict[str, Any]:
     labels_path None: a classifier's performance estimated from its probabilities alone (estimate_metrics), with
     the same comparison and verdict, marked estimated."""
     log = get_run_logger()
-    id_col, label = config.data.id_column, config.data.label
-    if labels_path is not None and not id_col:
+    if labels_path is not None and not config.data.id_column:
         raise DataError("monitor joins labels to predictions by data.id_column; set it in the config")
+    name, version, predictions = _predictions(config)
+    uri = config.mlflow.tracking_uri
+    prep = TabularPreprocessor.load(resolve_checkpoint(f"models:/{name}/{version}", allowed_class_paths(config), uri))
+    joined, truth, live = _live_metrics(config, prep, predictions, labels_path, f"{name} v{version}")
+    # beside the labels' figures, what the probabilities alone said of the same rows (CBPE): how far to trust the
+    # estimate a scoring run made before these labels came
+    estimate = estimate_metrics(prep, joined) if labels_path is not None and prep.task == "classification" else {}
+    client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+    run_id = client.get_model_version(name, version).run_id
+    result = _verdict(config, client.get_run(run_id).data.metrics, live, joined.num_rows, predictions.num_rows)
+    estimated = labels_path is None
+    result = {
+        "model_version": version,
+        "model_uri": f"models:/{name}/{version}",
+        "rows": joined.num_rows,
+        "predictions": predictions.num_rows,
+        "labels": truth.num_rows if truth is not None else 0,
+        "estimated": estimated,
+        "method": "CBPE: expected metrics from the calibrated probabilities, no labels"
+        if estimated
+        else "the true labels joined by id",
+        **result,
+        "estimated_metrics": estimate,
+    }
+    if result["verdict"] not in ("ok", "degraded"):
+        log.warning("monitor: no verdict for %s v%s: %s", name, version, result["verdict"])
+    now = int(time.time())
+    prefix = "estimated_" if estimated else "live_"
+    client.log_batch(
+        run_id,
+        metrics=[
+            Metric(f"{prefix}{k}", float(v), now * 1000, now)
+            for k, v in live.items()
+            if isinstance(v, float) and math.isfinite(v)
+        ],
+    )
+    _tell(config, result, name)
+    return result
+
+
+def _predictions(config: Config) -> tuple[str, str, pa.Table]:
+    """(registered model, version, its predictions): the newest scoring run's rows under inference.output and the
+    model version that wrote them."""
     if not config.inference.output:
         raise DataError("monitor reads the predictions under inference.output; set it in the config")
     sink = Sink.of(config) if config.inference.output_format in SINK_FORMATS else None
@@ -103,60 +145,52 @@ def measure_live(config: Config, labels_path: str | None) -> dict[str, Any]:
             f"{config.inference.output}: its predictions name no registered model version "
             f"({manifest.get('model')!r}); monitor measures registered versions"
         )
-    name, version = m["name"], m["version"]
     if sink is None:
         fs, _ = filesystem_for(config.inference.output)
         predictions = pq.read_table(output_files(config.inference.output), filesystem=fs)
-    uri = config.mlflow.tracking_uri
-    prep = TabularPreprocessor.load(resolve_checkpoint(f"models:/{name}/{version}", allowed_class_paths(config), uri))
+    return m["name"], m["version"], predictions
+
+
+def _live_metrics(config: Config, prep, predictions: pa.Table, labels_path: str | None, model: str) -> tuple:
+    """(the rows measured, the labels table or None, their metrics): the labels joined by id, or without them a
+    classifier's metrics estimated from its probabilities."""
+    label = config.data.label
     if labels_path is None:
         if prep.task != "classification":
             raise DataError(
                 "monitor without --labels estimates a classifier's performance from its probabilities; "
-                f"{name} v{version} predicts a quantity: give the true values with --labels"
+                f"{model} predicts a quantity: give the true values with --labels"
             )
-        joined, truth, live = predictions, None, estimate_metrics(prep, predictions)
-    else:
-        fmt = infer_format(labels_path)
-        truth = read_arrow(*list_files(labels_path, fmt), fmt, config.data.csv, labels_path)
-        joined = join_labels(predictions, truth, id_col, label, labels_path)
-        try:
-            y = prep.transform_label(joined)
-        except (SchemaDriftError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise DataError(
-                f"{labels_path}: column {label!r} ({joined.schema.field(label).type}) does not read as the "
-                f"model's classes {prep.classes if prep.task == 'classification' else '(numbers)'}: "
-                f"{str(exc).splitlines()[0]}"
-            ) from None
-        live = compute_metrics(prep.task, model_outputs(prep, joined), y, prep)
-    # beside the labels' figures, what the probabilities alone said of the same rows (CBPE): how far to trust the
-    # estimate a scoring run made before these labels came
-    estimate = estimate_metrics(prep, joined) if labels_path is not None and prep.task == "classification" else {}
-    client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
-    run_id = client.get_model_version(name, version).run_id
+        return predictions, None, estimate_metrics(prep, predictions)
+    fmt = infer_format(labels_path)
+    truth = read_arrow(*list_files(labels_path, fmt), fmt, config.data.csv, labels_path)
+    joined = join_labels(predictions, truth, config.data.id_column, label, labels_path)
+    try:
+        y = prep.transform_label(joined)
+    except (SchemaDriftError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise DataError(
+            f"{labels_path}: column {label!r} ({joined.schema.field(label).type}) does not read as the "
+            f"model's classes {prep.classes if prep.task == 'classification' else '(numbers)'}: "
+            f"{str(exc).splitlines()[0]}"
+        ) from None
+    return joined, truth, compute_metrics(prep.task, model_outputs(prep, joined), y, prep)
+
+
+def _verdict(config: Config, registered: dict, live: dict, rows: int, predictions: int) -> dict[str, Any]:
+    """The live (or estimated) score against the version's held-out score at registration, and the verdict."""
     metric = config.promotion.metric
-    validation, baseline_on = held_out_score(client.get_run(run_id).data.metrics, metric)
+    validation, baseline_on = held_out_score(registered, metric)
     score = live.get(metric)
     drop = score_drop(config, validation, score)
-    enough = joined.num_rows >= config.monitor.min_rows
+    enough = rows >= config.monitor.min_rows
     degraded = enough and drop is not None and drop > config.monitor.max_drop
     verdict = (
         ("degraded" if degraded else "ok")
         if enough
-        else (f"none: {joined.num_rows} labelled predictions, fewer than monitor.min_rows {config.monitor.min_rows}")
+        else (f"none: {rows} labelled predictions, fewer than monitor.min_rows {config.monitor.min_rows}")
     )
-    estimated = labels_path is None
-    result = {
-        "model_version": version,
-        "model_uri": f"models:/{name}/{version}",
-        "rows": joined.num_rows,
-        "predictions": predictions.num_rows,
-        "labels": truth.num_rows if truth is not None else 0,
-        "estimated": estimated,
-        "method": "CBPE: expected metrics from the calibrated probabilities, no labels"
-        if estimated
-        else "the true labels joined by id",
-        "coverage": joined.num_rows / predictions.num_rows if predictions.num_rows else 0.0,
+    return {
+        "coverage": rows / predictions if predictions else 0.0,
         "metrics": live,
         "metric": metric,
         "validation_score": validation,
@@ -167,33 +201,27 @@ def measure_live(config: Config, labels_path: str | None) -> dict[str, Any]:
         "min_rows": config.monitor.min_rows,
         "verdict": verdict,
         "degraded": degraded,
-        "estimated_metrics": estimate,
     }
-    if not enough:
-        log.warning("monitor: no verdict for %s v%s: %s", name, version, verdict)
-    now = int(time.time())
-    prefix = "estimated_" if estimated else "live_"
-    client.log_batch(
-        run_id,
-        metrics=[
-            Metric(f"{prefix}{k}", float(v), now * 1000, now)
-            for k, v in live.items()
-            if isinstance(v, float) and math.isfinite(v)
-        ],
-    )
+
+
+def _tell(config: Config, result: dict[str, Any], name: str) -> None:
+    """The measurement as a Prefect artifact, a degradation as an event (an estimated drop also as drift's event),
+    and the log lines."""
+    log, version, metric, estimated = get_run_logger(), result["model_version"], result["metric"], result["estimated"]
+    score, validation, drop, live = result["live_score"], result["validation_score"], result["drop"], result["metrics"]
     create_markdown_artifact(
         key=artifact_key(name, "monitor"),
         description=f"Live performance of {name} version {version}",
         markdown=(
-            f"# {name} version {version} on {joined.num_rows} "
+            f"# {name} version {version} on {result['rows']} "
             f"{'predictions (estimated, no labels)' if estimated else 'labelled predictions'}\n\n"
-            f"**{verdict}**: {metric} live {score} vs validation {validation} "
-            f"(coverage {result['coverage']:.1%} of {predictions.num_rows} predictions) "
+            f"**{result['verdict']}**: {metric} live {score} vs validation {validation} "
+            f"(coverage {result['coverage']:.1%} of {result['predictions']} predictions) "
             f"(drop {drop}, max_drop {config.monitor.max_drop})\n\n| metric | live |\n|---|---|\n"
             + "\n".join(f"| {k} | {v:.6g} |" for k, v in live.items())
         ),
     )
-    if degraded:
+    if result["degraded"]:
         emit_event(event=DEGRADED_EVENT, resource={"prefect.resource.id": f"trainflow.model.{name}"}, payload=result)
         if estimated:  # an estimated drop is news before any label: the event drift raises, for the same automations
             publish(config, result["model_uri"], config.inference.output, {}, estimated_drop={metric: drop})
@@ -202,8 +230,7 @@ def measure_live(config: Config, labels_path: str | None) -> dict[str, Any]:
         "monitor: %s v%s on %d %s: %s",
         name,
         version,
-        joined.num_rows,
+        result["rows"],
         "predictions, estimated without labels (CBPE)" if estimated else "labelled rows",
         live,
     )
-    return result

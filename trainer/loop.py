@@ -331,6 +331,44 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> list[dict[str, float]]:
         return _train(loop_config)
 
 
+def _resume(loop_config: dict[str, Any], model, stopper, train_cfg) -> tuple:
+    """(the first epoch, the history so far, the training state, the train section): from the attempt's checkpoint
+    (the weights into model, the early stopping's state into stopper), else from train.warm_start's source network's
+    weights at a smaller learning rate, else a fresh start."""
+    checkpoint = session.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            model.load_state_dict(load_weights(d))
+            state = load_train_state(d)
+            if "early_stopping" in state:
+                stopper.load(state["early_stopping"])
+            return int(state["epoch"]) + 1, read_metrics(d)["history"], state, train_cfg
+    if loop_config.get("warm_start"):
+        with warm_files(loop_config["warm_start"]) as d:
+            model.load_state_dict(load_weights(d))
+        train_cfg = train_cfg.model_copy(update={"learning_rate": train_cfg.learning_rate * WARM_LR_FACTOR})
+    return 0, [], None, train_cfg
+
+
+def _optimizer(model, train_cfg, total_steps: int, state: dict | None) -> tuple:
+    """The optimizer and its learning-rate schedule, their state restored from a resumed attempt's."""
+    optimizer = make_optimizer(model, train_cfg)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        functools.partial(
+            lr_factor,
+            total_steps=total_steps,
+            warmup_fraction=train_cfg.warmup_fraction,
+            schedule=train_cfg.schedule,
+        ),
+    )
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+        if "scheduler" in state:
+            scheduler.load_state_dict(state["scheduler"])
+    return optimizer, scheduler
+
+
 def _train(loop_config: dict[str, Any]) -> list[dict[str, float]]:
     cfg: Config = loop_config["config"]
     prep = TabularPreprocessor.from_dict(loop_config["preprocessor"])
@@ -344,42 +382,15 @@ def _train(loop_config: dict[str, Any]) -> list[dict[str, float]]:
     torch.manual_seed(seed)
     model = model_for(prep, cfg.model.model_dump(mode="json"))  # the checkpoint's config.json form, as serving reads it
     stopper = EarlyStopping(cfg.checkpoint.mode, budget.patience, train_cfg.early_stopping.min_delta)
-    start_epoch, history, state = 0, [], None
-    checkpoint = session.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as d:
-            model.load_state_dict(load_weights(d))
-            state = load_train_state(d)
-            if "early_stopping" in state:
-                stopper.load(state["early_stopping"])
-            start_epoch = int(state["epoch"]) + 1
-            history = read_metrics(d)["history"]
-    elif loop_config.get("warm_start"):  # train.warm_start: the source network's weights, a smaller learning rate
-        with warm_files(loop_config["warm_start"]) as d:
-            model.load_state_dict(load_weights(d))
-        train_cfg = train_cfg.model_copy(update={"learning_rate": train_cfg.learning_rate * WARM_LR_FACTOR})
-    record_start(loop_config, rank, start_epoch, checkpoint is not None)
+    start_epoch, history, state, train_cfg = _resume(loop_config, model, stopper, train_cfg)
+    record_start(loop_config, rank, start_epoch, state is not None)
     if rank == 0 and start_epoch == 0:
         print(
             f"trainflow budget: {budget.to_dict()} over {prep.train_rows} training rows and {ctx.get_world_size()} worker(s)"
         )
     model = ray.train.torch.prepare_model(model)
     # built after the model is on its device, so load_state_dict puts the optimizer's state next to the parameters
-    optimizer = make_optimizer(model, train_cfg)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        functools.partial(
-            lr_factor,
-            total_steps=epochs * budget.steps_per_epoch,
-            warmup_fraction=train_cfg.warmup_fraction,
-            schedule=train_cfg.schedule,
-        ),
-    )
-    if state is not None:
-        optimizer.load_state_dict(state["optimizer"])
-        if "scheduler" in state:
-            scheduler.load_state_dict(state["scheduler"])
-
+    optimizer, scheduler = _optimizer(model, train_cfg, epochs * budget.steps_per_epoch, state)
     weights = class_weights(train_cfg, prep)
     # validation metrics stay unweighted and unsmoothed
     loss_fn = _loss_fn(task, None if weights is None else weights.to(device), train_cfg.label_smoothing)
@@ -414,15 +425,7 @@ def _train(loop_config: dict[str, Any]) -> list[dict[str, float]]:
             train_shard, val_shard = CachedShard(train_shard, device), CachedShard(val_shard, device)
         streamed = loop_config.get("streamed", False)
         train_loss = train_epoch(
-            model,
-            train_shard,
-            optimizer,
-            loss_fn,
-            batch_size,
-            device,
-            scheduler,
-            generator,
-            streamed,
+            model, train_shard, optimizer, loss_fn, batch_size, device, scheduler, generator, streamed
         )
         metrics = {
             "epoch": epoch,
