@@ -5,7 +5,7 @@ cross-fitting its folds one after another inside that run) -> select -> [out-of-
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from prefect import flow
 from prefect.exceptions import Pause
@@ -142,45 +142,13 @@ def _train_and_publish(
         run_config = train_config(config, parts.train_rows, k)
         trained, failed, timed_out, share = train_families(config, prepared, runs, k, run_config)
         runs = {f: r for f, r in runs.items() if f not in failed and f not in timed_out}
-        decisions, fold_selections = None, {}
-        if k > 1:  # each family's fold models: their out-of-fold predictions, and one bagged checkpoint serving them
-            fold_outcomes = {f: [trained[(f, i)] for i in range(k)] for f in runs}
-            fold_selections = {f: [select(o, config) for o in fold_outcomes[f]] for f in runs}
-            outcomes, selections, decisions = bag_folds(
-                config, parts, runs, fold_outcomes, fold_selections, ingested.spec.fingerprint
-            )
-        else:
-            outcomes = {f: trained[(f, 0)] for f in runs}
-            selections = {f: select(outcome, config) for f, outcome in outcomes.items()}
-        if ENSEMBLE in config.model.candidates:
-            built = ensemble(
-                config, parts.val, outcomes, selections, name, ingested.spec.fingerprint, decisions, parts.plan
-            )
-            if built:
-                outcomes[ENSEMBLE], selections[ENSEMBLE] = built.outcome, built.selected
-                if decisions is not None:
-                    decisions = decisions.with_ensemble(ENSEMBLE, built.weights)
-                    built.outcome.budget["folds"] = k
-        candidates = (
-            compare(
-                config,
-                outcomes,
-                selections,
-                "the validation split" if k == 1 else f"the out-of-fold predictions ({k} folds)",
-            )
-            if len(runs) > 1
-            else None
-        )
+        chosen = _chosen(config, parts, runs, trained, name, ingested.spec.fingerprint)
+        outcomes, selections, decisions, built, fold_selections = chosen
+        where = "the validation split" if k == 1 else f"the out-of-fold predictions ({k} folds)"
+        candidates = compare(config, outcomes, selections, where) if len(runs) > 1 else None
         family = candidates.winner if candidates else next(iter(runs))
         outcome, selected = outcomes[family], selections[family]
-        for row in candidates.scores if candidates else []:  # the leaderboard's cost column (folds summed)
-            row["train_s"] = (
-                round(sum(o.train_s or 0.0 for (f, _), o in trained.items() if f == row["family"]), 1)
-                if row["family"] in runs
-                else outcomes[row["family"]].train_s  # the ensemble's own (its members' are theirs)
-            )
-            history = fit_history(row["family"], trained)
-            row["resumed"], row["recoveries"] = history["resumed"], history["recoveries"]
+        _leaderboard_costs(candidates, runs, trained, outcomes)
         earlier = None
         if parts.plan is not None and parts.plan.time_column is not None and parts.test_rows:
             member = backtest_family(family, built.weights if built and family == ENSEMBLE else None)
@@ -236,6 +204,52 @@ def _train_and_publish(
         else:
             for f, run in {**runs, **({ENSEMBLE: built.outcome.run_name} if built else {})}.items():
                 end_runs(config, [run], f, ended)
+
+
+class _Chosen(NamedTuple):
+    """What training gave the choice: each family's outcome and selected checkpoint (a bag of its folds when
+    cross-fitted), the out-of-fold decisions (None with one split), the ensemble (None: none); fold_selections: each
+    family's folds' selections."""
+
+    outcomes: dict[str, TrainOutcome]
+    selections: dict[str, Any]
+    decisions: Any
+    built: Any
+    fold_selections: dict[str, list]
+
+
+def _chosen(config: Config, parts: Split, runs: dict[str, str], trained, name: str, fingerprint: str) -> _Chosen:
+    """Each family's best checkpoint (its folds bagged when cross-fitted) and the ensemble over them."""
+    k = parts.fold_count
+    decisions, fold_selections = None, {}
+    if k > 1:  # each family's fold models: their out-of-fold predictions, and one bagged checkpoint serving them
+        fold_outcomes = {f: [trained[(f, i)] for i in range(k)] for f in runs}
+        fold_selections = {f: [select(o, config) for o in fold_outcomes[f]] for f in runs}
+        outcomes, selections, decisions = bag_folds(config, parts, runs, fold_outcomes, fold_selections, fingerprint)
+    else:
+        outcomes = {f: trained[(f, 0)] for f in runs}
+        selections = {f: select(outcome, config) for f, outcome in outcomes.items()}
+    built = None
+    if ENSEMBLE in config.model.candidates:
+        built = ensemble(config, parts.val, outcomes, selections, name, fingerprint, decisions, parts.plan)
+        if built:
+            outcomes[ENSEMBLE], selections[ENSEMBLE] = built.outcome, built.selected
+            if decisions is not None:
+                decisions = decisions.with_ensemble(ENSEMBLE, built.weights)
+                built.outcome.budget["folds"] = k
+    return _Chosen(outcomes, selections, decisions, built, fold_selections)
+
+
+def _leaderboard_costs(candidates, runs: dict[str, str], trained, outcomes: dict[str, TrainOutcome]) -> None:
+    """The leaderboard's cost column (a family's folds summed) and each family's resumes and recoveries."""
+    for row in candidates.scores if candidates else []:
+        row["train_s"] = (
+            round(sum(o.train_s or 0.0 for (f, _), o in trained.items() if f == row["family"]), 1)
+            if row["family"] in runs
+            else outcomes[row["family"]].train_s  # the ensemble's own (its members' are theirs)
+        )
+        history = fit_history(row["family"], trained)
+        row["resumed"], row["recoveries"] = history["resumed"], history["recoveries"]
 
 
 def no_skill_loss(prep) -> float:
@@ -414,95 +428,122 @@ def train_families(
     retries = {"retries": config.failure.task_retries, "retry_delay_seconds": config.failure.retry_delay_s}
     if shared_run_name(runs):
         return _train_in_shared_run(config, prepared, runs, k, run_config, retries)
-    trainer, fold_trainer = train.with_options(**retries), train_folds.with_options(**retries)
-    first = next(iter(runs))
-    fold_rows = prepared.fold_rows[0] if prepared.fold_rows else 0
-    jobs = [(f, tuple(g)) for f in runs for g in fold_groups(config, f, first, len(runs), k, fold_rows)]
-    at_once = concurrent_runs(run_config.scaling.model_dump())
-    # a family's folds train one after another: each its part of the family's time (TimeShare's waves of one)
-    share = TimeShare(config.train.time_limit, list(runs), 1 if k > 1 else at_once)
-    trained: dict[tuple[str, int], TrainOutcome] = {}
-    failed: dict[str, str] = {}
-    timed_out: dict[str, str] = {}
-    errors: list[BaseException] = []
-    running: dict[tuple[str, tuple[int, ...]], Any] = {}
-    started: set[str] = set()
-    first_folds: dict[str, float] = {}  # auto, cross-fitted: each family's first fold's best validation loss
+    fits = _FamilyRuns(config, prepared, runs, k, run_config, retries)
+    while fits.jobs or fits.running:
+        fits.start_ready()
+        done = wait(list(fits.running.values()), timeout=1.0).done
+        for job, future in [(job, fut) for job, fut in fits.running.items() if fut in done]:
+            del fits.running[job]
+            fits.ended(*job, future)
+    if len(fits.failed) == len(runs):
+        raise fits.errors[0]
+    kept = _kept(config, runs, fits.trained, fits.failed, fits.timed_out)
+    if fits.errors and not kept:  # the first family failed, the time left out the rest
+        raise fits.errors[0]
+    return kept, fits.failed, fits.timed_out, fits.share
 
-    def folder(family: str) -> str:
-        return run_dir(config.for_family(family), runs[family])
 
-    def leave_out(family: str, why: str) -> None:
-        nonlocal jobs
-        timed_out[family] = why
+class _FamilyRuns:
+    """train_families' state: the runs (family, folds) waiting and running, and what each ended with."""
+
+    def __init__(self, config: Config, prepared: Prepared, runs: dict[str, str], k: int, run_config, retries) -> None:
+        self.config, self.prepared, self.runs, self.k, self.run_config = config, prepared, runs, k, run_config
+        self.trainer, self.fold_trainer = train.with_options(**retries), train_folds.with_options(**retries)
+        self.first = next(iter(runs))
+        fold_rows = prepared.fold_rows[0] if prepared.fold_rows else 0
+        self.jobs = [(f, tuple(g)) for f in runs for g in fold_groups(config, f, self.first, len(runs), k, fold_rows)]
+        self.at_once = concurrent_runs(run_config.scaling.model_dump())
+        # a family's folds train one after another: each its part of the family's time (TimeShare's waves of one)
+        self.share = TimeShare(config.train.time_limit, list(runs), 1 if k > 1 else self.at_once)
+        self.trained: dict[tuple[str, int], TrainOutcome] = {}
+        self.failed: dict[str, str] = {}
+        self.timed_out: dict[str, str] = {}
+        self.errors: list[BaseException] = []
+        self.running: dict[tuple[str, tuple[int, ...]], Any] = {}
+        self.started: set[str] = set()
+        self.first_folds: dict[str, float] = {}  # auto, cross-fitted: each family's first fold's best validation loss
+
+    def folder(self, family: str) -> str:
+        return run_dir(self.config.for_family(family), self.runs[family])
+
+    def leave_out(self, family: str, why: str) -> None:
+        self.timed_out[family] = why
         task_logger("retrain").warning("%s is left out: %s", family, why)
-        jobs = [j for j in jobs if j[0] != family]
+        self.jobs = [j for j in self.jobs if j[0] != family]
 
-    while jobs or running:
-        while len(running) < at_once:
-            ready = [j for j in jobs if all(r[0] != j[0] for r in running)]  # a family's runs: one after another
+    def start_ready(self) -> None:
+        """Runs started while the cluster holds more worker groups (a family's runs one after another)."""
+        share, k = self.share, self.k
+        while len(self.running) < self.at_once:
+            ready = [j for j in self.jobs if all(r[0] != j[0] for r in self.running)]
             if not ready:
-                break
+                return
             f, group = ready[0]
-            why = None if f in started else share.too_late(f, k)
+            why = None if f in self.started else share.too_late(f, k)
             if why:  # a family starts all of its folds or none: its fold models are of no use one short
-                leave_out(f, why)
+                self.leave_out(f, why)
                 continue
-            started.add(f)
-            jobs.remove((f, group))
-            left = sum(len(g) for j, g in jobs if j == f) + len(group)  # its folds not trained yet, these included
+            self.started.add(f)
+            self.jobs.remove((f, group))
+            left = sum(len(g) for j, g in self.jobs if j == f) + len(group)  # its folds not trained yet, these included
             ends_at = share.run_deadline(left)
             if ends_at is not None:  # a family that started finishes its folds, each with at least a short run
                 ends_at = time.time() + max(ends_at - time.time(), MIN_RUN_S) * len(group)
-            set_deadline(folder(f), ends_at, share.why)  # always: a killed run's old deadline never applies
+            set_deadline(self.folder(f), ends_at, share.why)  # always: a killed run's old deadline never applies
             if ends_at is not None:
                 task_logger("retrain").info(
-                    "%s: its share of the time budget ends in %.0f s (%s)", runs[f], ends_at - time.time(), share.why
+                    "%s: its share of the time budget ends in %.0f s (%s)",
+                    self.runs[f],
+                    ends_at - time.time(),
+                    share.why,
                 )
             label = f"train-{f}" + (f"-folds{group[0]}-{group[-1]}" if k > 1 else "")
-            running[(f, group)] = (
-                fold_trainer.with_options(task_run_name=label).submit(prepared, run_config, runs[f], f, list(group))
+            args = (self.prepared, self.run_config, self.runs[f], f)
+            self.running[(f, group)] = (
+                self.fold_trainer.with_options(task_run_name=label).submit(*args, list(group))
                 if k > 1
-                else trainer.with_options(task_run_name=label).submit(prepared, run_config, runs[f], f)
+                else self.trainer.with_options(task_run_name=label).submit(*args)
             )
-        done = wait(list(running.values()), timeout=1.0).done
-        for (family, group), future in [(job, fut) for job, fut in running.items() if fut in done]:
-            del running[(family, group)]
-            future.wait()  # done: this only records its final state on the future (else .state asks the API)
-            if not future.state.is_failed() or len(runs) == 1:
-                result = future.result()  # raises a crash, a cancel, and the only family's failure
-                for fold, outcome in zip(group, result if k > 1 else [result]):
-                    trained[(family, fold)] = outcome
-                cut = [trained[(family, i)].time_limited_at for i in group]
-                if 0 in cut and family != first and family not in timed_out:  # one step: no model worth its time
-                    unit = trained[(family, group[0])].budget.get("unit", "epoch")
-                    leave_out(
-                        family,
-                        f"{share.why}: its run {runs[family]} had time for its first {unit} only"
-                        + ("; its other folds were not started" if any(j[0] == family for j in jobs) else ""),
-                    )
-                if config.model.auto and k > 1 and len(runs) > 1 and group[0] == 0 and family not in timed_out:
-                    why = _not_earning(family, trained[(family, 0)], first_folds, prepared, k)
-                    if why and any(j[0] == family for j in jobs):  # its other folds would cost time for nothing
-                        leave_out(family, why)
-            else:
-                exc = future.result(raise_on_failure=False)
-                if isinstance(exc, (ConfigError, DataError)) or stop_requested(exc) or disk_full(exc):
-                    raise exc
-                errors.append(exc)
-                failed[family] = redact_text(
-                    f"{runs[family]} failed (Prefect retries: {config.failure.task_retries}): {type(exc).__name__}: {exc}"
-                )[:2000]
-                task_logger("retrain").warning("%s is left out, the other families go on: %s", family, failed[family])
-                end_runs(config, [runs[family]], family, "FAILED")
-                jobs = [j for j in jobs if j[0] != family]  # a family's other folds are of no use without this one
-            if all(j[0] != first for j in [*jobs, *running]) and share.first_family_ended():
-                task_logger("retrain").info("time budget: %s", share.why)
-                for f, _ in running:  # the runs already training get the new deadline too
-                    set_deadline(folder(f), share.ends_at, share.why)
-    if len(failed) == len(runs):
-        raise errors[0]
-    kept = _kept(config, runs, trained, failed, timed_out)
-    if errors and not kept:  # the first family failed, the time left out the rest
-        raise errors[0]
-    return kept, failed, timed_out, share
+
+    def ended(self, family: str, group: tuple[int, ...], future) -> None:
+        """A run that ended: its outcomes kept (and the time's and auto's rules applied), or its family left out."""
+        future.wait()  # done: this only records its final state on the future (else .state asks the API)
+        if not future.state.is_failed() or len(self.runs) == 1:
+            result = future.result()  # raises a crash, a cancel, and the only family's failure
+            self._trained(family, group, result if self.k > 1 else [result])
+        else:
+            self._failed(family, future.result(raise_on_failure=False))
+        if all(j[0] != self.first for j in [*self.jobs, *self.running]) and self.share.first_family_ended():
+            task_logger("retrain").info("time budget: %s", self.share.why)
+            for f, _ in self.running:  # the runs already training get the new deadline too
+                set_deadline(self.folder(f), self.share.ends_at, self.share.why)
+
+    def _trained(self, family: str, group: tuple[int, ...], outcomes: list[TrainOutcome]) -> None:
+        for fold, outcome in zip(group, outcomes):
+            self.trained[(family, fold)] = outcome
+        others_waiting = any(j[0] == family for j in self.jobs)
+        cut = [self.trained[(family, i)].time_limited_at for i in group]
+        if 0 in cut and family != self.first and family not in self.timed_out:  # one step: no model worth its time
+            unit = self.trained[(family, group[0])].budget.get("unit", "epoch")
+            self.leave_out(
+                family,
+                f"{self.share.why}: its run {self.runs[family]} had time for its first {unit} only"
+                + ("; its other folds were not started" if others_waiting else ""),
+            )
+        first_fold = group[0] == 0 and family not in self.timed_out
+        if self.config.model.auto and self.k > 1 and len(self.runs) > 1 and first_fold:
+            why = _not_earning(family, self.trained[(family, 0)], self.first_folds, self.prepared, self.k)
+            if why and any(j[0] == family for j in self.jobs):  # its other folds would cost time for nothing
+                self.leave_out(family, why)
+
+    def _failed(self, family: str, exc: BaseException) -> None:
+        if isinstance(exc, (ConfigError, DataError)) or stop_requested(exc) or disk_full(exc):
+            raise exc
+        self.errors.append(exc)
+        self.failed[family] = redact_text(
+            f"{self.runs[family]} failed (Prefect retries: {self.config.failure.task_retries}): "
+            f"{type(exc).__name__}: {exc}"
+        )[:2000]
+        task_logger("retrain").warning("%s is left out, the other families go on: %s", family, self.failed[family])
+        end_runs(self.config, [self.runs[family]], family, "FAILED")
+        self.jobs = [j for j in self.jobs if j[0] != family]  # a family's other folds are of no use without this one
