@@ -45,35 +45,25 @@ def non_finite_cause(exc: BaseException | None) -> NonFiniteOutput | None:
 
 
 @task(name="infer", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
-def infer(checkpoint_path: str, config: Config, model: str = "", run_id: str | None = None) -> Predictions:
-    """Predict every row of inference.input with the checkpoint's own preprocessor; one output row per input row.
-    model: what the manifest names as the predictions' model (a registry URI or version); run_id: the scoring run's
-    id in a table the predictions are appended to (default: this flow run's id)."""
-    config.require_inference()
-    inf, id_column = config.inference, config.data.id_column
-    input_path, output_path = inf.input, inf.output
-    check_destination(config)
+def _scoring_table(config: Config, prep: TabularPreprocessor) -> tuple:
+    """(inference.input as this process's Arrow table or a Ray dataset, read here, materialized): a small table is
+    read, counted, predicted and written by this process, no Ray to start; its schema checked against the model's."""
+    inf, input_path, id_column = config.inference, config.inference.input, config.data.id_column
     log = task_logger("infer")
-    prep = TabularPreprocessor.load(checkpoint_path)
-    sink = Sink.of(config) if inf.output_format in SINK_FORMATS else None
-    if sink is not None:  # an existing table of other columns is refused before anything is scored
-        sink.check(prediction_columns(id_column, prep.classes if prep.task == "classification" else None))
     fmt = infer_format(input_path)
     fs, files = listed = list_files(input_path, fmt)
     table_bytes = in_memory_bytes(fs, files, fmt)
-    # a small table is read, counted, predicted and written by this process: no Ray to start
     here = scored_here(config, table_bytes)
-    if not here:
-        ensure_ray(**config.ray_start)
-        if inf.use_gpu:
-            check_fits(
-                {"num_workers": inf.num_actors, "resources_per_worker": {"GPU": 1}, "use_gpu": True}, "inference"
-            )
     if here:
         ds = read_arrow(fs, files, fmt, config.data.csv, input_path)
         schema, materialize = ds.schema, True
         log.info("scoring table read in this process: %.1f MiB in memory", table_bytes / 2**20)
     else:
+        ensure_ray(**config.ray_start)
+        if inf.use_gpu:
+            check_fits(
+                {"num_workers": inf.num_actors, "resources_per_worker": {"GPU": 1}, "use_gpu": True}, "inference"
+            )
         ds, _, _ = read_table(input_path, fmt, listed=listed, csv=config.data.csv)
         schema = arrow_schema(ds, input_path)
         # one output row per input row, in input order (set on this dataset's own context, inherited by its
@@ -89,20 +79,45 @@ def infer(checkpoint_path: str, config: Config, model: str = "", run_id: str | N
         raise DataError(f"{input_path}: id column {id_column!r} not found; columns are {list(schema.names)}")
     if materialize and not here:
         ds = ds.materialize()  # read once for the count, the unseen-value pass and the predictions
-    input_rows = ds.num_rows if here else ds.count()
-    if input_rows == 0:
-        raise DataError(f"{input_path}: the table has no rows")
-    unseen = count_unseen(ds, prep)  # a pass over the text columns only
+    return ds, here, materialize
+
+
+def _unseen(config: Config, ds, prep: TabularPreprocessor) -> dict[str, dict]:
+    """The text values never seen in training, per column (a pass over the text columns only): refused with
+    inference.on_unseen: error, else each column said."""
+    input_path = config.inference.input
+    unseen = count_unseen(ds, prep)
     if config.inference.on_unseen == "error":
         check_unseen(unseen, prep, input_path)
     for col, found in unseen.items():
-        log.warning(
+        task_logger("infer").warning(
             "%s: column %r has %d row(s) with values never seen in training (e.g. %r); predicted with the unknown code",
             input_path,
             col,
             found["rows"],
             found["example"],
         )
+    return unseen
+
+
+def infer(checkpoint_path: str, config: Config, model: str = "", run_id: str | None = None) -> Predictions:
+    """Predict every row of inference.input with the checkpoint's own preprocessor; one output row per input row.
+    model: what the manifest names as the predictions' model (a registry URI or version); run_id: the scoring run's
+    id in a table the predictions are appended to (default: this flow run's id)."""
+    config.require_inference()
+    inf, id_column = config.inference, config.data.id_column
+    input_path, output_path = inf.input, inf.output
+    check_destination(config)
+    log = task_logger("infer")
+    prep = TabularPreprocessor.load(checkpoint_path)
+    sink = Sink.of(config) if inf.output_format in SINK_FORMATS else None
+    if sink is not None:  # an existing table of other columns is refused before anything is scored
+        sink.check(prediction_columns(id_column, prep.classes if prep.task == "classification" else None))
+    ds, here, materialize = _scoring_table(config, prep)
+    input_rows = ds.num_rows if here else ds.count()
+    if input_rows == 0:
+        raise DataError(f"{input_path}: the table has no rows")
+    unseen = _unseen(config, ds, prep)
     # drift: a table in memory is counted by Ray tasks; a streamed one by the predictors in the prediction pass itself
     # (read once; a collector actor sums their counts)
     drifting = inf.drift.enabled and bool(prep.baseline.get("columns"))
