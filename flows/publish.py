@@ -26,6 +26,27 @@ from trainflow.tasks.summary import summarize
 from trainflow.trainer.evaluate import Scored
 
 
+def _approval_lines(ingested: Ingested, outcome: TrainOutcome, selected: Selected, tested) -> list[str]:
+    """What a person approving the promotion is shown of the model."""
+    return [
+        f"family {outcome.family}, checkpoint {selected.path}",
+        f"data {ingested.spec.path} (fingerprint {ingested.spec.fingerprint})",
+        *([f"test rows ({tested.rows}): {figures(tested.metrics.get(outcome.family, {}))}"] if tested else []),
+    ]
+
+
+def _predict(config: Config, promotion, run_name: str | None):
+    """inference.input predicted by the version serving after the gate; None when there is no input or no champion."""
+    if config.inference.input and promotion.serving_version is None:
+        get_run_logger().warning(
+            "nothing predicted: no version of %s is @champion (%s)", promotion.model_name, promotion.reason
+        )
+    elif config.inference.input:
+        model = f"models:/{promotion.model_name}/{promotion.serving_version}"
+        return infer(promotion.serving_checkpoint, config, model, run_name)
+    return None
+
+
 def publish(
     config: Config,
     ingested: Ingested,
@@ -72,26 +93,10 @@ def publish(
     registered = register(config, ingested, outcome, selected, parts.plan)
     promotion = promote(config, holdout, selected, registered, scored, judged_on, answer=config.approved)
     if promotion.decision == AWAITING:  # promotion.approval: required: the flow run suspends for a person's answer
-        model = [
-            f"family {outcome.family}, checkpoint {selected.path}",
-            f"data {ingested.spec.path} (fingerprint {ingested.spec.fingerprint})",
-            *([f"test rows ({tested.rows}): {figures(tested.metrics.get(outcome.family, {}))}"] if tested else []),
-        ]
-        answer = await_approval(config, promotion, registered, model)
+        answer = await_approval(config, promotion, registered, _approval_lines(ingested, outcome, selected, tested))
         promotion = promote(config, holdout, selected, registered, scored, judged_on, answer=answer)
     importance = explain(config, holdout, selected.path, promotion, registered) if explained else None
-    predictions = None
-    if config.inference.input and promotion.serving_version is None:
-        get_run_logger().warning(
-            "nothing predicted: no version of %s is @champion (%s)", promotion.model_name, promotion.reason
-        )
-    elif config.inference.input:
-        predictions = infer(
-            promotion.serving_checkpoint,
-            config,
-            f"models:/{promotion.model_name}/{promotion.serving_version}",
-            run_name,
-        )
+    predictions = _predict(config, promotion, run_name)
     summary = summarize(
         ingested,
         parts,

@@ -223,6 +223,31 @@ class BoundedValueCounter(ValueCounter):
         return self._cut(super().combine(writable, new_accumulator))
 
 
+def _counts(stats: dict, key: str, with_null: bool = False) -> dict:
+    """A value counter's result as {value: count} (None, the nulls' count, only with_null)."""
+    vc = stats[key] or {"values": [], "counts": []}
+    return {v: int(c) for v, c in zip(vc["values"], vc["counts"]) if with_null or v is not None}
+
+
+def _label_counts(stats: dict, spec: TableSpec, task: str, rows: int) -> dict | None:
+    """Classification: each class's training rows (at least two classes); regression: None, once the label is seen
+    to take more than one or two values."""
+    if task == "classification":
+        label_counts = _counts(stats, "counts:__label__")
+        if len(label_counts) < 2:
+            raise label_unfit_for_task(spec.path, spec.label, task, "the training rows", str(list(label_counts)))
+        return label_counts
+    if len(stats.get("hist:__label__") or {}) <= 2:
+        # every value within a fine bin of one or two values (asinh steps): a class written as numbers, or no label
+        low, high = (
+            float(np.sinh(STEP * k)) for k in (min(stats["hist:__label__"] or [0]), max(stats["hist:__label__"] or [0]))
+        )
+        raise label_unfit_for_task(
+            spec.path, spec.label, task, f"its {rows:,} training rows", f"about {low:.4g} and {high:.4g}"
+        )
+    return None
+
+
 def fit_preprocessor(
     train: Rows, spec: TableSpec, task: str, options: PreprocessSection | None = None
 ) -> TabularPreprocessor:
@@ -256,40 +281,17 @@ def fit_preprocessor(
     rows = stats["count()"]
     for col in [*spec.numeric, *parts, *([] if task == "classification" else ["__label__"])]:
         found = _column_stats(stats, col)
-        stats.update(
-            {
-                f"mean:{col}": found["mean"],
-                f"std:{col}": found["std"],
-                f"present:{col}": found["count"],
-                f"min:{col}": found["min"],
-                f"max:{col}": found["max"],
-                f"hist:{col}": found["hist"],
-            }
-        )
-
-    def counts(key: str, with_null: bool = False) -> dict:
-        vc = stats[key] or {"values": [], "counts": []}
-        return {v: int(c) for v, c in zip(vc["values"], vc["counts"]) if with_null or v is not None}
+        stats.update({f"{k}:{col}": found[k] for k in ("mean", "std", "min", "max", "hist")})
+        stats[f"present:{col}"] = found["count"]
 
     def missing(col: str) -> int:
         return rows - int(stats[f"present:{col}"] or 0)
 
-    classes, label_counts = None, None
-    if task == "classification":
-        label_counts = counts("counts:__label__")
-        classes = list(label_counts)
-        if len(classes) < 2:
-            raise label_unfit_for_task(spec.path, spec.label, task, "the training rows", str(classes))
-    elif len(stats.get("hist:__label__") or {}) <= 2:
-        # every value within a fine bin of one or two values (asinh steps): a class written as numbers, or no label
-        low, high = (
-            float(np.sinh(STEP * k)) for k in (min(stats["hist:__label__"] or [0]), max(stats["hist:__label__"] or [0]))
-        )
-        raise label_unfit_for_task(
-            spec.path, spec.label, task, f"its {rows:,} training rows", f"about {low:.4g} and {high:.4g}"
-        )
+    label_counts = _label_counts(stats, spec, task, rows)
+    classes = list(label_counts) if label_counts is not None else None
     category_counts = {
-        c: {None if k is None else str(k): v for k, v in counts(f"counts:{c}", True).items()} for c in spec.categorical
+        c: {None if k is None else str(k): v for k, v in _counts(stats, f"counts:{c}", True).items()}
+        for c in spec.categorical
     }
     baseline = {
         "rows": rows,

@@ -210,7 +210,7 @@ def gate(
         for _ in range(5):  # a champion moved by a run outside the lock: score the new one
             case, champion_path = judging.case(client, name, champion_version)
             promote_it, reason, checks = judge(case, *_compared(case))
-            if promote_it and asks and case.against_champion:
+            if promote_it and asks and champion_version != version:  # the first model too
                 promote_it, reason, decision = judged_by_person(answer, reason)
             if not promote_it:
                 break
