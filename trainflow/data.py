@@ -313,6 +313,43 @@ def schema_of(rows: Rows, source: str = "") -> pa.Schema:
     return rows.schema if isinstance(rows, pa.Table) else arrow_schema(rows, source)
 
 
+def _ordering_kind(ds: Rows, source: str, time_column: str | None, group_column: str | None) -> str | None:
+    """The time column's kind (None by group); DataError naming a column that is missing or of another type."""
+    from trainflow.errors import DataError
+    from trainflow.folds import time_kind
+
+    names = schema_of(ds).names
+    for key, column in (("time_column", time_column), ("group_column", group_column)):
+        if column is not None and column not in names:
+            from trainflow.tables import did_you_mean
+
+            raise DataError(
+                f"{source}: split.{key} {column!r} is not a column; {did_you_mean(column, names)}columns are {names}"
+            )
+    if time_column is None:
+        return None
+    kind = time_kind(schema_of(ds).field(time_column).type)
+    if kind is None:
+        raise DataError(
+            f"{source}: split.time_column {time_column!r} has type "
+            f"{schema_of(ds).field(time_column).type}; it needs dates, timestamps or numbers (a text "
+            "column of dates: parse it into a date or timestamp column first)"
+        )
+    return kind
+
+
+def _role_counts(plan, u: np.ndarray) -> tuple[np.ndarray, dict[str, int]]:
+    """Each row's role (0 train, 1 validation, 2 test) at the plan's cuts, and the rows per role and fold."""
+    k = plan.folds
+    row_cuts = plan._row_cuts(None, len(u), u)
+    roles = np.where(u < row_cuts[:, 0], 2, np.where((u < row_cuts[:, 1]) & (k < 2), 1, 0))
+    counts = {"train": int((roles == 0).sum()), "validation": int((roles == 1).sum()), "test": int((roles == 2).sum())}
+    if k > 1:
+        ids = (u[roles != 2, None] >= row_cuts[roles != 2, 2:]).sum(axis=1)
+        counts.update({f"fold {i}": int((ids == i).sum()) for i in range(k)})
+    return roles, counts
+
+
 def plan_ordered(
     ds: Rows,
     task: str,
@@ -330,26 +367,9 @@ def plan_ordered(
     the oldest training) or by group (group_column: a group's rows share a role and fold), cut at the ranks of every
     row's time or group hash in one pass; ties never straddle a cut. DataError naming the column for a missing time,
     a time column of another type, or a group larger than a role can hold."""
-    from trainflow.errors import DataError
-    from trainflow.folds import FoldPlan, check_class_sizes, effective_test_fraction, resolve_folds, time_kind
+    from trainflow.folds import FoldPlan, check_class_sizes, effective_test_fraction, resolve_folds
 
-    names = schema_of(ds).names
-    for key, column in (("time_column", time_column), ("group_column", group_column)):
-        if column is not None and column not in names:
-            from trainflow.tables import did_you_mean
-
-            raise DataError(
-                f"{source}: split.{key} {column!r} is not a column; {did_you_mean(column, names)}columns are {names}"
-            )
-    kind = None
-    if time_column is not None:
-        kind = time_kind(schema_of(ds).field(time_column).type)
-        if kind is None:
-            raise DataError(
-                f"{source}: split.time_column {time_column!r} has type "
-                f"{schema_of(ds).field(time_column).type}; it needs dates, timestamps or numbers (a text "
-                "column of dates: parse it into a date or timestamp column first)"
-            )
+    kind = _ordering_kind(ds, source, time_column, group_column)
     test_share = effective_test_fraction(test_fraction, rows)
     plan = FoldPlan(
         seed=seed,
@@ -384,12 +404,7 @@ def plan_ordered(
     plan = replace(plan, cuts={"": (test_cut, val_cut, *inner)})
     if group_column is not None and time_column is None and by_label is not None:
         plan = _stratify_groups(plan, u, np.asarray(got["label"].to_numpy(zero_copy_only=False)).astype(str))
-    row_cuts = plan._row_cuts(None, len(u), u)
-    roles = np.where(u < row_cuts[:, 0], 2, np.where((u < row_cuts[:, 1]) & (k < 2), 1, 0))
-    counts = {"train": int((roles == 0).sum()), "validation": int((roles == 1).sum()), "test": int((roles == 2).sum())}
-    if k > 1:
-        ids = (u[roles != 2, None] >= row_cuts[roles != 2, 2:]).sum(axis=1)
-        counts.update({f"fold {i}": int((ids == i).sum()) for i in range(k)})
+    roles, counts = _role_counts(plan, u)
     extra: dict = {}
     if time_column is not None:
         extra["time_ranges"] = {
@@ -568,9 +583,7 @@ def plan_split(
     from trainflow.folds import (
         EXACT_ROWS,
         FoldPlan,
-        check_class_sizes,
         effective_test_fraction,
-        eligible,
         resolve_folds,
     )
 
@@ -590,20 +603,36 @@ def plan_split(
     )
     columns = list(dict.fromkeys([*key_columns, label]))
     if 0 < rows <= EXACT_ROWS:
-        u, classes = _all_keys(ds, plan, columns)
-        test_classes = val_classes = None
-        if by_label is not None:
-            values, sizes_ = np.unique(classes, return_counts=True)
-            sizes = dict(zip(values.tolist(), sizes_.tolist()))
-            check_class_sizes(source, label, sizes)
-            test_classes = eligible(sizes, plan.test_fraction)
-            val_classes = eligible(sizes, (1 - plan.test_fraction) * validation_fraction)
-            plan = replace(plan, test_classes=test_classes, validation_classes=val_classes)
-        cuts, counts = exact_cuts(u, classes, plan, test_classes, val_classes, rows)
-        return replace(plan, cuts=cuts, counts=counts)
+        return _exact_plan(ds, plan, columns, source, label, rows)
+    return _counted_plan(ds, plan, columns, source, label)
+
+
+def _class_roles(plan, source: str, label: str, sizes: dict) -> tuple[list, list]:
+    """The classes with enough rows for a test and a validation share (a label mostly of tiny classes refused)."""
+    from trainflow.folds import check_class_sizes, eligible
+
+    check_class_sizes(source, label, sizes)
+    test_classes = eligible(sizes, plan.test_fraction)
+    return test_classes, eligible(sizes, (1 - plan.test_fraction) * plan.validation_fraction)
+
+
+def _exact_plan(ds: Rows, plan, columns: list[str], source: str, label: str, rows: int):
+    """A small table's plan: its roles and folds cut at the hash's ranks within each class (exact_cuts)."""
+    u, classes = _all_keys(ds, plan, columns)
+    test_classes = val_classes = None
+    if plan.label is not None:
+        values, sizes_ = np.unique(classes, return_counts=True)
+        test_classes, val_classes = _class_roles(plan, source, label, dict(zip(values.tolist(), sizes_.tolist())))
+        plan = replace(plan, test_classes=test_classes, validation_classes=val_classes)
+    cuts, counts = exact_cuts(u, classes, plan, test_classes, val_classes, rows)
+    return replace(plan, cuts=cuts, counts=counts)
+
+
+def _counted_plan(ds: Rows, plan, columns: list[str], source: str, label: str):
+    """A larger table's plan: its roles by the hash's fixed ranges, their rows counted (per class when stratified)."""
     counts = _counts(ds, plan, columns)
     fold_names = [f"f{k}" for k in range(plan.folds)] if plan.folds > 1 else []
-    if by_label is None:
+    if plan.label is None:
         total = {c: sum(r[c] for r in counts) for c in ["rows", "test", "val", *fold_names]}
         return replace(
             plan,
@@ -620,9 +649,7 @@ def plan_split(
         for c in ["rows", "test", "val", *fold_names]:
             tot[c] = tot.get(c, 0) + r[c]
     sizes = {v: t["rows"] for v, t in per_class.items()}
-    check_class_sizes(source, label, sizes)
-    test_classes = eligible(sizes, plan.test_fraction)
-    val_classes = eligible(sizes, (1 - plan.test_fraction) * validation_fraction)
+    test_classes, val_classes = _class_roles(plan, source, label, sizes)
     n_test = sum(per_class[v]["test"] for v in test_classes)
     n_val = sum(per_class[v]["val"] for v in val_classes) if plan.folds < 2 else 0
     plan = replace(plan, test_classes=test_classes, validation_classes=val_classes)
