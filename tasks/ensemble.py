@@ -46,6 +46,30 @@ def _halves(keys, labels: np.ndarray) -> np.ndarray:
 
 
 @task(name="ensemble", cache_policy=NO_CACHE)
+def _member_outputs(holdout, selections: dict[str, Selected], decisions, plan) -> tuple:
+    """(the preprocessor, each family's outputs, the labels, the rows' keys) the weights are fitted on: the
+    validation split scored by each selected checkpoint, or the out-of-fold outputs (decisions)."""
+    if decisions is not None:
+        outputs = {f: decisions.outputs[f] for f in selections}
+        return decisions.prep, outputs, decisions.labels, decisions.keys
+    servables = {f: load_servable(s.path, calibrated=False) for f, s in selections.items()}
+    prep = next(iter(servables.values())).preprocessor
+    outputs, labels, _, keys = member_outputs({f: s.predict for f, s in servables.items()}, prep, holdout, plan=plan)
+    return prep, outputs, labels, keys
+
+
+def _member(family: str, kept: dict[str, float], selected: Selected, metric: str, rows_are: str) -> dict[str, Any]:
+    """A family's line in the ensemble's record: its weight, its score, its checkpoint, why it was left out."""
+    why = f"greedy selection on {rows_are} gave it weight 0: adding it never lowered the ensemble's loss"
+    return {
+        "family": family,
+        "weight": kept.get(family, 0.0),
+        metric: selected.metrics.get(metric),
+        "checkpoint": selected.uri or selected.path,
+        **({} if family in kept else {"left_out": why}),
+    }
+
+
 def ensemble(
     config: Config,
     holdout: Rows | None,
@@ -62,15 +86,7 @@ def ensemble(
     by hash, or by time the newer and the older, scored with weights fitted on the other half), so it competes with
     the members on equal terms."""
     log, started = get_run_logger(), time.monotonic()
-    if decisions is None:
-        servables = {f: load_servable(s.path, calibrated=False) for f, s in selections.items()}
-        prep = next(iter(servables.values())).preprocessor
-        outputs, labels, _, keys = member_outputs(
-            {f: s.predict for f, s in servables.items()}, prep, holdout, plan=plan
-        )
-    else:
-        prep, outputs, labels = decisions.prep, {f: decisions.outputs[f] for f in selections}, decisions.labels
-        keys = decisions.keys
+    prep, outputs, labels, keys = _member_outputs(holdout, selections, decisions, plan)
     rows_are = "the validation split" if decisions is None else "the out-of-fold predictions"
     families = list(outputs)
     weights = greedy_weights(prep.task, [outputs[f] for f in families], labels)
@@ -96,23 +112,7 @@ def ensemble(
     load_servable(local)  # proven loadable, as select proves a family's checkpoint
     record = {
         "weighted_on": "out-of-fold" if decisions is not None else "validation",
-        "members": [
-            {
-                "family": f,
-                "weight": kept.get(f, 0.0),
-                metric: selections[f].metrics.get(metric),
-                "checkpoint": selections[f].uri or selections[f].path,
-                **(
-                    {}
-                    if f in kept
-                    else {
-                        "left_out": f"greedy selection on {rows_are} gave it weight 0: adding "
-                        "it never lowered the ensemble's loss"
-                    }
-                ),
-            }
-            for f in families
-        ],
+        "members": [_member(f, kept, selections[f], metric, rows_are) for f in families],
         "rounds": ROUNDS,
         "cross_fitted": crossed,
         "in_sample": in_sample,
