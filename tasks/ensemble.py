@@ -45,7 +45,6 @@ def _halves(keys, labels: np.ndarray) -> np.ndarray:
     return halves(keys) if keys is not None else (np.arange(len(labels)) % 2).astype(np.int8)
 
 
-@task(name="ensemble", cache_policy=NO_CACHE)
 def _member_outputs(holdout, selections: dict[str, Selected], decisions, plan) -> tuple:
     """(the preprocessor, each family's outputs, the labels, the rows' keys) the weights are fitted on: the
     validation split scored by each selected checkpoint, or the out-of-fold outputs (decisions)."""
@@ -70,6 +69,7 @@ def _member(family: str, kept: dict[str, float], selected: Selected, metric: str
     }
 
 
+@task(name="ensemble", cache_policy=NO_CACHE)
 def ensemble(
     config: Config,
     holdout: Rows | None,

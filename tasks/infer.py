@@ -44,7 +44,6 @@ def non_finite_cause(exc: BaseException | None) -> NonFiniteOutput | None:
     return None
 
 
-@task(name="infer", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
 def _scoring_table(config: Config, prep: TabularPreprocessor) -> tuple:
     """(inference.input as this process's Arrow table or a Ray dataset, read here, materialized): a small table is
     read, counted, predicted and written by this process, no Ray to start; its schema checked against the model's."""
@@ -100,6 +99,7 @@ def _unseen(config: Config, ds, prep: TabularPreprocessor) -> dict[str, dict]:
     return unseen
 
 
+@task(name="infer", retries=1, retry_delay_seconds=2, retry_condition_fn=retry_unless_user_error, cache_policy=NO_CACHE)
 def infer(checkpoint_path: str, config: Config, model: str = "", run_id: str | None = None) -> Predictions:
     """Predict every row of inference.input with the checkpoint's own preprocessor; one output row per input row.
     model: what the manifest names as the predictions' model (a registry URI or version); run_id: the scoring run's
