@@ -72,6 +72,32 @@ def bag_dir(storage_path: str, run_name: str, sources: list[str]) -> str:
     return join(storage_path, f"{run_name}-bag", f"bag_{digest}")
 
 
+def out_of_fold(parts: Split, selections: dict[str, list[Selected]]) -> Decisions:
+    """Every family's out-of-fold outputs: fold k's held-out rows through fold model k, one pass per fold for all
+    families (with the rows' times by time, and their hash keys)."""
+    families = list(selections)
+    servables = {f: [load_servable(s.path, calibrated=False) for s in selections[f]] for f in families}
+    prep = servables[families[0]][0].preprocessor
+    pieces: dict[str, list[np.ndarray]] = {f: [] for f in families}
+    labels, times, keys = [], [], []
+    keep = (parts.plan.time_column,) if parts.plan is not None and parts.plan.time_column is not None else ()
+    for k, (_, held) in enumerate(parts.folds):
+        predictors = {f: servables[f][k].predict for f in families}
+        outs, y, kept, u = member_outputs(predictors, prep, held, keep=keep, plan=parts.plan)
+        for f in families:
+            pieces[f].append(outs[f])
+        labels.append(y)
+        times.extend(c for column in kept.values() for c in column.chunks)
+        keys.extend([u] if u is not None else [])
+    return Decisions(
+        prep,
+        {f: np.concatenate(p) for f, p in pieces.items()},
+        np.concatenate(labels),
+        {keep[0]: pa.chunked_array(times, type=times[0].type)} if keep and times else {},
+        np.concatenate(keys) if keys else None,
+    )
+
+
 @task(
     name="out-of-fold",
     retries=1,
@@ -91,26 +117,8 @@ def bag_folds(
     families) and its bagged checkpoint, scored by them: (outcomes, selections, decisions) per family."""
     log = get_run_logger()
     families = list(selections)
-    servables = {f: [load_servable(s.path, calibrated=False) for s in selections[f]] for f in families}
-    prep = servables[families[0]][0].preprocessor
-    pieces: dict[str, list[np.ndarray]] = {f: [] for f in families}
-    labels, times, keys = [], [], []
-    keep = (parts.plan.time_column,) if parts.plan is not None and parts.plan.time_column is not None else ()
-    for k, (_, held) in enumerate(parts.folds):
-        predictors = {f: servables[f][k].predict for f in families}
-        outs, y, kept, u = member_outputs(predictors, prep, held, keep=keep, plan=parts.plan)
-        for f in families:
-            pieces[f].append(outs[f])
-        labels.append(y)
-        times.extend(c for column in kept.values() for c in column.chunks)
-        keys.extend([u] if u is not None else [])
-    decisions = Decisions(
-        prep,
-        {f: np.concatenate(p) for f, p in pieces.items()},
-        np.concatenate(labels),
-        {keep[0]: pa.chunked_array(times, type=times[0].type)} if keep and times else {},
-        np.concatenate(keys) if keys else None,
-    )
+    decisions = out_of_fold(parts, selections)
+    prep = decisions.prep
     bagged_outcomes, bagged = {}, {}
     for f in families:
         metrics = compute_metrics(prep.task, decisions.outputs[f], decisions.labels, prep)
