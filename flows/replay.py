@@ -482,11 +482,9 @@ def judge_period(
     import mlflow
 
     from trainflow.folds import TEST
-    from trainflow.tasks.promote import gate, stored_plan
-    from trainflow.tasks.values import Registered
+    from trainflow.tasks.promote import stored_plan
     from trainflow.tracking import current_champion
 
-    log = task_logger("replay")
     folder = _folder(config, state.name)
     cfg = _replay_config(config, "unused.parquet", folder)
     model, uri = cfg.mlflow.registered_model, cfg.mlflow.tracking_uri
@@ -521,18 +519,7 @@ def judge_period(
             mine["trained"], mine["training_s"] = True, fit["training_s"]
             if fit.get("note"):
                 mine["note"] = fit["note"]
-            if policy == "always":
-                client.set_registered_model_alias(model, alias, fit["version"])
-                mine["promoted"], mine["reason"] = True, "always promotes"
-            else:
-                registered = Registered(
-                    run_id=client.get_model_version(model, fit["version"]).run_id,
-                    model_name=model,
-                    model_version=fit["version"],
-                    model_uri=f"models:/{model}/{fit['version']}",
-                )
-                result = gate(cfg, holdout, fit["path"], registered, judged_on="test", alias=alias)
-                mine["promoted"], mine["reason"] = result.decision == "promoted", result.reason
+            mine["promoted"], mine["reason"] = _promoted(cfg, client, policy, alias, fit, holdout)
         serving = current_champion(client, model, alias)
         mine["serving"] = _cutoff_of(state, serving)
         mine["serving_version"] = serving
@@ -543,19 +530,33 @@ def judge_period(
                 mine["score"] = _metric(scored, config.promotion.metric)
                 _write_predictions(cfg, folder, policy, k, labelled, scored)
         period["policies"][policy] = mine
-    log.info(
-        "period %d (%s to %s, %d rows): %s",
-        k,
-        start,
-        end,
-        labelled.num_rows,
-        "; ".join(
-            f"{p} {_fmt(v['score'])} (serving cutoff {v['serving']}{', retrained' if v['trained'] else ''}"
-            f"{', promoted' if v['trained'] and v['promoted'] else ''})"
-            for p, v in period["policies"].items()
-        ),
+    said = "; ".join(
+        f"{p} {_fmt(v['score'])} (serving cutoff {v['serving']}{', retrained' if v['trained'] else ''}"
+        f"{', promoted' if v['trained'] and v['promoted'] else ''})"
+        for p, v in period["policies"].items()
     )
+    task_logger("replay").info("period %d (%s to %s, %d rows): %s", k, start, end, labelled.num_rows, said)
     return period
+
+
+def _promoted(cfg: Config, client, policy: str, alias: str, fit: dict[str, Any], holdout: pa.Table) -> tuple:
+    """(promoted, why): `always` moves the policy's alias to its fit; the other policies ask the gate, on the fit's
+    test rows, for that alias alone."""
+    from trainflow.tasks.promote import gate
+    from trainflow.tasks.values import Registered
+
+    model = cfg.mlflow.registered_model
+    if policy == "always":
+        client.set_registered_model_alias(model, alias, fit["version"])
+        return True, "always promotes"
+    registered = Registered(
+        run_id=client.get_model_version(model, fit["version"]).run_id,
+        model_name=model,
+        model_version=fit["version"],
+        model_uri=f"models:/{model}/{fit['version']}",
+    )
+    result = gate(cfg, holdout, fit["path"], registered, judged_on="test", alias=alias)
+    return result.decision == "promoted", result.reason
 
 
 def _folder(config: Config, name: str) -> str:

@@ -224,6 +224,31 @@ def warm_model_bytes(warm: dict[str, Any]) -> bytes:
     return data
 
 
+def _write_checkpoint(out: Path, model, loop_config: dict[str, Any], best: int, metrics: dict, history: list) -> Path:
+    """The fit's checkpoint folder: the model (CatBoost's own format), its state and trainflow's common files."""
+    from trainflow.trainer.checkpoint import warm_record, write_common
+    from trainflow.trainer.families._trees import STATE_JSON
+
+    cfg, warm = loop_config["config"], loop_config.get("warm_start")
+    out.mkdir()
+    model.save_model(str(out / CB_MODEL), format="cbm")
+    state = {
+        "epoch": best,
+        "seed": cfg.split.seed,
+        "family": NAME,
+        "rounds_run": len(history),
+        "learning_rate": float(model.get_all_params().get("learning_rate", float("nan"))),
+        # a warm start's source rounds: this fit's round r is the model's tree warm_offset + r
+        **({"warm_offset": int(warm["offset"])} if warm else {}),
+    }
+    (out / STATE_JSON).write_text(json.dumps(state))
+    lineage = loop_config.get("lineage")
+    write_common(
+        out, best, metrics, history, loop_config["preprocessor"], cfg.to_dict(), lineage, warm_record(loop_config)
+    )
+    return out
+
+
 def train_fn(loop_config: dict[str, Any]) -> None:
     """The worker's loop: continue the stored snapshot (or start; under train.warm_start from the source model's
     trees), boost with early stopping, report the best iteration's model as the run's checkpoint."""
@@ -232,9 +257,8 @@ def train_fn(loop_config: dict[str, Any]) -> None:
 
     from trainflow.preprocessors.tabular import TabularPreprocessor
     from trainflow.trainer import session
-    from trainflow.trainer.checkpoint import warm_record, write_common
     from trainflow.trainer.deadline import TIME_LIMITED
-    from trainflow.trainer.families._trees import STATE_JSON, boost_budget, shard_arrays
+    from trainflow.trainer.families._trees import boost_budget, shard_arrays
     from trainflow.trainer.metrics import compute_metrics
     from trainflow.trainer.reporting import record_start
 
@@ -284,29 +308,7 @@ def train_fn(loop_config: dict[str, Any]) -> None:
         metrics["train_loss"] = float(history[min(best, len(history) - 1)]["train_loss"]) if history else float("nan")
         if progress.steps.limited_at is not None:  # the result says where the time ran out
             metrics[TIME_LIMITED] = len(history) - 1
-        out = work / "checkpoint"
-        out.mkdir()
-        model.save_model(str(out / CB_MODEL), format="cbm")
-        state = {
-            "epoch": best,
-            "seed": cfg.split.seed,
-            "family": NAME,
-            "rounds_run": len(history),
-            "learning_rate": float(model.get_all_params().get("learning_rate", float("nan"))),
-            # a warm start's source rounds: this fit's round r is the model's tree warm_offset + r
-            **({"warm_offset": int(warm["offset"])} if warm else {}),
-        }
-        (out / STATE_JSON).write_text(json.dumps(state))
-        write_common(
-            out,
-            best,
-            metrics,
-            history,
-            loop_config["preprocessor"],
-            cfg.to_dict(),
-            loop_config.get("lineage"),
-            warm_record(loop_config),
-        )
+        out = _write_checkpoint(work / "checkpoint", model, loop_config, best, metrics, history)
         if best < len(history) - 1:
             print(
                 f"trainflow early stopping at round {len(history) - 1}: best validation loss "
