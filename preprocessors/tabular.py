@@ -64,6 +64,25 @@ def _stats(
     return out
 
 
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _stats_problem(where: str, st: Any) -> str | None:
+    """What in a column's stored mean, spread and range fitting cannot have written, or None."""
+    if not isinstance(st, dict):
+        return f"{where} is not an object"
+    if not _number(st.get("mean")):
+        return f"{where}: mean {st.get('mean')!r} is not a finite number"
+    if not _number(st.get("std")) or not st["std"] > 1e-12:
+        return f"{where}: std {st.get('std')!r} is not a finite number above 0"
+    if ("min" in st) != ("max" in st):
+        return f"{where}: min and max come together"
+    if "min" in st and not (_number(st["min"]) and _number(st["max"]) and st["min"] <= st["max"]):
+        return f"{where}: min {st['min']!r} and max {st['max']!r} are not finite numbers with min <= max"
+    return None
+
+
 @dataclass
 class TabularPreprocessor:
     """Fitted state of the tabular transform; every field is JSON-serialisable.
@@ -376,23 +395,10 @@ class TabularPreprocessor:
 
     def state_problem(self) -> str | None:
         """What in this state fitting cannot have produced, or None."""
+        return self._layout_problem() or self._columns_problem() or self._label_problem()
 
-        def number(x: Any) -> bool:
-            return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-        def stats_problem(where: str, st: Any) -> str | None:
-            if not isinstance(st, dict):
-                return f"{where} is not an object"
-            if not number(st.get("mean")):
-                return f"{where}: mean {st.get('mean')!r} is not a finite number"
-            if not number(st.get("std")) or not st["std"] > 1e-12:
-                return f"{where}: std {st.get('std')!r} is not a finite number above 0"
-            if ("min" in st) != ("max" in st):
-                return f"{where}: min and max come together"
-            if "min" in st and not (number(st["min"]) and number(st["max"]) and st["min"] <= st["max"]):
-                return f"{where}: min {st['min']!r} and max {st['max']!r} are not finite numbers with min <= max"
-            return None
-
+    def _layout_problem(self) -> str | None:
+        """The task, and every feature described by exactly one of the column kinds."""
         if self.task not in ("classification", "regression"):
             return f"task {self.task!r} is neither classification nor regression"
         kinds = [self.numeric, self.categorical, self.embedded, self.dates]
@@ -403,15 +409,19 @@ class TabularPreprocessor:
                 return f"feature {col!r} must be described by exactly one of numeric, categorical, embedded, dates"
         if len(set(self.feature_order)) != len(self.feature_order) or sum(map(len, kinds)) != len(self.feature_order):
             return "feature_order must list every described column once"
+        return None
+
+    def _columns_problem(self) -> str | None:
+        """Each column's statistics, date parts, categories and embedding width as fitting writes them."""
         for col, st in self.numeric.items():
-            if problem := stats_problem(f"numeric column {col!r}", st):
+            if problem := _stats_problem(f"numeric column {col!r}", st):
                 return problem
         for col, spec in self.dates.items():
             parts = spec.get("parts") if isinstance(spec, dict) else None
             if not isinstance(parts, list) or not parts or set(parts) != set(spec.get("stats", {})):
                 return f"date column {col!r}: parts and stats do not match"
             for part in parts:
-                if problem := stats_problem(f"date column {col!r} part {part!r}", spec["stats"][part]):
+                if problem := _stats_problem(f"date column {col!r} part {part!r}", spec["stats"][part]):
                     return problem
         for col, spec in {**self.categorical, **self.embedded}.items():
             cats = spec.get("categories") if isinstance(spec, dict) else None
@@ -423,6 +433,10 @@ class TabularPreprocessor:
                     f"embedded column {col!r}: dim {spec.get('dim')!r} is not the width fitting gives "
                     f"{len(spec['categories'])} categories ({embedding_dim(len(spec['categories']) + 1)})"
                 )
+        return None
+
+    def _label_problem(self) -> str | None:
+        """At least two distinct classes for a classifier; the label's mean and spread finite."""
         if self.task == "classification":
             if (
                 not isinstance(self.classes, list)
@@ -430,6 +444,6 @@ class TabularPreprocessor:
                 or len(set(map(str, self.classes))) != len(self.classes)
             ):
                 return f"classes {str(self.classes)[:100]} must be at least two distinct classes"
-        if not number(self.label_mean) or not number(self.label_std) or not self.label_std > 1e-12:
+        if not _number(self.label_mean) or not _number(self.label_std) or not self.label_std > 1e-12:
             return f"label_mean {self.label_mean!r} / label_std {self.label_std!r} must be finite, the std above 0"
         return None

@@ -338,7 +338,7 @@ def _ordering_kind(ds: Rows, source: str, time_column: str | None, group_column:
     return kind
 
 
-def _role_counts(plan, u: np.ndarray) -> tuple[np.ndarray, dict[str, int]]:
+def _rows_per_role(plan, u: np.ndarray) -> tuple[np.ndarray, dict[str, int]]:
     """Each row's role (0 train, 1 validation, 2 test) at the plan's cuts, and the rows per role and fold."""
     k = plan.folds
     row_cuts = plan._row_cuts(None, len(u), u)
@@ -404,7 +404,7 @@ def plan_ordered(
     plan = replace(plan, cuts={"": (test_cut, val_cut, *inner)})
     if group_column is not None and time_column is None and by_label is not None:
         plan = _stratify_groups(plan, u, np.asarray(got["label"].to_numpy(zero_copy_only=False)).astype(str))
-    roles, counts = _role_counts(plan, u)
+    roles, counts = _rows_per_role(plan, u)
     extra: dict = {}
     if time_column is not None:
         extra["time_ranges"] = {
