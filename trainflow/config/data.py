@@ -188,6 +188,11 @@ class DataSection(_Section):
                 f"path: {self.path!r}: an Iceberg table is named by its identifier in data.catalog, "
                 "e.g. `analytics.orders`, not a path"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_columns(self) -> DataSection:
+        """data.features, the label and the id column name distinct columns the predictions do not."""
         if self.features is not None:
             if not self.features:
                 raise ValueError("features: give at least one column, or leave it out to use every column")

@@ -320,6 +320,12 @@ class _Model(_Section):
         for family in _CATALOGUE.values():  # each family's own checks of this section
             if family.check_config is not None:
                 family.check_config(self, families)
+        self._keys_for_nobody(families, scope)
+        return self
+
+    def _keys_for_nobody(self, families: list[str], scope: list[str]) -> None:
+        """A key set (to something else than its default) that no family in scope reads is refused, naming who
+        reads it; each family in scope's own parameters validated by its Params."""
         for name, readers in MODEL_KEY_READERS.items():  # set to something else than its default, for nobody
             default = type(self).model_fields[name].get_default(call_default_factory=True)
             if name in self.model_fields_set and getattr(self, name) != default and not set(readers) & set(scope):
@@ -346,7 +352,6 @@ class _Model(_Section):
                     f"model.params.{name}: applies to {_listed(KEY_TAKERS[name])}, which model.type {families} "
                     "does not train"
                 )
-        return self
 
 
 def network_keys(model: dict[str, Any]) -> dict[str, Any]:

@@ -144,6 +144,21 @@ class Config(_Section):
             )
         if self.promotion.mode is None:
             self.promotion.mode = known[self.promotion.metric]
+        if self.tune is not None:
+            if self.tune.metric is None:
+                self.tune.metric = self.checkpoint.metric
+            if self.tune.metric not in known:
+                raise ValueError(
+                    f"tune.metric: {self.tune.metric!r} is not reported for {self.task}; choose one of {sorted(known)}"
+                )
+            if self.tune.mode is None:
+                self.tune.mode = known[self.tune.metric]
+        return self
+
+    @model_validator(mode="after")
+    def _roles_fit(self) -> Config:
+        """The split's columns are neither the label nor the id, folds leave test rows, a table sink's server is
+        named."""
         for name in ("time_column", "group_column"):
             column = getattr(self.split, name)
             if column is not None and column in (self.data.label, self.data.id_column):
@@ -163,15 +178,6 @@ class Config(_Section):
                 "served model (every fold model averaged) did not train on, so nothing could judge it: "
                 "set split.test_fraction above 0, or train.folds: 1"
             )
-        if self.tune is not None:
-            if self.tune.metric is None:
-                self.tune.metric = self.checkpoint.metric
-            if self.tune.metric not in known:
-                raise ValueError(
-                    f"tune.metric: {self.tune.metric!r} is not reported for {self.task}; choose one of {sorted(known)}"
-                )
-            if self.tune.mode is None:
-                self.tune.mode = known[self.tune.metric]
         return self
 
     def _sink_defaults(self) -> None:
