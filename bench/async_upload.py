@@ -75,7 +75,7 @@ def main() -> None:
     import pyarrow.fs as pafs
 
     from tests.conftest import Moto, free_port
-    from trainflow.runtime import ensure_ray
+    from trainflow.run.runtime import ensure_ray
 
     moto = Moto(free_port())
     os.environ.update(

@@ -102,7 +102,7 @@ def child(store: int, train: str, score: str, work: str, model: dict | None = No
     from ray._private.internal_api import memory_summary
 
     from trainflow.flows.cli import main as cli_main
-    from trainflow.runtime import ensure_ray
+    from trainflow.run.runtime import ensure_ray
 
     ensure_ray(num_cpus=os.cpu_count(), object_store_memory=store)
     cfg = Path(work) / "config.yaml"

@@ -34,7 +34,7 @@ def make_table(path: Path | None = None, rows: int = ROWS) -> Path:
 
 
 def start_ray() -> None:
-    from trainflow.runtime import ensure_ray
+    from trainflow.run.runtime import ensure_ray
 
     ensure_ray(num_cpus=os.cpu_count())  # as trainflow starts it
 

@@ -36,7 +36,7 @@ def child(checkpoint: str, score: str, work: str, drift: str) -> None:
     from ray._private.internal_api import memory_summary
 
     from trainflow.flows.cli import main as cli_main
-    from trainflow.runtime import ensure_ray
+    from trainflow.run.runtime import ensure_ray
 
     ensure_ray(num_cpus=os.cpu_count(), object_store_memory=STORE)
     cfg = Path(work) / "config.yaml"
@@ -95,7 +95,7 @@ def _run(*args: str) -> dict:
 def checkpoint_for(table: Path, directory: Path) -> str:
     """A checkpoint whose preprocessor (and baseline) is fitted on `table`, with an untrained MLP."""
     from bench.inference_throughput import make_checkpoint
-    from trainflow.runtime import ensure_ray
+    from trainflow.run.runtime import ensure_ray
 
     ensure_ray(num_cpus=os.cpu_count())
     directory.mkdir(parents=True, exist_ok=True)

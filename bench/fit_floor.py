@@ -25,7 +25,7 @@ FITS_SCRIPT = textwrap.dedent("""
     import json, os, sys, time
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
-    from trainflow.runtime import ensure_ray
+    from trainflow.run.runtime import ensure_ray
 
     poll, fits, storage = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     env = {"env_vars": {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": poll}} if poll else None

@@ -29,7 +29,7 @@ def run_trainflow(path, storage: str):
     from trainflow.data import arrow_schema, read_table
     from trainflow.preprocessors.fit import fit_and_pack
     from trainflow.tables import table_spec
-    from trainflow.runtime import ensure_ray
+    from trainflow.run.runtime import ensure_ray
 
     ensure_ray(num_cpus=THREADS)
     cfg = config_from_dict(

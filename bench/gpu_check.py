@@ -28,7 +28,7 @@ from trainflow.tables import table_spec
 from trainflow.trainer.runner import build_trainer
 from trainflow.trainer.serving import load_servable
 from trainflow.trainer.predict import predict_table, predict_dataset
-from trainflow.runtime import TRAIN_ENV_DEFAULTS, LOCAL_TRAIN_ENV_DEFAULTS
+from trainflow.run.runtime import TRAIN_ENV_DEFAULTS, LOCAL_TRAIN_ENV_DEFAULTS
 
 print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0), flush=True)
 ray.init(

@@ -40,7 +40,7 @@ def _trainflow_rows(config, snap) -> int:
 
 
 def _measure(name: str, config, snap) -> None:
-    from trainflow.storage import filesystem_for
+    from trainflow.run.storage import filesystem_for
 
     fs, _ = filesystem_for(snap.files[0])
     files = [filesystem_for(f)[1] for f in snap.files]
@@ -63,7 +63,7 @@ def main() -> None:
     from pyiceberg.catalog.sql import SqlCatalog
 
     from trainflow.config import config_from_dict
-    from trainflow.runtime import ensure_ray
+    from trainflow.run.runtime import ensure_ray
     from trainflow.sources import resolve_snapshot
 
     table = _table(ROWS)

@@ -47,7 +47,7 @@ def main() -> None:
     from tests.conftest import free_port
     from tests.servers import Postgres
     from trainflow.config import config_from_dict
-    from trainflow.runtime import ensure_ray
+    from trainflow.run.runtime import ensure_ray
     from trainflow.sample import make_churn_table
 
     server = Postgres(free_port())

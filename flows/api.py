@@ -42,7 +42,7 @@ def _with_data(config: ConfigLike, overrides: dict[str, Any] | None, data: Any) 
 
 
 def _call(flow, config: ConfigLike, overrides: dict[str, Any], data: Any = None, **params) -> dict[str, Any]:
-    from trainflow.runtime import local_flow_settings
+    from trainflow.run.runtime import local_flow_settings
 
     overrides = _with_data(config, _dotted(overrides), data)
     if isinstance(config, (str, os.PathLike)):

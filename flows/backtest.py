@@ -18,8 +18,8 @@ from dataclasses import replace
 from trainflow.config import ENSEMBLE, Config
 from trainflow.data import earlier_parts
 from trainflow.errors import ConfigError, DataError, disk_full
-from trainflow.redact import redact_text
-from trainflow.runtime import stop_requested
+from trainflow.run.redact import redact_text
+from trainflow.run.runtime import stop_requested
 from trainflow.preprocessors.fit import pack
 from trainflow.tasks.common import task_logger, lineage_for
 from trainflow.tasks.mlflow_run import end_runs

@@ -20,7 +20,7 @@ from trainflow.config import Config, infer_format
 from trainflow.errors import DataError
 from trainflow.sources import SNAPSHOT_FORMATS, SOURCE_FORMATS, resolve_snapshot, snapshot_bytes, source_dataset
 from trainflow.tables import check_names, check_present, did_you_mean, open_dataset
-from trainflow.locks import prefect_server_configured
+from trainflow.run.locks import prefect_server_configured
 
 
 def run_here(command: str, config: Config, args: argparse.Namespace) -> dict[str, Any] | None:

@@ -9,8 +9,8 @@ from prefect import flow
 
 from trainflow.flows.handover import flow_config
 from trainflow.tasks.monitor import measure_live
-from trainflow.redact import redact_value
-from trainflow.runtime import plain_progress, watch_for_sigterm
+from trainflow.run.redact import redact_value
+from trainflow.run.runtime import plain_progress, watch_for_sigterm
 
 
 @flow(name="monitor", log_prints=True)

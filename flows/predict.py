@@ -11,8 +11,8 @@ from trainflow.tasks.infer import infer, resolve_checkpoint_task
 from trainflow.tasks.common import step
 from trainflow.tasks.summary import skipped_summary
 from trainflow.config import Config
-from trainflow.redact import redact_value
-from trainflow.runtime import plain_progress, watch_for_sigterm
+from trainflow.run.redact import redact_value
+from trainflow.run.runtime import plain_progress, watch_for_sigterm
 
 
 @flow(name="batch-inference", log_prints=True)

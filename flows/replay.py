@@ -220,7 +220,7 @@ class Replay:
 def _replay_config(config: Config, table_path: str, folder: str) -> Config:
     """The config of a cutoff's retrain: the user's, reading the cutoff's Parquet file, writing only under the replay's
     folder, its MLflow experiment and registered model, and predicting nothing."""
-    from trainflow.storage import join
+    from trainflow.run.storage import join
 
     raw = config.as_given()
     raw["data"] = {k: v for k, v in raw["data"].items() if k in DATA_KEYS} | {"path": table_path, "format": "parquet"}
@@ -266,8 +266,8 @@ def replay(
 ) -> dict[str, Any]:
     """Replay the retraining policies over the table's history (module docstring); the summary's `replay` section holds
     every period's figures per policy, each policy's totals and a recommendation."""
-    from trainflow.locks import run_lock
-    from trainflow.storage import join
+    from trainflow.run.locks import run_lock
+    from trainflow.run.storage import join
     from trainflow.tasks.run_name import resolve_run_name
 
     config = flow_config(config_path, overrides)
@@ -299,7 +299,7 @@ def _replay(
     every: str,
 ) -> dict[str, Any]:
     """The replay's periods after the last one its folder's replay.json records, then its summary and records."""
-    from trainflow.storage import join, read_text, replace_bytes
+    from trainflow.run.storage import join, read_text, replace_bytes
 
     log = task_logger("replay")
     state = Replay(name, asked, bounds)
@@ -483,7 +483,7 @@ def judge_period(
 
     from trainflow.folds import TEST
     from trainflow.tasks.promote import stored_plan
-    from trainflow.tracking import current_champion
+    from trainflow.run.tracking import current_champion
 
     folder = _folder(config, state.name)
     cfg = _replay_config(config, "unused.parquet", folder)
@@ -560,7 +560,7 @@ def _promoted(cfg: Config, client, policy: str, alias: str, fit: dict[str, Any],
 
 
 def _folder(config: Config, name: str) -> str:
-    from trainflow.storage import join
+    from trainflow.run.storage import join
 
     return join(config.storage_path, "replay", name)
 
@@ -568,7 +568,7 @@ def _folder(config: Config, name: str) -> str:
 def _table(path: str) -> pa.Table:
     import pyarrow.dataset as pads
 
-    from trainflow.storage import filesystem_for
+    from trainflow.run.storage import filesystem_for
 
     fs, inner = filesystem_for(path)
     return pads.dataset(inner, filesystem=fs, format="parquet").to_table()
@@ -609,7 +609,7 @@ def _write_predictions(cfg: Config, folder: str, policy: str, k: int, rows: pa.T
 
     import pyarrow.parquet as pq
 
-    from trainflow.storage import join, replace_bytes
+    from trainflow.run.storage import join, replace_bytes
 
     id_column = cfg.data.id_column
     ids = rows[id_column] if id_column else pa.array(np.arange(rows.num_rows))
@@ -761,9 +761,9 @@ def report_replay(config: Config, summary: dict[str, Any]) -> dict[str, str]:
     import mlflow
     from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
 
-    from trainflow.redact import redact_value
+    from trainflow.run.redact import redact_value
     from trainflow.tasks.common import artifact_key, png_data_uri
-    from trainflow.tracking import ensure_experiment, tracking
+    from trainflow.run.tracking import ensure_experiment, tracking
 
     r = summary["replay"]
     fig = score_chart(summary)
@@ -807,7 +807,7 @@ def _log_replay(client, run_id: str, summary: dict[str, Any], fig) -> None:
     """The replay's MLflow records: each policy's totals as metrics, the plot, the summary, the recommendation."""
     from mlflow.entities import Metric
 
-    from trainflow.tracking import mlflow_key
+    from trainflow.run.tracking import mlflow_key
 
     r = summary["replay"]
     now = int(time.time() * 1000)

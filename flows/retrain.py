@@ -39,10 +39,10 @@ from trainflow.trainer.resources import concurrent_runs
 from trainflow.trainer.runner import run_dir, shared_scaling
 from trainflow.config import ENSEMBLE, Config
 from trainflow.errors import ConfigError, DataError, TrainingError, disk_full
-from trainflow.locks import run_lock
+from trainflow.run.locks import run_lock
 from trainflow.retention import finish_removal, record_start
-from trainflow.redact import redact_text
-from trainflow.runtime import plain_progress, stop_requested, watch_for_sigterm
+from trainflow.run.redact import redact_text
+from trainflow.run.runtime import plain_progress, stop_requested, watch_for_sigterm
 from trainflow.tasks.common import task_logger
 
 

@@ -14,7 +14,7 @@ from prefect.client.schemas.schedules import construct_schedule
 from prefect.events import DeploymentEventTrigger
 
 from trainflow.errors import ConfigError
-from trainflow.services import WAITS, prefect_retries
+from trainflow.run.services import WAITS, prefect_retries
 
 PREFECT_FILE = Path(__file__).resolve().parents[1] / "deployments" / "prefect.yaml"
 

@@ -18,8 +18,8 @@ from trainflow.tasks.split import record_split, split
 from trainflow.tasks.tune import check_sweep, tune_sweep
 from trainflow.tasks.validate import validate_data
 from trainflow.trainer.tune import sweep_space
-from trainflow.locks import run_lock
-from trainflow.runtime import plain_progress, watch_for_sigterm
+from trainflow.run.locks import run_lock
+from trainflow.run.runtime import plain_progress, watch_for_sigterm
 
 
 @flow(name="tune", log_prints=True)

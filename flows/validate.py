@@ -8,8 +8,8 @@ from prefect import flow
 
 from trainflow.flows.handover import flow_config
 from trainflow.config import Config
-from trainflow.redact import redact_value
-from trainflow.runtime import plain_progress, watch_for_sigterm
+from trainflow.run.redact import redact_value
+from trainflow.run.runtime import plain_progress, watch_for_sigterm
 from trainflow.tasks.common import step
 from trainflow.tasks.ingest import ingest, throwaway_copy
 from trainflow.tasks.preprocess import preprocess

@@ -14,7 +14,7 @@ from prefect.variables import Variable
 from trainflow.flows.handover import flow_config
 from trainflow.sources import SNAPSHOT_FORMATS, resolve_snapshot
 from trainflow.tables import list_files
-from trainflow.redact import redact_text
+from trainflow.run.redact import redact_text
 
 DATA_EVENT = "trainflow.data.changed"
 

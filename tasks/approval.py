@@ -23,7 +23,7 @@ from prefect.input import RunInput
 
 from trainflow.config import Config
 from trainflow.errors import ConfigError
-from trainflow.redact import redact_text
+from trainflow.run.redact import redact_text
 from trainflow.tasks.values import Promotion, Registered
 
 APPROVAL_ARTIFACT = "approval-request"

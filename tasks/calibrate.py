@@ -11,7 +11,7 @@ from prefect.cache_policies import NO_CACHE
 
 from trainflow.data import Rows
 from trainflow.config import Config
-from trainflow.storage import is_uri
+from trainflow.run.storage import is_uri
 from trainflow.tasks.values import Selected
 from trainflow.trainer.calibration import apply, fit_platt, fit_temperature, log_probs, write_calibration
 from trainflow.trainer.evaluate import Scored, score_checkpoint

@@ -13,8 +13,8 @@ from prefect.exceptions import MissingContextError
 
 from trainflow.config import Config, infer_format
 from trainflow.errors import TrainflowError, disk_full
-from trainflow.runtime import stop_requested
-from trainflow.services import explain
+from trainflow.run.runtime import stop_requested
+from trainflow.run.services import explain
 from trainflow.tables import in_memory_bytes, list_files, scoring_in_process_bytes
 
 

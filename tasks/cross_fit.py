@@ -18,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 
 from trainflow.config import Config
 from trainflow.folds import AUTO_FOLD_ROWS, ONE_WORKER_ROWS
-from trainflow.storage import join, private_copy
+from trainflow.run.storage import join, private_copy
 from trainflow.tasks.common import retry_unless_user_error, lineage_for
 from trainflow.trainer.session import fold_folder
 from trainflow.tasks.values import Selected, Split, TrainOutcome, Decisions

@@ -10,8 +10,8 @@ from typing import Any
 from trainflow.tasks.common import chart_figure, in_prefect_run, md, md_code, png_data_uri, task_logger
 from trainflow.preprocessors.baseline import drift_report
 from trainflow.config import Config
-from trainflow.redact import redact_text
-from trainflow.tracking import MODEL_URI, mlflow_key
+from trainflow.run.redact import redact_text
+from trainflow.run.tracking import MODEL_URI, mlflow_key
 
 DRIFT_EVENT = "trainflow.drift.detected"
 

@@ -15,7 +15,7 @@ from prefect.cache_policies import NO_CACHE
 from trainflow.data import Rows
 from trainflow.folds import FoldPlan
 from trainflow.config import ENSEMBLE, Config
-from trainflow.storage import private_copy
+from trainflow.run.storage import private_copy
 from trainflow.tasks.values import Decisions, Selected, TrainOutcome
 from trainflow.tasks.common import lineage_for
 from trainflow.trainer.ensemble import (

@@ -18,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 from trainflow.data import Rows, first_rows
 from trainflow.config import Config
 from trainflow.tasks.values import Promotion, Registered
-from trainflow.tracking import mlflow_key
+from trainflow.run.tracking import mlflow_key
 from trainflow.trainer.importance import feature_importance
 from trainflow.trainer.serving import load_servable
 

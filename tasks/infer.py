@@ -25,8 +25,8 @@ from trainflow.tables import in_memory_bytes, list_files, read_arrow
 from trainflow.outputs import check_destination, write_output
 from trainflow.sinks import SINK_FORMATS, Sink, prediction_columns, scoring_run_id, write_sink
 from trainflow.errors import CheckpointError, DataError
-from trainflow.runtime import ensure_ray
-from trainflow.tracking import MODEL_URI
+from trainflow.run.runtime import ensure_ray
+from trainflow.run.tracking import MODEL_URI
 from trainflow.trainer.resources import check_fits
 from trainflow.trainer.resolve import allowed_class_paths, resolve_checkpoint
 from trainflow.tasks.values import Predictions

@@ -43,11 +43,11 @@ from trainflow.tables import (
     read_arrow,
     table_spec,
 )
-from trainflow.storage import with_scheme
+from trainflow.run.storage import with_scheme
 from trainflow.errors import DataError
 from trainflow.outputs import check_destination
 from trainflow.trainer.resources import check_fits
-from trainflow.runtime import cluster_named, ensure_ray
+from trainflow.run.runtime import cluster_named, ensure_ray
 from trainflow.tasks.values import Ingested
 
 SOURCE_SUFFIX = "-source.json"  # under storage_path: the snapshot a run name's first attempt read
@@ -135,7 +135,7 @@ def pin_source(config: Config, run_name: str) -> Config:
     import json
 
     from trainflow.retention import record_start
-    from trainflow.storage import join, read_text
+    from trainflow.run.storage import join, read_text
 
     data = config.data
     if data.format not in SOURCE_FORMATS:
@@ -166,7 +166,7 @@ def pin_source(config: Config, run_name: str) -> Config:
 def _record(record_uri: str, body: bytes, recorded: Any) -> None:
     """The run's source record, written whole where none is: a local file never over one that appeared meanwhile;
     on an object store, where none was (the run lock serializes this run name)."""
-    from trainflow.storage import is_uri, replace_bytes, write_new
+    from trainflow.run.storage import is_uri, replace_bytes, write_new
 
     try:
         if not is_uri(record_uri):
@@ -185,7 +185,7 @@ def _pin_copy(config: Config, run_name: str, record_uri: str, recorded: Any, log
     import uuid
 
     from trainflow.postgres import SqlSource, copy_to_parquet
-    from trainflow.storage import join
+    from trainflow.run.storage import join
 
     data = config.data
     source = SqlSource.of(data)
@@ -227,7 +227,7 @@ def _unrecorded_copies(storage_path: str, run_name: str, recorded: Any) -> list[
     import re
 
     from trainflow.postgres import COPY_FILE_PATTERN
-    from trainflow.storage import filesystem_for, join, list_dir
+    from trainflow.run.storage import filesystem_for, join, list_dir
 
     named = re.compile(re.escape(run_name) + r"-source-[0-9a-f]{8}")
     keep = str(recorded.get("location", "")).rstrip("/") if isinstance(recorded, dict) else ""
@@ -266,7 +266,7 @@ def recorded_copy(config: Config, run_name: str | None) -> dict[str, Any] | None
     import json
 
     from trainflow.postgres import SqlSource
-    from trainflow.storage import join, read_text
+    from trainflow.run.storage import join, read_text
 
     if not run_name or config.data.format != "postgres":
         return None
@@ -303,7 +303,7 @@ def _copy_intact(record: dict, prefix: str) -> bool:
     import pyarrow.parquet as pq
 
     from trainflow.postgres import COPY_FILE_PATTERN
-    from trainflow.storage import filesystem_for
+    from trainflow.run.storage import filesystem_for
 
     location, files, rows = record.get("location"), record.get("files"), record.get("rows")
     # exactly <run>-source-<8 hex> and its part-NNNNN.parquet files: nothing through `..`, nothing elsewhere
@@ -324,7 +324,7 @@ def _copy_intact(record: dict, prefix: str) -> bool:
 def _exists(uri: str) -> bool:
     import pyarrow.fs as pafs
 
-    from trainflow.storage import filesystem_for
+    from trainflow.run.storage import filesystem_for
 
     fs, inner = filesystem_for(uri)
     return fs.get_file_info(inner).type != pafs.FileType.NotFound

@@ -14,10 +14,10 @@ from mlflow.entities import Metric, Param
 from prefect.runtime import flow_run
 
 from trainflow.config import Config
-from trainflow.redact import redact_config
-from trainflow.storage import process_alive
+from trainflow.run.redact import redact_config
+from trainflow.run.storage import process_alive
 from trainflow.tasks.common import task_logger
-from trainflow.tracking import RETRAIN_TAG, ensure_experiment, flatten, mlflow_key, tracking
+from trainflow.run.tracking import RETRAIN_TAG, ensure_experiment, flatten, mlflow_key, tracking
 
 REGISTER_KEY = "trainflow.register_key"
 

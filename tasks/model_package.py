@@ -23,10 +23,11 @@ MODEL_CODE = str(Path(importlib.util.find_spec("trainflow.trainer").origin).with
 # what MODEL_CODE imports to serve a checkpoint of any family: no Ray, Prefect or MLflow code of trainflow's
 SERVING_MODULES = (
     "trainflow",
-    "trainflow.redact",
+    "trainflow.run",
+    "trainflow.run.redact",
     "trainflow.errors",
-    "trainflow.services",
-    "trainflow.storage",
+    "trainflow.run.services",
+    "trainflow.run.storage",
     "trainflow.tables",
     "trainflow.preprocessors",
     "trainflow.preprocessors.tabular",

@@ -25,9 +25,9 @@ from trainflow.trainer.metrics import compute_metrics
 from trainflow.config import Config, infer_format
 from trainflow.errors import DataError
 from trainflow.outputs import output_files, read_manifest
-from trainflow.storage import filesystem_for
+from trainflow.run.storage import filesystem_for
 from trainflow.tables import is_string_type, list_files, read_arrow
-from trainflow.tracking import MODEL_URI
+from trainflow.run.tracking import MODEL_URI
 from trainflow.trainer.evaluate import estimate_metrics, model_outputs
 
 DEGRADED_EVENT = "trainflow.model.degraded"

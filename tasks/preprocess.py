@@ -13,12 +13,12 @@ from trainflow.tasks.values import Ingested, Split, Prepared
 from trainflow.tasks.warm import resolve_warm
 from trainflow.config import Config, infer_format
 from trainflow.errors import ConfigError, DataError
-from trainflow.redact import redact_text
+from trainflow.run.redact import redact_text
 from trainflow.trainer.families import family_for
 from trainflow.trainer.loop import class_weights
 from trainflow.data import read_table
 from trainflow.preprocessors.fit import check_unseen, count_unseen, fit_preprocessor, pack
-from trainflow.runtime import cluster_resources, ensure_ray
+from trainflow.run.runtime import cluster_resources, ensure_ray
 from trainflow.tables import in_memory_bytes, list_files, read_arrow
 from trainflow.trainer.memory import is_out_of_memory, out_of_memory_error
 

@@ -25,8 +25,8 @@ from trainflow.config import Config
 from trainflow.errors import InfrastructureError
 from trainflow.folds import FoldPlan, plan_mismatch
 from trainflow.champion import record_missed_move, record_move
-from trainflow.locks import exclusive
-from trainflow.tracking import CHAMPION, DECISION_TAG, current_champion, mlflow_key
+from trainflow.run.locks import exclusive
+from trainflow.run.tracking import CHAMPION, DECISION_TAG, current_champion, mlflow_key
 
 PROMOTED, NOT_PROMOTED = "promoted", "not_promoted"
 AWAITING = "awaiting_approval"  # promotion.approval: required, the gate would promote, nobody has answered yet

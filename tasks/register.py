@@ -20,10 +20,10 @@ from trainflow.tasks.common import md, md_code, retry_unless_user_error
 from trainflow.tasks.values import Ingested, Selected, TrainOutcome, Registered
 from trainflow.config import Config
 from trainflow.folds import FoldPlan
-from trainflow.redact import redact_text, redact_value
+from trainflow.run.redact import redact_text, redact_value
 from trainflow.tasks.mlflow_run import REGISTER_KEY, find_run, log_params, log_rows, parent_key, run_key
 from trainflow.tasks.model_package import MODEL_CODE, example_input, requirements, serving_code, signature_for
-from trainflow.tracking import CHECKPOINT_KEY, PUBLISHED_TAG, ensure_experiment, tracking
+from trainflow.run.tracking import CHECKPOINT_KEY, PUBLISHED_TAG, ensure_experiment, tracking
 from trainflow.trainer.serving import checkpoint_families
 
 

@@ -15,12 +15,12 @@ from prefect.artifacts import create_image_artifact, create_markdown_artifact, c
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.config import ENSEMBLE, Config
-from trainflow.storage import is_uri, join, write_bytes
-from trainflow.redact import redact_config, redact_text
+from trainflow.run.storage import is_uri, join, write_bytes
+from trainflow.run.redact import redact_config, redact_text
 from trainflow.tasks.common import artifact_key, chart_figure, md, md_code, png_data_uri
 from trainflow.trainer.backtest import backtest_line
 from trainflow.tasks.mlflow_run import parent_run
-from trainflow.tracking import mlflow_key, tracking
+from trainflow.run.tracking import mlflow_key, tracking
 from trainflow.trainer.families import REGISTRY
 
 LOSS_CURVE = "loss_curve.png"

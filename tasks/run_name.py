@@ -39,7 +39,7 @@ def config_digest(config) -> str:
 
 
 def _done_uri(config, run_name: str) -> str:
-    from trainflow.storage import join
+    from trainflow.run.storage import join
 
     return join(config.storage_path, f"{run_name}{DONE_SUFFIX}")
 
@@ -50,8 +50,8 @@ def record_finished(config, run_name: str, fingerprint: str | None, summary: dic
     import datetime as dt
     import json
 
-    from trainflow.redact import redact_value
-    from trainflow.storage import replace_bytes
+    from trainflow.run.redact import redact_value
+    from trainflow.run.storage import replace_bytes
 
     if fingerprint is None or not summary.get("model_version"):
         return
@@ -83,7 +83,7 @@ def finished_before(config, run_name: str, fingerprint: str | None) -> dict | No
 
     import mlflow
 
-    from trainflow.storage import read_text
+    from trainflow.run.storage import read_text
 
     if fingerprint is None:
         return None

@@ -13,7 +13,7 @@ from trainflow.trainer.checkpoint import metric_value
 from trainflow.trainer.serving import load_servable
 from trainflow.config import Config
 from trainflow.errors import CheckpointError
-from trainflow.storage import private_copy
+from trainflow.run.storage import private_copy
 
 
 def rank_checkpoints(checkpoints: list[dict[str, Any]], metric: str, mode: str) -> tuple[list[dict], list[dict]]:

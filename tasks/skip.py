@@ -11,7 +11,7 @@ from prefect.events import emit_event
 
 from trainflow.tasks.common import in_prefect_run, retry_unless_user_error, task_logger
 from trainflow.config import Config
-from trainflow.tracking import CHECKPOINT_KEY, PUBLISHED_TAG, champion_version
+from trainflow.run.tracking import CHECKPOINT_KEY, PUBLISHED_TAG, champion_version
 
 SKIP_EVENT = "trainflow.retrain.skipped"
 CONFIG_HASH_TAG, FINGERPRINT_TAG, FAMILY_TAG = (

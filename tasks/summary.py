@@ -9,8 +9,8 @@ from prefect.cache_policies import NO_CACHE
 
 from trainflow.tasks.values import Predictions, Ingested, Promotion, Registered, Selected, Split, TrainOutcome
 from trainflow.config import Config
-from trainflow.redact import redact_value
-from trainflow.storage import is_uri
+from trainflow.run.redact import redact_value
+from trainflow.run.storage import is_uri
 
 
 @task(name="summarize", cache_policy=NO_CACHE)

@@ -29,7 +29,7 @@ from trainflow.trainer.recovery import (
     run_resizes,
     started_from,
 )
-from trainflow.redact import redact_text
+from trainflow.run.redact import redact_text
 from trainflow.trainer.session import FAILED_FILE, FAMILY, FOLD, LEFT_OUT_FILE, fold_folder
 from trainflow.trainer.runner import (
     check_attempt_fits,
@@ -51,9 +51,9 @@ from trainflow.trainer.runner import (
 )
 from trainflow.config import Config
 from trainflow.errors import ConfigError, TrainingError
-from trainflow.runtime import ensure_ray
-from trainflow.services import ServiceUnavailable
-from trainflow.storage import filesystem_for, join, read_text, with_scheme, write_text
+from trainflow.run.runtime import ensure_ray
+from trainflow.run.services import ServiceUnavailable
+from trainflow.run.storage import filesystem_for, join, read_text, with_scheme, write_text
 
 WORKER_GROUP_START_TIMEOUT = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 FINISHED_FILE = "trainflow_finished.json"  # a run that trained to its end: what it kept, for a rerun to reuse

@@ -20,8 +20,8 @@ from trainflow.trainer.runner import checkpoints_on_disk, run_dir
 from trainflow.trainer.tune import best_trial, build_tuner, can_restore, check_restore, summarize_trials
 from trainflow.config import Config, trial_config
 from trainflow.errors import TrainingError
-from trainflow.runtime import ensure_ray
-from trainflow.storage import join, read_text
+from trainflow.run.runtime import ensure_ray
+from trainflow.run.storage import join, read_text
 
 
 @dataclass

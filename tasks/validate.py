@@ -14,7 +14,7 @@ from trainflow.tasks.common import in_prefect_run, retry_unless_user_error, task
 from trainflow.trainer.resolve import allowed_class_paths, resolve_checkpoint
 from trainflow.config import Config
 from trainflow.errors import DataError
-from trainflow.tracking import champion_version
+from trainflow.run.tracking import champion_version
 
 VALIDATION_EVENT = "trainflow.validation.failed"
 

@@ -61,7 +61,7 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def prefect_harness():
     """Prefect's test server, without flow-run heartbeats, as a local run has none on its temporary server
-    (trainflow.runtime.local_flow_settings): nothing here reads them, and each flow run's end would wait up to a
+    (trainflow.run.runtime.local_flow_settings): nothing here reads them, and each flow run's end would wait up to a
     second for the heartbeat thread."""
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
@@ -120,7 +120,7 @@ def ray_local(_ray_session):
     uses `own_ray`, which shuts this one down; the next module that asks for it starts it again."""
     import ray
 
-    from trainflow.runtime import ensure_ray
+    from trainflow.run.runtime import ensure_ray
 
     ensure_ray(num_cpus=2)
     yield ray
@@ -476,7 +476,7 @@ def moto_server():
 @pytest.fixture(scope="module")
 def s3_endpoint(moto_server):
     """The pyarrow filesystem of moto_server's S3, as trainflow opens it."""
-    from trainflow.storage import filesystem_for
+    from trainflow.run.storage import filesystem_for
 
     fs, _ = filesystem_for(f"s3://{BUCKET}")
     yield fs

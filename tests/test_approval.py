@@ -35,7 +35,7 @@ def test_a_promotion_waits_for_a_person_who_approves_rejects_or_never_answers(tm
     from prefect.exceptions import FlowPauseTimeout, NotPausedError
     from prefect.flow_runs import resume_flow_run
 
-    from trainflow.locks import exclusive
+    from trainflow.run.locks import exclusive
 
     cfg = _config(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -10,7 +10,7 @@ import yaml
 from tests.conftest import sqlite_registry, write_config
 from trainflow.champion import PERIODS_TAG, history, record_move, serving_at
 from trainflow.flows.cli import main as cli_main
-from trainflow.tracking import CHAMPION
+from trainflow.run.tracking import CHAMPION
 
 
 @pytest.fixture

@@ -94,7 +94,7 @@ def test_a_batch_with_a_non_finite_output_is_never_produced_and_names_the_checkp
 def test_what_select_checked_is_what_later_steps_read_after_a_swap(tmp_path):
     """The class-path check and every later step read one private copy: rewriting the storage folder's config.json
     after the check changes nothing of what is scored or registered."""
-    from trainflow.storage import private_copy
+    from trainflow.run.storage import private_copy
     from trainflow.trainer.resolve import check_class_path, resolve_checkpoint
 
     d = tiny_checkpoint(tmp_path)
@@ -116,7 +116,7 @@ def test_private_copies_go_with_their_process_and_a_killed_process_leaves_none_f
     import sys
 
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    script = "from trainflow.storage import private_dir; print(private_dir('model-'), flush=True); import time; time.sleep({})"
+    script = "from trainflow.run.storage import private_dir; print(private_dir('model-'), flush=True); import time; time.sleep({})"
     done = subprocess.run([sys.executable, "-c", script.format(0)], env=env, capture_output=True, text=True, check=True)
     assert not Path(done.stdout.strip()).exists()  # removed at exit
     killed = subprocess.Popen([sys.executable, "-c", script.format(600)], env=env, stdout=subprocess.PIPE, text=True)

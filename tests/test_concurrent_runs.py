@@ -143,7 +143,7 @@ def _two_at_once(tmp_path: Path, home: Path, sessions: Path) -> None:
 SERVER_SCRIPT = textwrap.dedent(
     """
     import os, subprocess
-    import trainflow.runtime as runtime
+    import trainflow.run.runtime as runtime
     from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings
 
     server = runtime.temporary_server()

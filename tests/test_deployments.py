@@ -378,7 +378,7 @@ def test_schedule_and_concurrency_registered_as_declared(prefect_server):
         limit = _deployment(env, name)["global_concurrency_limit"]
         assert limit["limit"] == 1, name
     # every deployed run's Prefect client waits out an API away for about services.prefect_wait_s' default
-    from trainflow.services import WAITS, prefect_retries
+    from trainflow.run.services import WAITS, prefect_retries
 
     for name in ("retrain/scheduled", "retrain/manual", "batch-inference/champion", "monitor/live", "watch-data/watch"):
         job_env = _deployment(env, name)["job_variables"]["env"]

@@ -21,7 +21,7 @@ from mlflow import MlflowClient
 from prefect.artifacts import Artifact
 
 import trainflow
-from trainflow.tracking import mlflow_key
+from trainflow.run.tracking import mlflow_key
 from tests.conftest import (
     churn_config,
     flow_run_logs,
@@ -37,7 +37,7 @@ from trainflow.trainer.checkpoint import read_metrics
 from trainflow.trainer.serving import load_servable
 from trainflow.trainer.predict import predict_table
 from trainflow.flows.cli import main as cli_main
-from trainflow.tracking import tracking as tracking_uri
+from trainflow.run.tracking import tracking as tracking_uri
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_local")]
 

@@ -106,7 +106,7 @@ def test_an_ensemble_checkpoint_is_served_registered_rebuilt_and_read_strictly(t
     from trainflow.tasks.model_package import MODEL_CODE, requirements
     from trainflow.tasks.values import Selected, TrainOutcome
     from trainflow.trainer.serving import checkpoint_families
-    from trainflow.tracking import ensure_experiment, tracking
+    from trainflow.run.tracking import ensure_experiment, tracking
 
     cfg, ds, table, paths = _members(tmp_path)
     outcomes = {f: TrainOutcome(f"r-{f}", f, "", [], []) for f in paths}
@@ -193,7 +193,7 @@ def test_a_killed_writers_staging_folder_is_removed_by_the_next_writer_and_a_liv
     import socket
     import subprocess
 
-    from trainflow.storage import staging_folder
+    from trainflow.run.storage import staging_folder
 
     gone = subprocess.Popen(["true"])
     gone.wait()
@@ -216,7 +216,7 @@ def test_a_killed_writers_staging_folder_is_removed_by_the_next_writer_and_a_liv
 
 
 def test_an_ensemble_in_remote_storage_is_uploaded_whole_and_found_again(tmp_path, s3_endpoint):
-    from trainflow.storage import list_dir
+    from trainflow.run.storage import list_dir
     from trainflow.tasks.ensemble import ensemble
     from trainflow.tasks.values import Selected, TrainOutcome
 

@@ -251,7 +251,7 @@ def _catboost_killed_once():
         import json
         import time
 
-        from trainflow.storage import list_dir, read_text
+        from trainflow.run.storage import list_dir, read_text
         from trainflow.trainer.families import catboost_family as catboost_fit
 
         marker = Path(loop_config["run_dir"]).parent / "catboost-attempt"
@@ -342,7 +342,7 @@ def test_extra_trees_trains_in_one_process_serves_from_arrays_through_pyfunc_and
     from trainflow.preprocessors.tabular import FEATURES, LABEL
     from trainflow.tasks.model_package import MODEL_CODE, requirements
     from trainflow.trainer.metrics import compute_metrics
-    from trainflow.tracking import ensure_experiment, tracking
+    from trainflow.run.tracking import ensure_experiment, tracking
 
     cfg, prep, train, val = small_run(tmp_path)
     cfg = trial_config(

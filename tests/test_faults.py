@@ -255,7 +255,7 @@ def test_a_local_mode_fit_writes_whole_checkpoints_and_a_retry_resumes_from_the_
     from tests.conftest import BUCKET
     from tests.faults import train_fn_per_worker
     from trainflow.config import trial_config
-    from trainflow.storage import filesystem_for, join, write_bytes
+    from trainflow.run.storage import filesystem_for, join, write_bytes
     from trainflow.trainer.checkpoint import METRICS_FILE, checkpoints_on_disk, latest_in_run
     from trainflow.trainer.runner import fit_reports, local_checkpoints
 
@@ -325,7 +325,7 @@ def test_a_local_mode_fit_writes_whole_checkpoints_and_a_retry_resumes_from_the_
 def test_a_local_mode_fit_ends_at_its_next_step_once_the_process_is_asked_to_stop(tmp_path):
     # SIGTERM (a cancelled flow run) shuts Ray down, which ends a worker group; a loop in the flow's own process
     # ends at its next step instead of training on, its checkpoints so far in storage for a rerun
-    from trainflow import runtime
+    from trainflow.run import runtime
     from trainflow.config import trial_config
     from trainflow.trainer.checkpoint import checkpoints_on_disk
     from trainflow.trainer.runner import fit_reports

@@ -22,7 +22,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def ray_gpu(own_ray):
-    from trainflow.runtime import ensure_ray
+    from trainflow.run.runtime import ensure_ray
 
     ensure_ray(num_cpus=4)  # Ray detects the GPU
     yield

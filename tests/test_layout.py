@@ -19,7 +19,7 @@ FOLDERS = {
 RANK = {"trainflow.flows": 5, "trainflow.tasks": 4, "trainflow.trainer": 3, "trainflow.preprocessors": 2.5}
 TABLES = {"trainflow.data", "trainflow.outputs"}
 TABLE_FILES = {"trainflow.tables"}
-BASE = {"trainflow.errors", "trainflow.services", "trainflow.storage", "trainflow.redact"}
+BASE = {"trainflow.errors", "trainflow.run.services", "trainflow.run.storage", "trainflow.run.redact"}
 
 
 def _modules() -> dict[str, Path]:
@@ -27,7 +27,8 @@ def _modules() -> dict[str, Path]:
     for folder, package in FOLDERS.items():
         for path in sorted((ROOT / folder).rglob("*.py")):
             parts = path.relative_to(ROOT / folder).with_suffix("").parts
-            nested = folder == "trainflow" and len(parts) > 1 and parts[0] != "config"  # the config package is in
+            # the config package and the rooms are in
+            nested = folder == "trainflow" and len(parts) > 1 and parts[0] not in ("config", "run")
             if ".venv" in path.parts or nested:
                 continue
             name = ".".join((package, *parts))

@@ -18,8 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from trainflow import locks
-from trainflow.locks import LockTimeout, exclusive, lock_dir, lock_name
+from trainflow.run import locks
+from trainflow.run.locks import LockTimeout, exclusive, lock_dir, lock_name
 from trainflow.outputs import MANIFEST, write_output
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,7 +91,7 @@ def test_a_sigkilled_gate_frees_the_champion_lock_at_once_and_a_waiter_names_it(
     holder = _spawn(
         """
         import time
-        from trainflow.locks import exclusive
+        from trainflow.run.locks import exclusive
         with exclusive("champion", "churn-model", "sqlite:///mlflow.db"):
             time.sleep(600)  # a retrain inside promote, between the lock and the alias move
     """,
@@ -100,7 +100,7 @@ def test_a_sigkilled_gate_frees_the_champion_lock_at_once_and_a_waiter_names_it(
     try:
         _wait_for(lambda: (_holder_record(name) or {}).get("pid") == holder.pid, holder)
         monkeypatch.setattr(locks, "WAIT_NOTE_S", 0.2)
-        caplog.set_level(logging.WARNING, logger="trainflow.locks")
+        caplog.set_level(logging.WARNING, logger="trainflow.run.locks")
         with (
             pytest.raises(LockTimeout) as err,
             exclusive("champion", "churn-model", "sqlite:///mlflow.db", timeout_s=1.0),

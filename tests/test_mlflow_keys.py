@@ -11,7 +11,7 @@ import pytest
 from mlflow.entities import Metric, Param
 
 from trainflow.config import config_from_dict
-from trainflow.tracking import flatten, mlflow_key
+from trainflow.run.tracking import flatten, mlflow_key
 
 AWKWARD = [
     "slice.site.http://a.example/.val_loss",
@@ -111,11 +111,11 @@ def test_a_new_sqlite_store_is_created_whole_even_by_a_process_killed_during_its
     import sys
     import time
 
-    from trainflow.tracking import ensure_experiment, prepare_store, tracking
+    from trainflow.run.tracking import ensure_experiment, prepare_store, tracking
 
     db = tmp_path / "mlflow.db"
     uri = f"sqlite:///{db}"
-    code = f"from trainflow.tracking import prepare_store; prepare_store({uri!r})"
+    code = f"from trainflow.run.tracking import prepare_store; prepare_store({uri!r})"
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path)
     staging = f".mlflow.db.tmp-*-{proc.pid}-*"  # storage.staging_folder's
     deadline = time.monotonic() + 60

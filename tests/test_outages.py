@@ -20,7 +20,7 @@ from tests.conftest import BUCKET, Moto, churn_config, free_port, sqlite_registr
 from tests.servers import BIN, mlflow_server, prefect_env, prefect_server, stop
 from trainflow.flows.cli import main as cli_main
 from trainflow.sample import make_churn_table
-from trainflow.tracking import CHAMPION
+from trainflow.run.tracking import CHAMPION
 
 
 def _served_before(client) -> None:
@@ -54,7 +54,7 @@ def _waits_then_passes(command, thread, box: dict, caplog, service: str, where: 
         assert command() == 0
     finally:
         thread.join()
-    said = [r.getMessage() for r in caplog.records if r.name == "trainflow.services"]
+    said = [r.getMessage() for r in caplog.records if r.name == "trainflow.run.services"]
     assert any(f"waiting for {service} at {where}" in m and f"services.{key}" in m for m in said), said
     return box["server"]
 
@@ -105,7 +105,7 @@ def test_an_mlflow_server_away_is_waited_for_within_its_wait_and_named_past_it(t
     # away for a few seconds, within the wait: the rollback says what it waits for, then completes
     stop(server)
     thread, box = _later(1, lambda: mlflow_server(folder, port))
-    caplog.set_level("WARNING", logger="trainflow.services")
+    caplog.set_level("WARNING", logger="trainflow.run.services")
     server = _waits_then_passes(
         lambda: cli_main([*rollback, "--to", "1"]),
         thread,
@@ -173,7 +173,7 @@ def test_a_prefect_api_away_is_waited_for_mid_run_and_before_it_and_named_past_i
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from trainflow import services
+    from trainflow.run import services
 
     services.apply(60, 60, 60, None)
     with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}), services.prefect_client_retries():
@@ -182,12 +182,12 @@ def test_a_prefect_api_away_is_waited_for_mid_run_and_before_it_and_named_past_i
             stop(server)
             thread, box = _later(1, lambda: prefect_server(home, port))
             try:
-                caplog.set_level("WARNING", logger="trainflow.services")
+                caplog.set_level("WARNING", logger="trainflow.run.services")
                 assert prefect.read_flows(limit=1) is not None
             finally:
                 thread.join()
     server = box["server"]
-    said = [r.getMessage() for r in caplog.records if r.name == "trainflow.services"]
+    said = [r.getMessage() for r in caplog.records if r.name == "trainflow.run.services"]
     assert any(f"waiting for the Prefect API at http://127.0.0.1:{port}/api" in m for m in said), said
 
     # the API away when the command starts (Prefect's client retries only after a first connection): trainflow
@@ -236,7 +236,7 @@ def test_an_object_store_away_is_waited_for_and_named_past_its_wait(tmp_path, ca
     raw["data"]["path"] = f"s3://{BUCKET}/churn.parquet"
     raw["services"] = {"storage_wait_s": 60}
     write_config(tmp_path, raw)
-    caplog.set_level("WARNING", logger="trainflow.services")
+    caplog.set_level("WARNING", logger="trainflow.run.services")
     try:
         # away when validate reads the table, for longer than pyarrow's own retries (about 6 s): it waits, saying
         # so, and validates once the store is back
@@ -271,7 +271,7 @@ def test_a_worker_waits_as_its_run_says_and_an_outage_raised_there_reaches_the_d
     import pickle
 
     from trainflow.config import config_from_dict
-    from trainflow.services import WAITS, ServiceUnavailable
+    from trainflow.run.services import WAITS, ServiceUnavailable
     from trainflow.trainer.watchdog import Watched
 
     cfg = config_from_dict(
@@ -347,7 +347,7 @@ def test_an_mlflow_server_away_after_the_predictions_are_written_is_waited_for_a
     estimates = lambda: client.get_metric_history(run.info.run_id, "estimated_val_accuracy")  # noqa: E731
     try:
         # within the wait: says what it waits for, then records the estimate once the server is back
-        with _lines_of("trainflow.services") as said:  # (inside a flow run Prefect's handlers take the line)
+        with _lines_of("trainflow.run.services") as said:  # (inside a flow run Prefect's handlers take the line)
             assert cli_main(predict) == 0
         gone["thread"].join()
         assert any(

@@ -192,7 +192,7 @@ def test_a_copy_is_one_transaction_reused_by_its_run_name_and_a_doubtful_record_
     import os
     import signal
 
-    from trainflow.services import WAITS
+    from trainflow.run.services import WAITS
 
     monkeypatch.setattr(WAITS, "database_read", 3.0)
     slower = SqlSource(source.connection, "SELECT c.*, pg_sleep(0.005) FROM churn c")  # about 8 s of rows
@@ -295,7 +295,7 @@ def test_a_copy_into_an_object_store_is_recorded_there_and_read_back_by_its_run_
 
     from tests.conftest import BUCKET
     from trainflow.config import load_config
-    from trainflow.storage import filesystem_for, read_text
+    from trainflow.run.storage import filesystem_for, read_text
     from trainflow.tasks.ingest import SOURCE_SUFFIX, pin_source
 
     cfg = _config(

@@ -14,7 +14,7 @@ SCRIPT = textwrap.dedent(
     """
     import os, stat, subprocess
     import ray
-    from trainflow.runtime import _OWN_TEMP, ensure_ray, start_ray_in_background, stop_ray
+    from trainflow.run.runtime import _OWN_TEMP, ensure_ray, start_ray_in_background, stop_ray
 
     S = "s3ntinel-9f1c2e"  # scaling.env_vars and ray.runtime_env's env_vars: the workers get them, no Ray log does
     thread = start_ray_in_background(runtime_env={"env_vars": {"TF_JOB_TOKEN": S + "-job"}},
@@ -63,7 +63,7 @@ def test_the_private_ray_folder_fits_socket_paths_for_any_tmpdir():
 
     base = tempfile.mkdtemp(prefix="tf", dir="/tmp")
     try:
-        probe = "import tempfile, trainflow.runtime as r; print(r.private_temp_dir(None)); r.remove_own_temp()"
+        probe = "import tempfile, trainflow.run.runtime as r; print(r.private_temp_dir(None)); r.remove_own_temp()"
         for length in (19, 35, 60):
             tmpdir = _folder_of_length(base, length)
             env = dict(os.environ, TMPDIR=tmpdir)

@@ -34,7 +34,7 @@ SENTINELS = ("uri-secret-5f1e9a", "env-secret-77c2d1", "runtime-secret-0b3e44")
 @pytest.fixture(scope="module")
 def ray_with_s3(s3_endpoint, own_ray):
     """A local Ray started after the AWS settings exist, so every worker inherits them."""
-    from trainflow.runtime import ensure_ray
+    from trainflow.run.runtime import ensure_ray
 
     ensure_ray(num_cpus=2)
     yield
@@ -284,7 +284,7 @@ def test_retention_in_a_bucket_removes_only_recorded_runs_and_keeps_one_in_progr
     import time
 
     from trainflow.config import config_from_dict
-    from trainflow.locks import run_lock
+    from trainflow.run.locks import run_lock
     from trainflow.retention import LEDGER, collect, record_start
 
     fs, storage = s3_endpoint, f"s3://{BUCKET}/kept-runs"

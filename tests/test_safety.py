@@ -22,7 +22,7 @@ import torch
 
 from tests.conftest import write_config, write_parquet
 from trainflow.config import config_from_dict, load_config
-from trainflow.tracking import tracking
+from trainflow.run.tracking import tracking
 from trainflow.errors import DataError, InfrastructureError
 from trainflow.folds import FoldPlan
 from trainflow.outputs import MANIFEST, guard_output, read_manifest, write_output
@@ -180,7 +180,7 @@ def _gate_setup(tmp_path, table=None, **sections):
 def _register(cfg, path: str):
     from trainflow.tasks.values import Registered
     from trainflow.tasks.model_package import MODEL_CODE, requirements
-    from trainflow.tracking import ensure_experiment, tracking
+    from trainflow.run.tracking import ensure_experiment, tracking
 
     with tracking(cfg.mlflow.tracking_uri):
         exp = ensure_experiment(cfg.mlflow.tracking_uri, "gate")

@@ -11,7 +11,7 @@ from tests.faults import small_run, stall_after_blocks
 from trainflow.trainer.runner import build_trainer, fit_run, run_dir
 from trainflow.flows.cli import main as cli_main
 from trainflow.errors import TrainingError
-from trainflow.runtime import ensure_ray
+from trainflow.run.runtime import ensure_ray
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("own_ray")]
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from trainflow.errors import UnreadableCheckpoint
-from trainflow.storage import replace_bytes
+from trainflow.run.storage import replace_bytes
 
 CALIBRATION_FILE = "calibration.json"
 # the ranges fitting produces (and clamps to): a stored value outside them was not written by a fit

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from trainflow.preprocessors.tabular import TabularPreprocessor
-from trainflow.redact import redact_config
+from trainflow.run.redact import redact_config
 
 if TYPE_CHECKING:  # torch is imported where a torch checkpoint is written or read: a booster's worker never needs it
     import torch
@@ -139,7 +139,7 @@ def warm_files(warm: dict[str, Any]) -> Iterator[Path]:
 
 def checkpoints_on_disk(run_path: str) -> list[dict[str, Any]]:
     """The run's readable checkpoints as {"path", "epoch", "metrics"}, oldest epoch first (local or URI)."""
-    from trainflow.storage import join, list_dir, read_text
+    from trainflow.run.storage import join, list_dir, read_text
 
     found = []
     for name, is_dir in list_dir(run_path):
@@ -158,7 +158,7 @@ def persist(folder: str, uri: str) -> None:
     """Copy a reported checkpoint's folder to uri (a fit in Ray Train's local mode, which persists none), its
     metrics.json last: a copy cut short has none, so no reader takes it for a checkpoint (the train task removes it
     as left over). The folder is left as it was."""
-    from trainflow.storage import upload_files
+    from trainflow.run.storage import upload_files
 
     upload_files(uri, folder, METRICS_FILE)
 
@@ -170,7 +170,7 @@ def latest_in_run(run_path: str):
     from pyarrow.fs import FileSelector, FileType
     from ray.train import Checkpoint
 
-    from trainflow.storage import filesystem_for
+    from trainflow.run.storage import filesystem_for
 
     fs, inner = filesystem_for(run_path)
     found = [

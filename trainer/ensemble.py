@@ -23,7 +23,7 @@ import torch
 
 from trainflow.data import Rows, arrow_batches
 from trainflow.preprocessors.tabular import TabularPreprocessor
-from trainflow.storage import is_uri, join, list_dir, localize, staging_folder, upload_dir, write_text
+from trainflow.run.storage import is_uri, join, list_dir, localize, staging_folder, upload_dir, write_text
 from trainflow.trainer.checkpoint import write_common
 from trainflow.trainer.serving import ENSEMBLE, ENSEMBLE_FILE, combine, member_dir
 

@@ -19,7 +19,7 @@ from ray.train import UserCallback
 # them): the worker group's start and the controller's state changes, which UserCallback lacks
 from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
 
-from trainflow.storage import join, list_dir, read_text, write_text
+from trainflow.run.storage import join, list_dir, read_text, write_text
 
 if TYPE_CHECKING:
     from trainflow.config import Config, ScalingSection

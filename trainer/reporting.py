@@ -42,7 +42,7 @@ def record_start(loop_config: dict[str, Any], rank: int, start: int, resumed: bo
 
 def async_upload(upload: str, storage_path: str) -> bool:
     """checkpoint.upload: whether a checkpoint goes to storage while training goes on (auto: where it is remote)."""
-    from trainflow.storage import is_uri
+    from trainflow.run.storage import is_uri
 
     return upload == "async" or (upload == "auto" and is_uri(storage_path))
 

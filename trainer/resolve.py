@@ -8,8 +8,8 @@ from pathlib import Path
 
 from trainflow.config import Config
 from trainflow.errors import CheckpointError, InfrastructureError
-from trainflow.storage import private_copy, private_dir
-from trainflow.tracking import MODEL_URI
+from trainflow.run.storage import private_copy, private_dir
+from trainflow.run.tracking import MODEL_URI
 from trainflow.trainer.checkpoint import read_config
 from trainflow.trainer.families.network import user_class_path
 from trainflow.trainer.serving import member_dirs

@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from trainflow.errors import ConfigError
-from trainflow.runtime import nodes
+from trainflow.run.runtime import nodes
 
 
 def worker_bundle(scaling: dict[str, Any]) -> dict[str, float]:

@@ -27,8 +27,8 @@ from trainflow.config import Config, FailureSection, ScalingSection
 from trainflow.errors import ConfigError, TrainingError
 from trainflow.trainer.memory import is_out_of_memory, out_of_memory_error
 from trainflow.trainer.resources import check_fits
-from trainflow.runtime import cluster_named
-from trainflow.storage import filesystem_for, join, list_dir, read_text
+from trainflow.run.runtime import cluster_named
+from trainflow.run.storage import filesystem_for, join, list_dir, read_text
 
 # the folder names Ray Train gives checkpoints (StorageContext.make_default_checkpoint_dir_name)
 CHECKPOINT_DIR = re.compile(r"^checkpoint_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d\.\d{6}$")
@@ -355,7 +355,7 @@ def build_shared_trainer(
 def worker_env_to_pass(wanted: dict[str, str]) -> dict[str, str]:
     """scaling.env_vars that the workers' runtime_env must still carry: those the local Ray this process started does
     not have in its processes' environment already (a runtime_env's values are written to Ray's agent log)."""
-    from trainflow.runtime import carried_env
+    from trainflow.run.runtime import carried_env
 
     carried = carried_env()
     return {k: v for k, v in wanted.items() if carried.get(k) != str(v)}

@@ -94,7 +94,7 @@ def check_stop() -> None:
     between steps: the latest checkpoint in storage is where a rerun of the run name resumes."""
     if _local.get() is None:
         return
-    from trainflow.runtime import stop_requested
+    from trainflow.run.runtime import stop_requested
 
     if stop_requested():
         raise RuntimeError("training stopped: this process was asked to stop (SIGTERM)")
@@ -143,7 +143,7 @@ def report(metrics: dict[str, Any], checkpoint=None, **kwargs: Any) -> None:
     local = _local.get()
     if local is not None:
         if checkpoint is not None:
-            from trainflow.storage import join
+            from trainflow.run.storage import join
             from trainflow.trainer.checkpoint import persist
 
             persist(checkpoint.path, join(local[0], name or StorageContext.make_default_checkpoint_dir_name()))
@@ -220,7 +220,7 @@ class FoldLoop:
     ) -> None:
         """The folds, resuming the one latest belongs to from it (earlier ones finished); later: this family's folds
         that a later fit of a shared run trains (they share its time); shared: (family, its folder)."""
-        from trainflow.storage import join
+        from trainflow.run.storage import join
 
         folds = list(loop_config["folds"])
         at = fold_of(latest)
@@ -309,8 +309,8 @@ class FamiliesLoop:
         import json
         import traceback
 
-        from trainflow.redact import redact_text
-        from trainflow.storage import join, write_text
+        from trainflow.run.redact import redact_text
+        from trainflow.run.storage import join, write_text
 
         config = {
             **loop_config,
@@ -357,7 +357,7 @@ def _failed_here(loop_config: dict[str, Any], folder: str) -> bool:
     attempt's before the fit)."""
     from pyarrow.fs import FileType
 
-    from trainflow.storage import filesystem_for, join
+    from trainflow.run.storage import filesystem_for, join
 
     fs, inner = filesystem_for(join(loop_config["run_dir"], folder, FAILED_FILE))
     return fs.get_file_info(inner).type == FileType.File
@@ -370,7 +370,7 @@ def _apply_not_earning(loop_config: dict[str, Any], rule: dict[str, Any]) -> dic
     restarted worker decides the same; a family whose first fold had time for one step only is left out too."""
     import json
 
-    from trainflow.storage import join, read_text, write_text
+    from trainflow.run.storage import join, read_text, write_text
     from trainflow.trainer.checkpoint import METRICS_FILE, checkpoints_on_disk
     from trainflow.trainer.deadline import TIME_LIMITED
 

@@ -21,7 +21,7 @@ from trainflow.trainer.progress import ProgressCallback
 from trainflow.trainer.runner import build_trainer, run_dir
 from trainflow.config import Config, trial_config
 from trainflow.errors import ConfigError
-from trainflow.storage import list_dir
+from trainflow.run.storage import list_dir
 
 
 def search_space(space: dict[str, dict[str, list[Any]]]) -> dict[str, Any]:

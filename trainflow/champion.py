@@ -22,7 +22,7 @@ from typing import Any
 import mlflow
 
 from trainflow.errors import ConfigError
-from trainflow.tracking import CHAMPION, current_champion
+from trainflow.run.tracking import CHAMPION, current_champion
 
 PERIODS_TAG = "trainflow.champion.periods"
 MAX_PERIODS = 20  # per version (MLflow's 5,000-character tag value); the oldest go first
@@ -170,7 +170,7 @@ def below_the_floor(target: Any, floor: float | None, mode: str) -> str | None:
 def never_fit_to_serve(client: mlflow.MlflowClient, name: str, target) -> str | None:
     """Why a version is no rollback target without --force: the gate rejected it, or it never served as @champion
     (its recorded history has no period); None for a version that served."""
-    from trainflow.tracking import DECISION_TAG
+    from trainflow.run.tracking import DECISION_TAG
 
     decision = target.tags.get(DECISION_TAG)
     if decision is not None and decision != "promoted":
@@ -187,7 +187,7 @@ def rollback(
     """Move @champion of name back to version under the champion lock, recording who, when and why; the move. A
     version whose recorded score misses promotion.min_score (floor) is refused unless force. A Prefect event
     (trainflow.model.rolled_back) says so where a Prefect API is configured."""
-    from trainflow.locks import exclusive
+    from trainflow.run.locks import exclusive
 
     if not reason.strip():
         raise ConfigError("rollback: say why (--reason): it is recorded with the move")
@@ -198,7 +198,7 @@ def rollback(
         target = client.get_model_version(name, version)
     except mlflow.exceptions.MlflowException as exc:
         if exc.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
-            raise  # the registry failing (or gone away: trainflow.services) is no missing version
+            raise  # the registry failing (or gone away: trainflow.run.services) is no missing version
         gone = deleted_why(client, name, str(version))
         raise ConfigError(
             f"rollback: {name} has no version {version!r} in {uri}" + (f": {gone}" if gone else "")
@@ -222,7 +222,7 @@ def rollback(
 def _emit_rolled_back(name: str, moved: dict[str, Any]) -> None:
     """The move as a Prefect event, as the gate emits its decisions; only where a Prefect API is configured (a
     local rollback has no server to tell), and never failing the move."""
-    from trainflow.locks import prefect_server_configured
+    from trainflow.run.locks import prefect_server_configured
 
     if not prefect_server_configured():
         return

@@ -14,9 +14,9 @@ import ray
 import ray.data
 
 from trainflow.errors import DataError
-from trainflow.runtime import cluster_resources
+from trainflow.run.runtime import cluster_resources
 
-from trainflow.storage import with_scheme
+from trainflow.run.storage import with_scheme
 from trainflow.tables import check_csv_header, check_names, csv_arguments, list_files
 
 

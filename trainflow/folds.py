@@ -399,7 +399,7 @@ class FoldPlan:
         return plan
 
     def save(self, directory: str | Path) -> None:
-        from trainflow.storage import replace_bytes
+        from trainflow.run.storage import replace_bytes
 
         replace_bytes(str(Path(directory) / PLAN_FILE), json.dumps(self.to_dict(), indent=1).encode())
 

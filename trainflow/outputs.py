@@ -9,7 +9,7 @@ Every output carries a manifest, `_trainflow_output.json` (model, rows, time, fi
   naming it is one PUT, made after every file is complete; the previous generation is deleted after that.
   A reader that follows the manifest (`output_files`) sees the old or the new output, never a mix; a crash
   before the manifest leaves the previous output whole (the next write removes the unfinished generation).
-- Writers of one output queue on a lock (trainflow/locks.py).
+- Writers of one output queue on a lock (trainflow/run/locks.py).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from trainflow.errors import DataError
-from trainflow.services import is_down, patient_storage
-from trainflow.storage import filesystem_for, is_uri
+from trainflow.run.services import is_down, patient_storage
+from trainflow.run.storage import filesystem_for, is_uri
 
 log = logging.getLogger("trainflow.outputs")
 
@@ -300,7 +300,7 @@ def _write_local(ds, fs: pafs.FileSystem, inner: str, expected_rows: int, meta: 
 def _write_object_store(
     ds, fs: pafs.FileSystem, inner: str, output: str, expected_rows: int, meta: dict[str, Any]
 ) -> int:
-    from trainflow.storage import with_scheme
+    from trainflow.run.storage import with_scheme
 
     generation = f"gen-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"
     prefix = f"{inner}/{generation}"
@@ -343,7 +343,7 @@ def write_output(ds, output: str, expected_rows: int, meta: dict[str, Any], conf
     Checks again (under the output's lock) that output is absent or trainflow's: the check before the run
     may be hours old. Raises DataError when the row count is not expected_rows (output unchanged).
     """
-    from trainflow.locks import exclusive
+    from trainflow.run.locks import exclusive
 
     fs, inner = filesystem_for(output)
     inner = inner.rstrip("/")

@@ -28,7 +28,7 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 import pyarrow as pa
 
 from trainflow.errors import DataError, InfrastructureError
-from trainflow.services import is_down
+from trainflow.run.services import is_down
 
 COPY_ROWS_PER_FILE = 1_000_000  # the copy's Parquet files: Ray Data reads them in parallel, a file per task
 COPY_ROW_GROUP_ROWS = 128 * 1024
@@ -153,7 +153,7 @@ class SqlSource:
             import adbc_driver_postgresql.dbapi as pg
         except ModuleNotFoundError:
             raise DataError("a PostgreSQL source needs its driver: pip install 'trainflow[postgres]'") from None
-        from trainflow.services import WAITS, patient
+        from trainflow.run.services import WAITS, patient
 
         try:
             conn = patient(
@@ -212,7 +212,7 @@ class SqlSource:
 
     def guarded(self, conn, batches: Iterator) -> _Guarded:
         """batches (read on conn) each waited for at most services.database_read_s; close() closes conn."""
-        from trainflow.services import WAITS
+        from trainflow.run.services import WAITS
 
         return _Guarded(batches, WAITS.database_read, conn, lambda: self.stalled(WAITS.database_read))
 
@@ -298,7 +298,7 @@ def copy_to_parquet(source: SqlSource, folder: str) -> dict[str, Any]:
     """The query's result, read in one read-only transaction, streamed into Parquet files under folder (a new
     folder of this run's storage); the record of the copy (server, query, rows, files, when). DataError for a query
     with no rows (nothing is left behind)."""
-    from trainflow.storage import filesystem_for, is_uri, join, with_scheme
+    from trainflow.run.storage import filesystem_for, is_uri, join, with_scheme
 
     fs, inner = filesystem_for(folder)
     local = not is_uri(folder)

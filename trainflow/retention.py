@@ -32,7 +32,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from trainflow.storage import filesystem_for, is_uri, join, list_dir, read_text, replace_bytes
+from trainflow.run.storage import filesystem_for, is_uri, join, list_dir, read_text, replace_bytes
 
 LEDGER = ".trainflow-runs"
 _VALID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # tasks/run_name.py VALID: what a run name may be
@@ -170,8 +170,8 @@ class Plan:
 def _versions_by_run(client, model: str, storage_path: str) -> tuple[dict[str, list[Any]], dict[str, str]]:
     """Each retrain run name's model versions (by the version's MLflow run and that run's parent's
     trainflow.retrain tag), and each version's run name; versions of another storage_path are left out."""
-    from trainflow.locks import normalized_scope
-    from trainflow.tracking import RETRAIN_TAG
+    from trainflow.run.locks import normalized_scope
+    from trainflow.run.tracking import RETRAIN_TAG
 
     by_run: dict[str, list[Any]] = {}
     of: dict[str, str] = {}
@@ -224,7 +224,7 @@ IN_PROGRESS_WAIT_S = 5.0
 
 
 def _run_lock(storage_path: str, run_name: str):
-    from trainflow.locks import exclusive
+    from trainflow.run.locks import exclusive
 
     return exclusive("run", run_name, storage_path, timeout_s=IN_PROGRESS_WAIT_S)  # locks.run_lock's lock
 
@@ -274,7 +274,7 @@ def collect(
     """Apply config.retention to config.storage_path (and the registry, with delete_versions); dry_run: the same
     answer, nothing removed; needed: versions something else needs (tasks/retention.py output_version), kept with
     why. The summary: what went, what stayed, why, and the bytes freed."""
-    from trainflow.locks import LockTimeout
+    from trainflow.run.locks import LockTimeout
 
     chosen = plan(config, current, needed)
     storage = config.storage_path
@@ -330,8 +330,8 @@ def _forget(config, run_name: str, versions: list[str], needed: dict[str, str]) 
     import mlflow
 
     from trainflow.champion import note_deleted
-    from trainflow.locks import exclusive
-    from trainflow.tracking import RETRAIN_TAG
+    from trainflow.run.locks import exclusive
+    from trainflow.run.tracking import RETRAIN_TAG
 
     uri, model = config.mlflow.tracking_uri, config.mlflow.registered_model
     client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)

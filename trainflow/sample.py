@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trainflow.storage import replace_bytes
+from trainflow.run.storage import replace_bytes
 
 PLANS = ["basic", "standard", "premium"]
 REGIONS = ["north", "south", "east", "west", "central"]

@@ -25,7 +25,7 @@ def snapshot(data: Any, storage_path: str) -> str:
     from ray.data.datasource import FilenameProvider
 
     from trainflow.errors import DataError
-    from trainflow.storage import filesystem_for, join, read_bytes, replace_bytes
+    from trainflow.run.storage import filesystem_for, join, read_bytes, replace_bytes
     from trainflow.tables import check_names
 
     class BlockFiles(FilenameProvider):

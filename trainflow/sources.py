@@ -167,7 +167,7 @@ def read_dataset(data, snap: Snapshot, **extra: Any):
 
 def snapshot_bytes(snap: Snapshot) -> int:
     """The snapshot's size once decoded, from its data files' Parquet footers (no rows read)."""
-    from trainflow.storage import filesystem_for
+    from trainflow.run.storage import filesystem_for
     from trainflow.tables import in_memory_bytes
 
     if not snap.files:

@@ -19,7 +19,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from trainflow.errors import ConfigError, DataError
-from trainflow.storage import filesystem_for, is_uri
+from trainflow.run.storage import filesystem_for, is_uri
 
 GLOB_CHARS = "*?["
 
@@ -28,7 +28,7 @@ def list_files(path: str, fmt: str) -> tuple[pafs.FileSystem, list[str]]:
     """Expand a file, folder or glob into the sorted data files it names; DataError if none. An object store that
     does not answer is waited for (services.storage_wait_s)."""
     if is_uri(path):
-        from trainflow.services import patient_storage
+        from trainflow.run.services import patient_storage
 
         return patient_storage(lambda: _list_files(path, fmt), path)
     return _list_files(path, fmt)

@@ -27,7 +27,7 @@ from trainflow.flows.cli.commands import (
 )
 from trainflow.flows.cli.errors import exit_code, short_failure_logs
 from trainflow.flows.cli.output import write_out
-from trainflow.runtime import stop_ray
+from trainflow.run.runtime import stop_ray
 
 # in the order `trainflow --help` lists them
 COMMANDS: tuple[ModuleType, ...] = (
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         parsed(parser, args)
     # Prefect's temporary server would try to send usage telemetry (an ERROR line offline); a user's setting wins
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    # MLflow's transfer bars in a terminal only (trainflow.runtime.plain_progress, which imports Ray: not here)
+    # MLflow's transfer bars in a terminal only (trainflow.run.runtime.plain_progress, which imports Ray: not here)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "true" if sys.stderr.isatty() else "false")
     try:
         with short_failure_logs(not args.debug):

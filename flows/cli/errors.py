@@ -10,7 +10,7 @@ import sys
 import traceback
 
 from trainflow.errors import TrainflowError
-from trainflow.runtime import stop_ray, stop_requested
+from trainflow.run.runtime import stop_ray, stop_requested
 
 
 @contextlib.contextmanager
@@ -48,7 +48,7 @@ def exit_code(exc: BaseException, debug: bool) -> int:
         stop_ray()
         return 128 + signal.SIGTERM
     from trainflow.errors import disk_full
-    from trainflow.redact import redact_text
+    from trainflow.run.redact import redact_text
 
     if disk_full(exc):
         print(
@@ -61,7 +61,7 @@ def exit_code(exc: BaseException, debug: bool) -> int:
     if isinstance(exc, TrainflowError):
         print(f"trainflow: error: {redact_text(str(exc))}", file=sys.stderr)
         return 2
-    from trainflow.services import explain
+    from trainflow.run.services import explain
 
     absent = explain(exc)  # a service that stayed away longer than the run waits for it: named, exit 1
     if absent is not None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trainflow.flows.cli.parser import parse_overrides
-from trainflow.runtime import stop_requested
+from trainflow.run.runtime import stop_requested
 
 
 def check_approval(config, args: argparse.Namespace) -> None:
@@ -57,7 +57,7 @@ class FlowCommand:
             # the columns the config names, from the files' metadata: seconds, before anything starts
             preflight(config, getattr(args, "run_name", None), unlabelled_ok=self.unlabelled_ok)
         from trainflow.flows.local import run_here
-        from trainflow.services import wait_for_prefect
+        from trainflow.run.services import wait_for_prefect
 
         wait_for_prefect()  # a configured Prefect API that does not answer yet is waited for (services.prefect_wait_s)
         summary = run_here(self.name, config, args)  # small work with no Prefect API: answered here, in seconds
@@ -66,13 +66,13 @@ class FlowCommand:
         return self._flow_run(config, args, overrides)
 
     def _flow_run(self, config, args: argparse.Namespace, overrides: dict[str, Any]) -> dict[str, Any] | None:
-        from trainflow.runtime import (
+        from trainflow.run.runtime import (
             local_flow_settings,
             start_prefect_server_in_background,
             start_ray_in_background,
             temporary_server,
         )
-        from trainflow.services import prefect_client_retries
+        from trainflow.run.services import prefect_client_retries
 
         # Ray and Prefect's temporary server come up while this process imports the flow
         if self.needs_ray(config):
@@ -81,7 +81,7 @@ class FlowCommand:
         module, function = self.flow.split(":")
         flow = getattr(importlib.import_module(module), function)
         if self.prepare_store:
-            from trainflow.tracking import prepare_store
+            from trainflow.run.tracking import prepare_store
 
             prepare_store(config.mlflow.tracking_uri)  # a first run's MLflow tables, while the server starts
         if server is not None:

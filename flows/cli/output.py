@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainflow.errors import TrainflowError
-from trainflow.storage import replace_bytes, write_new
+from trainflow.run.storage import replace_bytes, write_new
 
 
 def write_out(path: str, text: str, replace: bool = True) -> None:

@@ -143,7 +143,7 @@ def library_params(
 
 def snapshot_uri(run_dir: str, lineage: dict[str, str] | None) -> str:
     """The run's snapshot in storage, named by its data and training config (another config never continues it)."""
-    from trainflow.storage import join
+    from trainflow.run.storage import join
 
     digest = hashlib.blake2b(json.dumps(lineage or {}, sort_keys=True).encode(), digest_size=8).hexdigest()
     return join(run_dir, f"catboost-{digest}.snapshot")
@@ -194,7 +194,7 @@ class Progress:
         self.last_copy = time.perf_counter()
         if not self.local.exists() or self.local.stat().st_mtime <= self.copied_mtime:
             return
-        from trainflow.storage import replace_bytes
+        from trainflow.run.storage import replace_bytes
 
         self.copied_mtime = self.local.stat().st_mtime
         replace_bytes(self.remote, self.local.read_bytes())  # the snapshot first: a history never older than it
@@ -203,7 +203,7 @@ class Progress:
 
 def fetch_snapshot(remote: str, local: Path) -> list[dict[str, float]]:
     """The stored snapshot copied to local (CatBoost continues from it) and its history; [] when there is none."""
-    from trainflow.storage import read_bytes
+    from trainflow.run.storage import read_bytes
 
     try:
         data, history = read_bytes(remote), json.loads(read_bytes(remote + ".json"))

@@ -23,8 +23,8 @@ from trainflow.sources import SOURCE_FORMATS
 from trainflow.config.operations import ServicesSection
 from trainflow.config.root import Config
 from trainflow.errors import ConfigError
-from trainflow.redact import protect
-from trainflow.storage import is_uri
+from trainflow.run.redact import protect
+from trainflow.run.storage import is_uri
 
 
 def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
@@ -165,7 +165,7 @@ def apply_to_process(cfg: Config) -> None:
 def _apply_waits(services: ServicesSection | dict | None, tracking_uri: str | None) -> None:
     """This process waits out absent services for as long as the config says (an invalid section: the defaults, and
     validation names the problem)."""
-    from trainflow import services as waits
+    from trainflow.run import services as waits
 
     if not isinstance(services, ServicesSection):
         try:

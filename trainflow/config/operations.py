@@ -259,7 +259,7 @@ class RetentionSection(_Section):
 
 
 class ServicesSection(_Section):
-    """How long a run waits out a service that does not answer before it fails naming it (trainflow/services.py)."""
+    """How long a run waits out a service that does not answer before it fails naming it (trainflow/run/services.py)."""
 
     mlflow_wait_s: float = key(
         300.0,

@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     uri, name = config.mlflow.tracking_uri, config.mlflow.registered_model
     if args.champion_command == "rollback":
         from trainflow.champion import previous_champion
-        from trainflow.services import wait_for_prefect
+        from trainflow.run.services import wait_for_prefect
 
         wait_for_prefect()  # the champion lock is the Prefect server's when one is configured
         if args.to is None:

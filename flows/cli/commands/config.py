@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> None:
     import yaml
 
     from trainflow.config import load_config
-    from trainflow.redact import redact_config
+    from trainflow.run.redact import redact_config
 
     config = load_config(args.config, parse_overrides(args.set))
     if config.task_inferred:

@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from trainflow.config import load_config
     from trainflow.retention import collect
     from trainflow.tasks.retention import output_version
-    from trainflow.services import wait_for_prefect
+    from trainflow.run.services import wait_for_prefect
 
     config = load_config(args.config, parse_overrides(args.set))
     if not config.retention.limited:

@@ -105,7 +105,7 @@ def prefect_server_configured() -> bool:
     return bool(url) and TEMPORARY_API != [url]
 
 
-# the API URL of this process's running temporary server (trainflow/runtime.py TemporaryServer): no server the user
+# the API URL of this process's running temporary server (trainflow/run/runtime.py TemporaryServer): no server the user
 # configured, though its clients reach it through PREFECT_API_URL
 TEMPORARY_API: list[str] = []
 
@@ -126,7 +126,7 @@ class _Waiter:
         self.kind, self.key, self.name, self.timeout_s, self.read_holder = kind, key, name, timeout_s, read_holder
         self.start = time.monotonic()
         self.next_note = self.start + min(WAIT_NOTE_S, 5.0)  # the first line soon: the waiter is not silent
-        self.log = logging.getLogger("trainflow.locks")
+        self.log = logging.getLogger("trainflow.run.locks")
 
     def left(self) -> float:
         return self.start + self.timeout_s - time.monotonic()

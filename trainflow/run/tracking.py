@@ -94,7 +94,7 @@ def prepare_store(tracking_uri: str) -> None:
     an error (the tracking step meets it again and reports it), is left as it is."""
     if not tracking_uri.startswith("sqlite:///") or store_exists(tracking_uri):
         return
-    from trainflow.storage import staging_folder
+    from trainflow.run.storage import staging_folder
 
     db = Path(tracking_uri.removeprefix("sqlite:///"))
     staging = None

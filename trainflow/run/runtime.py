@@ -418,7 +418,7 @@ class TemporaryServer:
     """Prefect's temporary server (the command Prefect's own SubprocessASGIServer runs, prefect/server/api/server.py),
     started by trainflow without importing Prefect's server into this process (its FastAPI app, 4-5 s of CPU that
     competed with this process's own imports and Ray's start): once it answers, this process's Prefect clients use
-    it through PREFECT_API_URL, and `trainflow.locks.TEMPORARY_API` tells trainflow the URL is this server's, not one a user
+    it through PREFECT_API_URL, and `trainflow.run.locks.TEMPORARY_API` tells trainflow the URL is this server's, not one a user
     configured. A start that fails or times out stops the process it started (a retry never leaves one running);
     starts are serialized per Prefect home across processes (two CLI runs started together both come up: each new
     server migrates the home's one database); the server dies with this process however it ends (SIGTERM, SIGINT,
@@ -436,7 +436,7 @@ class TemporaryServer:
     @property
     def running(self) -> bool:
         """Started, answering, and the API this process's Prefect clients use."""
-        from trainflow.locks import TEMPORARY_API
+        from trainflow.run.locks import TEMPORARY_API
 
         return self.server_process is not None and TEMPORARY_API == [self.api_url]
 
@@ -484,7 +484,7 @@ class TemporaryServer:
 
         from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
 
-        from trainflow.locks import TEMPORARY_API, exclusive
+        from trainflow.run.locks import TEMPORARY_API, exclusive
 
         with self._lock:
             if self.running:
@@ -537,7 +537,7 @@ class TemporaryServer:
         )
 
     def stop(self) -> None:
-        from trainflow.locks import TEMPORARY_API
+        from trainflow.run.locks import TEMPORARY_API
 
         if TEMPORARY_API == [self.api_url]:
             TEMPORARY_API.clear()
@@ -582,7 +582,7 @@ def local_flow_settings() -> Iterator[None]:
     Prefect's settings as they are."""
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-    from trainflow.locks import prefect_server_configured
+    from trainflow.run.locks import prefect_server_configured
 
     if prefect_server_configured():
         yield

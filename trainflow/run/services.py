@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, TypeVar
 
 from trainflow.errors import InfrastructureError, exception_chain
 
-log = logging.getLogger("trainflow.services")
+log = logging.getLogger("trainflow.run.services")
 T = TypeVar("T")
 
 WAIT_NOTE_S = 30.0  # a waiting run says so at once, then this often

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from trainflow.errors import DataError
-from trainflow.services import patient_storage
+from trainflow.run.services import patient_storage
 
 
 def _patient(fn):
