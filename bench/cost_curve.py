@@ -2,7 +2,7 @@
 defaults on the same rows in the same run.
 
 For each size (COST_CURVE_ROWS, default 150, 1,500, 15,000 and 150,000 rows) of the bundled generator's table
-(trainflow.sample: 12 columns of numbers and text, a binary label), a quarter is held out (the same rows for all
+(trainflow.tables.sample: 12 columns of numbers and text, a binary label), a quarter is held out (the same rows for all
 three). trainflow: `trainflow retrain` of the default config (the table, its label, storage and MLflow; nothing else)
 as a whole process, which also predicts the held-out rows. Baselines: scikit-learn's HistGradientBoosting (fit and
 predict in this process) and AutoGluon-Tabular 1.6 with its defaults (medium_quality, no time limit) as a whole process
@@ -62,7 +62,7 @@ def _table(frame):
 
 
 def main() -> None:
-    from trainflow.sample import make_churn_table
+    from trainflow.tables.sample import make_churn_table
 
     for rows in SIZES:
         frame = make_churn_table(rows, seed=rows).to_pandas().drop(columns=["customer_id"])

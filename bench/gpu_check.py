@@ -24,7 +24,7 @@ from trainflow.config import config_from_dict
 from trainflow.data import plan_split, split_roles
 from trainflow.folds import TRAIN, VALIDATION
 from trainflow.preprocessors.fit import check_text_columns, fit_and_pack
-from trainflow.tables import table_spec
+from trainflow.tables.files import table_spec
 from trainflow.trainer.runner import build_trainer
 from trainflow.trainer.serving import load_servable
 from trainflow.trainer.predict import predict_table, predict_dataset

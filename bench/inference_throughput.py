@@ -29,7 +29,7 @@ def make_checkpoint(path, directory: str) -> str:
     from trainflow.config import config_from_dict
     from trainflow.data import arrow_schema, read_table
     from trainflow.preprocessors.fit import fit_preprocessor
-    from trainflow.tables import table_spec
+    from trainflow.tables.files import table_spec
 
     cfg = config_from_dict(
         {"data": {"path": str(path), "label": "y", "id_column": "id"}, "task": "regression", "model": {"type": "mlp"}}
@@ -84,7 +84,7 @@ def run_baseline(path, checkpoint: str, out: str) -> float:
 def main() -> None:
     import ray
 
-    from trainflow.tables import scoring_in_process_bytes
+    from trainflow.tables.files import scoring_in_process_bytes
 
     path = make_table()
     here = pq.ParquetFile(path).metadata.num_rows * (COLS + 2) * 8 <= scoring_in_process_bytes()

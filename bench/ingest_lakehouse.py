@@ -25,7 +25,7 @@ REPEATS = 3
 
 
 def _table(rows: int) -> pa.Table:
-    from trainflow.sample import make_churn_table
+    from trainflow.tables.sample import make_churn_table
 
     return make_churn_table(rows, seed=7)
 
@@ -64,7 +64,7 @@ def main() -> None:
 
     from trainflow.config import config_from_dict
     from trainflow.run.runtime import ensure_ray
-    from trainflow.sources import resolve_snapshot
+    from trainflow.tables.sources import resolve_snapshot
 
     table = _table(ROWS)
     with tempfile.TemporaryDirectory(prefix="trainflow-ingest-") as tmp:

@@ -48,7 +48,7 @@ def main() -> None:
     from tests.servers import Postgres
     from trainflow.config import config_from_dict
     from trainflow.run.runtime import ensure_ray
-    from trainflow.sample import make_churn_table
+    from trainflow.tables.sample import make_churn_table
 
     server = Postgres(free_port())
     try:

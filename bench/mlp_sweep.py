@@ -36,7 +36,7 @@ def run(name: str, variants: list[dict]) -> None:
     from trainflow.trainer.loop import member_loss
     from trainflow.config import Config
     from trainflow.preprocessors.fit import check_text_columns, fit_preprocessor
-    from trainflow.tables import table_spec
+    from trainflow.tables.files import table_spec
 
     frame, label, task = TABLES[name.split("@")[0]]()
     if "@" in name:  # table@rows: a seeded sample of that many rows, as model-quality draws it

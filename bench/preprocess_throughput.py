@@ -24,7 +24,7 @@ def run_trainflow(path) -> float:
     from trainflow.config import config_from_dict
     from trainflow.data import arrow_schema, read_table
     from trainflow.preprocessors.fit import apply_preprocessor, fit_preprocessor
-    from trainflow.tables import table_spec
+    from trainflow.tables.files import table_spec
 
     cfg = config_from_dict({"data": {"path": str(path), "label": "y", "id_column": "id"}, "task": "regression"})
     t0 = time.perf_counter()

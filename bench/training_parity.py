@@ -48,7 +48,7 @@ def run_trainflow(path: Path, storage: str) -> tuple[list[float], float]:
     from trainflow.config import config_from_dict
     from trainflow.data import arrow_schema, read_table
     from trainflow.preprocessors.fit import fit_and_pack
-    from trainflow.tables import table_spec
+    from trainflow.tables.files import table_spec
     from trainflow.run.runtime import ensure_ray
 
     ensure_ray(num_cpus=2)

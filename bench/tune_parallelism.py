@@ -23,7 +23,7 @@ def sweep(storage: str, name: str, max_concurrent: int | None) -> tuple[float, i
     from trainflow.trainer.tune import build_tuner
     from trainflow.config import config_from_dict
     from trainflow.preprocessors.fit import fit_and_pack
-    from trainflow.tables import table_spec
+    from trainflow.tables.files import table_spec
 
     table = make_regression_table(20_000)
     cfg = config_from_dict(

@@ -23,7 +23,7 @@ import pandas as pd
 
 from trainflow.config import Config, apply_overrides, config_from_dict, load_config, storage_path_of
 from trainflow.flows.handover import forget, hand_over
-from trainflow.snapshots import snapshot
+from trainflow.tables.snapshots import snapshot
 
 ConfigLike = str | os.PathLike | dict | Config
 

@@ -18,8 +18,8 @@ from typing import Any
 
 from trainflow.config import Config, infer_format
 from trainflow.errors import DataError
-from trainflow.sources import SNAPSHOT_FORMATS, SOURCE_FORMATS, resolve_snapshot, snapshot_bytes, source_dataset
-from trainflow.tables import check_names, check_present, did_you_mean, open_dataset
+from trainflow.tables.sources import SNAPSHOT_FORMATS, SOURCE_FORMATS, resolve_snapshot, snapshot_bytes, source_dataset
+from trainflow.tables.files import check_names, check_present, did_you_mean, open_dataset
 from trainflow.run.locks import prefect_server_configured
 
 
@@ -84,7 +84,7 @@ def scored_in_process(config: Config) -> bool:
 def small_table_fingerprint(config: Config) -> str | None:
     """The training table's fingerprint as ingest computes it for a table that fits in memory (its bytes), from the
     files alone; None for a table ingest may stream (fingerprinted by metadata, as the object store's size decides)."""
-    from trainflow.tables import IN_PROCESS_BYTES, fingerprint, in_memory_bytes, list_files
+    from trainflow.tables.files import IN_PROCESS_BYTES, fingerprint, in_memory_bytes, list_files
 
     data = config.data
     if data.format in SNAPSHOT_FORMATS:  # a Delta or Iceberg table: from its snapshot, at any size
@@ -148,7 +148,7 @@ def check_label_values(config: Config, unlabelled_ok: bool = False) -> None:
 
     from trainflow.data import count_rows_and_bad_labels
     from trainflow.folds import check_class_sizes, label_unfit_for_task
-    from trainflow.tables import IN_PROCESS_BYTES, in_memory_bytes, list_files
+    from trainflow.tables.files import IN_PROCESS_BYTES, in_memory_bytes, list_files
 
     data = config.data
     if data.format == "postgres":  # the label's values are checked on the run's copy (ingest)

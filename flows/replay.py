@@ -241,8 +241,8 @@ def _replay_config(config: Config, table_path: str, folder: str) -> Config:
 def read_history(config: Config, columns: list[str] | None = None) -> pa.Table:
     """The whole training table (or those columns of it) in this process (replay judges a table of the size one
     process holds: a sample of a larger one); DataError naming a column the table lacks."""
-    from trainflow.sources import SOURCE_FORMATS, source_dataset
-    from trainflow.tables import open_dataset
+    from trainflow.tables.sources import SOURCE_FORMATS, source_dataset
+    from trainflow.tables.files import open_dataset
 
     data = config.data
     ds = source_dataset(data) if data.format in SOURCE_FORMATS else open_dataset(data.path, data.format, data.csv)
@@ -390,7 +390,7 @@ def _fit(config: Config, older: pa.Table, folder: str, name: str, k: int, state:
     """Cutoff k's retrain on the rows older than it (a retrain flow run named <name>-cutoff<k>, resumed by that name;
     warm: <name>-cutoff<k>-warm, train.warm_start from the model the warm policy serves): its registered version and
     checkpoint. The same rows as a fresh fit before it: that fit again, not retrained."""
-    from trainflow.snapshots import snapshot
+    from trainflow.tables.snapshots import snapshot
     from trainflow.flows.retrain import retrain
     from trainflow.trainer.resolve import allowed_class_paths, resolve_checkpoint
 

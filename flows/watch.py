@@ -12,8 +12,8 @@ from prefect.events import emit_event
 from prefect.variables import Variable
 
 from trainflow.flows.handover import flow_config
-from trainflow.sources import SNAPSHOT_FORMATS, resolve_snapshot
-from trainflow.tables import list_files
+from trainflow.tables.sources import SNAPSHOT_FORMATS, resolve_snapshot
+from trainflow.tables.files import list_files
 from trainflow.run.redact import redact_text
 
 DATA_EVENT = "trainflow.data.changed"
@@ -23,7 +23,7 @@ def source_fingerprint(data) -> str:
     """A Delta or Iceberg table's current snapshot (from its log or metadata), a PostgreSQL source's watermark (one
     aggregate query), or files_fingerprint."""
     if data.format == "postgres":
-        from trainflow.postgres import SqlSource
+        from trainflow.tables.postgres import SqlSource
 
         return SqlSource.of(data).watermark(data.watermark)
     if data.format in SNAPSHOT_FORMATS:

@@ -31,7 +31,7 @@ from trainflow.preprocessors.dates import date_parts, looks_like_dates, parts_fo
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.config import PreprocessSection
 from trainflow.data import Rows, per_batch, schema_of, streamed_task_args
-from trainflow.tables import TableSpec
+from trainflow.tables.files import TableSpec
 
 
 def check_text_columns(

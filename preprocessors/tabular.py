@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from trainflow.errors import UnreadableCheckpoint
 from trainflow.preprocessors.dates import date_parts
-from trainflow.tables import is_numeric_type, is_string_type, is_temporal_type
+from trainflow.tables.files import is_numeric_type, is_string_type, is_temporal_type
 
 FEATURES = "features"
 LABEL = "label"

@@ -15,7 +15,7 @@ from trainflow.config import Config, infer_format
 from trainflow.errors import TrainflowError, disk_full
 from trainflow.run.runtime import stop_requested
 from trainflow.run.services import explain
-from trainflow.tables import in_memory_bytes, list_files, scoring_in_process_bytes
+from trainflow.tables.files import in_memory_bytes, list_files, scoring_in_process_bytes
 
 
 def chart_figure(**kwargs):

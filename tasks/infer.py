@@ -21,9 +21,9 @@ from trainflow.trainer.predict import (
 from trainflow.config import Config, infer_format
 from trainflow.data import arrow_schema, read_table, should_materialize
 from trainflow.preprocessors.fit import check_unseen, count_drift, count_unseen
-from trainflow.tables import in_memory_bytes, list_files, read_arrow
-from trainflow.outputs import check_destination, write_output
-from trainflow.sinks import SINK_FORMATS, Sink, prediction_columns, scoring_run_id, write_sink
+from trainflow.tables.files import in_memory_bytes, list_files, read_arrow
+from trainflow.tables.outputs import check_destination, write_output
+from trainflow.tables.sinks import SINK_FORMATS, Sink, prediction_columns, scoring_run_id, write_sink
 from trainflow.errors import CheckpointError, DataError
 from trainflow.run.runtime import ensure_ray
 from trainflow.run.tracking import MODEL_URI

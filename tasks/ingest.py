@@ -20,7 +20,7 @@ from trainflow.data import (
     should_materialize,
     streamed_read_args,
 )
-from trainflow.sources import (
+from trainflow.tables.sources import (
     SNAPSHOT_FORMATS,
     SOURCE_FORMATS,
     Snapshot,
@@ -30,7 +30,7 @@ from trainflow.sources import (
     snapshot_bytes,
 )
 from trainflow.preprocessors.fit import check_text_columns
-from trainflow.tables import (
+from trainflow.tables.files import (
     IN_PROCESS_BYTES,
     TableSpec,
     fingerprint,
@@ -45,7 +45,7 @@ from trainflow.tables import (
 )
 from trainflow.run.storage import with_scheme
 from trainflow.errors import DataError
-from trainflow.outputs import check_destination
+from trainflow.tables.outputs import check_destination
 from trainflow.trainer.resources import check_fits
 from trainflow.run.runtime import cluster_named, ensure_ray
 from trainflow.tasks.values import Ingested
@@ -184,7 +184,7 @@ def _pin_copy(config: Config, run_name: str, record_uri: str, recorded: Any, log
     import json
     import uuid
 
-    from trainflow.postgres import SqlSource, copy_to_parquet
+    from trainflow.tables.postgres import SqlSource, copy_to_parquet
     from trainflow.run.storage import join
 
     data = config.data
@@ -226,7 +226,7 @@ def _unrecorded_copies(storage_path: str, run_name: str, recorded: Any) -> list[
     in a shared storage; called under the run's lock, so no copy of this run name is being written."""
     import re
 
-    from trainflow.postgres import COPY_FILE_PATTERN
+    from trainflow.tables.postgres import COPY_FILE_PATTERN
     from trainflow.run.storage import filesystem_for, join, list_dir
 
     named = re.compile(re.escape(run_name) + r"-source-[0-9a-f]{8}")
@@ -265,7 +265,7 @@ def recorded_copy(config: Config, run_name: str | None) -> dict[str, Any] | None
     pin_source would read: the checks before a rerun read it too, without the server); else None."""
     import json
 
-    from trainflow.postgres import SqlSource
+    from trainflow.tables.postgres import SqlSource
     from trainflow.run.storage import join, read_text
 
     if not run_name or config.data.format != "postgres":
@@ -288,7 +288,7 @@ def throwaway_copy(config: Config) -> Iterator[Config]:
         return
     import tempfile
 
-    from trainflow.postgres import SqlSource, copy_to_parquet
+    from trainflow.tables.postgres import SqlSource, copy_to_parquet
 
     with tempfile.TemporaryDirectory(prefix="trainflow-validate-") as folder:
         record = copy_to_parquet(SqlSource.of(config.data), str(Path(folder) / "copy"))
@@ -302,7 +302,7 @@ def _copy_intact(record: dict, prefix: str) -> bool:
 
     import pyarrow.parquet as pq
 
-    from trainflow.postgres import COPY_FILE_PATTERN
+    from trainflow.tables.postgres import COPY_FILE_PATTERN
     from trainflow.run.storage import filesystem_for
 
     location, files, rows = record.get("location"), record.get("files"), record.get("rows")

@@ -29,6 +29,7 @@ SERVING_MODULES = (
     "trainflow.run.services",
     "trainflow.run.storage",
     "trainflow.tables",
+    "trainflow.tables.files",
     "trainflow.preprocessors",
     "trainflow.preprocessors.tabular",
     "trainflow.preprocessors.dates",

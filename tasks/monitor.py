@@ -16,7 +16,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
-from trainflow.sinks import SINK_FORMATS, Sink
+from trainflow.tables.sinks import SINK_FORMATS, Sink
 from trainflow.preprocessors.tabular import SchemaDriftError, TabularPreprocessor
 from trainflow.tasks.common import retry_unless_user_error, artifact_key
 from trainflow.tasks.drift import held_out_score, publish, score_drop
@@ -24,9 +24,9 @@ from trainflow.trainer.resolve import allowed_class_paths, resolve_checkpoint
 from trainflow.trainer.metrics import compute_metrics
 from trainflow.config import Config, infer_format
 from trainflow.errors import DataError
-from trainflow.outputs import output_files, read_manifest
+from trainflow.tables.outputs import output_files, read_manifest
 from trainflow.run.storage import filesystem_for
-from trainflow.tables import is_string_type, list_files, read_arrow
+from trainflow.tables.files import is_string_type, list_files, read_arrow
 from trainflow.run.tracking import MODEL_URI
 from trainflow.trainer.evaluate import estimate_metrics, model_outputs
 

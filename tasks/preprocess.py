@@ -19,7 +19,7 @@ from trainflow.trainer.loop import class_weights
 from trainflow.data import read_table
 from trainflow.preprocessors.fit import check_unseen, count_unseen, fit_preprocessor, pack
 from trainflow.run.runtime import cluster_resources, ensure_ray
-from trainflow.tables import in_memory_bytes, list_files, read_arrow
+from trainflow.tables.files import in_memory_bytes, list_files, read_arrow
 from trainflow.trainer.memory import is_out_of_memory, out_of_memory_error
 
 

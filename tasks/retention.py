@@ -45,7 +45,7 @@ def describe(done: dict[str, Any]) -> str:
 def output_version(config) -> dict[str, str]:
     """The version the config's Parquet predictions output came from (its manifest): the lineage a kept output
     needs. (A Delta, Iceberg or PostgreSQL output carries each row's model_version itself.)"""
-    from trainflow.outputs import read_manifest
+    from trainflow.tables.outputs import read_manifest
 
     out = config.inference
     if out.output is None or out.output_format != "parquet":

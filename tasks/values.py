@@ -13,7 +13,7 @@ import ray
 from trainflow.data import Rows
 from trainflow.folds import FoldPlan
 from trainflow.preprocessors.tabular import TabularPreprocessor
-from trainflow.tables import TableSpec
+from trainflow.tables.files import TableSpec
 from trainflow.trainer.evaluate import Scored
 from trainflow.trainer.serving import combine
 

@@ -324,7 +324,7 @@ def xgboost_config(tmp_path: Path, data: dict[str, Any], registered_model: str, 
 
 def churn_config(tmp_path: Path, rows: int = 3000, **sections: Any) -> Path:
     """A small classification config over the bundled sample generator, inside tmp_path."""
-    from trainflow.sample import make_churn_table
+    from trainflow.tables.sample import make_churn_table
 
     write_parquet(make_churn_table(rows, seed=1), tmp_path / "data" / "train.parquet")
     write_parquet(

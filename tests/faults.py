@@ -12,7 +12,7 @@ from tests.conftest import make_regression_table
 from trainflow.trainer.loop import train_fn_per_worker
 from trainflow.config import config_from_dict, trial_config
 from trainflow.preprocessors.fit import fit_and_pack
-from trainflow.tables import table_spec
+from trainflow.tables.files import table_spec
 
 EPOCHS = 4
 

@@ -19,7 +19,7 @@ BOUNDARIES = {
     "after-register": ("trainflow.flows.publish", "promote"),  # a model version registered, not yet judged
     "promote-locked": ("trainflow.tasks.promote", "_before_alias_move"),  # the champion lock held, alias not moved
     "promote-moved": ("trainflow.tasks.promote", "record_move"),  # the alias moved, its history not yet written
-    "output-commit": ("trainflow.outputs", "_manifest"),  # the predictions staged, not yet swapped in
+    "output-commit": ("trainflow.tables.outputs", "_manifest"),  # the predictions staged, not yet swapped in
 }
 # boundary -> (module, function, n): the kill comes as the n-th call returns (what it made is durable, what its
 # caller does next is not)

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import execute_flow_run as _execute, write_parquet, xgboost_config
 from trainflow.flows.cli import main as cli_main
-from trainflow.sample import make_churn_table
+from trainflow.tables.sample import make_churn_table
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_local")]
 

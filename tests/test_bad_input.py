@@ -7,7 +7,7 @@ import pytest
 
 from tests.conftest import churn_config, empty_mlflow_store, write_parquet
 from trainflow.flows.cli import main as cli_main
-from trainflow.sample import make_churn_table
+from trainflow.tables.sample import make_churn_table
 
 pytestmark = pytest.mark.usefixtures("prefect_harness", "ray_local")
 

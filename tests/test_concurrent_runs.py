@@ -115,7 +115,7 @@ def _two_at_once(tmp_path: Path, home: Path, sessions: Path) -> None:
     assert len(client.search_model_versions("name = 'churn-test'")) == 1
     runs = client.search_runs([client.get_experiment_by_name("test").experiment_id])
     assert len([r for r in runs if r.data.tags.get("trainflow.retrain") == "nightly"]) == 1  # one parent run
-    from trainflow.outputs import read_manifest
+    from trainflow.tables.outputs import read_manifest
 
     manifest = read_manifest(str(tmp_path / "out" / "predictions"))
     assert manifest["model"] == "models:/churn-test/1" and manifest["rows"] == 500

@@ -30,7 +30,7 @@ from tests.conftest import (
     prefect_events,
     write_parquet,
 )
-from trainflow.sample import make_churn_table
+from trainflow.tables.sample import make_churn_table
 from trainflow.tasks.drift import DRIFT_EVENT
 from trainflow.tasks.monitor import DEGRADED_EVENT
 from trainflow.trainer.checkpoint import read_metrics

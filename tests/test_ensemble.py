@@ -52,7 +52,7 @@ def _members(tmp_path):
     import xgboost as xgb
 
     from trainflow.preprocessors.fit import fit_preprocessor
-    from trainflow.tables import table_spec
+    from trainflow.tables.files import table_spec
     from trainflow.trainer.checkpoint import save_checkpoint, write_common
     from trainflow.trainer.families.lightgbm_family import LGB_MODEL
     from trainflow.trainer.families.xgboost_family import XGB_MODEL, xgb_matrix

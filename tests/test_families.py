@@ -19,7 +19,7 @@ from trainflow.trainer.recovery import read_events, recoveries
 from trainflow.trainer.runner import build_trainer, run_dir
 from trainflow.config import DataSection, config_from_dict, trial_config
 from trainflow.preprocessors.fit import fit_preprocessor
-from trainflow.tables import table_spec
+from trainflow.tables.files import table_spec
 from trainflow.errors import ConfigError
 
 

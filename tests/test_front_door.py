@@ -16,7 +16,7 @@ from tests.conftest import churn_config, write_parquet
 from trainflow.config import config_from_dict, load_config
 from trainflow.errors import ConfigError
 from trainflow.flows.cli import main as cli_main
-from trainflow.sample import make_churn_table
+from trainflow.tables.sample import make_churn_table
 
 
 def _raw(path, label="y", **extra):

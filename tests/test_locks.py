@@ -20,7 +20,7 @@ import pytest
 
 from trainflow.run import locks
 from trainflow.run.locks import LockTimeout, exclusive, lock_dir, lock_name
-from trainflow.outputs import MANIFEST, write_output
+from trainflow.tables.outputs import MANIFEST, write_output
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -138,7 +138,7 @@ def test_a_sigkilled_writer_leaves_its_output_whole_and_the_next_write_cleans_it
             print("written", flush=True)
             time.sleep(600)
         pq.write_table = stalled
-        from trainflow.outputs import write_output
+        from trainflow.tables.outputs import write_output
         write_output(pa.table({{"id": list(range(10)), "prediction": [2.0] * 10}}), {str(out)!r}, 10, {{"model": "v2"}})
     """,
         local_locks,
@@ -170,7 +170,7 @@ def test_an_output_a_crash_left_under_its_hidden_name_is_put_back_before_staging
     write_output(_table(5, 1.0), str(out), 5, {"model": "v1"})
     hidden = tmp_path / ".predictions.trainflow-old-00000000abcd"
     out.rename(hidden)  # a crash between the two renames where the system has no atomic swap
-    from trainflow.outputs import clear_dead_stages
+    from trainflow.tables.outputs import clear_dead_stages
 
     assert clear_dead_stages(str(tmp_path), "predictions") == []
     assert pq.read_table(out).num_rows == 5 and not hidden.exists()

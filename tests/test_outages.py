@@ -19,7 +19,7 @@ import yaml
 from tests.conftest import BUCKET, Moto, churn_config, free_port, sqlite_registry, write_config
 from tests.servers import BIN, mlflow_server, prefect_env, prefect_server, stop
 from trainflow.flows.cli import main as cli_main
-from trainflow.sample import make_churn_table
+from trainflow.tables.sample import make_churn_table
 from trainflow.run.tracking import CHAMPION
 
 
@@ -303,7 +303,7 @@ def test_an_mlflow_server_away_after_the_predictions_are_written_is_waited_for_a
     estimate once it is back; past it, exit 1 naming the server, the committed output whole (every input row, its
     manifest naming the version) and no estimate recorded; the same command with the server back records it."""
     from tests.conftest import tiny_checkpoint, tiny_table, write_parquet
-    from trainflow.outputs import read_manifest
+    from trainflow.tables.outputs import read_manifest
     from trainflow.tasks import infer
     from trainflow.tasks.model_package import MODEL_CODE, requirements
 

@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import free_port, write_parquet, xgboost_config
 from tests.servers import Postgres
 from trainflow.flows.cli import main as cli_main
-from trainflow.sample import make_churn_table
+from trainflow.tables.sample import make_churn_table
 
 pytestmark = [pytest.mark.usefixtures("prefect_harness", "ray_local")]
 
@@ -98,7 +98,7 @@ def test_a_copy_is_one_transaction_reused_by_its_run_name_and_a_doubtful_record_
 ):
     from trainflow.config import load_config
     from trainflow.errors import DataError
-    from trainflow.postgres import SqlSource, copy_to_parquet
+    from trainflow.tables.postgres import SqlSource, copy_to_parquet
     from trainflow.tasks.ingest import SOURCE_SUFFIX, pin_source
 
     query = "SELECT * FROM churn WHERE plan <> 'basic' ORDER BY customer_id;"

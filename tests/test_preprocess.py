@@ -12,7 +12,7 @@ from trainflow.preprocessors.tabular import SchemaDriftError, TabularPreprocesso
 from trainflow.config import DataSection
 from trainflow.data import arrow_schema
 from trainflow.preprocessors.fit import apply_preprocessor, fit_preprocessor
-from trainflow.tables import check_columns, table_spec
+from trainflow.tables.files import check_columns, table_spec
 from trainflow.errors import DataError
 
 pytestmark = pytest.mark.usefixtures("ray_local")

@@ -26,7 +26,7 @@ from trainflow.trainer.recovery import read_events
 from trainflow.trainer.runner import checkpoint_folders, checkpoints_on_disk
 from trainflow.flows.cli import main as cli_main
 from trainflow.run.locks import lock_name
-from trainflow.outputs import MANIFEST, read_manifest, write_output
+from trainflow.tables.outputs import MANIFEST, read_manifest, write_output
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_local")]
 EPOCHS = 8  # long enough that both stops land mid-run, even when the killed workers run on a while

@@ -23,8 +23,8 @@ from prefect.artifacts import Artifact
 from tests.conftest import BUCKET, write_config
 from trainflow.flows.cli import main as cli_main
 from trainflow.errors import DataError
-from trainflow.outputs import read_manifest
-from trainflow.sample import make_churn_table
+from trainflow.tables.outputs import read_manifest
+from trainflow.tables.sample import make_churn_table
 
 pytestmark = pytest.mark.e2e
 
@@ -230,7 +230,7 @@ def test_object_store_outputs_commit_with_a_manifest_and_queue_their_writers(s3_
 
     import ray.data
 
-    import trainflow.outputs as outputs
+    import trainflow.tables.outputs as outputs
 
     fs, out = s3_endpoint, f"s3://{BUCKET}/out/preds"
 

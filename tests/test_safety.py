@@ -25,7 +25,7 @@ from trainflow.config import config_from_dict, load_config
 from trainflow.run.tracking import tracking
 from trainflow.errors import DataError, InfrastructureError
 from trainflow.folds import FoldPlan
-from trainflow.outputs import MANIFEST, guard_output, read_manifest, write_output
+from trainflow.tables.outputs import MANIFEST, guard_output, read_manifest, write_output
 
 pytestmark = pytest.mark.usefixtures("prefect_harness", "ray_local")
 
@@ -80,7 +80,7 @@ def test_an_output_that_overlaps_the_run_is_refused_and_nothing_is_touched(tmp_p
 
 
 def test_outputs_replace_only_trainflows_own_and_survive_every_failure(tmp_path, monkeypatch):
-    import trainflow.outputs as outputs
+    import trainflow.tables.outputs as outputs
 
     config = _config(tmp_path, "../predictions")
     out = Path(config.inference.output)
@@ -135,7 +135,7 @@ def _gate_setup(tmp_path, table=None, **sections):
     per quality: the weight on x decides how good it is. Checkpoints are written with trainflow's own checkpoint
     code, registered with its pyfunc. sections: more config."""
     from trainflow.preprocessors.fit import fit_preprocessor
-    from trainflow.tables import table_spec
+    from trainflow.tables.files import table_spec
     from trainflow.trainer.checkpoint import save_checkpoint
 
     rng = np.random.default_rng(0)
@@ -347,7 +347,7 @@ def test_register_is_idempotent_across_task_retries(tmp_path):
 
     from trainflow.tasks.values import Ingested, Selected, TrainOutcome
     from trainflow.tasks.register import register
-    from trainflow.tables import TableSpec
+    from trainflow.tables.files import TableSpec
 
     cfg, _, checkpoint = _gate_setup(tmp_path)
     spec = TableSpec(
@@ -420,7 +420,7 @@ def test_a_full_disk_is_one_clear_error_and_never_retried(capsys, monkeypatch):
 def test_dataset_inputs_never_carry_credentials_of_the_table_uri(tmp_path):
     # the MLflow run's dataset inputs name the table by its URI: user-info and credential query values masked,
     # in the source and in the dataset's name
-    from trainflow.tables import TableSpec
+    from trainflow.tables.files import TableSpec
     from trainflow.tasks.values import Ingested
     from trainflow.tasks.register import log_datasets
 

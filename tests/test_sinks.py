@@ -17,7 +17,7 @@ import yaml
 from tests.conftest import free_port, write_parquet, xgboost_config
 from tests.servers import Postgres
 from trainflow.flows.cli import main as cli_main
-from trainflow.sample import make_churn_table
+from trainflow.tables.sample import make_churn_table
 
 pytestmark = [pytest.mark.usefixtures("prefect_harness", "ray_local")]
 SCORED = 300
@@ -112,7 +112,7 @@ def test_a_scoring_run_is_one_commit_retried_once_and_a_failed_write_leaves_each
 ):
     from pyiceberg.catalog.sql import SqlCatalog
 
-    from trainflow import sinks
+    from trainflow.tables import sinks
     from trainflow.config import load_config
 
     tmp, cfg, summary = trained

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import xgboost_config
 from trainflow.flows.cli import main as cli_main
-from trainflow.sample import make_churn_table
+from trainflow.tables.sample import make_churn_table
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_local")]
 
@@ -56,7 +56,7 @@ def test_a_delta_table_is_read_at_its_version_and_a_rerun_reads_what_the_first_a
     again = _retrain(cfg, tmp_path / "s2.json", "--run-name", "nightly")
     assert again["data_snapshot"]["snapshot"] == 1 and again["model_version"] == first["model_version"]
     # data.snapshot pins an older version ("last Tuesday's table"; a whole retrain of it: the Iceberg test below)
-    from trainflow.sources import read_arrow, resolve_snapshot
+    from trainflow.tables.sources import read_arrow, resolve_snapshot
 
     data = load_config(cfg, {"data.snapshot": 0}).data
     assert read_arrow(data, resolve_snapshot(data)).num_rows == 1500

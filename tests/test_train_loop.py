@@ -16,7 +16,7 @@ from tests.conftest import make_regression_table
 from trainflow.trainer.loop import iter_minibatches, train_fn_per_worker
 from trainflow.config import config_from_dict
 from trainflow.preprocessors.fit import fit_and_pack
-from trainflow.tables import table_spec
+from trainflow.tables.files import table_spec
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -58,7 +58,7 @@ def test_regression_loss_falls_and_metrics_are_reported(tmp_path):
 
 
 def test_classification_reports_accuracy_f1_auc(tmp_path):
-    from trainflow.sample import make_churn_table
+    from trainflow.tables.sample import make_churn_table
 
     table = make_churn_table(3000, seed=5).rename_columns(
         ["row id" if c == "customer_id" else c for c in make_churn_table(1, 0).column_names]

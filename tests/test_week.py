@@ -20,9 +20,9 @@ import pytest
 import yaml
 
 from tests.conftest import dir_bytes, execute_flow_run, write_parquet, xgboost_config
-from trainflow.outputs import output_files, read_manifest
+from trainflow.tables.outputs import output_files, read_manifest
 from trainflow.retention import LEDGER
-from trainflow.sample import make_churn_table
+from trainflow.tables.sample import make_churn_table
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_local")]
 

@@ -17,7 +17,7 @@ from trainflow.errors import DataError
 from trainflow.run.runtime import cluster_resources
 
 from trainflow.run.storage import with_scheme
-from trainflow.tables import check_csv_header, check_names, csv_arguments, list_files
+from trainflow.tables.files import check_csv_header, check_names, csv_arguments, list_files
 
 
 Rows = ray.data.Dataset | pa.Table  # a split's rows: Ray Data's, or a small table's in this process's memory
@@ -321,7 +321,7 @@ def _ordering_kind(ds: Rows, source: str, time_column: str | None, group_column:
     names = schema_of(ds).names
     for key, column in (("time_column", time_column), ("group_column", group_column)):
         if column is not None and column not in names:
-            from trainflow.tables import did_you_mean
+            from trainflow.tables.files import did_you_mean
 
             raise DataError(
                 f"{source}: split.{key} {column!r} is not a column; {did_you_mean(column, names)}columns are {names}"

@@ -16,7 +16,7 @@ from trainflow.config import config_from_dict, infer_format, load_yaml
 from trainflow.config.schema import brief, default_of
 from trainflow.errors import ConfigError
 from trainflow.run.storage import is_uri
-from trainflow.tables import infer_task, open_dataset
+from trainflow.tables.files import infer_task, open_dataset
 
 ID_NAME = re.compile(r"(^|[_\s-])(id|key|uuid)$", re.I)
 

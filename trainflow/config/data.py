@@ -119,7 +119,7 @@ class DataSection(_Section):
     def where(self) -> str:
         """What messages name the table by: its path, or a PostgreSQL source's server and query."""
         if self.format == "postgres":
-            from trainflow.postgres import server_of
+            from trainflow.tables.postgres import server_of
 
             return (
                 f"PostgreSQL {f'table {self.table}' if self.table else 'query'} on {server_of(self.connection or '')}"
@@ -143,7 +143,7 @@ class DataSection(_Section):
         return copy
 
     def _check_postgres(self, sql_keys: dict[str, str]) -> None:
-        from trainflow.postgres import check_connection, check_table_name
+        from trainflow.tables.postgres import check_connection, check_table_name
 
         if len(sql_keys) != 1:
             raise ValueError("format postgres: give data.sql (a query) or data.table (a table), one of them")

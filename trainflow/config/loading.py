@@ -19,7 +19,7 @@ from pydantic import (
 
 from trainflow.config.data import DataSection
 from trainflow.config.model import FAMILIES, deprecated_keys
-from trainflow.sources import SOURCE_FORMATS
+from trainflow.tables.sources import SOURCE_FORMATS
 from trainflow.config.operations import ServicesSection
 from trainflow.config.root import Config
 from trainflow.errors import ConfigError
@@ -191,10 +191,10 @@ def _with_task(raw: dict[str, Any], base: Path) -> tuple[dict[str, Any], str | N
         data = DataSection.model_validate(raw.get("data"))
     except ValidationError:
         return raw, None
-    from trainflow.tables import infer_task
+    from trainflow.tables.files import infer_task
 
     if data.format in SOURCE_FORMATS:  # the label column at the snapshot the run reads, or the query's
-        from trainflow.sources import source_dataset
+        from trainflow.tables.sources import source_dataset
 
         if data.format == "delta":
             data = data.model_copy(update={"path": _resolve(data.path, base)})

@@ -206,7 +206,7 @@ class InferenceSection(_Section):
         if (self.input is None) != (self.output is None):
             raise ValueError("give both inference.input and inference.output, or neither")
         if self.output_format == "postgres" and self.output is not None:
-            from trainflow.postgres import check_table_name
+            from trainflow.tables.postgres import check_table_name
 
             try:
                 check_table_name(self.output)
@@ -215,7 +215,7 @@ class InferenceSection(_Section):
         if self.output_format == "iceberg" and self.output is not None and "/" in self.output:
             raise ValueError(f"output: {self.output!r}: an Iceberg table is named by its identifier, e.g. `crm.scores`")
         if self.connection is not None:
-            from trainflow.postgres import check_connection
+            from trainflow.tables.postgres import check_connection
 
             check_connection(self.connection)
         if self.catalog is not None and self.output_format != "iceberg":

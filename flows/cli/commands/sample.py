@@ -15,7 +15,7 @@ def add(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from trainflow.sample import write_sample
+    from trainflow.tables.sample import write_sample
 
     paths = write_sample(args.out, rows=args.rows, score_rows=args.score_rows, seed=args.seed, force=args.force)
     for p in paths:

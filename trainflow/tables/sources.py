@@ -138,7 +138,7 @@ def source_dataset(data, snap: Snapshot | None = None):
     """The snapshot a run would read (or snap) as a pyarrow dataset: its schema and the columns the checks before
     Ray starts read (the label for task inference and its values); a PostgreSQL source's query the same way."""
     if data.format == "postgres":
-        from trainflow.postgres import SqlScan, SqlSource
+        from trainflow.tables.postgres import SqlScan, SqlSource
 
         return SqlScan(SqlSource.of(data))
     snap = snap or resolve_snapshot(data)
@@ -168,7 +168,7 @@ def read_dataset(data, snap: Snapshot, **extra: Any):
 def snapshot_bytes(snap: Snapshot) -> int:
     """The snapshot's size once decoded, from its data files' Parquet footers (no rows read)."""
     from trainflow.run.storage import filesystem_for
-    from trainflow.tables import in_memory_bytes
+    from trainflow.tables.files import in_memory_bytes
 
     if not snap.files:
         return 0

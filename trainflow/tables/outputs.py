@@ -36,7 +36,7 @@ from trainflow.errors import DataError
 from trainflow.run.services import is_down, patient_storage
 from trainflow.run.storage import filesystem_for, is_uri
 
-log = logging.getLogger("trainflow.outputs")
+log = logging.getLogger("trainflow.tables.outputs")
 
 MANIFEST = "_trainflow_output.json"
 GENERATION = re.compile(r"^gen-\d{8}T\d{6}-[0-9a-f]{12}$")
@@ -154,7 +154,7 @@ def check_destination(config: Any) -> None:
     location overlaps nothing of the run's and is a Delta table or nothing (not a folder of other files); an
     existing table holds the predictions' columns (those of every scoring run now; the classes' once the model is
     known, in infer)."""
-    from trainflow.tables import check_writable
+    from trainflow.tables.files import check_writable
 
     output, fmt = config.inference.output, config.inference.output_format
     if fmt == "parquet":
@@ -177,7 +177,7 @@ def check_destination(config: Any) -> None:
         else:
             check_writable(output)
     if fmt != "parquet":  # an existing table of other columns: refused before the table is read or a model trained
-        from trainflow.sinks import Sink
+        from trainflow.tables.sinks import Sink
 
         Sink.of(config).check_early(config.data.id_column)
 

@@ -237,7 +237,7 @@ class IcebergSink(Sink):
     format, noun, package = "iceberg", "Iceberg table", ("pyiceberg", "lakehouse")
 
     def _catalog(self):
-        from trainflow.sources import _catalog
+        from trainflow.tables.sources import _catalog
 
         return _catalog(self.catalog)
 
@@ -289,7 +289,7 @@ class _PgSession(NamedTuple):
 
     @property
     def qualified(self) -> str:
-        from trainflow.postgres import quote_table
+        from trainflow.tables.postgres import quote_table
 
         return quote_table(f"{self.schema}.{self.name}")
 
@@ -310,7 +310,7 @@ class PostgresSink(Sink):
 
     @functools.cached_property
     def _password(self) -> str | None:
-        from trainflow.postgres import _password
+        from trainflow.tables.postgres import _password
 
         return _password(self.password_secret)  # a Prefect Secret block is read once per sink
 
@@ -319,7 +319,7 @@ class PostgresSink(Sink):
         if self._open is not None:
             yield
             return
-        from trainflow.postgres import SqlSource
+        from trainflow.tables.postgres import SqlSource
 
         source = SqlSource(self.connection or "", "SELECT 1", password=self._password)
         conn, cursor = source.connect(read_only=False)
@@ -339,7 +339,7 @@ class PostgresSink(Sink):
 
     def _resolve(self, source, cursor) -> tuple[str, str, str | None, bool]:
         """(schema, name, comment, exists) of the table the server means by self.table."""
-        from trainflow.postgres import quote_table
+        from trainflow.tables.postgres import quote_table
 
         schema, _, name = self.table.rpartition(".")
         try:
@@ -421,7 +421,7 @@ class PostgresSink(Sink):
             s.cursor.execute(f"COMMENT ON TABLE {s.qualified} IS '{CREATED_BY}'")
 
     def _newest(self) -> pa.Table:
-        from trainflow.postgres import _plain_table
+        from trainflow.tables.postgres import _plain_table
 
         s = self._open
         s.source.run(
