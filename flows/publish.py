@@ -12,7 +12,7 @@ from typing import Any
 from prefect import get_run_logger
 
 from trainflow.config import Config
-from trainflow.folds import FoldPlan
+from trainflow.roles.folds import FoldPlan
 from trainflow.tasks.calibrate import calibrate
 from trainflow.tasks.values import EarlierFit, Ingested, Selected, Split, TrainOutcome
 from trainflow.tasks.explain import explain

@@ -481,7 +481,7 @@ def judge_period(
     serves on the period's labelled rows; the predictions written under the replay's folder."""
     import mlflow
 
-    from trainflow.folds import TEST
+    from trainflow.roles.folds import TEST
     from trainflow.tasks.promote import stored_plan
     from trainflow.run.tracking import current_champion
 

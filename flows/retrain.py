@@ -33,7 +33,7 @@ from trainflow.tasks.validate import validate_data
 from trainflow.tasks.warm import source_plan, summary_record
 from trainflow.trainer.session import NOT_EARNING_MIN_ROWS, best_val_loss, not_earning
 from trainflow.trainer.deadline import MIN_RUN_S, TimeShare, deadline_entry, set_deadline
-from trainflow.folds import ONE_WORKER_ROWS
+from trainflow.roles.folds import ONE_WORKER_ROWS
 from trainflow.limits import AUTO_FLOOR_S
 from trainflow.trainer.resources import concurrent_runs
 from trainflow.trainer.runner import run_dir, shared_scaling

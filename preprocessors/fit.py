@@ -18,7 +18,7 @@ from ray.data.aggregate import AggregateFnV2, Count, ValueCounter
 
 from trainflow import pacing
 from trainflow.errors import DataError
-from trainflow.folds import label_unfit_for_task
+from trainflow.roles.folds import label_unfit_for_task
 from trainflow.preprocessors.baseline import (
     STEP,
     categorical_baseline,

@@ -17,7 +17,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.config import Config
-from trainflow.folds import AUTO_FOLD_ROWS, ONE_WORKER_ROWS
+from trainflow.roles.folds import AUTO_FOLD_ROWS, ONE_WORKER_ROWS
 from trainflow.run.storage import join, private_copy
 from trainflow.tasks.common import retry_unless_user_error, lineage_for
 from trainflow.trainer.session import fold_folder

@@ -13,7 +13,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.data import Rows
-from trainflow.folds import FoldPlan
+from trainflow.roles.folds import FoldPlan
 from trainflow.config import ENSEMBLE, Config
 from trainflow.run.storage import private_copy
 from trainflow.tasks.values import Decisions, Selected, TrainOutcome

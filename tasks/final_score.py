@@ -15,7 +15,7 @@ from trainflow.data import Rows, column_names
 from trainflow.config import Config
 from trainflow.tasks.common import retry_unless_user_error
 from trainflow.tasks.values import Selected, EarlierFit
-from trainflow.folds import FoldPlan
+from trainflow.roles.folds import FoldPlan
 from trainflow.trainer.backtest import backtest, backtest_line, earlier_comparison, time_slices
 from trainflow.trainer.evaluate import Scored, score_checkpoint
 
@@ -131,7 +131,7 @@ def _times(scored: Scored, plan: FoldPlan) -> np.ndarray:
     """The time_number of each of scored's rows (its time column: raw values, or an Arrow column)."""
     import pyarrow as pa
 
-    from trainflow.folds import time_number
+    from trainflow.roles.folds import time_number
 
     raw = scored.columns[plan.time_column]
     return time_number(raw.combine_chunks() if isinstance(raw, pa.ChunkedArray) else pa.array(list(raw)))

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from trainflow.config import Config
-from trainflow.folds import FoldPlan
+from trainflow.roles.folds import FoldPlan
 from trainflow.trainer.evaluate import Scored, paired_bootstrap, slice_metrics
 
 

@@ -23,7 +23,7 @@ from trainflow.trainer.evaluate import Scored, score_checkpoint
 from trainflow.tasks.gate_rules import Case, annotated_slices, below_floor, decide, judge
 from trainflow.config import Config
 from trainflow.errors import InfrastructureError
-from trainflow.folds import FoldPlan, plan_mismatch
+from trainflow.roles.folds import FoldPlan, plan_mismatch
 from trainflow.champion import record_missed_move, record_move
 from trainflow.run.locks import exclusive
 from trainflow.run.tracking import CHAMPION, DECISION_TAG, current_champion, mlflow_key

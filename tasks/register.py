@@ -19,7 +19,7 @@ from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.tasks.common import md, md_code, retry_unless_user_error
 from trainflow.tasks.values import Ingested, Selected, TrainOutcome, Registered
 from trainflow.config import Config
-from trainflow.folds import FoldPlan
+from trainflow.roles.folds import FoldPlan
 from trainflow.run.redact import redact_text, redact_value
 from trainflow.tasks.mlflow_run import REGISTER_KEY, find_run, log_params, log_rows, parent_key, run_key
 from trainflow.tasks.model_package import MODEL_CODE, example_input, requirements, serving_code, signature_for

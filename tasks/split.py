@@ -12,8 +12,9 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.config import Config
-from trainflow.data import Rows, fold_parts, plan_split, split_roles
-from trainflow.folds import NO_FOLD, ROLE_NAMES, TEST, TRAIN, VALIDATION, FoldPlan, check_sizes
+from trainflow.data import Rows, fold_parts, split_roles
+from trainflow.roles.plan import plan_split
+from trainflow.roles.folds import NO_FOLD, ROLE_NAMES, TEST, TRAIN, VALIDATION, FoldPlan, check_sizes
 from trainflow.run.storage import filesystem_for, join, list_dir, write_text
 from trainflow.tasks.common import retry_unless_user_error, task_logger
 from trainflow.tasks.values import Ingested, Split

@@ -11,7 +11,7 @@ import pyarrow as pa
 import ray
 
 from trainflow.data import Rows
-from trainflow.folds import FoldPlan
+from trainflow.roles.folds import FoldPlan
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.tables.files import TableSpec
 from trainflow.trainer.evaluate import Scored

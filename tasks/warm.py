@@ -83,7 +83,7 @@ def resolve_warm(config: Config, prep: TabularPreprocessor, folds: int) -> tuple
         record["fresh"] = why
         log.warning("warm start from %s: a fresh fit instead: %s", uri, why)
         return prep, record
-    from trainflow.folds import FoldPlan
+    from trainflow.roles.folds import FoldPlan
 
     try:  # the rows the source trained or chose on: the test figures leave them out (tasks/final_score.py)
         plan = FoldPlan.load(path)
@@ -138,7 +138,7 @@ def summary_record(warm: dict | None) -> dict | None:
 def source_plan(warm: dict | None):
     """The split plan a continued source model was trained under (a FoldPlan), or None: no continuation, or a source
     whose plan is unknown."""
-    from trainflow.folds import FoldPlan
+    from trainflow.roles.folds import FoldPlan
 
     if not warm or "family" not in warm or not warm.get("plan"):
         return None

@@ -12,9 +12,10 @@ import pyarrow.parquet  # noqa: F401 - pa.parquet
 import pytest
 import ray.data
 
-from trainflow.data import plan_split, split_roles
+from trainflow.data import split_roles
+from trainflow.roles.plan import plan_split
 from trainflow.errors import DataError
-from trainflow.folds import MAX_TEST_ROWS, TEST, TRAIN, VALIDATION, FoldPlan, check_sizes, effective_test_fraction
+from trainflow.roles.folds import MAX_TEST_ROWS, TEST, TRAIN, VALIDATION, FoldPlan, check_sizes, effective_test_fraction
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -138,7 +139,7 @@ def test_folds_cover_every_non_test_row_once_stay_put_as_the_table_grows_and_cut
 
 
 def test_auto_folds_follow_the_row_count_and_need_a_test_role():
-    from trainflow.folds import AUTO_FOLD_ROWS, AUTO_FOLDS, resolve_folds
+    from trainflow.roles.folds import AUTO_FOLD_ROWS, AUTO_FOLDS, resolve_folds
 
     assert resolve_folds("auto", AUTO_FOLD_ROWS, 0.2) == AUTO_FOLDS
     assert resolve_folds("auto", AUTO_FOLD_ROWS + 1, 0.2) == 1
@@ -227,7 +228,7 @@ def test_roles_by_time_are_the_newest_rows_and_never_split_a_day():
     assert all(a[0] > b[1] for a, b in zip(blocks, blocks[1:]))  # fold 0 the newest block, fold 4 the oldest
     # the backtest's earlier model: the recent model's procedure one block back in time, on rows it could read
     from trainflow.data import earlier_parts
-    from trainflow.folds import NO_FOLD
+    from trainflow.roles.folds import NO_FOLD
 
     for p, recent_val in ((plan, roles == VALIDATION), (folded, ids == 0)):
         mine = p.earlier_roles(table)

@@ -17,7 +17,7 @@ FOLDERS = {
 # higher imports lower; preprocessors sit under the trainer, which uses the fitted preprocessor; the table files
 # (pyarrow only) under the config, which infers `task` from the label through them
 RANK = {"trainflow.flows": 5, "trainflow.tasks": 4, "trainflow.trainer": 3, "trainflow.preprocessors": 2.5}
-TABLES = {"trainflow.data", "trainflow.tables.outputs"}
+TABLES = {"trainflow.data", "trainflow.roles.plan", "trainflow.tables.outputs"}
 TABLE_FILES = {"trainflow.tables.files"}
 BASE = {"trainflow.errors", "trainflow.run.services", "trainflow.run.storage", "trainflow.run.redact"}
 
@@ -28,7 +28,7 @@ def _modules() -> dict[str, Path]:
         for path in sorted((ROOT / folder).rglob("*.py")):
             parts = path.relative_to(ROOT / folder).with_suffix("").parts
             # the config package and the rooms are in
-            nested = folder == "trainflow" and len(parts) > 1 and parts[0] not in ("config", "run", "tables")
+            nested = folder == "trainflow" and len(parts) > 1 and parts[0] not in ("config", "run", "tables", "roles")
             if ".venv" in path.parts or nested:
                 continue
             name = ".".join((package, *parts))

@@ -20,8 +20,9 @@ pytestmark = pytest.mark.usefixtures("ray_local")
 
 def split_table(ds, task: str, label: str, fraction: float, seed: int, key_columns: list[str], materialize: bool):
     """A seeded train/validation split without a test role, by the fold plan: (train, val, train_rows, val_rows)."""
-    from trainflow.data import plan_split, split_roles
-    from trainflow.folds import TRAIN, VALIDATION
+    from trainflow.data import split_roles
+    from trainflow.roles.plan import plan_split
+    from trainflow.roles.folds import TRAIN, VALIDATION
 
     plan = plan_split(ds, task, label, 0.0, fraction, seed, key_columns, rows=0)
     parts = split_roles(ds, plan, materialize)

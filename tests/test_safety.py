@@ -24,7 +24,7 @@ from tests.conftest import write_config, write_parquet
 from trainflow.config import config_from_dict, load_config
 from trainflow.run.tracking import tracking
 from trainflow.errors import DataError, InfrastructureError
-from trainflow.folds import FoldPlan
+from trainflow.roles.folds import FoldPlan
 from trainflow.tables.outputs import MANIFEST, guard_output, read_manifest, write_output
 
 pytestmark = pytest.mark.usefixtures("prefect_harness", "ray_local")

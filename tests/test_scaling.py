@@ -195,7 +195,7 @@ def test_every_knob_reaches_ray_train(tmp_path):
 
 
 def test_a_small_one_split_table_trains_each_family_in_one_worker_unless_the_worker_count_is_set():
-    from trainflow.folds import AUTO_FOLD_ROWS, ONE_WORKER_ROWS
+    from trainflow.roles.folds import AUTO_FOLD_ROWS, ONE_WORKER_ROWS
     from trainflow.tasks.cross_fit import train_config
 
     def workers(cfg, rows, folds=1):

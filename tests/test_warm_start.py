@@ -72,7 +72,7 @@ def test_the_test_figures_of_a_warm_start_leave_out_the_rows_its_source_trained_
     from prefect import flow
 
     from tests.conftest import tiny_checkpoint, tiny_table
-    from trainflow.folds import TEST, FoldPlan
+    from trainflow.roles.folds import TEST, FoldPlan
     from trainflow.tasks.final_score import score_test
     from trainflow.tasks.values import Selected
     from trainflow.trainer.evaluate import score_checkpoint

@@ -11,7 +11,7 @@ from pydantic import (
 )
 
 from trainflow.config.base import _Section, key
-from trainflow.folds import EXACT_TEST_ROWS, MAX_TEST_ROWS
+from trainflow.roles.folds import EXACT_TEST_ROWS, MAX_TEST_ROWS
 
 
 def infer_format(path: str) -> Literal["parquet", "csv"]:

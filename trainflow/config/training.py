@@ -11,7 +11,7 @@ from pydantic import (
 )
 
 from trainflow.config.base import _Section, key
-from trainflow.folds import AUTO_FOLD_ROWS, AUTO_FOLDS, MAX_FOLDS
+from trainflow.roles.folds import AUTO_FOLD_ROWS, AUTO_FOLDS, MAX_FOLDS
 from trainflow.limits import (
     AUTO_FLOOR_S,
     HANG_FACTOR,
