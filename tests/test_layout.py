@@ -174,3 +174,19 @@ def test_no_function_needs_a_scroll_bar():
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 80
     ]
     assert long == []
+
+
+# the ground floor's loose modules; everything else lives in a room (config, roles, run, tables), each a package with
+# a docstring saying what lives there
+GROUND_FLOOR = {"__init__", "catalogue", "champion", "data", "errors", "limits", "pacing", "retention", "scaffold"}
+ROOMS = {"config", "roles", "run", "tables"}
+
+
+def test_the_ground_floor_keeps_its_rooms():
+    """A new module of trainflow/ goes into the room it belongs to, not loose at the top."""
+    top = ROOT / "trainflow"
+    assert {p.stem for p in top.glob("*.py")} == GROUND_FLOOR
+    rooms = {p.name for p in top.iterdir() if p.is_dir() and not p.name.startswith((".", "__"))}
+    assert rooms == ROOMS
+    for room in rooms:
+        assert ast.get_docstring(ast.parse((top / room / "__init__.py").read_text())), f"trainflow/{room}: no docstring"
