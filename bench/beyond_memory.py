@@ -127,7 +127,7 @@ def child(store: int, train: str, score: str, work: str, model: dict | None = No
     wall, peak = time.perf_counter() - t0, memory.stop()
     spilled = re.search(r"Spilled (\d+) MiB", memory_summary(stats_only=True))
     summary = json.loads((Path(work) / "summary.json").read_text()) if rc == 0 else {}
-    from trainflow.trainer.checkpoint import read_metrics
+    from trainflow.trainer.serving.checkpoint import read_metrics
     from trainflow.trainer.runner import checkpoints_on_disk
 
     # every epoch is in the last checkpoint's history (the best one's stops at its own epoch)

@@ -29,8 +29,8 @@ REPEATS = int(os.environ.get("FRONT_DOOR_REPEATS", 3))
 FLOOR = textwrap.dedent("""
     import sys
     import pyarrow.parquet as pq
-    from trainflow.trainer.predict import predict_table
-    from trainflow.trainer.serving import load_servable
+    from trainflow.trainer.serving.predict import predict_table
+    from trainflow.trainer.serving.servable import load_servable
 
     checkpoint, score, out = sys.argv[1:]
     table = pq.read_table(score)

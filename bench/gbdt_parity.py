@@ -23,7 +23,7 @@ THREADS = 2
 def run_trainflow(path, storage: str):
     import ray
 
-    from trainflow.trainer.checkpoint import read_metrics
+    from trainflow.trainer.serving.checkpoint import read_metrics
     from trainflow.trainer.runner import build_trainer
     from trainflow.config import config_from_dict
     from trainflow.data import arrow_schema, read_table

@@ -27,8 +27,8 @@ from trainflow.roles.folds import TRAIN, VALIDATION
 from trainflow.preprocessors.fit import check_text_columns, fit_and_pack
 from trainflow.tables.files import table_spec
 from trainflow.trainer.runner import build_trainer
-from trainflow.trainer.serving import load_servable
-from trainflow.trainer.predict import predict_table, predict_dataset
+from trainflow.trainer.serving.servable import load_servable
+from trainflow.trainer.serving.predict import predict_table, predict_dataset
 from trainflow.run.runtime import TRAIN_ENV_DEFAULTS, LOCAL_TRAIN_ENV_DEFAULTS
 
 print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0), flush=True)

@@ -24,7 +24,7 @@ ACTORS = max(1, (os.cpu_count() or 1) - 1)
 
 def make_checkpoint(path, directory: str) -> str:
     """A checkpoint with a preprocessor fitted on the table and an (untrained) MLP: same work per row."""
-    from trainflow.trainer.checkpoint import save_checkpoint
+    from trainflow.trainer.serving.checkpoint import save_checkpoint
     from trainflow.trainer.families.network import model_for
     from trainflow.config import config_from_dict
     from trainflow.data import arrow_schema, read_table
@@ -64,7 +64,7 @@ def run_trainflow(path, checkpoint: str, out: str) -> float:
 
 
 def run_baseline(path, checkpoint: str, out: str) -> float:
-    from trainflow.trainer.serving import load_servable
+    from trainflow.trainer.serving.servable import load_servable
 
     servable = load_servable(checkpoint)  # torch's default threads, as trainflow's process uses
     prep = servable.preprocessor

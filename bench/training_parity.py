@@ -73,7 +73,7 @@ def run_trainflow(path: Path, storage: str) -> tuple[list[float], float]:
     result = build_trainer(cfg, prep, train, val, "parity", cache_shards=True).fit()
     wall = time.perf_counter() - t0
     ray.shutdown()
-    from trainflow.trainer.checkpoint import read_metrics
+    from trainflow.trainer.serving.checkpoint import read_metrics
 
     with result.checkpoint.as_directory() as d:
         history = read_metrics(d)["history"]

@@ -138,7 +138,7 @@ class Model:
         """`prediction` (and `proba_<class>` for classification) for every row of data, in its order and index."""
         import pyarrow as pa
 
-        from trainflow.trainer.predict import predict_table
+        from trainflow.trainer.serving.predict import predict_table
 
         table = pa.Table.from_pandas(pd.DataFrame(data), preserve_index=False)
         parts = [
@@ -201,7 +201,7 @@ def load_model(
     nn.Module imports its class only when it is listed in allowed_class_paths (nothing is imported because a stored
     model names it)."""
     from trainflow.trainer.resolve import resolve_checkpoint
-    from trainflow.trainer.serving import load_servable
+    from trainflow.trainer.serving.servable import load_servable
 
     uri = str(uri)
     return Model(load_servable(resolve_checkpoint(uri, set(allowed_class_paths), tracking_uri)), uri)

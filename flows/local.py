@@ -18,8 +18,9 @@ from typing import Any
 
 from trainflow.config import Config, infer_format
 from trainflow.errors import DataError
-from trainflow.tables.sources import SNAPSHOT_FORMATS, SOURCE_FORMATS, resolve_snapshot, snapshot_bytes, source_dataset
-from trainflow.tables.files import check_names, check_present, did_you_mean, open_dataset
+from trainflow.tables.sources import resolve_snapshot, snapshot_bytes, source, source_dataset
+from trainflow.tables.columns import check_names
+from trainflow.tables.files import check_present, did_you_mean, open_dataset, table_dataset
 from trainflow.run.locks import prefect_server_configured
 
 
@@ -87,9 +88,10 @@ def small_table_fingerprint(config: Config) -> str | None:
     from trainflow.tables.files import IN_PROCESS_BYTES, fingerprint, in_memory_bytes, list_files
 
     data = config.data
-    if data.format in SNAPSHOT_FORMATS:  # a Delta or Iceberg table: from its snapshot, at any size
+    kind = source(data.format).kind
+    if kind == "snapshot":  # a Delta or Iceberg table: from its snapshot, at any size
         return resolve_snapshot(data).fingerprint
-    if data.format == "postgres" or data.materialize == "never":  # a query's rows: known once the run copied them
+    if kind == "query" or data.materialize == "never":  # a query's rows: known once the run copied them
         return None
     fs, files = list_files(data.path, data.format)
     if in_memory_bytes(fs, files, data.format) > IN_PROCESS_BYTES:
@@ -104,13 +106,12 @@ def preflight(config: Config, run_name: str | None = None, unlabelled_ok: bool =
     query's columns from the server, or the copy run_name's first attempt made (read without the server).
     unlabelled_ok: rows without a label are no mistake (a replay leaves them out and counts them)."""
     copied = None
-    if config.data.format == "postgres":  # (tasks.ingest imports Prefect, Ray Data and torch: seconds, not needed here)
+    if source(config.data.format).kind == "query":  # (tasks.ingest imports Prefect, Ray Data and torch: not needed)
         from trainflow.tasks.ingest import recorded_copy
 
         copied = recorded_copy(config, run_name)
     data = config.data.as_copy(copied) if copied else config.data
-    table = source_dataset(data) if data.format in SOURCE_FORMATS else open_dataset(data.path, data.format, data.csv)
-    names = list(table.schema.names)
+    names = list(table_dataset(data).schema.names)
     check_names(names, data.where)
     check_present(names, data, data.where)
     for key in ("time_column", "group_column"):
@@ -151,9 +152,10 @@ def check_label_values(config: Config, unlabelled_ok: bool = False) -> None:
     from trainflow.tables.files import IN_PROCESS_BYTES, in_memory_bytes, list_files
 
     data = config.data
-    if data.format == "postgres":  # the label's values are checked on the run's copy (ingest)
+    kind = source(data.format).kind
+    if kind == "query":  # the label's values are checked on the run's copy (ingest)
         return
-    if data.format in SNAPSHOT_FORMATS:  # a Delta or Iceberg table: its snapshot's size and label column
+    if kind == "snapshot":  # a Delta or Iceberg table: its snapshot's size and label column
         snap = resolve_snapshot(data)
         if data.materialize == "never" or snapshot_bytes(snap) > IN_PROCESS_BYTES:
             return

@@ -32,7 +32,7 @@ import pyarrow as pa
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from trainflow.config import Config, config_from_dict
+from trainflow.config import Config, config_from_dict, infer_format
 from trainflow.data import has_label
 from trainflow.errors import ConfigError, DataError
 from trainflow.flows.handover import flow_config, forget, hand_over
@@ -223,7 +223,10 @@ def _replay_config(config: Config, table_path: str, folder: str) -> Config:
     from trainflow.run.storage import join
 
     raw = config.as_given()
-    raw["data"] = {k: v for k, v in raw["data"].items() if k in DATA_KEYS} | {"path": table_path, "format": "parquet"}
+    raw["data"] = {k: v for k, v in raw["data"].items() if k in DATA_KEYS} | {
+        "path": table_path,
+        "format": infer_format(table_path),
+    }
     raw["storage_path"] = join(folder, "runs")
     raw["mlflow"] = {
         **raw.get("mlflow", {}),
@@ -241,11 +244,10 @@ def _replay_config(config: Config, table_path: str, folder: str) -> Config:
 def read_history(config: Config, columns: list[str] | None = None) -> pa.Table:
     """The whole training table (or those columns of it) in this process (replay judges a table of the size one
     process holds: a sample of a larger one); DataError naming a column the table lacks."""
-    from trainflow.tables.sources import SOURCE_FORMATS, source_dataset
-    from trainflow.tables.files import open_dataset
+    from trainflow.tables.files import table_dataset
 
     data = config.data
-    ds = source_dataset(data) if data.format in SOURCE_FORMATS else open_dataset(data.path, data.format, data.csv)
+    ds = table_dataset(data)
     missing = [c for c in columns or [] if c not in ds.schema.names]
     if missing:
         raise DataError(

@@ -12,7 +12,7 @@ from prefect.events import emit_event
 from prefect.variables import Variable
 
 from trainflow.flows.handover import flow_config
-from trainflow.tables.sources import SNAPSHOT_FORMATS, resolve_snapshot
+from trainflow.tables.sources import resolve_snapshot, source
 from trainflow.tables.files import list_files
 from trainflow.run.redact import redact_text
 
@@ -22,11 +22,12 @@ DATA_EVENT = "trainflow.data.changed"
 def source_fingerprint(data) -> str:
     """A Delta or Iceberg table's current snapshot (from its log or metadata), a PostgreSQL source's watermark (one
     aggregate query), or files_fingerprint."""
-    if data.format == "postgres":
+    kind = source(data.format).kind
+    if kind == "query":
         from trainflow.tables.postgres import SqlSource
 
         return SqlSource.of(data).watermark(data.watermark)
-    if data.format in SNAPSHOT_FORMATS:
+    if kind == "snapshot":
         return resolve_snapshot(data.model_copy(update={"snapshot": None})).fingerprint
     return files_fingerprint(data.path, data.format)
 

@@ -5,7 +5,7 @@ null count, a fine histogram for numbers (bins of width STEP on the asinh scale,
 the pass), bounded category counts for text. They are finalized into a small JSON baseline stored with the
 preprocessor: per number up to BINS equal-mass bins (edges from the fine histogram), per text column the
 most frequent categories; plus row count and label distribution. Scoring data is counted into the same bins
-by the predictors as they predict (trainer/predict.py), and compared per feature: Jensen-Shannon divergence (base 2) for
+by the predictors as they predict (trainer/serving/predict.py), and compared per feature: Jensen-Shannon divergence (base 2) for
 numbers and L-infinity distance for categories, as TFDV and Vertex AI do; nulls are one more bin of each.
 """
 

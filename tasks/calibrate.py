@@ -13,7 +13,7 @@ from trainflow.data import Rows
 from trainflow.config import Config
 from trainflow.run.storage import is_uri
 from trainflow.tasks.values import Selected
-from trainflow.trainer.calibration import apply, fit_platt, fit_temperature, log_probs, write_calibration
+from trainflow.trainer.serving.calibration import apply, fit_platt, fit_temperature, log_probs, write_calibration
 from trainflow.trainer.evaluate import Scored, score_checkpoint
 from trainflow.trainer.families import REGISTRY
 from trainflow.trainer.metrics import calibration

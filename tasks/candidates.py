@@ -10,7 +10,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from trainflow.tasks.values import Selected, TrainOutcome
-from trainflow.trainer.checkpoint import metric_value
+from trainflow.trainer.serving.checkpoint import metric_value
 from trainflow.config import ENSEMBLE, Config
 from trainflow.errors import TrainingError
 

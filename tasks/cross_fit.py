@@ -22,10 +22,10 @@ from trainflow.run.storage import join, private_copy
 from trainflow.tasks.common import retry_unless_user_error, lineage_for
 from trainflow.trainer.session import fold_folder
 from trainflow.tasks.values import Selected, Split, TrainOutcome, Decisions
-from trainflow.trainer.checkpoint import read_config
+from trainflow.trainer.serving.checkpoint import read_config
 from trainflow.trainer.ensemble import member_outputs, write_bundle
 from trainflow.trainer.metrics import compute_metrics
-from trainflow.trainer.serving import BAG_FILE, fold_dir, load_servable
+from trainflow.trainer.serving.servable import BAG_FILE, fold_dir, load_servable
 
 
 def fold_run_names(runs: dict[str, str], folds: int) -> dict[str, list[str]]:

@@ -28,7 +28,7 @@ from trainflow.trainer.ensemble import (
     write_ensemble,
 )
 from trainflow.trainer.metrics import compute_metrics
-from trainflow.trainer.serving import combine, load_servable
+from trainflow.trainer.serving.servable import combine, load_servable
 
 
 @dataclass

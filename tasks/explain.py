@@ -20,7 +20,7 @@ from trainflow.config import Config
 from trainflow.tasks.values import Promotion, Registered
 from trainflow.run.tracking import mlflow_key
 from trainflow.trainer.importance import feature_importance
-from trainflow.trainer.serving import load_servable
+from trainflow.trainer.serving.servable import load_servable
 
 IMPORTANCE_ROWS = 2000  # validation rows permuted: enough to rank columns, a few seconds for any family
 IMPORTANCE_FILE = "feature_importance.json"

@@ -12,7 +12,7 @@ from trainflow.preprocessors.tabular import SchemaDriftError, TabularPreprocesso
 from trainflow.tasks.common import in_prefect_run, retry_unless_user_error, task_logger, scored_here
 from trainflow.tasks.drift import markdown, measure, publish, publish_estimate
 from trainflow.trainer.evaluate import estimate_metrics
-from trainflow.trainer.predict import (
+from trainflow.trainer.serving.predict import (
     CountCollector,
     NonFiniteOutput,
     predict_arrow,

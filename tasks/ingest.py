@@ -21,13 +21,12 @@ from trainflow.data import (
     streamed_read_args,
 )
 from trainflow.tables.sources import (
-    SNAPSHOT_FORMATS,
-    SOURCE_FORMATS,
     Snapshot,
     read_arrow as snapshot_arrow,
     read_dataset,
     resolve_snapshot,
     snapshot_bytes,
+    source,
 )
 from trainflow.preprocessors.fit import check_text_columns
 from trainflow.tables.files import (
@@ -64,7 +63,7 @@ def preflight_inference(config: Config, spec: TableSpec, train_schema) -> None:
     inp = config.inference.input
     fmt = infer_format(inp)
     fs, files = list_files(inp, fmt)
-    here = fmt == "parquet"  # its footers say the schema, and the id column is read alone: no Ray pass at any size
+    here = source(fmt).reads_here  # its metadata says the schema, and the id column is read alone: no Ray pass
     if here:
         scoring = open_dataset(inp, fmt)
         schema = scoring.schema
@@ -118,7 +117,7 @@ def table_fingerprint(config: Config) -> str:
     """The training table's fingerprint as ingest computes it, from the files alone (no Ray Data read), or a Delta
     or Iceberg table's from its snapshot: enough to tell that a retrain would train on the champion's own data
     (which its run checked already)."""
-    if config.data.format in SNAPSHOT_FORMATS:
+    if source(config.data.format).kind == "snapshot":
         return resolve_snapshot(config.data).fingerprint
     if cluster_named(config.ray.address):  # its object store's size decides content or metadata
         ensure_ray(**config.ray_start)
@@ -138,7 +137,7 @@ def pin_source(config: Config, run_name: str) -> Config:
     from trainflow.run.storage import join, read_text
 
     data = config.data
-    if data.format not in SOURCE_FORMATS:
+    if source(data.format).kind == "files":
         return config
     record_start(config, run_name)  # a source record or copy is written below: the run is recorded first
     log = task_logger("pin-source")
@@ -147,7 +146,7 @@ def pin_source(config: Config, run_name: str) -> Config:
         recorded = json.loads(read_text(record_uri))
     except (OSError, ValueError):
         recorded = None
-    if data.format == "postgres":
+    if source(data.format).kind == "query":
         return config.model_copy(update={"data": _pin_copy(config, run_name, record_uri, recorded, log)})
     if isinstance(recorded, dict) and (recorded.get("format"), recorded.get("table")) == (data.format, data.path):
         pinned = recorded.get("snapshot")
@@ -190,7 +189,7 @@ def _pin_copy(config: Config, run_name: str, record_uri: str, recorded: Any, log
     data = config.data
     source = SqlSource.of(data)
     prefix = join(config.storage_path, f"{run_name}-source-")
-    if _same_source(recorded, source):
+    if _same_source(recorded, source, data.format):
         if _copy_intact(recorded, prefix):
             log.info(
                 "%s: the copy run %s made first (%s rows, %s, copied %s)",
@@ -252,11 +251,12 @@ def _unrecorded_copies(storage_path: str, run_name: str, recorded: Any) -> list[
     return removed
 
 
-def _same_source(recorded: Any, source) -> bool:
+def _same_source(recorded: Any, sql, fmt: str) -> bool:
+    """Whether a copy's record names the format fmt, and the server and query of sql (a SqlSource)."""
     return isinstance(recorded, dict) and (recorded.get("format"), recorded.get("server"), recorded.get("query")) == (
-        "postgres",
-        source.server,
-        source.query,
+        fmt,
+        sql.server,
+        sql.query,
     )
 
 
@@ -268,14 +268,14 @@ def recorded_copy(config: Config, run_name: str | None) -> dict[str, Any] | None
     from trainflow.tables.postgres import SqlSource
     from trainflow.run.storage import join, read_text
 
-    if not run_name or config.data.format != "postgres":
+    if not run_name or source(config.data.format).kind != "query":
         return None
     try:
         recorded = json.loads(read_text(join(config.storage_path, f"{run_name}{SOURCE_SUFFIX}")))
     except (OSError, ValueError):
         return None
     prefix = join(config.storage_path, f"{run_name}-source-")
-    intact = _same_source(recorded, SqlSource.of(config.data)) and _copy_intact(recorded, prefix)
+    intact = _same_source(recorded, SqlSource.of(config.data), config.data.format) and _copy_intact(recorded, prefix)
     return recorded if intact else None
 
 
@@ -283,7 +283,7 @@ def recorded_copy(config: Config, run_name: str | None) -> dict[str, Any] | None
 def throwaway_copy(config: Config) -> Iterator[Config]:
     """config, its PostgreSQL source read into a temporary local copy for the checks of a dry run (validate), which
     records nothing and leaves nothing behind; any other config as it is."""
-    if config.data.format != "postgres":
+    if source(config.data.format).kind != "query":
         yield config
         return
     import tempfile
@@ -341,7 +341,7 @@ def _read_files(config: Config, known_fingerprint: str | None):
     # the checks); a CSV table keeps Ray Data's per-file type inference
     table = (
         read_arrow(fs, found, data.format, data.csv, data.path)
-        if (materialize and data.format == "parquet" and table_bytes <= IN_PROCESS_BYTES)
+        if (materialize and source(data.format).reads_here and table_bytes <= IN_PROCESS_BYTES)
         else None
     )
     if table is not None:
@@ -401,9 +401,9 @@ def ingest(config: Config, known_fingerprint: str | None = None) -> Ingested:
     data = config.data
     if config.inference.output:  # a place trainflow may write: checked before anything is read
         check_destination(config)
-    if data.format == "postgres":  # a flow reads a PostgreSQL source through its copy (pin_source, throwaway_copy)
+    if source(data.format).kind == "query":  # a flow reads a query's copy (pin_source, throwaway_copy)
         raise DataError(f"{data.where}: not copied yet; a flow reads a PostgreSQL source after pin_source")
-    snap = resolve_snapshot(data) if data.format in SNAPSHOT_FORMATS else None
+    snap = resolve_snapshot(data) if source(data.format).kind == "snapshot" else None
     ds, files, schema, fp, materialize, table_bytes, why = (
         _read_snapshot(config, snap) if snap is not None else _read_files(config, known_fingerprint)
     )

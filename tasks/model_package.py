@@ -3,7 +3,9 @@ imports (code_paths), its requirements, its signature and an input example."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
+import pkgutil
 import shutil
 from importlib.metadata import version
 from pathlib import Path
@@ -19,34 +21,55 @@ from trainflow.catalogue import family_modules
 from trainflow.trainer.families import REGISTRY
 
 # MLflow "models from code": this file is the model's definition (nothing pickled)
-MODEL_CODE = str(Path(importlib.util.find_spec("trainflow.trainer").origin).with_name("pyfunc_model.py"))
-# what MODEL_CODE imports to serve a checkpoint of any family: no Ray, Prefect or MLflow code of trainflow's
-SERVING_MODULES = (
-    "trainflow",
-    "trainflow.run",
-    "trainflow.run.redact",
-    "trainflow.errors",
-    "trainflow.run.services",
-    "trainflow.run.storage",
-    "trainflow.tables",
-    "trainflow.tables.files",
-    "trainflow.preprocessors",
-    "trainflow.preprocessors.tabular",
-    "trainflow.preprocessors.dates",
-    "trainflow.preprocessors.baseline",
-    "trainflow.trainer",
-    "trainflow.trainer.checkpoint",
-    "trainflow.trainer.serving",
-    "trainflow.trainer.predict",
-    "trainflow.trainer.calibration",
-    # every family's file (the registry imports them all; each keeps its training imports inside its functions)
-    "trainflow.trainer.families",
-    "trainflow.trainer.families.base",
-    "trainflow.trainer.families._torch",
-    "trainflow.trainer.families.network",
-    "trainflow.catalogue",
-    *(m for m in family_modules().values() if m.startswith("trainflow.")),
-)
+MODEL_CODE = str(Path(importlib.util.find_spec("trainflow.trainer.serving").origin).with_name("pyfunc_model.py"))
+# the folder of what a registered model serves with (trainer/serving/); with every family's file (the registry loads
+# each; a family keeps its training imports inside its functions), the roots of the code a model ships
+SERVING_PACKAGE = "trainflow.trainer.serving"
+
+
+def _module_imports(name: str, everywhere: bool = False) -> set[str]:
+    """The trainflow modules name imports at its top level (what loading it runs; everywhere: inside its functions
+    too), with their packages."""
+    spec = importlib.util.find_spec(name)
+    package = name if spec.submodule_search_locations else name.rpartition(".")[0]
+    found = set()
+    tree = ast.parse(Path(spec.origin).read_text())
+    for node in ast.walk(tree) if everywhere else tree.body:
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
+            found.add(base)
+            found |= {f"{base}.{a.name}" for a in node.names if _is_submodule(base, a.name)}
+    mine = {m for m in found if m.split(".")[0] == "trainflow"}
+    return {".".join(m.split(".")[:i]) for m in mine for i in range(1, m.count(".") + 2)}
+
+
+def _is_submodule(package: str, name: str) -> bool:
+    """Whether `from package import name` imports a module (not a name defined in package)."""
+    if package.split(".")[0] != "trainflow":
+        return False
+    folders = importlib.util.find_spec(package).submodule_search_locations or []
+    return any((Path(f) / f"{name}.py").exists() or (Path(f) / name / "__init__.py").exists() for f in folders)
+
+
+def serving_modules() -> tuple[str, ...]:
+    """What a registered model ships as its code: every module of trainer/serving/ and what it imports (inside its
+    functions too), every family's file and the modules its predictor imports (Family.serving_modules), and what
+    each of those imports at its top level, transitively (no Ray, Prefect or MLflow code of trainflow's: the layout
+    test keeps it so)."""
+    folder = importlib.util.find_spec(SERVING_PACKAGE).submodule_search_locations
+    own = [m.name for m in pkgutil.iter_modules(folder, SERVING_PACKAGE + ".")]
+    todo = [SERVING_PACKAGE, *own, *(i for m in own for i in _module_imports(m, everywhere=True))]
+    todo += [m for m in family_modules().values() if m.startswith("trainflow.")]
+    todo += [m for family in REGISTRY.values() for m in family.serving_modules]
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(_module_imports(name) - seen)
+    return tuple(sorted(seen))
 
 
 def _copy_module(name: str, dst: Path) -> None:
@@ -61,10 +84,10 @@ def _copy_module(name: str, dst: Path) -> None:
 
 
 def serving_code(dst: Path, class_path: str | None = None) -> list[str]:
-    """The folders to log as code_paths, built in dst: SERVING_MODULES in their package layout, and for your own
+    """The folders to log as code_paths, built in dst: serving_modules() in their package layout, and for your own
     nn.Module (model.class_path) its module: inside trainflow, with its parent packages; else its whole top-level
     package (or the lone module file) as it is installed."""
-    names = list(SERVING_MODULES)
+    names = list(serving_modules())
     module = None
     if class_path:  # 'package.module:ClassName' or 'package.module.ClassName', as trainer/families/network.py reads it
         module, sep, _ = class_path.partition(":")

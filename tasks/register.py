@@ -17,6 +17,7 @@ from prefect.runtime import flow_run
 
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.tasks.common import md, md_code, retry_unless_user_error
+from trainflow.tables.sources import SOURCES
 from trainflow.tasks.values import Ingested, Selected, TrainOutcome, Registered
 from trainflow.config import Config
 from trainflow.roles.folds import FoldPlan
@@ -24,12 +25,12 @@ from trainflow.run.redact import redact_text, redact_value
 from trainflow.tasks.mlflow_run import REGISTER_KEY, find_run, log_params, log_rows, parent_key, run_key
 from trainflow.tasks.model_package import MODEL_CODE, example_input, requirements, serving_code, signature_for
 from trainflow.run.tracking import CHECKPOINT_KEY, PUBLISHED_TAG, ensure_experiment, tracking
-from trainflow.trainer.serving import checkpoint_families
+from trainflow.trainer.serving.servable import checkpoint_families
 
 
 def _warm_tag(path: str) -> dict[str, str]:
     """A warm-started checkpoint's source (train.warm_start): the version it continued, as a lineage tag."""
-    from trainflow.trainer.checkpoint import read_warm
+    from trainflow.trainer.serving.checkpoint import read_warm
 
     warm = read_warm(path)
     if not warm:
@@ -127,7 +128,7 @@ def log_datasets(
         f"{fp}:{json.dumps(config.split.model_dump(mode='json'), sort_keys=True)}".encode(), digest_size=16
     ).hexdigest()
     name = path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
-    if snapshot and snapshot.get("format") == "postgres":  # the query's copy, by what it read and when
+    if snapshot and getattr(SOURCES.get(snapshot.get("format")), "kind", None) == "query":  # a query's copy, by when
         name = f"{snapshot.get('table') or 'query'}@{snapshot['copied_at']}"
     elif snapshot:
         name = f"{ingested.spec.path.rstrip('/').rsplit('/', 1)[-1]}@{snapshot['snapshot']}"

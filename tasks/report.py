@@ -22,6 +22,7 @@ from trainflow.trainer.backtest import backtest_line
 from trainflow.tasks.mlflow_run import parent_run
 from trainflow.run.tracking import mlflow_key, tracking
 from trainflow.trainer.families import REGISTRY
+from trainflow.tables.sources import SOURCES
 
 LOSS_CURVE = "loss_curve.png"
 MODEL_CARD_FILE = "model_card.md"
@@ -518,13 +519,14 @@ def _snapshot_line(summary: dict[str, Any]) -> str:
     snap = summary.get("data_snapshot")
     if not snap:
         return ""
-    if snap["format"] == "postgres":
+    src = SOURCES.get(snap["format"])
+    if src is not None and src.kind == "query":
         read = f"table {md_code(snap['table'])}" if snap.get("table") else f"query {md_code(snap['query'][:200])}"
         return (
             f"\n- read: PostgreSQL {read} on {md_code(snap['server'])}, {snap['rows']:,} rows copied in one "
             f"transaction at {md(snap['copied_at'])} to {md_code(snap['location'])}"
         )
-    what = "version" if snap["format"] == "delta" else "snapshot"
+    what = getattr(src, "version_word", "snapshot")
     return (
         f"\n- read: {snap['format']} table {md_code(snap['table'])} at {what} {md(snap['snapshot'])} (table id "
         f"{md_code(snap['table_id'])})"

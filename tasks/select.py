@@ -9,8 +9,8 @@ from prefect.cache_policies import NO_CACHE
 
 from trainflow.trainer.resolve import allowed_class_paths, check_class_path
 from trainflow.tasks.values import TrainOutcome, Selected
-from trainflow.trainer.checkpoint import metric_value
-from trainflow.trainer.serving import load_servable
+from trainflow.trainer.serving.checkpoint import metric_value
+from trainflow.trainer.serving.servable import load_servable
 from trainflow.config import Config
 from trainflow.errors import CheckpointError
 from trainflow.run.storage import private_copy

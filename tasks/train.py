@@ -17,7 +17,7 @@ from pyarrow.fs import FileType
 from trainflow.tasks.common import retry_unless_user_error, lineage_for
 from trainflow.tasks.mlflow_run import log_rows, open_run, tag_run
 from trainflow.tasks.values import Prepared, TrainOutcome
-from trainflow.trainer.checkpoint import METRICS_FILE, read_metrics
+from trainflow.trainer.serving.checkpoint import METRICS_FILE, read_metrics
 from trainflow.trainer.deadline import TIME_LIMITED
 from trainflow.trainer.steps import STOP_REASON
 from trainflow.trainer.progress import ProgressLine

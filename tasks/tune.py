@@ -12,7 +12,7 @@ from prefect.cache_policies import NO_CACHE
 
 from trainflow.tasks.common import retry_unless_user_error, artifact_key
 from trainflow.tasks.values import Prepared, TrainOutcome
-from trainflow.trainer.checkpoint import METRICS_FILE
+from trainflow.trainer.serving.checkpoint import METRICS_FILE
 from trainflow.trainer.progress import ProgressLine, watch_progress
 from trainflow.trainer.recovery import read_events, recoveries
 from trainflow.trainer.resources import check_fits, concurrent_runs

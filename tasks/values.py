@@ -15,7 +15,7 @@ from trainflow.roles.folds import FoldPlan
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.tables.files import TableSpec
 from trainflow.trainer.evaluate import Scored
-from trainflow.trainer.serving import combine
+from trainflow.trainer.serving.servable import combine
 
 
 @dataclass

@@ -60,7 +60,7 @@ def resolve_warm(config: Config, prep: TabularPreprocessor, folds: int) -> tuple
         why = f"train.folds {folds}: the challenger is a bag of fold models, and a warm start continues one model"
     else:
         from trainflow.trainer.resolve import allowed_class_paths, resolve_checkpoint
-        from trainflow.trainer.serving import BAG_FILE, checkpoint_families
+        from trainflow.trainer.serving.servable import BAG_FILE, checkpoint_families
 
         try:
             path = Path(resolve_checkpoint(uri, allowed_class_paths(config), config.mlflow.tracking_uri))
@@ -113,7 +113,7 @@ def resolve_warm(config: Config, prep: TabularPreprocessor, folds: int) -> tuple
 
 def _same_model(config: Config, family: str, path: Path) -> str | None:
     """Why the source's model cannot be continued by this config's (a network of another shape; None: it can)."""
-    from trainflow.trainer.checkpoint import read_config
+    from trainflow.trainer.serving.checkpoint import read_config
 
     fam = REGISTRY[family]
     theirs = fam.hashed(read_config(path).get("model") or {})

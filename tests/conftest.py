@@ -238,8 +238,8 @@ def tiny_checkpoint(tmp_path: Path, hidden=(8,)) -> Path:
     """An untrained network's checkpoint over tiny_preprocessor, temperature-calibrated, as trainflow writes one
     (tmp_path/ckpt): what serving, registering and scoring read, without a training run."""
     from trainflow.config import config_from_dict
-    from trainflow.trainer.calibration import write_calibration
-    from trainflow.trainer.checkpoint import save_checkpoint
+    from trainflow.trainer.serving.calibration import write_calibration
+    from trainflow.trainer.serving.checkpoint import save_checkpoint
     from trainflow.trainer.families.network import model_for
 
     prep = tiny_preprocessor()

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from trainflow.trainer.calibration import (
+from trainflow.trainer.serving.calibration import (
     CALIBRATION_FILE,
     apply,
     fit_platt,

@@ -12,11 +12,11 @@ import pytest
 
 from tests.conftest import tiny_checkpoint, tiny_preprocessor, tiny_table
 from trainflow.errors import TrainflowError
-from trainflow.trainer.calibration import CALIBRATION_FILE
-from trainflow.trainer.checkpoint import CONFIG_FILE
+from trainflow.trainer.serving.calibration import CALIBRATION_FILE
+from trainflow.trainer.serving.checkpoint import CONFIG_FILE
 from trainflow.trainer.families.network import check_model
-from trainflow.trainer.predict import NonFiniteOutput, predict_table
-from trainflow.trainer.serving import load_servable
+from trainflow.trainer.serving.predict import NonFiniteOutput, predict_table
+from trainflow.trainer.serving.servable import load_servable
 
 
 def _edit(path: Path, change) -> None:
@@ -151,7 +151,7 @@ def test_a_planted_finished_marker_gives_only_its_checkpoint_folders(tmp_path):
     ending at val_loss 0.0001, another run path and a recovery that never happened: a rerun reuses the run, but every
     checkpoint in the folder (the better epoch 4 too), the history, the path and the recoveries come from the folder."""
     from trainflow.tasks.train import FINISHED_FILE, finished_outcome
-    from trainflow.trainer.checkpoint import save_checkpoint
+    from trainflow.trainer.serving.checkpoint import save_checkpoint
 
     run = tmp_path / "runs" / "copied"
     history = [{"epoch": e, "val_loss": 1.0 - 0.1 * e} for e in range(5)]

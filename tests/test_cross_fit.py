@@ -15,8 +15,8 @@ import torch
 
 from tests.conftest import churn_config
 from trainflow.flows.cli import main as cli_main
-from trainflow.trainer.predict import predict_table
-from trainflow.trainer.serving import BAG_FILE, fold_dir, load_servable
+from trainflow.trainer.serving.predict import predict_table
+from trainflow.trainer.serving.servable import BAG_FILE, fold_dir, load_servable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_local")]
 

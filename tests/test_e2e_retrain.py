@@ -33,9 +33,9 @@ from tests.conftest import (
 from trainflow.tables.sample import make_churn_table
 from trainflow.tasks.drift import DRIFT_EVENT
 from trainflow.tasks.monitor import DEGRADED_EVENT
-from trainflow.trainer.checkpoint import read_metrics
-from trainflow.trainer.serving import load_servable
-from trainflow.trainer.predict import predict_table
+from trainflow.trainer.serving.checkpoint import read_metrics
+from trainflow.trainer.serving.servable import load_servable
+from trainflow.trainer.serving.predict import predict_table
 from trainflow.flows.cli import main as cli_main
 from trainflow.run.tracking import tracking as tracking_uri
 

@@ -18,7 +18,7 @@ from tests.conftest import BUCKET, write_config, write_parquet
 from trainflow.config import load_config
 from trainflow.errors import CheckpointError
 from trainflow.trainer.ensemble import cross_fitted, greedy_weights, halves
-from trainflow.trainer.serving import combine, load_servable
+from trainflow.trainer.serving.servable import combine, load_servable
 
 pytestmark = pytest.mark.usefixtures("prefect_harness", "ray_local")
 
@@ -53,7 +53,7 @@ def _members(tmp_path):
 
     from trainflow.preprocessors.fit import fit_preprocessor
     from trainflow.tables.files import table_spec
-    from trainflow.trainer.checkpoint import save_checkpoint, write_common
+    from trainflow.trainer.serving.checkpoint import save_checkpoint, write_common
     from trainflow.trainer.families.lightgbm_family import LGB_MODEL
     from trainflow.trainer.families.xgboost_family import XGB_MODEL, xgb_matrix
 
@@ -105,7 +105,7 @@ def test_an_ensemble_checkpoint_is_served_registered_rebuilt_and_read_strictly(t
     from trainflow.trainer.resolve import check_class_path
     from trainflow.tasks.model_package import MODEL_CODE, requirements
     from trainflow.tasks.values import Selected, TrainOutcome
-    from trainflow.trainer.serving import checkpoint_families
+    from trainflow.trainer.serving.servable import checkpoint_families
     from trainflow.run.tracking import ensure_experiment, tracking
 
     cfg, ds, table, paths = _members(tmp_path)

@@ -13,8 +13,8 @@ import ray.train
 
 from tests.conftest import make_regression_table
 from tests.faults import fit_here, small_run, wait_registered
-from trainflow.trainer.checkpoint import read_metrics
-from trainflow.trainer.serving import load_servable
+from trainflow.trainer.serving.checkpoint import read_metrics
+from trainflow.trainer.serving.servable import load_servable
 from trainflow.trainer.recovery import read_events, recoveries
 from trainflow.trainer.runner import build_trainer, run_dir
 from trainflow.config import DataSection, config_from_dict, trial_config
@@ -316,7 +316,7 @@ def test_catboost_is_one_worker_with_the_group_cpus_and_a_killed_fit_continues_f
 
     # train.warm_start: a fit that continues this model adds its trees after the source's 1,500 (its file shipped as
     # tasks/warm.py ships it), records the source's rounds, and serves the whole model
-    from trainflow.trainer.checkpoint import read_warm
+    from trainflow.trainer.serving.checkpoint import read_warm
 
     with result.checkpoint.as_directory() as d:
         files = {f.name: f.read_bytes() for f in Path(d).iterdir() if f.is_file()}

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.faults import EPOCHS, small_run, successive_faults, wait_fold_registered
-from trainflow.trainer.checkpoint import load_train_state, read_metrics, save_checkpoint
+from trainflow.trainer.serving.checkpoint import load_train_state, read_metrics, save_checkpoint
 from trainflow.trainer.families.network import build_model
 from trainflow.trainer.recovery import read_events, recoveries
 from trainflow.trainer.runner import build_trainer, run_dir
@@ -256,7 +256,7 @@ def test_a_local_mode_fit_writes_whole_checkpoints_and_a_retry_resumes_from_the_
     from tests.faults import train_fn_per_worker
     from trainflow.config import trial_config
     from trainflow.run.storage import filesystem_for, join, write_bytes
-    from trainflow.trainer.checkpoint import METRICS_FILE, checkpoints_on_disk, latest_in_run
+    from trainflow.trainer.serving.checkpoint import METRICS_FILE, checkpoints_on_disk, latest_in_run
     from trainflow.trainer.runner import fit_reports, local_checkpoints
 
     cfg, prep, train, val = small_run(tmp_path)
@@ -327,7 +327,7 @@ def test_a_local_mode_fit_ends_at_its_next_step_once_the_process_is_asked_to_sto
     # ends at its next step instead of training on, its checkpoints so far in storage for a rerun
     from trainflow.run import runtime
     from trainflow.config import trial_config
-    from trainflow.trainer.checkpoint import checkpoints_on_disk
+    from trainflow.trainer.serving.checkpoint import checkpoints_on_disk
     from trainflow.trainer.runner import fit_reports
 
     cfg, prep, train, val = small_run(tmp_path)
@@ -351,7 +351,7 @@ def test_a_local_mode_fit_ends_at_its_next_step_once_the_process_is_asked_to_sto
 
 @pytest.mark.usefixtures("ray_local")
 def test_a_local_mode_resume_loads_a_planted_checkpoints_weights_as_data_only(tmp_path):
-    # local mode resumes from the newest complete folder in the run's storage (trainer/checkpoint.py latest_in_run),
+    # local mode resumes from the newest complete folder in the run's storage (trainer/serving/checkpoint.py latest_in_run),
     # as Ray Train from the latest it registered: a folder someone else wrote there, newer by its name, is read with
     # the same loaders, so a pickle where the weights go is refused (torch.load weights_only) and never runs
     import pickle
@@ -359,7 +359,7 @@ def test_a_local_mode_resume_loads_a_planted_checkpoints_weights_as_data_only(tm
 
     from tests.faults import fit_here
     from trainflow.config import trial_config
-    from trainflow.trainer.checkpoint import MODEL_FILE
+    from trainflow.trainer.serving.checkpoint import MODEL_FILE
 
     cfg, prep, train, val = small_run(tmp_path)
     cfg = trial_config(cfg.to_dict(), {"scaling.num_workers": 1, "train.epochs": 2, "checkpoint.min_interval_s": 0})

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from tests.conftest import churn_config
-from trainflow.trainer.serving import load_servable
-from trainflow.trainer.predict import predict_table
+from trainflow.trainer.serving.servable import load_servable
+from trainflow.trainer.serving.predict import predict_table
 from trainflow.flows.cli import main as cli_main
 
 pytestmark = [

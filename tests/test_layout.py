@@ -18,7 +18,8 @@ FOLDERS = {
 # (pyarrow only) under the config, which infers `task` from the label through them
 RANK = {"trainflow.flows": 5, "trainflow.tasks": 4, "trainflow.trainer": 3, "trainflow.preprocessors": 2.5}
 TABLES = {"trainflow.data", "trainflow.roles.plan", "trainflow.tables.outputs"}
-TABLE_FILES = {"trainflow.tables.files"}
+# (with the sources' registry, which the config validates data.format by, and PostgreSQL's reader, a source's)
+TABLE_FILES = {"trainflow.tables.files", "trainflow.tables.columns", "trainflow.tables.postgres"}
 BASE = {"trainflow.errors", "trainflow.run.services", "trainflow.run.storage", "trainflow.run.redact"}
 
 
@@ -45,7 +46,7 @@ def _layer(module: str) -> float:
         return 6
     if module in TABLES:
         return 2
-    if module in TABLE_FILES:
+    if module in TABLE_FILES or module.startswith("trainflow.tables.sources"):
         return 0.5
     if module in BASE:
         return 0
@@ -146,20 +147,69 @@ def test_no_family_is_named_outside_its_folder():
     assert found == []
 
 
-def test_the_serving_code_imports_only_the_serving_code():
-    """A registered model ships SERVING_MODULES as its code (tasks/model_package.py) and serves where trainflow is not
-    installed: a module-level import of anything else fails there (the e2e test's isolated venv finds it, slowly)."""
-    from trainflow.tasks.model_package import SERVING_MODULES
+def test_no_source_format_is_named_outside_its_folder():
+    """Adding a source format is a file in trainflow/tables/sources/ and a line in its registry: nothing else compares
+    a table's format (`data.format`, a `fmt`, a record's "format") with a format's name. (Output formats are the
+    sinks': inference.output_format.)"""
+    from trainflow.tables.sources import SOURCES
+
+    names = set(SOURCES)
+    assert {"parquet", "csv", "delta", "iceberg", "postgres"} <= names
+
+    def named(node) -> bool:
+        values = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return any(isinstance(v, ast.Constant) and v.value in names for v in values)
+
+    def is_format(node) -> bool:
+        if isinstance(node, ast.Attribute):
+            return node.attr == "format"
+        if isinstance(node, ast.Name):
+            return node.id in ("fmt", "format")
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            return node.slice.value == "format"
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            return bool(node.args) and isinstance(node.args[0], ast.Constant) and node.args[0].value == "format"
+        return False
+
+    found = []
+    for name, path in _modules().items():
+        if name.startswith("trainflow.tables.sources"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                if any(is_format(x) for x in sides) and any(named(x) for x in sides):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == []
+
+
+def test_a_model_ships_the_serving_folder_and_what_it_imports():
+    """A registered model ships trainer/serving/, every family's file and what they import at their top level, as
+    tasks/model_package.py derives it (no list kept by hand), and serves where trainflow is not installed (the e2e
+    test's isolated venv serves one): none of it is a flow's or a task's code, none imports Ray or Prefect."""
+    from trainflow.tasks.model_package import serving_modules
 
     modules = _modules()
-    serving = set(SERVING_MODULES)
-    found = [
-        f"{m} imports {i}"
-        for m in sorted(serving)
-        for i in sorted(_imports(modules[m], modules, top_level_only=True))
-        if i not in serving
+    shipped = set(serving_modules())
+    folder = {m for m in modules if m.startswith("trainflow.trainer.serving")}
+    families = {m for m in modules if m.startswith("trainflow.trainer.families.") and m.endswith("_family")}
+    # (the network's module: what the torch families' predictor imports inside its functions, Family.serving_modules)
+    assert folder | families | {"trainflow.preprocessors.tabular", "trainflow.trainer.families.network"} <= shipped
+    assert [m for m in shipped if m.startswith(("trainflow.flows", "trainflow.tasks"))] == []
+    heavy = [
+        f"{m} imports {name}"
+        for m in sorted(shipped)
+        for node in ast.parse(modules[m].read_text()).body
+        for name in (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom)
+            else []
+        )
+        if name.split(".")[0] in ("ray", "prefect")
     ]
-    assert found == []
+    assert heavy == []
 
 
 def test_no_function_needs_a_scroll_bar():

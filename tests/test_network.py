@@ -10,9 +10,9 @@ import torch
 from tests.conftest import tiny_preprocessor, tiny_table
 from trainflow.config import config_from_dict
 from trainflow.errors import ConfigError
-from trainflow.trainer.checkpoint import save_checkpoint
+from trainflow.trainer.serving.checkpoint import save_checkpoint
 from trainflow.trainer.families.network import EmbeddingMLP, check_model, model_for, network_parameters
-from trainflow.trainer.serving import load_servable
+from trainflow.trainer.serving.servable import load_servable
 
 
 def _config(tmp_path, **model):

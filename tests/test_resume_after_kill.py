@@ -21,7 +21,7 @@ import pytest
 
 from tests.conftest import churn_config, write_parquet
 from tests.faults import wait_registered
-from trainflow.trainer.checkpoint import read_metrics
+from trainflow.trainer.serving.checkpoint import read_metrics
 from trainflow.trainer.recovery import read_events
 from trainflow.trainer.runner import checkpoint_folders, checkpoints_on_disk
 from trainflow.flows.cli import main as cli_main

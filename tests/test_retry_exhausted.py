@@ -14,7 +14,7 @@ from mlflow import MlflowClient
 
 from tests.conftest import churn_config
 from tests.faults import checkpoint_registered, train_worker_pids
-from trainflow.trainer.checkpoint import read_metrics
+from trainflow.trainer.serving.checkpoint import read_metrics
 from trainflow.flows.cli import main as cli_main
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "ray_local")]

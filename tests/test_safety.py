@@ -136,7 +136,7 @@ def _gate_setup(tmp_path, table=None, **sections):
     code, registered with its pyfunc. sections: more config."""
     from trainflow.preprocessors.fit import fit_preprocessor
     from trainflow.tables.files import table_spec
-    from trainflow.trainer.checkpoint import save_checkpoint
+    from trainflow.trainer.serving.checkpoint import save_checkpoint
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=400)

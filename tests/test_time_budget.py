@@ -13,7 +13,7 @@ from tests.conftest import churn_config, tiny_preprocessor
 from tests.faults import fit_here, small_run
 from trainflow.config import apply_overrides, config_from_dict, trial_config
 from trainflow.errors import ConfigError
-from trainflow.trainer.checkpoint import read_metrics
+from trainflow.trainer.serving.checkpoint import read_metrics
 from trainflow.trainer.deadline import (
     AUTO_FLOOR_S,
     MIN_RUN_S,

@@ -141,9 +141,9 @@ def test_lightgbm_continues_its_source_booster_and_the_network_its_weights_at_a_
 
     from tests.faults import fit_here, small_run
     from trainflow.config import trial_config
-    from trainflow.trainer.checkpoint import read_metrics, read_warm
+    from trainflow.trainer.serving.checkpoint import read_metrics, read_warm
     from trainflow.trainer.loop import WARM_LR_FACTOR
-    from trainflow.trainer.serving import load_servable
+    from trainflow.trainer.serving.servable import load_servable
 
     cfg, prep, train, val = small_run(tmp_path)
 

@@ -1,7 +1,7 @@
 """A weighted ensemble of several families' best checkpoints: greedy ensemble selection (Caruana et al., 2004, as
 AutoGluon's WeightedEnsemble) on the validation split, an honest score for it, and its checkpoint folder.
 
-The folder (trainer/serving.py reads it: EnsemblePredictor) holds
+The folder (trainer/serving/servable.py reads it: EnsemblePredictor) holds
     members/<family>/   each member's checkpoint files as selected (no training state, no calibration)
     ensemble.json       {"members": [{"family", "weight"}, ...], "rounds": ...}
     metrics.json, preprocessor.json, config.json (model.type ensemble), lineage.json, as every checkpoint
@@ -24,8 +24,8 @@ import torch
 from trainflow.data import Rows, arrow_batches
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.run.storage import is_uri, join, list_dir, localize, staging_folder, upload_dir, write_text
-from trainflow.trainer.checkpoint import write_common
-from trainflow.trainer.serving import ENSEMBLE, ENSEMBLE_FILE, combine, member_dir
+from trainflow.trainer.serving.checkpoint import write_common
+from trainflow.trainer.serving.servable import ENSEMBLE, ENSEMBLE_FILE, combine, member_dir
 
 ROUNDS = 25  # greedy picks (with replacement): weights are multiples of 1/25, as AutoGluon's default
 LEFT_OUT = ("train_state.pt", "train_state.json", "calibration.json")  # what serving a member does not read

@@ -12,7 +12,7 @@ import pyarrow as pa
 from trainflow.data import Rows, arrow_batches, column_names
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.trainer.metrics import calibration, compute_metrics
-from trainflow.trainer.serving import load_servable
+from trainflow.trainer.serving.servable import load_servable
 
 
 @dataclass

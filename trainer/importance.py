@@ -14,7 +14,7 @@ import pandas as pd
 import pyarrow as pa
 
 from trainflow.trainer.metrics import compute_metrics
-from trainflow.trainer.serving import ServableModel
+from trainflow.trainer.serving.servable import ServableModel
 
 
 class _Scorer:

@@ -21,7 +21,7 @@ from trainflow.preprocessors.tabular import FEATURES, LABEL, TabularPreprocessor
 from trainflow.trainer import session
 from trainflow.trainer.budget import EarlyStopping, lr_factor, resolve_budget
 from trainflow.trainer.metrics import compute_metrics
-from trainflow.trainer.checkpoint import (
+from trainflow.trainer.serving.checkpoint import (
     load_train_state,
     load_weights,
     read_metrics,

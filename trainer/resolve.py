@@ -10,9 +10,9 @@ from trainflow.config import Config
 from trainflow.errors import CheckpointError, InfrastructureError
 from trainflow.run.storage import private_copy, private_dir
 from trainflow.run.tracking import MODEL_URI
-from trainflow.trainer.checkpoint import read_config
+from trainflow.trainer.serving.checkpoint import read_config
 from trainflow.trainer.families.network import user_class_path
-from trainflow.trainer.serving import member_dirs
+from trainflow.trainer.serving.servable import member_dirs
 
 
 def allowed_class_paths(config: Config) -> set[str]:

@@ -15,7 +15,7 @@ import ray.data
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
 from trainflow.preprocessors.tabular import TabularPreprocessor
-from trainflow.trainer.checkpoint import LINEAGE_FILE, checkpoints_on_disk
+from trainflow.trainer.serving.checkpoint import LINEAGE_FILE, checkpoints_on_disk
 from trainflow.trainer.families import family_for
 from trainflow.trainer.deadline import deadline_board
 from trainflow.trainer.recovery import RESTART, AttemptLog, RecoveryLog, append_event, read_events
@@ -88,7 +88,7 @@ def local_checkpoints(
     Train's checkpoint manager removes them."""
     from ray.train import Checkpoint
 
-    from trainflow.trainer.checkpoint import metric_value
+    from trainflow.trainer.serving.checkpoint import metric_value
 
     found = [c for folder in folders for c in checkpoints_on_disk(folder)]
     if keep is not None and len(found) > keep:

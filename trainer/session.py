@@ -83,7 +83,7 @@ def run_checkpoint():
     local = _local.get()
     if local is None:
         return ray.train.get_checkpoint()
-    from trainflow.trainer.checkpoint import latest_in_run
+    from trainflow.trainer.serving.checkpoint import latest_in_run
 
     return latest_in_run(local[0])
 
@@ -144,7 +144,7 @@ def report(metrics: dict[str, Any], checkpoint=None, **kwargs: Any) -> None:
     if local is not None:
         if checkpoint is not None:
             from trainflow.run.storage import join
-            from trainflow.trainer.checkpoint import persist
+            from trainflow.trainer.serving.checkpoint import persist
 
             persist(checkpoint.path, join(local[0], name or StorageContext.make_default_checkpoint_dir_name()))
             if kwargs.get("delete_local_checkpoint_after_upload"):
@@ -371,7 +371,7 @@ def _apply_not_earning(loop_config: dict[str, Any], rule: dict[str, Any]) -> dic
     import json
 
     from trainflow.run.storage import join, read_text, write_text
-    from trainflow.trainer.checkpoint import METRICS_FILE, checkpoints_on_disk
+    from trainflow.trainer.serving.checkpoint import METRICS_FILE, checkpoints_on_disk
     from trainflow.trainer.deadline import TIME_LIMITED
 
     seen: dict[str, float] = {}

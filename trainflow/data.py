@@ -16,7 +16,9 @@ from trainflow.errors import DataError
 from trainflow.run.runtime import cluster_resources
 
 from trainflow.run.storage import with_scheme
-from trainflow.tables.files import check_csv_header, check_names, csv_arguments, list_files
+from trainflow.tables.columns import check_names
+from trainflow.tables.files import list_files
+from trainflow.tables.sources import source
 
 
 Rows = ray.data.Dataset | pa.Table  # a split's rows: Ray Data's, or a small table's in this process's memory
@@ -68,13 +70,10 @@ def read_table(
     answer for path when the caller has it already. csv: the config's data.csv section."""
     fs, files = listed or list_files(path, fmt)
     extra = streamed_read_args() if streamed else {}
-    if fmt == "csv":
-        check_csv_header(fs, files[0], csv, path)
+    files_of = source(fmt)
+    files_of.check_files(fs, files[0], csv, path)
     try:
-        if fmt == "csv":
-            ds = ray.data.read_csv(files, filesystem=fs, **csv_arguments(csv), **extra)
-        else:
-            ds = ray.data.read_parquet(files, filesystem=fs, **extra)
+        ds = files_of.ray_read(files, fs, csv, **extra)
     except Exception as exc:  # noqa: BLE001 - Ray wraps pyarrow's errors in many types
         raise DataError(f"cannot read {path} as {fmt}: {str(exc).splitlines()[0]}") from None
     return (bounded_blocks(ds) if streamed else ds), [with_scheme(path, f) for f in files], fs

@@ -62,7 +62,7 @@ class TorchPredictor:
     def __init__(self, directory: Path, prep: TabularPreprocessor, config: dict[str, Any], device="cpu"):
         import torch
 
-        from trainflow.trainer.checkpoint import MODEL_FILE, load_weights
+        from trainflow.trainer.serving.checkpoint import MODEL_FILE, load_weights
         from trainflow.trainer.families.network import check_network_size, model_for
 
         # the weights file bounds what its config may honestly ask for: check before building the network

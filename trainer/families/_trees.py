@@ -23,7 +23,7 @@ from trainflow.config import Config, ModelSection, ScalingSection
 from trainflow.preprocessors.tabular import FEATURES, LABEL, TabularPreprocessor
 from trainflow.trainer import session
 from trainflow.trainer.budget import Budget, EarlyStopping
-from trainflow.trainer.checkpoint import read_metrics, warm_files, warm_record, write_common
+from trainflow.trainer.serving.checkpoint import read_metrics, warm_files, warm_record, write_common
 from trainflow.trainer.metrics import compute_metrics
 from trainflow.trainer.reporting import record_start, report_step
 from trainflow.trainer.steps import Steps

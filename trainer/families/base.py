@@ -127,6 +127,9 @@ class Family:
     check: Callable[[TabularPreprocessor, dict[str, Any]], None] = no_check  # before training: raises ValueError
     uses_minibatches: bool = False  # the torch loop's mini-batch memory check applies; it streams its epochs
     serving_packages: tuple[str, ...] = ()  # distributions its predictor imports beyond torch, numpy, pandas, pyarrow
+    # trainflow modules its predictor imports inside its functions: a registered model ships them too (what its file
+    # imports at its top level is found by tasks/model_package.py serving_modules)
+    serving_modules: tuple[str, ...] = ()
     describe: Callable[[dict[str, Any]], str] = repr  # its settings from the resolved model section, for the model card
     external_memory: bool = False  # its workers can read their shard into an external-memory matrix (XGBoost)
     warm_start: bool = False  # its loop continues a source model (train.warm_start): its rounds, or its weights

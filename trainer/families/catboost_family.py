@@ -226,7 +226,7 @@ def warm_model_bytes(warm: dict[str, Any]) -> bytes:
 
 def _write_checkpoint(out: Path, model, loop_config: dict[str, Any], best: int, metrics: dict, history: list) -> Path:
     """The fit's checkpoint folder: the model (CatBoost's own format), its state and trainflow's common files."""
-    from trainflow.trainer.checkpoint import warm_record, write_common
+    from trainflow.trainer.serving.checkpoint import warm_record, write_common
     from trainflow.trainer.families._trees import STATE_JSON
 
     cfg, warm = loop_config["config"], loop_config.get("warm_start")

@@ -139,7 +139,7 @@ def train_fn(loop_config: dict[str, Any]) -> None:
     from trainflow.trainer import session
 
     from trainflow.preprocessors.tabular import TabularPreprocessor
-    from trainflow.trainer.checkpoint import write_common
+    from trainflow.trainer.serving.checkpoint import write_common
     from trainflow.trainer.deadline import TIME_LIMITED
     from trainflow.trainer.families._trees import shard_arrays
     from trainflow.trainer.metrics import compute_metrics

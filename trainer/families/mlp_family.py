@@ -74,4 +74,5 @@ FAMILY = Family(
     auto_rank=(3, 1),
     hashed=_hashed,
     listed=1,
+    serving_modules=("trainflow.trainer.families.network",),
 )

@@ -53,4 +53,5 @@ FAMILY = Family(
     model_keys=ModuleKeys,
     check_config=_check_config,
     listed=2,
+    serving_modules=("trainflow.trainer.families.network",),
 )

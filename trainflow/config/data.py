@@ -12,14 +12,26 @@ from pydantic import (
 
 from trainflow.config.base import _Section, key
 from trainflow.roles.folds import EXACT_TEST_ROWS, MAX_TEST_ROWS
+from trainflow.tables.sources import SOURCES, FileSource, for_keys, infer_format, source
+
+__all__ = ["infer_format"]  # (trainflow.config's: a path's format by its extension)
 
 
-def infer_format(path: str) -> Literal["parquet", "csv"]:
-    """Guess the table format from a path's extension; folders and globs default to parquet."""
-    lower = path.lower().rstrip("/")
-    for suffix in (".gz", ".bz2", ".zst"):
-        lower = lower.removesuffix(suffix)
-    return "csv" if lower.endswith(".csv") else "parquet"
+FormatName = Literal[tuple(SOURCES)]  # data.format: a name of the sources' registry
+
+
+def _formats_doc() -> str:
+    """data.format's meaning, from the sources' registry (trainflow/tables/sources/)."""
+    return ", ".join(f"`{s.name}` ({s.describes})" for s in SOURCES.values())
+
+
+def _inferred_doc() -> str:
+    files = [s for s in SOURCES.values() if isinstance(s, FileSource)]
+    return ", ".join(f"`{s.extensions[0]}` → {s.name}" for s in files[1:]) + f", else {files[0].name}"
+
+
+def _extensions_doc() -> str:
+    return ", ".join(f"`{e}`" for s in SOURCES.values() if isinstance(s, FileSource) for e in s.extensions)
 
 
 class CsvSection(_Section):
@@ -47,16 +59,15 @@ class DataSection(_Section):
     path: str | None = key(
         None,
         "file, folder, glob or URI (`s3://...`) of the training table; files are picked by their "
-        "extension (`.csv`, `.tsv`, `.parquet`, `.parq`, `.pq`, optionally compressed); a Delta table's folder "
+        f"extension ({_extensions_doc()}, optionally compressed); a Delta table's folder "
         "(`format: delta`); an Iceberg table's identifier, `namespace.table` (`format: iceberg`)",
         shown="required, but for a PostgreSQL source (`data.sql` or `data.table`)",
     )
-    format: Literal["parquet", "csv", "delta", "iceberg", "postgres"] | None = key(
+    format: FormatName | None = key(
         None,
-        "`parquet`, `csv`, `delta` (a Delta Lake table), `iceberg` (an Apache Iceberg table of `data.catalog`) or "
-        "`postgres` (`data.sql` or `data.table` on `data.connection`); a Delta or Iceberg table is read at one "
-        "snapshot, a PostgreSQL source copied once per run, recorded with the run ([sources.md](sources.md))",
-        shown="from the extension (`.csv` → csv, else parquet); postgres with `data.sql` or `data.table`",
+        f"{_formats_doc()}; a Delta or Iceberg table is read at one snapshot, a PostgreSQL source copied once per "
+        "run, recorded with the run ([sources.md](sources.md))",
+        shown=f"from the extension ({_inferred_doc()}); postgres with `data.sql` or `data.table`",
     )
     catalog: dict[str, Any] | None = key(
         None,
@@ -118,20 +129,14 @@ class DataSection(_Section):
     @property
     def where(self) -> str:
         """What messages name the table by: its path, or a PostgreSQL source's server and query."""
-        if self.format == "postgres":
-            from trainflow.tables.postgres import server_of
-
-            return (
-                f"PostgreSQL {f'table {self.table}' if self.table else 'query'} on {server_of(self.connection or '')}"
-            )
-        return str(self.path)
+        return source(self.format).where(self)
 
     def as_copy(self, record: dict[str, Any]) -> DataSection:
         """This PostgreSQL source as its copy: the Parquet files record names, read like any Parquet folder."""
         copy = self.model_copy(
             update={
                 "path": record["location"],
-                "format": "parquet",
+                "format": source(self.format).copy_format,
                 "sql": None,
                 "table": None,
                 "connection": None,
@@ -142,25 +147,6 @@ class DataSection(_Section):
         copy._copied_from = {k: v for k, v in record.items() if k != "files"}
         return copy
 
-    def _check_postgres(self, sql_keys: dict[str, str]) -> None:
-        from trainflow.tables.postgres import check_connection, check_table_name
-
-        if len(sql_keys) != 1:
-            raise ValueError("format postgres: give data.sql (a query) or data.table (a table), one of them")
-        if self.path is not None:
-            raise ValueError(f"path: a PostgreSQL source is data.sql or data.table, not a path ({self.path!r})")
-        if not self.connection:
-            raise ValueError("connection: a PostgreSQL source needs postgresql://user@host:port/database")
-        check_connection(self.connection)
-        if self.table is not None:
-            check_table_name(self.table)
-        if self.sql is not None and not self.sql.strip().rstrip(";").strip():
-            raise ValueError("sql: the query is empty")
-        if self.snapshot is not None:
-            raise ValueError(
-                "snapshot: a PostgreSQL source has no versions; a run's copy is its snapshot (rerun the run name)"
-            )
-
     def default_features(self, names: list[str]) -> list[str]:
         """The feature columns: data.features, else every column of names but the label, the id and the split's group."""
         skip = {self.label, self.id_column, *self._not_features}
@@ -168,26 +154,19 @@ class DataSection(_Section):
 
     @model_validator(mode="after")
     def _infer_format(self) -> DataSection:
-        sql_keys = {k: v for k, v in (("sql", self.sql), ("table", self.table)) if v is not None}
+        """The format from the keys set (a query's) or the path's extension; its own checks; no key of another
+        format's."""
+        given = {k for s in SOURCES.values() for k in s.own_keys if getattr(self, k) is not None}
         if self.format is None:
-            self.format = "postgres" if sql_keys else infer_format(self.path) if self.path is not None else None
-        if self.format == "postgres":
-            self._check_postgres(sql_keys)
-        else:
-            if self.path is None:
+            inferred = for_keys(given) or (infer_format(self.path) if self.path is not None else None)
+            if inferred is None:
                 raise ValueError("path: required (a file, folder, glob or URI; or data.sql/data.table on PostgreSQL)")
-            for name in ("sql", "table", "connection", "password_secret", "watermark"):
-                if getattr(self, name) is not None:
-                    raise ValueError(f"{name}: a PostgreSQL source's key (the format is {self.format})")
-        if self.catalog is not None and self.format != "iceberg":
-            raise ValueError(f"catalog: an Iceberg catalog, for format iceberg (the format is {self.format})")
-        if self.snapshot is not None and self.format not in ("delta", "iceberg"):
-            raise ValueError(f"snapshot: a Delta version or an Iceberg snapshot id (the format is {self.format})")
-        if self.format == "iceberg" and "/" in self.path:
-            raise ValueError(
-                f"path: {self.path!r}: an Iceberg table is named by its identifier in data.catalog, "
-                "e.g. `analytics.orders`, not a path"
-            )
+            self.format = inferred  # (validated again as assigned: the checks below run then too)
+        src = source(self.format)
+        for name in sorted(given - set(src.own_keys)):
+            owners = " or ".join(s.name for s in SOURCES.values() if name in s.own_keys)
+            raise ValueError(f"{name}: a key of format {owners}; the format is {self.format}")
+        src.check(self)
         return self
 
     @model_validator(mode="after")

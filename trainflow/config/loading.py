@@ -19,7 +19,7 @@ from pydantic import (
 
 from trainflow.config.data import DataSection
 from trainflow.config.model import FAMILIES, deprecated_keys
-from trainflow.tables.sources import SOURCE_FORMATS
+from trainflow.tables.sources import SOURCES
 from trainflow.config.operations import ServicesSection
 from trainflow.config.root import Config
 from trainflow.errors import ConfigError
@@ -77,7 +77,11 @@ def _format_errors(err: ValidationError, source: str) -> str:
             choices = [c for x in errors for c in re.findall(r"'([^']*)'", (x.get("ctx") or {}).get("expected", ""))]
             close = difflib.get_close_matches(got, choices, n=1, cutoff=0.6) if isinstance(got, str) else []
             lines.append(
-                (f"  {key}: {msg} (got {got!r})" if "input" in e and not isinstance(got, dict) else f"  {key}: {msg}")
+                (
+                    f"  {key}: {msg} (got {got!r})"
+                    if "input" in e and not isinstance(got, (dict, BaseModel))
+                    else f"  {key}: {msg}"
+                )
                 + (f"; did you mean {close[0]!r}?" if close else "")
             )
     return f"invalid config {source}:\n" + "\n".join(lines)
@@ -122,7 +126,7 @@ def config_from_dict(raw: dict[str, Any], base_dir: str | Path = ".", source: st
     except ValidationError as err:
         raise ConfigError(_format_errors(err, source)) from None
     cfg._task_inferred = task_note
-    if cfg.data.format not in ("iceberg", "postgres"):  # an Iceberg table's path is its identifier in the catalog
+    if SOURCES[cfg.data.format].path_is_location:  # (an Iceberg table's path is its identifier in the catalog)
         cfg.data.path = _resolve(cfg.data.path, base)
     cfg.storage_path = _resolve(cfg.storage_path, base)
     if not is_uri(cfg.storage_path):
@@ -193,10 +197,10 @@ def _with_task(raw: dict[str, Any], base: Path) -> tuple[dict[str, Any], str | N
         return raw, None
     from trainflow.tables.files import infer_task
 
-    if data.format in SOURCE_FORMATS:  # the label column at the snapshot the run reads, or the query's
+    if SOURCES[data.format].kind != "files":  # the label column at the snapshot the run reads, or the query's
         from trainflow.tables.sources import source_dataset
 
-        if data.format == "delta":
+        if SOURCES[data.format].path_is_location:
             data = data.model_copy(update={"path": _resolve(data.path, base)})
         task, why = infer_task(data.where, data.format, data.label, dataset=source_dataset(data))
         return {**raw, "task": task}, f"task: {task} ({why}; set task to choose)"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import fnmatch
 import difflib
 import hashlib
-import json
 import os
 import uuid
 from dataclasses import dataclass, field
@@ -16,12 +15,21 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
 from trainflow.errors import ConfigError, DataError
 from trainflow.run.storage import filesystem_for, is_uri
+from trainflow.tables.columns import check_names
+
 
 GLOB_CHARS = "*?["
+
+
+def source(fmt: str):
+    """The source format fmt names (trainflow/tables/sources/; imported when a table is read: what a registered model
+    ships of this module, its column kinds, needs none of them)."""
+    from trainflow.tables.sources import source as named
+
+    return named(fmt)
 
 
 def list_files(path: str, fmt: str) -> tuple[pafs.FileSystem, list[str]]:
@@ -59,33 +67,13 @@ def _list_files(path: str, fmt: str) -> tuple[pafs.FileSystem, list[str]]:
     files = sorted(
         i.path
         for i in infos
-        if i.type == pafs.FileType.File and not i.base_name.startswith((".", "_")) and has_extension(i.base_name, fmt)
+        if i.type == pafs.FileType.File
+        and not i.base_name.startswith((".", "_"))
+        and source(fmt).has_extension(i.base_name)
     )
     if not files:
         raise DataError(f"data path {path}: the folder holds no .{fmt} files")
     return fs, files
-
-
-EXTENSIONS = {"parquet": (".parquet", ".parq", ".pq"), "csv": (".csv", ".tsv")}
-COMPRESSED = ("", ".gz", ".bz2", ".zst", ".lz4")
-
-
-def has_extension(name: str, fmt: str) -> bool:
-    """Whether a file in a data folder is one of fmt's by its real extension (parquet_notes.txt is not Parquet)."""
-    lower = name.lower()
-    return any(lower.endswith(ext + comp) for ext in EXTENSIONS[fmt] for comp in COMPRESSED)
-
-
-def csv_arguments(csv: Any) -> dict[str, Any]:
-    """ray.data.read_csv's pyarrow options for a data.csv section (None: pyarrow's defaults)."""
-    if csv is None:
-        return {}
-    import pyarrow.csv as pacsv
-
-    return {
-        "parse_options": pacsv.ParseOptions(delimiter=csv.delimiter, quote_char=csv.quote_char),
-        "read_options": pacsv.ReadOptions(encoding=csv.encoding),
-    }
 
 
 # A table up to this size (decoded) is read, checked and scored by the calling process: below it, starting a Ray task
@@ -106,55 +94,22 @@ def scoring_in_process_bytes() -> int:
     return max(IN_PROCESS_BYTES, min(SCORING_IN_PROCESS_BYTES, memory // 8))
 
 
-def read_arrow(fs: pafs.FileSystem, files: list[str], fmt: str, csv: Any, source: str) -> pa.Table:
+def read_arrow(fs: pafs.FileSystem, files: list[str], fmt: str, csv: Any, where: str) -> pa.Table:
     """A small table read whole into this process with pyarrow.dataset, its files in order (the in-process
     scoring path: no Ray task)."""
     import pyarrow.dataset as pads
 
     inner = [f.split("://", 1)[1] if is_uri(f) else f for f in files]
-    file_format: Any = "parquet"
-    if fmt == "csv":
-        check_csv_header(fs, inner[0], csv, source)
-        args = csv_arguments(csv)
-        file_format = pads.CsvFileFormat(parse_options=args.get("parse_options"), read_options=args.get("read_options"))
+    files_of = source(fmt)
+    files_of.check_files(fs, inner[0], csv, where)
     try:
-        table = pads.dataset(inner, filesystem=fs, format=file_format).to_table()
+        table = pads.dataset(inner, filesystem=fs, format=files_of.file_format(csv)).to_table()
     except (pa.ArrowInvalid, OSError) as exc:
-        raise DataError(f"cannot read {source} as {fmt}: {str(exc).splitlines()[0]}") from None
+        raise DataError(f"cannot read {where} as {fmt}: {str(exc).splitlines()[0]}") from None
     if not table.schema.names:
-        raise DataError(f"{source}: the table is empty (no columns)")
-    check_names(list(table.schema.names), source)
+        raise DataError(f"{where}: the table is empty (no columns)")
+    check_names(list(table.schema.names), where)
     return table
-
-
-def check_names(names: list[str], source: str, empty_ok: bool = True) -> None:
-    """DataError when a column name appears more than once (pyarrow would fail later with a KeyError), or (empty_ok
-    False: a table handed over in memory) is empty."""
-    empty = [i for i, n in enumerate(names) if not str(n).strip()]
-    if empty and not empty_ok:
-        raise DataError(f"{source}: column(s) at position {empty} have an empty name; give every column a name")
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated:
-        raise DataError(f"{source}: column name(s) {repeated} appear more than once; give every column its own name")
-
-
-def check_csv_header(fs: pafs.FileSystem, first: str, csv: Any, source: str) -> None:
-    """Read the first CSV file's header (and first block) with the configured dialect: repeated names and text
-    the encoding cannot decode are named here, before Ray reads the table."""
-    import pyarrow.csv as pacsv
-
-    args = csv_arguments(csv)
-    try:
-        with fs.open_input_stream(first, compression="detect") as stream:
-            names = pacsv.open_csv(
-                stream, read_options=args.get("read_options"), parse_options=args.get("parse_options")
-            ).schema.names
-    except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
-        raise DataError(
-            f"{source}: cannot read {first} as CSV ({str(exc).splitlines()[0]}); "
-            "set data.csv.delimiter / quote_char / encoding to the file's dialect"
-        ) from None
-    check_names(list(names), source)
 
 
 def open_dataset(path: str, fmt: str, csv: Any = None, listed: tuple[pafs.FileSystem, list[str]] | None = None):
@@ -163,16 +118,22 @@ def open_dataset(path: str, fmt: str, csv: Any = None, listed: tuple[pafs.FileSy
     import pyarrow.dataset as pads
 
     fs, files = listed or list_files(path, fmt)
-    if fmt == "csv":
-        check_csv_header(fs, files[0], csv, path)
-        args = csv_arguments(csv)
-        file_format = pads.CsvFileFormat(parse_options=args.get("parse_options"), read_options=args.get("read_options"))
-    else:
-        file_format = "parquet"
+    files_of = source(fmt)
+    files_of.check_files(fs, files[0], csv, path)
     try:
-        return pads.dataset(files, filesystem=fs, format=file_format)
+        return pads.dataset(files, filesystem=fs, format=files_of.file_format(csv))
     except (pa.ArrowInvalid, OSError) as exc:
         raise DataError(f"cannot read {path} as {fmt}: {str(exc).splitlines()[0]}") from None
+
+
+def table_dataset(data: Any, snap: Any = None):
+    """The table data (the config's data section) names as a pyarrow dataset, its rows not read yet: its files, a
+    table at a snapshot (snap, else the one a run would read) or a query (its schema, the columns the checks read)."""
+    from trainflow.tables.sources import source_dataset
+
+    if source(data.format).kind == "files":
+        return open_dataset(data.path, data.format, data.csv)
+    return source_dataset(data, snap)
 
 
 def _type_name(t: pa.DataType) -> str:
@@ -235,17 +196,10 @@ def is_temporal_type(t: pa.DataType) -> bool:
 
 
 def in_memory_bytes(fs: pafs.FileSystem, files: list[str], fmt: str) -> int:
-    """The table's size once decoded, from file metadata only: Parquet row groups' uncompressed sizes,
-    CSV files' sizes (text takes at least as much room as the values it encodes)."""
-    total = 0
-    for f in files:
-        inner = f.split("://", 1)[1] if is_uri(f) else f
-        if fmt == "parquet":
-            meta = pq.ParquetFile(fs.open_input_file(inner)).metadata
-            total += sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
-        else:
-            total += fs.get_file_info(inner).size or 0
-    return total
+    """The table's size once decoded, from file metadata only, as its source format reads it (Parquet: row groups'
+    uncompressed sizes; CSV: the files' sizes, text taking at least as much room as the values it encodes)."""
+    files_of = source(fmt)
+    return sum(files_of.decoded_bytes(fs, f.split("://", 1)[1] if is_uri(f) else f) for f in files)
 
 
 def fingerprint(
@@ -261,22 +215,16 @@ def fingerprint(
     A CSV table's data.csv options are hashed too: they decide the columns and types its bytes decode to.
     """
     h = hashlib.blake2b(digest_size=16)
+    files_of = source(fmt)
     h.update(fmt.encode())
-    if fmt == "csv" and csv is not None:
-        h.update(
-            json.dumps(csv.model_dump(mode="json") if hasattr(csv, "model_dump") else csv, sort_keys=True).encode()
-        )
+    h.update(files_of.read_options(csv))
     for f in files:
         inner = f.split("://", 1)[1] if is_uri(f) else f  # the path inside fs, as list_files found it
         h.update(inner.rsplit("/", 1)[-1].encode())
         if not content:
             info = fs.get_file_info(inner)
             h.update(f"{info.size}:{info.mtime_ns}".encode())
-            if fmt == "parquet":
-                with fs.open_input_file(inner) as source:
-                    parquet = pq.ParquetFile(source)
-                    h.update(str(parquet.schema_arrow).encode())
-                    h.update(repr(parquet.metadata.to_dict()).encode())
+            h.update(files_of.metadata(fs, inner))
             continue
         with fs.open_input_stream(inner) as stream:
             while chunk := stream.read(8 << 20):

@@ -156,11 +156,11 @@ def check_destination(config: Any) -> None:
     known, in infer)."""
     from trainflow.tables.files import check_writable
 
-    output, fmt = config.inference.output, config.inference.output_format
-    if fmt == "parquet":
+    output, sink = config.inference.output, config.inference.output_format
+    if sink == "parquet":
         guard_output(output, config)
         check_writable(output)
-    elif fmt == "delta":
+    elif sink == "delta":
         check_overlap(output, protected_paths(config))
         fs, inner = filesystem_for(output)
         info = fs.get_file_info(inner.rstrip("/"))
@@ -176,7 +176,7 @@ def check_destination(config: Any) -> None:
                 )
         else:
             check_writable(output)
-    if fmt != "parquet":  # an existing table of other columns: refused before the table is read or a model trained
+    if sink != "parquet":  # an existing table of other columns: refused before the table is read or a model trained
         from trainflow.tables.sinks import Sink
 
         Sink.of(config).check_early(config.data.id_column)

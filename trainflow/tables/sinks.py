@@ -237,7 +237,7 @@ class IcebergSink(Sink):
     format, noun, package = "iceberg", "Iceberg table", ("pyiceberg", "lakehouse")
 
     def _catalog(self):
-        from trainflow.tables.sources import _catalog
+        from trainflow.tables.sources.iceberg import _catalog
 
         return _catalog(self.catalog)
 

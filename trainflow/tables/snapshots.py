@@ -26,7 +26,7 @@ def snapshot(data: Any, storage_path: str) -> str:
 
     from trainflow.errors import DataError
     from trainflow.run.storage import filesystem_for, join, read_bytes, replace_bytes
-    from trainflow.tables.files import check_names
+    from trainflow.tables.columns import check_names
 
     class BlockFiles(FilenameProvider):
         """Files named by their place in the write, not by its id: the same rows in the same blocks give the same

@@ -15,12 +15,12 @@ from mlflow.pyfunc import PythonModel
 
 class TrainflowModel(PythonModel):
     def load_context(self, context) -> None:
-        from trainflow.trainer.serving import load_servable
+        from trainflow.trainer.serving.servable import load_servable
 
         self.servable = load_servable(context.artifacts["checkpoint"])
 
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
-        from trainflow.trainer.predict import predict_table
+        from trainflow.trainer.serving.predict import predict_table
 
         table = pa.Table.from_pandas(pd.DataFrame(model_input), preserve_index=False)
         return predict_table(self.servable, table).to_pandas()

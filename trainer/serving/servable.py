@@ -1,7 +1,7 @@
 """Serving a checkpoint of any family: its predictor behind one call, with no Ray, Prefect or MLflow imported.
 
-This module, the checkpoint layout, the model and the preprocessor are what the registered MLflow model ships as
-its code (tasks/register.py, code_paths), so it serves where trainflow is not installed.
+This folder (trainer/serving/), the families and the preprocessor are what the registered MLflow model ships as its
+code (tasks/model_package.py, code_paths), so it serves where trainflow is not installed.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import torch
 
 from trainflow.errors import UnreadableCheckpoint
 from trainflow.preprocessors.tabular import TabularPreprocessor
-from trainflow.trainer.calibration import apply as apply_calibration, read_calibration
-from trainflow.trainer.checkpoint import read_config, read_metrics
+from trainflow.trainer.serving.calibration import apply as apply_calibration, read_calibration
+from trainflow.trainer.serving.checkpoint import read_config, read_metrics
 from trainflow.trainer.families import REGISTRY, checkpoint_family
 from trainflow.trainer.families.base import EPS
 
@@ -193,7 +193,7 @@ def checkpoint_families(directory: str | Path) -> list[str]:
 
 
 class CalibratedPredictor:
-    """A classifier's predictor with the checkpoint's calibration applied to its outputs (trainer/calibration.py);
+    """A classifier's predictor with the checkpoint's calibration applied to its outputs (trainer/serving/calibration.py);
     anything else is the family's predictor's."""
 
     def __init__(self, inner: Callable[[np.ndarray], np.ndarray], calibration: dict[str, Any]):

@@ -7,7 +7,7 @@ import pyarrow as pa
 import torch
 
 from trainflow.preprocessors.baseline import count_batch, merge_counts
-from trainflow.trainer.serving import ServableModel, load_servable
+from trainflow.trainer.serving.servable import ServableModel, load_servable
 
 
 def predict_table(servable: ServableModel, table: pa.Table, id_column: str | None = None) -> pa.Table:
