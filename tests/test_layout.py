@@ -154,7 +154,7 @@ def test_no_source_format_is_named_outside_its_folder():
     from trainflow.tables.sources import SOURCES
 
     names = set(SOURCES)
-    assert {"parquet", "csv", "delta", "iceberg", "postgres"} <= names
+    assert {"parquet", "csv", "orc", "delta", "iceberg", "postgres"} <= names
 
     def named(node) -> bool:
         values = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]

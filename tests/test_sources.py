@@ -126,3 +126,42 @@ def test_a_pin_record_storage_holds_for_another_table_is_not_followed_nor_overwr
     # a pin to another version than the config's data.snapshot is not followed either
     pinned = config.model_copy(update={"data": config.data.model_copy(update={"snapshot": 2})})
     assert pin_source.fn(pinned, "weekly").data.snapshot == 2
+
+
+def test_orc_files_are_a_table_like_any_other_picked_by_their_extension_and_fingerprinted(tmp_path, capsys):
+    """ORC (one file and one registry line in trainflow/tables/sources/): a folder of .orc files trains, its scoring
+    table predicts every row, an unchanged folder is found unchanged (its fingerprint from the files' bytes), a new
+    file is new data; a path ending in .orc needs no data.format; its decoded size comes from a decoded stripe."""
+    import pyarrow.dataset as pads
+    import pyarrow.orc as orc
+
+    from trainflow.config import load_config
+    from trainflow.flows.watch import source_fingerprint
+    from trainflow.tables.files import in_memory_bytes, list_files
+
+    folder = tmp_path / "orc"
+    folder.mkdir()
+    first, second = make_churn_table(1200, seed=1), make_churn_table(800, seed=3, id_offset=50_000)
+    orc.write_table(first, folder / "part-0.orc")
+    orc.write_table(second, folder / "part-1.orc")
+    (folder / "notes.txt").write_text("not a table")  # another extension: not read
+    orc.write_table(make_churn_table(300, seed=2, with_label=False, id_offset=90_000), tmp_path / "score.orc")
+    out = tmp_path / "predictions"
+    cfg = _config(tmp_path, {"path": "orc", "format": "orc"}, inference={"input": "score.orc", "output": str(out)})
+    s = _retrain(cfg, tmp_path / "s1.json")
+    assert s["training_rows"] == 2000 and s["data_fingerprint"].startswith("content:")
+    assert s["output_rows"] == 300 == pads.dataset(out, format="parquet").to_table().num_rows
+    again = _retrain(cfg, tmp_path / "s2.json")
+    assert again["skipped"]["champion_version"] == s["model_version"]
+    data = load_config(cfg).data
+    before = source_fingerprint(data)
+    orc.write_table(make_churn_table(400, seed=4, id_offset=70_000), folder / "part-2.orc")
+    assert source_fingerprint(data) != before
+    one = load_config(_config(tmp_path, {"path": "orc/part-0.orc"})).data
+    assert one.format == "orc"
+    fs, files = list_files(one.path, one.format)
+    assert 0.5 < in_memory_bytes(fs, files, "orc") / first.nbytes < 2
+    capsys.readouterr()
+    assert cli_main(["retrain", "--config", cfg, "--set", "data.format=xlsx"]) == 2
+    err = capsys.readouterr().err
+    assert "data.format" in err and "'orc'" in err and "'xlsx'" in err, err

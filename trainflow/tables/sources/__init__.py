@@ -17,6 +17,7 @@ _LISTED = (
     "trainflow.tables.sources.delta:DeltaSource",
     "trainflow.tables.sources.iceberg:IcebergSource",
     "trainflow.tables.sources.postgres:PostgresSource",
+    "trainflow.tables.sources.orc:OrcFiles",
 )
 
 
