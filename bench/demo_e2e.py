@@ -49,7 +49,7 @@ for c in feats:
         x = a.to_numpy(zero_copy_only=False).astype(np.float32)
         stats[c] = (np.nanmean(x), np.nanstd(x) or 1.0)
 x, y = torch.from_numpy(pack(train, stats)), torch.from_numpy(train[label].to_numpy().astype(np.int64))
-model = build_model(x.shape[1], 2, cfg["model"]["hidden_sizes"], cfg["model"]["dropout"])
+model = build_model(x.shape[1], 2, cfg["model"])  # its layers as trainflow builds them, without its embeddings
 opt = torch.optim.Adam(model.parameters(), lr=cfg["train"]["learning_rate"])
 bs = cfg["train"]["batch_size"]
 for _ in range(cfg["train"]["epochs"]):
