@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import datetime as dt
 import math
 import time
@@ -117,6 +119,11 @@ class _Judging:
     mine: Scored  # the challenger's outputs on every holdout row
     champions: dict = field(default_factory=dict)  # version -> (theirs, ours, path, plan, mask, problem)
 
+    @functools.cached_property
+    def mine_plan(self) -> FoldPlan | None:
+        """The challenger's own split (read once, for every champion it meets and the judged rows' note)."""
+        return stored_plan(self.challenger_path)
+
     def case(self, client, name: str, champion_version: str | None) -> tuple[Case, str | None]:
         """The comparison against champion_version (None: no champion) and its checkpoint folder."""
         config, mine = self.config, self.mine
@@ -147,7 +154,7 @@ class _Judging:
     def _score_champion(self, client, name: str, champion_version: str, slices_asked: tuple[str, ...]) -> tuple:
         config, uri = self.config, self.config.mlflow.tracking_uri
         path = resolve_checkpoint(f"models:/{name}/{champion_version}", allowed_class_paths(config), uri)
-        plan, mine_plan = stored_plan(path), stored_plan(self.challenger_path)
+        plan, mine_plan = stored_plan(path), self.mine_plan
         # the same split (the usual nightly case): every test row is held out from both, no row check
         same = plan is not None and mine_plan is not None and plan.holds_out_every_test_row_of(mine_plan)
         mask = None if same else plan
@@ -232,7 +239,7 @@ def gate(
             case, decision or (PROMOTED if promote_it else NOT_PROMOTED), reason, checks, registered, mine,
             serving_checkpoint=challenger_path if promote_it else champion_path,
             judged_rows_note=judged_note(
-                stored_plan(challenger_path), theirs_plan, champion_version if case.against_champion else None,
+                judging.mine_plan, theirs_plan, champion_version if case.against_champion else None,
                 case.judged_rows,
             ),
         )  # fmt: skip
