@@ -157,11 +157,17 @@ def test_orc_files_are_a_table_like_any_other_picked_by_their_extension_and_fing
     before = source_fingerprint(data)
     orc.write_table(make_churn_table(400, seed=4, id_offset=70_000), folder / "part-2.orc")
     assert source_fingerprint(data) != before
-    one = load_config(_config(tmp_path, {"path": "orc/part-0.orc"})).data
-    assert one.format == "orc"
-    fs, files = list_files(one.path, one.format)
-    assert 0.5 < in_memory_bytes(fs, files, "orc") / first.nbytes < 2
     capsys.readouterr()
     assert cli_main(["retrain", "--config", cfg, "--set", "data.format=xlsx"]) == 2
     err = capsys.readouterr().err
     assert "data.format" in err and "'orc'" in err and "'xlsx'" in err, err
+    # a file that is not ORC though it is named so: refused naming it, nothing trained
+    (folder / "part-3.orc").write_bytes(b"not an orc file at all")
+    assert cli_main(["retrain", "--config", cfg]) == 2
+    err = capsys.readouterr().err
+    assert "part-3.orc" in err and "as orc" in err, err[-2000:]
+    # (this config replaces the one above)
+    one = load_config(_config(tmp_path, {"path": "orc/part-0.orc"})).data
+    assert one.format == "orc"
+    fs, files = list_files(one.path, one.format)
+    assert 0.5 < in_memory_bytes(fs, files, "orc") / first.nbytes < 2

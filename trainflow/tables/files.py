@@ -199,7 +199,13 @@ def in_memory_bytes(fs: pafs.FileSystem, files: list[str], fmt: str) -> int:
     """The table's size once decoded, from file metadata only, as its source format reads it (Parquet: row groups'
     uncompressed sizes; CSV: the files' sizes, text taking at least as much room as the values it encodes)."""
     files_of = source(fmt)
-    return sum(files_of.decoded_bytes(fs, f.split("://", 1)[1] if is_uri(f) else f) for f in files)
+    total = 0
+    for f in files:
+        try:
+            total += files_of.decoded_bytes(fs, f.split("://", 1)[1] if is_uri(f) else f)
+        except (pa.ArrowInvalid, OSError) as exc:  # a file that is not what its extension says, or cut short
+            raise DataError(f"{f}: cannot read it as {fmt} ({str(exc).splitlines()[0]})") from None
+    return total
 
 
 def fingerprint(
