@@ -187,13 +187,13 @@ def _pin_copy(config: Config, run_name: str, record_uri: str, recorded: Any, log
     from trainflow.run.storage import join
 
     data = config.data
-    source = SqlSource.of(data)
+    sql = SqlSource.of(data)
     prefix = join(config.storage_path, f"{run_name}-source-")
-    if _same_source(recorded, source, data.format):
+    if _same_source(recorded, sql, data.format):
         if _copy_intact(recorded, prefix):
             log.info(
                 "%s: the copy run %s made first (%s rows, %s, copied %s)",
-                source.describe(),
+                sql.describe(),
                 run_name,
                 f"{recorded['rows']:,}",
                 recorded["location"],
@@ -206,11 +206,11 @@ def _pin_copy(config: Config, run_name: str, record_uri: str, recorded: Any, log
     for left in _unrecorded_copies(config.storage_path, run_name, recorded):
         log.info("removed %s: a copy of run %s that was cut short (killed) and never recorded", left, run_name)
     folder = prefix + uuid.uuid4().hex[:8]
-    record = copy_to_parquet(source, folder)
+    record = copy_to_parquet(sql, folder)
     _record(record_uri, json.dumps(record).encode(), recorded)
     log.info(
         "%s: %s rows copied in one transaction to %s (recorded for reruns of %s)",
-        source.describe(),
+        sql.describe(),
         f"{record['rows']:,}",
         folder,
         run_name,

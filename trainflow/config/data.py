@@ -12,9 +12,8 @@ from pydantic import (
 
 from trainflow.config.base import _Section, key
 from trainflow.roles.folds import EXACT_TEST_ROWS, MAX_TEST_ROWS
-from trainflow.tables.sources import SOURCES, FileSource, for_keys, infer_format, source
-
-__all__ = ["infer_format"]  # (trainflow.config's: a path's format by its extension)
+from trainflow.tables.sources import SOURCES, FileSource, for_keys, source
+from trainflow.tables.sources import infer_format as infer_format  # trainflow.config's: a path's format by its name
 
 
 FormatName = Literal[tuple(SOURCES)]  # data.format: a name of the sources' registry
