@@ -166,7 +166,9 @@ def test_orc_files_are_a_table_like_any_other_picked_by_their_extension_and_fing
     assert cli_main(["retrain", "--config", cfg]) == 2
     err = capsys.readouterr().err
     assert "part-3.orc" in err and "as orc" in err, err[-2000:]
-    # (this config replaces the one above)
+    # (these configs replace the one above) a folder of .orc files named without data.format: the hint says how
+    assert cli_main(["retrain", "--config", _config(tmp_path, {"path": "orc"})]) == 2
+    assert "holds no .parquet files (it holds orc files:" in capsys.readouterr().err
     one = load_config(_config(tmp_path, {"path": "orc/part-0.orc"})).data
     assert one.format == "orc"
     fs, files = list_files(one.path, one.format)

@@ -42,6 +42,18 @@ def list_files(path: str, fmt: str) -> tuple[pafs.FileSystem, list[str]]:
     return _list_files(path, fmt)
 
 
+def _other_files(path: str, infos: list[pafs.FileInfo], fmt: str) -> str:
+    """What else a folder holds that another file format reads (the hint after "no .parquet files")."""
+    from trainflow.tables.sources import SOURCES, FileSource
+
+    names = [i.base_name for i in infos if i.type == pafs.FileType.File and not i.base_name.startswith((".", "_"))]
+    other = [s for s in SOURCES.values() if isinstance(s, FileSource) and s.name != fmt]
+    found = next((s for s in other if any(s.has_extension(n) for n in names)), None)
+    if found is None:
+        return ""
+    return f" (it holds {found.name} files: `{path.rstrip('/')}/*{found.extensions[0]}` names them, or data.format: {found.name})"
+
+
 def _list_files(path: str, fmt: str) -> tuple[pafs.FileSystem, list[str]]:
     fs, inner = filesystem_for(path)
     if any(ch in inner for ch in GLOB_CHARS):
@@ -72,7 +84,7 @@ def _list_files(path: str, fmt: str) -> tuple[pafs.FileSystem, list[str]]:
         and source(fmt).has_extension(i.base_name)
     )
     if not files:
-        raise DataError(f"data path {path}: the folder holds no .{fmt} files")
+        raise DataError(f"data path {path}: the folder holds no .{fmt} files{_other_files(path, infos, fmt)}")
     return fs, files
 
 
