@@ -4,6 +4,7 @@ imports (code_paths), its requirements, its signature and an input example."""
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import pkgutil
 import shutil
@@ -53,6 +54,7 @@ def _is_submodule(package: str, name: str) -> bool:
     return any((Path(f) / f"{name}.py").exists() or (Path(f) / name / "__init__.py").exists() for f in folders)
 
 
+@functools.cache  # the files' imports, read once per process (every registration ships the same code)
 def serving_modules() -> tuple[str, ...]:
     """What a registered model ships as its code: every module of trainer/serving/ and what it imports (inside its
     functions too), every family's file and the modules its predictor imports (Family.serving_modules), and what

@@ -76,12 +76,13 @@ def _list_files(path: str, fmt: str) -> tuple[pafs.FileSystem, list[str]]:
         raise DataError(
             f"data path {path}: an Iceberg table's folder; read it through its catalog (data.format: iceberg)"
         )
+    files_of = source(fmt)
     files = sorted(
         i.path
         for i in infos
         if i.type == pafs.FileType.File
         and not i.base_name.startswith((".", "_"))
-        and source(fmt).has_extension(i.base_name)
+        and files_of.has_extension(i.base_name)
     )
     if not files:
         raise DataError(f"data path {path}: the folder holds no .{fmt} files{_other_files(path, infos, fmt)}")

@@ -1,5 +1,5 @@
 """Apache ORC files: pyarrow reads them in this process, Ray Data's read_orc beside it; a file's decoded size is its
-first stripe's, decoded, scaled to the file's rows (ORC's footer keeps no uncompressed size)."""
+rows times the decoded bytes per row of one stripe of that schema (ORC's footer keeps no uncompressed size)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,11 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from trainflow.tables.sources.base import FileSource
+
+
+_ROW_BYTES: dict[
+    str, float
+] = {}  # decoded bytes per row, by schema (the sizing asks once per file, several times a run)
 
 
 class OrcFiles(FileSource):
@@ -30,8 +35,11 @@ class OrcFiles(FileSource):
             f = orc.ORCFile(source)
             if not f.nrows or not f.nstripes:
                 return 0
-            first = f.read_stripe(0)
-            return int(first.nbytes * f.nrows / max(first.num_rows, 1))
+            key = str(f.schema)
+            if key not in _ROW_BYTES:  # one stripe decoded per schema: a table's files share it
+                first = f.read_stripe(0)
+                _ROW_BYTES[key] = first.nbytes / max(first.num_rows, 1)
+            return int(_ROW_BYTES[key] * f.nrows)
 
     def metadata(self, fs: pafs.FileSystem, inner: str) -> bytes:
         import pyarrow.orc as orc
