@@ -82,6 +82,38 @@ def scored_in_process(config: Config) -> bool:
         return False
 
 
+def trained_in_process(config: Config) -> bool:
+    """Whether a retrain of config needs no Ray: its table is read by this process (tasks/ingest.py) and small enough
+    that each fit trains in Ray Train's local mode (trainer/runner.py in_process: one CPU worker, on the local Ray
+    trainflow would start), and its scoring table is scored here. The CLI then starts no Ray beside Prefect's server
+    (a step that needs Ray after all starts it then: ensure_ray)."""
+    from trainflow.limits import LOCAL_MAX_ROWS
+    from trainflow.run.runtime import cluster_named
+    from trainflow.tables.files import IN_PROCESS_BYTES, in_memory_bytes, list_files
+
+    scaling, data = config.scaling, config.data
+    one_worker = scaling.num_workers == 1 or "num_workers" not in scaling.model_fields_set
+    if (
+        scaling.local_mode is False
+        or not one_worker
+        or scaling.use_gpu
+        or scaling.wait_for_resources
+        or scaling.env_vars
+        or cluster_named(config.ray.address)
+        or data.materialize == "never"
+        or not getattr(source(data.format), "reads_here", False)
+        or (config.inference.input and not scored_in_process(config))
+    ):
+        return False
+    try:
+        fs, files = list_files(data.path, data.format)
+        if in_memory_bytes(fs, files, data.format) > IN_PROCESS_BYTES:
+            return False
+        return open_dataset(data.path, data.format, data.csv, (fs, files)).count_rows() <= LOCAL_MAX_ROWS
+    except Exception:  # noqa: BLE001 - an unreadable table is reported by the flow, which names it
+        return False
+
+
 def small_table_fingerprint(config: Config) -> str | None:
     """The training table's fingerprint as ingest computes it for a table that fits in memory (its bytes), from the
     files alone; None for a table ingest may stream (fingerprinted by metadata, as the object store's size decides)."""

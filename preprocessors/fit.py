@@ -395,17 +395,16 @@ def apply_preprocessor(ds: ray.data.Dataset, prep: TabularPreprocessor, streamed
     )
 
 
-def _packed(rows: pa.Table, prep: TabularPreprocessor) -> ray.data.Dataset:
-    # transformed here, put in the object store as one block of tensor columns (what map_batches would make)
-    return ray.data.from_arrow(BlockAccessor.batch_to_block(prep.transform_batch(rows, strict=False)))
+def _packed(rows: pa.Table, prep: TabularPreprocessor) -> pa.Table:
+    # transformed here into one block of tensor columns (what map_batches would make), held in this process: a fit in
+    # Ray Train's local mode reads it where it is, a worker group's through the object store (trainer/shards.py)
+    return BlockAccessor.batch_to_block(prep.transform_batch(rows, strict=False))
 
 
-def pack(
-    train: Rows, val: Rows, prep: TabularPreprocessor, materialize: bool
-) -> tuple[ray.data.Dataset, ray.data.Dataset]:
+def pack(train: Rows, val: Rows, prep: TabularPreprocessor, materialize: bool) -> tuple[Rows, Rows]:
     """Both splits as packed tensor columns: materialized in the object store, or lazy to be streamed (the
     files are read in a random order and the workers permute each block's rows). A table in this process's memory
-    is transformed here."""
+    is transformed here and stays here (no Ray: trainer/shards.py in_process_rows hands it to the fit)."""
     if isinstance(train, pa.Table):
         return _packed(train, prep), _packed(val, prep)
     train, val = apply_preprocessor(train, prep, not materialize), apply_preprocessor(val, prep, not materialize)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -32,6 +33,12 @@ def _unseen_in_scoring_table(config: Config, prep: TabularPreprocessor) -> dict[
         return count_unseen(read_arrow(fs, files, fmt, config.data.csv, inp), prep)
     ensure_ray(**config.ray_start)
     return count_unseen(read_table(inp, fmt, listed=listed, csv=config.data.csv)[0], prep)
+
+
+def _kept_where(rows, materialize: bool) -> str:
+    if isinstance(rows, pa.Table):
+        return "held in this process (a worker group's fit puts it in the object store)"
+    return "materialized in the object store" if materialize else "streamed from the files each epoch"
 
 
 @task(
@@ -64,8 +71,8 @@ def preprocess(ingested: Ingested, parts: Split, config: Config, packed: bool = 
     rows = parts.train_rows + parts.val_rows
     materialize = parts.materialized
     folds, train, val = None, None, None
-    if packed:
-        ensure_ray(**config.ray_start)  # the packed rows go to Ray Train's workers
+    if packed and not isinstance(parts.train, pa.Table):
+        ensure_ray(**config.ray_start)  # Ray Data packs the rows (a table in memory is packed here, without Ray)
     try:
         if packed and parts.folds:
             folds = [pack(a, b, prep, materialize) for a, b in parts.folds]
@@ -85,8 +92,7 @@ def preprocess(ingested: Ingested, parts: Split, config: Config, packed: bool = 
         {c: f"{len(s['categories'])} values, dim {s['dim']}" for c, s in prep.embedded.items()},
         len(prep.dates),
         f", classes {prep.classes}" if prep.classes is not None else "",
-        ("" if packed else "to be ")
-        + ("materialized in the object store" if materialize else "streamed from the files each epoch"),
+        ("" if packed else "to be ") + _kept_where(parts.train, materialize),
     )
     task_logger("preprocess").info(
         "packed size: %d bytes per row, %.1f MiB for %d rows",

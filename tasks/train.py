@@ -97,11 +97,13 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
     """Fit one model family (default: the first of model.type) with its Ray Train trainer; a rerun with the
     same run_name resumes from its latest checkpoint; its workers stop at the deadline the caller wrote into the run's
     folder (trainer/deadline.py), with the best so far."""
-    ensure_ray(**config.ray_start)
     check_attempt_fits(config.scaling, task_run.run_count > 1)  # again: a retry may find fewer nodes than ingest did
     log = get_run_logger()
     family = family or config.model.families[0]
     resolved = config.for_family(family)
+    local = in_process(config, run_scaling({family: resolved}), prepared.rows, prepared.materialized)
+    if not local:  # a fit in this process (Ray Train's local mode) of rows it holds needs no Ray
+        ensure_ray(**config.ray_start)
     budget = prepared.budgets[family]
     path = run_dir(resolved, run_name)
     lineage = lineage_for(config, prepared.fingerprint, family)
@@ -126,7 +128,6 @@ def train(prepared: Prepared, config: Config, run_name: str, family: str | None 
     # read by Ray Train's controller and passed on from this process (Ray's own default is 60 s)
     os.environ[WORKER_GROUP_START_TIMEOUT] = f"{config.failure.worker_start_timeout_s:g}"
     started = time.monotonic()
-    local = in_process(config, run_scaling({family: resolved}), prepared.rows, prepared.materialized)
     with fit_reports(path, on_report, local) as callbacks:
         trainer = build_trainer(
             resolved,
@@ -390,7 +391,6 @@ def train_shared(
     left out its other folds}): a family whose code raised, or whose loss diverged, is left out and the others are
     kept; one the rule left out has its first fold's outcome only. One job whose run is run_name itself is train_folds' one
     family, trained as its own run (its code's error fails the task)."""
-    ensure_ray(**config.ray_start)
     check_attempt_fits(config.scaling, task_run.run_count > 1)
     log = get_run_logger()
     shared = not (len(jobs) == 1 and jobs[0][1] == run_name)
@@ -528,6 +528,8 @@ def _fit_shared(
     local = in_process(
         config, run_scaling({f: config.for_family(f) for f in todo}), prepared.rows, prepared.materialized
     )
+    if not local:  # a fit in this process (Ray Train's local mode) of rows it holds needs no Ray
+        ensure_ray(**config.ray_start)
     with fit_reports(path, on_report, local) as callbacks:
         if shared:
             trainer = build_shared_trainer(

@@ -11,6 +11,7 @@ import ray.data
 from trainflow.preprocessors.tabular import SchemaDriftError, TabularPreprocessor
 from trainflow.config import DataSection
 from trainflow.data import arrow_schema
+from trainflow.trainer.shards import TableShard
 from trainflow.preprocessors.fit import apply_preprocessor, fit_preprocessor
 from trainflow.tables.files import check_columns, table_spec
 from trainflow.errors import DataError
@@ -420,6 +421,8 @@ def test_a_table_in_memory_is_fitted_and_packed_here_as_ray_data_does_it(task):
     _close(here.to_dict(), there.to_dict())
     train, val = table.slice(0, 500), table.slice(500)
     packed_here = pack(train, val, here, materialize=True)
+    assert all(isinstance(p, pa.Table) for p in packed_here)  # held in this process: no Ray
+    packed_here = [TableShard(p) for p in packed_here]  # read as a fit in Ray Train's local mode reads it
     packed_there = pack(ray.data.from_arrow(train), ray.data.from_arrow(val), here, materialize=True)
     for a, b in zip(packed_here, packed_there):
         rows_a = np.concatenate([r["features"] for r in a.iter_batches(batch_format="numpy")])

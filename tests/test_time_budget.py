@@ -21,6 +21,7 @@ from trainflow.trainer.deadline import (
     Deadline,
     TimeShare,
     deadline_board,
+    fit_board,
     set_deadline,
 )
 from trainflow.trainer.runner import run_dir
@@ -85,7 +86,11 @@ def test_the_limit_is_validated_and_never_changes_the_training_hash(tmp_path):
 def test_a_deadline_is_asked_of_the_drivers_board_and_a_missing_or_bad_one_is_none(tmp_path):
     clock = Clock()
     set_deadline(str(tmp_path), 1010.0, "train.time_limit 60 s")
-    board = deadline_board()
+    # a fit in this process asks the process's own deadlines; a worker group's board starts holding every one set
+    here = Deadline(fit_board(True), str(tmp_path), clock=clock)
+    assert not here.passed() and here.passed(margin_s=10.0) and here.why == "train.time_limit 60 s"
+    board = fit_board(False)
+    assert board is deadline_board() and fit_board(False) is board  # one per process
     d = Deadline(board, str(tmp_path), clock=clock)
     assert not d.passed() and d.passed(margin_s=10.0) and d.why == "train.time_limit 60 s"
     clock.now = 1010.0
@@ -140,7 +145,7 @@ def test_the_network_stops_after_the_epoch_in_which_its_share_ran_out(tmp_path):
             "config": cfg,
             "preprocessor": prep.to_dict(),
             "run_dir": str(folder),
-            "deadline_board": deadline_board(),
+            "deadline_board": fit_board(True),  # a fit in this process: the process's own deadlines
         },
         datasets={"train": train, "val": val},
     ).fit()

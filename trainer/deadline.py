@@ -1,8 +1,8 @@
 """One time budget for a run's training (train.time_limit): the driver shares it out over the runs of every family and
 fold, and each run's workers stop adding epochs or rounds when their share is spent, keeping the best so far.
 
-The driver sets each run's deadline on its process's deadline board (a Ray actor, by the run's folder) before the fit
-starts, and again while it trains when the deadline moves (auto: once the first family's runs end); the fit's loop
+The driver sets each run's deadline on its process's deadline board (by the run's folder: in the driver's process for a
+fit in it, a Ray actor for a worker group's) before the fit starts, and again while it trains when the deadline moves (auto: once the first family's runs end); the fit's loop
 config carries the board, and rank 0 asks it at most every CHECK_S seconds and hands its decision to the other ranks
 with the report decision they already agree on, so every rank stops after the same epoch or round; the report of that
 step carries TIME_LIMITED, so the result says where the time ran out. AutoGluon shares its time_limit the same way:
@@ -40,12 +40,17 @@ class _Board:
 
 _BOARD: list[tuple[tuple[str, str], Any]] = []  # ((the Ray session), its board's handle): one per process and session
 _BOARD_LOCK = threading.Lock()
+# every deadline this process set, by run folder: what a fit in this process (Ray Train's local mode) reads, and what a
+# board started later for a worker group's fit begins with
+_DEADLINES: dict[str, tuple[float | None, str]] = {}
+LOCAL_BOARD = "trainflow-this-process"  # a loop config's board for a fit in the driver's own process: _DEADLINES
 
 
 def deadline_board(create: bool = False, replace=None):
-    """This process's deadline board in the Ray it is connected to (create: started if there is none; else None):
-    one actor (no CPU, on the caller's node) for every fit the process runs, as the progress queue is. replace: a
-    board that died (its node left the cluster): a new one is started in its place."""
+    """This process's deadline board in the Ray it is connected to (create: started if there is none, holding every
+    deadline set so far; else None): one actor (no CPU, on the caller's node) for every worker group's fit the
+    process runs, as the progress queue is. replace: a board that died (its node left the cluster): a new one is
+    started in its place."""
     if not ray.is_initialized():
         return None
     context = ray.get_runtime_context()
@@ -61,34 +66,59 @@ def deadline_board(create: bool = False, replace=None):
         # not take the board with it, and the caller's node going takes the caller too
         here = NodeAffinitySchedulingStrategy(node_id=context.get_node_id(), soft=False)
         board = ray.remote(num_cpus=0, scheduling_strategy=here)(_Board).remote()
+        ray.get([board.set.remote(k, *v) for k, v in _DEADLINES.items()])
         _BOARD[:] = [(session, board)]
         return board
 
 
+def fit_board(local: bool):
+    """The board a fit's loop config carries: this process's own deadlines for a fit in it (local mode: no Ray
+    needed), else the actor a worker group asks (started here with every deadline set so far; None where this
+    process set none: a sweep's trial)."""
+    return LOCAL_BOARD if local else deadline_board(create=bool(_DEADLINES))
+
+
 def set_deadline(run_dir: str, ends_at: float | None, why: str = "") -> None:
-    """The deadline of the run in run_dir (seconds since the epoch; None: none), for its workers to ask for."""
-    board = deadline_board(create=True)
-    if board is None:  # a deadline nobody can ask for would be silently no deadline
-        raise RuntimeError("set_deadline needs this process connected to Ray (ensure_ray) before the fit starts")
+    """The deadline of the run in run_dir (seconds since the epoch; None: none), for its workers to ask for: recorded
+    in this process, and on the board a worker group asks where one is running."""
+    with _BOARD_LOCK:
+        _DEADLINES[run_dir] = (ends_at, why)
+    board = deadline_board()
+    if board is None:
+        return
     try:
         ray.get(board.set.remote(run_dir, ends_at, why))
     except ray.exceptions.RayActorError:  # the board died with the process's earlier runs: a new one for this one
-        ray.get(deadline_board(create=True, replace=board).set.remote(run_dir, ends_at, why))
+        deadline_board(create=True, replace=board)
+
+
+def board_set(board, run_dir: str, ends_at: float | None, why: str) -> None:
+    """A deadline set from inside a fit (a shared run's auto rule) on the board its loop config carries."""
+    if board == LOCAL_BOARD:
+        set_deadline(run_dir, ends_at, why)
+    else:
+        ray.get(board.set.remote(run_dir, ends_at, why), timeout=30)
 
 
 def _ask(board, run_dir: str) -> tuple[float | None, str] | None:
     """What board holds for run_dir (ends_at: a finite number or None, why), or None when it does not answer."""
     try:
-        ends_at, why = ray.get(board.get.remote(run_dir), timeout=CHECK_S)
+        if board == LOCAL_BOARD:
+            ends_at, why = _DEADLINES.get(run_dir, (None, ""))
+        else:
+            ends_at, why = ray.get(board.get.remote(run_dir), timeout=CHECK_S)
     except Exception:  # noqa: BLE001 - a board gone or not answering: no deadline, never a failed run
         return None
     return (float(ends_at) if isinstance(ends_at, (int, float)) and math.isfinite(ends_at) else None), str(why)
 
 
 def deadline_entry(run_dir: str) -> tuple[float | None, str] | None:
-    """What the driver's board holds for run_dir now (ends_at, why), or None (no board, no entry)."""
+    """What the driver's board holds for run_dir now (ends_at, why): the actor's, where a worker group's fit may have
+    moved it, else this process's own; None when neither has an entry."""
     board = deadline_board()
-    return None if board is None else _ask(board, run_dir)
+    if board is None:
+        return _ask(LOCAL_BOARD, run_dir) if run_dir in _DEADLINES else None
+    return _ask(board, run_dir)
 
 
 class Deadline:

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-import ray
+from trainflow.run.runtime import node_id
 
 from trainflow.trainer import session
 from trainflow.trainer.recovery import append_event
@@ -33,7 +33,7 @@ def record_start(loop_config: dict[str, Any], rank: int, start: int, resumed: bo
         {
             "event": "worker_start",
             "rank": rank,
-            "node_id": ray.get_runtime_context().get_node_id(),
+            "node_id": node_id(),
             "from_epoch": start,
             **extra,
         },

@@ -17,25 +17,25 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from trainflow.preprocessors.tabular import TabularPreprocessor
 from trainflow.trainer.serving.checkpoint import LINEAGE_FILE, checkpoints_on_disk
 from trainflow.trainer.families import family_for
-from trainflow.trainer.deadline import deadline_board
+from trainflow.trainer.deadline import fit_board
 from trainflow.trainer.recovery import RESTART, AttemptLog, RecoveryLog, append_event, read_events
 from trainflow.trainer import session
 from trainflow.trainer.progress import watch_progress
 from trainflow.trainer.session import FamiliesLoop, FoldLoop
+from trainflow.trainer.shards import in_process_rows
 from trainflow.trainer.watchdog import Watched
 from trainflow.config import Config, FailureSection, ScalingSection
 from trainflow.errors import ConfigError, TrainingError
 from trainflow.trainer.memory import is_out_of_memory, out_of_memory_error
 from trainflow.trainer.resources import check_fits
-from trainflow.run.runtime import cluster_named
+from trainflow.limits import LOCAL_MAX_ROWS
+from trainflow.run.runtime import cluster_named, node_id
 from trainflow.run.storage import filesystem_for, join, list_dir, read_text
 
 # the folder names Ray Train gives checkpoints (StorageContext.make_default_checkpoint_dir_name)
 CHECKPOINT_DIR = re.compile(r"^checkpoint_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d\.\d{6}$")
 
 
-# scaling.local_mode auto: the most non-test rows of a table whose one-worker fits train in the train task's process
-LOCAL_MAX_ROWS = 100_000
 _LOCAL = threading.Lock()  # Ray Train's local mode keeps one train context per process: one local fit at a time
 
 
@@ -70,7 +70,7 @@ def fit_reports(run_path: str, on_report: Callable[[dict[str, Any]], None], loca
         # the attempt as AttemptLog records a worker group's: one worker, on this process's node
         append_event(
             run_path,
-            {"event": "attempt", "workers": 1, "nodes": [ray.get_runtime_context().get_node_id()], "local": True},
+            {"event": "attempt", "workers": 1, "nodes": [n for n in [node_id()] if n], "local": True},
         )
         token = session._local.set((run_path, on_report))
         try:
@@ -229,11 +229,12 @@ def build_trainer(
     if folds is not None:
         loop = FoldLoop(loop)
         datasets = {f"{role}_{k}": ds for k, pair in folds.items() for role, ds in zip(("train", "val"), pair)}
+    loop, datasets = in_process_rows(loop, datasets, local)
     return family.make_trainer(
         Watched(loop, None if local else config.failure.hang_timeout_s),
         config.scaling,
         train_loop_config={
-            **_loop_config(config, preprocessor, run_name, cache_shards, streamed, lineage),
+            **_loop_config(config, preprocessor, run_name, cache_shards, streamed, lineage, local),
             "external_memory": external_memory,
             **({"folds": sorted(folds)} if folds is not None else {}),
             **({"warm_start": warm_start} if warm_start else {}),
@@ -247,7 +248,9 @@ def build_trainer(
     )
 
 
-def _loop_config(config: Config, preprocessor, run_name: str, cache_shards: bool, streamed: bool, lineage):
+def _loop_config(
+    config: Config, preprocessor, run_name: str, cache_shards: bool, streamed: bool, lineage, local: bool
+) -> dict[str, Any]:
     return {
         "config": config,
         "preprocessor": preprocessor.to_dict(),
@@ -255,7 +258,7 @@ def _loop_config(config: Config, preprocessor, run_name: str, cache_shards: bool
         "cache_shards": cache_shards,
         "streamed": streamed,
         "lineage": lineage,
-        "deadline_board": deadline_board(),  # the driver's, where it set a deadline (trainer/deadline.py)
+        "deadline_board": fit_board(local),  # the driver's deadlines, as the fit can ask them (trainer/deadline.py)
     }
 
 
@@ -334,19 +337,24 @@ def build_shared_trainer(
         for f, folder, fs, after in jobs
     }
     loop_config = {
-        **_loop_config(first, preprocessor, run_name, cache_shards, not cache_shards, None),
+        **_loop_config(first, preprocessor, run_name, cache_shards, not cache_shards, None, local),
         "jobs": own,
         "auto_time": auto_time,
         "not_earning": not_earning,
     }
     from trainflow.trainer.families.base import one_process_trainer, whole_data_config
 
+    loop, datasets = in_process_rows(
+        FamiliesLoop(loops),
+        {f"{role}_{k}": ds for k, pair in folds.items() for role, ds in zip(("train", "val"), pair)},
+        local,
+    )
     return one_process_trainer(
-        Watched(FamiliesLoop(loops), None if local else first.failure.hang_timeout_s),
+        Watched(loop, None if local else first.failure.hang_timeout_s),
         widest,
         train_loop_config=loop_config,
         scaling_config=scaling_config(widest, local),
-        datasets={f"{role}_{k}": ds for k, pair in folds.items() for role, ds in zip(("train", "val"), pair)},
+        datasets=datasets,
         dataset_config=whole_data_config(),
         run_config=_run_config(first, run_name, widest, True, None, callbacks),
     )

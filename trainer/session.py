@@ -65,10 +65,31 @@ def fold_folder(fold: int) -> str:
     return f"fold{fold}"
 
 
+# while a fit in local mode reads tables this process holds (trainer/shards.py InProcessRows): dataset name -> table
+_tables: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("trainflow_tables", default=None)
+
+
+@contextlib.contextmanager
+def rows_here(tables: dict[str, Any]) -> Iterator[None]:
+    """dataset_shard reads these tables (dataset name -> pyarrow Table) while the block runs."""
+    token = _tables.set(tables)
+    try:
+        yield
+    finally:
+        _tables.reset(token)
+
+
 def dataset_shard(name: str):
-    """This worker's shard of dataset name ("train", "val"): the current fold's own inside a fold loop."""
+    """This worker's shard of dataset name ("train", "val"): the current fold's own inside a fold loop; a table this
+    process holds (rows_here) is read where it is."""
     current = _fold.get()
-    return ray.train.get_dataset_shard(name if current is None else f"{name}_{current[0]}")
+    name = name if current is None else f"{name}_{current[0]}"
+    tables = _tables.get()
+    if tables is not None and name in tables:
+        from trainflow.trainer.shards import TableShard
+
+        return TableShard(tables[name])
+    return ray.train.get_dataset_shard(name)
 
 
 def get_checkpoint():
@@ -346,8 +367,10 @@ def _first_family_ended(loop_config: dict[str, Any], family: str) -> None:
         f"train.time_limit auto ({family} trained in {done_s:.0f} s, so the other families share {share:.0f} s: "
         f"training takes at most max(twice the first family's time, {floor:.0f} s))"
     )
+    from trainflow.trainer.deadline import board_set
+
     try:
-        ray.get(board.set.remote(loop_config["run_dir"], time.time() + share, why), timeout=30)
+        board_set(board, loop_config["run_dir"], time.time() + share, why)
     except Exception:  # noqa: BLE001 - a board gone (the driver with it) is no deadline, never a failed run
         pass
 

@@ -11,8 +11,10 @@ table (data.materialize: never, or too large for the object store) is read from 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Callable
 
+import pyarrow as pa
+from ray.data.block import BlockAccessor
 from ray.data.dataset import MaterializedDataset
 from ray.train import DataConfig
 
@@ -45,3 +47,49 @@ class ShardConfig(DataConfig):
             for i, shard in enumerate(shards):
                 output[i][name] = shard
         return output
+
+
+class TableShard:
+    """A fit's rows held in this process (a small table packed by the preprocess task: trainflow/data.py Rows), read
+    as a Ray Data shard of one block is: a fit in Ray Train's local mode needs no Ray for its data."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self.table = table
+
+    def iter_batches(self, *, batch_size=None, batch_format: str = "numpy", prefetch_batches: int = 1):
+        if self.table.num_rows:
+            yield BlockAccessor.for_block(self.table).to_batch_format(batch_format)
+
+    def iter_torch_batches(self, *, batch_size=None, device=None, prefetch_batches: int = 1):
+        from ray.data.util.torch_utils import convert_ndarray_batch_to_torch_tensor_batch
+
+        for batch in self.iter_batches():
+            yield convert_ndarray_batch_to_torch_tensor_batch(batch, device=device)  # as Ray Data's shard converts
+
+
+class InProcessRows:
+    """A train function whose dataset_shard (trainer/session.py) reads the tables given here (picklable, as the
+    function it wraps is)."""
+
+    def __init__(self, train_fn: Callable[[dict[str, Any]], Any], tables: dict[str, pa.Table]) -> None:
+        self.train_fn, self.tables = train_fn, tables
+
+    def __call__(self, loop_config: dict[str, Any]) -> Any:
+        from trainflow.trainer.session import rows_here
+
+        with rows_here(self.tables):
+            return self.train_fn(loop_config)
+
+
+def in_process_rows(train_fn, datasets: dict[str, Any], local: bool):
+    """(the train function, the datasets Ray Train gets) for a fit of datasets: tables this process holds stay here
+    for a fit in Ray Train's local mode (no Ray needed), and go to the object store (ray.data.from_arrow, as one
+    block each) for a worker group's."""
+    tables = {k: v for k, v in datasets.items() if isinstance(v, pa.Table)}
+    if not tables:
+        return train_fn, datasets
+    if local:
+        return InProcessRows(train_fn, tables), {k: v for k, v in datasets.items() if k not in tables}
+    import ray.data
+
+    return train_fn, {k: ray.data.from_arrow(v) if k in tables else v for k, v in datasets.items()}

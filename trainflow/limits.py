@@ -8,6 +8,9 @@ MIN_AUTO_EPOCHS, MAX_AUTO_EPOCHS = 10, 300
 ROWS_PER_STEP = 32  # auto batch: about this many steps per epoch before the batch-size cap
 MIN_PATIENCE, PATIENCE_SHARE = 10, 10  # auto patience: max(MIN_PATIENCE, epochs / PATIENCE_SHARE)
 
+# scaling.local_mode auto: the most non-test rows of a table whose one-worker fits train in the train task's process
+LOCAL_MAX_ROWS = 100_000
+
 # train.time_limit
 MIN_RUN_S = 15.0  # a family whose runs would get less than this each is left out (a Ray Train start alone takes ~11 s)
 AUTO_FLOOR_S = 300.0  # auto: training takes at most max(twice the first family's time, this)

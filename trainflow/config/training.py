@@ -220,7 +220,8 @@ class ScalingSection(_Section):
         "train a one-worker fit in Ray Train's local mode: in the train task's own process, with no worker group to "
         "start (about 10 s less per fit on 2 cores), its checkpoints written to the same folders; a failure is retried "
         "by the task's retry, which resumes from the latest one. `auto`: a fixed-size one-CPU-worker fit of a table "
-        "in memory of at most 100,000 rows, on the local Ray trainflow starts; `true`: every one-worker fit; `false`: "
+        "in memory of at most 100,000 rows, on the local Ray trainflow starts (a retrain whose fits all train so, "
+        "on rows this process holds, starts no Ray at all); `true`: every one-worker fit; `false`: "
         "always a Ray Train worker group (Ray Train restarts a dead worker, the hang watchdog, the worker's memory "
         "apart from the flow's). docs/performance.md#local-mode",
     )

@@ -43,6 +43,12 @@ class _KnownNotice(logging.Filter):
         return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
 
 
+def node_id() -> str | None:
+    """This process's Ray node, or None in a process Ray is not started in (a small table's fit in Ray Train's
+    local mode needs none)."""
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+
+
 def cluster_named(address: str | None) -> bool:
     """Whether a run joins an existing cluster (ray.address, else RAY_ADDRESS) rather than starting its own Ray."""
     return bool(address or os.environ.get("RAY_ADDRESS"))

@@ -6,6 +6,14 @@ from trainflow.flows.cli.flow_command import FlowCommand, check_approval
 from trainflow.flows.cli.parser import CONFIG, NO_WAIT, OVERRIDES, SUMMARY_JSON
 from trainflow.flows.cli.render import format_summary as render
 
+
+def _needs_ray(config) -> bool:
+    """Ray not for a retrain whose every step runs in this process (a small table: flows/local.py)."""
+    from trainflow.flows.local import trained_in_process
+
+    return not trained_in_process(config)
+
+
 COMMAND = FlowCommand(
     "retrain",
     "trainflow.flows.retrain:retrain",
@@ -13,6 +21,7 @@ COMMAND = FlowCommand(
     check=check_approval,
     preflight=True,
     prepare_store=True,
+    needs_ray=_needs_ray,
 )
 run = COMMAND.run
 __all__ = ["add", "render", "run"]
