@@ -267,3 +267,39 @@ def test_a_dated_table_is_noticed_init_writes_split_time_column_and_hash_roles_s
     assert load_config(out).split.time_column == "when" and time_hint(load_config(out), ["when"]) is None
     hashed = load_config(out, {"split.time_column": None})
     assert "set split.time_column: when" in time_hint(hashed, ["when"])
+
+
+def test_a_small_tables_retrain_runs_in_its_process_and_starts_no_ray(tmp_path, prefect_home):
+    """A table this process reads, every fit in Ray Train's local mode and the scoring table scored here: a retrain
+    as a user starts it (a fresh process, Prefect's temporary server) trains, registers and predicts every row
+    without starting Ray (docs/performance.md#local-mode). A worker group's fit, a cluster, or a streamed table start
+    Ray as before."""
+    from trainflow.config import load_config
+    from trainflow.flows.local import trained_in_process
+
+    cfg = churn_config(
+        tmp_path,
+        rows=400,
+        model={"type": ["xgboost", "mlp"], "params": {"xgboost": {"num_boost_round": 20}}},
+        train={"epochs": 2, "batch_size": 64, "folds": 2},
+    )
+    assert trained_in_process(load_config(cfg))
+    for setting in ("scaling.num_workers=2", "scaling.local_mode=false", "ray.address=127.0.0.1:6379"):
+        assert not trained_in_process(load_config(cfg, {setting.split("=")[0]: yaml.safe_load(setting.split("=")[1])}))
+    assert not trained_in_process(load_config(cfg, {"data.materialize": "never"}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env |= {"PREFECT_LOGGING_LEVEL": "INFO", "PREFECT_HOME": str(prefect_home)}  # (a migrated Prefect database)
+    summary = tmp_path / "s.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainflow.flows.cli", "retrain", "--config", str(cfg), "--summary-json", str(summary)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Ray dashboard" not in proc.stderr and "Started a local Ray instance" not in proc.stderr, proc.stderr[-3000:]
+    assert "training set held in this process" in proc.stderr and "temporary server" in proc.stderr
+    s = json.loads(summary.read_text())
+    assert s["model_version"] == "1" and s["output_rows"] == s["input_rows"] == 500
+    assert {c["family"] for c in s["candidates"]} >= {"xgboost", "mlp"}
