@@ -85,14 +85,11 @@ def _flow_runs(env: dict[str, str], deployment_id: str) -> list[dict]:
     return _api(env, "POST", "/flow_runs/filter", {"deployments": {"id": {"any_": [deployment_id]}}})
 
 
-def test_deploy_worker_and_deployment_run(prefect_server, ray_local, tmp_path):
-    # the flow runs join the tests' running Ray through RAY_ADDRESS, as on an existing cluster (with the
-    # token authentication mode that ray.init set for this process; the token is in ~/.ray)
-    env = {
-        **prefect_server,
-        "RAY_ADDRESS": ray_local.get_runtime_context().gcs_address,
-        **{k: v for k, v in os.environ.items() if k.startswith("RAY_AUTH_")},
-    }
+def test_deploy_worker_and_deployment_run(prefect_server, tmp_path):
+    # the worker's flow runs train the small table in their own processes (Ray Train's local mode, no Ray started:
+    # docs/pipeline.md), as a worker on one machine does; a flow run that joins a cluster is test_cluster.py's and
+    # the serve test's below
+    env = dict(prefect_server)
     # the README's commands, in order
     _prefect(env, "work-pool", "create", POOL, "--type", "process")
     _prefect(env, "deploy", "--prefect-file", "deployments/prefect.yaml", "--all")

@@ -2,11 +2,12 @@
 fold, and each run's workers stop adding epochs or rounds when their share is spent, keeping the best so far.
 
 The driver sets each run's deadline on its process's deadline board (by the run's folder: in the driver's process for a
-fit in it, a Ray actor for a worker group's) before the fit starts, and again while it trains when the deadline moves (auto: once the first family's runs end); the fit's loop
-config carries the board, and rank 0 asks it at most every CHECK_S seconds and hands its decision to the other ranks
-with the report decision they already agree on, so every rank stops after the same epoch or round; the report of that
-step carries TIME_LIMITED, so the result says where the time ran out. AutoGluon shares its time_limit the same way:
-each model what remains, each bagged fold its part of it; a model that cannot start in time is left out and says so.
+fit in it, a Ray actor for a worker group's) before the fit starts, and again while it trains when the deadline moves
+(auto: once the first family's runs end); the fit's loop config carries the board, and rank 0 asks it at most every
+CHECK_S seconds and hands its decision to the other ranks with the report decision they already agree on, so every
+rank stops after the same epoch or round; the report of that step carries TIME_LIMITED, so the result says where the
+time ran out. AutoGluon shares its time_limit the same way: each model what remains, each bagged fold its part of it;
+a model that cannot start in time is left out and says so.
 """
 
 from __future__ import annotations

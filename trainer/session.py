@@ -32,6 +32,8 @@ from typing import Any, Callable
 
 import ray.train
 
+from trainflow.trainer.shards import table_shard
+
 FOLD = "fold"  # the metric that names a report's fold
 FAMILY = "family"  # in a run several families share: the metric that names a report's family
 FOLD_FOLDER = re.compile(r"^fold(\d+)$")
@@ -65,31 +67,12 @@ def fold_folder(fold: int) -> str:
     return f"fold{fold}"
 
 
-# while a fit in local mode reads tables this process holds (trainer/shards.py InProcessRows): dataset name -> table
-_tables: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("trainflow_tables", default=None)
-
-
-@contextlib.contextmanager
-def rows_here(tables: dict[str, Any]) -> Iterator[None]:
-    """dataset_shard reads these tables (dataset name -> pyarrow Table) while the block runs."""
-    token = _tables.set(tables)
-    try:
-        yield
-    finally:
-        _tables.reset(token)
-
-
 def dataset_shard(name: str):
     """This worker's shard of dataset name ("train", "val"): the current fold's own inside a fold loop; a table this
-    process holds (rows_here) is read where it is."""
+    process holds (trainer/shards.py InProcessRows) is read where it is."""
     current = _fold.get()
     name = name if current is None else f"{name}_{current[0]}"
-    tables = _tables.get()
-    if tables is not None and name in tables:
-        from trainflow.trainer.shards import TableShard
-
-        return TableShard(tables[name])
-    return ray.train.get_dataset_shard(name)
+    return table_shard(name) or ray.train.get_dataset_shard(name)
 
 
 def get_checkpoint():

@@ -10,6 +10,7 @@ table (data.materialize: never, or too large for the object store) is read from 
 
 from __future__ import annotations
 
+import contextvars
 import re
 from typing import Any, Callable
 
@@ -49,6 +50,10 @@ class ShardConfig(DataConfig):
         return output
 
 
+# while a fit in local mode reads tables this process holds (InProcessRows): dataset name -> table
+_tables: contextvars.ContextVar[dict[str, pa.Table] | None] = contextvars.ContextVar("trainflow_tables", default=None)
+
+
 class TableShard:
     """A fit's rows held in this process (a small table packed by the preprocess task: trainflow/data.py Rows), read
     as a Ray Data shard of one block is: a fit in Ray Train's local mode needs no Ray for its data."""
@@ -75,10 +80,17 @@ class InProcessRows:
         self.train_fn, self.tables = train_fn, tables
 
     def __call__(self, loop_config: dict[str, Any]) -> Any:
-        from trainflow.trainer.session import rows_here
-
-        with rows_here(self.tables):
+        token = _tables.set(self.tables)
+        try:
             return self.train_fn(loop_config)
+        finally:
+            _tables.reset(token)
+
+
+def table_shard(name: str) -> TableShard | None:
+    """The shard of dataset name where the running fit reads tables this process holds (InProcessRows), else None."""
+    tables = _tables.get()
+    return TableShard(tables[name]) if tables is not None and name in tables else None
 
 
 def in_process_rows(train_fn, datasets: dict[str, Any], local: bool):
