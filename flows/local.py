@@ -88,11 +88,15 @@ def trained_in_process(config: Config) -> bool:
     trainflow would start), and its scoring table is scored here. The CLI then starts no Ray beside Prefect's server
     (a step that needs Ray after all starts it then: ensure_ray)."""
     from trainflow.limits import LOCAL_MAX_ROWS
+    from trainflow.roles.folds import AUTO_FOLD_ROWS
     from trainflow.run.runtime import cluster_named
     from trainflow.tables.files import IN_PROCESS_BYTES, in_memory_bytes, list_files
 
     scaling, data = config.scaling, config.data
+    # (tasks/cross_fit.py train_config: scaling.num_workers unset, one worker a family, but for folds of a table larger
+    # than AUTO_FOLD_ROWS; a row count from the files below)
     one_worker = scaling.num_workers == 1 or "num_workers" not in scaling.model_fields_set
+    most_rows = AUTO_FOLD_ROWS if scaling.num_workers != 1 and config.train.folds not in ("auto", 1) else LOCAL_MAX_ROWS
     if (
         scaling.local_mode is False
         or not one_worker
@@ -109,7 +113,7 @@ def trained_in_process(config: Config) -> bool:
         fs, files = list_files(data.path, data.format)
         if in_memory_bytes(fs, files, data.format) > IN_PROCESS_BYTES:
             return False
-        return open_dataset(data.path, data.format, data.csv, (fs, files)).count_rows() <= LOCAL_MAX_ROWS
+        return open_dataset(data.path, data.format, data.csv, (fs, files)).count_rows() <= most_rows
     except Exception:  # noqa: BLE001 - an unreadable table is reported by the flow, which names it
         return False
 

@@ -47,6 +47,15 @@ def _attempts(events):
     return [e for e in events if e["event"] == "attempt"]
 
 
+def _training(events, workers: int) -> bool:
+    """The latest worker group has `workers` workers and every one of them has started training (a drain that lands
+    while a group still starts is a failed start, waited for up to failure.worker_start_timeout_s, not a preemption)."""
+    starts = [k for k, e in enumerate(events) if e["event"] == "attempt"]
+    if not starts or events[starts[-1]]["workers"] != workers:
+        return False
+    return sum(e["event"] == "worker_start" for e in events[starts[-1] :]) >= workers
+
+
 def test_an_elastic_retrain_shrinks_when_a_node_dies_grows_back_and_counts_a_drain_as_a_preemption(tmp_path, capsys):
     cluster = Cluster(
         initialize_head=True,
@@ -87,9 +96,7 @@ def test_an_elastic_retrain_shrinks_when_a_node_dies_grows_back_and_counts_a_dra
         cluster.remove_node(first, allow_graceful=False)  # the node dies: its raylet and its worker, SIGKILLed
         _wait_for(run, "a group of one", lambda ev: [a["workers"] for a in _attempts(ev)][-1:] == [1], flow.is_alive)
         third = cluster.add_node(num_cpus=0, resources=TRAINER)
-        _wait_for(
-            run, "the group grown back", lambda ev: [a["workers"] for a in _attempts(ev)][-1:] == [2], flow.is_alive
-        )
+        _wait_for(run, "the group grown back, training", lambda ev: _training(ev, 2), flow.is_alive)
         drain = [
             "ray", "drain-node", "--address", cluster.address, "--node-id", third.node_id,
             "--reason", "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot capacity reclaimed",

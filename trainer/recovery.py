@@ -18,6 +18,7 @@ from ray.train import UserCallback
 # Ray Train's own hooks on its controller (RunConfig(callbacks=) passes every callback that is not a UserCallback to
 # them): the worker group's start and the controller's state changes, which UserCallback lacks
 from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
+from ray.train.v2._internal.execution.scaling_policy.elastic import ElasticScalingPolicy
 
 from trainflow.run.storage import join, list_dir, read_text, write_text
 
@@ -170,6 +171,8 @@ class AttemptLog(_ControllerLog, ControllerCallback, WorkerGroupCallback):
 
 
 SETTLE_S = 90.0  # the longest a restart waits for Ray Core to declare an unreachable node dead
+# a little longer than Ray Train's elastic policy reuses the reserved resources it read (1 s in Ray 2.60)
+POLICY_CACHE_S = ElasticScalingPolicy.GET_RESERVED_RESOURCES_INTERVAL_S + 0.5
 
 
 def settle(node_ids: list[str], drained: list[str] = (), limit_s: float = SETTLE_S) -> list[str]:
@@ -201,6 +204,10 @@ def settle(node_ids: list[str], drained: list[str] = (), limit_s: float = SETTLE
             ray.get(coordinator.get_reserved_resources.remote("trainflow-settle", recompute=True), timeout=30)
         except Exception:  # noqa: BLE001 - none (a fixed-size run) or unreachable: Ray Train looks at its next tick
             pass
+        # and the policy reuses what it read within the last POLICY_CACHE_S: its restart decision, made once this
+        # returns, must read anew (a read from just before the loss sized a restart by the lost node, and the group
+        # waited out failure.worker_start_timeout_s: 180 s in about one elastic run in two, 2026-12-06)
+        time.sleep(POLICY_CACHE_S)
     return sorted(gone)
 
 
