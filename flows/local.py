@@ -84,27 +84,22 @@ def scored_in_process(config: Config) -> bool:
 
 def trained_in_process(config: Config) -> bool:
     """Whether a retrain of config needs no Ray: its table is read by this process (tasks/ingest.py) and small enough
-    that each fit trains in Ray Train's local mode (trainer/runner.py in_process: one CPU worker, on the local Ray
-    trainflow would start), and its scoring table is scored here. The CLI then starts no Ray beside Prefect's server
-    (a step that needs Ray after all starts it then: ensure_ray)."""
+    that each fit trains in Ray Train's local mode (trainflow/run/runtime.py in_process, the fits' own rule, for the
+    one worker tasks/cross_fit.py train_config gives a family), and its scoring table is scored here. The CLI then
+    starts no Ray beside Prefect's server (a step that needs Ray after all starts it then: ensure_ray)."""
     from trainflow.limits import LOCAL_MAX_ROWS
     from trainflow.roles.folds import AUTO_FOLD_ROWS
-    from trainflow.run.runtime import cluster_named
+    from trainflow.run.runtime import in_process
     from trainflow.tables.files import IN_PROCESS_BYTES, in_memory_bytes, list_files
 
     scaling, data = config.scaling, config.data
-    # (tasks/cross_fit.py train_config: scaling.num_workers unset, one worker a family, but for folds of a table larger
-    # than AUTO_FOLD_ROWS; a row count from the files below)
-    one_worker = scaling.num_workers == 1 or "num_workers" not in scaling.model_fields_set
-    most_rows = AUTO_FOLD_ROWS if scaling.num_workers != 1 and config.train.folds not in ("auto", 1) else LOCAL_MAX_ROWS
+    # scaling.num_workers unset: one worker a family, but for explicit folds of a table past AUTO_FOLD_ROWS
+    unset = "num_workers" not in scaling.model_fields_set
+    fit = scaling.model_copy(update={"num_workers": 1}) if unset else scaling
+    most_rows = AUTO_FOLD_ROWS if unset and config.train.folds not in ("auto", 1) else LOCAL_MAX_ROWS
     if (
-        scaling.local_mode is False
-        or not one_worker
-        or scaling.use_gpu
-        or scaling.wait_for_resources
-        or scaling.env_vars
-        or cluster_named(config.ray.address)
-        or data.materialize == "never"
+        data.materialize == "never"  # streamed through Ray Data
+        or not in_process(config, fit, 0, True)
         or not getattr(source(data.format), "reads_here", False)
         or (config.inference.input and not scored_in_process(config))
     ):

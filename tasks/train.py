@@ -40,7 +40,6 @@ from trainflow.trainer.runner import (
     fit_run,
     fit_reports,
     folder_name,
-    in_process,
     local_checkpoints,
     local_result,
     latest_epoch,
@@ -51,7 +50,7 @@ from trainflow.trainer.runner import (
 )
 from trainflow.config import Config
 from trainflow.errors import ConfigError, TrainingError
-from trainflow.run.runtime import ensure_ray
+from trainflow.run.runtime import ensure_ray, in_process
 from trainflow.run.services import ServiceUnavailable
 from trainflow.run.storage import filesystem_for, join, read_text, with_scheme, write_text
 

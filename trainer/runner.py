@@ -28,8 +28,7 @@ from trainflow.config import Config, FailureSection, ScalingSection
 from trainflow.errors import ConfigError, TrainingError
 from trainflow.trainer.memory import is_out_of_memory, out_of_memory_error
 from trainflow.trainer.resources import check_fits
-from trainflow.limits import LOCAL_MAX_ROWS
-from trainflow.run.runtime import cluster_named, node_id
+from trainflow.run.runtime import node_id
 from trainflow.run.storage import filesystem_for, join, list_dir, read_text
 
 # the folder names Ray Train gives checkpoints (StorageContext.make_default_checkpoint_dir_name)
@@ -37,22 +36,6 @@ CHECKPOINT_DIR = re.compile(r"^checkpoint_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d\.\d{6}$
 
 
 _LOCAL = threading.Lock()  # Ray Train's local mode keeps one train context per process: one local fit at a time
-
-
-def in_process(config: Config, scaling: ScalingSection, rows: int, materialized: bool) -> bool:
-    """Whether a fit of one worker group of `scaling` (a family's worker_scaling, or a shared run's) runs in Ray
-    Train's local mode, as scaling.local_mode of the run's config says; rows: the table's non-test rows."""
-    mode = config.scaling.local_mode
-    if mode is False or scaling.elastic or scaling.num_workers != 1:
-        return False
-    if mode is True:
-        return True
-    return (
-        materialized
-        and rows <= LOCAL_MAX_ROWS
-        and not (scaling.use_gpu or scaling.wait_for_resources or scaling.env_vars)
-        and not cluster_named(config.ray.address)
-    )
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import ray
 
@@ -52,6 +53,25 @@ def node_id() -> str | None:
 def cluster_named(address: str | None) -> bool:
     """Whether a run joins an existing cluster (ray.address, else RAY_ADDRESS) rather than starting its own Ray."""
     return bool(address or os.environ.get("RAY_ADDRESS"))
+
+
+def in_process(config: Any, scaling: Any, rows: int, materialized: bool) -> bool:
+    """Whether a fit of one worker group of `scaling` (a family's worker_scaling, or a shared run's) runs in Ray
+    Train's local mode, as scaling.local_mode of the run's config says; rows: the table's non-test rows. (Here, below
+    Ray Train's imports: the CLI asks it before the services start, flows/local.py trained_in_process.)"""
+    from trainflow.limits import LOCAL_MAX_ROWS
+
+    mode = config.scaling.local_mode
+    if mode is False or scaling.elastic or scaling.num_workers != 1:
+        return False
+    if mode is True:
+        return True
+    return (
+        materialized
+        and rows <= LOCAL_MAX_ROWS
+        and not (scaling.use_gpu or scaling.wait_for_resources or scaling.env_vars)
+        and not cluster_named(config.ray.address)
+    )
 
 
 def nodes() -> list[dict[str, float]]:
