@@ -12,6 +12,7 @@ from trainflow.trainer.runner import build_trainer, fit_run, run_dir
 from trainflow.flows.cli import main as cli_main
 from trainflow.errors import TrainingError
 from trainflow.run.runtime import ensure_ray
+from trainflow.data import streamed_task_args
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("own_ray")]
 
@@ -78,7 +79,9 @@ def test_a_stalled_data_pipeline_fails_with_what_ran_out_and_what_to_change(tmp_
             stall_after_blocks,
             fn_kwargs={"marker": str(tmp_path / "block"), "passes": 8},
             batch_size=None,
-            num_cpus=0,  # as trainflow's streamed tasks: one asking for a CPU never runs beside the workers
+            # as trainflow's streamed tasks: no CPU asked (one asking never runs beside the workers), as many at once
+            # as the cluster has CPUs (unbounded, each block would start a Ray worker process of its own)
+            **streamed_task_args(),
         )
     )
     trainer = build_trainer(cfg, prep, stalled, val, "stalled", streamed=True)
