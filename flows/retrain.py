@@ -25,7 +25,7 @@ from trainflow.tasks.preprocess import preprocess
 from trainflow.tasks.run_name import finished_before, record_finished, resolve_run_name
 from trainflow.tasks.retention import retain
 from trainflow.tasks.approval import check_answerable, command_line_approval
-from trainflow.tasks.select import select
+from trainflow.tasks.select import select_each
 from trainflow.tasks.skip import check_unchanged
 from trainflow.tasks.split import record_split, split
 from trainflow.tasks.train import check_resume, train, train_folds, train_shared
@@ -222,13 +222,14 @@ def _chosen(config: Config, parts: Split, runs: dict[str, str], trained, name: s
     """Each family's best checkpoint (its folds bagged when cross-fitted) and the ensemble over them."""
     k = parts.fold_count
     decisions, fold_selections = None, {}
+    fold_outcomes = {f: [trained[(f, i)] for i in range(k)] for f in runs}
+    picked = select_each(fold_outcomes, config)  # every family's and fold's, in one task run
     if k > 1:  # each family's fold models: their out-of-fold predictions, and one bagged checkpoint serving them
-        fold_outcomes = {f: [trained[(f, i)] for i in range(k)] for f in runs}
-        fold_selections = {f: [select(o, config) for o in fold_outcomes[f]] for f in runs}
+        fold_selections = picked
         outcomes, selections, decisions = bag_folds(config, parts, runs, fold_outcomes, fold_selections, fingerprint)
     else:
-        outcomes = {f: trained[(f, 0)] for f in runs}
-        selections = {f: select(outcome, config) for f, outcome in outcomes.items()}
+        outcomes = {f: only for f, [only] in fold_outcomes.items()}
+        selections = {f: only for f, [only] in picked.items()}
     built = None
     if ENSEMBLE in config.model.candidates:
         built = ensemble(config, parts.val, outcomes, selections, name, fingerprint, decisions, parts.plan)

@@ -13,7 +13,7 @@ import sys
 # boundary -> (module, the function the flow calls on reaching it): the kill replaces the call
 BOUNDARIES = {
     "after-ingest": ("trainflow.flows.retrain", "split"),  # the table read, nothing split or trained
-    "after-train": ("trainflow.flows.retrain", "select"),  # every family's runs trained, none selected
+    "after-train": ("trainflow.flows.retrain", "select_each"),  # every family's runs trained, none selected
     "after-select": ("trainflow.flows.retrain", "ensemble"),  # checkpoints selected, no ensemble yet
     "ensemble-build": ("trainflow.tasks.ensemble", "greedy_weights"),  # selected; the members' outputs, no weights
     "after-register": ("trainflow.flows.publish", "promote"),  # a model version registered, not yet judged
