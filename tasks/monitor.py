@@ -110,7 +110,7 @@ def measure_live(config: Config, labels_path: str | None) -> dict[str, Any]:
         **result,
         "estimated_metrics": estimate,
     }
-    if result["verdict"] not in ("ok", "degraded"):
+    if not result["judged"]:
         log.warning("monitor: no verdict for %s v%s: %s", name, version, result["verdict"])
     now = int(time.time())
     prefix = "estimated_" if estimated else "live_"
@@ -200,6 +200,7 @@ def _verdict(config: Config, registered: dict, live: dict, rows: int, prediction
         "max_drop": config.monitor.max_drop,
         "min_rows": config.monitor.min_rows,
         "verdict": verdict,
+        "judged": enough,  # a verdict (ok or degraded) rests on at least monitor.min_rows labelled predictions
         "degraded": degraded,
     }
 

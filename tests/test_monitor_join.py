@@ -76,3 +76,28 @@ def test_performance_estimated_from_calibrated_probabilities_matches_what_labels
         prep, pa.table({"prediction": chosen, "proba_0": [0.5] * p.size, "proba_1": [0.5] * p.size})
     )
     assert flat["val_accuracy"] == pytest.approx(0.5) and flat["val_roc_auc"] == pytest.approx(0.5, abs=1e-9)
+
+
+def test_a_verdict_rests_on_monitor_min_rows_labelled_predictions():
+    from trainflow.config import config_from_dict
+    from trainflow.tasks.monitor import _verdict
+
+    cfg = config_from_dict(
+        {
+            "data": {"path": "x.parquet", "label": "y"},
+            "task": "classification",
+            "promotion": {"metric": "val_roc_auc"},
+            "monitor": {"min_rows": 100, "max_drop": 0.05},
+        }
+    )
+    registered = {"test_roc_auc": 0.80, "best_val_roc_auc": 0.90}  # the test rows' figure is the baseline
+    ok, worse, few = (
+        _verdict(cfg, registered, {"val_roc_auc": auc}, rows, 200)
+        for auc, rows in ((0.78, 150), (0.70, 150), (0.50, 99))
+    )
+    assert (ok["verdict"], ok["judged"], ok["degraded"], ok["baseline_on"]) == ("ok", True, False, "test")
+    assert ok["drop"] == pytest.approx(0.02) and ok["coverage"] == 0.75
+    assert (worse["verdict"], worse["judged"], worse["degraded"]) == ("degraded", True, True)
+    # fewer labelled predictions than monitor.min_rows: no verdict however far the score fell, and why
+    assert not few["judged"] and not few["degraded"]
+    assert few["verdict"] == "none: 99 labelled predictions, fewer than monitor.min_rows 100"
