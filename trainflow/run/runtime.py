@@ -12,9 +12,12 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import ray
+
+if TYPE_CHECKING:
+    from trainflow.config import Config, ScalingSection
 
 from trainflow import pacing
 
@@ -55,7 +58,7 @@ def cluster_named(address: str | None) -> bool:
     return bool(address or os.environ.get("RAY_ADDRESS"))
 
 
-def in_process(config: Any, scaling: Any, rows: int, materialized: bool) -> bool:
+def in_process(config: Config, scaling: ScalingSection, rows: int, materialized: bool) -> bool:
     """Whether a fit of one worker group of `scaling` (a family's worker_scaling, or a shared run's) runs in Ray
     Train's local mode, as scaling.local_mode of the run's config says; rows: the table's non-test rows. (Here, below
     Ray Train's imports: the CLI asks it before the services start, flows/local.py trained_in_process.)"""
