@@ -652,12 +652,10 @@ def _finish_folds(
         tag_run(
             config.mlflow.tracking_uri, job["mlflow"], "trainflow.resizes", "; ".join(map(describe_resize, resized))
         )
-    log.info(
-        "trained folds %s of %s: %s",
-        ", ".join(map(str, job["folds"])),
-        job["run"],
-        "; ".join(
-            f"fold {o.run_name.rsplit('fold', 1)[-1]}: {len(o.history)} {job['budget'].unit}(s)" for o in outcomes
-        ),
-    )
+    unit = job["budget"].unit
+    if any(o.run_name != job["run"] for o in outcomes):  # cross-fitted: each fold's run is a folder of the family's
+        done_text = "; ".join(f"fold {o.run_name.rsplit('fold', 1)[-1]}: {len(o.history)} {unit}(s)" for o in outcomes)
+        log.info("trained folds %s of %s: %s", ", ".join(map(str, job["folds"])), job["run"], done_text)
+    else:
+        log.info("trained %s: %s", job["run"], "; ".join(f"{len(o.history)} {unit}(s)" for o in outcomes))
     return outcomes

@@ -58,6 +58,14 @@ def pytest_collection_modifyitems(items):
         item.add_marker(pytest.mark.xdist_group("side" if item.nodeid.startswith(SIDE) else "main"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _templates_removed():
+    """The session's database templates (Prefect's, MLflow's) go with the session instead of piling up in /tmp."""
+    yield
+    for template in (*_PREFECT_TEMPLATE, *_MLFLOW_TEMPLATE):
+        shutil.rmtree(template.parent, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def prefect_harness():
     """Prefect's test server, without flow-run heartbeats, as a local run has none on its temporary server

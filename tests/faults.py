@@ -29,9 +29,11 @@ def checkpoint_registered(run: Path, epoch: int = 0, family: str | None = None) 
     )
 
 
-def wait_fold_registered(run: str | Path, fold: int, family: str | None = None, timeout_s: float = 60.0) -> None:
+def wait_fold_registered(
+    run: str | Path, fold: int, family: str | None = None, timeout_s: float = 60.0, epoch: int = 0
+) -> None:
     """In a worker of a fold run: block until the controller has registered a checkpoint of fold (of family, in a run
-    several families share), so that a restart resumes that fold from it."""
+    several families share) of epoch or a later one, so that a restart resumes that fold from it."""
     deadline = time.monotonic() + timeout_s
     snapshot = Path(run) / "checkpoint_manager_snapshot.json"
     while time.monotonic() < deadline:
@@ -39,7 +41,12 @@ def wait_fold_registered(run: str | Path, fold: int, family: str | None = None, 
             results = json.loads(snapshot.read_text()).get("checkpoint_results") or []
         except (OSError, ValueError):
             results = []
-        if any(r.get("metrics", {}).get("fold") == fold and r["metrics"].get("family") == family for r in results):
+        if any(
+            r.get("metrics", {}).get("fold") == fold
+            and r["metrics"].get("family") == family
+            and r["metrics"].get("epoch", -1) >= epoch
+            for r in results
+        ):
             return
         time.sleep(0.1)
 
@@ -80,7 +87,7 @@ def small_run(tmp_path, hang_timeout_s=600.0, resources_per_worker=None, max_fai
             "task": "regression",
             # periodic numeric embeddings give the network buffers: its validation must not go through DDP's forward,
             # whose buffer broadcast the two ranks' unequal validation shards would call unequally often (a deadlock)
-            "model": {"type": "mlp", "numeric_embedding": "periodic"},
+            "model": {"type": "mlp", "params": {"mlp": {"numeric_embedding": "periodic"}}},
             "train": {"epochs": EPOCHS, "batch_size": 64, "learning_rate": 0.01, "folds": 1},
             "scaling": {"num_workers": 2, "resources_per_worker": resources_per_worker},
             "checkpoint": {"num_to_keep": 2},
@@ -111,15 +118,17 @@ def fit_here(cfg, *args, keep=None, **kwargs):
 SUCCESSIVE = ("raise", "hang")
 
 
-def successive_faults(marker_dir: str):
-    """A train function whose attempt a (a < 2) trains epoch a, then fails inside epoch a+1 with SUCCESSIVE[a].
-
-    Attempt 0 raises in epoch 1, attempt 1 hangs in epoch 2 (only the watchdog ends it, with a SIGKILL of
-    its own process); attempt 2 finishes. Each attempt resumes from the previous one's checkpoint.
+def successive_faults(marker_dir: str, fold: int = 1):
+    """The network's loop per fold, whose attempt a (a < 2) at `fold` trains that fold's epoch a, then fails inside
+    epoch a+1 with SUCCESSIVE[a] once the controller has registered epoch a's checkpoint (what the restart resumes
+    from). Attempt 0 raises in epoch 1, attempt 1 hangs in epoch 2 (only the watchdog ends it, with a SIGKILL of its
+    own process); attempt 2 finishes. The other folds train as they would.
     """
 
     def train_fn(loop_config):
         rank = ray.train.get_context().get_world_rank()
+        if loop_config["fold"] != fold:
+            return train_fn_per_worker(loop_config)
         attempt = len(list(Path(marker_dir).glob(f"attempt-*-rank{rank}")))
         (Path(marker_dir) / f"attempt-{attempt}-rank{rank}").touch()
         if attempt >= len(SUCCESSIVE):
@@ -127,10 +136,10 @@ def successive_faults(marker_dir: str):
         upto = {**loop_config, "config": trial_config(loop_config["config"].to_dict(), {"train.epochs": attempt + 1})}
         train_fn_per_worker(upto)
         if rank == 1:
-            wait_registered(loop_config["run_dir"], attempt)  # fail once the resume point is recorded
+            wait_fold_registered(loop_config["deadline_dir"], fold, epoch=attempt)
             if SUCCESSIVE[attempt] == "hang":
                 time.sleep(3600)
-            raise RuntimeError(f"injected failure in epoch {attempt + 1}")
+            raise RuntimeError(f"injected failure in fold {fold}, epoch {attempt + 1}")
         ray.train.report({"epoch": attempt + 1, "waiting": 1.0})  # blocks until the group is torn down
         return None
 

@@ -14,29 +14,6 @@ from trainflow.trainer.runner import build_trainer, run_dir
 from trainflow.config import config_from_dict
 
 
-@pytest.mark.e2e
-@pytest.mark.usefixtures("ray_local")
-def test_successive_worker_faults_each_resume_where_they_stopped(tmp_path):
-    # one run survives a worker that raises (epoch 1) and one that hangs (epoch 2: the watchdog SIGKILLs it)
-    cfg, prep, train, val = small_run(tmp_path, hang_timeout_s=10.0, max_failures=2)
-    trainer = build_trainer(cfg, prep, train, val, "faults", train_fn=successive_faults(str(tmp_path)))
-    result = trainer.fit()
-    with result.checkpoint.as_directory() as d:
-        history = read_metrics(d)["history"]
-        stopper = load_train_state(d)["early_stopping"]
-    # every epoch ran exactly once
-    assert [h["epoch"] for h in history] == list(range(EPOCHS))
-    # the early-stopping state crossed the resumes: its best is the best of every attempt's epochs
-    losses = [h["val_loss"] for h in history]
-    assert stopper["best"] == pytest.approx(min(losses)) and stopper["best_epoch"] == losses.index(min(losses))
-    events = read_events(run_dir(cfg, "faults"))
-    assert [e["epoch"] for e in events if e["event"] == "resume"] == [1, 2], events
-    raised, hung = recoveries(events)
-    assert (raised["resumed_from_epoch"], hung["resumed_from_epoch"]) == (1, 2)
-    assert "injected failure in epoch 1" in raised["error"]
-    assert "no progress for" in hung["error"] and "hang_timeout_s=10" in hung["error"]
-
-
 def test_a_fixed_hang_timeout_applies_from_the_first_progress_mark_and_start_up_gets_the_allowance():
     # a worker group's set-up on a loaded machine outlasted 10 s: killed there, the attempt restarted from nothing
     from trainflow.limits import HANG_FIRST_S
@@ -105,56 +82,40 @@ def test_select_skips_a_truncated_checkpoint(tmp_path):
         select(outcome, cfg)
 
 
-def _fold_fault(marker_dir: str):
-    """The network's loop per fold; fold 1's first attempt trains one epoch, then rank 1 raises once Ray Train's
-    controller has registered that epoch's checkpoint (what the restart resumes fold 1 from)."""
-    from trainflow.config import trial_config
-    from trainflow.trainer.loop import train_fn_per_worker
-
-    def train_fn(loop_config):
-        from pathlib import Path
-
-        import ray.train
-
-        rank = ray.train.get_context().get_world_rank()
-        marker = Path(marker_dir) / f"fold{loop_config['fold']}-rank{rank}"
-        if loop_config["fold"] != 1 or marker.exists():
-            return train_fn_per_worker(loop_config)
-        marker.touch()
-        train_fn_per_worker(
-            {**loop_config, "config": trial_config(loop_config["config"].to_dict(), {"train.epochs": 1})}
-        )
-        if rank == 1:
-            wait_fold_registered(loop_config["deadline_dir"], 1)
-            raise RuntimeError("injected failure in fold 1")
-        ray.train.report({"epoch": 1, "waiting": 1.0})  # blocks until the group is torn down
-        return None
-
-    return train_fn
-
-
 @pytest.mark.e2e
 @pytest.mark.usefixtures("ray_local")
-def test_a_worker_that_dies_in_a_fold_resumes_that_fold_and_the_finished_ones_are_not_trained_again(tmp_path):
+def test_successive_worker_faults_in_a_fold_each_resume_where_they_stopped_and_the_finished_fold_is_not_trained_again(
+    tmp_path,
+):
+    # one run of two folds; in fold 1 a worker raises (epoch 1), then one hangs (epoch 2: the watchdog SIGKILLs it)
+    # (one fit for what were two tests, successive faults and a fault in a fold: 109 s of the suite)
     from trainflow.trainer.recovery import fold_events
 
-    cfg, prep, train, val = small_run(tmp_path, max_failures=1)
+    cfg, prep, train, val = small_run(tmp_path, hang_timeout_s=10.0, max_failures=2)
     folds = {0: (train, val), 1: (train, val)}
-    result = build_trainer(cfg, prep, None, None, "cf", train_fn=_fold_fault(str(tmp_path)), folds=folds).fit()
+    result = build_trainer(cfg, prep, None, None, "cf", train_fn=successive_faults(str(tmp_path)), folds=folds).fit()
     run = run_dir(cfg, "cf")
     by_fold = {k: [m for _, m in result.best_checkpoints if m.get("fold") == k] for k in folds}
-    # each fold kept its own checkpoints, in its own folder of the one run, every epoch trained once
+    # each fold kept its own checkpoints, in its own folder of the one run
     assert {m["epoch"] for m in by_fold[0]} >= {EPOCHS - 1} and {m["epoch"] for m in by_fold[1]} >= {EPOCHS - 1}
     assert all(f"/fold{k}/checkpoint_" in c.path for c, m in result.best_checkpoints for k in [m["fold"]])
     with result.checkpoint.as_directory() as d:
-        assert [h["epoch"] for h in read_metrics(d)["history"]] == list(range(EPOCHS))  # fold 1's, across the restart
+        history = read_metrics(d)["history"]  # fold 1's, across the restarts
+        stopper = load_train_state(d)["early_stopping"]
+    # every epoch of fold 1 ran exactly once
+    assert [h["epoch"] for h in history] == list(range(EPOCHS))
+    # the early-stopping state crossed the resumes: its best is the best of every attempt's epochs
+    losses = [h["val_loss"] for h in history]
+    assert stopper["best"] == pytest.approx(min(losses)) and stopper["best_epoch"] == losses.index(min(losses))
     events = fold_events(run, {k: f"{run}/fold{k}" for k in folds})
     starts = [(e["fold"], e["from_epoch"]) for e in events if e["event"] == "worker_start"]
-    assert starts.count((0, 0)) == 2 and (0, EPOCHS) not in starts  # fold 0 trained once, by both ranks
-    assert starts.count((1, 0)) == 2 and starts.count((1, 1)) == 2  # fold 1 resumed from its epoch 0's checkpoint
-    (recovered,) = recoveries(events)
-    assert recovered["fold"] == 1 and recovered["resumed_from_epoch"] == 1
-    assert "injected failure in fold 1" in recovered["error"]
+    assert [s for s in starts if s[0] == 0] == [(0, 0)] * 2, starts  # fold 0 trained once, by both ranks
+    assert [s for s in starts if s[0] == 1] == [(1, 0)] * 2 + [(1, 1)] * 2 + [(1, 2)] * 2, starts
+    raised, hung = recoveries(events)
+    assert (raised["fold"], raised["resumed_from_epoch"]) == (1, 1), raised
+    assert (hung["fold"], hung["resumed_from_epoch"]) == (1, 2), hung
+    assert "injected failure in fold 1, epoch 1" in raised["error"]
+    assert "no progress for" in hung["error"] and "hang_timeout_s=10" in hung["error"]
 
 
 def _killed_after_fold(marker_dir: str, family_train_fn):
