@@ -20,6 +20,8 @@ from trainflow.config import Config, TrainSection
 from trainflow.preprocessors.tabular import FEATURES, LABEL, TabularPreprocessor
 from trainflow.trainer import session
 from trainflow.trainer.budget import EarlyStopping, lr_factor, resolve_budget
+from trainflow.trainer.families import family_for
+from trainflow.trainer.families.base import Family
 from trainflow.trainer.metrics import compute_metrics
 from trainflow.trainer.serving.checkpoint import (
     load_train_state,
@@ -29,7 +31,6 @@ from trainflow.trainer.serving.checkpoint import (
     warm_files,
     warm_record,
 )
-from trainflow.trainer.families.network import model_for
 from trainflow.trainer.reporting import record_start, report_step
 from trainflow.trainer.steps import Steps
 from trainflow.trainer.watchdog import heartbeat
@@ -350,8 +351,9 @@ def _resume(loop_config: dict[str, Any], model, stopper, train_cfg) -> tuple:
     return 0, [], None, train_cfg
 
 
-def _optimizer(model, train_cfg, total_steps: int, state: dict | None) -> tuple:
-    """The optimizer and its learning-rate schedule, their state restored from a resumed attempt's."""
+def adamw_schedule(model: nn.Module, train_cfg: TrainSection, total_steps: int) -> tuple:
+    """The default optimizer and schedule of a torch family (Family.optimizer None): AdamW, train.schedule's
+    learning-rate multiplier per step."""
     optimizer = make_optimizer(model, train_cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
@@ -362,6 +364,12 @@ def _optimizer(model, train_cfg, total_steps: int, state: dict | None) -> tuple:
             schedule=train_cfg.schedule,
         ),
     )
+    return optimizer, scheduler
+
+
+def _optimizer(model, train_cfg, total_steps: int, state: dict | None, family: Family) -> tuple:
+    """The family's optimizer and its learning-rate schedule, their state restored from a resumed attempt's."""
+    optimizer, scheduler = (family.optimizer or adamw_schedule)(model, train_cfg, total_steps)
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
         if "scheduler" in state:
@@ -372,7 +380,8 @@ def _optimizer(model, train_cfg, total_steps: int, state: dict | None) -> tuple:
 def _train(loop_config: dict[str, Any]) -> list[dict[str, float]]:
     cfg: Config = loop_config["config"]
     prep = TabularPreprocessor.from_dict(loop_config["preprocessor"])
-    task, seed, train_cfg = cfg.task, cfg.split.seed, cfg.train
+    family = family_for(cfg)  # it builds its network and says its train section and optimizer (Family)
+    task, seed, train_cfg = cfg.task, cfg.split.seed, family.train_section(cfg)
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()
     device = ray.train.torch.get_device()
@@ -380,7 +389,7 @@ def _train(loop_config: dict[str, Any]) -> list[dict[str, float]]:
     batch_size, epochs = budget.batch_size, budget.limit
 
     torch.manual_seed(seed)
-    model = model_for(prep, cfg.model.model_dump(mode="json"))  # the checkpoint's config.json form, as serving reads it
+    model = family.build(prep, cfg.model.model_dump(mode="json"))  # the checkpoint's config.json form, as serving
     stopper = EarlyStopping(cfg.checkpoint.mode, budget.patience, train_cfg.early_stopping.min_delta)
     start_epoch, history, state, train_cfg = _resume(loop_config, model, stopper, train_cfg)
     record_start(loop_config, rank, start_epoch, state is not None)
@@ -390,7 +399,7 @@ def _train(loop_config: dict[str, Any]) -> list[dict[str, float]]:
         )
     model = ray.train.torch.prepare_model(model)
     # built after the model is on its device, so load_state_dict puts the optimizer's state next to the parameters
-    optimizer, scheduler = _optimizer(model, train_cfg, epochs * budget.steps_per_epoch, state)
+    optimizer, scheduler = _optimizer(model, train_cfg, epochs * budget.steps_per_epoch, state, family)
     weights = class_weights(train_cfg, prep)
     # validation metrics stay unweighted and unsmoothed
     loss_fn = _loss_fn(task, None if weights is None else weights.to(device), train_cfg.label_smoothing)

@@ -51,9 +51,18 @@ def data_config():
 
 
 def epoch_budget(config: Config, train_rows: int, num_workers: int):
+    """The epochs and batches of the family's train section (Family.train_section)."""
     from trainflow.trainer.budget import resolve_budget
+    from trainflow.trainer.families import family_for
 
-    return resolve_budget(config.train, train_rows, num_workers)
+    return resolve_budget(family_for(config).train_section(config), train_rows, num_workers)
+
+
+def build_network(prep: TabularPreprocessor, model_cfg: dict[str, Any]):
+    """trainflow's network, or a user's module (model.type torch): trainer/families/network.py model_for."""
+    from trainflow.trainer.families.network import model_for
+
+    return model_for(prep, model_cfg)
 
 
 class TorchPredictor:
@@ -63,14 +72,14 @@ class TorchPredictor:
         import torch
 
         from trainflow.trainer.serving.checkpoint import MODEL_FILE, load_weights
-        from trainflow.trainer.families.network import check_network_size, model_for
+        from trainflow.trainer.families.network import built, check_network_size
 
         # the weights file bounds what its config may honestly ask for: check before building the network
         weights = directory / MODEL_FILE
         check_network_size(
             prep, config["model"], weights.stat().st_size + 2**20 if weights.is_file() else 0, f"the size of {weights}"
         )
-        self.model = model_for(prep, config["model"])
+        self.model = built(prep, config["model"])
         self.model.load_state_dict(load_weights(directory))
         for name, tensor in self.model.state_dict().items():
             if not torch.isfinite(tensor).all():

@@ -158,6 +158,15 @@ class Family:
     # left out)
     hashed: Callable[[dict[str, Any]], dict[str, Any]] = lambda model: model
     listed: int = 1000  # its place where families are listed (model.type's choices, the docs): the order they came
+    # a family trained by the torch loop (trainer/loop.py) owns its fit through these three: its network, built for a
+    # fitted preprocessor from its model section as a checkpoint's config.json holds it (training and serving build it
+    # the same way); the train section its loop runs with, given its Config (a family with its own keys under
+    # model.params.<family> maps them there: batch size, epochs, learning rate, label smoothing); and its optimizer
+    # and schedule, (network, that train section, the run's optimizer steps) -> (optimizer, a torch LR scheduler
+    # stepped once per step), None: AdamW with train.schedule (trainer/loop.py make_optimizer)
+    build: Callable[[TabularPreprocessor, dict[str, Any]], Any] | None = None
+    train_section: Callable[[Config], Any] = lambda config: config.train
+    optimizer: Callable[[Any, Any, int], tuple[Any, Any]] | None = None
 
     def worker_scaling(self, scaling: ScalingSection) -> ScalingSection:
         """The scaling its Ray Train run asks for: the config's, or for a one-process family one CPU-only worker with

@@ -60,6 +60,7 @@ FAMILY = Family(
     _torch.TorchPredictor,
     _torch.check_model,
     uses_minibatches=True,
+    build=_torch.build_network,
     warm_start=True,  # from the source network's weights, at a tenth of the learning rate (trainer/loop.py)
     serving_packages=("rtdl-num-embeddings", "tabm"),
     describe=_describe,

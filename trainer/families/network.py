@@ -200,6 +200,8 @@ def network_parameters(prep, model_cfg: dict) -> int | None:
     if user_class_path(model_cfg):
         return None
     with torch.device("meta"):
+        if model_cfg.get("type", "mlp") != "mlp":  # another torch family's network, as it builds it
+            return sum(p.numel() for p in built(prep, model_cfg).parameters())
         return sum(p.numel() for p in model_for(prep, model_cfg, initialize=False).parameters())
 
 
@@ -255,6 +257,16 @@ def model_for(prep, model_cfg: dict, initialize: bool = True) -> nn.Module:
     )
 
 
+def built(prep, model_cfg: dict):
+    """The network of the torch family model_cfg names (its type; unnamed: trainflow's network), built by it."""
+    from trainflow.trainer.families import UNNAMED, family_named
+
+    family = family_named(model_cfg.get("type", UNNAMED), "config.json model.type")
+    if family.build is None:
+        raise ValueError(f"model.type {family.name!r}: not a family the torch loop trains (it builds no network)")
+    return family.build(prep, model_cfg)
+
+
 def check_model(prep, model_cfg: dict) -> None:
     """Before any training: the model builds with the fitted widths and maps a batch to [rows, outputs].
 
@@ -270,7 +282,7 @@ def check_model(prep, model_cfg: dict) -> None:
     if user_class_path(model_cfg):
         import_class(user_class_path(model_cfg))  # an import problem is named as such
     try:
-        model = model_for(prep, model_cfg)
+        model = built(prep, model_cfg)
     except Exception as exc:  # noqa: BLE001 - a user's constructor can raise anything
         raise ValueError(
             f"model {where}: cannot be built with in_features={prep.num_features}, "

@@ -48,6 +48,7 @@ FAMILY = Family(
     _torch.TorchPredictor,
     _torch.check_model,
     uses_minibatches=True,
+    build=_torch.build_network,
     describe=_describe,
     imports_user_code=True,
     model_keys=ModuleKeys,
