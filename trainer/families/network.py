@@ -224,7 +224,9 @@ def check_network_size(prep, model_cfg: dict, limit_bytes: int, what: str) -> No
         return
     if params * 4 > limit_bytes:
         raise ValueError(
-            f"model.hidden_sizes {model_cfg['hidden_sizes']} with {prep.num_features} packed features and embeddings "
+            f"model {model_cfg.get('type', 'mlp')} of hidden sizes "
+            f"{model_cfg.get('hidden_sizes') or model_cfg.get('params', {}).get('hidden_sizes')} with "
+            f"{prep.num_features} packed features and embeddings "
             f"{[(codes, dim) for _, codes, dim in prep.embedding_slots()]} make a network of {params:,} parameters "
             f"({params * 4 / 2**30:.2f} GiB as float32), more than {what} ({limit_bytes / 2**30:.2f} GiB); nothing "
             "was allocated. Choose smaller hidden sizes"
@@ -272,7 +274,9 @@ def check_model(prep, model_cfg: dict) -> None:
 
     Raises ValueError naming the class path and what is wrong.
     """
-    where = model_cfg.get("class_path") or "trainflow's MLP"
+    where = model_cfg.get("class_path") or {"mlp": "trainflow's MLP"}.get(
+        model_cfg.get("type", "mlp"), model_cfg["type"]
+    )
     check_network_size(
         prep,
         model_cfg,
