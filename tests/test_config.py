@@ -35,7 +35,7 @@ def test_uri_paths_are_kept_and_format_is_inferred(tmp_path):
         (
             {**BASE, "model": {"type": "xgbost"}},
             "model.type: Input should be 'auto', or 'mlp', 'torch', 'xgboost', "
-            "'lightgbm', 'catboost' or 'extra_trees', or a valid list (got 'xgbost'); did you mean 'xgboost'?",
+            "'lightgbm', 'catboost', 'extra_trees' or 'realmlp', or a valid list (got 'xgbost'); did you mean 'xgboost'?",
         ),
         ({**BASE, "model": {"type": ["mlp", "catbost"]}}, "model.type.1: Input should be 'mlp'"),
         (
