@@ -113,6 +113,32 @@ def fit_here(cfg, *args, keep=None, **kwargs):
     return local_result(result, [path], keep, cfg.checkpoint.metric, cfg.checkpoint.mode)
 
 
+def pyfunc_serves_as_the_checkpoint(checkpoint, served, family: str, tracking_uri: str) -> list[str]:
+    """Register checkpoint as trainflow registers every family's (MLflow's pyfunc model over the shipped serving
+    code, its requirements pinned) and check that the loaded pyfunc model's predictions on 50 new rows of the
+    regression table are served's (its load_servable); the requirements it was logged with."""
+    import mlflow
+    import numpy as np
+
+    from trainflow.run.tracking import ensure_experiment, tracking
+    from trainflow.tasks.model_package import MODEL_CODE, requirements
+
+    reqs = requirements([family])
+    with checkpoint.as_directory() as d:
+        with tracking(tracking_uri):
+            with mlflow.start_run(experiment_id=ensure_experiment(tracking_uri, family)):
+                info = mlflow.pyfunc.log_model(
+                    name="model", python_model=MODEL_CODE, artifacts={"checkpoint": d}, pip_requirements=reqs
+                )
+            table = make_regression_table(50, seed=3)
+            got = mlflow.pyfunc.load_model(info.model_uri).predict(table.to_pandas())
+    expected = served.preprocessor.decode_predictions(
+        served.predict(served.preprocessor.transform_features(table)), None
+    )
+    np.testing.assert_allclose(got["prediction"].to_numpy(), expected["prediction"], rtol=1e-5)
+    return reqs
+
+
 # no plain SIGKILL here: the hang ends in one (the watchdog kills its own worker), and a SIGKILLed worker is
 # resumed in tests/test_families.py (booster) and tests/test_retry_exhausted.py (flow)
 SUCCESSIVE = ("raise", "hang")

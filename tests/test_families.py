@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 import ray.train
 
-from tests.conftest import make_regression_table
-from tests.faults import fit_here, small_run, wait_registered
+from tests.faults import fit_here, pyfunc_serves_as_the_checkpoint, small_run, wait_registered
 from trainflow.trainer.serving.checkpoint import read_metrics
 from trainflow.trainer.serving.servable import load_servable
 from trainflow.trainer.recovery import read_events, recoveries
@@ -336,13 +335,10 @@ def test_extra_trees_trains_in_one_process_serves_from_arrays_through_pyfunc_and
     """The family that landed as one file (trainer/families/extra_trees_family.py): its block reaches the worker, one
     worker holds the group's CPUs, the forest is stored as arrays (no pickle) and serves the figures it reported, the
     registered pyfunc model predicts the same, and a rerun of the finished run name trains nothing."""
-    import mlflow
     import pyarrow as pa
 
     from trainflow.preprocessors.tabular import FEATURES, LABEL
-    from trainflow.tasks.model_package import MODEL_CODE, requirements
     from trainflow.trainer.metrics import compute_metrics
-    from trainflow.run.tracking import ensure_experiment, tracking
 
     cfg, prep, train, val = small_run(tmp_path)
     cfg = trial_config(
@@ -379,17 +375,5 @@ def test_extra_trees_trains_in_one_process_serves_from_arrays_through_pyfunc_and
     events = [e for e in read_events(run_dir(cfg, "xt")) if e["event"] == "worker_start"]
     assert len(events) == starts + 1 and events[-1]["from_epoch"] == 10
     # registered as every family is: MLflow's pyfunc model serves the same predictions (scikit-learn pinned)
-    reqs = requirements(["extra_trees"])
+    reqs = pyfunc_serves_as_the_checkpoint(result.checkpoint, served, "extra_trees", cfg.mlflow.tracking_uri)
     assert any(r.startswith("scikit-learn==") for r in reqs)
-    with result.checkpoint.as_directory() as d:
-        with tracking(cfg.mlflow.tracking_uri):
-            with mlflow.start_run(experiment_id=ensure_experiment(cfg.mlflow.tracking_uri, "xt")):
-                info = mlflow.pyfunc.log_model(
-                    name="model", python_model=MODEL_CODE, artifacts={"checkpoint": d}, pip_requirements=reqs
-                )
-            table = make_regression_table(50, seed=3)
-            got = mlflow.pyfunc.load_model(info.model_uri).predict(table.to_pandas())
-    expected = served.preprocessor.decode_predictions(
-        served.predict(served.preprocessor.transform_features(table)), None
-    )
-    np.testing.assert_allclose(got["prediction"].to_numpy(), expected["prediction"], rtol=1e-5)

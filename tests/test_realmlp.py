@@ -10,8 +10,7 @@ import pyarrow as pa
 import pytest
 import ray
 
-from tests.conftest import make_regression_table
-from tests.faults import small_run
+from tests.faults import pyfunc_serves_as_the_checkpoint, small_run
 from trainflow.config import config_from_dict, trial_config
 from trainflow.errors import ConfigError
 from trainflow.trainer.recovery import read_events
@@ -103,11 +102,8 @@ def test_its_keys_live_under_its_block_and_its_recipe_sets_the_train_section_opt
 @pytest.mark.e2e
 @pytest.mark.usefixtures("ray_local")
 def test_two_workers_train_it_data_parallel_and_pyfunc_serves_it(tmp_path):
-    import mlflow
 
     from trainflow.preprocessors.tabular import FEATURES, LABEL
-    from trainflow.run.tracking import ensure_experiment, tracking
-    from trainflow.tasks.model_package import MODEL_CODE, requirements
     from trainflow.trainer.metrics import compute_metrics
 
     cfg, prep, train, val = small_run(tmp_path, max_failures=0)
@@ -127,19 +123,8 @@ def test_two_workers_train_it_data_parallel_and_pyfunc_serves_it(tmp_path):
     again = compute_metrics("regression", served.predict(x.astype(np.float32)), y.astype(np.float32), prep)
     assert again["val_r2"] == pytest.approx(result.metrics["val_r2"], rel=1e-4) and again["val_r2"] > 0.5
     # registered as every family is: MLflow's pyfunc model serves the same predictions, with no package of its own
-    reqs = requirements(["realmlp"])
-    with result.checkpoint.as_directory() as d:
-        with tracking(cfg.mlflow.tracking_uri):
-            with mlflow.start_run(experiment_id=ensure_experiment(cfg.mlflow.tracking_uri, "rm")):
-                info = mlflow.pyfunc.log_model(
-                    name="model", python_model=MODEL_CODE, artifacts={"checkpoint": d}, pip_requirements=reqs
-                )
-            table = make_regression_table(50, seed=3)
-            got = mlflow.pyfunc.load_model(info.model_uri).predict(table.to_pandas())
-    expected = served.preprocessor.decode_predictions(
-        served.predict(served.preprocessor.transform_features(table)), None
-    )
-    np.testing.assert_allclose(got["prediction"].to_numpy(), expected["prediction"], rtol=1e-5)
+    reqs = pyfunc_serves_as_the_checkpoint(result.checkpoint, served, "realmlp", cfg.mlflow.tracking_uri)
+    assert not [r for r in reqs if r.split("==")[0] in ("pytabkit", "pytorch-lightning")]
 
 
 @pytest.mark.usefixtures("ray_local")

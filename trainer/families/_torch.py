@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from trainflow.trainer.families.base import Family
+
 if TYPE_CHECKING:
     from trainflow.config import Config, ScalingSection
     from trainflow.preprocessors.tabular import TabularPreprocessor
@@ -99,3 +101,21 @@ def check_model(prep: TabularPreprocessor, model_cfg: dict[str, Any]) -> None:
     from trainflow.trainer.families.network import check_model as check
 
     check(prep, model_cfg)
+
+
+def torch_family(name: str, **own: Any) -> Family:
+    """A family the torch loop trains (trainer/loop.py): what they share (TorchTrainer over the loop, the shards'
+    data config, an epoch budget from its train section, the predictor of model.pt, the network checks, mini-batches
+    streamed) around its own fields (own: its network's builder, train section, optimizer, keys, ...; by default
+    trainflow's network builder, network.py model_for)."""
+    return Family(
+        name,
+        torch_trainer,
+        train_fn,
+        data_config,
+        epoch_budget,
+        TorchPredictor,
+        check_model,
+        uses_minibatches=True,
+        **{"build": build_network, **own},
+    )

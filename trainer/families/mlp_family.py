@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from trainflow.trainer.families import _torch
-from trainflow.trainer.families.base import Family, Params
+from trainflow.trainer.families.base import Params
 
 
 class NetworkKeys(Params):
@@ -51,16 +51,8 @@ def _describe(model: dict[str, Any]) -> str:
     )
 
 
-FAMILY = Family(
+FAMILY = _torch.torch_family(
     "mlp",
-    _torch.torch_trainer,
-    _torch.train_fn,
-    _torch.data_config,
-    _torch.epoch_budget,
-    _torch.TorchPredictor,
-    _torch.check_model,
-    uses_minibatches=True,
-    build=_torch.build_network,
     warm_start=True,  # from the source network's weights, at a tenth of the learning rate (trainer/loop.py)
     serving_packages=("rtdl-num-embeddings", "tabm"),
     describe=_describe,

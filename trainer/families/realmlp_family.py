@@ -30,7 +30,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from trainflow.trainer.families import _torch
-from trainflow.trainer.families.base import Family, Params
+from trainflow.trainer.families.base import Params
 
 NAME = "realmlp"
 PBLD_FREQUENCIES = 16  # each continuous value's periodic features (cos of a learned frequency and phase) ...
@@ -285,15 +285,8 @@ def _describe(model: dict[str, Any]) -> str:
     )
 
 
-FAMILY = Family(
+FAMILY = _torch.torch_family(
     NAME,
-    _torch.torch_trainer,
-    _torch.train_fn,
-    _torch.data_config,
-    _torch.epoch_budget,
-    _torch.TorchPredictor,
-    _torch.check_model,
-    uses_minibatches=True,
     build=build,
     train_section=train_section,
     optimizer=optimizer,

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import Field
 
 from trainflow.trainer.families import _torch
-from trainflow.trainer.families.base import Family, Params
+from trainflow.trainer.families.base import Params
 
 NAME = "torch"
 
@@ -39,16 +39,8 @@ def _describe(model: dict[str, Any]) -> str:
     return f"`{model['class_path']}` with init_args {model['init_args']}"
 
 
-FAMILY = Family(
+FAMILY = _torch.torch_family(
     NAME,
-    _torch.torch_trainer,
-    _torch.train_fn,
-    _torch.data_config,
-    _torch.epoch_budget,
-    _torch.TorchPredictor,
-    _torch.check_model,
-    uses_minibatches=True,
-    build=_torch.build_network,
     describe=_describe,
     imports_user_code=True,
     model_keys=ModuleKeys,
