@@ -151,6 +151,9 @@ class Family:
     # auto. Cross-fitting runs the strongest defaults first; one split the fastest first, because its time sets
     # train.time_limit auto's budget for the rest (trainflow/config/model.py training_order)
     auto_rank: tuple[int, int] | None = None
+    # which auto runs train it: always; only those given train.time_limit in seconds (the user gave the time: a
+    # family that earns its place with it, and would break a default run's cost without it); or only the others
+    auto_when: Literal["always", "timed", "untimed"] = "always"
     # checks of the config before anything runs, given its model section and the families the run trains: raises
     # ValueError naming the key
     check_config: Callable[[Any, list[str]], None] | None = None

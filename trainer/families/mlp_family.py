@@ -65,6 +65,8 @@ FAMILY = _torch.torch_family(
     model_keys=NetworkKeys,
     # cross-fitting: last (its fits cost most on small tables); one split: second, the family least like the first
     auto_rank=(3, 1),
+    # with train.time_limit in seconds, auto trains RealMLP in its place (docs/families.md#realmlp-modeltype-realmlp)
+    auto_when="untimed",
     hashed=_hashed,
     listed=1,
     serving_modules=("trainflow.trainer.families.network",),

@@ -26,7 +26,9 @@ ENSEMBLE = "ensemble"  # what a checkpoint's model.type says when it weights sev
 _CATALOGUE = catalogue()
 FAMILIES = tuple(_CATALOGUE)
 FamilyName = Literal[FAMILIES]  # type: ignore[valid-type]
-AUTO_FAMILIES = tuple(name for name, family in _CATALOGUE.items() if family.auto_rank is not None)  # model.type auto
+# model.type auto: the families it trains, and those it trains when train.time_limit is given in seconds
+AUTO_FAMILIES = tuple(n for n, f in _CATALOGUE.items() if f.auto_rank is not None and f.auto_when != "timed")
+AUTO_TIMED_FAMILIES = tuple(n for n, f in _CATALOGUE.items() if f.auto_rank is not None and f.auto_when != "untimed")
 _OWN_PARAMS = {name: family.params for name, family in _CATALOGUE.items() if family.params is not None}
 # the families whose keys their runs read from the model section itself (the networks': their checkpoints' layout);
 # model.params.<family> is where a user writes them, copied there before validation
@@ -216,7 +218,8 @@ class _Model(_Section):
 
     type: Literal["auto"] | FamilyName | list[FamilyName] = key(  # type: ignore[valid-type]
         "auto",
-        f"the families trained: `auto` (`[{', '.join(AUTO_FAMILIES)}]`), one of "
+        f"the families trained: `auto` (`[{', '.join(AUTO_FAMILIES)}]`; with `train.time_limit` in seconds "
+        f"`[{', '.join(AUTO_TIMED_FAMILIES)}]`), one of "
         f"{_listed([f'`{f}`' for f in FAMILIES]).replace(' and ', ' or ')}, or a list of them; each family "
         "trains as its own Ray Train run, with their weighted ensemble (`model.ensemble`), and the best on rows "
         "its training never saw goes on ([families.md](families.md)). `auto` leaves out a family that cannot "
@@ -290,11 +293,22 @@ class _Model(_Section):
         auto = isinstance(raw, dict) and raw.get("type", "auto") == "auto"
         if isinstance(raw, dict):
             raw = {**raw, **network_keys(raw)}
-        section = handler({**raw, "type": list(AUTO_FAMILIES)} if auto else raw)
+        # validated as every family auto may train (their keys accepted: the time limit decides which, Config)
+        section = handler({**raw, "type": list(dict.fromkeys(AUTO_FAMILIES + AUTO_TIMED_FAMILIES))} if auto else raw)
         for family in _MODEL_KEYS:  # copied onto the keys its run reads (what a dump, a trial's base, holds)
             if section.params.family_block(family) is not None:
                 setattr(section.params, family, None)
         section._auto = auto or section._auto
+        return section
+
+    def under(self, time_limit: float | str) -> _Model:
+        """This section as a run with train.time_limit trains it: under auto, AUTO_FAMILIES, or AUTO_TIMED_FAMILIES
+        when the limit is given in seconds; any other section as it is."""
+        wanted = list(AUTO_TIMED_FAMILIES if not isinstance(time_limit, str) else AUTO_FAMILIES)
+        if not self.auto or self.type == wanted:
+            return self
+        section = self.model_copy(update={"type": wanted})
+        section.model_fields_set.discard("type")  # still auto's choice: a dump of the keys given leaves it out
         return section
 
     @property
@@ -331,11 +345,13 @@ class _Model(_Section):
             if name in self.model_fields_set and getattr(self, name) != default and not set(readers) & set(scope):
                 raise ValueError(
                     f"model.{name}: applies to {_listed(readers)}, which model.type {families} does not train"
+                    + _auto_note(readers)
                 )
         for family in _OWN_PARAMS:
             if self.params.family_block(family) is not None and family not in scope:
                 raise ValueError(
                     f"model.params.{family}: applies to {family}, which model.type {families} does not train"
+                    + _auto_note([family])
                 )
             if family in scope:
                 try:  # what this family's run reads, validated by the family's own Params
@@ -352,6 +368,15 @@ class _Model(_Section):
                     f"model.params.{name}: applies to {_listed(KEY_TAKERS[name])}, which model.type {families} "
                     "does not train"
                 )
+
+
+def _auto_note(families: list[str] | tuple[str, ...]) -> str:
+    """Why auto does not train these families in this run, where the time limit decides it."""
+    if set(families) & (set(AUTO_TIMED_FAMILIES) - set(AUTO_FAMILIES)):
+        return " (auto trains it with train.time_limit in seconds)"
+    if set(families) & (set(AUTO_FAMILIES) - set(AUTO_TIMED_FAMILIES)):
+        return " (auto trains it unless train.time_limit is in seconds)"
+    return ""
 
 
 def network_keys(model: dict[str, Any]) -> dict[str, Any]:

@@ -123,6 +123,15 @@ class Config(_Section):
         return self._source_dir
 
     @model_validator(mode="after")
+    def _auto_with_its_time(self) -> Config:
+        """model.type auto: its families (validated as every family auto may train: their keys are accepted), those
+        that earn their place given time when train.time_limit is in seconds (trainer/families/base.py auto_when)."""
+        section = self.model.under(self.train.time_limit)
+        if section is not self.model:
+            self.model = section
+        return self
+
+    @model_validator(mode="after")
     def _metric_fits_task(self) -> Config:
         known = CLASSIFICATION_METRICS if self.task == "classification" else REGRESSION_METRICS
         if self.task == "regression" and self.train.class_weight is not None:
