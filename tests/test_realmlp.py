@@ -99,6 +99,29 @@ def test_its_keys_live_under_its_block_and_its_recipe_sets_the_train_section_opt
     assert 0 < decay < 0.02
 
 
+def test_auto_trains_it_in_the_networks_place_when_given_a_time_limit_in_seconds():
+    from trainflow.config import AUTO_FAMILIES
+
+    base = {"data": {"path": "x.parquet", "label": "y"}, "task": "classification"}
+    assert "mlp" in AUTO_FAMILIES and "realmlp" not in AUTO_FAMILIES  # the default run's cost stays the network's
+    for limit in ("auto", "off"):
+        assert config_from_dict({**base, "train": {"time_limit": limit}}).model.families == list(AUTO_FAMILIES)
+    timed = config_from_dict({**base, "train": {"time_limit": 180}})
+    assert timed.model.auto and "realmlp" in timed.model.families and "mlp" not in timed.model.families
+    # cross-fitting: the network's place, last; one split: second
+    assert timed.model.training_order(5)[-1] == "realmlp" and timed.model.training_order(1)[1] == "realmlp"
+    # still auto's choice when the keys given are read back (a resume, a trial)
+    again = config_from_dict(timed.as_given())
+    assert again.model.auto and again.model.families == timed.model.families
+    # its keys apply when auto trains it; a family auto leaves out for the time limit is named with why
+    tuned = config_from_dict({**base, "train": {"time_limit": 180}, "model": {"params": {"realmlp": {"lr": 0.01}}}})
+    assert tuned.model.for_family("realmlp")["params"]["lr"] == 0.01
+    with pytest.raises(ConfigError, match=r"model.params.realmlp: .*\(auto trains it with train.time_limit in sec"):
+        config_from_dict({**base, "model": {"params": {"realmlp": {"lr": 0.01}}}})
+    with pytest.raises(ConfigError, match=r"model.dropout: .*\(auto trains it unless train.time_limit is in sec"):
+        config_from_dict({**base, "train": {"time_limit": 60}, "model": {"params": {"mlp": {"dropout": 0.1}}}})
+
+
 @pytest.mark.e2e
 @pytest.mark.usefixtures("ray_local")
 def test_two_workers_train_it_data_parallel_and_pyfunc_serves_it(tmp_path):
