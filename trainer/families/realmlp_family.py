@@ -35,6 +35,7 @@ from trainflow.trainer.families.base import Params
 NAME = "realmlp"
 PBLD_FREQUENCIES = 16  # each continuous value's periodic features (cos of a learned frequency and phase) ...
 PBLD_OUT = 3  # ... mapped linearly to this many, then the value itself beside them
+SCALING_ROWS = 8192  # the first batch's rows the input scaling is taken from, at most
 
 
 class RealMLPParams(Params):
@@ -115,6 +116,7 @@ def _robust_scaling(network, x) -> None:
     import torch
 
     with torch.no_grad():
+        x = x[:SCALING_ROWS].float()  # torch.quantile takes at most 16M values
         q = torch.quantile(x, torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0], device=x.device), dim=0)
         spread = torch.where(q[3] > q[1], q[3] - q[1], 0.5 * (q[4] - q[0]))
         network.median.copy_(q[2])
