@@ -217,6 +217,16 @@ def available_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def _layers(model_cfg: dict) -> str:
+    """The keys that size a torch family's layers, as its config spells them."""
+    family = model_cfg.get("type", "mlp")
+    if "hidden_sizes" in model_cfg:  # trainflow's network: model.hidden_sizes (model.params.mlp.hidden_sizes)
+        return f"model.hidden_sizes {model_cfg['hidden_sizes']}"
+    params = model_cfg.get("params") or {}
+    sizing = {k: v for k, v in params.items() if k.startswith(("hidden", "n_hidden")) and v is not None}
+    return f"model.params.{family} {sizing}"
+
+
 def check_network_size(prep, model_cfg: dict, limit_bytes: int, what: str) -> None:
     """ValueError naming the sizes when the network's float32 parameters (times copies) would exceed limit_bytes."""
     params = network_parameters(prep, model_cfg)
@@ -224,9 +234,7 @@ def check_network_size(prep, model_cfg: dict, limit_bytes: int, what: str) -> No
         return
     if params * 4 > limit_bytes:
         raise ValueError(
-            f"model {model_cfg.get('type', 'mlp')} of hidden sizes "
-            f"{model_cfg.get('hidden_sizes') or model_cfg.get('params', {}).get('hidden_sizes')} with "
-            f"{prep.num_features} packed features and embeddings "
+            f"{_layers(model_cfg)} with {prep.num_features} packed features and embeddings "
             f"{[(codes, dim) for _, codes, dim in prep.embedding_slots()]} make a network of {params:,} parameters "
             f"({params * 4 / 2**30:.2f} GiB as float32), more than {what} ({limit_bytes / 2**30:.2f} GiB); nothing "
             "was allocated. Choose smaller hidden sizes"
