@@ -174,3 +174,21 @@ def test_an_output_a_crash_left_under_its_hidden_name_is_put_back_before_staging
 
     assert clear_dead_stages(str(tmp_path), "predictions") == []
     assert pq.read_table(out).num_rows == 5 and not hidden.exists()
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_on_a_prefect_server_a_run_that_does_not_wait_is_refused_only_while_the_lock_is_held(tmp_path):
+    """Against a Prefect server the lock is a global concurrency limit: a run that does not wait takes a free one
+    (a second's wait that runs out on a slow server asks again while no slot is taken) and is refused, naming the
+    holder, while another holds it."""
+    assert locks.prefect_server_configured()
+    storage = str(tmp_path / "runs")
+    name = lock_name("run", "nightly", storage)
+    with locks.run_lock(storage, "nightly", wait=False):
+        assert locks._occupied(name)
+        with pytest.raises(LockTimeout, match=rf"run nightly is in use: the lock {name} is held by process"):
+            with locks.run_lock(storage, "nightly", wait=False):
+                pass
+    assert not locks._occupied(name)
+    with locks.run_lock(storage, "nightly", wait=False):  # free again: taken at once
+        pass
