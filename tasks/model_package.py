@@ -100,18 +100,29 @@ def serving_code(dst: Path, class_path: str | None = None) -> list[str]:
         names += [".".join(parts[:i]) for i in range(2, len(parts) + 1)]
     elif module:
         top = importlib.util.find_spec(module.split(".")[0])
-        source = Path(top.origin)
         target = dst / "user"
         target.mkdir(parents=True, exist_ok=True)
         if top.submodule_search_locations:
-            shutil.copytree(source.parent, target / source.parent.name, ignore=shutil.ignore_patterns("__pycache__"))
-            paths.append(str(target / source.parent.name))
+            folder = _package_folder(top, module)
+            shutil.copytree(folder, target / folder.name, ignore=shutil.ignore_patterns("__pycache__"))
+            paths.append(str(target / folder.name))
         else:
+            source = Path(top.origin)
             shutil.copyfile(source, target / source.name)
             paths.append(str(target / source.name))
     for name in dict.fromkeys(names):
         _copy_module(name, dst)
     return paths
+
+
+def _package_folder(top, module: str) -> Path:
+    """The folder of the top-level package `top` that holds `module`: its __init__.py's, or for a namespace package
+    (a folder without __init__.py, which has no origin) the one of its folders the module is in."""
+    if top.origin:
+        return Path(top.origin).parent
+    origin = Path(importlib.util.find_spec(module).origin or "")
+    folders = [Path(p) for p in top.submodule_search_locations]
+    return next((f for f in folders if origin.is_relative_to(f)), folders[0])
 
 
 def requirements(families: list[str]) -> list[str]:

@@ -77,3 +77,23 @@ def test_model_family_keys_are_validated():
         config_from_dict(
             {"data": {"path": "t.parquet", "label": "y"}, "task": "regression", "model": {"init_args": {"width": 3}}}
         )
+
+
+def test_the_registered_model_carries_the_package_of_the_users_module_a_namespace_package_too(tmp_path):
+    """serving_code copies the top-level package your module is in beside trainflow's serving modules: a regular
+    package from its __init__.py's folder, a namespace package (a folder without __init__.py, no origin) from the
+    folder the module is in."""
+    from pathlib import Path
+
+    from trainflow.tasks.model_package import serving_code
+
+    tests_dir = Path(__file__).resolve().parent
+    assert not (tests_dir / "__init__.py").exists()  # `tests` is a namespace package
+    paths = serving_code(tmp_path / "ns", "tests.faults:HeldNet")
+    assert paths[1:] == [str(tmp_path / "ns" / "user" / "tests")]
+    assert (tmp_path / "ns" / "user" / "tests" / "faults.py").read_bytes() == (tests_dir / "faults.py").read_bytes()
+    import tomllib  # a regular package: copied from its __init__.py's folder (a lone module: the file)
+
+    paths = serving_code(tmp_path / "file", "tomllib:TOMLDecodeError")
+    assert paths[1:] == [str(tmp_path / "file" / "user" / "tomllib")]
+    assert (tmp_path / "file" / "user" / "tomllib" / "__init__.py").exists() and tomllib
