@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Callable
 
 import ray.data
+import torch
 
 from tests.conftest import make_regression_table
 from trainflow.trainer.loop import train_fn_per_worker
@@ -185,3 +186,21 @@ def stall_after_blocks(batch: dict, marker: str, passes: int) -> dict:
             continue
     time.sleep(3600)
     return batch
+
+
+class HeldNet(torch.nn.Module):
+    """A user's module (model.type torch) whose training steps each wait pause_s while the file `hold` exists: a
+    run kept at a slow pace (its steps still progress, so no watchdog calls it hung) for as long as a test needs,
+    then training at full speed once the test removes the file."""
+
+    def __init__(self, in_features: int, out_features: int, hold: str, pause_s: float = 0.3, hidden: int = 32):
+        super().__init__()
+        self.hold, self.pause_s = hold, pause_s
+        self.layers = torch.nn.Sequential(
+            torch.nn.Linear(in_features, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, out_features)
+        )
+
+    def forward(self, x):
+        if self.training and os.path.exists(self.hold):
+            time.sleep(self.pause_s)
+        return self.layers(x)

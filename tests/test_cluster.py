@@ -30,6 +30,8 @@ from trainflow.flows.cli import main as cli_main
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness", "own_ray")]
 
 TRAINER = {"trainer": 1}
+HELD = "tests.faults:HeldNet"
+EPOCHS = 24
 
 
 def _wait_for(run, what, test, alive, timeout_s=240.0):
@@ -71,10 +73,15 @@ def test_an_elastic_retrain_shrinks_when_a_node_dies_grows_back_and_counts_a_dra
         first = cluster.add_node(num_cpus=0, resources=TRAINER)
         second = cluster.add_node(num_cpus=0, resources=TRAINER)
         cluster.wait_for_nodes()
+        # training held at a slow pace (a step each 0.3 s) from its first registered checkpoint until the churn is
+        # over, then at full speed: the run outlasts the churn however loaded the machine, and ends soon after it
+        # (80 plain epochs, the earlier way, trained 35 s past the churn alone)
+        hold = tmp_path / "hold"
         cfg = churn_config(
             tmp_path,
             rows=6000,
-            train={"epochs": 80, "batch_size": 64, "early_stopping": {"patience": "off"}},
+            model={"type": "torch", "params": {"torch": {"class_path": HELD, "init_args": {"hold": str(hold)}}}},
+            train={"epochs": EPOCHS, "batch_size": 64, "early_stopping": {"patience": "off"}},
             scaling={
                 "num_workers": [1, 2],
                 "placement_strategy": "SPREAD",
@@ -92,6 +99,7 @@ def test_an_elastic_retrain_shrinks_when_a_node_dies_grows_back_and_counts_a_dra
         flow.start()
         run = tmp_path / "runs" / "on-cluster"
         wait_registered(run, timeout_s=300, alive=flow.is_alive)
+        hold.touch()
         assert [a["workers"] for a in _attempts(read_events(str(run)))] == [2]
         cluster.remove_node(first, allow_graceful=False)  # the node dies: its raylet and its worker, SIGKILLed
         _wait_for(run, "a group of one", lambda ev: [a["workers"] for a in _attempts(ev)][-1:] == [1], flow.is_alive)
@@ -107,6 +115,7 @@ def test_an_elastic_retrain_shrinks_when_a_node_dies_grows_back_and_counts_a_dra
         _wait_for(run, "the preemption", lambda ev: any(e["event"] == "preemption" for e in ev), flow.is_alive)
         time.sleep(max(0.0, reclaim_at - time.monotonic()))
         cluster.remove_node(third, allow_graceful=False)  # the cloud takes the node back just after its deadline
+        hold.unlink()  # the churn is over: the remaining epochs at full speed
         flow.join(timeout=600)
         assert outcome.get("rc") == 0
         # the flow joined this cluster instead of starting its own Ray
@@ -135,7 +144,7 @@ def test_an_elastic_retrain_shrinks_when_a_node_dies_grows_back_and_counts_a_dra
         assert any(
             r["error"].startswith(f"a preemption: node {third.node_id[:12]} drained") for r in summary["recoveries"]
         ), summary["recoveries"]
-        assert summary["epochs_run"] == 80
+        assert summary["epochs_run"] == EPOCHS
         # checkpoints in the storage every node shares; predictions for every row
         assert summary["best_checkpoint"]["path"].startswith(str(run))
         assert summary["output_rows"] == summary["input_rows"] == 500
