@@ -3,7 +3,8 @@
 A fixed 10 epochs of batch 256 gave a few-hundred-row table about 10 optimizer steps (digits accuracy
 0.45 vs 0.98 for HistGradientBoosting). `auto` aims at TARGET_STEPS optimizer steps per worker,
 with small tables getting small batches and many epochs, and large ones full-size batches and a few
-epochs; early stopping then ends the run once the checkpoint metric stops improving.
+epochs; early stopping then ends the run once the checkpoint metric stops improving. Also what every torch
+family's AdamW shares: its learning-rate factor per step and whether its fused kernel applies (fusable).
 """
 
 from __future__ import annotations
@@ -147,3 +148,10 @@ class EarlyStopping:
 
     def load(self, state: dict[str, Any]) -> None:
         self.best, self.best_epoch, self.bad_epochs = state["best"], state["best_epoch"], int(state["bad_epochs"])
+
+
+def fusable(params) -> bool | None:
+    """True where PyTorch's fused AdamW takes every parameter (floating point, on CPU or CUDA: the same update in one
+    kernel per step, training-parity in docs/performance.md), else None (AdamW's own choice)."""
+    params = list(params)
+    return (bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)) or None

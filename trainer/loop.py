@@ -19,7 +19,7 @@ from torch import nn
 from trainflow.config import Config, TrainSection
 from trainflow.preprocessors.tabular import FEATURES, LABEL, TabularPreprocessor
 from trainflow.trainer import session
-from trainflow.trainer.budget import EarlyStopping, lr_factor, resolve_budget
+from trainflow.trainer.budget import EarlyStopping, fusable, lr_factor, resolve_budget
 from trainflow.trainer.families import family_for
 from trainflow.trainer.families.base import Family
 from trainflow.trainer.metrics import compute_metrics
@@ -270,11 +270,9 @@ WARM_LR_FACTOR = 0.1
 
 
 def make_optimizer(model: nn.Module, train: TrainSection) -> torch.optim.Optimizer:
-    """AdamW, with PyTorch's fused kernel where every parameter allows it (floating point, on CPU or CUDA): the
-    same update in one kernel per step (training-parity, docs/performance.md)."""
+    """AdamW, with PyTorch's fused kernel where every parameter allows it (budget.fusable)."""
     params = list(model.parameters())
-    fused = bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
-    return torch.optim.AdamW(params, lr=train.learning_rate, weight_decay=train.weight_decay, fused=fused or None)
+    return torch.optim.AdamW(params, lr=train.learning_rate, weight_decay=train.weight_decay, fused=fusable(params))
 
 
 def _snapshot(model, optimizer, scheduler, stopper: EarlyStopping, epoch, seed, metrics, history) -> EpochState:

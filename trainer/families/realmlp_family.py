@@ -253,6 +253,8 @@ def optimizer(model, train_cfg, total_steps: int) -> tuple[Any, Any]:
     schedule."""
     import torch
 
+    from trainflow.trainer.budget import fusable
+
     schedule = _schedule()
     groups: dict[tuple[float, float], list] = {}
     for p in model.parameters():
@@ -264,7 +266,7 @@ def optimizer(model, train_cfg, total_steps: int) -> tuple[Any, Any]:
         ],
         lr=train_cfg.learning_rate,
         betas=(0.9, 0.95),
-        fused=all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in model.parameters()) or None,
+        fused=fusable(model.parameters()),
     )
     dropouts = [m for m in model.modules() if isinstance(m, torch.nn.Dropout)]
     p_drop = dropouts[0].p if dropouts else 0.0
