@@ -66,9 +66,9 @@ class RealMLPParams(Params):
 
 
 def settings(model_cfg: dict[str, Any]) -> RealMLPParams:
-    """The family's keys from its model section as its run and its checkpoint's config.json hold them."""
+    """The family's keys from its model section as its run and its checkpoint's config.json hold them (a config's
+    for_family form: model.params.realmlp's block resolved into model.params)."""
     params = model_cfg.get("params") or {}
-    params = {**params, **{k: v for k, v in (params.get(NAME) or {}).items() if v is not None}}  # a whole config's
     return RealMLPParams(**{k: params[k] for k in RealMLPParams.model_fields if params.get(k) is not None})
 
 

@@ -191,17 +191,26 @@ def _variable_name(name: str) -> str:
     return name.replace("-", "_")  # a Prefect variable name: lowercase letters, digits and underscores
 
 
-def _ensure_limit(name: str) -> None:
+def _read_limit(name: str):
+    """The global concurrency limit `name` as the Prefect server holds it, or None when it has none of that name."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
-    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+    from prefect.exceptions import ObjectNotFound
 
     with get_client(sync_client=True) as client:
         try:
-            client.read_global_concurrency_limit_by_name(name)
-            return  # created by an earlier run (or by a user, whose settings win)
+            return client.read_global_concurrency_limit_by_name(name)
         except ObjectNotFound:
-            pass
+            return None
+
+
+def _ensure_limit(name: str) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.exceptions import ObjectAlreadyExists
+
+    if _read_limit(name) is not None:
+        return  # created by an earlier run (or by a user, whose settings win)
+    with get_client(sync_client=True) as client:
         try:
             client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
         except ObjectAlreadyExists:
@@ -210,13 +219,11 @@ def _ensure_limit(name: str) -> None:
 
 def _occupied(name: str) -> bool:
     """Whether the global concurrency limit `name` has a slot taken (True when that cannot be read)."""
-    from prefect.client.orchestration import get_client
-
     try:
-        with get_client(sync_client=True) as client:
-            return client.read_global_concurrency_limit_by_name(name).active_slots > 0
+        limit = _read_limit(name)
     except Exception:  # noqa: BLE001 - unknown counts as taken: the caller says the lock is in use
         return True
+    return limit is None or limit.active_slots > 0
 
 
 @contextmanager
