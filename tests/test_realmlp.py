@@ -57,7 +57,10 @@ def test_its_keys_live_under_its_block_and_its_recipe_sets_the_train_section_opt
         _cfg(params={"realmlp": {"p_drop": 1.5}})
     with pytest.raises(ConfigError, match="model.params.realmlp.patience"):
         _cfg(params={"realmlp": {"patience": 0}})
-    assert family.train_section(_cfg(params={"realmlp": {"patience": 20}}).for_family("realmlp")).early_stopping.patience == 20
+    assert (
+        family.train_section(_cfg(params={"realmlp": {"patience": 20}}).for_family("realmlp")).early_stopping.patience
+        == 20
+    )
     with pytest.raises(ConfigError, match="num_leaves"):
         _cfg(params={"realmlp": {"num_leaves": 15}})
     # a run's epochs are not part of what its weights depend on: a resume may extend them
