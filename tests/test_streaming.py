@@ -31,6 +31,9 @@ def _table(rows: int, seed: int, label: bool = True) -> pa.Table:
 
 @pytest.mark.usefixtures("prefect_harness")
 def test_a_table_larger_than_the_object_store_streams_from_its_files(tmp_path):
+    import ray
+
+    ray.shutdown()  # a Ray this module's other test started has Ray's default store, not the smallest one
     ensure_ray(num_cpus=2, object_store_memory=STORE)
     write_parquet(_table(ROWS, 1), tmp_path / "data" / "train.parquet")
     score = _table(100_000, 2, label=False)
