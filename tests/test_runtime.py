@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent(
     print("answer", ray.get(ray.remote(lambda: 41 + 1).remote(), timeout=60))
 
     @ray.remote
-    def paced():  # the job's worker_process_setup_hook ran in this worker (trainflow/pacing.py): it wraps Ray
+    def paced():  # Ray's worker_process_setup_hook ran in this worker (trainflow/pacing.py): it wraps Ray
         import sys  # Data's loop when the worker imports it, and costs a worker that never does no import
 
         before = "ray.data._internal.execution.streaming_executor" in sys.modules

@@ -187,11 +187,18 @@ def test_every_knob_reaches_ray_train(tmp_path):
     assert (
         build_trainer(scaled(**cpu, backend=None), prep, ds, ds, "knobs").backend_config.backend == "gloo"
     )  # Ray's default without
-    # the Ray trainflow started itself carries its Train settings: its few workers polled every 0.05 s (a cluster's
-    # at 0.5 s), the preemption watcher off
-    job_env = ray.get_runtime_context().runtime_env.get("env_vars", {})
-    assert job_env["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "0.05"
-    assert job_env["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "0"
+    # the Ray trainflow started itself carries its Train settings in its processes' environment from their start: its
+    # few workers polled every 0.05 s (a cluster's at 0.5 s), the preemption watcher off, Ray Data's loop paced; no
+    # job runtime_env (each worker process would start through Ray's runtime-env wrapper, another Python start)
+    import os
+
+    from trainflow.run.runtime import SETUP_HOOK_ENV
+
+    names = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", SETUP_HOOK_ENV)
+    seen = ray.get(ray.remote(lambda: [os.environ.get(k) for k in names]).remote())
+    assert seen == ["0.05", "0", "trainflow.pacing.setup"]
+    assert ray.get_runtime_context().runtime_env == {}
+    assert not any(os.environ.get(k) for k in names)  # the driver's own environment as it was
 
 
 def test_a_small_one_split_table_trains_each_family_in_one_worker_unless_the_worker_count_is_set():

@@ -7,7 +7,8 @@ spends most of an epoch in that state: on the beyond-memory bench (12M rows, 200
 workers on 2 CPUs) the train split's SplitCoordinator burned 61% of a core (81 s CPU in 132 s) while the
 two training workers got 43% each; the materialized run's coordinator used 2 s CPU in 99 s.
 
-`setup` (Ray's `worker_process_setup_hook`, set in the job's runtime_env by `trainflow.run.runtime`) wraps the
+`setup` (Ray's `worker_process_setup_hook`, which `trainflow.run.runtime` gives the local Ray it starts through its
+processes' environment and a cluster's job through its runtime_env) wraps the
 loop's step in every worker process; the wrapper only acts on datasets marked with `pace` (the streamed
 training and validation splits): a step that returned in under PACE_S, that is without waiting, is
 followed by a sleep of PACE_S. A block arrives at most PACE_S later than it would have; the blocks there

@@ -26,8 +26,8 @@ _START_LOCK = threading.Lock()  # one ray.init at a time: the background start a
 
 
 # Ray Train's controller polls its workers every 2 s by default, and reports, failures and the end of a run
-# wait for the next poll; polling at 0.5 s makes short fits markedly shorter (docs/performance.md). The job's
-# runtime_env carries it to the controller, locally and on an existing cluster.
+# wait for the next poll; polling at 0.5 s makes short fits markedly shorter (docs/performance.md). On an existing
+# cluster the job's runtime_env carries it to the controller; a local Ray's processes have it from their start.
 TRAIN_ENV_DEFAULTS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
 # Only for a Ray this process starts itself: its one node is never drained by an autoscaler, so Ray
 # Train's preemption watcher (an extra actor process in every fit, polling Ray's drain state) has
@@ -37,6 +37,8 @@ TRAIN_ENV_DEFAULTS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
 # cluster's many workers keep the 0.5 s poll.
 # On an existing cluster (ray.address or RAY_ADDRESS) the watcher keeps Ray's default (on) and the poll 0.5 s.
 LOCAL_TRAIN_ENV_DEFAULTS = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.05"}
+# where a Ray worker process finds its worker_process_setup_hook at its start (ray._private.ray_constants)
+SETUP_HOOK_ENV = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
 
 
 class _KnownNotice(logging.Filter):
@@ -191,16 +193,23 @@ def _init(
         # or ray.cluster_utils head on this machine), even a dead one: it then hangs on the dead GCS, or
         # refuses num_cpus. trainflow's default is its own Ray; a cluster is joined only when named.
         address = "local"
-        # the user's values reach every process of this Ray through the environment it starts with, not through the
-        # runtime_env, which Ray's agent writes to its log
-        carried = {**(runtime_env.pop("env_vars", None) or {}), **(worker_env or {})}
+        # Everything this Ray's processes need reaches them through the environment it starts with, not through a
+        # job runtime_env: Ray's agent writes a runtime_env to its log (the user's values), and with one every
+        # worker process starts through a runtime-env wrapper process (setup_worker.py), another Python start
+        # (16 actors started in 16.9 core-s against 12.2 without, docs/performance.md). trainflow's Train settings
+        # (where this environment has none of its own), then the user's env vars, then Ray's setup hook: a hook of
+        # the user's own (ray.runtime_env) wins, else streamed pipelines run Ray's unpaced loop (trainflow/pacing.py)
+        carried = {k: v for k, v in defaults.items() if k not in os.environ}
+        carried.update({**(runtime_env.pop("env_vars", None) or {}), **(worker_env or {})})
+        if "worker_process_setup_hook" not in runtime_env:
+            carried[SETUP_HOOK_ENV] = pacing.HOOK
         # Ray opens its own folder to everyone (0777): it lives inside the private one, which nobody else can enter
         extra["_temp_dir"] = os.path.join(private_temp_dir(temp_dir), "ray")
-    runtime_env["env_vars"] = {**defaults, **(runtime_env.get("env_vars") or {})}
+    else:  # a cluster's processes started long before: the job's runtime_env carries the settings
+        runtime_env["env_vars"] = {**defaults, **(runtime_env.get("env_vars") or {})}
+        runtime_env.setdefault("worker_process_setup_hook", pacing.HOOK)
     if address == "local":
         logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(_KnownNotice())
-    # a hook of the user's own wins; then streamed pipelines run Ray's unpaced loop (trainflow/pacing.py)
-    runtime_env.setdefault("worker_process_setup_hook", pacing.HOOK)
     with _environment(carried):
         context = _ray_init(address, runtime_env, num_cpus, object_store_memory, extra)
     _CARRIED.clear()
