@@ -191,16 +191,19 @@ def _variable_name(name: str) -> str:
     return name.replace("-", "_")  # a Prefect variable name: lowercase letters, digits and underscores
 
 
-def _read_limit(name: str):
-    """The global concurrency limit `name` as the Prefect server holds it, or None when it has none of that name."""
+def _read_limit(name: str, client=None):
+    """The global concurrency limit `name` as the Prefect server holds it, or None when it has none of that name
+    (through client, a sync Prefect client already open, else one of its own)."""
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
 
-    with get_client(sync_client=True) as client:
-        try:
-            return client.read_global_concurrency_limit_by_name(name)
-        except ObjectNotFound:
-            return None
+    if client is None:
+        with get_client(sync_client=True) as own:
+            return _read_limit(name, own)
+    try:
+        return client.read_global_concurrency_limit_by_name(name)
+    except ObjectNotFound:
+        return None
 
 
 def _ensure_limit(name: str) -> None:
@@ -208,9 +211,9 @@ def _ensure_limit(name: str) -> None:
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
     from prefect.exceptions import ObjectAlreadyExists
 
-    if _read_limit(name) is not None:
-        return  # created by an earlier run (or by a user, whose settings win)
     with get_client(sync_client=True) as client:
+        if _read_limit(name, client) is not None:
+            return  # created by an earlier run (or by a user, whose settings win)
         try:
             client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
         except ObjectAlreadyExists:
