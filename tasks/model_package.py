@@ -120,9 +120,8 @@ def _package_folder(top, module: str) -> Path:
     (a folder without __init__.py, which has no origin) the one of its folders the module is in."""
     if top.origin:
         return Path(top.origin).parent
-    origin = Path(importlib.util.find_spec(module).origin or "")
-    folders = [Path(p) for p in top.submodule_search_locations]
-    return next((f for f in folders if origin.is_relative_to(f)), folders[0])
+    origin = Path(importlib.util.find_spec(module).origin)  # a module that defines a class has a file
+    return next(Path(f) for f in top.submodule_search_locations if origin.is_relative_to(f))
 
 
 def requirements(families: list[str]) -> list[str]:
