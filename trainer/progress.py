@@ -112,8 +112,12 @@ class _Channel:
             # reports come in bursts (an epoch's, a fold's end): the next ask comes at once after an item, then
             # later and later while none comes, up to poll_s (each ask is an actor call: at a fixed 0.05 s the
             # asking took about a tenth of a core, the caller's and the queue's, while a fit ran)
-            pause = FIRST_PAUSE_S if item is not None else min(self.poll_s, pause * 1.5)
-            stop.wait(0 if item is not None else pause)  # a flush waiting for the lock gets it; a close ends it at once
+            if item is not None:
+                pause = FIRST_PAUSE_S
+                time.sleep(0)  # a flush waiting for the lock gets it
+            else:
+                stop.wait(pause)  # a close ends the wait at once
+                pause = min(self.poll_s, pause * 1.5)
 
     def flush(self) -> None:
         with self.lock:

@@ -191,15 +191,11 @@ def _variable_name(name: str) -> str:
     return name.replace("-", "_")  # a Prefect variable name: lowercase letters, digits and underscores
 
 
-def _read_limit(name: str, client=None):
-    """The global concurrency limit `name` as the Prefect server holds it, or None when it has none of that name
-    (through client, a sync Prefect client already open, else one of its own)."""
-    from prefect.client.orchestration import get_client
+def _read_limit(client, name: str):
+    """The global concurrency limit `name` as the Prefect server holds it (through client, a sync Prefect client), or
+    None when it has none of that name."""
     from prefect.exceptions import ObjectNotFound
 
-    if client is None:
-        with get_client(sync_client=True) as own:
-            return _read_limit(name, own)
     try:
         return client.read_global_concurrency_limit_by_name(name)
     except ObjectNotFound:
@@ -212,7 +208,7 @@ def _ensure_limit(name: str) -> None:
     from prefect.exceptions import ObjectAlreadyExists
 
     with get_client(sync_client=True) as client:
-        if _read_limit(name, client) is not None:
+        if _read_limit(client, name) is not None:
             return  # created by an earlier run (or by a user, whose settings win)
         try:
             client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
@@ -222,8 +218,11 @@ def _ensure_limit(name: str) -> None:
 
 def _occupied(name: str) -> bool:
     """Whether the global concurrency limit `name` has a slot taken (True when that cannot be read)."""
+    from prefect.client.orchestration import get_client
+
     try:
-        limit = _read_limit(name)
+        with get_client(sync_client=True) as client:
+            limit = _read_limit(client, name)
     except Exception:  # noqa: BLE001 - unknown counts as taken: the caller says the lock is in use
         return True
     return limit is None or limit.active_slots > 0
