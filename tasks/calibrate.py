@@ -23,16 +23,22 @@ FITS = {"temperature": fit_temperature, "platt": fit_platt}
 
 @task(name="calibrate", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
 def calibrate(
-    config: Config, holdout: Rows | None, selected: Selected, family: str, raw: Scored | None = None
+    config: Config,
+    holdout: Rows | None,
+    selected: Selected,
+    family: str,
+    raw: Scored | None = None,
+    on: str | None = None,
 ) -> tuple[dict[str, Any] | None, Scored | None]:
     """Fit, check and store (calibration.json in the checkpoint) or remove a calibration and a decision threshold;
     what was done and why, with the validation ECE and Brier score before and after, and the validation split's
     scored outputs as the checkpoint now serves them ((None, None) for regression). raw: the checkpoint's
     uncalibrated outputs on the rows to fit on when the caller has them (cross-fitting's out-of-fold outputs, where
-    there is no validation split: holdout None)."""
+    there is no validation split: holdout None); on: what raw's rows are, where not that (a refit's: its chosen
+    model's validation outputs)."""
     if config.task != "classification":
         return None, None
-    on = "validation" if raw is None else "out-of-fold"
+    on = on or ("validation" if raw is None else "out-of-fold")
     if raw is None:
         raw = score_checkpoint(selected.path, holdout, tuple(config.promotion.slices), calibrated=False)
     fitted, record = _fit(config, raw, family, on)

@@ -116,8 +116,14 @@ def _same_model(config: Config, family: str, path: Path) -> str | None:
     from trainflow.trainer.serving.checkpoint import read_config
 
     fam = REGISTRY[family]
-    theirs = fam.hashed(read_config(path).get("model") or {})
-    mine = fam.hashed(config.for_family(family).to_dict()["model"])
+
+    def model(section: dict) -> dict:  # what only sizes or stops a fit, and what a refit pins, never refuses it
+        ignored = (*fam.trainflow_keys, *fam.refit_pins)
+        params = {k: v for k, v in (section.get("params") or {}).items() if k not in ignored}
+        return fam.hashed({**section, **({"params": params} if "params" in section else {})})
+
+    theirs = model(read_config(path).get("model") or {})
+    mine = model(config.for_family(family).to_dict()["model"])
     return None if theirs == mine else f"its model section differs from this config's ({family}: {theirs} vs {mine})"
 
 

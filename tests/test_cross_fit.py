@@ -49,6 +49,11 @@ def test_folds_train_predict_out_of_fold_serve_the_average_and_a_rerun_skips_fin
         s["test_metrics"]["test_loss"] > 0
         and s["calibration_fit"]["fitted_on"] == f"out-of-fold rows ({s['oof_rows']})"
     )
+    # train.refit auto: the network's fold models serve (only the boosters refit), and the summary says why
+    assert s["refit"] == {
+        "refitted": False,
+        "why": "mlp has no member that refits (the boosters do: their size is a count of rounds)",
+    }
     assignment = pads.dataset(s["split_path"], format="parquet").to_table().to_pandas()
     assert len(assignment) == 600
     test_rows = assignment["role"] == "test"
@@ -110,7 +115,7 @@ def test_folds_train_predict_out_of_fold_serve_the_average_and_a_rerun_skips_fin
     assert second["oof_metrics"] == pytest.approx(s["oof_metrics"], rel=1e-6)
 
 
-def test_a_small_tables_families_share_one_ray_train_run_and_one_whose_code_raises_is_left_out(tmp_path):
+def test_a_small_tables_families_share_one_ray_train_run_and_one_whose_code_raises_is_left_out(tmp_path, capsys):
     # XGBoost refuses max_depth -1 when it trains (LightGBM reads it as no limit): XGBoost fails inside the shared
     # run, LightGBM, trained before it, is kept
     cfg = churn_config(
@@ -144,6 +149,7 @@ def test_a_small_tables_families_share_one_ray_train_run_and_one_whose_code_rais
         assert client.get_metric_history(runs["sh-families/sh-lightgbm"].info.run_id, f"fold{k}/val_loss")
     assert runs["sh-families/sh-xgboost"].info.status == "FAILED"
     assert "RUNNING" not in {r.info.status for r in runs.values()}
+    _the_chosen_booster_was_refitted(s, capsys.readouterr().out, shared, client, runs)
 
     # a rerun of the run name with XGBoost mended in its own block: LightGBM's finished folds are reused (its config
     # is the same), XGBoost trains from nothing (never from LightGBM's latest checkpoint, which Ray Train restores)
@@ -164,3 +170,34 @@ def test_a_small_tables_families_share_one_ray_train_run_and_one_whose_code_rais
     started = [e["from_epoch"] for e in starts if e["event"] == "worker_start"]
     assert set(started) == {0} and len(started) >= FOLDS  # the first run's fold 0 started, then failed
     assert not [e for e in starts if e["event"] == "resume"]
+    # both families now: the leaderboard's test figures are the models chosen among, the served refit's beside them
+    refit = second["refit"]
+    [row] = [r for r in second["candidates"] if r["family"] == second["model_family"]]
+    assert refit["refitted"] and row["test_loss"] == refit["test_metrics"]["chosen"]["test_loss"]
+    assert second["test_metrics"] == refit["test_metrics"]["refitted"]
+
+
+def _the_chosen_booster_was_refitted(s: dict, printed: str, shared, client, runs: dict) -> None:
+    """train.refit auto: the chosen LightGBM trained again on every non-test row (twice each fold model's rows, with 2
+    folds) for its fold models' mean best rounds times that ratio, without early stopping; that model is scored on
+    the test rows, calibrated on the out-of-fold rows, registered and served; the summary gives both test figures."""
+    import lightgbm as lgb
+
+    refit = s["refit"]
+    assert refit["refitted"] and refit["rows"] == s["oof_rows"]
+    [line] = refit["members"]
+    assert line["family"] == "lightgbm" and line["run"] == "sh-families/sh-lightgbm/refit"
+    assert line["chosen_rounds"] == [e + 1 for e in s["training_budget"]["fold_epochs"]]
+    assert line["rounds"] == max(1, round(np.mean(line["chosen_rounds"]) * 2))
+    served = s["best_checkpoint"]["uri"]
+    assert served.startswith(str(shared / "sh-lightgbm" / "refit" / "checkpoint_"))  # its run inside the family's
+    assert lgb.Booster(model_file=f"{served}/model.txt").num_trees() == line["rounds"]  # binary: a tree a round
+    # its figures before the test rows are the chosen fold models' (a refit has no rows of its own to be judged on)
+    assert s["oof_metrics"]["oof_loss"] == pytest.approx(s["best_checkpoint"]["metrics"]["val_loss"])
+    assert s["calibration_fit"]["fitted_on"] == f"out-of-fold rows ({s['oof_rows']})"
+    figures = refit["test_metrics"]
+    assert s["test_metrics"] == figures["refitted"] and figures["chosen"]["test_loss"] > 0
+    assert f"refit             lightgbm {line['rounds']} rounds on all {s['oof_rows']} rows" in printed
+    version = client.get_model_version(s["registered_model"], s["model_version"])  # the family's run, as unrefitted
+    assert client.get_run(version.run_id).info.run_name == s["run_name"] == "sh-families/sh-lightgbm"
+    assert runs["sh-families/sh-lightgbm/refit"].info.status == "FINISHED"  # the refit's own, nested too

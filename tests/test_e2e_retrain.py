@@ -404,8 +404,12 @@ def _boosters_replace_the_champion(tmp_path, cfg_path, score, tracking, capsys):
     assert (promo["judged_on"], promo["rows"]) == ("test", summary["test_rows"])
     assert promo["challenger_score"] == pytest.approx(summary["test_metrics"]["test_roc_auc"], rel=1e-6)
     assert all(0.5 < c["test_roc_auc"] <= 1.0 for c in candidates)
+    # the leaderboard's test figures are the models chosen among; the served one is the winner refitted on the
+    # training and validation rows (train.refit auto: a booster, a winning ensemble's boosters), scored beside it
+    refit = summary["refit"]
+    assert refit["refitted"] and summary["test_metrics"] == refit["test_metrics"]["refitted"]
     assert next(c for c in candidates if c["family"] == winner)["test_roc_auc"] == pytest.approx(
-        summary["test_metrics"]["test_roc_auc"], rel=1e-6
+        refit["test_metrics"]["chosen"]["test_roc_auc"], rel=1e-6
     )
     if winner != "ensemble":
         # the booster's selected round is the best reported one

@@ -377,3 +377,43 @@ def test_extra_trees_trains_in_one_process_serves_from_arrays_through_pyfunc_and
     # registered as every family is: MLflow's pyfunc model serves the same predictions (scikit-learn pinned)
     reqs = pyfunc_serves_as_the_checkpoint(result.checkpoint, served, "extra_trees", cfg.mlflow.tracking_uri)
     assert any(r.startswith("scikit-learn==") for r in reqs)
+
+
+def test_a_catboost_refit_keeps_the_learning_rate_its_chosen_models_picked(tmp_path):
+    """train.refit: CatBoost picks its learning rate from the rows and the iterations; its refit on more rows keeps
+    the mean of its chosen models' (flows/refit.py), read from their checkpoints, and passes it to the library."""
+    from catboost import CatBoostRegressor
+
+    from trainflow.trainer.families import family_named
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(2000, 3)), rng.normal(size=2000)
+    folders = []
+    for rounds in (100, 300):  # two fold models, each with CatBoost's own choice for its rows and rounds
+        folder = tmp_path / f"fold{rounds}"
+        folder.mkdir()
+        model = CatBoostRegressor(iterations=rounds, verbose=False, thread_count=1).fit(x, y)
+        model.save_model(str(folder / "model.cbm"))
+        folders.append(folder)
+    picked = [CatBoostRegressor().load_model(str(f / "model.cbm")).get_all_params()["learning_rate"] for f in folders]
+    assert picked[0] != picked[1]
+    catboost = family_named("catboost")
+    assert catboost.refits and family_named("xgboost").refits and not family_named("mlp").refits
+    pinned = catboost.refit_params(folders)
+    assert pinned == {"learning_rate": pytest.approx(np.mean(picked))}
+    config = config_from_dict(
+        {"data": {"path": "x.parquet", "label": "y"}, "task": "regression", "storage_path": str(tmp_path)}
+    )
+    from trainflow.flows.refit import (
+        _member_config,
+    )  # the refit's config: rounds fixed, early stopping off, the rate pinned
+
+    refit = _member_config(config, "catboost", 37, pinned)
+    import pyarrow as pa
+
+    table = pa.table({"a": x[:, 0], "b": x[:, 1], "c": x[:, 2], "y": y})
+    spec = table_spec(table.schema, DataSection(path="mem", label="y"), "regression", "mem")
+    prep = fit_preprocessor(table, spec, "regression")
+    params = catboost.library_params(prep, refit)
+    assert params["iterations"] == 37 and "early_stopping_rounds" not in params
+    assert params["learning_rate"] == pytest.approx(np.mean(picked))

@@ -168,6 +168,7 @@ class TimeShare:
     families: list[str]
     at_once: int
     clock: Callable[[], float] = time.time
+    reserve: float = 0.0  # the share of a limit in seconds kept for after the families (train.refit: REFIT_RESERVE)
     started: float = field(init=False)
     ends_at: float | None = field(init=False, default=None)
     why: str = field(init=False, default="")
@@ -176,8 +177,13 @@ class TimeShare:
     def __post_init__(self) -> None:
         self.started = self.clock()
         if isinstance(self.limit, (int, float)):
-            self.ends_at = self.started + float(self.limit)
+            self.ends_at = self.started + float(self.limit) * (1.0 - self.reserve)
             self.why = f"train.time_limit {float(self.limit):g} s"
+
+    @property
+    def limit_ends_at(self) -> float | None:
+        """When a limit in seconds ends, what it keeps (reserve) included; None for auto and off."""
+        return self.started + float(self.limit) if isinstance(self.limit, (int, float)) else None
 
     def run_deadline(self, family_runs_left: int) -> float | None:
         """The deadline of a run starting now; family_runs_left counts it and its family's runs not started yet."""
@@ -223,4 +229,5 @@ class TimeShare:
             "training_s": round(self.clock() - self.started, 1),
             "first_family_s": None if self.first_done_s is None else round(self.first_done_s, 1),
             "rule": self.why or None,
+            **({"kept_for_refit_s": round(float(self.limit) * self.reserve, 1)} if self.reserve else {}),
         }

@@ -100,10 +100,27 @@ def _scores_lines(s: dict[str, Any]) -> list[str]:
             if s.get("test_metrics")
             else []
         ),
+        *_refit_lines(s.get("refit")),
         *([f"  roles             {s['split']}"] if s.get("split") and s.get("split").startswith("by time") else []),
         *([f"  note              {s['split_note']}"] if s.get("split_note") else []),
         *([f"  backtest          {backtest_line(s['backtest'])}"] if s.get("backtest") else []),
         f"  mlflow            run {s.get('mlflow_run_id')}, model {s.get('model_uri')}",
+    ]
+
+
+def _refit_lines(refit: dict[str, Any] | None) -> list[str]:
+    """train.refit: what was trained again and both models' test figures, or why nothing was."""
+    if not refit:
+        return []
+    if not refit.get("refitted"):
+        return [f"  refit             none: {refit.get('why')}"]
+    members = ", ".join(f"{m['family']} {m['rounds']} rounds" for m in refit["members"])
+    figures = refit.get("test_metrics") or {}
+    chosen, refitted = figures.get("chosen") or {}, figures.get("refitted") or {}
+    compared = ", ".join(f"{k} {chosen[k]:.4f} -> {v:.4f}" for k, v in refitted.items() if k in chosen)
+    return [
+        f"  refit             {members} on all {refit.get('rows')} rows that may train; serves"
+        + (f"; test rows, chosen -> refitted: {compared}" if compared else "")
     ]
 
 

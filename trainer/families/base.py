@@ -14,6 +14,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from trainflow.config import Config, ScalingSection
     from trainflow.preprocessors.tabular import TabularPreprocessor
 
@@ -140,6 +142,11 @@ class Family:
     imports_user_code: bool = False  # builds the nn.Module model.class_path names (the allow-list applies)
     # boosters: (fitted preprocessor, the family's Config) -> the library's parameters for the run
     library_params: Callable[[TabularPreprocessor, Config], dict[str, Any]] | None = None
+    # train.refit: its chosen models can be trained again on more rows for a fixed count of steps (flows/refit.py);
+    # refit_params: the model.params values (refit_pins) its chosen models' checkpoint folders hold that a refit keeps
+    refits: bool = False
+    refit_params: Callable[[list[Path]], dict[str, Any]] | None = None
+    refit_pins: tuple[str, ...] = ()
     # `trainflow tune` without tune.search_space: its default space (dotted config key -> {kind: args})
     search_space: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
     # its keys: a Params class validating model.params.<name> (and the shared model.params keys it takes), and the
@@ -279,6 +286,7 @@ def booster_family(
         search_space=BOOSTER_SPACE,
         params=params,
         trainflow_keys=BUDGET_KEYS,
+        refits=True,
         **own,
     )
 

@@ -141,6 +141,14 @@ def library_params(
     return params
 
 
+def refit_params(checkpoints: list[Path]) -> dict[str, Any]:
+    """A refit's learning rate: the mean of its chosen models' (train.refit). CatBoost picks its own from the rows
+    and the iterations otherwise, and a refit with its own choice scored worse than the fold models it replaces (with
+    theirs, better: docs/families.md#refit)."""
+    rates = [float(load_catboost(path).get_all_params()["learning_rate"]) for path in checkpoints]
+    return {"learning_rate": float(np.mean(rates))}
+
+
 def snapshot_uri(run_dir: str, lineage: dict[str, str] | None) -> str:
     """The run's snapshot in storage, named by its data and training config (another config never continues it)."""
     from trainflow.run.storage import join
@@ -329,6 +337,8 @@ FAMILY = booster_family(
     params=CatBoostParams,
     library_params=library_params,
     one_process=True,
+    refit_params=refit_params,
+    refit_pins=("learning_rate",),
     # cross-fitting: first, the strongest default; one split: third, strong but one process a fit (over 380 s on 4M rows)
     auto_rank=(0, 2),
     listed=5,

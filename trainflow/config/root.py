@@ -258,7 +258,7 @@ class Config(_Section):
         if not families()[family].uses_minibatches:  # the networks' optimiser never reaches another family
             train: dict[str, Any] = {"folds": self.train.folds}
         else:
-            exclude = {"epochs", "early_stopping", "time_limit", "warm_start"}
+            exclude = {"epochs", "early_stopping", "time_limit", "warm_start", "refit"}
             train = self.train.model_dump(mode="json", exclude=exclude)
         if self.train.warm_start != "none":  # a continuation is another fit (unset: the hash of runs before the key)
             train["warm_start"] = self.train.warm_start

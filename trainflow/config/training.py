@@ -101,6 +101,15 @@ class TrainSection(_Section):
         f"{AUTO_FLOOR_S:.0f} s); `off`: "
         "no limit ([families.md](families.md#one-time-budget))",
     )
+    refit: Literal["auto", "off"] = key(
+        "auto",
+        "`auto`: once the family, its rounds and the ensemble weights are chosen, the chosen boosters train once more "
+        "on every row that may train (every non-test row when cross-fitted, training and validation rows on one "
+        "split) for their chosen rounds scaled by the rows, and that model is scored on the test rows, registered "
+        "and gated (the summary's `refit` has both models' test figures); not where there are no test rows, the "
+        "time budget has too little left, or the chosen model has no booster; `off`: the chosen model serves "
+        "([families.md](families.md#refit))",
+    )
     warm_start: str = key(
         "none",
         "`champion`: the challenger continues from the serving model instead of starting from nothing (XGBoost's and "

@@ -1,0 +1,275 @@
+"""Refit (train.refit): once the family, its rounds and the ensemble weights are chosen, the chosen boosters train once
+more on every row that may train (every non-test row when cross-fitted; training plus validation rows on one split),
+for as many rounds as their chosen models stopped at, scaled by the rows they gain, without early stopping; the
+refitted model is what is scored on the test rows, registered and gated.
+
+What stays as it was chosen: the family (or the ensemble and its weights), the rounds (the mean of the fold models'
+best rounds, or the one split's, times the rows' ratio: more rows, more rounds), a family's own choices that depend on
+the rows (CatBoost's learning rate, which it otherwise picks from the rows and the rounds: Family.refit_params), and
+the calibration and threshold (fitted on the rows that chose: the out-of-fold outputs, or the chosen model's
+validation outputs). A refit has no rows of its own to be judged on before the test rows, so its figures before them
+are the chosen model's (the summary's `metrics`), and the summary's `refit` gives both models' test figures. Only the
+boosters refit (their size is a count of rounds; a network's schedule is tied to its epochs); in an ensemble its
+other members serve as chosen. Measured (docs/families.md#refit): regression gains on every booster, classification
+level for XGBoost and LightGBM and a gain for CatBoost with its fold models' learning rate (a loss with its own).
+
+A refit is a run like any other (tasks/train.py), <family's run>/refit: a rerun of the run name finds it finished or
+resumes it. It is skipped, with the reason, where there are no test rows (nothing could judge it), where the chosen
+model was warm-started (it continues its source's rounds), where the time budget has too little left, where its fit
+fails or the time budget cuts it short (a refit short of its rounds would serve a worse model).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from trainflow.config import ENSEMBLE, Config
+from trainflow.errors import ConfigError, DataError, disk_full
+from trainflow.flows.backtest import held_by_another
+from trainflow.preprocessors.fit import pack
+from trainflow.run.redact import redact_text
+from trainflow.run.runtime import stop_requested
+from trainflow.run.storage import private_copy
+from trainflow.tasks.common import lineage_for, task_logger
+from trainflow.tasks.mlflow_run import end_runs
+from trainflow.tasks.select import select
+from trainflow.tasks.train import train
+from trainflow.tasks.values import Prepared, Selected, Split, TrainOutcome
+from trainflow.trainer.deadline import set_deadline
+from trainflow.trainer.ensemble import ensemble_dir, write_ensemble
+from trainflow.trainer.evaluate import Scored, score_checkpoint
+from trainflow.trainer.families import family_named
+from trainflow.trainer.runner import run_dir
+from trainflow.trainer.serving.servable import load_servable
+
+REFIT_FOLDER = "refit"  # <a family's run>/refit: its refit's run, inside the family's (as its folds' are)
+# a time limit in seconds: the part the families leave for the refit (measured: a booster's refit takes about the
+# rows' ratio over K of its folds' time, and the boosters ran first; the networks after them lose this much)
+REFIT_RESERVE = 0.1
+MIN_REFIT_S = 2.0  # less time left than this: no refit (a small table's refits train in this process in under 1 s)
+REFITTED = ", refitted"  # the refitted model's name beside the chosen one's in the test figures ("xgboost, refitted")
+
+
+@dataclass
+class Refitted:
+    """What a refit gives publish: the served outcome and checkpoint, the chosen model's outputs its calibration is
+    fitted on, and the summary's record (its test figures added once scored)."""
+
+    outcome: TrainOutcome
+    selected: Selected
+    raw: Scored | None
+    record: dict[str, Any]
+
+
+def refit_reserve(config: Config, parts: Split, runs: dict[str, str]) -> float:
+    """The share of a time limit in seconds the families leave for the refit: REFIT_RESERVE where one may follow
+    (train.refit auto, test rows to judge it, a family that refits), else 0."""
+    may = config.train.refit == "auto" and parts.test_rows > 0 and any(family_named(f).refits for f in runs)
+    return REFIT_RESERVE if may and isinstance(config.train.time_limit, (int, float)) else 0.0
+
+
+def refit_members(family: str, weights: dict[str, float] | None, prepared: Prepared) -> list[str]:
+    """The members a refit trains again: the chosen family, or an ensemble's members with weight, that refit
+    (Family.refits) and read their rows into memory (an external-memory booster's table is too big to fit twice)."""
+    members = list(weights or {}) if family == ENSEMBLE else [family]
+    return [
+        m
+        for m in members
+        if family_named(m).refits and m in prepared.budgets and not prepared.budgets[m].external_memory
+    ]
+
+
+def _rows(parts: Split, fold_rows: list[int]) -> tuple[Any, Any, int, float]:
+    """(every row that may train, rows its fit reports on (rows it trains on too), their count, how many times the
+    rows each chosen model trained on)."""
+    if parts.fold_count > 1:  # every fold model trained on the non-test rows less its fold
+        trained = float(np.mean([parts.train_rows - rows for rows in fold_rows]))
+        return parts.train, parts.folds[0][1], parts.train_rows, parts.train_rows / max(1.0, trained)
+    rows = parts.train_rows + parts.val_rows
+    if isinstance(parts.train, pa.Table):
+        both = pa.concat_tables([parts.train, parts.val])
+    else:
+        both = parts.train.union(parts.val)
+    return both, parts.val, rows, rows / max(1, parts.train_rows)
+
+
+def _member_config(run_config: Config, member: str, rounds: int, pinned: dict[str, Any]) -> Config:
+    """member's config for its refit: its own params with rounds fixed, early stopping off and pinned values."""
+    resolved = run_config.for_family(member)
+    params = resolved.model.params.model_copy(
+        update={"num_boost_round": rounds, "early_stopping_rounds": "off", **pinned}
+    )
+    return resolved.model_copy(update={"model": resolved.model.model_copy(update={"params": params})})
+
+
+def refit(
+    config: Config,
+    run_config: Config,
+    parts: Split,
+    prepared: Prepared,
+    family: str,
+    chosen: Any,
+    runs: dict[str, str],
+    name: str,
+    share: Any,
+) -> tuple[Refitted | None, dict[str, Any] | None]:
+    """Refit the chosen family (or ensemble) under train.refit: chosen, what training gave the choice
+    (flows/retrain.py _Chosen: each family's outcome and served checkpoint, its fold models' selections, the
+    ensemble); runs: each family's run; name: the retrain's; share: the time budget (the refit ends with its limit,
+    what it kept included). (the refit, None) or (None, the summary's record of why not; None where train.refit is
+    off)."""
+    outcome, selected = chosen.outcomes[family], chosen.selections[family]
+    k = parts.fold_count
+    members = chosen.fold_selections if k > 1 else {f: [s] for f, s in chosen.selections.items()}
+    weights = chosen.built.weights if chosen.built and family == ENSEMBLE else None
+    bags, ends_at = chosen.selections, share.limit_ends_at
+    if config.train.refit == "off":
+        return None, None
+    log = task_logger("refit")
+    refitting = refit_members(family, weights, prepared)
+    why = None
+    if not refitting:
+        why = f"{family} has no member that refits (the boosters do: their size is a count of rounds)"
+    elif any(prepared.warm_start_for(m) for m in refitting):
+        why = "train.warm_start: the chosen model continues its source's rounds, which a refit from nothing would not"
+    elif parts.test is None or not parts.test_rows:
+        why = "no test rows: nothing could judge a refitted model"
+    elif ends_at is not None and ends_at - time.time() < MIN_REFIT_S:
+        why = f"the time budget had {max(0.0, ends_at - time.time()):.0f} s left (train.time_limit)"
+    if why:
+        log.info("refit: none: %s", why)
+        return None, {"refitted": False, "why": why}
+    train_rows, report_rows, rows, ratio = _rows(parts, prepared.fold_rows)
+    packed = pack(train_rows, report_rows, prepared.preprocessor, prepared.materialized)
+    mine = replace(prepared, train=packed[0], val=packed[1], folds=None, fold_rows=[], warm=None, rows=rows)
+    fitted: dict[str, Selected] = {}
+    lines: list[dict[str, Any]] = []
+    for member in refitting:
+        got = _refit_member(config, run_config, mine, member, members[member], ratio, runs[member], ends_at)
+        if isinstance(got, str):
+            log.warning("refit: none: %s", got)
+            return None, {"refitted": False, "why": got, "members": lines}
+        fitted[member], line = got
+        lines.append(line)
+    # the chosen model's outputs on the rows that chose it: its calibration's rows (cross-fitted: the caller's)
+    raw = None
+    if parts.fold_count == 1:
+        raw = score_checkpoint(selected.path, parts.val, tuple(config.promotion.slices), calibrated=False)
+    record = {"refitted": True, "rows": rows, "members": lines, "from": selected.uri or selected.path}
+    if family != ENSEMBLE:
+        [(member, refitted)] = fitted.items()
+        served = replace(refitted, metrics=selected.metrics)  # its figures before the test rows: the chosen model's
+        served_outcome = _outcome(outcome, served)
+    else:
+        served_outcome, served = _ensemble(config, prepared, outcome, selected, weights, bags, fitted, name)
+    record["checkpoint"] = served.uri or served.path
+    log.info(
+        "refit: %s trained again on %d rows (%s); it is the model scored on the test rows and registered",
+        family,
+        rows,
+        ", ".join(f"{line['family']} {line['rounds']} rounds" for line in lines),
+    )
+    return Refitted(served_outcome, served, raw, record), None
+
+
+def _refit_member(
+    config: Config,
+    run_config: Config,
+    prepared: Prepared,
+    member: str,
+    chosen: list[Selected],
+    ratio: float,
+    run: str,
+    ends_at: float | None,
+) -> tuple[Selected, dict[str, Any]] | str:
+    """One member's refit on prepared's rows (every row that may train): (its selected checkpoint, its summary line)
+    or why there is none."""
+    family = family_named(member)
+    best = [s.epoch + 1 for s in chosen]  # a booster's epoch is its best round's number, from 0
+    rounds = max(1, int(round(float(np.mean(best)) * ratio)))
+    pinned = family.refit_params([Path(s.path) for s in chosen]) if family.refit_params else {}
+    member_config = _member_config(run_config, member, rounds, pinned)
+    budget = family.budget(member_config, prepared.rows, member_config.scaling.max_workers)
+    run_name = f"{run}/{REFIT_FOLDER}"
+    folder = run_dir(member_config, run_name)
+    held = held_by_another(folder, member_config, prepared.fingerprint, member)
+    if held:
+        return held
+    set_deadline(folder, ends_at, "train.time_limit" if ends_at else "")
+    status = "FAILED"
+    try:  # the chosen model still serves when its refit fails; a stop or a bad config fails the run
+        outcome = train.with_options(
+            task_run_name=f"refit-{member}",
+            retries=config.failure.task_retries,
+            retry_delay_seconds=config.failure.retry_delay_s,
+        )(replace(prepared, budgets={member: budget}), member_config, run_name, member)
+        got = select(outcome, config)
+        status = "FINISHED"
+    except Exception as exc:  # noqa: BLE001 - anything a fit raises, as train_families sorts it
+        if isinstance(exc, (ConfigError, DataError)) or stop_requested(exc) or disk_full(exc):
+            raise
+        return redact_text(f"the refit {run_name} failed: {type(exc).__name__}: {exc}")[:500]
+    finally:
+        end_runs(config, [run_name], member, "KILLED" if stop_requested() else status)
+    if outcome.time_limited_at is not None:
+        return (
+            f"the refit {run_name} was cut short by the time budget after round {outcome.time_limited_at} of "
+            f"{rounds}: the chosen model serves"
+        )
+    line = {"family": member, "run": run_name, "rounds": rounds, "chosen_rounds": best, **pinned}
+    return got, line
+
+
+def _outcome(chosen: TrainOutcome, refitted: Selected) -> TrainOutcome:
+    """The served outcome of a one-family refit: the chosen one's record (its run, its folds, its history; the
+    registered version's MLflow run is the family's), its checkpoint the refit's."""
+    return replace(
+        chosen,
+        checkpoints=[{"path": refitted.uri or refitted.path, "epoch": refitted.epoch, "metrics": refitted.metrics}],
+        budget={**chosen.budget, "refit": True},
+    )
+
+
+def _ensemble(
+    config: Config,
+    prepared: Prepared,
+    outcome: TrainOutcome,
+    selected: Selected,
+    weights: dict[str, float] | None,
+    bags: dict[str, Selected],
+    fitted: dict[str, Selected],
+    name: str,
+) -> tuple[TrainOutcome, Selected]:
+    """The ensemble with its refitted members (the others as chosen), its weights as chosen."""
+    kept = dict(weights or {})
+    members = {f: (fitted[f] if f in fitted else bags[f]).path for f in kept}
+    sources = {f: (fitted[f] if f in fitted else bags[f]).uri or members[f] for f in kept}
+    target = ensemble_dir(config.storage_path, name, kept, sources)  # beside the chosen one: its sources differ
+    local = private_copy(
+        write_ensemble(
+            target,
+            members,
+            kept,
+            selected.metrics,
+            prepared.preprocessor.to_dict(),
+            config.to_dict(),
+            lineage_for(config, prepared.fingerprint, ENSEMBLE),
+        )
+    )
+    load_servable(local)
+    served = Selected(path=local, epoch=0, metrics=selected.metrics, skipped=[], uri=target)
+    description = ", ".join(f"{f} {w:.2f}" + (" (refitted)" if f in fitted else "") for f, w in kept.items())
+    return (
+        replace(
+            outcome,
+            checkpoints=[{"path": target, "epoch": 0, "metrics": selected.metrics}],
+            budget={**outcome.budget, "description": f"the members weighted {description}", "refit": True},
+        ),
+        served,
+    )
