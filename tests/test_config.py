@@ -106,3 +106,14 @@ def test_model_type_auto_trains_every_built_in_family(tmp_path):
         base_dir=tmp_path,
     )
     assert sweep_space(swept)["model.type"] == {"choice": ["mlp", "xgboost", "lightgbm", "catboost"]}
+
+
+def test_off_and_on_are_words_in_yaml_so_the_keys_that_take_off_read_them():
+    """YAML 1.1 reads `off` as false: `train.time_limit: off` and `train.refit: off` (in a file or --set) were refused
+    as False. They are the words now; a boolean key still reads them (pydantic's "off" is false)."""
+    from trainflow.config import load_yaml
+
+    raw = load_yaml("train:\n  time_limit: off\n  refit: off\nmodel:\n  ensemble: off\nsplit:\n  backtest_fit: no\n")
+    assert raw["train"] == {"time_limit": "off", "refit": "off"} and raw["split"]["backtest_fit"] is False
+    config = config_from_dict({"data": {"path": "t.parquet", "label": "y"}, "task": "regression", **raw})
+    assert (config.train.time_limit, config.train.refit, config.model.ensemble) == ("off", "off", False)

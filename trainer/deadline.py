@@ -182,8 +182,9 @@ class TimeShare:
 
     @property
     def limit_ends_at(self) -> float | None:
-        """When a limit in seconds ends, what it keeps (reserve) included; None for auto and off."""
-        return self.started + float(self.limit) if isinstance(self.limit, (int, float)) else None
+        """When the whole budget ends: a limit in seconds with what it keeps (reserve) included, auto's once the first
+        family has set it; None for off."""
+        return self.started + float(self.limit) if isinstance(self.limit, (int, float)) else self.ends_at
 
     def run_deadline(self, family_runs_left: int) -> float | None:
         """The deadline of a run starting now; family_runs_left counts it and its family's runs not started yet."""

@@ -267,6 +267,16 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+def _bool_or_switch(loader: _StrictLoader, node: yaml.ScalarNode) -> bool | str:
+    """YAML 1.1 reads `off` and `on` as booleans; a config reads them as the words (`train.time_limit: off`,
+    `train.refit: off`), which a boolean key still takes (pydantic reads "off" as false)."""
+    value = loader.construct_scalar(node)
+    return value if value.lower() in ("off", "on") else loader.construct_yaml_bool(node)
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:bool", _bool_or_switch)
+
+
 def load_yaml(text: str) -> Any:
     """A config's YAML: safe types only, no aliases, no duplicated keys (yaml.YAMLError naming the line)."""
     return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
