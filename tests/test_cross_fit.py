@@ -198,6 +198,7 @@ def _the_chosen_booster_was_refitted(s: dict, printed: str, shared, client, runs
     figures = refit["test_metrics"]
     assert s["test_metrics"] == figures["refitted"] and figures["chosen"]["test_loss"] > 0
     assert f"refit             lightgbm {line['rounds']} rounds on all {s['oof_rows']} rows" in printed
+    assert f"best checkpoint   round {s['best_checkpoint']['epoch']} of its refit: " in printed
     version = client.get_model_version(s["registered_model"], s["model_version"])  # the family's run, as unrefitted
     assert client.get_run(version.run_id).info.run_name == s["run_name"] == "sh-families/sh-lightgbm"
     assert runs["sh-families/sh-lightgbm/refit"].info.status == "FINISHED"  # the refit's own, nested too

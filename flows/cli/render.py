@@ -62,7 +62,8 @@ def _run_lines(s: dict[str, Any]) -> list[str]:
             else [
                 _progress_line(s),
                 f"  best checkpoint   {(s.get('training_budget') or {}).get('unit', 'epoch')} "
-                f"{best.get('epoch')}: {best.get('path')}",
+                f"{best.get('epoch')}{' of its refit' if (s.get('refit') or {}).get('refitted') else ''}: "
+                f"{best.get('path')}",
             ]
         ),
     ]
