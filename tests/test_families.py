@@ -392,7 +392,7 @@ def test_a_catboost_refit_keeps_the_learning_rate_its_chosen_models_picked(tmp_p
     for rounds in (100, 300):  # two fold models, each with CatBoost's own choice for its rows and rounds
         folder = tmp_path / f"fold{rounds}"
         folder.mkdir()
-        model = CatBoostRegressor(iterations=rounds, verbose=False, thread_count=1).fit(x, y)
+        model = CatBoostRegressor(iterations=rounds, verbose=False, thread_count=1, allow_writing_files=False).fit(x, y)
         model.save_model(str(folder / "model.cbm"))
         folders.append(folder)
     picked = [CatBoostRegressor().load_model(str(f / "model.cbm")).get_all_params()["learning_rate"] for f in folders]
