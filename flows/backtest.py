@@ -23,7 +23,7 @@ from trainflow.run.runtime import stop_requested
 from trainflow.preprocessors.fit import pack
 from trainflow.tasks.common import task_logger, lineage_for
 from trainflow.tasks.mlflow_run import end_runs
-from trainflow.tasks.values import Prepared, Split, EarlierFit
+from trainflow.tasks.values import EarlierFit, Prepared, Selected, Split, TrainOutcome
 from trainflow.tasks.select import select
 from trainflow.tasks.train import train
 from trainflow.trainer.deadline import MIN_RUN_S, set_deadline
@@ -60,11 +60,6 @@ def fit_earlier(
         why = f"the time budget had {max(0.0, ends_at - time.time()):.0f} s left (train.time_limit)"
         log.info("backtest: no earlier model: %s", why)
         return EarlierFit(family, None, None, skipped=why)
-    folder = run_dir(run_config.for_family(family), run_name)
-    why = held_by_another(folder, config, prepared.fingerprint, family)
-    if why:
-        log.warning("backtest: no earlier model: %s", why)
-        return EarlierFit(family, None, None, skipped=why)
     train_rows, held_rows = earlier_parts(parts.train, plan, parts.materialized)
     packed_train, packed_val = pack(train_rows, held_rows, prepared.preprocessor, prepared.materialized)
     mine = replace(prepared, train=packed_train, val=packed_val, folds=None, warm=None)  # older rows: never warm
@@ -79,24 +74,12 @@ def fit_earlier(
         int(plan.earlier["validation_rows"]),
         _span(plan, shift),
     )
-    set_deadline(folder, ends_at, "train.time_limit" if ends_at else "")
-    status = "FAILED"
-    try:  # a report, not the model: its failure is said and the run goes on; a stop or a bad config is not
-        outcome = train.with_options(
-            task_run_name=f"train-{family}-earlier",
-            retries=config.failure.task_retries,
-            retry_delay_seconds=config.failure.retry_delay_s,
-        )(mine, run_config, run_name, family)
-        chosen = select(outcome, config)
-        status = "FINISHED"
-    except Exception as exc:  # noqa: BLE001 - anything a fit raises, as train_families sorts it
-        if isinstance(exc, (ConfigError, DataError)) or stop_requested(exc) or disk_full(exc):
-            raise
-        why = redact_text(f"its fit {run_name} failed: {type(exc).__name__}: {exc}")[:500]
-        log.warning("backtest: no earlier model: %s", why)
-        return EarlierFit(family, None, None, skipped=why)
-    finally:
-        end_runs(config, [run_name], family, "KILLED" if stop_requested() else status)
+    # a report, not the model: its failure is said and the run goes on
+    fitted = extra_fit(config, run_config, mine, family, run_name, f"train-{family}-earlier", ends_at)
+    if isinstance(fitted, str):
+        log.warning("backtest: no earlier model: %s", fitted)
+        return EarlierFit(family, None, None, skipped=fitted)
+    outcome, chosen = fitted
     if outcome.time_limited_at is not None:  # stopped by the budget, not by early stopping: worse for want of time
         why = (
             f"its fit {run_name} was cut short by the time budget after {outcome.budget.get('unit', 'epoch')} "
@@ -105,6 +88,43 @@ def fit_earlier(
         log.info("backtest: no earlier model: %s", why)
         return EarlierFit(family, None, None, skipped=why)
     return EarlierFit(family, recent, chosen.path, shift, run_name)
+
+
+def extra_fit(
+    config: Config,
+    fit_config: Config,
+    prepared: Prepared,
+    family: str,
+    run_name: str,
+    task_run_name: str,
+    ends_at: float | None,
+) -> tuple[TrainOutcome, Selected] | str:
+    """A fit beside the retrain's own (the backtest's earlier model, a refit): family trained on prepared's rows with
+    fit_config under run_name by the train task (with config's failure retries) by ends_at, its checkpoint selected,
+    its MLflow run ended; (the outcome, its selection), or why there is none: the run folder holds another table's or
+    config's run (left as it is), or the fit failed (the retrain goes on without it). A stop, a bad config or input
+    and a full disk fail the run."""
+    folder = run_dir(fit_config, run_name)
+    held = held_by_another(folder, fit_config, prepared.fingerprint, family)
+    if held:
+        return held
+    set_deadline(folder, ends_at, "train.time_limit" if ends_at else "")
+    status = "FAILED"
+    try:
+        outcome = train.with_options(
+            task_run_name=task_run_name,
+            retries=config.failure.task_retries,
+            retry_delay_seconds=config.failure.retry_delay_s,
+        )(prepared, fit_config, run_name, family)
+        chosen = select(outcome, config)
+        status = "FINISHED"
+    except Exception as exc:  # noqa: BLE001 - anything a fit raises, as train_families sorts it
+        if isinstance(exc, (ConfigError, DataError)) or stop_requested(exc) or disk_full(exc):
+            raise
+        return redact_text(f"the fit {run_name} failed: {type(exc).__name__}: {exc}")[:500]
+    finally:
+        end_runs(config, [run_name], family, "KILLED" if stop_requested() else status)
+    return outcome, chosen
 
 
 def held_by_another(folder: str, config: Config, fingerprint: str, family: str) -> str | None:

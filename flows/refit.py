@@ -30,22 +30,14 @@ import numpy as np
 import pyarrow as pa
 
 from trainflow.config import ENSEMBLE, Config
-from trainflow.errors import ConfigError, DataError, disk_full
-from trainflow.flows.backtest import held_by_another
+from trainflow.flows.backtest import extra_fit
 from trainflow.preprocessors.fit import pack
-from trainflow.run.redact import redact_text
-from trainflow.run.runtime import stop_requested
 from trainflow.run.storage import private_copy
 from trainflow.tasks.common import lineage_for, task_logger
-from trainflow.tasks.mlflow_run import end_runs
-from trainflow.tasks.select import select
-from trainflow.tasks.train import train
 from trainflow.tasks.values import Prepared, Selected, Split, TrainOutcome
-from trainflow.trainer.deadline import set_deadline
 from trainflow.trainer.ensemble import ensemble_dir, write_ensemble
 from trainflow.trainer.evaluate import Scored, score_checkpoint
 from trainflow.trainer.families import family_named
-from trainflow.trainer.runner import run_dir
 from trainflow.trainer.serving.servable import load_servable
 
 REFIT_FOLDER = "refit"  # <a family's run>/refit: its refit's run, inside the family's (as its folds' are)
@@ -58,13 +50,12 @@ REFITTED = ", refitted"  # the refitted model's name beside the chosen one's in 
 
 @dataclass
 class Refitted:
-    """What a refit gives publish: the served outcome and checkpoint, the chosen model's outputs its calibration is
-    fitted on, and the summary's record (its test figures added once scored)."""
+    """What a refit gives publish: the served outcome and checkpoint, and the chosen model's outputs its calibration
+    is fitted on."""
 
     outcome: TrainOutcome
     selected: Selected
     raw: Scored | None
-    record: dict[str, Any]
 
 
 def refit_reserve(config: Config, parts: Split, runs: dict[str, str]) -> float:
@@ -122,8 +113,8 @@ def refit(
     """Refit the chosen family (or ensemble) under train.refit: chosen, what training gave the choice
     (flows/retrain.py _Chosen: each family's outcome and served checkpoint, its fold models' selections, the
     ensemble); runs: each family's run; name: the retrain's; share: the time budget (the refit ends with its limit,
-    what it kept included). (the refit, None) or (None, the summary's record of why not; None where train.refit is
-    off)."""
+    what it kept included). (the refit or None, the summary's record: `refitted`, and what was refitted or why
+    nothing was; None where train.refit is off)."""
     outcome, selected = chosen.outcomes[family], chosen.selections[family]
     k = parts.fold_count
     members = chosen.fold_selections if k > 1 else {f: [s] for f, s in chosen.selections.items()}
@@ -175,7 +166,7 @@ def refit(
         rows,
         ", ".join(f"{line['family']} {line['rounds']} rounds" for line in lines),
     )
-    return Refitted(served_outcome, served, raw, record), None
+    return Refitted(served_outcome, served, raw), record
 
 
 def _refit_member(
@@ -197,26 +188,12 @@ def _refit_member(
     member_config = _member_config(run_config, member, rounds, pinned)
     budget = family.budget(member_config, prepared.rows, member_config.scaling.max_workers)
     run_name = f"{run}/{REFIT_FOLDER}"
-    folder = run_dir(member_config, run_name)
-    held = held_by_another(folder, member_config, prepared.fingerprint, member)
-    if held:
-        return held
-    set_deadline(folder, ends_at, "train.time_limit" if ends_at else "")
-    status = "FAILED"
-    try:  # the chosen model still serves when its refit fails; a stop or a bad config fails the run
-        outcome = train.with_options(
-            task_run_name=f"refit-{member}",
-            retries=config.failure.task_retries,
-            retry_delay_seconds=config.failure.retry_delay_s,
-        )(replace(prepared, budgets={member: budget}), member_config, run_name, member)
-        got = select(outcome, config)
-        status = "FINISHED"
-    except Exception as exc:  # noqa: BLE001 - anything a fit raises, as train_families sorts it
-        if isinstance(exc, (ConfigError, DataError)) or stop_requested(exc) or disk_full(exc):
-            raise
-        return redact_text(f"the refit {run_name} failed: {type(exc).__name__}: {exc}")[:500]
-    finally:
-        end_runs(config, [run_name], member, "KILLED" if stop_requested() else status)
+    # the chosen model still serves when its refit fails; a stop or a bad config fails the run
+    mine = replace(prepared, budgets={member: budget})
+    fitted = extra_fit(config, member_config, mine, member, run_name, f"refit-{member}", ends_at)
+    if isinstance(fitted, str):
+        return fitted
+    outcome, got = fitted
     if outcome.time_limited_at is not None:
         return (
             f"the refit {run_name} was cut short by the time budget after round {outcome.time_limited_at} of "

@@ -182,7 +182,7 @@ def _train_and_publish(
                     },
                 },
                 **oof,
-                **({"refit": refit_record or refitted.record} if refit_record or refitted else {}),
+                **({"refit": refit_record} if refit_record else {}),
             },
             selections,
             decisions.scored(family) if decisions is not None else (refitted.raw if refitted else None),

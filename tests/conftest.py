@@ -7,6 +7,7 @@ import logging
 import os
 import shutil
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
+
+# pytest imports this file as `conftest` (tests/ is a namespace package: tests/test_user_model.py relies on it) and the
+# tests import it as `tests.conftest`: one module under both names, so the session's database templates below are one
+# list (with two modules, the templates the tests made were never removed, and a Prefect home made through
+# `tests.conftest` never had the migrated database: its server migrated a new one, 6-8 s)
+sys.modules.setdefault("tests.conftest", sys.modules[__name__])
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
