@@ -385,6 +385,52 @@ def test_schedule_and_concurrency_registered_as_declared(prefect_server):
     assert steps == [{"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}]
 
 
+_RUN_LOCK = """
+import sys, time
+from trainflow.run import locks
+try:
+    with locks.run_lock(sys.argv[1], "nightly", wait=False):
+        print("held", flush=True)
+        time.sleep(float(sys.argv[2]))
+except locks.LockTimeout as exc:
+    print("refused:", exc, flush=True)
+"""
+
+
+def test_on_a_real_server_a_killed_holders_run_lock_is_free_again_after_its_lease(prefect_server, tmp_path):
+    """Against a Prefect server a run's lock is a global concurrency slot under a lease the holder renews
+    (trainflow/run/locks.py): a holder SIGKILLed keeps it until the lease runs out and the server's repossessor frees
+    it (a Prefect server runs that service; an ephemeral one, as the session's test server, does not), then a run that
+    does not wait takes it."""
+    from trainflow.run.locks import LEASE_S
+
+    env = prefect_server
+    storage = str(tmp_path / "runs")
+
+    def lock(hold_s: float) -> subprocess.Popen:
+        """A process that takes the run's lock without waiting and holds it hold_s seconds."""
+        command = [sys.executable, "-c", _RUN_LOCK, storage, str(hold_s)]
+        return subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, text=True)
+
+    holder = lock(600)
+    assert holder.stdout.readline().strip() == "held"
+    holder.kill()
+    holder.wait()
+    killed = time.monotonic()
+    answers = []
+    while True:  # the slot is asked for about every 10 s, each ask a process of its own as a `--no-wait` run is
+        asker = lock(0)
+        answer = asker.communicate(timeout=120)[0].strip()
+        answers.append((round(time.monotonic() - killed), answer[:80]))
+        if answer == "held":
+            break
+        assert "is held by process" in answer and f"process {holder.pid} " in answer, answers
+        assert time.monotonic() - killed < LEASE_S + 60, answers
+        time.sleep(10)
+    assert answers[0][1].startswith("refused:"), answers  # the dead holder's lease still held it at first
+    assert answers[-1][0] >= LEASE_S - 5, answers  # freed by the lease running out, not by the kill
+
+
 def _deployment_missing(env: dict[str, str], name: str) -> bool:
     try:
         _deployment(env, name)
