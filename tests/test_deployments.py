@@ -397,37 +397,41 @@ except locks.LockTimeout as exc:
 """
 
 
-def test_on_a_real_server_a_killed_holders_run_lock_is_free_again_after_its_lease(prefect_server, tmp_path):
+def _lock(env: dict[str, str], storage: str, hold_s: float) -> subprocess.Popen:
+    """A process that takes the run lock of storage's run "nightly" without waiting and holds it hold_s seconds."""
+    command = [sys.executable, "-c", _RUN_LOCK, storage, str(hold_s)]
+    return subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, text=True)
+
+
+def _a_holder_killed(env: dict[str, str], storage: str) -> tuple[int, float]:
     """Against a Prefect server a run's lock is a global concurrency slot under a lease the holder renews
-    (trainflow/run/locks.py): a holder SIGKILLed keeps it until the lease runs out and the server's repossessor frees
-    it (a Prefect server runs that service; an ephemeral one, as the session's test server, does not), then a run that
-    does not wait takes it."""
-    from trainflow.run.locks import LEASE_S
-
-    env = prefect_server
-    storage = str(tmp_path / "runs")
-
-    def lock(hold_s: float) -> subprocess.Popen:
-        """A process that takes the run's lock without waiting and holds it hold_s seconds."""
-        command = [sys.executable, "-c", _RUN_LOCK, storage, str(hold_s)]
-        return subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, text=True)
-
-    holder = lock(600)
+    (trainflow/run/locks.py): a holder SIGKILLed keeps it, so a run that does not wait is refused, naming the dead
+    holder. (its pid, when it was killed)"""
+    holder = _lock(env, storage, 600)
     assert holder.stdout.readline().strip() == "held"
     holder.kill()
     holder.wait()
     killed = time.monotonic()
+    answer = _lock(env, storage, 0).communicate(timeout=120)[0].strip()
+    assert answer.startswith("refused:") and f"process {holder.pid} " in answer, answer
+    return holder.pid, killed
+
+
+def _its_lock_free_after_its_lease(env: dict[str, str], storage: str, pid: int, killed: float) -> None:
+    """The killed holder's slot stays taken until its lease runs out and the server's repossessor frees it (a Prefect
+    server runs that service; an ephemeral one, as the session's test server, does not): then a run that does not
+    wait takes it. (Asked after the serve test's work, which outlasts the lease: its wait costs no time of its own.)"""
+    from trainflow.run.locks import LEASE_S
+
     answers = []
     while True:  # the slot is asked for about every 10 s, each ask a process of its own as a `--no-wait` run is
-        asker = lock(0)
-        answer = asker.communicate(timeout=120)[0].strip()
+        answer = _lock(env, storage, 0).communicate(timeout=120)[0].strip()
         answers.append((round(time.monotonic() - killed), answer[:80]))
         if answer == "held":
             break
-        assert "is held by process" in answer and f"process {holder.pid} " in answer, answers
+        assert "is held by process" in answer and f"process {pid} " in answer, answers
         assert time.monotonic() - killed < LEASE_S + 60, answers
         time.sleep(10)
-    assert answers[0][1].startswith("refused:"), answers  # the dead holder's lease still held it at first
     assert answers[-1][0] >= LEASE_S - 5, answers  # freed by the lease running out, not by the kill
 
 
@@ -441,13 +445,18 @@ def _deployment_missing(env: dict[str, str], name: str) -> bool:
         raise
 
 
-def test_trainflow_serve_registers_the_same_deployments_and_a_cancel_stops_the_run(prefect_server, ray_local, tmp_path):
+def test_trainflow_serve_registers_the_same_deployments_a_cancel_stops_the_run_and_a_killed_lock_holder_is_outlived(
+    prefect_server, ray_local, tmp_path
+):
     # the served runs join the tests' running Ray, as on an existing cluster
     env = {
         **prefect_server,
         "RAY_ADDRESS": ray_local.get_runtime_context().gcs_address,
         **{k: v for k, v in os.environ.items() if k.startswith("RAY_AUTH_")},
     }
+    # a run lock's holder SIGKILLed now, its lock asked for again once the served runs are done (after its lease)
+    locked = str(tmp_path / "locked")
+    holder, killed = _a_holder_killed(prefect_server, locked)
     serve = _start([str(BIN / "trainflow"), "serve", "--limit", "1"], env, tmp_path / "serve.log", tmp_path)
     try:
         demo = str(REPO / "configs" / "demo.yaml")
@@ -466,6 +475,7 @@ def test_trainflow_serve_registers_the_same_deployments_and_a_cancel_stops_the_r
     assert dep["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
     assert dep["global_concurrency_limit"]["limit"] == 1
     assert _deployment(env, "retrain/manual")["schedules"] == []
+    _its_lock_free_after_its_lease(prefect_server, locked, holder, killed)
 
 
 def _cancel_stops_a_served_run(env, serve, tmp_path):
