@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import Any, Callable, TypeVar
 
 from trainflow.config import ENSEMBLE, Config
 from trainflow.data import earlier_parts
-from trainflow.errors import ConfigError, DataError, disk_full
+from trainflow.errors import ConfigError, DataError, TrainingError, disk_full
 from trainflow.run.redact import redact_text
 from trainflow.run.runtime import stop_requested
 from trainflow.preprocessors.fit import pack
@@ -25,9 +26,11 @@ from trainflow.tasks.common import task_logger, lineage_for
 from trainflow.tasks.mlflow_run import end_runs
 from trainflow.tasks.values import EarlierFit, Prepared, Selected, Split, TrainOutcome
 from trainflow.tasks.select import select
-from trainflow.tasks.train import train
+from trainflow.tasks.train import train, train_shared
 from trainflow.trainer.deadline import MIN_RUN_S, set_deadline
 from trainflow.trainer.runner import latest_lineage, run_dir
+
+T = TypeVar("T")
 
 
 def backtest_family(chosen: str, weights: dict[str, float] | None) -> str:
@@ -109,22 +112,66 @@ def extra_fit(
     if held:
         return held
     set_deadline(folder, ends_at, "train.time_limit" if ends_at else "")
+
+    def fit() -> tuple[TrainOutcome, Selected]:
+        outcome = train.with_options(task_run_name=task_run_name, **_retries(config))(
+            prepared, fit_config, run_name, family
+        )
+        return outcome, select(outcome, config)
+
+    return _attempted(config, {family: run_name}, fit)
+
+
+def extra_fits(
+    config: Config,
+    fit_configs: dict[str, Config],
+    prepared: Prepared,
+    run_name: str,
+    runs: dict[str, str],
+    task_run_name: str,
+    ends_at: float | None,
+) -> dict[str, tuple[TrainOutcome, Selected]] | str:
+    """extra_fit of several one-worker families in one Ray Train run run_name, one after another in one worker
+    (tasks/train.py train_shared: Ray Train's start paid once): each family (fit_configs: its config) under its run
+    runs[family], a folder of run_name. {family: (its outcome, its selection)}, or why there is none for any: a run
+    folder held by another run, or a fit that failed (a family's own failure in the run included)."""
+    for family, run in runs.items():
+        held = held_by_another(run_dir(fit_configs[family], run), fit_configs[family], prepared.fingerprint, family)
+        if held:
+            return held
+    set_deadline(run_dir(config, run_name), ends_at, "train.time_limit" if ends_at else "")
+    jobs = [(family, run, [0], 0) for family, run in runs.items()]
+
+    def fit() -> dict[str, tuple[TrainOutcome, Selected]]:
+        outcomes, failed, _ = train_shared.with_options(task_run_name=task_run_name, **_retries(config))(
+            prepared, config, run_name, jobs, configs=fit_configs
+        )
+        if failed:
+            raise TrainingError("; ".join(f"{family}: {why}" for family, why in failed.items()))
+        return {family: (got[0], select(got[0], config)) for family, got in outcomes.items()}
+
+    return _attempted(config, runs, fit)
+
+
+def _retries(config: Config) -> dict[str, Any]:
+    return {"retries": config.failure.task_retries, "retry_delay_seconds": config.failure.retry_delay_s}
+
+
+def _attempted(config: Config, runs: dict[str, str], fit: Callable[[], T]) -> T | str:
+    """fit(), or why it failed: a stop, a bad config or input and a full disk raise; the families' MLflow runs
+    (runs: family -> its run) ended however it went."""
     status = "FAILED"
     try:
-        outcome = train.with_options(
-            task_run_name=task_run_name,
-            retries=config.failure.task_retries,
-            retry_delay_seconds=config.failure.retry_delay_s,
-        )(prepared, fit_config, run_name, family)
-        chosen = select(outcome, config)
+        got = fit()
         status = "FINISHED"
+        return got
     except Exception as exc:  # noqa: BLE001 - anything a fit raises, as train_families sorts it
         if isinstance(exc, (ConfigError, DataError)) or stop_requested(exc) or disk_full(exc):
             raise
-        return redact_text(f"the fit {run_name} failed: {type(exc).__name__}: {exc}")[:500]
+        return redact_text(f"the fit {', '.join(runs.values())} failed: {type(exc).__name__}: {exc}")[:500]
     finally:
-        end_runs(config, [run_name], family, "KILLED" if stop_requested() else status)
-    return outcome, chosen
+        for family, run in runs.items():
+            end_runs(config, [run], family, "KILLED" if stop_requested() else status)
 
 
 def held_by_another(folder: str, config: Config, fingerprint: str, family: str) -> str | None:

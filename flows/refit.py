@@ -13,8 +13,9 @@ boosters refit (their size is a count of rounds; a network's schedule is tied to
 other members serve as chosen. Measured (docs/families.md#refit): regression gains on every booster, classification
 level for XGBoost and LightGBM and a gain for CatBoost with its fold models' learning rate (a loss with its own).
 
-A refit is a run like any other (tasks/train.py), <family's run>/refit: a rerun of the run name finds it finished or
-resumes it. It is skipped, with the reason, where there are no test rows (nothing could judge it), where the chosen
+A refit is a run like any other (tasks/train.py), <family's run>/refit; where the families shared one run
+(<name>-families), an ensemble's members refit in one run of their own, <name>-families/refit, each in its folder
+(train_shared: Ray Train's start paid once). A rerun of the run name finds them finished or resumes them. It is skipped, with the reason, where there are no test rows (nothing could judge it), where the chosen
 model was warm-started (it continues its source's rounds), where the time budget has too little left, where its fit
 fails or the time budget cuts it short (a refit short of its rounds would serve a worse model).
 """
@@ -30,14 +31,16 @@ import numpy as np
 import pyarrow as pa
 
 from trainflow.config import ENSEMBLE, Config
-from trainflow.flows.backtest import extra_fit
+from trainflow.flows.backtest import extra_fit, extra_fits
 from trainflow.preprocessors.fit import pack
 from trainflow.run.storage import private_copy
 from trainflow.tasks.common import lineage_for, task_logger
+from trainflow.tasks.train import shared_run_name
 from trainflow.tasks.values import Prepared, Selected, Split, TrainOutcome
 from trainflow.trainer.ensemble import ensemble_dir, write_ensemble
 from trainflow.trainer.evaluate import Scored, score_checkpoint
 from trainflow.trainer.families import family_named
+from trainflow.trainer.runner import shared_scaling
 from trainflow.trainer.serving.servable import load_servable
 
 REFIT_FOLDER = "refit"  # <a family's run>/refit: its refit's run, inside the family's (as its folds' are)
@@ -139,15 +142,16 @@ def refit(
     train_rows, report_rows, rows, ratio = _rows(parts, prepared.fold_rows)
     packed = pack(train_rows, report_rows, prepared.preprocessor, prepared.materialized)
     mine = replace(prepared, train=packed[0], val=packed[1], folds=None, fold_rows=[], warm=None, rows=rows)
-    fitted: dict[str, Selected] = {}
-    lines: list[dict[str, Any]] = []
-    for member in refitting:
-        got = _refit_member(config, run_config, mine, member, members[member], ratio, runs[member], ends_at)
-        if isinstance(got, str):
-            log.warning("refit: none: %s", got)
-            return None, {"refitted": False, "why": got, "members": lines}
-        fitted[member], line = got
-        lines.append(line)
+    plans = {m: _plan(run_config, mine, m, members[m], ratio) for m in refitting}
+    home = shared_run_name(runs)
+    if home and len(plans) > 1 and shared_scaling({m: plan[0] for m, plan in plans.items()}):
+        got = _refit_in_one_run(config, mine, plans, runs, f"{home}/{REFIT_FOLDER}", ends_at)
+    else:
+        got = _refit_each(config, mine, plans, runs, ends_at)
+    fitted, lines = {m: fit for m, (fit, _) in got[0].items()}, [line for _, line in got[0].values()]
+    if got[1]:
+        log.warning("refit: none: %s", got[1])
+        return None, {"refitted": False, "why": got[1], "members": lines}
     # the chosen model's outputs on the rows that chose it: its calibration's rows (cross-fitted: the caller's)
     raw = None
     if parts.fold_count == 1:
@@ -169,38 +173,76 @@ def refit(
     return Refitted(served_outcome, served, raw), record
 
 
-def _refit_member(
-    config: Config,
-    run_config: Config,
-    prepared: Prepared,
-    member: str,
-    chosen: list[Selected],
-    ratio: float,
-    run: str,
-    ends_at: float | None,
-) -> tuple[Selected, dict[str, Any]] | str:
-    """One member's refit on prepared's rows (every row that may train): (its selected checkpoint, its summary line)
-    or why there is none."""
+def _plan(run_config: Config, prepared: Prepared, member: str, chosen: list[Selected], ratio: float):
+    """A member's refit: (its config: its rounds fixed, early stopping off, its pinned values; its budget; its summary
+    line). chosen: its chosen models' selections (its fold models', or the one split's); ratio: how many times the
+    rows each trained on the refit has."""
     family = family_named(member)
     best = [s.epoch + 1 for s in chosen]  # a booster's epoch is its best round's number, from 0
     rounds = max(1, int(round(float(np.mean(best)) * ratio)))
     pinned = family.refit_params([Path(s.path) for s in chosen]) if family.refit_params else {}
     member_config = _member_config(run_config, member, rounds, pinned)
     budget = family.budget(member_config, prepared.rows, member_config.scaling.max_workers)
-    run_name = f"{run}/{REFIT_FOLDER}"
-    # the chosen model still serves when its refit fails; a stop or a bad config fails the run
-    mine = replace(prepared, budgets={member: budget})
-    fitted = extra_fit(config, member_config, mine, member, run_name, f"refit-{member}", ends_at)
-    if isinstance(fitted, str):
-        return fitted
-    outcome, got = fitted
-    if outcome.time_limited_at is not None:
+    return member_config, budget, {"family": member, "rounds": rounds, "chosen_rounds": best, **pinned}
+
+
+Fits = tuple[dict[str, tuple[Selected, dict[str, Any]]], str | None]  # each member's (selection, line); why not all
+
+
+def _refit_each(
+    config: Config, prepared: Prepared, plans: dict[str, Any], runs: dict[str, str], ends_at: float | None
+) -> Fits:
+    """Each member's refit in a run of its own, <its family's run>/refit (a member that trains in a worker group of its
+    own, or the one member), one after another until one fails."""
+    fitted: dict[str, tuple[Selected, dict[str, Any]]] = {}
+    for member, (member_config, budget, line) in plans.items():
+        run_name = f"{runs[member]}/{REFIT_FOLDER}"
+        mine = replace(prepared, budgets={member: budget})
+        got = extra_fit(config, member_config, mine, member, run_name, f"refit-{member}", ends_at)
+        why = _short(got, run_name, line["rounds"])
+        if why:
+            return fitted, why
+        fitted[member] = got[1], {**line, "run": run_name}
+    return fitted, None
+
+
+def _refit_in_one_run(
+    config: Config,
+    prepared: Prepared,
+    plans: dict[str, Any],
+    runs: dict[str, str],
+    run_name: str,
+    ends_at: float | None,
+) -> Fits:
+    """The members' refits one after another in one Ray Train run run_name (<name>-families/refit: the families
+    trained in one run, each in one worker), each in its folder <run_name>/<its family's run>: Ray Train's start paid
+    once (a refit per run cost 7-10 s of start each for 1-2 s of fitting at 150,000 rows)."""
+    mine = replace(prepared, budgets={m: plan[1] for m, plan in plans.items()})
+    own = {m: f"{run_name}/{runs[m].rsplit('/', 1)[-1]}" for m in plans}
+    got = extra_fits(
+        config, {m: p[0] for m, p in plans.items()}, mine, run_name, own, f"refit-{'-'.join(plans)}", ends_at
+    )
+    if isinstance(got, str):
+        return {}, got
+    fitted: dict[str, tuple[Selected, dict[str, Any]]] = {}
+    for member, (_, _, line) in plans.items():
+        why = _short(got[member], own[member], line["rounds"])
+        if why:
+            return fitted, why
+        fitted[member] = got[member][1], {**line, "run": own[member]}
+    return fitted, None
+
+
+def _short(got: tuple[TrainOutcome, Selected] | str, run_name: str, rounds: int) -> str | None:
+    """Why a member's refit does not serve (its fit failed, or the time budget cut it short of its rounds), or None."""
+    if isinstance(got, str):
+        return got
+    if got[0].time_limited_at is not None:
         return (
-            f"the refit {run_name} was cut short by the time budget after round {outcome.time_limited_at} of "
+            f"the refit {run_name} was cut short by the time budget after round {got[0].time_limited_at} of "
             f"{rounds}: the chosen model serves"
         )
-    line = {"family": member, "run": run_name, "rounds": rounds, "chosen_rounds": best, **pinned}
-    return got, line
+    return None
 
 
 def _outcome(chosen: TrainOutcome, refitted: Selected) -> TrainOutcome:

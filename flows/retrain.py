@@ -30,7 +30,7 @@ from trainflow.tasks.approval import check_answerable, command_line_approval
 from trainflow.tasks.select import select_each
 from trainflow.tasks.skip import check_unchanged
 from trainflow.tasks.split import record_split, split
-from trainflow.tasks.train import check_resume, train, train_folds, train_shared
+from trainflow.tasks.train import SHARED_SUFFIX, check_resume, shared_run_name, train, train_folds, train_shared
 from trainflow.tasks.validate import validate_data
 from trainflow.tasks.warm import source_plan, summary_record
 from trainflow.trainer.session import NOT_EARNING_MIN_ROWS, best_val_loss, not_earning
@@ -392,7 +392,6 @@ def served_curves(family: str, k: int, trained: dict[tuple[str, int], TrainOutco
     ]
 
 
-SHARED_SUFFIX = "-families"  # <run name>-families: the Ray Train run a small table's families share
 SHARED_ROWS = 4_000  # at most this many non-test rows: where Ray Train's start is most of a family's fit
 
 
@@ -414,13 +413,6 @@ def shares_a_run(config: Config, prepared: Prepared, runs: dict[str, str], k: in
         and not any(prepared.budgets[f].external_memory for f in runs)
         and shared_scaling({f: config.for_family(f) for f in runs}) is not None
     )
-
-
-def shared_run_name(runs: dict[str, str]) -> str | None:
-    """The Ray Train run every family trains in (<name>-families, their runs <name>-families/<run>), or None."""
-    heads = {r.split("/", 1)[0] if "/" in r else None for r in runs.values()}
-    head = heads.pop() if len(heads) == 1 else None
-    return head if head and head.endswith(SHARED_SUFFIX) else None
 
 
 def fold_groups(config: Config, family: str, first: str, families: int, k: int, fold_rows: int) -> list[list[int]]:

@@ -372,6 +372,16 @@ def train_folds(prepared: Prepared, config: Config, run_name: str, family: str, 
     return train_shared.fn(prepared, config, run_name, [(family, run_name, folds, 0)])[0][family]
 
 
+SHARED_SUFFIX = "-families"  # <run name>-families: the Ray Train run a small table's families share
+
+
+def shared_run_name(runs: dict[str, str]) -> str | None:
+    """The Ray Train run every family trains in (<name>-families, their runs <name>-families/<run>), or None."""
+    heads = {r.split("/", 1)[0] if "/" in r else None for r in runs.values()}
+    head = heads.pop() if len(heads) == 1 else None
+    return head if head and head.endswith(SHARED_SUFFIX) else None
+
+
 @task(name="train-shared", **RETRIED)
 def train_shared(
     prepared: Prepared,
@@ -380,12 +390,13 @@ def train_shared(
     jobs: list[tuple[str, str, list[int], int]],
     auto_time: dict[str, float] | None = None,
     not_earning: dict[str, Any] | None = None,
+    configs: dict[str, Config] | None = None,
 ) -> tuple[dict[str, list[TrainOutcome]], dict[str, str], dict[str, str]]:
     """A small table's families trained in one Ray Train run run_name, one after another in one worker
     (trainer/session.py FamiliesLoop): jobs are (family, its run <run_name>/<family run>, its folds, its folds a
     later fit of the run trains); auto_time: train.time_limit auto's rule (FamiliesLoop); not_earning: the rule the
-    worker applies once every family's first fold trained (FamiliesLoop). Each family
-    keeps its folders, MLflow run and finished records as train_folds gives them; a rerun resumes the family and fold
+    worker applies once every family's first fold trained (FamiliesLoop); configs: a family's own config where it
+    is not config.for_family(family) (a refit's: its rounds fixed, flows/refit.py). Each family keeps its folders, MLflow run and finished records as train_folds gives them; a rerun resumes the family and fold
     it was in. Returns ({family: its folds' outcomes}, {family: why it failed}, {family: why the not-earning rule
     left out its other folds}): a family whose code raised, or whose loss diverged, is left out and the others are
     kept; one the rule left out has its first fold's outcome only. One job whose run is run_name itself is train_folds' one
@@ -395,7 +406,7 @@ def train_shared(
     shared = not (len(jobs) == 1 and jobs[0][1] == run_name)
     one_split = not prepared.folds  # its families' fold 0: run names, MLflow rows and progress lines name no fold
     path = run_dir(config, run_name)
-    fams = _shared_jobs(prepared, config, jobs, one_split)
+    fams = _shared_jobs(prepared, config, jobs, one_split, configs or {})
     keyed = {((f, k) if shared else k): d for f, j in fams.items() for k, d in j["folders"].items()}
     done = _finished_before(path, fams, keyed)
     if all(done.values()):
@@ -409,7 +420,7 @@ def train_shared(
     # a shared run's families that finished every fold before (a rerun) are not in this fit
     todo = {f: j for f, j in fams.items() if not all(done[(f, k)] for k in j["folds"])}
     for f, j in todo.items():
-        j["mlflow"] = open_run(config, j["run"], f)
+        j["mlflow"] = open_run(j["config"], j["run"], f)
         j["progress"] = ProgressLine(f, j["budget"].limit, j["budget"].unit, 0 if one_split else len(prepared.folds))
     logged: set[tuple[str, Any, int]] = set()
     only = next(iter(todo))
@@ -453,20 +464,26 @@ def train_shared(
 
 
 def _shared_jobs(
-    prepared: Prepared, config: Config, jobs: list[tuple[str, str, list[int], int]], one_split: bool
+    prepared: Prepared,
+    config: Config,
+    jobs: list[tuple[str, str, list[int], int]],
+    one_split: bool,
+    configs: dict[str, Config],
 ) -> dict[str, dict[str, Any]]:
-    """Each job of train_shared as the record its helpers share: its run, home folder, folds and their folders and
-    run names, budget and lineage."""
+    """Each job of train_shared as the record its helpers share: its config (configs' or config's), run, home
+    folder, folds and their folders and run names, budget and lineage."""
     fams: dict[str, dict[str, Any]] = {}
     for family, family_run, folds, after in jobs:
-        home = run_dir(config.for_family(family), family_run)
+        mine = configs.get(family) or config.for_family(family)
+        home = run_dir(mine, family_run)
         fams[family] = {
+            "config": mine,
             "run": family_run,
             "home": home,
             "folds": list(folds),
             "after": after,
             "budget": prepared.budgets[family],
-            "lineage": lineage_for(config, prepared.fingerprint, family),
+            "lineage": lineage_for(configs.get(family) or config, prepared.fingerprint, family),
             "folders": {k: join(home, fold_folder(k)) for k in folds},
             # one split (its fold 0 of a shared run): the family's run name, as a run of its own has
             "names": {k: family_run if one_split else f"{family_run}-{fold_folder(k)}" for k in folds},
@@ -525,14 +542,14 @@ def _fit_shared(
     os.environ[WORKER_GROUP_START_TIMEOUT] = f"{config.failure.worker_start_timeout_s:g}"
     sets = [(prepared.train, prepared.val)] if one_split else prepared.folds  # one split: the families' fold 0
     local = in_process(
-        config, run_scaling({f: config.for_family(f) for f in todo}), prepared.rows, prepared.materialized
+        config, run_scaling({f: j["config"] for f, j in todo.items()}), prepared.rows, prepared.materialized
     )
     if not local:  # a fit in this process (Ray Train's local mode) of rows it holds needs no Ray
         ensure_ray(**config.ray_start)
     with fit_reports(path, on_report, local) as callbacks:
         if shared:
             trainer = build_shared_trainer(
-                {f: config.for_family(f) for f in todo},
+                {f: j["config"] for f, j in todo.items()},
                 prepared.preprocessor,
                 run_name,
                 [(f, j["run"][len(run_name) + 1 :], j["folds"], j["after"]) for f, j in todo.items()],
@@ -547,7 +564,7 @@ def _fit_shared(
         else:
             ((only, j),) = fams.items()
             trainer = build_trainer(
-                config.for_family(only),
+                j["config"],
                 prepared.preprocessor,
                 None,
                 None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
@@ -202,3 +203,55 @@ def _the_chosen_booster_was_refitted(s: dict, printed: str, shared, client, runs
     version = client.get_model_version(s["registered_model"], s["model_version"])  # the family's run, as unrefitted
     assert client.get_run(version.run_id).info.run_name == s["run_name"] == "sh-families/sh-lightgbm"
     assert runs["sh-families/sh-lightgbm/refit"].info.status == "FINISHED"  # the refit's own, nested too
+
+
+def test_an_ensembles_boosters_refit_in_one_run_and_a_rerun_trains_neither_again(tmp_path):
+    """train.refit auto with an ensemble of two boosters that trained in one shared run: both refit one after
+    another in one run of their own, <name>-families/refit (Ray Train's start paid once, as for their folds), each in
+    its folder with its own MLflow run; a rerun of the run name (--force) reuses both finished refits."""
+    from tests.conftest import make_regression_table, write_config, write_parquet
+
+    table = make_regression_table(800, seed=3)
+    noisy = table["target y"].to_numpy() + np.random.default_rng(5).normal(0, 1.0, table.num_rows)
+    write_parquet(table.set_column(table.num_columns - 1, "target y", pa.array(noisy)), tmp_path / "data" / "t.parquet")
+    cfg = write_config(
+        tmp_path,
+        {
+            "data": {"path": "data/t.parquet", "label": "target y", "id_column": "row id"},
+            "task": "regression",
+            # two boosters fitting noise fast, each its own way: their weighted mean is the better model on the
+            # out-of-fold rows (measured: oof_loss 0.163 against XGBoost's 0.174 and LightGBM's 0.204)
+            "model": {
+                "type": ["xgboost", "lightgbm"],
+                "params": {"learning_rate": 0.5, "num_boost_round": 40, "xgboost": {"max_depth": 6}},
+            },
+            "train": {"folds": FOLDS},
+            "storage_path": "runs",
+            "mlflow": {"experiment": "test"},
+        },
+    )
+    first, again = tmp_path / "s.json", tmp_path / "again.json"
+    assert cli_main(["retrain", "--config", str(cfg), "--run-name", "rf", "--summary-json", str(first)]) == 0
+    s = json.loads(first.read_text())
+    assert s["model_family"] == "ensemble", s["candidates"]
+    assert sorted(m["family"] for m in s["ensemble"]["members"] if m["weight"] > 0) == ["lightgbm", "xgboost"]
+    refit = s["refit"]
+    assert refit["refitted"] and refit["rows"] == s["oof_rows"]
+    home = tmp_path / "runs" / "rf-families" / "refit"
+    assert {m["family"]: m["run"] for m in refit["members"]} == {
+        f: f"rf-families/refit/rf-{f}" for f in ("xgboost", "lightgbm")
+    }
+    events = [json.loads(p.read_text()) for p in (home / "trainflow_events").glob("*.json")]
+    assert len([e for e in events if e["event"] == "attempt"]) == 1, events  # one run for both
+    folders = {f: _checkpoint_folders(home / f"rf-{f}" / "fold0") for f in ("xgboost", "lightgbm")}
+    assert all(folders.values()), folders
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = {r.info.run_name: r for r in client.search_runs([e.experiment_id for e in client.search_experiments()])}
+    for f in ("xgboost", "lightgbm"):
+        assert runs[f"rf-families/refit/rf-{f}"].info.status == "FINISHED"
+    assert cli_main(["retrain", "--config", str(cfg), "--run-name", "rf", "--force", "--summary-json", str(again)]) == 0
+    second = json.loads(again.read_text())
+    assert {f: _checkpoint_folders(home / f"rf-{f}" / "fold0") for f in folders} == folders
+    assert second["refit"]["members"] == refit["members"] and second["test_metrics"] == s["test_metrics"]
