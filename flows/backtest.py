@@ -101,10 +101,12 @@ def extra_fit(
     run_name: str,
     task_run_name: str,
     ends_at: float | None,
+    latest: bool = False,
 ) -> tuple[TrainOutcome, Selected] | str:
     """A fit beside the retrain's own (the backtest's earlier model, a refit): family trained on prepared's rows with
     fit_config under run_name by the train task (with config's failure retries) by ends_at, its checkpoint selected,
-    its MLflow run ended; (the outcome, its selection), or why there is none: the run folder holds another table's or
+    its MLflow run ended (latest: its newest checkpoint, as tasks/select.py select's); (the outcome, its selection),
+    or why there is none: the run folder holds another table's or
     config's run (left as it is), or the fit failed (the retrain goes on without it). A stop, a bad config or input
     and a full disk fail the run."""
     folder = run_dir(fit_config, run_name)
@@ -117,7 +119,7 @@ def extra_fit(
         outcome = train.with_options(task_run_name=task_run_name, **_retries(config))(
             prepared, fit_config, run_name, family
         )
-        return outcome, select(outcome, config)
+        return outcome, select(outcome, config, latest)
 
     return _attempted(config, {family: run_name}, fit)
 
@@ -130,6 +132,7 @@ def extra_fits(
     runs: dict[str, str],
     task_run_name: str,
     ends_at: float | None,
+    latest: bool = False,
 ) -> dict[str, tuple[TrainOutcome, Selected]] | str:
     """extra_fit of several one-worker families in one Ray Train run run_name, one after another in one worker
     (tasks/train.py train_shared: Ray Train's start paid once): each family (fit_configs: its config) under its run
@@ -148,7 +151,7 @@ def extra_fits(
         )
         if failed:
             raise TrainingError("; ".join(f"{family}: {why}" for family, why in failed.items()))
-        return {family: (got[0], select(got[0], config)) for family, got in outcomes.items()}
+        return {family: (got[0], select(got[0], config, latest)) for family, got in outcomes.items()}
 
     return _attempted(config, runs, fit)
 

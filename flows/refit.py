@@ -198,7 +198,7 @@ def _refit_each(
     for member, (member_config, budget, line) in plans.items():
         run_name = f"{runs[member]}/{REFIT_FOLDER}"
         mine = replace(prepared, budgets={member: budget})
-        got = extra_fit(config, member_config, mine, member, run_name, f"refit-{member}", ends_at)
+        got = extra_fit(config, member_config, mine, member, run_name, f"refit-{member}", ends_at, latest=True)
         why = _short(got, run_name, line["rounds"])
         if why:
             return fitted, why
@@ -219,9 +219,8 @@ def _refit_in_one_run(
     once (a refit per run cost 7-10 s of start each for 1-2 s of fitting at 150,000 rows)."""
     mine = replace(prepared, budgets={m: plan[1] for m, plan in plans.items()})
     own = {m: f"{run_name}/{runs[m].rsplit('/', 1)[-1]}" for m in plans}
-    got = extra_fits(
-        config, {m: p[0] for m, p in plans.items()}, mine, run_name, own, f"refit-{'-'.join(plans)}", ends_at
-    )
+    configs = {m: plan[0] for m, plan in plans.items()}
+    got = extra_fits(config, configs, mine, run_name, own, f"refit-{'-'.join(plans)}", ends_at, latest=True)
     if isinstance(got, str):
         return {}, got
     fitted: dict[str, tuple[Selected, dict[str, Any]]] = {}

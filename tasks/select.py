@@ -29,9 +29,10 @@ def rank_checkpoints(checkpoints: list[dict[str, Any]], metric: str, mode: str) 
 
 
 @task(name="select", cache_policy=NO_CACHE)
-def select(outcome: TrainOutcome, config: Config) -> Selected:
-    """The best checkpoint whose files load; worse ones are the fallback, with a warning for each skipped."""
-    return _pick(outcome, config, get_run_logger())
+def select(outcome: TrainOutcome, config: Config, latest: bool = False) -> Selected:
+    """The best checkpoint whose files load; worse ones are the fallback, with a warning for each skipped. latest: the
+    newest instead (a refit's model is its last round: its reports are on rows it trained on, which rank nothing)."""
+    return _pick(outcome, config, get_run_logger(), latest)
 
 
 @task(name="select", cache_policy=NO_CACHE)
@@ -42,9 +43,12 @@ def select_each(outcomes: dict[str, list[TrainOutcome]], config: Config) -> dict
     return {family: [_pick(o, config, log) for o in folds] for family, folds in outcomes.items()}
 
 
-def _pick(outcome: TrainOutcome, config: Config, log) -> Selected:
+def _pick(outcome: TrainOutcome, config: Config, log, latest: bool = False) -> Selected:
     metric, mode = config.checkpoint.metric, config.checkpoint.mode
-    candidates, skipped = rank_checkpoints(outcome.checkpoints, metric, mode)
+    if latest:
+        candidates, skipped = sorted(outcome.checkpoints, key=lambda c: c["epoch"], reverse=True), []
+    else:
+        candidates, skipped = rank_checkpoints(outcome.checkpoints, metric, mode)
     for c in candidates:
         try:
             local = private_copy(c["path"])  # checked here, read by every later step
@@ -56,7 +60,9 @@ def _pick(outcome: TrainOutcome, config: Config, log) -> Selected:
             continue
         for s in skipped:
             log.warning("skipped checkpoint %s: %s", s["path"], s["reason"])
-        log.info("selected epoch %d: %s = %.5g (%s)", c["epoch"], metric, metric_value(c["metrics"], metric), c["path"])
+        value = metric_value(c["metrics"], metric)
+        figure = f"{metric} = {value:.5g}" if value is not None else f"{metric} not reported"
+        log.info("selected epoch %d%s: %s (%s)", c["epoch"], " (the last)" if latest else "", figure, c["path"])
         return Selected(path=local, epoch=c["epoch"], metrics=c["metrics"], skipped=skipped, uri=c["path"])
     reasons = "; ".join(f"{s['path']}: {s['reason']}" for s in skipped) or "no checkpoints were kept"
     raise CheckpointError(f"run {outcome.run_name} has no usable checkpoint by {metric}: {reasons}")
