@@ -27,12 +27,15 @@ from trainflow.tasks.summary import summarize
 from trainflow.trainer.evaluate import Scored
 
 
-def _approval_lines(ingested: Ingested, outcome: TrainOutcome, selected: Selected, metrics, tested) -> list[str]:
-    """What a person approving the promotion is shown of the model (metrics: its test figures)."""
+def _approval_lines(
+    ingested: Ingested, outcome: TrainOutcome, selected: Selected, metrics: dict | None, rows: int | None
+) -> list[str]:
+    """What a person approving the promotion is shown of the model (metrics: its figures on the rows test rows; None
+    where there are none)."""
     return [
         f"family {outcome.family}, checkpoint {selected.path}",
         f"data {ingested.spec.path} (fingerprint {ingested.spec.fingerprint})",
-        *([f"test rows ({tested.rows}): {figures(metrics or {})}"] if tested else []),
+        *([f"test rows ({rows}): {figures(metrics or {})}"] if rows is not None else []),
     ]
 
 
@@ -111,7 +114,9 @@ def publish(
     registered = register(config, ingested, outcome, selected, parts.plan)
     promotion = promote(config, holdout, selected, registered, scored, judged_on, answer=config.approved)
     if promotion.decision == AWAITING:  # promotion.approval: required: the flow run suspends for a person's answer
-        lines = _approval_lines(ingested, outcome, selected, tested.metrics.get(served) if tested else None, tested)
+        lines = _approval_lines(
+            ingested, outcome, selected, tested.metrics.get(served) if tested else None, tested.rows if tested else None
+        )
         answer = await_approval(config, promotion, registered, lines)
         promotion = promote(config, holdout, selected, registered, scored, judged_on, answer=answer)
     importance = explain(config, holdout, selected.path, promotion, registered) if explained else None

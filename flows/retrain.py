@@ -240,8 +240,16 @@ def _chosen(config: Config, parts: Split, runs: dict[str, str], trained, name: s
     return _Chosen(outcomes, selections, decisions, built, fold_selections)
 
 
-def _backtest_fit(config: Config, run_config: Config, parts: Split, prepared: Prepared, family: str, chosen, runs,
-                  share):  # fmt: skip
+def _backtest_fit(
+    config: Config,
+    run_config: Config,
+    parts: Split,
+    prepared: Prepared,
+    family: str,
+    chosen: Any,
+    runs: dict[str, str],
+    share: TimeShare,
+) -> Any:
     """Roles by time with test rows: the backtest's earlier model of the chosen family (an ensemble's heaviest
     member: flows/backtest.py), by the families' deadline; else None."""
     if parts.plan is None or parts.plan.time_column is None or not parts.test_rows:

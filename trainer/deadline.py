@@ -170,6 +170,8 @@ class TimeShare:
     clock: Callable[[], float] = time.time
     reserve: float = 0.0  # the share of a limit in seconds kept for after the families (train.refit: REFIT_RESERVE)
     started: float = field(init=False)
+    # when the families' training ends (the limit less what it keeps for after them: the backtest's fit ends here too);
+    # limit_ends_at is the whole budget's end (the refit's)
     ends_at: float | None = field(init=False, default=None)
     why: str = field(init=False, default="")
     first_done_s: float | None = field(init=False, default=None)
