@@ -24,6 +24,8 @@ BOUNDARIES = {
 # boundary -> (module, function, n): the kill comes as the n-th call returns (what it made is durable, what its
 # caller does next is not)
 AFTER_CALL = {
+    # a retrain's refit (one member: its own run) trained, finished and selected, its model not yet registered
+    "refit-fitted": ("trainflow.flows.refit", "extra_fit", 1),
     # a replay's cutoff 1: its retrain registered, the period not yet recorded in replay.json
     "replay-second-fit": ("trainflow.flows.replay", "_fit", 2),
     # `trainflow gc`: the done record and one folder of the first run it removes deleted, the rest not

@@ -1,5 +1,5 @@
 """Exactly once: one retrain SIGKILLed at every step boundary where something durable changes, in turn
-(mid-training, in Ray Train's local mode as a small table trains: the process holds the fit, in the ensemble task after training and selection, inside the gate with the champion lock held and
+(mid-training, in Ray Train's local mode as a small table trains: the process holds the fit, in the ensemble task after training and selection, after the refit's fit and before its registration, inside the gate with the champion lock held and
 the model version registered, between the alias move and its record, and while the predictions are committed); each
 rerun with the same name resumes where the one before stopped, and the last one ends with one model version, one
 alias move, one complete output and no MLflow run left RUNNING. (A kill after ingest leaves nothing durable, as before
@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 # the boundaries after training, in the order a retrain reaches them (tests/kill_at.py)
 # (after training, after selection and before the ensemble's weights nothing durable changes: one kill, in the
 # ensemble task, covers the three; the gate's kill comes after register, with the version registered)
-AFTER_TRAINING = ("ensemble-build", "promote-locked", "promote-moved", "output-commit")
+AFTER_TRAINING = ("ensemble-build", "refit-fitted", "promote-locked", "promote-moved", "output-commit")
 
 
 def _start(cfg, env, log, kill_at=None):
@@ -74,6 +74,7 @@ def test_a_retrain_killed_at_every_step_boundary_ends_exactly_once(tmp_path, cap
     # train_config) in local mode (the CLI's process; no Ray starts), the network in its folder of it
     shared = runs / "killed-run-families"
     run = shared / "killed-run-mlp" / "fold0"
+    refit = shared / "killed-run-xgboost" / "refit"  # train.refit auto: the booster (alone or in the ensemble)
     output = tmp_path / "out" / "predictions"
     home = prefect_home
     # local runs as a user starts them (Prefect's temporary server, file locks under its home; a small table: no Ray)
@@ -114,12 +115,16 @@ def test_a_retrain_killed_at_every_step_boundary_ends_exactly_once(tmp_path, cap
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     for boundary in AFTER_TRAINING:
         killed_at(boundary)
-        versions = client.search_model_versions(f"name = '{model}'") if boundary != "ensemble-build" else []
+        registered = boundary not in ("ensemble-build", "refit-fitted")
+        versions = client.search_model_versions(f"name = '{model}'") if registered else []
         aliases = client.get_registered_model(model).aliases if versions else {}
         if boundary == "ensemble-build":  # both families trained to the end: no rerun trains them again
             assert all(
                 (shared / f"killed-run-{f}" / "fold0" / "trainflow_finished.json").exists() for f in ("mlp", "xgboost")
             )
+        elif boundary == "refit-fitted":  # the chosen booster refitted to its end, nothing registered
+            assert (refit / "trainflow_finished.json").exists() and not client.search_registered_models()
+            refitted = checkpoint_folders(str(refit))
         elif boundary == "promote-locked":  # registered, not judged; the kill freed the champion lock at once
             assert len(versions) == 1 and not aliases
             _assert_free(home, lock_name("champion", model, f"sqlite:///{tmp_path / 'mlflow.db'}"))
@@ -154,6 +159,9 @@ def test_a_retrain_killed_at_every_step_boundary_ends_exactly_once(tmp_path, cap
     assert [p.name for p in output.parent.iterdir()] == ["predictions"] and (output / MANIFEST).exists()
     assert not list(runs.glob("*/.*.tmp-*"))  # no staging folder of a checkpoint bundle left (tests/test_ensemble.py)
 
+    # the refit the killed process finished was not trained again: the served model is it
+    assert summary["refit"]["refitted"] and checkpoint_folders(str(refit)) == refitted
+    assert [m["run"] for m in summary["refit"]["members"]] == ["killed-run-families/killed-run-xgboost/refit"]
     # the rerun resumed from the newest whole checkpoint the killed process left: the epoch after it
     mlp = json.loads((run / "trainflow_finished.json").read_text())["outcome"]
     assert mlp["resumed_from_epoch"] == stopped + 1
