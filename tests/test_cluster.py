@@ -108,10 +108,10 @@ def test_an_elastic_retrain_shrinks_when_a_node_dies_grows_back_and_counts_a_dra
         drain = [
             "ray", "drain-node", "--address", cluster.address, "--node-id", third.node_id,
             "--reason", "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot capacity reclaimed",
-            "--deadline-remaining-seconds", "10",
+            "--deadline-remaining-seconds", "4",
         ]  # fmt: skip
         subprocess.run([str(Path(sys.executable).parent / drain[0]), *drain[1:]], check=True, timeout=60)
-        reclaim_at = time.monotonic() + 12
+        reclaim_at = time.monotonic() + 5  # (a deadline of 10 s, reclaimed at 12 s, only waited 7 s longer)
         _wait_for(run, "the preemption", lambda ev: any(e["event"] == "preemption" for e in ev), flow.is_alive)
         time.sleep(max(0.0, reclaim_at - time.monotonic()))
         cluster.remove_node(third, allow_graceful=False)  # the cloud takes the node back just after its deadline
