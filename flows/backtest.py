@@ -28,7 +28,9 @@ from trainflow.tasks.values import EarlierFit, Prepared, Selected, Split, TrainO
 from trainflow.tasks.select import select
 from trainflow.tasks.train import train, train_shared
 from trainflow.trainer.deadline import MIN_RUN_S, set_deadline
+from trainflow.run.storage import join
 from trainflow.trainer.runner import latest_lineage, run_dir
+from trainflow.trainer.session import fold_folder
 
 T = TypeVar("T")
 
@@ -115,7 +117,7 @@ def extra_fit(
         return held
     set_deadline(folder, ends_at, "train.time_limit" if ends_at else "")
 
-    def fit() -> tuple[TrainOutcome, Selected]:
+    def fit(_ended: dict[str, str]) -> tuple[TrainOutcome, Selected]:
         outcome = train.with_options(task_run_name=task_run_name, **_retries(config))(
             prepared, fit_config, run_name, family
         )
@@ -138,18 +140,20 @@ def extra_fits(
     (tasks/train.py train_shared: Ray Train's start paid once): each family (fit_configs: its config) under its run
     runs[family], a folder of run_name. {family: (its outcome, its selection)}, or why there is none for any: a run
     folder held by another run, or a fit that failed (a family's own failure in the run included)."""
-    for family, run in runs.items():
-        held = held_by_another(run_dir(fit_configs[family], run), fit_configs[family], prepared.fingerprint, family)
+    for family, run in runs.items():  # one split in a shared run: its checkpoints in the run's fold 0 folder
+        folder = join(run_dir(fit_configs[family], run), fold_folder(0))
+        held = held_by_another(folder, fit_configs[family], prepared.fingerprint, family)
         if held:
             return held
     set_deadline(run_dir(config, run_name), ends_at, "train.time_limit" if ends_at else "")
     jobs = [(family, run, [0], 0) for family, run in runs.items()]
 
-    def fit() -> dict[str, tuple[TrainOutcome, Selected]]:
+    def fit(ended: dict[str, str]) -> dict[str, tuple[TrainOutcome, Selected]]:
         outcomes, failed, _ = train_shared.with_options(task_run_name=task_run_name, **_retries(config))(
             prepared, config, run_name, jobs, configs=fit_configs
         )
-        if failed:
+        if failed:  # each family's MLflow run ends as its fit did; none of them serves
+            ended.update({**{family: "FINISHED" for family in outcomes}, **{family: "FAILED" for family in failed}})
             raise TrainingError("; ".join(f"{family}: {why}" for family, why in failed.items()))
         return {family: (got[0], select(got[0], config, latest)) for family, got in outcomes.items()}
 
@@ -160,12 +164,12 @@ def _retries(config: Config) -> dict[str, Any]:
     return {"retries": config.failure.task_retries, "retry_delay_seconds": config.failure.retry_delay_s}
 
 
-def _attempted(config: Config, runs: dict[str, str], fit: Callable[[], T]) -> T | str:
-    """fit(), or why it failed: a stop, a bad config or input and a full disk raise; the families' MLflow runs
-    (runs: family -> its run) ended however it went."""
-    status = "FAILED"
+def _attempted(config: Config, runs: dict[str, str], fit: Callable[[dict[str, str]], T]) -> T | str:
+    """fit(ended), or why it failed: a stop, a bad config or input and a full disk raise; the families' MLflow runs
+    (runs: family -> its run) ended however it went (as fit recorded in ended for a family, else as fit ended)."""
+    status, ended = "FAILED", {}
     try:
-        got = fit()
+        got = fit(ended)
         status = "FINISHED"
         return got
     except Exception as exc:  # noqa: BLE001 - anything a fit raises, as train_families sorts it
@@ -174,7 +178,7 @@ def _attempted(config: Config, runs: dict[str, str], fit: Callable[[], T]) -> T 
         return redact_text(f"the fit {', '.join(runs.values())} failed: {type(exc).__name__}: {exc}")[:500]
     finally:
         for family, run in runs.items():
-            end_runs(config, [run], family, "KILLED" if stop_requested() else status)
+            end_runs(config, [run], family, "KILLED" if stop_requested() else ended.get(family, status))
 
 
 def held_by_another(folder: str, config: Config, fingerprint: str, family: str) -> str | None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -145,13 +145,18 @@ def refit(
     plans = {m: _plan(run_config, mine, m, members[m], ratio) for m in refitting}
     home = shared_run_name(runs)
     if home and len(plans) > 1 and shared_scaling({m: plan[0] for m, plan in plans.items()}):
-        got = _refit_in_one_run(config, mine, plans, runs, f"{home}/{REFIT_FOLDER}", ends_at)
+        fits = _in_one_run(config, mine, plans, runs, f"{home}/{REFIT_FOLDER}", ends_at)
     else:
-        got = _refit_each(config, mine, plans, runs, ends_at)
-    fitted, lines = {m: fit for m, (fit, _) in got[0].items()}, [line for _, line in got[0].values()]
-    if got[1]:
-        log.warning("refit: none: %s", got[1])
-        return None, {"refitted": False, "why": got[1], "members": lines}
+        fits = _each(config, mine, plans, runs, ends_at)
+    fitted: dict[str, Selected] = {}
+    lines: list[dict[str, Any]] = []
+    for member, got, run_name in fits:  # until one does not serve (_each fits no member after it)
+        why = _short(got, run_name, plans[member][2]["rounds"])
+        if why:
+            log.warning("refit: none: %s", why)
+            return None, {"refitted": False, "why": why, "members": lines}
+        fitted[member] = got[1]
+        lines.append({**plans[member][2], "run": run_name})
     # the chosen model's outputs on the rows that chose it: its calibration's rows (cross-fitted: the caller's)
     raw = None
     if parts.fold_count == 1:
@@ -186,34 +191,32 @@ def _plan(run_config: Config, prepared: Prepared, member: str, chosen: list[Sele
     return member_config, budget, {"family": member, "rounds": rounds, "chosen_rounds": best, **pinned}
 
 
-Fits = tuple[dict[str, tuple[Selected, dict[str, Any]]], str | None]  # each member's (selection, line); why not all
+Fit = tuple[str, tuple[TrainOutcome, Selected] | str, str]  # (member, its fit or why there is none, its run)
 
 
-def _refit_each(
+def _each(
     config: Config, prepared: Prepared, plans: dict[str, Any], runs: dict[str, str], ends_at: float | None
-) -> Fits:
+) -> Iterator[Fit]:
     """Each member's refit in a run of its own, <its family's run>/refit (a member that trains in a worker group of its
-    own, or the one member), one after another until one fails."""
-    fitted: dict[str, tuple[Selected, dict[str, Any]]] = {}
-    for member, (member_config, budget, line) in plans.items():
+    own, or the one member), fitted as it is asked for."""
+    for member, (member_config, budget, _) in plans.items():
         run_name = f"{runs[member]}/{REFIT_FOLDER}"
         mine = replace(prepared, budgets={member: budget})
-        got = extra_fit(config, member_config, mine, member, run_name, f"refit-{member}", ends_at, latest=True)
-        why = _short(got, run_name, line["rounds"])
-        if why:
-            return fitted, why
-        fitted[member] = got[1], {**line, "run": run_name}
-    return fitted, None
+        yield (
+            member,
+            extra_fit(config, member_config, mine, member, run_name, f"refit-{member}", ends_at, True),
+            run_name,
+        )
 
 
-def _refit_in_one_run(
+def _in_one_run(
     config: Config,
     prepared: Prepared,
     plans: dict[str, Any],
     runs: dict[str, str],
     run_name: str,
     ends_at: float | None,
-) -> Fits:
+) -> Iterator[Fit]:
     """The members' refits one after another in one Ray Train run run_name (<name>-families/refit: the families
     trained in one run, each in one worker), each in its folder <run_name>/<its family's run>: Ray Train's start paid
     once (a refit per run cost 7-10 s of start each for 1-2 s of fitting at 150,000 rows)."""
@@ -221,15 +224,8 @@ def _refit_in_one_run(
     own = {m: f"{run_name}/{runs[m].rsplit('/', 1)[-1]}" for m in plans}
     configs = {m: plan[0] for m, plan in plans.items()}
     got = extra_fits(config, configs, mine, run_name, own, f"refit-{'-'.join(plans)}", ends_at, latest=True)
-    if isinstance(got, str):
-        return {}, got
-    fitted: dict[str, tuple[Selected, dict[str, Any]]] = {}
-    for member, (_, _, line) in plans.items():
-        why = _short(got[member], own[member], line["rounds"])
-        if why:
-            return fitted, why
-        fitted[member] = got[member][1], {**line, "run": own[member]}
-    return fitted, None
+    for member in plans:
+        yield member, got if isinstance(got, str) else got[member], own[member]
 
 
 def _short(got: tuple[TrainOutcome, Selected] | str, run_name: str, rounds: int) -> str | None:

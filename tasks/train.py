@@ -483,6 +483,7 @@ def _shared_jobs(
             "folds": list(folds),
             "after": after,
             "budget": prepared.budgets[family],
+            # (the run config's hash, as a family's run always had it; a refit's own config where it has one)
             "lineage": lineage_for(configs.get(family) or config, prepared.fingerprint, family),
             "folders": {k: join(home, fold_folder(k)) for k in folds},
             # one split (its fold 0 of a shared run): the family's run name, as a run of its own has

@@ -255,3 +255,15 @@ def test_an_ensembles_boosters_refit_in_one_run_and_a_rerun_trains_neither_again
     second = json.loads(again.read_text())
     assert {f: _checkpoint_folders(home / f"rf-{f}" / "fold0") for f in folders} == folders
     assert second["refit"]["members"] == refit["members"] and second["test_metrics"] == s["test_metrics"]
+    # a refit folder whose checkpoints say another training config (planted): never resumed onto, never deleted; the
+    # chosen ensemble serves and the summary says why
+    planted = sorted((home / "rf-xgboost" / "fold0").glob("checkpoint_*"))
+    for checkpoint in planted:
+        lineage = json.loads((checkpoint / "lineage.json").read_text())
+        (checkpoint / "lineage.json").write_text(json.dumps({**lineage, "config_hash": "config:someone-else"}))
+    third = tmp_path / "third.json"
+    assert cli_main(["retrain", "--config", str(cfg), "--run-name", "rf", "--force", "--summary-json", str(third)]) == 0
+    held = json.loads(third.read_text())["refit"]
+    assert not held["refitted"] and "holds a run of other data or another training config" in held["why"], held
+    assert sorted((home / "rf-xgboost" / "fold0").glob("checkpoint_*")) == planted
+    assert _checkpoint_folders(home / "rf-lightgbm" / "fold0") == folders["lightgbm"]
