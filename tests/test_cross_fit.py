@@ -5,6 +5,7 @@ trains no finished fold again."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -205,7 +206,7 @@ def _the_chosen_booster_was_refitted(s: dict, printed: str, shared, client, runs
     assert runs["sh-families/sh-lightgbm/refit"].info.status == "FINISHED"  # the refit's own, nested too
 
 
-def test_an_ensembles_boosters_refit_in_one_run_and_a_rerun_trains_neither_again(tmp_path):
+def test_an_ensembles_boosters_refit_in_one_run_and_a_rerun_trains_neither_again(tmp_path, monkeypatch):
     """train.refit auto with an ensemble of two boosters that trained in one shared run: both refit one after
     another in one run of their own, <name>-families/refit (Ray Train's start paid once, as for their folds), each in
     its folder with its own MLflow run; a rerun of the run name (--force) reuses both finished refits."""
@@ -267,3 +268,25 @@ def test_an_ensembles_boosters_refit_in_one_run_and_a_rerun_trains_neither_again
     assert not held["refitted"] and "holds a run of other data or another training config" in held["why"], held
     assert sorted((home / "rf-xgboost" / "fold0").glob("checkpoint_*")) == planted
     assert _checkpoint_folders(home / "rf-lightgbm" / "fold0") == folders["lightgbm"]
+
+    # a member whose code raises inside the shared refit (its folds trained): the other member still refits, the
+    # chosen ensemble serves with the reason, and each member's MLflow run ends as its own refit did
+    from trainflow.catalogue import families
+
+    real = families()["lightgbm"].train_fn
+
+    def raises_in_the_refit(loop_config):
+        if "/refit/" in str(loop_config["run_dir"]):
+            raise RuntimeError("injected: LightGBM's refit raises")
+        return real(loop_config)
+
+    monkeypatch.setitem(families(), "lightgbm", dataclasses.replace(families()["lightgbm"], train_fn=raises_in_the_refit))
+    fourth = tmp_path / "fourth.json"
+    assert cli_main(["retrain", "--config", str(cfg), "--run-name", "rf2", "--force", "--summary-json", str(fourth)]) == 0
+    failed = json.loads(fourth.read_text())
+    assert failed["model_family"] == "ensemble" and not failed["refit"]["refitted"], failed["refit"]
+    assert "lightgbm" in failed["refit"]["why"] and "injected: LightGBM's refit raises" in failed["refit"]["why"]
+    runs = {r.info.run_name: r for r in client.search_runs([e.experiment_id for e in client.search_experiments()])}
+    assert runs["rf2-families/refit/rf2-xgboost"].info.status == "FINISHED"
+    assert runs["rf2-families/refit/rf2-lightgbm"].info.status == "FAILED"
+    assert _checkpoint_folders(tmp_path / "runs" / "rf2-families" / "refit" / "rf2-xgboost" / "fold0")
