@@ -280,9 +280,13 @@ def test_an_ensembles_boosters_refit_in_one_run_and_a_rerun_trains_neither_again
             raise RuntimeError("injected: LightGBM's refit raises")
         return real(loop_config)
 
-    monkeypatch.setitem(families(), "lightgbm", dataclasses.replace(families()["lightgbm"], train_fn=raises_in_the_refit))
+    monkeypatch.setitem(
+        families(), "lightgbm", dataclasses.replace(families()["lightgbm"], train_fn=raises_in_the_refit)
+    )
     fourth = tmp_path / "fourth.json"
-    assert cli_main(["retrain", "--config", str(cfg), "--run-name", "rf2", "--force", "--summary-json", str(fourth)]) == 0
+    assert (
+        cli_main(["retrain", "--config", str(cfg), "--run-name", "rf2", "--force", "--summary-json", str(fourth)]) == 0
+    )
     failed = json.loads(fourth.read_text())
     assert failed["model_family"] == "ensemble" and not failed["refit"]["refitted"], failed["refit"]
     assert "lightgbm" in failed["refit"]["why"] and "injected: LightGBM's refit raises" in failed["refit"]["why"]
