@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
 import tempfile
 import time
@@ -145,8 +146,19 @@ def refit_params(checkpoints: list[Path]) -> dict[str, Any]:
     """A refit's learning rate: the mean of its chosen models' (train.refit). CatBoost picks its own from the rows
     and the iterations otherwise, and a refit with its own choice scored worse than the fold models it replaces (with
     theirs, better: docs/families.md#refit)."""
-    rates = [float(load_catboost(path).get_all_params()["learning_rate"]) for path in checkpoints]
-    return {"learning_rate": float(np.mean(rates))}
+    return {"learning_rate": float(np.mean([_learning_rate(path) for path in checkpoints]))}
+
+
+def _learning_rate(checkpoint: Path) -> float:
+    """The learning rate a checkpoint's model trained at: from its state file (written beside the model), else from
+    the model itself (a checkpoint written before the state file held it)."""
+    from trainflow.trainer.families._trees import STATE_JSON
+
+    try:
+        rate = float(json.loads((checkpoint / STATE_JSON).read_text())["learning_rate"])
+    except (OSError, ValueError, KeyError, TypeError):
+        rate = float("nan")
+    return rate if math.isfinite(rate) else float(load_catboost(checkpoint).get_all_params()["learning_rate"])
 
 
 def snapshot_uri(run_dir: str, lineage: dict[str, str] | None) -> str:
