@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import math
 import re
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import mlflow
@@ -639,16 +641,17 @@ def report(
     title = f"{name} v{summary['model_version']}"
     curves = curves if curves is not None else [{"family": summary["model_family"], "label": "", "history": history}]
     fig = training_curves(curves, f"{title}: loss during training")
-    png, curve_uri = "", None
-    if fig is not None:
-        png_bytes, png = png_data_uri(fig)
+    # each figure drawn to PNG once: the same bytes go to storage, MLflow and Prefect's artifact
+    curve_png, curve_uri = _png(fig), None
+    if curve_png is not None:
         curve = join(config.storage_path, summary["run_name"], LOSS_CURVE)  # the summary's paths are redacted
-        write_bytes(curve, png_bytes)
+        write_bytes(curve, curve_png[0])
         curve_uri = redact_text(curve if is_uri(curve) else f"file://{curve}")
-    outcome = outcome_chart(scored, judged_on, title)
-    outcome_png = png_data_uri(outcome)[1] if outcome is not None else ""
+    png = curve_png[1] if curve_png is not None else ""
+    outcome = _png(outcome_chart(scored, judged_on, title))
+    outcome_png = outcome[1] if outcome is not None else ""
     with tracking(config.mlflow.tracking_uri):
-        diagram, aging = _log_plots(mlflow.MlflowClient(), summary, fig, outcome, judged_on)
+        diagram, aging = _log_plots(mlflow.MlflowClient(), summary, curve_png, outcome, judged_on)
     card = model_card(config, summary, curve_uri, png, outcome_png, judged_on)
     with tracking(config.mlflow.tracking_uri):
         client = mlflow.MlflowClient()
@@ -660,27 +663,41 @@ def report(
     return {k: str(v) for k, v in ids.items()}
 
 
-def _log_plots(client, summary: dict[str, Any], fig, outcome, judged_on: str) -> tuple:
-    """The plots, the slices, the backtest and the validation checks in the version's MLflow run, with what `auto`
-    resolved to and the scoring rows whose text values the model never saw; (the reliability diagram, the backtest
-    chart), each None when not drawn."""
+def _png(fig) -> tuple[bytes, str] | None:
+    """A figure as (PNG bytes, data: URI) (tasks/common.py png_data_uri), or None for no figure."""
+    return png_data_uri(fig) if fig is not None else None
+
+
+def _log_png(client, run_id: str, png: tuple[bytes, str] | None, artifact_file: str) -> None:
+    """A drawn figure's PNG bytes as the run's artifact_file (as MlflowClient.log_figure logs one: a file it uploads)."""
+    if png is None:
+        return
+    with tempfile.TemporaryDirectory(prefix="trainflow-plot-") as folder:
+        path = Path(folder, artifact_file)
+        path.write_bytes(png[0])
+        client.log_artifact(run_id, str(path))
+
+
+def _log_plots(client, summary: dict[str, Any], curve_png, outcome_png, judged_on: str) -> tuple:
+    """The plots (the training curves' and the outcome's PNGs as drawn: (bytes, data URI) or None), the slices, the
+    backtest and the validation checks in the version's MLflow run, with what `auto` resolved to and the scoring rows
+    whose text values the model never saw; (the reliability diagram, the backtest chart) as PNGs, each None when not
+    drawn."""
     run_id, name, version = summary["mlflow_run_id"], summary["registered_model"], summary["model_version"]
-    if fig is not None:
-        client.log_figure(run_id, fig, artifact_file=LOSS_CURVE)
-    if outcome is not None:
-        client.log_figure(run_id, outcome, artifact_file=f"{judged_on}_rows.png")
+    _log_png(client, run_id, curve_png, LOSS_CURVE)
+    _log_png(client, run_id, outcome_png, f"{judged_on}_rows.png")
     diagram = None
     if summary.get("calibration"):
-        diagram = reliability_diagram(summary["calibration"], f"v{version}")
-        client.log_figure(run_id, diagram, artifact_file="reliability.png")
+        diagram = _png(reliability_diagram(summary["calibration"], f"v{version}"))
+        _log_png(client, run_id, diagram, "reliability.png")
     if summary.get("slices"):
         client.log_dict(run_id, summary["slices"], "slices.json")
     aged, aging = summary.get("backtest"), None
     if aged:
         client.log_dict(run_id, aged, "backtest.json")
     if aged and (aged.get("slices") or aged.get("earlier") or any((aged.get("by_time") or {}).values())):
-        aging = backtest_chart(aged, f"{name} v{version}: {aged['metric']} by age")
-        client.log_figure(run_id, aging, artifact_file="backtest.png")
+        aging = _png(backtest_chart(aged, f"{name} v{version}: {aged['metric']} by age"))
+        _log_png(client, run_id, aging, "backtest.png")
     validation = summary.get("validation") or {}
     if validation.get("checks"):
         client.log_dict(run_id, validation, "validation.json")
@@ -757,13 +774,13 @@ def _artifacts(summary, card, history, curve, outcome_png, judged_on, diagram, a
         )
     if aging is not None:
         ids["backtest"] = create_image_artifact(
-            image_url=png_data_uri(aging)[1],
+            image_url=aging[1],
             key=artifact_key(name, "backtest"),
             description=f"{name} version {summary['model_version']}: {backtest_line(aged)}",
         )
     if diagram is not None:
         ids["reliability"] = create_image_artifact(
-            image_url=png_data_uri(diagram)[1],
+            image_url=diagram[1],
             key=artifact_key(name, "reliability"),
             description=f"Reliability diagram of {name} version {summary['model_version']} on the "
             f"{(summary.get('promotion') or {}).get('judged_on', 'validation')} rows",
