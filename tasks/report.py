@@ -642,16 +642,15 @@ def report(
     curves = curves if curves is not None else [{"family": summary["model_family"], "label": "", "history": history}]
     fig = training_curves(curves, f"{title}: loss during training")
     # each figure drawn to PNG once: the same bytes go to storage, MLflow and Prefect's artifact
-    curve_png, curve_uri = _png(fig), None
-    if curve_png is not None:
+    curve_drawn, curve_uri = _png(fig), None
+    if curve_drawn is not None:
         curve = join(config.storage_path, summary["run_name"], LOSS_CURVE)  # the summary's paths are redacted
-        write_bytes(curve, curve_png[0])
+        write_bytes(curve, curve_drawn[0])
         curve_uri = redact_text(curve if is_uri(curve) else f"file://{curve}")
-    png = curve_png[1] if curve_png is not None else ""
-    outcome = _png(outcome_chart(scored, judged_on, title))
-    outcome_png = outcome[1] if outcome is not None else ""
+    outcome_drawn = _png(outcome_chart(scored, judged_on, title))
     with tracking(config.mlflow.tracking_uri):
-        diagram, aging = _log_plots(mlflow.MlflowClient(), summary, curve_png, outcome, judged_on)
+        diagram, aging = _log_plots(mlflow.MlflowClient(), summary, curve_drawn, outcome_drawn, judged_on)
+    png, outcome_png = (drawn[1] if drawn is not None else "" for drawn in (curve_drawn, outcome_drawn))  # data: URIs
     card = model_card(config, summary, curve_uri, png, outcome_png, judged_on)
     with tracking(config.mlflow.tracking_uri):
         client = mlflow.MlflowClient()
@@ -678,14 +677,14 @@ def _log_png(client, run_id: str, png: tuple[bytes, str] | None, artifact_file: 
         client.log_artifact(run_id, str(path))
 
 
-def _log_plots(client, summary: dict[str, Any], curve_png, outcome_png, judged_on: str) -> tuple:
+def _log_plots(client, summary: dict[str, Any], curve_drawn, outcome_drawn, judged_on: str) -> tuple:
     """The plots (the training curves' and the outcome's PNGs as drawn: (bytes, data URI) or None), the slices, the
     backtest and the validation checks in the version's MLflow run, with what `auto` resolved to and the scoring rows
     whose text values the model never saw; (the reliability diagram, the backtest chart) as PNGs, each None when not
     drawn."""
     run_id, name, version = summary["mlflow_run_id"], summary["registered_model"], summary["model_version"]
-    _log_png(client, run_id, curve_png, LOSS_CURVE)
-    _log_png(client, run_id, outcome_png, f"{judged_on}_rows.png")
+    _log_png(client, run_id, curve_drawn, LOSS_CURVE)
+    _log_png(client, run_id, outcome_drawn, f"{judged_on}_rows.png")
     diagram = None
     if summary.get("calibration"):
         diagram = _png(reliability_diagram(summary["calibration"], f"v{version}"))
