@@ -204,7 +204,7 @@ def _each(
         mine = replace(prepared, budgets={member: budget})
         yield (
             member,
-            extra_fit(config, member_config, mine, member, run_name, f"refit-{member}", ends_at, True),
+            extra_fit(config, member_config, mine, member, run_name, f"refit-{member}", ends_at, latest=True),
             run_name,
         )
 

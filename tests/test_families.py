@@ -399,8 +399,15 @@ def test_a_catboost_refit_keeps_the_learning_rate_its_chosen_models_picked(tmp_p
     assert picked[0] != picked[1]
     catboost = family_named("catboost")
     assert catboost.refits and family_named("xgboost").refits and not family_named("mlp").refits
-    pinned = catboost.refit_params(folders)
+    pinned = catboost.refit_params(folders)  # no state files: each model's own
     assert pinned == {"learning_rate": pytest.approx(np.mean(picked))}
+    # the state file a fit writes beside its model is read instead of loading the model; one edited to a rate no fit
+    # trains at (planted, or cut short) is not trusted: that model's own is read
+    (folders[0] / "train_state.json").write_text(json.dumps({"epoch": 99, "learning_rate": 0.2}))
+    (folders[1] / "train_state.json").write_text(json.dumps({"epoch": 299, "learning_rate": -1.0}))
+    assert catboost.refit_params(folders) == {"learning_rate": pytest.approx(np.mean([0.2, picked[1]]))}
+    (folders[0] / "train_state.json").write_text('{"learning_rate": "NaN"')
+    assert catboost.refit_params(folders) == pinned
     config = config_from_dict(
         {"data": {"path": "x.parquet", "label": "y"}, "task": "regression", "storage_path": str(tmp_path)}
     )

@@ -150,15 +150,17 @@ def refit_params(checkpoints: list[Path]) -> dict[str, Any]:
 
 
 def _learning_rate(checkpoint: Path) -> float:
-    """The learning rate a checkpoint's model trained at: from its state file (written beside the model), else from
-    the model itself (a checkpoint written before the state file held it)."""
+    """The learning rate a checkpoint's model trained at: from its state file (written beside the model), else (a
+    state file missing, edited or unreadable, or a rate no fit trains at) from the model itself."""
     from trainflow.trainer.families._trees import STATE_JSON
 
     try:
         rate = float(json.loads((checkpoint / STATE_JSON).read_text())["learning_rate"])
     except (OSError, ValueError, KeyError, TypeError):
         rate = float("nan")
-    return rate if math.isfinite(rate) else float(load_catboost(checkpoint).get_all_params()["learning_rate"])
+    return (
+        rate if math.isfinite(rate) and rate > 0 else float(load_catboost(checkpoint).get_all_params()["learning_rate"])
+    )
 
 
 def snapshot_uri(run_dir: str, lineage: dict[str, str] | None) -> str:
