@@ -100,7 +100,9 @@ def _retrain(config: Config, name: str, fingerprint: str | None, explained: bool
     runs = run_names(config, name)
     check_resume(config, ingested.spec.fingerprint, runs)
     parts = split(ingested, config)
-    prepared = preprocess(ingested, parts, config)
+    # each family sized for the workers it trains with (a small table's fits: one each)
+    workers = train_config(config, parts.train_rows, parts.fold_count).scaling.max_workers
+    prepared = preprocess(ingested, parts, config, workers=workers)
     runs = {f: r for f, r in runs.items() if f in prepared.budgets}  # auto leaves out a family that cannot fit
     validation = validate_data(config, prepared.preprocessor)
     record_start(config, name)  # every check passed: what retention may remove is what a retrain recorded it wrote

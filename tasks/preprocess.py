@@ -48,11 +48,20 @@ def _kept_where(rows, materialize: bool) -> str:
     retry_condition_fn=retry_unless_user_error,
     cache_policy=NO_CACHE,
 )
-def preprocess(ingested: Ingested, parts: Split, config: Config, packed: bool = True, warm: bool = True) -> Prepared:
+def preprocess(
+    ingested: Ingested,
+    parts: Split,
+    config: Config,
+    packed: bool = True,
+    warm: bool = True,
+    workers: int | None = None,
+) -> Prepared:
     """Fit on train (with folds: every non-test row; the preprocessor learns no label), transform train and
     validation (or each fold's rows); materialize when the packed data fits in memory. A small table's rows (tables
     in this process's memory) are fitted on and transformed here. packed=False: the fit and every family's checks
-    only (validate), with train and val left None. warm=False: train.warm_start does not apply (a sweep's trials)."""
+    only (validate), with train and val left None. warm=False: train.warm_start does not apply (a sweep's trials).
+    workers: the workers each family's fit will have (a small table's: one), where not scaling.num_workers: its
+    budget and memory plan count them."""
     prep = fit_preprocessor(parts.train, ingested.spec, config.task, config.preprocess)
     # train.warm_start: a continuation packs with the source model's fitted preprocessing (tasks/warm.py)
     prep, started = resolve_warm(config, prep, parts.fold_count) if packed and warm else (prep, None)
@@ -66,7 +75,7 @@ def preprocess(ingested: Ingested, parts: Split, config: Config, packed: bool = 
         (parts.train_rows - min(fold_rows), max(fold_rows)) if fold_rows else (parts.train_rows, parts.val_rows)
     )
     budgets, estimate, left_out = size_families(
-        config, prep, fit_rows, held_rows, cluster_resources().get("memory", 0), ingested.spec.path
+        config, prep, fit_rows, held_rows, cluster_resources().get("memory", 0), ingested.spec.path, workers
     )
     rows = parts.train_rows + parts.val_rows
     materialize = parts.materialized
@@ -106,13 +115,20 @@ def preprocess(ingested: Ingested, parts: Split, config: Config, packed: bool = 
 
 
 def size_families(
-    config: Config, prep: TabularPreprocessor, train_rows: int, val_rows: int, memory: float, source: str
+    config: Config,
+    prep: TabularPreprocessor,
+    train_rows: int,
+    val_rows: int,
+    memory: float,
+    source: str,
+    workers: int | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
     """Each family's budget, after its checks (a user's module builds; class weights; its training data fits a
     worker's share of the cluster's memory): (budgets, the last memory estimate, left out). Under model.type auto
     a family whose data does not fit is left out with the reason (a booster's in-memory matrices on a table the
-    network streams), as long as one family remains; a family named in model.type fails the run instead."""
-    workers = config.scaling.max_workers
+    network streams), as long as one family remains; a family named in model.type fails the run instead. train_rows:
+    the rows a fit trains on (cross-fitted: the largest fold model's); workers: as preprocess's."""
+    workers = workers or config.scaling.max_workers
     budgets, estimate, left_out, refused = {}, None, {}, None
     for name in config.model.families:
         resolved = config.for_family(name)
@@ -130,7 +146,7 @@ def size_families(
                 "probabilities are still calibrated (calibration.method)",
                 name,
             )
-        budget = family.budget(resolved, prep.train_rows, workers)
+        budget = family.budget(resolved, train_rows, workers)
         try:
             fits, budget = family.plan_memory(prep, resolved, budget, (train_rows, val_rows), workers, memory, source)
         except DataError as exc:

@@ -463,6 +463,12 @@ def train_shared(
     return outcomes, failed, left_out
 
 
+def fold_train_rows(prepared: Prepared) -> dict[int, int] | None:
+    """Cross-fitted: each fold's training rows (the non-test rows less its own), what its loop counts its steps by;
+    None on one split (the preprocessor's count is the training role's)."""
+    return {k: prepared.rows - held for k, held in enumerate(prepared.fold_rows)} or None
+
+
 def _shared_jobs(
     prepared: Prepared,
     config: Config,
@@ -561,6 +567,7 @@ def _fit_shared(
                 auto_time=auto_time,
                 not_earning=not_earning,
                 local=local,
+                fold_train_rows=None if one_split else fold_train_rows(prepared),
             )
         else:
             ((only, j),) = fams.items()
@@ -577,6 +584,7 @@ def _fit_shared(
                 callbacks=callbacks,
                 folds={k: prepared.folds[k] for k in j["folds"]},
                 local=local,
+                fold_train_rows=fold_train_rows(prepared),
             )
         result = fit_run(trainer, path, config.scaling.workers_label, config.data.materialize)
     if not shared:

@@ -68,7 +68,12 @@ def test_folds_train_predict_out_of_fold_serve_the_average_and_a_rerun_skips_fin
     runs = tmp_path / "runs"
     fold_runs = [runs / "cf" / f"fold{k}" for k in range(FOLDS)]
     assert all(_checkpoint_folders(r) for r in fold_runs)
-    assert json.loads((fold_runs[0] / "trainflow_finished.json").read_text())["outcome"]["run_name"] == "cf-fold0"
+    outcomes = [json.loads((r / "trainflow_finished.json").read_text())["outcome"] for r in fold_runs]
+    assert outcomes[0]["run_name"] == "cf-fold0"
+    # each fold's steps counted over its own training rows (the non-test rows less its fold): the cosine schedule
+    # ends at 0 with its last epoch, as one split's does
+    assert all([h["epoch"] for h in o["history"]] == [0, 1] for o in outcomes)
+    assert all(o["history"][-1]["learning_rate"] < 1e-12 for o in outcomes), [o["history"] for o in outcomes]
     starts = [json.loads(p.read_text()) for r in fold_runs for p in (r / "trainflow_events").glob("*.json")]
     started = [e["from_epoch"] for e in starts if e["event"] == "worker_start"]
     assert set(started) == {0} and len(started) >= FOLDS  # the first run's fold 0 started, then failed

@@ -383,7 +383,9 @@ def _train(loop_config: dict[str, Any]) -> list[dict[str, float]]:
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()
     device = ray.train.torch.get_device()
-    budget = resolve_budget(train_cfg, prep.train_rows, cfg.scaling.max_workers, ctx.get_world_size())
+    # the rows this fit trains on: a fold's own (the non-test rows less its fold), else the preprocessor's
+    rows = int(loop_config.get("train_rows") or prep.train_rows)
+    budget = resolve_budget(train_cfg, rows, cfg.scaling.max_workers, ctx.get_world_size())
     batch_size, epochs = budget.batch_size, budget.limit
 
     torch.manual_seed(seed)
@@ -392,9 +394,7 @@ def _train(loop_config: dict[str, Any]) -> list[dict[str, float]]:
     start_epoch, history, state, train_cfg = _resume(loop_config, model, stopper, train_cfg)
     record_start(loop_config, rank, start_epoch, state is not None)
     if rank == 0 and start_epoch == 0:
-        print(
-            f"trainflow budget: {budget.to_dict()} over {prep.train_rows} training rows and {ctx.get_world_size()} worker(s)"
-        )
+        print(f"trainflow budget: {budget.to_dict()} over {rows} training rows and {ctx.get_world_size()} worker(s)")
     model = ray.train.torch.prepare_model(model)
     # built after the model is on its device, so load_state_dict puts the optimizer's state next to the parameters
     optimizer, scheduler = _optimizer(model, train_cfg, epochs * budget.steps_per_epoch, state, family)

@@ -21,7 +21,7 @@ from trainflow.trainer.deadline import fit_board
 from trainflow.trainer.recovery import RESTART, AttemptLog, RecoveryLog, append_event, read_events
 from trainflow.trainer import session
 from trainflow.trainer.progress import watch_progress
-from trainflow.trainer.session import FamiliesLoop, FoldLoop
+from trainflow.trainer.session import FOLD_TRAIN_ROWS, FamiliesLoop, FoldLoop
 from trainflow.trainer.shards import in_process_rows
 from trainflow.trainer.watchdog import Watched
 from trainflow.config import Config, FailureSection, ScalingSection
@@ -189,6 +189,7 @@ def build_trainer(
     folds: dict[int, tuple[ray.data.Dataset, ray.data.Dataset]] | None = None,
     warm_start: dict[str, Any] | None = None,
     local: bool = False,
+    fold_train_rows: dict[int, int] | None = None,
 ):
     """The model family's trainer (TorchTrainer, XGBoostTrainer, LightGBMTrainer); its run resumes when
     built again with the same storage_path and run_name.
@@ -203,7 +204,9 @@ def build_trainer(
     each into its own folder, instead of train_ds and val_ds. Ray Train ranks checkpoints across the whole run, so a
     fold run keeps every one it reports (its own num_to_keep would drop one fold's best for another's); the train
     task trims each fold to checkpoint.num_to_keep once every fold of the run has trained. local: in Ray Train's
-    local mode (in_process; fit it inside fit_reports), with no hang watchdog (it would kill the caller's process).
+    local mode (in_process; fit it inside fit_reports), with no hang watchdog (it would kill the caller's process);
+    fold_train_rows: each fold's training rows, what its loop's budget counts (its steps per epoch, so the learning-rate
+    schedule ends where its last epoch does), where not the preprocessor's.
     """
     family = family_for(config)
     config = config.for_family(family.name)  # its own model.params block resolved (a sweep's trial config too)
@@ -220,6 +223,7 @@ def build_trainer(
             **_loop_config(config, preprocessor, run_name, cache_shards, streamed, lineage, local),
             "external_memory": external_memory,
             **({"folds": sorted(folds)} if folds is not None else {}),
+            **({FOLD_TRAIN_ROWS: fold_train_rows} if fold_train_rows else {}),
             **({"warm_start": warm_start} if warm_start else {}),
         },
         scaling_config=scaling_config(family.worker_scaling(config.scaling), local),
@@ -297,6 +301,7 @@ def build_shared_trainer(
     train_fns: dict[str, Any] | None = None,
     not_earning: dict[str, Any] | None = None,
     local: bool = False,
+    fold_train_rows: dict[int, int] | None = None,
 ):
     """One Ray Train run in which every family of jobs ((family, its folder in the run, its folds, its folds a later
     fit of the run trains), in order) trains
@@ -304,7 +309,8 @@ def build_shared_trainer(
     Train's start once. configs: each family's (Config.for_family); the worker holds the most CPUs any of them asks
     for; auto_time: train.time_limit auto's {"started_at", "floor_s"} (FamiliesLoop); train_fns: a family's per-worker
     loop replaced (fault tests); not_earning: the not-earning rule the worker applies after every first fold
-    (FamiliesLoop: {"first", "first_fold", "order", "base", "fold_rows", "k"}); local: as build_trainer's."""
+    (FamiliesLoop: {"first", "first_fold", "order", "base", "fold_rows", "k"}); local, fold_train_rows: as
+    build_trainer's."""
     resolved = {f: c.for_family(family_for(c).name) for f, c in configs.items()}
     first = resolved[jobs[0][0]]
     widest = run_scaling(configs, jobs[0][0])
@@ -324,6 +330,7 @@ def build_shared_trainer(
         "jobs": own,
         "auto_time": auto_time,
         "not_earning": not_earning,
+        **({FOLD_TRAIN_ROWS: fold_train_rows} if fold_train_rows else {}),
     }
     from trainflow.trainer.families.base import one_process_trainer, whole_data_config
 

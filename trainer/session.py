@@ -35,6 +35,9 @@ import ray.train
 from trainflow.trainer.shards import table_shard
 
 FOLD = "fold"  # the metric that names a report's fold
+# a fold run's loop config: {fold: its training rows} (the non-test rows less its own), which a fold's loop counts as
+# its training rows ("train_rows") where the preprocessor's count (every non-test row) is not what it trains on
+FOLD_TRAIN_ROWS = "fold_train_rows"
 FAMILY = "family"  # in a run several families share: the metric that names a report's family
 FOLD_FOLDER = re.compile(r"^fold(\d+)$")
 FAILED_FILE = "trainflow_failed.json"  # in a family's folder of a shared run: why its code raised
@@ -242,6 +245,11 @@ class FoldLoop:
                         "deadline_dir": deadline_dir,
                         "folds_left": len(folds) - n + later,
                         FOLD: fold,
+                        **(
+                            {"train_rows": rows[fold]}
+                            if fold in (rows := loop_config.get(FOLD_TRAIN_ROWS) or {})
+                            else {}
+                        ),
                     }
                 )
             finally:
