@@ -44,9 +44,9 @@ def fold_config(config: Config, fit_rows: int) -> Config:
 
 def train_config(config: Config, fit_rows: int, folds: int) -> Config:
     """The config a retrain's families train with: cross-fitted, fold_config's; one split of at most ONE_WORKER_ROWS
-    training rows with scaling.num_workers left unset, one worker per family (the global batch, and so the
-    optimisation, stays the planned count's: trainer/budget.py), so that the families can share one Ray Train run
-    (flows/retrain.py shares_a_run); else the config as it is. The worker keeps one worker's CPUs: two runs at once
+    training rows with scaling.num_workers left unset, one worker per family (its batch, epochs and schedule those of
+    one worker: trainer/budget.py; flows/retrain.py sizes the families so), so that the families can share one Ray
+    Train run (flows/retrain.py shares_a_run); else the config as it is. The worker keeps one worker's CPUs: two runs at once
     on a small machine still train side by side (giving it both planned workers' CPUs measured no faster at 80,000
     rows, docs/performance.md)."""
     if folds > 1:
