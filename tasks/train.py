@@ -465,8 +465,11 @@ def train_shared(
 
 def fold_train_rows(prepared: Prepared) -> dict[int, int] | None:
     """Cross-fitted: each fold's training rows (the non-test rows less its own), what its loop counts its steps by;
-    None on one split (the preprocessor's count is the training role's)."""
-    return {k: prepared.rows - held for k, held in enumerate(prepared.fold_rows)} or None
+    None on one split (the preprocessor's count is the training role's; a backtest's one split keeps the plan's
+    fold_rows, its folds None)."""
+    if not prepared.folds:
+        return None
+    return {k: prepared.rows - held for k, held in enumerate(prepared.fold_rows)}
 
 
 def _shared_jobs(
@@ -567,7 +570,7 @@ def _fit_shared(
                 auto_time=auto_time,
                 not_earning=not_earning,
                 local=local,
-                fold_train_rows=None if one_split else fold_train_rows(prepared),
+                fold_train_rows=fold_train_rows(prepared),
             )
         else:
             ((only, j),) = fams.items()

@@ -383,8 +383,7 @@ def _train(loop_config: dict[str, Any]) -> list[dict[str, float]]:
     ctx = ray.train.get_context()
     rank = ctx.get_world_rank()
     device = ray.train.torch.get_device()
-    # the rows this fit trains on: a fold's own (the non-test rows less its fold), else the preprocessor's
-    rows = int(loop_config.get("train_rows") or prep.train_rows)
+    rows = session.train_rows(loop_config, prep.train_rows)
     budget = resolve_budget(train_cfg, rows, cfg.scaling.max_workers, ctx.get_world_size())
     batch_size, epochs = budget.batch_size, budget.limit
 

@@ -166,6 +166,11 @@ def report(metrics: dict[str, Any], checkpoint=None, **kwargs: Any) -> None:
     ray.train.report(metrics, checkpoint=checkpoint, **kwargs)
 
 
+def train_rows(loop_config: dict[str, Any], preprocessor_rows: int) -> int:
+    """The rows this fit trains on: a fold's own (FOLD_TRAIN_ROWS), else the preprocessor's count."""
+    return int(loop_config.get("train_rows") or preprocessor_rows)
+
+
 def fold_of(checkpoint) -> int | None:
     """The fold a checkpoint of a fold loop belongs to (from its folder's parent), or None."""
     if checkpoint is None:
@@ -230,6 +235,7 @@ class FoldLoop:
         from trainflow.run.storage import join
 
         folds = list(loop_config["folds"])
+        rows = loop_config.get(FOLD_TRAIN_ROWS) or {}
         at = fold_of(latest)
         if at not in folds:  # no checkpoint, or one of a fold another fit of this run trained (finished)
             at = None
@@ -245,11 +251,7 @@ class FoldLoop:
                         "deadline_dir": deadline_dir,
                         "folds_left": len(folds) - n + later,
                         FOLD: fold,
-                        **(
-                            {"train_rows": rows[fold]}
-                            if fold in (rows := loop_config.get(FOLD_TRAIN_ROWS) or {})
-                            else {}
-                        ),
+                        **({"train_rows": rows[fold]} if fold in rows else {}),
                     }
                 )
             finally:

@@ -215,6 +215,6 @@ def prepare(loop_config: dict[str, Any], load_model: Callable[[Path], Any]) -> B
         x, y = shard_arrays(session.dataset_shard("train"))
         x_val, y_val = shard_arrays(session.dataset_shard("val"))
     if start == 0 and ctx.get_world_rank() == 0:
-        rows = loop_config.get("train_rows") or prep.train_rows  # a fold's own (trainer/session.py FOLD_TRAIN_ROWS)
+        rows = session.train_rows(loop_config, prep.train_rows)
         print(f"trainflow budget: {budget.to_dict()} over {rows} training rows")
     return BoostRun(loop_config, prep, x, y, x_val, y_val, budget, model, start, history, stopper, offset)
