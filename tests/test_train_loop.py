@@ -247,6 +247,16 @@ def test_report_schedule_groups_steps_and_keeps_the_best_one(monkeypatch):
     assert resumed.to_report(150, best_step=99) == [
         150
     ]  # a best step inside the checkpoint resumed from is not reported again
+    # with a deadline, rounds end at the first one that passes it, not up to decide_every_s (25 rounds here) later
+    ends_at = clock[0] + 1.005
+    limited = steps.ReportSchedule(
+        min_interval_s=60.0, start=0, agree=agree, decide_every_s=0.25, deadline=lambda m: clock[0] + m >= ends_at
+    )
+    for step in range(1000):
+        clock[0] += 0.01
+        if limited.due(step, last=False) and limited.expired:
+            break
+    assert limited.expired and step == 100  # the round that ended at 1.01 s, the first past 1.005 s
 
 
 def test_the_step_runner_reports_the_best_step_it_held_back_then_stops_early_or_at_the_deadline(monkeypatch, capsys):

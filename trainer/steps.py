@@ -58,6 +58,8 @@ class ReportSchedule:
         per_step = (now - self.last_decision) / max(1, step - self.next_decision + 1)
         stride = max(1, int(self.decide_every / max(per_step, 1e-6))) if self.decide_every else 1
         expired = bool(self.deadline and not last and self.deadline(next_step_s))
+        if stride > 1 and not (last or expired) and self.deadline and self.deadline(next_step_s + stride * per_step):
+            stride = 1  # the share ends within the stride: a decision after each step, not up to decide_every_s past it
         due, stride, expired = self.agree(
             [int(last or expired or now - self.last_report >= self.min_interval), stride, int(expired)]
         )
