@@ -9,8 +9,8 @@ the rows (CatBoost's learning rate, which it otherwise picks from the rows and t
 the calibration and threshold (fitted on the rows that chose: the out-of-fold outputs, or the chosen model's
 validation outputs). A refit has no rows of its own to be judged on before the test rows, so its figures before them
 are the chosen model's (the summary's `metrics`), and the summary's `refit` gives both models' test figures. Only the
-boosters refit (their size is a count of rounds; a network's schedule is tied to its epochs); in an ensemble its
-other members serve as chosen. Measured (docs/families.md#refit): regression gains on every booster, classification
+boosters refit (their size is a count of rounds; one network in place of the fold models' average lost where measured:
+docs/families.md#refit); in an ensemble its other members serve as chosen. Measured (docs/families.md#refit): regression gains on every booster, classification
 level for XGBoost and LightGBM and a gain for CatBoost with its fold models' learning rate (a loss with its own).
 
 A refit is a run like any other (tasks/train.py), <family's run>/refit; where the families shared one run
@@ -94,12 +94,8 @@ def _rows(parts: Split, fold_rows: list[int]) -> tuple[Any, Any, int, float]:
 
 
 def _member_config(run_config: Config, member: str, rounds: int, pinned: dict[str, Any]) -> Config:
-    """member's config for its refit: its own params with rounds fixed, early stopping off and pinned values."""
-    resolved = run_config.for_family(member)
-    params = resolved.model.params.model_copy(
-        update={"num_boost_round": rounds, "early_stopping_rounds": "off", **pinned}
-    )
-    return resolved.model_copy(update={"model": resolved.model.model_copy(update={"params": params})})
+    """member's config for its refit: its rounds fixed, early stopping off and pinned values (Family.refit_config)."""
+    return family_named(member).refit_config(run_config.for_family(member), rounds, pinned)
 
 
 def refit(

@@ -146,6 +146,9 @@ class Family:
     # refit_params: the model.params values (refit_pins) its chosen models' checkpoint folders hold that a refit keeps
     refits: bool = False
     refit_params: Callable[[list[Path]], dict[str, Any]] | None = None
+    # (the family's config, its rounds, the pinned values) -> its config for a refit of that many rounds without early
+    # stopping (the boosters': model.params.num_boost_round)
+    refit_config: Callable[[Config, int, dict[str, Any]], Config] | None = None
     refit_pins: tuple[str, ...] = ()
     # `trainflow tune` without tune.search_space: its default space (dotted config key -> {kind: args})
     search_space: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
@@ -245,6 +248,14 @@ def booster_budget(config: Config, train_rows: int, num_workers: int):
     return boost_budget(config.model)
 
 
+def booster_refit_config(resolved: Config, rounds: int, pinned: dict[str, Any]) -> Config:
+    """A booster's config for its refit: its params with rounds fixed, early stopping off and pinned values."""
+    params = resolved.model.params.model_copy(
+        update={"num_boost_round": rounds, "early_stopping_rounds": "off", **pinned}
+    )
+    return resolved.model_copy(update={"model": resolved.model.model_copy(update={"params": params})})
+
+
 def describe_booster(family: str) -> Callable[[dict[str, Any]], str]:
     def describe(model: dict[str, Any]) -> str:
         from trainflow.config import ParamsSection
@@ -287,6 +298,7 @@ def booster_family(
         params=params,
         trainflow_keys=BUDGET_KEYS,
         refits=True,
+        refit_config=booster_refit_config,
         **own,
     )
 
