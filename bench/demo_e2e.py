@@ -50,9 +50,9 @@ for c in feats:
         stats[c] = (np.nanmean(x), np.nanstd(x) or 1.0)
 x, y = torch.from_numpy(pack(train, stats)), torch.from_numpy(train[label].to_numpy().astype(np.int64))
 model = build_model(x.shape[1], 2, cfg["model"])  # its layers as trainflow builds them, without its embeddings
-opt = torch.optim.Adam(model.parameters(), lr=cfg["train"]["learning_rate"])
-bs = cfg["train"]["batch_size"]
-for _ in range(cfg["train"]["epochs"]):
+opt = torch.optim.Adam(model.parameters(), lr=cfg["model"]["learning_rate"])
+bs = cfg["model"]["batch_size"]
+for _ in range(cfg["model"]["epochs"]):
     perm = torch.randperm(len(y))
     for i in range(0, len(y), bs):
         j = perm[i:i + bs]
@@ -98,8 +98,8 @@ def main() -> None:
         # the baseline trains the same network for the epochs trainflow ran, at its global batch size
         summary = json.loads(Path(f"{tmp}/summary.json").read_text())
         resolved = json.loads((Path(summary["best_checkpoint"]["path"]) / "config.json").read_text())
-        resolved["train"]["epochs"] = summary["epochs_run"]
-        resolved["train"]["batch_size"] = summary["training_budget"]["batch_size"] * resolved["scaling"]["num_workers"]
+        resolved["model"]["epochs"] = summary["epochs_run"]  # (the network's keys: in its checkpoint's model section)
+        resolved["model"]["batch_size"] = summary["training_budget"]["batch_size"] * resolved["scaling"]["num_workers"]
         Path(f"{tmp}/baseline.yaml").write_text(yaml.safe_dump(resolved))
         t0 = time.perf_counter()
         subprocess.run(

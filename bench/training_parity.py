@@ -56,8 +56,18 @@ def run_trainflow(path: Path, storage: str) -> tuple[list[float], float]:
         {
             "data": {"path": str(path), "label": "y"},
             "task": "regression",
-            "model": {"type": "mlp", "hidden_sizes": HIDDEN, "dropout": 0.0},
-            "train": {"epochs": TRAINFLOW_EPOCHS, "batch_size": BATCH, "learning_rate": 1e-3},
+            "model": {
+                "type": "mlp",
+                "params": {
+                    "mlp": {
+                        "hidden_sizes": HIDDEN,
+                        "dropout": 0.0,
+                        "epochs": TRAINFLOW_EPOCHS,
+                        "batch_size": BATCH,
+                        "learning_rate": 1e-3,
+                    }
+                },
+            },
             "scaling": {"num_workers": 1},
             "checkpoint": {"num_to_keep": 1},
             "failure": {"max_failures": 0},

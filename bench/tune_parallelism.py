@@ -30,8 +30,7 @@ def sweep(storage: str, name: str, max_concurrent: int | None) -> tuple[float, i
         {
             "data": {"path": "mem", "label": "target y", "id_column": "row id"},
             "task": "regression",
-            "model": {"type": "mlp"},
-            "train": {"epochs": 2, "batch_size": 256},
+            "model": {"type": "mlp", "params": {"mlp": {"epochs": 2, "batch_size": 256}}},
             "scaling": {"num_workers": 1},
             "checkpoint": {"num_to_keep": 1},
             "storage_path": storage,
@@ -39,7 +38,7 @@ def sweep(storage: str, name: str, max_concurrent: int | None) -> tuple[float, i
                 "num_samples": TRIALS,
                 "max_concurrent_trials": max_concurrent,
                 "scheduler": "fifo",
-                "search_space": {"train.learning_rate": {"loguniform": [0.001, 0.01]}},
+                "search_space": {"model.params.mlp.learning_rate": {"loguniform": [0.001, 0.01]}},
             },
         }
     )

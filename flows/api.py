@@ -1,7 +1,7 @@
 """The Python API: the flows the `trainflow` command runs, called from a notebook or another pipeline.
 
     import trainflow
-    summary = trainflow.retrain("configs/demo.yaml", train__epochs=5)       # a path, a dict or a Config
+    summary = trainflow.retrain("configs/demo.yaml", train__time_limit=60)  # a path, a dict or a Config
     summary = trainflow.retrain(cfg, data=df)                              # a DataFrame (or Ray Dataset) as the table
     summary = trainflow.replay("dated.yaml", every="month")                # the retraining policies over its history
     trainflow.leaderboard(summary)                                         # every candidate's scores and time
@@ -29,7 +29,7 @@ ConfigLike = str | os.PathLike | dict | Config
 
 
 def _dotted(overrides: dict[str, Any]) -> dict[str, Any] | None:
-    """Keyword overrides as dotted config keys: train__epochs=5 is --set train.epochs=5."""
+    """Keyword overrides as dotted config keys: train__time_limit=60 is --set train.time_limit=60."""
     return {k.replace("__", "."): v for k, v in overrides.items()} or None
 
 

@@ -192,12 +192,13 @@ def _starting(config: Config, path: str, run_name: str, family: str, budget: Any
     return len(read_events(path)), existed, checkpoint_folders(path)
 
 
+LOWER_THE_RATE = "lower the network's learning rate (model.params.mlp.learning_rate, ...) or check the data"
+
+
 def check_not_stopped(result) -> None:
     """TrainingError when a fit stopped itself (its loss diverged: the loop's STOP_REASON), saying what to change."""
     if result.metrics and result.metrics.get(STOP_REASON):
-        raise TrainingError(
-            f"training stopped: {result.metrics[STOP_REASON]}; lower train.learning_rate or check the data"
-        )
+        raise TrainingError(f"training stopped: {result.metrics[STOP_REASON]}; {LOWER_THE_RATE}")
 
 
 def _kept(result, storage_path: str, run_name: str) -> tuple[list[dict[str, Any]], list[dict[str, float]], set[str]]:
@@ -630,7 +631,7 @@ def _failed_in_shared_run(
     for k in job["folds"]:
         stopped = [c["metrics"][STOP_REASON] for c in reported[(family, k)] if c["metrics"].get(STOP_REASON)]
         if stopped:
-            return f"training stopped: {stopped[-1]}; lower train.learning_rate or check the data"
+            return f"training stopped: {stopped[-1]}; {LOWER_THE_RATE}"
         if not reported[(family, k)]:
             return f"its fold {k} reported no checkpoint"
     return None

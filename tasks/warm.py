@@ -120,6 +120,8 @@ def _same_model(config: Config, family: str, path: Path) -> str | None:
     def model(section: dict) -> dict:  # what only sizes or stops a fit, and what a refit pins, never refuses it
         ignored = (*fam.trainflow_keys, *fam.refit_pins)
         params = {k: v for k, v in (section.get("params") or {}).items() if k not in ignored}
+        # a network's optimizer and schedule keys (in its model section since they left train.*) neither
+        section = {k: v for k, v in section.items() if k not in fam.train_keys}
         return fam.hashed({**section, **({"params": params} if "params" in section else {})})
 
     theirs = model(read_config(path).get("model") or {})

@@ -134,7 +134,7 @@ def test_deploy_worker_and_deployment_run(prefect_server, tmp_path):
 def _retrain_approved_through_the_api(env: dict[str, str], cfg: Path) -> None:
     """retrain/manual with promotion.approval: required: the worker's run suspends once its gate would promote
     (the worker freed), a person approves through the API, and the worker runs it again to completion."""
-    overrides = {"train.epochs": 2, "promotion.approval": "required"}
+    overrides = {"model.params.mlp.epochs": 2, "promotion.approval": "required"}
     _prefect(env, "deployment", "run", "retrain/manual", "--param", f"config_path={cfg}", "--param",
              f"overrides={json.dumps(overrides)}")  # fmt: skip
     deployment = _deployment(env, "retrain/manual")["id"]
@@ -161,7 +161,7 @@ def _the_runs_registered_served_and_showed(env, cfg: Path, tmp_path: Path, track
         assert [r["state"]["type"] for r in runs] == ["COMPLETED"], name
     # the triggered retrain registered nothing: the champion is still the manual run's version 1
     retrain_run = _flow_runs(env, _deployment(env, "retrain/manual")["id"])[0]
-    assert retrain_run["parameters"]["overrides"] == {"train.epochs": 2, "promotion.approval": "required"}
+    assert retrain_run["parameters"]["overrides"] == {"model.params.mlp.epochs": 2, "promotion.approval": "required"}
 
     # the outputs: a registered model version that is @champion, with lineage back to this flow run
     client = MlflowClient(tracking_uri=tracking, registry_uri=tracking)
@@ -171,7 +171,8 @@ def _the_runs_registered_served_and_showed(env, cfg: Path, tmp_path: Path, track
     assert champion.tags["trainflow.prefect_flow_run_id"] == retrain_run["id"]
     runs = client.search_runs([client.get_experiment_by_name("test").experiment_id])
     [parent] = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]  # the retrain's run; its family's nested
-    assert [int(r.data.params["train.epochs"]) for r in runs if r is not parent] == [2]
+    # (the network's keys: in its model section, as its checkpoint keeps them)
+    assert [int(r.data.params["model.epochs"]) for r in runs if r is not parent] == [2]
     assert parent.data.tags["trainflow.prefect_flow_run_id"] == retrain_run["id"] and parent.info.status == "FINISHED"
     # predictions from the retrain run and from batch-inference/champion: every scoring row, same values
     first = pads.dataset(tmp_path / "out" / "predictions").to_table()

@@ -72,11 +72,11 @@ def test_config_schema_describes_every_key_and_show_resolves_without_secrets(tmp
     raw.pop("task")
     raw["scaling"]["env_vars"] = {"AWS_SECRET_ACCESS_KEY": "s3cr3t-value"}
     cfg.write_text(yaml.safe_dump(raw))
-    assert cli_main(["config", "show", "--config", str(cfg), "--set", "train.epochs=7"]) == 0
+    assert cli_main(["config", "show", "--config", str(cfg), "--set", "model.params.mlp.epochs=7"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("# task: classification (the label 'churned' holds 2 distinct whole numbers")
     shown = yaml.safe_load(out)
-    assert shown["train"]["epochs"] == 7 and shown["data"]["path"] == str(tmp_path / "data" / "train.parquet")
+    assert shown["model"]["epochs"] == 7 and shown["data"]["path"] == str(tmp_path / "data" / "train.parquet")
     assert shown["checkpoint"]["mode"] == "min" and shown["promotion"]["metric"] == "val_loss"  # resolved defaults
     assert "s3cr3t-value" not in out and shown["scaling"]["env_vars"]["AWS_SECRET_ACCESS_KEY"] == "***"
 

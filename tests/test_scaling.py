@@ -73,6 +73,7 @@ def test_check_fits_names_the_numbers():
 
 def test_an_elastic_worker_count_is_a_range_passed_to_ray_and_a_resize_keeps_the_global_batch():
     from trainflow.trainer.budget import resolve_budget
+    from trainflow.trainer.families._torch import network_train_section
     from trainflow.trainer.runner import scaling_config
 
     elastic = _cfg(num_workers=[1, 4], elastic_resize_monitor_interval_s=5)
@@ -84,9 +85,10 @@ def test_an_elastic_worker_count_is_a_range_passed_to_ray_and_a_resize_keeps_the
         with pytest.raises(ConfigError, match=r"scaling.num_workers: an elastic worker count is \[min, max\]"):
             _cfg(num_workers=bad)
     # the budget of 4 workers whatever the group has: same steps per epoch and epochs, the per-worker batch grows
-    planned = resolve_budget(elastic.train, 100_000, 4)
+    train = network_train_section(elastic)
+    planned = resolve_budget(train, 100_000, 4)
     for workers in (4, 2, 1):
-        b = resolve_budget(elastic.train, 100_000, 4, workers)
+        b = resolve_budget(train, 100_000, 4, workers)
         assert (b.steps_per_epoch, b.limit, b.batch_size * workers) == (
             planned.steps_per_epoch,
             planned.limit,

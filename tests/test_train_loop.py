@@ -142,16 +142,17 @@ def test_early_stopping_ends_a_run_whose_metric_stopped_improving(tmp_path):
 
 
 def test_budget_gives_small_tables_steps_and_large_tables_full_batches():
-    from trainflow.config import TrainSection
+    from trainflow.config import EarlyStoppingSection
     from trainflow.trainer.budget import EarlyStopping, resolve_budget
+    from trainflow.trainer.families._torch import NetworkTrain
 
-    train = TrainSection()  # epochs, batch size and patience auto
+    train = NetworkTrain(early_stopping=EarlyStoppingSection())  # epochs, batch size and patience auto
     small, large = resolve_budget(train, 120, 2), resolve_budget(train, 5_000_000, 2)
     assert small.batch_size == 16 and small.limit == 300 and small.limit * small.steps_per_epoch >= 1000
     assert large.batch_size == 512 and large.limit == 10 and large.patience == 10
     # an explicit value always wins
     fixed = resolve_budget(
-        TrainSection(epochs=7, batch_size=64, early_stopping={"patience": "off", "min_delta": 0}), 120, 2
+        NetworkTrain(epochs=7, batch_size=64, early_stopping=EarlyStoppingSection(patience="off", min_delta=0)), 120, 2
     )
     assert (fixed.batch_size, fixed.limit, fixed.patience) == (64, 7, None)
     # the early-stopping state is plain data that a resumed run loads and keeps counting from

@@ -29,8 +29,8 @@ def test_tune_sweep_end_to_end(tmp_path, capsys):
             "mode": "min",
             "scheduler": "asha",
             "search_space": {
-                "train.learning_rate": {"loguniform": [0.001, 0.02]},
-                "train.batch_size": {"choice": [64, 128]},
+                "model.params.mlp.learning_rate": {"loguniform": [0.001, 0.02]},
+                "model.params.mlp.batch_size": {"choice": [64, 128]},
             },
         },
     )
@@ -50,15 +50,15 @@ def test_tune_sweep_end_to_end(tmp_path, capsys):
         f"sweep             2 trials, 2 at a time; best {summary['best_trial']['trial_id']} by val_loss (min)"
         in printed
     )
-    assert all(f"    {t['trial_id']}  train.learning_rate=" in printed for t in summary["trials"])
+    assert all(f"    {t['trial_id']}  model.params.mlp.learning_rate=" in printed for t in summary["trials"])
     trials = summary["trials"]
     assert len(trials) == 2 and summary["max_concurrent_trials"] == 2
     assert all(t["status"] == "ok" and t["epochs_run"] >= 1 for t in trials)
     # each trial is its own Train run named from the trial id; the sampled values are in range
     assert len({t["run_name"] for t in trials}) == 2
     assert all(t["run_name"] == f"sweep-{t['trial_id']}" for t in trials)
-    assert all(0.001 <= t["params"]["train.learning_rate"] <= 0.02 for t in trials)
-    assert {t["params"]["train.batch_size"] for t in trials} <= {64, 128}
+    assert all(0.001 <= t["params"]["model.params.mlp.learning_rate"] <= 0.02 for t in trials)
+    assert {t["params"]["model.params.mlp.batch_size"] for t in trials} <= {64, 128}
     # 2 CPUs, 1 CPU per trial: two trials ran at the same time
     assert any(a["started_at"] < b["ended_at"] and b["started_at"] < a["ended_at"] for a, b in combinations(trials, 2))
     # the best trial is the one with the lowest val_loss, and its run went on down the retrain path
@@ -77,7 +77,9 @@ def test_tune_sweep_end_to_end(tmp_path, capsys):
     assert all(
         any(m.startswith(f"trial {t['trial_id']}: mlp epoch ") and "val_loss" in m for m in logs) for t in trials
     )
-    assert float(run.data.params["train.learning_rate"]) == pytest.approx(best["params"]["train.learning_rate"])
+    # (MLflow's params are the run's config: the network's keys in its model section, as its checkpoint keeps them)
+    best_lr = best["params"]["model.params.mlp.learning_rate"]
+    assert float(run.data.params["model.learning_rate"]) == pytest.approx(best_lr)
 
     # a pickle planted in a sweep's folder is never loaded: an existing folder is restored only with --resume
     import pickle
@@ -108,16 +110,21 @@ def test_a_sweep_without_a_search_space_searches_each_familys_default_space_and_
     base = {"data": {"path": str(tmp_path / "t.parquet"), "label": "y"}, "task": "classification"}
     space = sweep_space(config_from_dict(base))
     assert space["model.type"] == {"choice": list(AUTO_FAMILIES)}
-    assert {"train.learning_rate", "model.dropout", "model.params.learning_rate", "model.params.max_depth"} <= set(
-        space
-    )
+    assert {
+        "model.params.mlp.learning_rate",
+        "model.dropout",
+        "model.params.learning_rate",
+        "model.params.max_depth",
+    } <= set(space)
     for family in AUTO_FAMILIES:  # each default space passes the config's own check of a user's search space
         own = REGISTRY[family].search_space
         assert own, family
         config = config_from_dict({**base, "model": {"type": family}, "tune": {"search_space": own}})
         assert sweep_space(config) == own
     # a user's space under auto: the family is searched beside it; a family with no default space needs one
-    mine = config_from_dict({**base, "tune": {"search_space": {"train.learning_rate": {"loguniform": [0.001, 0.01]}}}})
-    assert set(sweep_space(mine)) == {"train.learning_rate", "model.type"}
+    mine = config_from_dict(
+        {**base, "tune": {"search_space": {"model.params.mlp.learning_rate": {"loguniform": [0.001, 0.01]}}}}
+    )
+    assert set(sweep_space(mine)) == {"model.params.mlp.learning_rate", "model.type"}
     with pytest.raises(ConfigError, match="no default search space"):
         sweep_space(config_from_dict({**base, "model": {"type": "torch", "class_path": "x.y:Z"}}))

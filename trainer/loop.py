@@ -264,13 +264,14 @@ class EpochState:
     train_state: dict[str, Any]
 
 
-# train.warm_start: a network continued from the source's weights learns at this share of train.learning_rate (a
+# train.warm_start: a network continued from the source's weights learns at this share of its learning rate (a
 # full rate would undo much of what it starts from in the first epochs)
 WARM_LR_FACTOR = 0.1
 
 
-def make_optimizer(model: nn.Module, train: TrainSection) -> torch.optim.Optimizer:
-    """AdamW, with PyTorch's fused kernel where every parameter allows it (budget.fusable)."""
+def make_optimizer(model: nn.Module, train: Any) -> torch.optim.Optimizer:
+    """AdamW, with PyTorch's fused kernel where every parameter allows it (budget.fusable); train: a network's train
+    section (Family.train_section: _torch.NetworkTrain)."""
     params = list(model.parameters())
     return torch.optim.AdamW(params, lr=train.learning_rate, weight_decay=train.weight_decay, fused=fusable(params))
 
@@ -349,8 +350,8 @@ def _resume(loop_config: dict[str, Any], model, stopper, train_cfg) -> tuple:
     return 0, [], None, train_cfg
 
 
-def adamw_schedule(model: nn.Module, train_cfg: TrainSection, total_steps: int) -> tuple:
-    """The default optimizer and schedule of a torch family (Family.optimizer None): AdamW, train.schedule's
+def adamw_schedule(model: nn.Module, train_cfg: Any, total_steps: int) -> tuple:
+    """The default optimizer and schedule of a torch family (Family.optimizer None): AdamW, the schedule key's
     learning-rate multiplier per step."""
     optimizer = make_optimizer(model, train_cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(

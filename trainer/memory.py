@@ -44,7 +44,7 @@ def check_packed_size(
             f"{source}: a packed row is {per_row:,} bytes ({prep.num_features:,} features) and a worker's mini-batches "
             f"alone would need {working_set / 2**30:.1f} GiB of the {per_worker / 2**30:.1f} GiB each of "
             f"{num_workers} worker(s) has; the widest text columns are {wide}. Lower preprocess.max_onehot so they "
-            "are embedded instead, leave them out of data.features, or lower train.batch_size"
+            "are embedded instead, leave them out of data.features, or lower model.params.mlp.batch_size"
         )
     return estimate
 
@@ -64,8 +64,8 @@ def is_out_of_memory(exc: BaseException) -> bool:
 def out_of_memory_error(stage: str, num_workers: int | str) -> TrainingError:
     return TrainingError(
         f"a Ray worker was killed for running out of memory during {stage}; retrying would fail the same way. "
-        f"Use fewer workers (scaling.num_workers is {num_workers}), a smaller train.batch_size, give Ray more "
-        "memory (a larger machine or object store), or narrow the table (data.features, preprocess.max_onehot)"
+        f"Use fewer workers (scaling.num_workers is {num_workers}), a smaller model.params.mlp.batch_size, give Ray "
+        "more memory (a larger machine or object store), or narrow the table (data.features, preprocess.max_onehot)"
     )
 
 

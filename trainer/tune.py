@@ -203,9 +203,12 @@ def build_tuner(
     if tune_cfg.scheduler == "asha":
         # rungs by epoch, not by report: short epochs are grouped into one report (checkpoint.min_interval_s)
         # (boosted trees report their round as the epoch)
-        max_t = config.train.epochs if config.train.epochs != "auto" else MAX_AUTO_EPOCHS
-        for f in _searched_families(config):  # boosters: rounds (each family's own, its block over the shared)
-            if not REGISTRY[f].uses_minibatches:
+        max_t = 1
+        for f in _searched_families(config):  # networks: epochs; boosters: rounds (each family's own)
+            if REGISTRY[f].uses_minibatches:
+                epochs = REGISTRY[f].train_section(config.for_family(f)).epochs
+                max_t = max(max_t, epochs if epochs != "auto" else MAX_AUTO_EPOCHS)
+            else:
                 max_t = max(max_t, config.for_family(f).model.params.num_boost_round)
         scheduler = ASHAScheduler(
             time_attr="epoch",

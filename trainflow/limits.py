@@ -1,7 +1,7 @@
 """Numbers the config's descriptions state and the trainer applies, owned here (the ground floor both read): the
 networks' auto budget, the time budget's shortest run and auto floor, the hang watchdog's auto rule."""
 
-# train.epochs, train.batch_size, train.early_stopping.patience: auto (trainer/budget.py)
+# a network's epochs and batch_size, train.early_stopping.patience: auto (trainer/budget.py)
 TARGET_STEPS = 4000  # optimizer steps per worker an auto budget aims at
 MIN_BATCH, MAX_BATCH = 16, 512
 MIN_AUTO_EPOCHS, MAX_AUTO_EPOCHS = 10, 300

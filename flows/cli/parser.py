@@ -26,7 +26,7 @@ OVERRIDES = _shared(
             "action": "append",
             "default": [],
             "metavar": "KEY=VALUE",
-            "help": "override a config key (YAML value), e.g. train.epochs=5; repeatable",
+            "help": "override a config key (YAML value), e.g. train.time_limit=60; repeatable",
         },
     )
 )
@@ -52,7 +52,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     out = {}
     for item in items:
         if "=" not in item:
-            raise TrainflowError(f"--set {item!r}: expected KEY=VALUE, e.g. train.epochs=5")
+            raise TrainflowError(f"--set {item!r}: expected KEY=VALUE, e.g. train.time_limit=60")
         key, value = item.split("=", 1)
         try:
             out[key.strip()] = load_yaml(value)

@@ -6,16 +6,88 @@ torch is imported where a network is built, trained or served, not with this mod
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import numpy as np
+from pydantic import Field, field_validator
 
-from trainflow.trainer.families.base import Family
+from trainflow.limits import MAX_AUTO_EPOCHS, MAX_BATCH, MIN_AUTO_EPOCHS, MIN_BATCH, ROWS_PER_STEP, TARGET_STEPS
+from trainflow.trainer.families.base import Family, Params
 
 if TYPE_CHECKING:
     from trainflow.config import Config, ScalingSection
     from trainflow.preprocessors.tabular import TabularPreprocessor
+
+
+class NetworkTrainKeys(Params):
+    """The optimizer and schedule keys of the networks trainer/loop.py trains with AdamW (mlp, torch):
+    model.params.<family>.<key>, kept in the model section itself as their other keys are (their earlier place,
+    train.<key>, is read with a warning until the next release)."""
+
+    epochs: int | Literal["auto"] = Field(
+        "auto",
+        description=f"mlp, torch: the most epochs (early stopping may end sooner); `auto`: about {TARGET_STEPS:,} "
+        f"optimizer steps per worker, {MIN_AUTO_EPOCHS}-{MAX_AUTO_EPOCHS} epochs, from the training rows and the "
+        "workers",
+    )
+    batch_size: int | Literal["auto"] = Field(
+        "auto",
+        description=f"mlp, torch: rows per optimizer step per worker; `auto`: rows per worker / {ROWS_PER_STEP} as a "
+        f"power of two, {MIN_BATCH}-{MAX_BATCH}",
+    )
+    learning_rate: float = Field(1e-3, description="mlp, torch: AdamW's peak learning rate", gt=0.0)
+    weight_decay: float = Field(0.01, description="mlp, torch: AdamW's decoupled weight decay", ge=0.0)
+    schedule: Literal["cosine", "constant"] = Field(
+        "cosine",
+        description="mlp, torch: the per-step learning rate after the warm-up: `cosine` (to 0 at the last epoch) or "
+        "`constant`",
+    )
+    warmup_fraction: float = Field(
+        0.05, description="mlp, torch: the linear warm-up, as a fraction of all steps", ge=0.0, lt=1.0
+    )
+    label_smoothing: float = Field(
+        0.0,
+        description="mlp, torch, classification: train on cross-entropy against labels smoothed by this much; "
+        "validation metrics, early stopping and every choice read the plain loss",
+        ge=0.0,
+        lt=1.0,
+    )
+
+    @field_validator("epochs", "batch_size")
+    @classmethod
+    def _at_least_one(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("must be >= 1 or 'auto'")
+        return v
+
+    @field_validator("learning_rate", "weight_decay")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        return v
+
+
+NETWORK_TRAIN_KEYS = tuple(NetworkTrainKeys.model_fields)
+
+
+class NetworkTrain(NetworkTrainKeys):
+    """What a torch family's loop trains with (Family.train_section): its optimizer and schedule keys, and
+    train.early_stopping and train.class_weight, which are the run's."""
+
+    early_stopping: Any
+    class_weight: Any = None
+
+
+def network_train_section(config: Config) -> NetworkTrain:
+    """The loop's train section of a network whose keys are in the model section (mlp, torch)."""
+    return NetworkTrain(
+        **{k: getattr(config.model, k) for k in NETWORK_TRAIN_KEYS},
+        early_stopping=config.train.early_stopping,
+        class_weight=config.train.class_weight,
+    )
 
 
 def torch_config(scaling: ScalingSection):
@@ -117,5 +189,6 @@ def torch_family(name: str, **own: Any) -> Family:
         TorchPredictor,
         check_model,
         uses_minibatches=True,
-        **{"build": build_network, **own},
+        train_keys=NETWORK_TRAIN_KEYS,
+        **{"build": build_network, "train_section": network_train_section, **own},
     )

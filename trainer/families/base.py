@@ -150,6 +150,9 @@ class Family:
     # stopping (the boosters': model.params.num_boost_round)
     refit_config: Callable[[Config, int, dict[str, Any]], Config] | None = None
     refit_pins: tuple[str, ...] = ()
+    # the keys of its model section that are its optimizer and schedule (the networks'): a training hash counts them
+    # with the train section's, where they were before they moved (Config.training_hash)
+    train_keys: tuple[str, ...] = ()
     # `trainflow tune` without tune.search_space: its default space (dotted config key -> {kind: args})
     search_space: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
     # its keys: a Params class validating model.params.<name> (and the shared model.params keys it takes), and the
@@ -176,7 +179,7 @@ class Family:
     # the same way); the train section its loop runs with, given its Config (a family with its own keys under
     # model.params.<family> maps them there: batch size, epochs, learning rate, label smoothing); and its optimizer
     # and schedule, (network, that train section, the run's optimizer steps) -> (optimizer, a torch LR scheduler
-    # stepped once per step), None: AdamW with train.schedule (trainer/loop.py make_optimizer)
+    # stepped once per step), None: AdamW with its schedule key (trainer/loop.py make_optimizer)
     build: Callable[[TabularPreprocessor, dict[str, Any]], Any] | None = None
     train_section: Callable[[Config], Any] = lambda config: config.train
     optimizer: Callable[[Any, Any, int], tuple[Any, Any]] | None = None

@@ -9,11 +9,11 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from trainflow.trainer.families import _torch
-from trainflow.trainer.families.base import Params
 
 
-class NetworkKeys(Params):
-    """The network's keys, in the model section itself (model.hidden_sizes, ...), as its checkpoints keep them."""
+class NetworkKeys(_torch.NetworkTrainKeys):
+    """The network's keys, in the model section itself (model.hidden_sizes, ...), as its checkpoints keep them: its
+    layers and its optimizer and schedule (_torch.NetworkTrainKeys)."""
 
     hidden_sizes: list[Annotated[int, Field(gt=0)]] = Field(
         default_factory=lambda: [256, 128], description="mlp: the hidden layers' widths"
@@ -57,8 +57,8 @@ FAMILY = _torch.torch_family(
     serving_packages=("rtdl-num-embeddings", "tabm"),
     describe=_describe,
     search_space={
-        "train.learning_rate": {"loguniform": [0.0003, 0.003]},
-        "train.weight_decay": {"loguniform": [0.0001, 0.1]},
+        "model.params.mlp.learning_rate": {"loguniform": [0.0003, 0.003]},
+        "model.params.mlp.weight_decay": {"loguniform": [0.0001, 0.1]},
         "model.dropout": {"uniform": [0.0, 0.4]},
         "model.hidden_sizes": {"choice": [[256, 128], [512, 256], [256, 256, 128]]},
     },

@@ -231,20 +231,19 @@ def build(prep, model_cfg: dict[str, Any]):
 
 
 def train_section(config):
-    """train.* as RealMLP's loop reads it: its own epochs, batch size, learning rate, weight decay, label smoothing and
-    early stopping (model.params.realmlp)."""
+    """What RealMLP's loop trains with: its own epochs, batch size, learning rate, weight decay, label smoothing and
+    early stopping (model.params.realmlp), and train.class_weight."""
     p = settings(config.model.model_dump(mode="json"))
     classification = config.task == "classification"
     stopping = config.train.early_stopping.model_copy(update={"patience": p.patience})
-    return config.train.model_copy(
-        update={
-            "epochs": p.n_epochs,
-            "batch_size": p.batch_size,
-            "learning_rate": _peak_lr(p, classification),
-            "weight_decay": p.wd,
-            "label_smoothing": p.ls_eps if classification else 0.0,
-            "early_stopping": stopping,
-        }
+    return _torch.NetworkTrain(
+        epochs=p.n_epochs,
+        batch_size=p.batch_size,
+        learning_rate=_peak_lr(p, classification),
+        weight_decay=p.wd,
+        label_smoothing=p.ls_eps if classification else 0.0,
+        early_stopping=stopping,
+        class_weight=config.train.class_weight,
     )
 
 
@@ -274,8 +273,8 @@ def optimizer(model, train_cfg, total_steps: int) -> tuple[Any, Any]:
 
 
 def _hashed(model: dict[str, Any]) -> dict[str, Any]:
-    """Its epochs and patience only extend or stop a run (as train.epochs does the network's): a resume may change
-    them."""
+    """Its epochs and patience only extend or stop a run (as model.params.mlp.epochs does the network's): a resume may
+    change them."""
     params = {k: v for k, v in (model.get("params") or {}).items() if k not in ("n_epochs", "patience")}
     return {**model, "params": params}
 

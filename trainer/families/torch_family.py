@@ -8,13 +8,13 @@ from typing import Any
 from pydantic import Field
 
 from trainflow.trainer.families import _torch
-from trainflow.trainer.families.base import Params
 
 NAME = "torch"
 
 
-class ModuleKeys(Params):
-    """Your module's keys, in the model section itself (model.class_path, model.init_args)."""
+class ModuleKeys(_torch.NetworkTrainKeys):
+    """Your module's keys, in the model section itself (model.class_path, model.init_args), and its optimizer and
+    schedule (_torch.NetworkTrainKeys)."""
 
     class_path: str | None = Field(
         None,

@@ -18,7 +18,7 @@ from pydantic import (
 )
 
 from trainflow.config.data import DataSection
-from trainflow.config.model import FAMILIES, deprecated_keys
+from trainflow.config.model import FAMILIES, MODEL_KEY_READERS, deprecated_keys, train_keys_moved
 from trainflow.tables.sources import SOURCES
 from trainflow.config.operations import ServicesSection
 from trainflow.config.root import Config
@@ -28,7 +28,7 @@ from trainflow.run.storage import is_uri
 
 
 def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
-    """Return a copy of raw with each dotted key (e.g. 'train.epochs') set to its value."""
+    """Return a copy of raw with each dotted key (e.g. 'train.time_limit') set to its value."""
     out = copy.deepcopy(raw)
     for dotted, value in (overrides or {}).items():
         parts = str(dotted).split(".")
@@ -108,6 +108,9 @@ def _closest_key(name: str, parent: str) -> str:
             return ""
         model = found[0]
     close = difflib.get_close_matches(name, list(getattr(model, "model_fields", {})), n=1, cutoff=0.6)
+    if not close and parent == "train":  # a network's key at its earlier place, misspelt: where it is now
+        moved = difflib.get_close_matches(name, list(MODEL_KEY_READERS), n=1, cutoff=0.6)
+        return f"; did you mean model.params.{MODEL_KEY_READERS[moved[0]][0]}.{moved[0]}?" if moved else ""
     return f"; did you mean {'.'.join(filter(None, [parent, close[0]]))}?" if close else ""
 
 
@@ -119,7 +122,12 @@ def config_from_dict(raw: dict[str, Any], base_dir: str | Path = ".", source: st
     _apply_waits(raw.get("services"), None)  # reading the table to infer the task already waits as the config says
     raw, task_note = _with_task(raw, base)
     model = raw.get("model")
-    for line in deprecated_keys(model) if isinstance(model, dict) else ():  # read this release, with a warning
+    earlier = deprecated_keys(model) if isinstance(model, dict) else []
+    try:  # (the root validator moves them too: a config validated elsewhere)
+        raw, moved = train_keys_moved(raw)
+    except ValueError as err:
+        raise ConfigError(f"invalid config {source}:\n  {err}") from None
+    for line in (*moved, *earlier):  # read this release, with a warning
         warnings.warn(f"{source}: {line}", FutureWarning, stacklevel=2)
     try:
         cfg = Config.model_validate(raw)

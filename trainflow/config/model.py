@@ -406,6 +406,41 @@ def deprecated_keys(model: dict[str, Any]) -> list[str]:
     return lines
 
 
+def train_keys_moved(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A raw config with the networks' keys written at their earlier place (train.epochs, train.learning_rate, ...:
+    the model keys of mlp and torch) moved into its model section, where those families read them: (the config, one
+    line per key moved, naming where to write it). It replaces model.<key> (the other earlier spelling, and what a
+    config's dump holds: a trial's or a test's train.<key> over a dumped config wins), and model.params.<family>.<key>,
+    the place to write it, wins over it; where no family model.type trains reads it, it is dropped and its line says
+    so."""
+    train = raw.get("train")
+    found = [k for k in train if k in MODEL_KEY_READERS] if isinstance(train, dict) else []
+    if not found:
+        return raw, []
+    model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
+    kind = model.get("type", "auto")
+    named = list(AUTO_FAMILIES + AUTO_TIMED_FAMILIES) if kind == "auto" else [kind] if isinstance(kind, str) else kind
+    given = network_keys(model)
+    moved, lines = dict(model), []
+    for name in found:
+        readers = MODEL_KEY_READERS[name]
+        where = f"model.params.{readers[0]}.{name}"
+        if not set(readers) & set(named if isinstance(named, list) else []):
+            lines.append(
+                f"train.{name} is deprecated: it is {_listed(readers)}'s, which model.type does not train; ignored "
+                f"(write it as {where})"
+            )
+            continue
+        lines.append(f"train.{name} is deprecated: write it as {where} (train.{name} is read until the next release)")
+        try:  # a bad value is named where it was written
+            _MODEL_KEYS[readers[0]].model_validate({name: train[name]})
+        except ValidationError as e:
+            raise ValueError(f"train.{name}: {_error(e).split(': ', 1)[-1]} (got {train[name]!r})") from None
+        if name not in given:
+            moved[name] = train[name]
+    return {**raw, "train": {k: v for k, v in train.items() if k not in found}, "model": moved}, lines
+
+
 # the section: _Model and the keys each family reads from it (the networks'), declared by the families
 ModelSection = create_model(
     "ModelSection",

@@ -14,7 +14,7 @@ from pydantic import (
 from trainflow.config.base import CLASSIFICATION_METRICS, REGRESSION_METRICS, _Section, key
 from trainflow.config.data import DataSection, PreprocessSection, SplitSection
 from trainflow.catalogue import families
-from trainflow.config.model import ENSEMBLE, ModelSection
+from trainflow.config.model import ENSEMBLE, ModelSection, train_keys_moved
 from trainflow.config.operations import (
     CalibrationSection,
     InferenceSection,
@@ -50,8 +50,8 @@ class Config(_Section):
     )
     model: ModelSection = key(doc="the model families and their settings", default_factory=ModelSection)
     train: TrainSection = key(
-        doc="the training: folds, the time limit, and the networks' epochs, batch size, optimizer "
-        "and schedule (sized to the table by default)",
+        doc="the training: folds, the time limit, early stopping, class weights, the refit and a warm start (a "
+        "network's epochs, batch size, optimizer and schedule are its own: `model.params.mlp`, ...)",
         default_factory=TrainSection,
     )
     scaling: ScalingSection = key(
@@ -121,6 +121,12 @@ class Config(_Section):
     @property
     def source_dir(self) -> str | None:
         return self._source_dir
+
+    @model_validator(mode="before")
+    @classmethod
+    def _network_keys_from_train(cls, raw: Any) -> Any:
+        """The networks' keys written at their earlier place, train.<key>, read from there (config_from_dict warns)."""
+        return train_keys_moved(raw)[0] if isinstance(raw, dict) else raw
 
     @model_validator(mode="after")
     def _auto_with_its_time(self) -> Config:
@@ -258,8 +264,13 @@ class Config(_Section):
         if not families()[family].uses_minibatches:  # the networks' optimiser never reaches another family
             train: dict[str, Any] = {"folds": self.train.folds}
         else:
-            exclude = {"epochs", "early_stopping", "time_limit", "warm_start", "refit"}
+            exclude = {"early_stopping", "time_limit", "warm_start", "refit"}
             train = self.train.model_dump(mode="json", exclude=exclude)
+            # the networks' optimizer keys, as the hash took them from train.* before they moved (runs resume)
+            keys = {k for f in families().values() for k in f.train_keys}
+            dumped = self.model.model_dump(mode="json")
+            train.update({k: dumped[k] for k in keys if k != "epochs"})
+            model = {k: v for k, v in model.items() if k not in keys}
         if self.train.warm_start != "none":  # a continuation is another fit (unset: the hash of runs before the key)
             train["warm_start"] = self.train.warm_start
         relevant = {

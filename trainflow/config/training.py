@@ -17,15 +17,9 @@ from trainflow.limits import (
     HANG_FACTOR,
     HANG_FIRST_S,
     HANG_MIN_S,
-    MAX_AUTO_EPOCHS,
-    MAX_BATCH,
-    MIN_AUTO_EPOCHS,
-    MIN_BATCH,
     MIN_PATIENCE,
     MIN_RUN_S,
     PATIENCE_SHARE,
-    ROWS_PER_STEP,
-    TARGET_STEPS,
     ray_folder_refusal,
 )
 
@@ -50,23 +44,6 @@ class EarlyStoppingSection(_Section):
 
 
 class TrainSection(_Section):
-    epochs: int | Literal["auto"] = key(
-        "auto",
-        f"the networks' most epochs (early stopping may end sooner); `auto`: about {TARGET_STEPS:,} optimizer "
-        f"steps per worker, {MIN_AUTO_EPOCHS}-{MAX_AUTO_EPOCHS} epochs, from the training rows and the workers",
-    )
-    batch_size: int | Literal["auto"] = key(
-        "auto",
-        "the networks' rows per optimizer step per worker; `auto`: rows per worker / "
-        f"{ROWS_PER_STEP} as a power of two, {MIN_BATCH}-{MAX_BATCH}",
-    )
-    learning_rate: float = key(1e-3, "the networks' AdamW peak learning rate", gt=0.0)
-    weight_decay: float = key(0.01, "the networks' AdamW decoupled weight decay", ge=0.0)
-    schedule: Literal["cosine", "constant"] = key(
-        "cosine",
-        "the networks' per-step learning rate after the warm-up: `cosine` (to 0 at the last epoch) or `constant`",
-    )
-    warmup_fraction: float = key(0.05, "the networks' linear warm-up, as a fraction of all steps", ge=0.0, lt=1.0)
     early_stopping: EarlyStoppingSection = key(
         doc="the networks stop when `checkpoint.metric` stops improving", default_factory=EarlyStoppingSection
     )
@@ -75,13 +52,6 @@ class TrainSection(_Section):
         "classification: `balanced` (n / (classes x count), as scikit-learn) or `{class: weight}`; the loss of "
         "`mlp` and `torch` takes it (the boosters do not, and say so in the log); their probabilities are "
         "recalibrated (`calibration.method: auto`)",
-    )
-    label_smoothing: float = key(
-        0.0,
-        "classification, the networks: train on cross-entropy against labels smoothed by this much; validation "
-        "metrics, early stopping and every choice read the plain loss",
-        ge=0.0,
-        lt=1.0,
     )
     folds: int | Literal["auto"] = key(
         "auto",
@@ -139,20 +109,6 @@ class TrainSection(_Section):
     def _fold_count(cls, v: int | str) -> int | str:
         if isinstance(v, int) and not 1 <= v <= 20:
             raise ValueError("must be 1 (one validation split), 2 to 20 folds, or 'auto'")
-        return v
-
-    @field_validator("epochs", "batch_size")
-    @classmethod
-    def _at_least_one(cls, v: int | str) -> int | str:
-        if isinstance(v, int) and v < 1:
-            raise ValueError("must be >= 1 or 'auto'")
-        return v
-
-    @field_validator("learning_rate", "weight_decay")
-    @classmethod
-    def _finite(cls, v: float) -> float:
-        if not math.isfinite(v):
-            raise ValueError("must be a finite number")
         return v
 
     @field_validator("class_weight", mode="before")
@@ -309,7 +265,7 @@ class TuneSection(_Section):
     search_space: dict[str, dict[str, list[Any]]] = key(
         doc="dotted config key → `{loguniform: [lo, hi]}`, `{uniform: [lo, hi]}`, `{randint: [lo, hi]}`, "
         "`{choice: [...]}` or `{grid: [...]}`; left out: each family's own default space (the network: "
-        "`train.learning_rate`, `train.weight_decay`, `model.dropout`, `model.hidden_sizes`; the boosters: "
+        "`model.params.mlp.learning_rate`, `.weight_decay`, `model.dropout`, `model.hidden_sizes`; the boosters: "
         "`model.params.learning_rate`, `max_depth`, `subsample`, `reg_lambda`), the family searched too when there "
         "are several; a key one family does not read is ignored by it",
         shown="each family's default space",
