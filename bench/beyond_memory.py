@@ -112,11 +112,11 @@ def child(store: int, train: str, score: str, work: str, model: dict | None = No
             {
                 "data": {"path": train, "label": "y", "id_column": "id"},
                 "task": "regression",
-                "train": {} if default else {"epochs": 2, "batch_size": 1024},
                 "scaling": {"num_workers": 2},
                 "checkpoint": {"metric": "val_rmse", **({} if default else {"min_interval_s": 0})},
                 "storage_path": str(Path(work) / "runs"),
-                "model": model or ({} if default else {"type": "mlp"}),
+                "model": model
+                or ({} if default else {"type": "mlp", "params": {"mlp": {"epochs": 2, "batch_size": 1024}}}),
                 "mlflow": {"experiment": "beyond-memory", "registered_model": f"beyond-{Path(work).name}"},
                 "inference": {"input": score, "output": str(Path(work) / "predictions"), "batch_size": 65536},
             }

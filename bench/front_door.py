@@ -72,8 +72,7 @@ def main() -> None:
                 {
                     "data": {"path": "data/train.parquet", "label": "churned", "id_column": "customer_id"},
                     "task": "classification",
-                    "model": {"type": "mlp"},
-                    "train": {"epochs": 2},
+                    "model": {"type": "mlp", "params": {"mlp": {"epochs": 2}}},
                     "storage_path": "runs",
                     "mlflow": {"experiment": "front-door", "registered_model": "front-door"},
                     "inference": {"input": "data/score.parquet", "output": "predictions"},

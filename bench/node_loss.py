@@ -33,7 +33,8 @@ def _run(cluster, work: Path, name: str, kill=None) -> tuple[float, dict]:
         work,
         rows=ROWS,
         # a learning rate low enough that the best epoch comes late: after the loss, not one both runs share
-        train={"epochs": EPOCHS, "batch_size": 128, "learning_rate": 0.001, "early_stopping": {"patience": "off"}},
+        model={"type": "mlp", "params": {"mlp": {"epochs": EPOCHS, "batch_size": 128, "learning_rate": 0.001}}},
+        train={"early_stopping": {"patience": "off"}},
         scaling={
             "num_workers": [1, 2],
             "placement_strategy": "SPREAD",

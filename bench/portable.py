@@ -70,8 +70,7 @@ def _trained_model(work: Path) -> tuple[Path, Path]:
             {
                 "data": {"path": "data/train.parquet", "label": "churned", "id_column": "customer_id"},
                 "task": "classification",
-                "model": {"type": "mlp"},
-                "train": {"epochs": 2},
+                "model": {"type": "mlp", "params": {"mlp": {"epochs": 2}}},
                 "storage_path": "runs",
                 "mlflow": {"experiment": "portable", "registered_model": "portable"},
             }
