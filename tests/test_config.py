@@ -72,6 +72,9 @@ def test_load_config_applies_dotted_overrides(tmp_path):
         load_config(path, {"train.epochs": "many"})
     cfg = load_config(path, {"model.params.mlp.epochs": 9, "train.epochs": 7})  # the new place wins
     assert cfg.model.epochs == 9
+    # the warning names the block of the network the config trains (a user's module: model.params.torch)
+    with pytest.warns(FutureWarning, match="train.epochs is deprecated: write it as model.params.torch.epochs"):
+        load_config(path, {"model.type": "torch", "model.params.torch.class_path": "a.b:C", "train.epochs": 7})
 
 
 def test_missing_and_malformed_files(tmp_path):

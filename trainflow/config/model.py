@@ -422,10 +422,11 @@ def train_keys_moved(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     named = list(AUTO_FAMILIES + AUTO_TIMED_FAMILIES) if kind == "auto" else [kind] if isinstance(kind, str) else kind
     given = network_keys(model)
     moved, lines = dict(model), []
+    trained = named if isinstance(named, list) else []
     for name in found:
         readers = MODEL_KEY_READERS[name]
-        where = f"model.params.{readers[0]}.{name}"
-        if not set(readers) & set(named if isinstance(named, list) else []):
+        where = f"model.params.{next((f for f in readers if f in trained), readers[0])}.{name}"
+        if not set(readers) & set(trained):
             lines.append(
                 f"train.{name} is deprecated: it is {_listed(readers)}'s, which model.type does not train; ignored "
                 f"(write it as {where})"
