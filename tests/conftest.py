@@ -337,8 +337,14 @@ def xgboost_config(tmp_path: Path, data: dict[str, Any], registered_model: str, 
     return str(write_config(tmp_path, raw))
 
 
-def churn_config(tmp_path: Path, rows: int = 3000, **sections: Any) -> Path:
-    """A small classification config over the bundled sample generator, inside tmp_path."""
+# the small network churn_config's configs train: 3 epochs of 128 rows (its keys: model.params.<mlp|torch>)
+SMALL_NETWORK = {"epochs": 3, "batch_size": 128, "learning_rate": 0.005}
+
+
+def churn_config(tmp_path: Path, rows: int = 3000, network: dict[str, Any] | None = None, **sections: Any) -> Path:
+    """A small classification config over the bundled sample generator, inside tmp_path. network: the trained
+    network's own keys (epochs, batch_size, ...) over SMALL_NETWORK, in the block of each network model.type trains
+    (model.params.mlp, model.params.torch; a key the test's own block sets wins)."""
     from trainflow.tables.sample import make_churn_table
 
     write_parquet(make_churn_table(rows, seed=1), tmp_path / "data" / "train.parquet")
@@ -349,12 +355,7 @@ def churn_config(tmp_path: Path, rows: int = 3000, **sections: Any) -> Path:
         "data": {"path": "data/train.parquet", "label": "churned", "id_column": "customer_id"},
         "task": "classification",
         "model": {"type": "mlp"},  # one family: the default (auto) trains three and their ensemble
-        "train": {
-            "epochs": 3,
-            "batch_size": 128,
-            "learning_rate": 0.005,
-            "folds": 1,
-        },  # one split: cross-fitting has its own tests
+        "train": {"folds": 1},  # one split: cross-fitting has its own tests
         "scaling": {"num_workers": 1},  # one worker: DDP across workers has its own tests (each run starts less)
         "checkpoint": {"num_to_keep": 3, "metric": "val_loss"},
         "storage_path": "runs",
@@ -366,6 +367,13 @@ def churn_config(tmp_path: Path, rows: int = 3000, **sections: Any) -> Path:
             raw[key].update(value)
         else:
             raw[key] = value
+    kind = raw["model"].get("type", "auto")
+    trained = {"mlp"} if kind == "auto" else {kind} if isinstance(kind, str) else set(kind)
+    for family in sorted(trained & {"mlp", "torch"}):
+        params = raw["model"].setdefault("params", {})
+        block = params.setdefault(family, {})
+        for k, v in {**SMALL_NETWORK, **(network or {})}.items():
+            block.setdefault(k, v)
     return write_config(tmp_path, raw)
 
 

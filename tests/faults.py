@@ -88,8 +88,13 @@ def small_run(tmp_path, hang_timeout_s=600.0, resources_per_worker=None, max_fai
             "task": "regression",
             # periodic numeric embeddings give the network buffers: its validation must not go through DDP's forward,
             # whose buffer broadcast the two ranks' unequal validation shards would call unequally often (a deadlock)
-            "model": {"type": "mlp", "params": {"mlp": {"numeric_embedding": "periodic"}}},
-            "train": {"epochs": EPOCHS, "batch_size": 64, "learning_rate": 0.01, "folds": 1},
+            "model": {
+                "type": "mlp",
+                "params": {
+                    "mlp": {"numeric_embedding": "periodic", "epochs": EPOCHS, "batch_size": 64, "learning_rate": 0.01}
+                },
+            },
+            "train": {"folds": 1},
             "scaling": {"num_workers": 2, "resources_per_worker": resources_per_worker},
             "checkpoint": {"num_to_keep": 2},
             "failure": {"max_failures": max_failures, "hang_timeout_s": hang_timeout_s},
@@ -160,7 +165,10 @@ def successive_faults(marker_dir: str, fold: int = 1):
         (Path(marker_dir) / f"attempt-{attempt}-rank{rank}").touch()
         if attempt >= len(SUCCESSIVE):
             return train_fn_per_worker(loop_config)
-        upto = {**loop_config, "config": trial_config(loop_config["config"].to_dict(), {"train.epochs": attempt + 1})}
+        upto = {
+            **loop_config,
+            "config": trial_config(loop_config["config"].to_dict(), {"model.params.mlp.epochs": attempt + 1}),
+        }
         train_fn_per_worker(upto)
         if rank == 1:
             wait_fold_registered(loop_config["deadline_dir"], fold, epoch=attempt)

@@ -81,7 +81,8 @@ def test_an_elastic_retrain_shrinks_when_a_node_dies_grows_back_and_counts_a_dra
             tmp_path,
             rows=6000,
             model={"type": "torch", "params": {"torch": {"class_path": HELD, "init_args": {"hold": str(hold)}}}},
-            train={"epochs": EPOCHS, "batch_size": 64, "early_stopping": {"patience": "off"}},
+            network={"epochs": EPOCHS, "batch_size": 64},
+            train={"early_stopping": {"patience": "off"}},
             scaling={
                 "num_workers": [1, 2],
                 "placement_strategy": "SPREAD",

@@ -64,7 +64,8 @@ def _two_at_once(tmp_path: Path, home: Path, sessions: Path) -> None:
     cfg = churn_config(
         tmp_path,
         rows=600,
-        train={"epochs": 2, "batch_size": 64, "folds": 1},
+        network={"epochs": 2, "batch_size": 64},
+        train={"folds": 1},
         scaling={"num_workers": 1, "env_vars": {"TRAINFLOW_TEST_SECRET": SENTINEL}},
         ray={"temp_dir": str(sessions)},
     )

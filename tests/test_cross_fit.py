@@ -33,7 +33,8 @@ def test_folds_train_predict_out_of_fold_serve_the_average_and_a_rerun_skips_fin
     cfg = churn_config(
         tmp_path,
         rows=600,
-        train={"epochs": 2, "folds": FOLDS},
+        network={"epochs": 2},
+        train={"folds": FOLDS},
         checkpoint={"metric": "val_loss"},
         scaling={"num_workers": 2},
     )
@@ -111,7 +112,7 @@ def test_folds_train_predict_out_of_fold_serve_the_average_and_a_rerun_skips_fin
         r for r in named if "fold0/val_loss" in r.data.metrics
     ]  # the first retrain's; the rerun trained none
     for k in range(FOLDS):
-        assert len(client.get_metric_history(family_run.info.run_id, f"fold{k}/val_loss")) == 2  # train.epochs
+        assert len(client.get_metric_history(family_run.info.run_id, f"fold{k}/val_loss")) == 2  # its epochs
     every = {
         r.info.run_name: r.info.status
         for r in client.search_runs([e.experiment_id for e in client.search_experiments()])

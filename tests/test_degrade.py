@@ -69,7 +69,8 @@ def test_a_family_whose_workers_keep_dying_is_left_out_and_a_recovery_in_one_not
         # the network (a learning rate too small to learn in 12 epochs) loses to XGBoost; LightGBM trains last
         model={"type": ["mlp", "xgboost", "lightgbm"]},
         # no refit of the winner: a worker group of its own (10-15 s of the suite) this test does not look at
-        train={"epochs": 12, "learning_rate": 1e-6, "refit": "off"},
+        network={"epochs": 12, "learning_rate": 1e-6},
+        train={"refit": "off"},
         failure={"max_failures": 1, "task_retries": 0},
         scaling={"num_workers": 2},
         checkpoint={"min_interval_s": 0},

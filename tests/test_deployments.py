@@ -482,7 +482,7 @@ def test_trainflow_serve_registers_the_same_deployments_a_cancel_stops_the_run_a
 def _cancel_stops_a_served_run(env, serve, tmp_path):
     """Cancelling a served retrain from Prefect (SIGTERM to its process) stops Ray at once and retries nothing:
     the run ends Cancelled within seconds, no worker group starts again, and its checkpoint stays for a rerun."""
-    cfg = churn_config(tmp_path, rows=6000, train={"epochs": 8, "batch_size": 32}, checkpoint={"min_interval_s": 0})
+    cfg = churn_config(tmp_path, rows=6000, network={"epochs": 8, "batch_size": 32}, checkpoint={"min_interval_s": 0})
     run = tmp_path / "runs" / "cancelled"
     _prefect(
         env, "deployment", "run", "retrain/manual", "--param", f"config_path={cfg}", "--param", "run_name=cancelled"

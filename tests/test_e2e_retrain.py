@@ -133,7 +133,8 @@ def test_retrain_classification_end_to_end_then_boosters_replace_the_champion(tm
     cfg_path = churn_config(
         tmp_path,
         model=user_model,
-        train={"epochs": 2, "learning_rate": 1e-4, "class_weight": "balanced"},
+        network={"epochs": 2, "learning_rate": 1e-4},
+        train={"class_weight": "balanced"},
         checkpoint={"metric": "val_roc_auc"},
         calibration={"decision_threshold": "f1"},
     )
@@ -347,7 +348,7 @@ def _boosters_replace_the_champion(tmp_path, cfg_path, score, tracking, capsys):
     summary_path = tmp_path / "trees.json"
     # a config that does not name the champion's module class never imports it from the registry: `predict` refuses
     # (exit 2), and the gate below scores the champion only because the config allows its class path
-    trees = ["--set", "model.class_path=null", "--set", "model.init_args={}"]
+    trees = ["--set", "model.class_path=null", "--set", "model.init_args={}", "--set", "model.params.torch=null"]
     rc = cli_main(
         [
             "predict",
@@ -698,8 +699,7 @@ def test_retrain_regression_end_to_end(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     config = {
         "data": {"path": "reg/train.parquet", "label": "target y", "id_column": "row id"},
-        "model": {"type": "mlp"},
-        "train": {"epochs": 3, "batch_size": 64, "learning_rate": 0.01},
+        "model": {"type": "mlp", "params": {"mlp": {"epochs": 3, "batch_size": 64, "learning_rate": 0.01}}},
         # a secret for the workers: a dict config is handed to the flow in-process, never stored as a flow parameter
         "scaling": {"num_workers": 2, "env_vars": {"TRAINFLOW_TEST_TOKEN": "tok-s3cr3t-in-a-dict"}},
         "checkpoint": {"num_to_keep": 3, "metric": "val_r2", "min_interval_s": 0},  # a report (and a line) per epoch

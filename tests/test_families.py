@@ -232,7 +232,7 @@ def test_a_sweep_can_search_family_keys_and_the_family_itself():
         {
             **base,
             "model": {"type": ["mlp", "xgboost"]},
-            "tune": {"search_space": {"train.learning_rate": {"choice": [0.001]}}},
+            "tune": {"search_space": {"model.params.mlp.learning_rate": {"choice": [0.001]}}},
         }
     )
     from trainflow.trainer.tune import sweep_space

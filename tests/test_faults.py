@@ -241,7 +241,7 @@ def test_a_local_mode_fit_writes_whole_checkpoints_and_a_retry_resumes_from_the_
         if marker.exists():
             return train_fn_per_worker(loop_config)
         train_fn_per_worker(
-            {**loop_config, "config": trial_config(loop_config["config"].to_dict(), {"train.epochs": 2})}
+            {**loop_config, "config": trial_config(loop_config["config"].to_dict(), {"model.params.mlp.epochs": 2})}
         )
         marker.touch()
         raise RuntimeError("injected failure after epoch 1")
@@ -324,7 +324,9 @@ def test_a_local_mode_resume_loads_a_planted_checkpoints_weights_as_data_only(tm
     from trainflow.trainer.serving.checkpoint import MODEL_FILE
 
     cfg, prep, train, val = small_run(tmp_path)
-    cfg = trial_config(cfg.to_dict(), {"scaling.num_workers": 1, "train.epochs": 2, "checkpoint.min_interval_s": 0})
+    cfg = trial_config(
+        cfg.to_dict(), {"scaling.num_workers": 1, "model.params.mlp.epochs": 2, "checkpoint.min_interval_s": 0}
+    )
     first = fit_here(cfg, prep, train, val, "planted")
     marker = tmp_path / "payload-ran"
 

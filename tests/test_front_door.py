@@ -281,7 +281,8 @@ def test_a_small_tables_retrain_runs_in_its_process_and_starts_no_ray(tmp_path, 
         tmp_path,
         rows=400,
         model={"type": ["xgboost", "mlp"], "params": {"xgboost": {"num_boost_round": 20}}},
-        train={"epochs": 2, "batch_size": 64, "folds": 2},
+        network={"epochs": 2, "batch_size": 64},
+        train={"folds": 2},
     )
     assert trained_in_process(load_config(cfg))
     for setting in ("scaling.num_workers=2", "scaling.local_mode=false", "ray.address=127.0.0.1:6379"):

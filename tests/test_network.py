@@ -69,11 +69,11 @@ def test_auto_embeds_periodically_up_to_a_million_training_rows(tmp_path, monkey
 
 def test_label_smoothing_is_validated_and_is_part_of_the_networks_training_hash(tmp_path):
     base = {"data": {"path": "x.parquet", "label": "y"}, "task": "classification"}
-    smooth = config_from_dict({**base, "train": {"label_smoothing": 0.1}})
+    smooth = config_from_dict({**base, "model": {"params": {"mlp": {"label_smoothing": 0.1}}}})
     assert smooth.training_hash("mlp") != config_from_dict(base).training_hash("mlp")
     assert smooth.training_hash("xgboost") == config_from_dict(base).training_hash("xgboost")
-    with pytest.raises(ConfigError, match="train.label_smoothing"):
-        config_from_dict({**base, "train": {"label_smoothing": 1.0}})
+    with pytest.raises(ConfigError, match="model.params.mlp.label_smoothing"):
+        config_from_dict({**base, "model": {"params": {"mlp": {"label_smoothing": 1.0}}}})
     with pytest.raises(ConfigError, match="model.numeric_embedding"):
         config_from_dict({**base, "model": {"numeric_embedding": "fourier"}})
 

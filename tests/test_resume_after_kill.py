@@ -65,7 +65,7 @@ def test_a_retrain_killed_at_every_step_boundary_ends_exactly_once(tmp_path, cap
         tmp_path,
         rows=6000,
         model={"type": ["mlp", "xgboost"], "params": {"num_boost_round": 30}},
-        train={"epochs": EPOCHS, "batch_size": 32},  # two families: an ensemble too
+        network={"epochs": EPOCHS, "batch_size": 32},  # two families: an ensemble too
         scaling={"num_workers": 1},  # one worker group start less per run: DDP is not under test
         checkpoint={"min_interval_s": 0},
     )  # a checkpoint per epoch, however fast the epochs
@@ -210,7 +210,10 @@ def test_a_retrain_killed_at_every_step_boundary_ends_exactly_once(tmp_path, cap
     assert "the data changed" in err and summary["data_fingerprint"] in err and "another --run-name" in err
     write_parquet(table, tmp_path / "data" / "train.parquet")
     assert (
-        cli_main(["retrain", "--config", str(cfg), "--run-name", "killed-run", "--set", "train.learning_rate=0.5"]) == 2
+        cli_main(
+            ["retrain", "--config", str(cfg), "--run-name", "killed-run", "--set", "model.params.mlp.learning_rate=0.5"]
+        )
+        == 2
     )
     assert "the training config changed" in capsys.readouterr().err
     assert sorted(p.name for p in run.glob("checkpoint_*")) == kept

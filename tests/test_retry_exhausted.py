@@ -54,7 +54,7 @@ def test_prefect_retry_resumes_then_exhausted_retries_fail_cleanly(tmp_path, cap
     cfg = churn_config(
         tmp_path,
         rows=6000,
-        train={"epochs": 4, "batch_size": 64},
+        network={"epochs": 4, "batch_size": 64},
         failure={"max_failures": 0, "task_retries": 1, "retry_delay_s": 1},
         checkpoint={"min_interval_s": 0},  # a checkpoint per epoch, however fast the epochs
         scaling={"num_workers": 1, "local_mode": False},  # a Ray Train worker to kill

@@ -114,8 +114,8 @@ def test_read_checkpoint_resume_and_predict_in_s3(moto_server, s3_endpoint, tmp_
                 "id_column": "customer_id",
             },
             "task": "classification",
-            "model": {"type": "mlp"},
-            "train": {"epochs": 5, "batch_size": 16, "learning_rate": 0.005, "folds": 1},  # epochs of about a second
+            "model": {"type": "mlp", "params": {"mlp": {"epochs": 5, "batch_size": 16, "learning_rate": 0.005}}},
+            "train": {"folds": 1},  # epochs of about a second
             "checkpoint": {"min_interval_s": 0},  # each epoch its own report and checkpoint, however short
             "scaling": {"num_workers": 1, "env_vars": {"AWS_SESSION_TOKEN_X": SENTINELS[1]}},
             "ray": {"runtime_env": {"env_vars": {"MY_API_TOKEN": SENTINELS[2]}}},

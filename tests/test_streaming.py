@@ -44,8 +44,8 @@ def test_a_table_larger_than_the_object_store_streams_from_its_files(tmp_path):
             "data": {"path": "data/train.parquet", "label": "y", "id_column": "id"},
             "task": "regression",
             # plain inputs: periodic embeddings (auto up to 1M rows) triple a step, and streaming is what is under test
-            "model": {"type": "mlp", "numeric_embedding": "none"},
-            "train": {"epochs": 1, "batch_size": 1024, "folds": 1},
+            "model": {"type": "mlp", "params": {"mlp": {"numeric_embedding": "none", "epochs": 1, "batch_size": 1024}}},
+            "train": {"folds": 1},
             "scaling": {"num_workers": 2},
             "checkpoint": {"metric": "val_rmse", "min_interval_s": 0},
             "storage_path": "runs",

@@ -135,7 +135,7 @@ def test_the_network_stops_after_the_epoch_in_which_its_share_ran_out(tmp_path):
     from trainflow.trainer.loop import train_fn_per_worker
 
     cfg, prep, train, val = small_run(tmp_path)
-    cfg = trial_config(cfg.to_dict(), {"train.epochs": 500, "train.early_stopping.patience": "off"})
+    cfg = trial_config(cfg.to_dict(), {"model.params.mlp.epochs": 500, "train.early_stopping.patience": "off"})
     folder = tmp_path / "runs" / "net"
     set_deadline(str(folder), time.time() - 1, "train.time_limit 1 s")
     result = TorchTrainer(
@@ -200,7 +200,8 @@ def test_a_run_under_a_tight_limit_keeps_its_first_family_and_leaves_out_one_cut
         tmp_path,
         rows=1500,
         model={"type": ["mlp", "xgboost"]},
-        train={"epochs": 10_000, "time_limit": 4, "early_stopping": {"patience": "off"}},
+        network={"epochs": 10_000},
+        train={"time_limit": 4, "early_stopping": {"patience": "off"}},
         scaling={"num_workers": 1},
     )
     rc = cli_main(["retrain", "--config", str(cfg), "--run-name", "tb", "--summary-json", str(tmp_path / "s.json")])
@@ -296,7 +297,9 @@ def test_a_boosters_own_params_block_overrides_the_shared_keys_for_it_alone():
 def test_a_familys_training_hash_reads_only_its_own_keys_and_another_familys_keys_are_refused(tmp_path):
     base = {"data": {"path": "x.parquet", "label": "y"}, "task": "classification"}
     plain = config_from_dict(base)
-    wider = config_from_dict({**base, "model": {"hidden_sizes": [512, 256]}, "train": {"learning_rate": 0.01}})
+    wider = config_from_dict(
+        {**base, "model": {"params": {"mlp": {"hidden_sizes": [512, 256], "learning_rate": 0.01}}}}
+    )
     deeper = config_from_dict({**base, "model": {"params": {"max_depth": 4, "num_leaves": 15}}})
     # the network's layers and optimiser never change a booster's hash (its resume and the skip of an unchanged run)
     assert all(wider.training_hash(f) == plain.training_hash(f) for f in ("xgboost", "lightgbm", "catboost"))

@@ -25,8 +25,7 @@ def _local_fit(task, table, label, epochs=6, lr=0.01, tmp_path=None, **extra):
     raw = {
         "data": {"path": "mem", "label": label, "id_column": "row id"},
         "task": task,
-        "model": {"type": "mlp"},
-        "train": {"epochs": epochs, "batch_size": 64, "learning_rate": lr},
+        "model": {"type": "mlp", "params": {"mlp": {"epochs": epochs, "batch_size": 64, "learning_rate": lr}}},
         "scaling": {"num_workers": 1},
         **extra,
     }

@@ -20,7 +20,7 @@ def test_tune_sweep_end_to_end(tmp_path, capsys):
     cfg = churn_config(
         tmp_path,
         rows=2000,
-        train={"epochs": 2, "batch_size": 128},
+        network={"epochs": 2, "batch_size": 128},
         scaling={"num_workers": 1},
         tune={
             "num_samples": 2,

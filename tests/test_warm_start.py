@@ -134,7 +134,7 @@ def test_the_test_figures_of_a_warm_start_leave_out_the_rows_its_source_trained_
 def test_lightgbm_continues_its_source_booster_and_the_network_its_weights_at_a_tenth_of_the_rate(tmp_path):
     """train.warm_start's continuations as tasks/warm.py ships them (the source checkpoint's files in the loop's
     config): LightGBM adds its rounds after the source's (init_model), the network starts from the source's weights
-    with WARM_LR_FACTOR times train.learning_rate. (CatBoost's: tests/test_families.py; XGBoost's, through a replay's
+    with WARM_LR_FACTOR times its learning rate. (CatBoost's: tests/test_families.py; XGBoost's, through a replay's
     warm policy: tests/test_replay.py.)"""
     import json
     from pathlib import Path
@@ -165,7 +165,7 @@ def test_lightgbm_continues_its_source_booster_and_the_network_its_weights_at_a_
         assert load_servable(d).predict.booster.num_trees() == 30  # the source's 20 trees, then this fit's 10
     assert again.metrics["val_loss"] <= source.metrics["val_loss"] * 1.05
 
-    network = {"scaling.num_workers": 1, "train.epochs": 2, "checkpoint.min_interval_s": 0}
+    network = {"scaling.num_workers": 1, "model.params.mlp.epochs": 2, "checkpoint.min_interval_s": 0}
     first = fit_here(trial_config(cfg.to_dict(), network), prep, train, val, "mlp-source")
     warm = fit_here(
         trial_config(cfg.to_dict(), network), prep, train, val, "mlp-warm", warm_start=shipped(first, "mlp")
