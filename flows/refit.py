@@ -10,13 +10,15 @@ the calibration and threshold (fitted on the rows that chose: the out-of-fold ou
 validation outputs). A refit has no rows of its own to be judged on before the test rows, so its figures before them
 are the chosen model's (the summary's `metrics`), and the summary's `refit` gives both models' test figures. Only the
 boosters refit (their size is a count of rounds; one network in place of the fold models' average lost where measured:
-docs/families.md#refit); in an ensemble its other members serve as chosen. Measured (docs/families.md#refit): regression gains on every booster, classification
-level for XGBoost and LightGBM and a gain for CatBoost with its fold models' learning rate (a loss with its own).
+docs/families.md#refit); in an ensemble its other members serve as chosen. Measured (docs/families.md#refit):
+regression gains on every booster, classification level for XGBoost and LightGBM and a gain for CatBoost with its
+fold models' learning rate (a loss with its own).
 
 A refit is a run like any other (tasks/train.py), <family's run>/refit; where the families shared one run
 (<name>-families), an ensemble's members refit in one run of their own, <name>-families/refit, each in its folder
-(train_shared: Ray Train's start paid once). A rerun of the run name finds them finished or resumes them. It is skipped, with the reason, where there are no test rows (nothing could judge it), where the chosen
-model was warm-started (it continues its source's rounds), where the time budget has too little left, where its fit
+(train_shared: Ray Train's start paid once). A rerun of the run name finds them finished or resumes them. It is
+skipped, with the reason, where there are no test rows (nothing could judge it), where the chosen model was
+warm-started (it continues its source's rounds), where the time budget has too little left, where its fit
 fails or the time budget cuts it short (a refit short of its rounds would serve a worse model).
 """
 
@@ -91,11 +93,6 @@ def _rows(parts: Split, fold_rows: list[int]) -> tuple[Any, Any, int, float]:
     else:
         both = parts.train.union(parts.val)
     return both, parts.val, rows, rows / max(1, parts.train_rows)
-
-
-def _member_config(run_config: Config, member: str, rounds: int, pinned: dict[str, Any]) -> Config:
-    """member's config for its refit: its rounds fixed, early stopping off and pinned values (Family.refit_config)."""
-    return family_named(member).refit_config(run_config.for_family(member), rounds, pinned)
 
 
 def refit(
@@ -182,7 +179,7 @@ def _plan(run_config: Config, prepared: Prepared, member: str, chosen: list[Sele
     best = [s.epoch + 1 for s in chosen]  # a booster's epoch is its best round's number, from 0
     rounds = max(1, int(round(float(np.mean(best)) * ratio)))
     pinned = family.refit_params([Path(s.path) for s in chosen]) if family.refit_params else {}
-    member_config = _member_config(run_config, member, rounds, pinned)
+    member_config = family.refit_config(run_config.for_family(member), rounds, pinned)
     budget = family.budget(member_config, prepared.rows, member_config.scaling.max_workers)
     return member_config, budget, {"family": member, "rounds": rounds, "chosen_rounds": best, **pinned}
 

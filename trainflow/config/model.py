@@ -419,10 +419,10 @@ def train_keys_moved(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         return raw, []
     model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
     kind = model.get("type", "auto")
-    named = list(AUTO_FAMILIES + AUTO_TIMED_FAMILIES) if kind == "auto" else [kind] if isinstance(kind, str) else kind
+    trained = list(AUTO_FAMILIES + AUTO_TIMED_FAMILIES) if kind == "auto" else [kind] if isinstance(kind, str) else kind
+    trained = trained if isinstance(trained, list) else []
     given = network_keys(model)
     moved, lines = dict(model), []
-    trained = named if isinstance(named, list) else []
     for name in found:
         readers = MODEL_KEY_READERS[name]
         where = f"model.params.{next((f for f in readers if f in trained), readers[0])}.{name}"
