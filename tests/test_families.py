@@ -411,11 +411,8 @@ def test_a_catboost_refit_keeps_the_learning_rate_its_chosen_models_picked(tmp_p
     config = config_from_dict(
         {"data": {"path": "x.parquet", "label": "y"}, "task": "regression", "storage_path": str(tmp_path)}
     )
-    from trainflow.flows.refit import (
-        _member_config,
-    )  # the refit's config: rounds fixed, early stopping off, the rate pinned
-
-    refit = _member_config(config, "catboost", 37, pinned)
+    # the refit's config (flows/refit.py): rounds fixed, early stopping off, the rate pinned
+    refit = catboost.refit_config(config.for_family("catboost"), 37, pinned)
     import pyarrow as pa
 
     table = pa.table({"a": x[:, 0], "b": x[:, 1], "c": x[:, 2], "y": y})
