@@ -32,6 +32,8 @@ def test_uri_paths_are_kept_and_format_is_inferred(tmp_path):
         ({**BASE, "trian": {}}, "trian: unknown key; did you mean train?"),
         ({**BASE, "train": {"foldz": 3}}, "train.foldz: unknown key; did you mean train.folds?"),
         ({**BASE, "train": {"epochz": 3}}, "train.epochz: unknown key; did you mean model.params.mlp.epochs?"),
+        # a network key that never was a train key is not taken from there as a moved one
+        ({**BASE, "train": {"dropout": 0.2}}, "train.dropout: unknown key; did you mean model.params.mlp.dropout?"),
         # a value no member of the union takes: one line, every valid value (auto included), the closest one
         (
             {**BASE, "model": {"type": "xgbost"}},

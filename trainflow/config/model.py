@@ -43,6 +43,9 @@ MODEL_KEY_READERS: dict[str, tuple[str, ...]] = {}
 for _name, _family in _CATALOGUE.items():
     for _key in _family.model_keys.model_fields if _family.model_keys else ():
         MODEL_KEY_READERS[_key] = (*MODEL_KEY_READERS.get(_key, ()), _name)
+# those of them that were train.<key> before they moved into the model section (Family.train_keys: the networks'
+# optimizer and schedule), read from there with a warning (train_keys_moved) and hashed as train keys
+TRAIN_KEYS_MOVED = frozenset(k for f in _CATALOGUE.values() for k in f.train_keys)
 
 
 def _listed(names: tuple[str, ...] | list[str]) -> str:
@@ -414,7 +417,7 @@ def train_keys_moved(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     the place to write it, wins over it; where no family model.type trains reads it, it is dropped and its line says
     so."""
     train = raw.get("train")
-    found = [k for k in train if k in MODEL_KEY_READERS] if isinstance(train, dict) else []
+    found = [k for k in train if k in TRAIN_KEYS_MOVED] if isinstance(train, dict) else []
     if not found:
         return raw, []
     model = raw.get("model") if isinstance(raw.get("model"), dict) else {}

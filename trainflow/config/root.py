@@ -14,7 +14,7 @@ from pydantic import (
 from trainflow.config.base import CLASSIFICATION_METRICS, REGRESSION_METRICS, _Section, key
 from trainflow.config.data import DataSection, PreprocessSection, SplitSection
 from trainflow.catalogue import families
-from trainflow.config.model import ENSEMBLE, ModelSection, train_keys_moved
+from trainflow.config.model import ENSEMBLE, TRAIN_KEYS_MOVED, ModelSection, train_keys_moved
 from trainflow.config.operations import (
     CalibrationSection,
     InferenceSection,
@@ -267,10 +267,9 @@ class Config(_Section):
             exclude = {"early_stopping", "time_limit", "warm_start", "refit"}
             train = self.train.model_dump(mode="json", exclude=exclude)
             # the networks' optimizer keys, as the hash took them from train.* before they moved (runs resume)
-            keys = {k for f in families().values() for k in f.train_keys}
             dumped = self.model.model_dump(mode="json")
-            train.update({k: dumped[k] for k in keys if k != "epochs"})
-            model = {k: v for k, v in model.items() if k not in keys}
+            train.update({k: dumped[k] for k in TRAIN_KEYS_MOVED if k != "epochs"})
+            model = {k: v for k, v in model.items() if k not in TRAIN_KEYS_MOVED}
         if self.train.warm_start != "none":  # a continuation is another fit (unset: the hash of runs before the key)
             train["warm_start"] = self.train.warm_start
         relevant = {
