@@ -301,6 +301,9 @@ def test_a_small_tables_retrain_runs_in_its_process_and_starts_no_ray(tmp_path, 
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "Ray dashboard" not in proc.stderr and "Started a local Ray instance" not in proc.stderr, proc.stderr[-3000:]
     assert "training set held in this process" in proc.stderr and "temporary server" in proc.stderr
+    # each epoch and round said once, in trainflow's own line; Ray Train's local mode adds none at INFO
+    assert "mlp fold 2/2 epoch 2/2" in proc.stderr and "xgboost fold 1/2 round" in proc.stderr, proc.stderr[-3000:]
+    assert "Reported metrics" not in proc.stderr and "Running in local mode" not in proc.stderr, proc.stderr[-3000:]
     s = json.loads(summary.read_text())
     assert s["model_version"] == "1" and s["output_rows"] == s["input_rows"] == 500
     assert {c["family"] for c in s["candidates"]} >= {"xgboost", "mlp"}

@@ -28,7 +28,7 @@ from trainflow.config import Config, FailureSection, ScalingSection
 from trainflow.errors import ConfigError, TrainingError
 from trainflow.trainer.memory import is_out_of_memory, out_of_memory_error
 from trainflow.trainer.resources import check_fits
-from trainflow.run.runtime import node_id
+from trainflow.run.runtime import node_id, quiet_ray_loggers
 from trainflow.run.storage import filesystem_for, join, list_dir, read_text
 
 # the folder names Ray Train gives checkpoints (StorageContext.make_default_checkpoint_dir_name)
@@ -105,6 +105,7 @@ def local_result(result, folders: list[str], keep: int | None = None, metric: st
 def scaling_config(scaling: ScalingSection, local: bool = False) -> ScalingConfig:
     """ScalingConfig from the config's `scaling` section; local: Ray Train's local mode (num_workers 0)."""
     if local:
+        quiet_ray_loggers()  # (Ray Train's local mode logs its start and every report at INFO)
         return ScalingConfig(num_workers=0)
     return ScalingConfig(
         num_workers=(scaling.min_workers, scaling.max_workers) if scaling.elastic else scaling.num_workers,
