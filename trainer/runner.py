@@ -49,6 +49,7 @@ def fit_reports(run_path: str, on_report: Callable[[dict[str, Any]], None], loca
         with watch_progress(on_report) as callback:
             yield [callback]
         return
+    quiet_ray_loggers()  # Ray Train's local mode would log its start and every report's metrics at INFO
     with _LOCAL:
         # the attempt as AttemptLog records a worker group's: one worker, on this process's node
         append_event(
@@ -105,7 +106,6 @@ def local_result(result, folders: list[str], keep: int | None = None, metric: st
 def scaling_config(scaling: ScalingSection, local: bool = False) -> ScalingConfig:
     """ScalingConfig from the config's `scaling` section; local: Ray Train's local mode (num_workers 0)."""
     if local:
-        quiet_ray_loggers()  # (Ray Train's local mode logs its start and every report at INFO)
         return ScalingConfig(num_workers=0)
     return ScalingConfig(
         num_workers=(scaling.min_workers, scaling.max_workers) if scaling.elastic else scaling.num_workers,
