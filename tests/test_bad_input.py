@@ -35,6 +35,8 @@ def _with_table(tmp_path, table):
     [
         ("missing_path", "no such file or folder"),
         ("empty_table", "has no rows"),
+        ("empty_table_task_unset", "train.parquet: the table has no rows"),
+        ("no_labels_task_unset", "label column 'churned' has no value in any of its 300 rows"),
         ("missing_label", "label column 'churned' not found"),
         ("missing_feature", "feature column(s) ['nope'] not found"),
         ("missing_id", "id column 'customer_id' not found"),
@@ -63,6 +65,12 @@ def test_bad_training_input(tmp_path, capsys, case, needle):
         cfg = churn_config(tmp_path, data={"path": "data/absent.parquet"})
     elif case == "empty_table":
         cfg = _with_table(tmp_path, base.slice(0, 0))
+    elif case in ("empty_table_task_unset", "no_labels_task_unset"):  # nothing to tell the task from: said as such
+        cfg = churn_config(tmp_path, task=None)
+        unlabelled = base.set_column(base.schema.get_field_index("churned"), "churned", pa.nulls(300, pa.int64()))
+        write_parquet(
+            base.slice(0, 0) if case == "empty_table_task_unset" else unlabelled, tmp_path / "data" / "train.parquet"
+        )
     elif case == "missing_label":
         cfg = _with_table(tmp_path, base.drop_columns(["churned"]))
     elif case == "missing_feature":
@@ -136,7 +144,7 @@ def test_bad_training_input(tmp_path, capsys, case, needle):
     rc, err = _run(capsys, cfg)
     assert rc == 2, err
     assert needle in err
-    assert "Traceback" not in err
+    assert "Traceback" not in err and "distinct whole numbers" not in err  # (no task guessed from no values)
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before  # every file byte-identical
     if case != "user_folder_output":
         _nothing_written(tmp_path)

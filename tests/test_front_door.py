@@ -130,6 +130,13 @@ def test_init_writes_a_commented_config_that_loads_and_never_replaces_one(tmp_pa
     # a label that is not a column: exit 2 naming it, nothing written
     assert cli_main([*args[:-2], "--out", str(tmp_path / "other.yaml"), "--label", "churn"]) == 2
     assert "'churn' is not a column" in capsys.readouterr().err and not (tmp_path / "other.yaml").exists()
+    # a table with no label value to tell the task from (every one missing; no rows): refused, no task guessed
+    table = make_churn_table(300, seed=1)
+    unlabelled = table.set_column(table.schema.get_field_index("churned"), "churned", pa.nulls(300, pa.int64()))
+    for rows, needle in ((unlabelled, "has no value in any of its 300 rows"), (table.slice(0, 0), "has no rows")):
+        write_parquet(rows, tmp_path / "tables" / "churn.parquet")
+        assert cli_main([*args[:-2], "--out", str(tmp_path / "other.yaml")]) == 2
+        assert needle in capsys.readouterr().err and not (tmp_path / "other.yaml").exists()
 
 
 @pytest.mark.usefixtures("prefect_harness", "ray_local")

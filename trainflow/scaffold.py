@@ -50,9 +50,12 @@ def _noted(line: str, note: str, width: int = 118, column: int = 34) -> list[str
     return [f"{line.ljust(column)}# {parts[0]}"] + [f"{' ' * column}# {part}" for part in parts[1:]]
 
 
-def _guess_task(dataset, label: str) -> tuple[str, str]:
-    """(task, comment) when the label alone leaves a doubt: few whole-number values read as classes."""
+def _guess_task(dataset, label: str, doubt: ConfigError) -> tuple[str, str]:
+    """(task, comment) when the label alone leaves a doubt: few whole-number values read as classes; doubt raised
+    when the label holds no value at all (an empty table, every label missing: nothing to guess from)."""
     distinct = pc.count_distinct(dataset.to_table(columns=[label]).column(label)).as_py()
+    if not distinct:
+        raise doubt
     task = "classification" if distinct <= 20 else "regression"
     return task, (
         f"the label holds {distinct} distinct whole numbers: {task} is a guess, change it if they are "
@@ -81,10 +84,10 @@ def scaffold(data: str, label: str, out: str) -> str:
     try:
         task, why = infer_task(path, fmt, label, dataset=dataset)
         task_comment = f"{why} (leave task out and trainflow infers the same)"
-    except ConfigError:
+    except ConfigError as doubt:
         if label not in schema.names:
             raise
-        task, task_comment = _guess_task(dataset, label)
+        task, task_comment = _guess_task(dataset, label, doubt)
     folder = Path(out).resolve().parent
     where = path if is_uri(path) else os.path.relpath(path, folder)
     stem = re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-") or "model"

@@ -182,7 +182,15 @@ def _task_of_label(dataset, path: str, label: str) -> tuple[str, str]:
         raise ConfigError(
             f"task: cannot tell it from the label {label!r} of type {t}; set task: classification or task: regression"
         )
-    values = dataset.to_table(columns=[label]).column(label).drop_null()  # the one column, every row
+    column = dataset.to_table(columns=[label]).column(label)  # the one column, every row
+    values = column.drop_null()
+    if not len(column):  # nothing to tell the task from, nor to train on: said as the checks before training say it
+        raise ConfigError(f"{path}: the table has no rows")
+    if not len(values):
+        raise ConfigError(
+            f"{path}: label column {label!r} has no value in any of its {len(column)} rows: nothing to train on, "
+            "nor to tell the task from"
+        )
     if not pa.types.is_integer(t) and len(values) and pc.any(pc.not_equal(values, pc.floor(values))).as_py():
         return "regression", f"the label {label!r} holds fractional numbers"
     distinct = pc.count_distinct(values).as_py()
