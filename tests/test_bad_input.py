@@ -54,6 +54,8 @@ def _with_table(tmp_path, table):
         ("score_null_ids", "id column 'customer_id' is empty in 2 row(s)"),
         ("score_unseen_error", "column 'plan' has category 'platinum' that the model never saw"),
         ("duplicate_columns", "column name(s) ['age'] appear more than once"),
+        ("semicolon_csv", "the header reads as one column: if ';' separates its values, set data.csv.delimiter: ';'"),
+        ("tab_csv_task_unset", 'if "\\t" separates its values, set data.csv.delimiter: "\\t"'),
         ("reserved_id", "id_column: 'prediction' is a name the predictions use"),
         ("overlapping_output", "overlaps data.path"),
         ("user_folder_output", "holds files trainflow did not write (notes.txt)"),
@@ -128,6 +130,13 @@ def test_bad_training_input(tmp_path, capsys, case, needle):
         doubled = pa.Table.from_arrays([*base.columns, base["age"]], names=[*base.column_names, "age"])
         pacsv.write_csv(doubled, tmp_path / "data" / "train.csv")
         cfg = churn_config(tmp_path, data={"path": "data/train.csv"})
+    elif case in ("semicolon_csv", "tab_csv_task_unset"):  # a CSV whose values another character separates
+        (tmp_path / "data").mkdir()
+        pacsv.write_csv(
+            base, tmp_path / "data" / "train.csv", pacsv.WriteOptions(delimiter=";" if case[0] == "s" else "\t")
+        )
+        task = {"task": None} if case == "tab_csv_task_unset" else {}
+        cfg = churn_config(tmp_path, data={"path": "data/train.csv"}, **task)
     elif case == "reserved_id":
         cfg = churn_config(tmp_path, data={"id_column": "prediction"})
     elif case == "overlapping_output":

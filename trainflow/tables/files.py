@@ -174,7 +174,10 @@ _inferred: dict[tuple, tuple[str, str]] = {}  # infer_task's answers in this pro
 
 def _task_of_label(dataset, path: str, label: str) -> tuple[str, str]:
     if label not in dataset.schema.names:
-        raise ConfigError(f"data.label: {label!r} is not a column of {path} (columns: {dataset.schema.names})")
+        names = dataset.schema.names
+        raise ConfigError(
+            f"data.label: {label!r} is not a column of {path}; {did_you_mean(label, names)}columns: {names}"
+        )
     t = dataset.schema.field(label).type
     if pa.types.is_boolean(t) or pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_dictionary(t):
         return "classification", f"the label {label!r} holds {_type_name(t)} values"
@@ -290,8 +293,16 @@ def mlflow_type(t: pa.DataType) -> str:
     return "string"
 
 
+_DELIMITERS = {";": "';'", "\t": '"\\t"', "|": "'|'"}  # other CSV delimiters, as a config writes them
+
+
 def did_you_mean(name: object, names: list[str]) -> str:
-    """ "did you mean 'x'? " naming the closest of names to a misspelled name, or nothing."""
+    """ "did you mean 'x'? " naming the closest of names to a misspelled name, or nothing; where the names are one
+    CSV header read whole (its values separated by another character than data.csv.delimiter), that setting."""
+    if len(names) == 1 and str(name) in str(names[0]):
+        for char, written in _DELIMITERS.items():
+            if char in str(names[0]):
+                return f"the header reads as one column: if {written} separates its values, set data.csv.delimiter: {written}; "
     close = difflib.get_close_matches(str(name), [str(n) for n in names], n=1, cutoff=0.6)
     return f"did you mean {close[0]!r}? " if close else ""
 
