@@ -179,3 +179,19 @@ def test_unwritable_output_fails_before_training(tmp_path, capsys):
     rc, err = _run(capsys, cfg)
     assert rc == 2 and "is a file, not a folder" in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_run_name_that_cannot_be_a_folder_is_refused_before_anything_starts(tmp_path, capsys):
+    # (with --force no skip check runs first; before, the flow started, with its Prefect server, and its first task
+    # refused the name seconds later)
+    from prefect.client.orchestration import get_client
+
+    cfg = churn_config(tmp_path)
+    with get_client(sync_client=True) as client:
+        runs = client.count_flow_runs()
+        for name in ("../escape", "a b/c", "x" * 129):
+            rc, err = _run(capsys, cfg, "--force", "--run-name", name)
+            assert rc == 2 and f"run name {name!r}: use letters, digits, '.', '_' or '-' (at most 128)" in err, err
+            assert "Traceback" not in err
+        assert client.count_flow_runs() == runs  # no flow run started
+    _nothing_written(tmp_path)

@@ -32,10 +32,9 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from trainflow.run.storage import filesystem_for, is_uri, join, list_dir, read_text, replace_bytes
+from trainflow.run.storage import RUN_NAME, filesystem_for, is_uri, join, list_dir, read_text, replace_bytes
 
 LEDGER = ".trainflow-runs"
-_VALID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # tasks/run_name.py VALID: what a run name may be
 _FIXED = ("families", "split", "ensemble", "earlier", "bag", "source.json", "done.json")
 
 log = logging.getLogger(__name__)
@@ -82,7 +81,7 @@ def _read_record(uri: str, run_name: str) -> dict[str, Any] | None:
         record = json.loads(read_text(uri))
     except (OSError, ValueError):
         return None
-    if not isinstance(record, dict) or record.get("run_name") != run_name or not _VALID.match(run_name):
+    if not isinstance(record, dict) or record.get("run_name") != run_name or not RUN_NAME.match(run_name):
         return None
     try:
         record["_started"] = dt.datetime.fromisoformat(str(record["started"]))

@@ -14,6 +14,7 @@ from typing import Any
 
 from trainflow.flows.cli.parser import parse_overrides
 from trainflow.run.runtime import stop_requested
+from trainflow.run.storage import check_run_name
 
 
 def check_approval(config, args: argparse.Namespace) -> None:
@@ -46,6 +47,8 @@ class FlowCommand:
         from trainflow.config import load_config
 
         overrides = parse_overrides(getattr(args, "set", []))
+        if getattr(args, "run_name", None) is not None:  # a name that cannot be a folder: refused before any work
+            check_run_name(args.run_name)
         config = load_config(args.config, overrides)  # fail fast on a bad config, before Prefect and Ray start
         if config.task_inferred:
             print(f"trainflow: {config.task_inferred}", file=sys.stderr)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from trainflow.errors import DataError
+from trainflow.errors import ConfigError, DataError
 from trainflow.run.services import patient_storage
 
 
@@ -35,6 +35,17 @@ def _patient(fn):
         return patient_storage(lambda: fn(uri, *args, **kwargs), uri)
 
     return call
+
+
+# what a run name may be: a folder name under storage_path (and in a bucket's keys), never a path
+RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_run_name(name: str) -> str:
+    """name, when it may be a run's name (RUN_NAME); else ConfigError saying what it may hold."""
+    if not RUN_NAME.match(name):
+        raise ConfigError(f"run name {name!r}: use letters, digits, '.', '_' or '-' (at most 128)")
+    return name
 
 
 def is_uri(path: str) -> bool:
