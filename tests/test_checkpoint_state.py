@@ -107,6 +107,11 @@ def test_what_select_checked_is_what_later_steps_read_after_a_swap(tmp_path):
     assert served.family == "mlp" and predict_table(served, tiny_table()).num_rows == 50
     copy = private_copy(str(d))
     assert copy != checked and json.loads(Path(copy, CONFIG_FILE).read_text())["model"]["type"] == "torch"
+    # a bare version or alias given as --model is no folder: the error says how a registered model is named
+    with pytest.raises(Exception, match=r"not found: 3 \(a registered model: models:/NAME/3 or models:/NAME@3\)"):
+        resolve_checkpoint("3")
+    with pytest.raises(Exception, match=r"checkpoint folder not found: runs/gone$"):
+        resolve_checkpoint("runs/gone")
 
 
 def test_private_copies_go_with_their_process_and_a_killed_process_leaves_none_for_long(tmp_path):

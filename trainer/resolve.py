@@ -86,7 +86,9 @@ def resolve_checkpoint(model: str, allowed: set[str] | None = None, tracking_uri
             raise CheckpointError(f"model {model} has no trainflow checkpoint artifact")
         path = str(path)
     elif not Path(model).is_dir():
-        raise CheckpointError(f"checkpoint folder not found: {model}")
+        # a bare version or alias ("3", "champion") is no folder: say how a registered model is named
+        named = "" if "/" in model else f" (a registered model: models:/NAME/{model} or models:/NAME@{model})"
+        raise CheckpointError(f"checkpoint folder not found: {model}{named}")
     else:
         path = private_copy(model)  # what is checked below is what is scored, whatever happens to the folder
     if allowed is not None:
