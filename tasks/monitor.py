@@ -151,6 +151,9 @@ def _predictions(config: Config) -> tuple[str, str, pa.Table]:
     return m["name"], m["version"], predictions
 
 
+LABELS = "labels table"  # how the errors name --labels' table
+
+
 def _live_metrics(config: Config, prep, predictions: pa.Table, labels_path: str | None, model: str) -> tuple:
     """(the rows measured, the labels table or None, their metrics): the labels joined by id, or without them a
     classifier's metrics estimated from its probabilities."""
@@ -163,7 +166,7 @@ def _live_metrics(config: Config, prep, predictions: pa.Table, labels_path: str 
             )
         return predictions, None, estimate_metrics(prep, predictions)
     fmt = infer_format(labels_path)
-    truth = read_arrow(*list_files(labels_path, fmt), fmt, config.data.csv, labels_path)
+    truth = read_arrow(*list_files(labels_path, fmt, LABELS), fmt, config.data.csv, labels_path)
     joined = join_labels(predictions, truth, config.data.id_column, label, labels_path)
     try:
         y = prep.transform_label(joined)

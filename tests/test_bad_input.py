@@ -195,3 +195,33 @@ def test_a_run_name_that_cannot_be_a_folder_is_refused_before_anything_starts(tm
             assert "Traceback" not in err
         assert client.count_flow_runs() == runs  # no flow run started
     _nothing_written(tmp_path)
+
+
+def test_monitors_mistakes_are_answered_before_anything_starts(tmp_path, capsys):
+    # (each was the flow's own error, 10-11 s later, after Prefect's server and the flow run had started)
+    from prefect.client.orchestration import get_client
+
+    from trainflow.tables.outputs import write_output
+
+    cfg = churn_config(tmp_path)
+    output = tmp_path / "out" / "predictions"
+    labels = tmp_path / "labels.parquet"
+    write_parquet(make_churn_table(20, seed=5).select(["customer_id", "age"]), labels)
+    cases = [
+        (
+            ["--set", "inference.input=null", "--set", "inference.output=null"],
+            "monitor reads the predictions under inference.output; set it",
+        ),
+        ([], f"{output}: no trainflow predictions here to monitor"),
+        (["--labels", str(tmp_path / "nope.parquet")], f"labels table {tmp_path / 'nope.parquet'}: no such file"),
+        (["--labels", str(labels)], f"{labels}: column 'churned' not found; columns are ['customer_id', 'age']"),
+    ]
+    with get_client(sync_client=True) as client:
+        runs = client.count_flow_runs()
+        for k, (extra, needle) in enumerate(cases):
+            if k == 2:  # predictions trainflow wrote, from here on
+                write_output(pa.table({"customer_id": [1], "prediction": [0]}), str(output), 1, {"model": "m"})
+            assert cli_main(["monitor", "--config", str(cfg), *extra]) == 2
+            err = capsys.readouterr().err
+            assert needle in err and "Traceback" not in err, err
+        assert client.count_flow_runs() == runs  # no flow run started

@@ -32,14 +32,15 @@ def source(fmt: str):
     return named(fmt)
 
 
-def list_files(path: str, fmt: str) -> tuple[pafs.FileSystem, list[str]]:
-    """Expand a file, folder or glob into the sorted data files it names; DataError if none. An object store that
-    does not answer is waited for (services.storage_wait_s)."""
+def list_files(path: str, fmt: str, what: str = "data path") -> tuple[pafs.FileSystem, list[str]]:
+    """Expand a file, folder or glob into the sorted data files it names; DataError if none, naming the path as
+    `what` (data.path's table, or another: a monitor's labels). An object store that does not answer is waited for
+    (services.storage_wait_s)."""
     if is_uri(path):
         from trainflow.run.services import patient_storage
 
-        return patient_storage(lambda: _list_files(path, fmt), path)
-    return _list_files(path, fmt)
+        return patient_storage(lambda: _list_files(path, fmt, what), path)
+    return _list_files(path, fmt, what)
 
 
 def _other_files(path: str, infos: list[pafs.FileInfo], fmt: str) -> str:
@@ -54,28 +55,26 @@ def _other_files(path: str, infos: list[pafs.FileInfo], fmt: str) -> str:
     return f" (it holds {found.name} files: `{path.rstrip('/')}/*{found.extensions[0]}` names them, or data.format: {found.name})"
 
 
-def _list_files(path: str, fmt: str) -> tuple[pafs.FileSystem, list[str]]:
+def _list_files(path: str, fmt: str, what: str = "data path") -> tuple[pafs.FileSystem, list[str]]:
     fs, inner = filesystem_for(path)
     if any(ch in inner for ch in GLOB_CHARS):
         base = inner[: min(inner.find(ch) for ch in GLOB_CHARS if ch in inner)].rsplit("/", 1)[0] or "/"
         infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
         files = [i.path for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatch(i.path, inner)]
         if not files:
-            raise DataError(f"data path {path}: the pattern matches no files")
+            raise DataError(f"{what} {path}: the pattern matches no files")
         return fs, sorted(files)
     info = fs.get_file_info(inner)
     if info.type == pafs.FileType.NotFound:
-        raise DataError(f"data path {path}: no such file or folder")
+        raise DataError(f"{what} {path}: no such file or folder")
     if info.type == pafs.FileType.File:
         return fs, [inner]
     infos = fs.get_file_info(pafs.FileSelector(inner, recursive=True))
     names = {i.path.removeprefix(inner.rstrip("/") + "/") for i in infos}
     if "_delta_log" in names:  # its Parquet files hold rows the table has removed since
-        raise DataError(f"data path {path}: a Delta table; read it as one (data.format: delta)")
+        raise DataError(f"{what} {path}: a Delta table; read it as one (data.format: delta)")
     if "metadata" in names and any(n.startswith("metadata/") and n.endswith(".metadata.json") for n in names):
-        raise DataError(
-            f"data path {path}: an Iceberg table's folder; read it through its catalog (data.format: iceberg)"
-        )
+        raise DataError(f"{what} {path}: an Iceberg table's folder; read it through its catalog (data.format: iceberg)")
     files_of = source(fmt)
     files = sorted(
         i.path
@@ -85,7 +84,7 @@ def _list_files(path: str, fmt: str) -> tuple[pafs.FileSystem, list[str]]:
         and files_of.has_extension(i.base_name)
     )
     if not files:
-        raise DataError(f"data path {path}: the folder holds no .{fmt} files{_other_files(path, infos, fmt)}")
+        raise DataError(f"{what} {path}: the folder holds no .{fmt} files{_other_files(path, infos, fmt)}")
     return fs, files
 
 

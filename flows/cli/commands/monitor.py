@@ -8,7 +8,35 @@ from typing import Any
 from trainflow.flows.cli.flow_command import FlowCommand
 from trainflow.flows.cli.parser import CONFIG, OVERRIDES, SUMMARY_JSON
 
-COMMAND = FlowCommand("monitor", "trainflow.flows.monitor:monitor", ("labels",))
+
+def check(config, args) -> None:
+    """What monitor reads, checked before Prefect's server and the flow start (a mistake answered in a second, not
+    in ten): inference.output set and holding predictions trainflow wrote (a folder's manifest; a table sink's rows
+    the flow reads), and a --labels table that is there."""
+    from trainflow.config import infer_format
+    from trainflow.errors import DataError
+    from trainflow.tables.files import did_you_mean, list_files, open_dataset
+    from trainflow.tables.outputs import read_manifest
+    from trainflow.tables.sinks import SINK_FORMATS
+
+    output = config.inference.output
+    if not output:
+        raise DataError("monitor reads the predictions under inference.output; set it in the config")
+    if config.inference.output_format not in SINK_FORMATS and read_manifest(output) is None:
+        raise DataError(f"{output}: no trainflow predictions here to monitor")
+    if args.labels is None:
+        return
+    if not config.data.id_column:
+        raise DataError("monitor joins labels to predictions by data.id_column; set it in the config")
+    fmt = infer_format(args.labels)
+    list_files(args.labels, fmt, "labels table")
+    names = open_dataset(args.labels, fmt, config.data.csv).schema.names  # the files' metadata: no rows read
+    for col in (config.data.id_column, config.data.label):
+        if col not in names:
+            raise DataError(f"{args.labels}: column {col!r} not found; {did_you_mean(col, names)}columns are {names}")
+
+
+COMMAND = FlowCommand("monitor", "trainflow.flows.monitor:monitor", ("labels",), check=check)
 run = COMMAND.run
 
 
