@@ -37,7 +37,7 @@ class Swept:
 def concurrency(config: Config, nodes: list[dict[str, float]] | None = None) -> int:
     """Trials at once: as many worker groups as the cluster holds, capped by tune.max_concurrent_trials."""
     fit = concurrent_runs(config.scaling.model_dump(), nodes)
-    cap = config.tune.max_concurrent_trials
+    cap = config.require_tune().max_concurrent_trials
     return min(fit, cap) if cap else fit
 
 

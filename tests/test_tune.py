@@ -112,10 +112,14 @@ def test_a_sweep_without_a_search_space_searches_each_familys_default_space_and_
     assert space["model.type"] == {"choice": list(AUTO_FAMILIES)}
     assert {
         "model.params.mlp.learning_rate",
-        "model.dropout",
+        "model.params.mlp.dropout",  # each key where the config writes it, not an earlier spelling
         "model.params.learning_rate",
         "model.params.max_depth",
     } <= set(space)
+    # no tune section: the sweep's defaults, its metric the checkpoint's in its direction (what the flow reports;
+    # `trainflow tune` on such a config failed with an AttributeError after its services had started)
+    tune = config_from_dict({**base, "checkpoint": {"metric": "val_roc_auc"}}).require_tune()
+    assert (tune.metric, tune.mode, tune.num_samples) == ("val_roc_auc", "max", 4)
     for family in AUTO_FAMILIES:  # each default space passes the config's own check of a user's search space
         own = REGISTRY[family].search_space
         assert own, family

@@ -59,8 +59,8 @@ FAMILY = _torch.torch_family(
     search_space={
         "model.params.mlp.learning_rate": {"loguniform": [0.0003, 0.003]},
         "model.params.mlp.weight_decay": {"loguniform": [0.0001, 0.1]},
-        "model.dropout": {"uniform": [0.0, 0.4]},
-        "model.hidden_sizes": {"choice": [[256, 128], [512, 256], [256, 256, 128]]},
+        "model.params.mlp.dropout": {"uniform": [0.0, 0.4]},
+        "model.params.mlp.hidden_sizes": {"choice": [[256, 128], [512, 256], [256, 256, 128]]},
     },
     model_keys=NetworkKeys,
     # cross-fitting: last (its fits cost most on small tables); one split: second, the family least like the first

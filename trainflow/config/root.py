@@ -208,10 +208,12 @@ class Config(_Section):
             inf.catalog = self.data.catalog
 
     def require_tune(self) -> TuneSection:
-        """The sweep's settings: the tune section, or its defaults. Without tune.search_space each family searches
-        its own default space, and with several families (auto, a list) the family is a search dimension too
-        (trainer/tune.py sweep_space)."""
-        return self.tune or TuneSection()
+        """The sweep's settings: the tune section, or its defaults (its metric the checkpoint's, in its direction, as
+        a tune section without them gets). Without tune.search_space each family searches its own default space, and
+        with several families (auto, a list) the family is a search dimension too (trainer/tune.py sweep_space)."""
+        if self.tune is not None:
+            return self.tune
+        return TuneSection(metric=self.checkpoint.metric, mode=self.checkpoint.mode)
 
     @property
     def ray_start(self) -> dict[str, Any]:

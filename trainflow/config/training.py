@@ -265,7 +265,7 @@ class TuneSection(_Section):
     search_space: dict[str, dict[str, list[Any]]] = key(
         doc="dotted config key → `{loguniform: [lo, hi]}`, `{uniform: [lo, hi]}`, `{randint: [lo, hi]}`, "
         "`{choice: [...]}` or `{grid: [...]}`; left out: each family's own default space (the network: "
-        "`model.params.mlp.learning_rate`, `.weight_decay`, `model.dropout`, `model.hidden_sizes`; the boosters: "
+        "`model.params.mlp.learning_rate`, `.weight_decay`, `.dropout`, `.hidden_sizes`; the boosters: "
         "`model.params.learning_rate`, `max_depth`, `subsample`, `reg_lambda`), the family searched too when there "
         "are several; a key one family does not read is ignored by it",
         shown="each family's default space",
