@@ -20,7 +20,14 @@ from trainflow.config import Config, infer_format
 from trainflow.errors import DataError
 from trainflow.tables.sources import resolve_snapshot, snapshot_bytes, source, source_dataset
 from trainflow.tables.columns import check_names
-from trainflow.tables.files import check_present, did_you_mean, open_dataset, table_dataset
+from trainflow.tables.files import (
+    INFERENCE_INPUT,
+    check_present,
+    did_you_mean,
+    list_files,
+    open_dataset,
+    table_dataset,
+)
 from trainflow.run.locks import prefect_server_configured
 
 
@@ -160,7 +167,8 @@ def preflight(config: Config, run_name: str | None = None, unlabelled_ok: bool =
     check_label_values(config, unlabelled_ok)
     inp = config.inference.input
     if inp:
-        scored = list(open_dataset(inp, infer_format(inp), data.csv).schema.names)
+        fmt = infer_format(inp)
+        scored = list(open_dataset(inp, fmt, data.csv, list_files(inp, fmt, INFERENCE_INPUT)).schema.names)
         features = data.default_features(names)
         wanted = features + ([data.id_column] if data.id_column else [])
         missing = [c for c in wanted if c not in scored]

@@ -15,7 +15,7 @@ from trainflow.config import Config, infer_format
 from trainflow.errors import TrainflowError, disk_full
 from trainflow.run.runtime import stop_requested
 from trainflow.run.services import explain
-from trainflow.tables.files import in_memory_bytes, list_files, scoring_in_process_bytes
+from trainflow.tables.files import INFERENCE_INPUT, in_memory_bytes, list_files, scoring_in_process_bytes
 
 
 def chart_figure(**kwargs):
@@ -114,4 +114,4 @@ def scored_here(config: Config, table_bytes: int) -> bool:
 def scoring_table_bytes(config: Config) -> int:
     """inference.input's decoded size from its files' metadata (no read)."""
     fmt = infer_format(config.inference.input)
-    return in_memory_bytes(*list_files(config.inference.input, fmt), fmt)
+    return in_memory_bytes(*list_files(config.inference.input, fmt, INFERENCE_INPUT), fmt)

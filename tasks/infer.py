@@ -21,7 +21,7 @@ from trainflow.trainer.serving.predict import (
 from trainflow.config import Config, infer_format
 from trainflow.data import arrow_schema, read_table, should_materialize
 from trainflow.preprocessors.fit import check_unseen, count_drift, count_unseen
-from trainflow.tables.files import in_memory_bytes, list_files, read_arrow
+from trainflow.tables.files import INFERENCE_INPUT, in_memory_bytes, list_files, read_arrow
 from trainflow.tables.outputs import check_destination, write_output
 from trainflow.tables.sinks import SINK_FORMATS, Sink, prediction_columns, scoring_run_id, write_sink
 from trainflow.errors import CheckpointError, DataError
@@ -50,7 +50,7 @@ def _scoring_table(config: Config, prep: TabularPreprocessor) -> tuple:
     inf, input_path, id_column = config.inference, config.inference.input, config.data.id_column
     log = task_logger("infer")
     fmt = infer_format(input_path)
-    fs, files = listed = list_files(input_path, fmt)
+    fs, files = listed = list_files(input_path, fmt, INFERENCE_INPUT)
     table_bytes = in_memory_bytes(fs, files, fmt)
     here = scored_here(config, table_bytes)
     if here:

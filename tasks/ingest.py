@@ -30,6 +30,7 @@ from trainflow.tables.sources import (
 )
 from trainflow.preprocessors.fit import check_text_columns
 from trainflow.tables.files import (
+    INFERENCE_INPUT,
     IN_PROCESS_BYTES,
     TableSpec,
     fingerprint,
@@ -62,7 +63,7 @@ def preflight_inference(config: Config, spec: TableSpec, train_schema) -> None:
     and ids without gaps."""
     inp = config.inference.input
     fmt = infer_format(inp)
-    fs, files = list_files(inp, fmt)
+    fs, files = list_files(inp, fmt, INFERENCE_INPUT)
     here = source(fmt).reads_here  # its metadata says the schema, and the id column is read alone: no Ray pass
     if here:
         scoring = open_dataset(inp, fmt)

@@ -20,7 +20,7 @@ from trainflow.trainer.loop import class_weights
 from trainflow.data import read_table
 from trainflow.preprocessors.fit import check_unseen, count_unseen, fit_preprocessor, pack
 from trainflow.run.runtime import cluster_resources, ensure_ray
-from trainflow.tables.files import in_memory_bytes, list_files, read_arrow
+from trainflow.tables.files import INFERENCE_INPUT, in_memory_bytes, list_files, read_arrow
 from trainflow.trainer.memory import is_out_of_memory, out_of_memory_error
 
 
@@ -28,7 +28,7 @@ def _unseen_in_scoring_table(config: Config, prep: TabularPreprocessor) -> dict[
     """count_unseen over inference.input: read by this process where infer scores it here, else by Ray Data."""
     inp = config.inference.input
     fmt = infer_format(inp)
-    fs, files = listed = list_files(inp, fmt)
+    fs, files = listed = list_files(inp, fmt, INFERENCE_INPUT)
     if scored_here(config, in_memory_bytes(fs, files, fmt)):
         return count_unseen(read_arrow(fs, files, fmt, config.data.csv, inp), prep)
     ensure_ray(**config.ray_start)

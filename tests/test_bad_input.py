@@ -46,6 +46,7 @@ def _with_table(tmp_path, table):
         ("quantity_as_classes", "holds 332 distinct numbers over 3,000 rows"),
         ("two_valued_regression", "under task: regression holds at most two values"),
         ("score_missing_column", "inference input"),
+        ("score_missing_file", "inference.input"),
         ("bad_config_key", "train.epochz: unknown key"),
         ("local_mode", "scaling.num_workers: the retrain pipeline needs at least 1 Ray Train worker"),
         ("gpu_without_gpus", "asks for 2 worker(s) x (CPU 1, GPU 1) but this cluster can place only 0"),
@@ -102,6 +103,9 @@ def test_bad_training_input(tmp_path, capsys, case, needle):
         write_parquet(
             make_churn_table(50, seed=3, with_label=False).drop_columns(["region"]), tmp_path / "data" / "score.parquet"
         )
+    elif case == "score_missing_file":
+        cfg = churn_config(tmp_path, inference={"input": "data/absent.parquet"})
+        needle = f"inference.input {tmp_path / 'data' / 'absent.parquet'}: no such file or folder"
     elif case == "gpu_without_gpus":
         cfg = churn_config(tmp_path, scaling={"num_workers": 2, "use_gpu": True})
     elif case == "too_many_workers":
@@ -197,7 +201,7 @@ def test_a_run_name_that_cannot_be_a_folder_is_refused_before_anything_starts(tm
     _nothing_written(tmp_path)
 
 
-def test_monitors_mistakes_are_answered_before_anything_starts(tmp_path, capsys):
+def test_monitors_and_predicts_mistakes_are_answered_before_anything_starts(tmp_path, capsys):
     # (each was the flow's own error, 10-11 s later, after Prefect's server and the flow run had started)
     from prefect.client.orchestration import get_client
 
@@ -224,4 +228,9 @@ def test_monitors_mistakes_are_answered_before_anything_starts(tmp_path, capsys)
             assert cli_main(["monitor", "--config", str(cfg), *extra]) == 2
             err = capsys.readouterr().err
             assert needle in err and "Traceback" not in err, err
+        # a scoring table that is not there
+        assert cli_main(["predict", "--config", str(cfg), "--set", "inference.input=data/absent.parquet"]) == 2
+        assert f"inference.input {tmp_path / 'data' / 'absent.parquet'}: no such file or folder" in (
+            capsys.readouterr().err
+        )
         assert client.count_flow_runs() == runs  # no flow run started

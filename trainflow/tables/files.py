@@ -32,6 +32,9 @@ def source(fmt: str):
     return named(fmt)
 
 
+INFERENCE_INPUT = "inference.input"  # how list_files' errors name the scoring table
+
+
 def list_files(path: str, fmt: str, what: str = "data path") -> tuple[pafs.FileSystem, list[str]]:
     """Expand a file, folder or glob into the sorted data files it names; DataError if none, naming the path as
     `what` (data.path's table, or another: a monitor's labels). An object store that does not answer is waited for

@@ -17,7 +17,18 @@ def _needs_ray(config) -> bool:
     return not scored_in_process(config)
 
 
-COMMAND = FlowCommand("predict", "trainflow.flows.predict:batch_inference", ("model",), needs_ray=_needs_ray)
+def _check(config, args) -> None:
+    """inference.input, when set, is there: a missing table answered in a second, before the flow starts."""
+    if config.inference.input:
+        from trainflow.config import infer_format
+        from trainflow.tables.files import INFERENCE_INPUT, list_files
+
+        list_files(config.inference.input, infer_format(config.inference.input), INFERENCE_INPUT)
+
+
+COMMAND = FlowCommand(
+    "predict", "trainflow.flows.predict:batch_inference", ("model",), check=_check, needs_ray=_needs_ray
+)
 run = COMMAND.run
 
 
